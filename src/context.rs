@@ -1,0 +1,536 @@
+//! The execution context: which path runs (wgpu or native CPU), on which adapter, under which budget.
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+use crate::memory::{MemoryStats, MemoryTracker};
+
+/// Budget used when the adapter does not report its memory (Metal, DX12, GL, shared devices).
+pub const DEFAULT_BUDGET_BYTES: u64 = 512 << 20;
+
+/// Budget of the native CPU path: its scratch memory, not counting the returned arrays.
+pub const DEFAULT_CPU_BUDGET_BYTES: u64 = 1 << 30;
+
+/// Which implementation runs the operations of a [`Context`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// A hardware adapter through wgpu when one exists; the native CPU path when the only
+    /// adapters are software rasterisers (lavapipe, llvmpipe, WARP: `DeviceType::Cpu`) or there
+    /// is none, because those run our kernels about 10× slower than native code.
+    #[default]
+    Auto,
+    /// Always wgpu, on whatever adapter is selected, software or not (this is what the tests use
+    /// so that the WGSL kernels run on lavapipe in CI). Fails if there is no adapter.
+    Wgpu,
+    /// Always the native CPU path; no adapter is looked for.
+    NativeCpu,
+}
+
+/// Which adapter a wgpu context uses.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum AdapterSelector {
+    /// The best one: hardware before software (discrete, integrated, virtual, other, CPU), then
+    /// Vulkan/Metal/DX12 before GL. If `WGPU_ADAPTER_NAME` is set, the first adapter whose name
+    /// contains it (case-insensitive) instead.
+    #[default]
+    Best,
+    /// The adapter at this position of [`list_adapters`] (same backends filter).
+    Index(usize),
+    /// The first adapter whose name contains this text, case-insensitive.
+    NameContains(String),
+}
+
+/// How to build a [`Context`]. Every field has a documented default.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{BackendChoice, ContextConfig};
+/// let cfg = ContextConfig { backend: BackendChoice::NativeCpu, budget_bytes: Some(64 << 20), ..Default::default() };
+/// assert_eq!(cfg.budget_bytes, Some(64 << 20));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ContextConfig {
+    /// Which path runs operations. Default: [`BackendChoice::Auto`].
+    pub backend: BackendChoice,
+    /// Which adapter wgpu uses. Default: [`AdapterSelector::Best`].
+    pub adapter: AdapterSelector,
+    /// wgpu backends to look at. Default `None`: `WGPU_BACKEND` if set (e.g. `vulkan`, `gl`), else all.
+    pub wgpu_backends: Option<wgpu::Backends>,
+    /// Byte budget for the library's device allocations. Default `None`: half of the largest
+    /// device-local memory heap where the adapter reports it (Vulkan), else
+    /// [`DEFAULT_BUDGET_BYTES`]; [`DEFAULT_CPU_BUDGET_BYTES`] on the native CPU path.
+    pub budget_bytes: Option<u64>,
+    /// Limits to request from the adapter. Default `None`: the adapter's own limits (not the
+    /// small WebGPU defaults). Lower limits are useful to test chunking.
+    pub limits: Option<wgpu::Limits>,
+    /// Fill every output buffer with a sentinel (NaN / `u32::MAX`) before kernels write it, so
+    /// that output a kernel failed to write cannot pass as a plausible value. Default `false`
+    /// (it costs an extra write per tile); the tests turn it on.
+    pub fill_outputs_with_sentinel: bool,
+}
+
+/// The path an operation actually ran on; every result carries one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputePath {
+    /// WGSL kernels through wgpu.
+    Wgpu,
+    /// The native multi-threaded CPU implementation.
+    NativeCpu,
+}
+
+/// One adapter as seen by [`list_adapters`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterSummary {
+    /// Position in the list; pass it as [`AdapterSelector::Index`].
+    pub index: usize,
+    /// The adapter's name, e.g. `"llvmpipe (LLVM 15.0.6, 256 bits)"`.
+    pub name: String,
+    /// Its wgpu backend.
+    pub backend: wgpu::Backend,
+    /// Discrete, integrated, virtual, CPU (software) or other.
+    pub device_type: wgpu::DeviceType,
+    /// Driver name and version, as reported.
+    pub driver: String,
+}
+
+impl AdapterSummary {
+    /// Whether this is a software rasteriser (lavapipe, llvmpipe, WARP, SwiftShader).
+    pub fn is_software(&self) -> bool {
+        self.device_type == wgpu::DeviceType::Cpu
+    }
+}
+
+/// Lists every adapter wgpu finds for `backends` (`None`: `WGPU_BACKEND`, else all), in a stable
+/// order, so that a multi-GPU user can make one [`Context`] per device with
+/// [`AdapterSelector::Index`].
+///
+/// # Example
+/// ```
+/// for a in wgpu_metric_learning::list_adapters(None) {
+///     println!("{}: {} ({:?}, {:?})", a.index, a.name, a.backend, a.device_type);
+/// }
+/// ```
+pub fn list_adapters(backends: Option<wgpu::Backends>) -> Vec<AdapterSummary> {
+    let instance = make_instance();
+    enumerate(&instance, backends)
+        .iter()
+        .enumerate()
+        .map(|(index, a)| summarize(index, &a.get_info()))
+        .collect()
+}
+
+fn summarize(index: usize, info: &wgpu::AdapterInfo) -> AdapterSummary {
+    AdapterSummary {
+        index,
+        name: info.name.clone(),
+        backend: info.backend,
+        device_type: info.device_type,
+        driver: format!("{} {}", info.driver, info.driver_info)
+            .trim()
+            .to_string(),
+    }
+}
+
+fn make_instance() -> wgpu::Instance {
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+}
+
+fn enumerate(instance: &wgpu::Instance, backends: Option<wgpu::Backends>) -> Vec<wgpu::Adapter> {
+    let backends = backends
+        .or_else(wgpu::Backends::from_env)
+        .unwrap_or(wgpu::Backends::all());
+    pollster::block_on(instance.enumerate_adapters(backends))
+}
+
+/// Lower is better: hardware before software, native APIs before GL.
+fn adapter_rank(device_type: wgpu::DeviceType, backend: wgpu::Backend) -> (u8, u8) {
+    let device = match device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    };
+    let api = match backend {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
+        _ => 1,
+    };
+    (device, api)
+}
+
+fn select_adapter(
+    adapters: Vec<wgpu::Adapter>,
+    selector: &AdapterSelector,
+) -> Result<wgpu::Adapter> {
+    let by_name = |adapters: Vec<wgpu::Adapter>, needle: &str| {
+        let needle = needle.to_lowercase();
+        let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+        adapters
+            .into_iter()
+            .find(|a| a.get_info().name.to_lowercase().contains(&needle))
+            .ok_or_else(|| {
+                Error::NoAdapter(format!(
+                    "no adapter name contains {needle:?}; found {names:?}"
+                ))
+            })
+    };
+    match selector {
+        AdapterSelector::Index(i) => {
+            let n = adapters.len();
+            adapters
+                .into_iter()
+                .nth(*i)
+                .ok_or_else(|| Error::NoAdapter(format!("adapter index {i} requested, {n} found")))
+        }
+        AdapterSelector::NameContains(name) => by_name(adapters, name),
+        AdapterSelector::Best => match std::env::var("WGPU_ADAPTER_NAME") {
+            Ok(name) if !name.is_empty() => by_name(adapters, &name),
+            _ => adapters
+                .into_iter()
+                .min_by_key(|a| {
+                    let info = a.get_info();
+                    adapter_rank(info.device_type, info.backend)
+                })
+                .ok_or_else(|| Error::NoAdapter("wgpu found no adapter".into())),
+        },
+    }
+}
+
+/// Half of the largest device-local heap, where the driver tells us (Vulkan); `None` elsewhere.
+#[cfg(not(target_arch = "wasm32"))]
+fn reported_device_memory(adapter: &wgpu::Adapter) -> Option<u64> {
+    // SAFETY: we only read immutable physical-device properties through the instance that owns
+    // the adapter, and keep no handle past this call.
+    let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }?;
+    let props = unsafe {
+        hal.shared_instance()
+            .raw_instance()
+            .get_physical_device_memory_properties(hal.raw_physical_device())
+    };
+    props
+        .memory_heaps_as_slice()
+        .iter()
+        .filter(|h| h.flags.contains(ash::vk::MemoryHeapFlags::DEVICE_LOCAL))
+        .map(|h| h.size)
+        .max()
+}
+
+#[cfg(target_arch = "wasm32")]
+fn reported_device_memory(_adapter: &wgpu::Adapter) -> Option<u64> {
+    None
+}
+
+/// Why a context runs on the CPU path, or which device it drives.
+#[derive(Debug)]
+enum Engine {
+    Gpu(Box<GpuDevice>),
+    Cpu {
+        /// The software adapter that auto-selection passed over, if any.
+        passed_over: Option<String>,
+    },
+}
+
+/// A wgpu device and queue with everything the kernels need to know about them.
+#[derive(Debug)]
+pub(crate) struct GpuDevice {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) info: wgpu::AdapterInfo,
+    pub(crate) limits: wgpu::Limits,
+    lost: Arc<Mutex<Option<(String, String)>>>,
+    kernels: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+}
+
+/// A compiled kernel: pipeline and bind-group layout, built once per device.
+pub(crate) trait Kernel: Any + Send + Sync + Sized {
+    fn build(gpu: &GpuDevice) -> Result<Self>;
+}
+
+impl GpuDevice {
+    fn new(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo, own: bool) -> Self {
+        let lost = Arc::new(Mutex::new(None));
+        if own {
+            // The default handler panics; ours logs. Errors inside our operations are caught by
+            // error scopes before they get here, so this only sees stray ones.
+            device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
+                log::error!("wgpu uncaptured error: {e}");
+            }));
+            let flag = Arc::clone(&lost);
+            device.set_device_lost_callback(move |reason, message| {
+                log::warn!("wgpu device lost ({reason:?}): {message}");
+                if let Ok(mut slot) = flag.lock() {
+                    *slot = Some((format!("{reason:?}"), message));
+                }
+            });
+        }
+        let limits = device.limits();
+        Self {
+            device,
+            queue,
+            info,
+            limits,
+            lost,
+            kernels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `Err(DeviceLost)` once the device-lost callback has fired.
+    pub(crate) fn check_alive(&self) -> Result<()> {
+        match self.lost.lock().ok().and_then(|g| g.clone()) {
+            Some((reason, message)) => Err(Error::DeviceLost { reason, message }),
+            None => Ok(()),
+        }
+    }
+
+    /// The compiled kernel `K`, built on first use and cached for the device's lifetime.
+    pub(crate) fn kernel<K: Kernel>(&self) -> Result<Arc<K>> {
+        let key = TypeId::of::<K>();
+        if let Some(k) = self.cached::<K>(key) {
+            return Ok(k);
+        }
+        // Built outside the lock: pipeline creation can take milliseconds, and two threads
+        // racing here merely build it twice.
+        let built: Arc<K> = Arc::new(K::build(self)?);
+        if let Ok(mut map) = self.kernels.lock() {
+            let entry = map.entry(key).or_insert_with(|| built.clone());
+            if let Ok(k) = Arc::clone(entry).downcast::<K>() {
+                return Ok(k);
+            }
+        }
+        Ok(built)
+    }
+
+    fn cached<K: Kernel>(&self, key: TypeId) -> Option<Arc<K>> {
+        let map = self.kernels.lock().ok()?;
+        Arc::clone(map.get(&key)?).downcast::<K>().ok()
+    }
+}
+
+/// Where operations run and under which memory budget.
+///
+/// Make one with [`Context::new`] (adapter chosen by [`ContextConfig`]), [`Context::from_wgpu`]
+/// (share a device your application already has) or [`Context::native_cpu`]. A context is
+/// `Send + Sync`; one per device.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{ComputePath, Context};
+/// let ctx = Context::native_cpu(None);
+/// assert_eq!(ctx.path(), ComputePath::NativeCpu);
+/// assert_eq!(ctx.memory().current_bytes, 0);
+/// ```
+#[derive(Debug)]
+pub struct Context {
+    engine: Engine,
+    memory: Arc<MemoryTracker>,
+    sentinel: bool,
+}
+
+impl Context {
+    /// Builds a context as `config` says: picks the path and the adapter, requests the
+    /// adapter's real limits, installs error and device-lost handlers that log instead of
+    /// panicking, and sets the budget.
+    ///
+    /// # Errors
+    /// [`Error::NoAdapter`] when [`BackendChoice::Wgpu`] finds no (matching) adapter, or when an
+    /// explicit [`AdapterSelector`] matches none; [`Error::RequestDevice`] when the adapter
+    /// refuses the device (e.g. limits above what it supports).
+    ///
+    /// # Example
+    /// ```no_run
+    /// use wgpu_metric_learning::{Context, ContextConfig};
+    /// let ctx = Context::new(&ContextConfig::default())?;
+    /// println!("running on {:?} ({})", ctx.path(), ctx.device_name());
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
+    pub fn new(config: &ContextConfig) -> Result<Self> {
+        if config.backend == BackendChoice::NativeCpu {
+            return Ok(Self::native_cpu_with(config, None));
+        }
+        let instance = make_instance();
+        let adapters = enumerate(&instance, config.wgpu_backends);
+        let explicit = config.adapter != AdapterSelector::Best;
+        let adapter = match select_adapter(adapters, &config.adapter) {
+            Ok(a) => a,
+            Err(e) if config.backend == BackendChoice::Auto && !explicit => {
+                log::info!("{e}; using the native CPU path");
+                return Ok(Self::native_cpu_with(config, None));
+            }
+            Err(e) => return Err(e),
+        };
+        let info = adapter.get_info();
+        if config.backend == BackendChoice::Auto && info.device_type == wgpu::DeviceType::Cpu {
+            log::info!(
+                "only a software adapter ({}) is available; using the native CPU path",
+                info.name
+            );
+            return Ok(Self::native_cpu_with(config, Some(info.name)));
+        }
+        let required_limits = config.limits.clone().unwrap_or_else(|| adapter.limits());
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("wgpu-metric-learning"),
+            required_features: wgpu::Features::empty(),
+            required_limits,
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| Error::RequestDevice {
+            adapter: info.name.clone(),
+            message: e.to_string(),
+        })?;
+        let budget = config.budget_bytes.unwrap_or_else(|| {
+            reported_device_memory(&adapter).map_or(DEFAULT_BUDGET_BYTES, |heap| heap / 2)
+        });
+        Ok(Self {
+            engine: Engine::Gpu(Box::new(GpuDevice::new(device, queue, info, true))),
+            memory: Arc::new(MemoryTracker::new(budget)),
+            sentinel: config.fill_outputs_with_sentinel,
+        })
+    }
+
+    /// Wraps a device and queue that the caller already has, so an application with its own
+    /// wgpu device can share it. The device's current limits are used as they are. No error or
+    /// device-lost handler is installed (they belong to the application); the library's own
+    /// operations still capture their errors with error scopes. The budget is
+    /// `config.budget_bytes` or [`DEFAULT_BUDGET_BYTES`]; `config.backend` and `adapter` are ignored.
+    ///
+    /// # Example
+    /// ```no_run
+    /// # fn app_device() -> (wgpu::Device, wgpu::Queue, wgpu::AdapterInfo) { unimplemented!() }
+    /// use wgpu_metric_learning::{Context, ContextConfig};
+    /// let (device, queue, info) = app_device();
+    /// let ctx = Context::from_wgpu(device, queue, info, &ContextConfig::default());
+    /// ```
+    pub fn from_wgpu(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        adapter_info: wgpu::AdapterInfo,
+        config: &ContextConfig,
+    ) -> Self {
+        Self {
+            engine: Engine::Gpu(Box::new(GpuDevice::new(device, queue, adapter_info, false))),
+            memory: Arc::new(MemoryTracker::new(
+                config.budget_bytes.unwrap_or(DEFAULT_BUDGET_BYTES),
+            )),
+            sentinel: config.fill_outputs_with_sentinel,
+        }
+    }
+
+    /// A context on the native CPU path, with `budget_bytes` (default
+    /// [`DEFAULT_CPU_BUDGET_BYTES`]) for its scratch memory.
+    ///
+    /// # Example
+    /// ```
+    /// let ctx = wgpu_metric_learning::Context::native_cpu(Some(1 << 20));
+    /// assert_eq!(ctx.memory().budget_bytes, 1 << 20);
+    /// ```
+    pub fn native_cpu(budget_bytes: Option<u64>) -> Self {
+        let config = ContextConfig {
+            budget_bytes,
+            ..Default::default()
+        };
+        Self::native_cpu_with(&config, None)
+    }
+
+    fn native_cpu_with(config: &ContextConfig, passed_over: Option<String>) -> Self {
+        Self {
+            engine: Engine::Cpu { passed_over },
+            memory: Arc::new(MemoryTracker::new(
+                config.budget_bytes.unwrap_or(DEFAULT_CPU_BUDGET_BYTES),
+            )),
+            sentinel: config.fill_outputs_with_sentinel,
+        }
+    }
+
+    /// The path this context's operations run on.
+    pub fn path(&self) -> ComputePath {
+        match self.engine {
+            Engine::Gpu(_) => ComputePath::Wgpu,
+            Engine::Cpu { .. } => ComputePath::NativeCpu,
+        }
+    }
+
+    /// The wgpu adapter's description, on the wgpu path.
+    pub fn adapter_info(&self) -> Option<&wgpu::AdapterInfo> {
+        match &self.engine {
+            Engine::Gpu(g) => Some(&g.info),
+            Engine::Cpu { .. } => None,
+        }
+    }
+
+    /// The device's limits as granted, on the wgpu path.
+    pub fn limits(&self) -> Option<&wgpu::Limits> {
+        self.gpu().map(|g| &g.limits)
+    }
+
+    /// A human-readable name of what runs: the adapter's name and backend, or the CPU path
+    /// (naming the software adapter it was preferred to, if any).
+    pub fn device_name(&self) -> String {
+        match &self.engine {
+            Engine::Gpu(g) => format!("{} ({:?})", g.info.name, g.info.backend),
+            Engine::Cpu {
+                passed_over: Some(name),
+            } => format!("native CPU (preferred to software adapter {name})"),
+            Engine::Cpu { passed_over: None } => "native CPU".to_string(),
+        }
+    }
+
+    /// The wgpu device and queue, on the wgpu path, to share them with the application's own
+    /// work (the converse of [`Context::from_wgpu`]).
+    pub fn wgpu_device(&self) -> Option<(&wgpu::Device, &wgpu::Queue)> {
+        self.gpu().map(|g| (&g.device, &g.queue))
+    }
+
+    /// Tracked memory: current and peak bytes, and the budget.
+    pub fn memory(&self) -> MemoryStats {
+        self.memory.stats()
+    }
+
+    /// Restarts peak tracking from the current bytes (e.g. before measuring one operation).
+    pub fn reset_peak(&self) {
+        self.memory.reset_peak();
+    }
+
+    pub(crate) fn gpu(&self) -> Option<&GpuDevice> {
+        match &self.engine {
+            Engine::Gpu(g) => Some(g),
+            Engine::Cpu { .. } => None,
+        }
+    }
+
+    pub(crate) fn tracker(&self) -> &Arc<MemoryTracker> {
+        &self.memory
+    }
+
+    pub(crate) fn fills_sentinel(&self) -> bool {
+        self.sentinel
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hardware_ranks_before_software_and_native_before_gl() {
+        use wgpu::{Backend as B, DeviceType as D};
+        let discrete_gl = adapter_rank(D::DiscreteGpu, B::Gl);
+        let integrated_vk = adapter_rank(D::IntegratedGpu, B::Vulkan);
+        let lavapipe = adapter_rank(D::Cpu, B::Vulkan);
+        let llvmpipe_gl = adapter_rank(D::Cpu, B::Gl);
+        assert!(discrete_gl < integrated_vk, "device type comes first");
+        assert!(integrated_vk < lavapipe, "any GPU beats a software adapter");
+        assert!(lavapipe < llvmpipe_gl, "Vulkan beats GL at equal type");
+    }
+
+    #[test]
+    fn native_cpu_context_has_no_device() {
+        let ctx = Context::native_cpu(Some(123));
+        assert_eq!(ctx.path(), ComputePath::NativeCpu, "forced CPU path");
+        assert!(ctx.adapter_info().is_none(), "no adapter on the CPU path");
+        assert_eq!(ctx.memory().budget_bytes, 123, "budget as configured");
+    }
+}

@@ -1,0 +1,140 @@
+//! The crate's single error type.
+//!
+//! Every fallible public function returns [`Result<T>`]. Variants carry the offending values so
+//! that a message names what was wrong, not just that something was. The split between
+//! [`Error::OverBudget`] (the request can never fit the configured budget as planned),
+//! [`Error::BudgetExceeded`] (it does not fit *now*, given what is already allocated) and
+//! [`Error::OutOfMemory`] (the driver refused) tells a caller whether shrinking, waiting or
+//! freeing is the right reaction.
+
+/// Shorthand for `std::result::Result<T, wgpu_metric_learning::Error>`.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Everything that can go wrong in this crate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An input array has the wrong shape for the operation.
+    #[error("{op}: {what} must be {expected}, got shape {got:?}")]
+    Shape {
+        /// The operation that rejected the input.
+        op: &'static str,
+        /// Which input (e.g. `"refs"`).
+        what: &'static str,
+        /// What was expected, in words (e.g. `"(n, 16) to match queries"`).
+        expected: String,
+        /// The shape that was given.
+        got: Vec<usize>,
+    },
+    /// An input holds a NaN or an infinity.
+    #[error("{op}: {what} holds a non-finite value {value} at row {row}, column {col}")]
+    NonFinite {
+        /// The operation that rejected the input.
+        op: &'static str,
+        /// Which input.
+        what: &'static str,
+        /// Row of the first non-finite value.
+        row: usize,
+        /// Column of the first non-finite value.
+        col: usize,
+        /// The value itself (NaN, inf or -inf).
+        value: f32,
+    },
+    /// A scalar parameter is out of its allowed range.
+    #[error("{op}: {what} = {value} is invalid: {rule}")]
+    InvalidParameter {
+        /// The operation that rejected the parameter.
+        op: &'static str,
+        /// The parameter's name.
+        what: &'static str,
+        /// Its value, formatted.
+        value: String,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
+    /// Even the smallest tile of an operation needs more device memory than the budget allows.
+    #[error("{op}: the smallest tile needs {required} bytes of device memory, the budget is {budget} bytes")]
+    OverBudget {
+        /// The operation.
+        op: &'static str,
+        /// Bytes that the smallest possible working set needs.
+        required: u64,
+        /// The configured budget in bytes.
+        budget: u64,
+    },
+    /// An allocation would take the tracked device memory past the budget.
+    #[error("allocating {requested} bytes for {label} would exceed the budget: {in_use} bytes in use of {budget}")]
+    BudgetExceeded {
+        /// Label of the buffer that was requested.
+        label: &'static str,
+        /// Size of the request in bytes.
+        requested: u64,
+        /// Bytes tracked as in use at the time of the request.
+        in_use: u64,
+        /// The configured budget in bytes.
+        budget: u64,
+    },
+    /// A request exceeds a hard limit of the device (buffer size, binding size, workgroups).
+    #[error("{op}: {what} = {requested} exceeds the device limit {limit}")]
+    DeviceLimit {
+        /// The operation.
+        op: &'static str,
+        /// Which limit (e.g. `"max_buffer_size"`).
+        what: &'static str,
+        /// The requested value.
+        requested: u64,
+        /// The device's limit.
+        limit: u64,
+    },
+    /// The driver reported out-of-memory while creating a resource.
+    #[error("the device is out of memory allocating {requested} bytes for {label}: {message}")]
+    OutOfMemory {
+        /// Label of the resource being created.
+        label: &'static str,
+        /// Size of the request in bytes.
+        requested: u64,
+        /// The driver's message.
+        message: String,
+    },
+    /// wgpu reported a validation or internal error inside an operation of this crate.
+    #[error("wgpu error during {op}: {message}")]
+    Wgpu {
+        /// The operation or object that failed.
+        op: &'static str,
+        /// wgpu's description.
+        message: String,
+    },
+    /// The device was lost (driver reset, `Device::destroy`, removal); make a new context.
+    #[error("the GPU device was lost ({reason}): {message}")]
+    DeviceLost {
+        /// wgpu's reason, formatted.
+        reason: String,
+        /// wgpu's message.
+        message: String,
+    },
+    /// Reading a buffer back to the host failed.
+    #[error("reading back {label} failed: {message}")]
+    Readback {
+        /// Label of the buffer being read.
+        label: &'static str,
+        /// What failed.
+        message: String,
+    },
+    /// No usable adapter was found (or none matched the requested name or index).
+    #[error("no usable GPU adapter: {0}")]
+    NoAdapter(String),
+    /// The adapter refused to create a device.
+    #[error("could not create a device on adapter {adapter}: {message}")]
+    RequestDevice {
+        /// The adapter's name.
+        adapter: String,
+        /// wgpu's message.
+        message: String,
+    },
+    /// The operation needs the wgpu path but the context runs on the native CPU backend.
+    #[error("{op} needs a wgpu device, but this context runs on the native CPU backend")]
+    NoDevice {
+        /// The operation.
+        op: &'static str,
+    },
+}

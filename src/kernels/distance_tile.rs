@@ -1,0 +1,89 @@
+//! Wrapper of `shaders/distance_tile.wgsl`: one `(rows, cols)` tile of a distance matrix.
+
+use crate::context::{GpuDevice, Kernel};
+use crate::error::{Error, Result};
+use crate::kernels::{Binding, Pipeline};
+use crate::memory::TrackedBuffer;
+
+pub(crate) const SOURCE: &str = include_str!("../../shaders/distance_tile.wgsl");
+
+/// Rows and columns of the tile one workgroup computes; `BLOCK` in the shader.
+pub(crate) const BLOCK: u64 = 64;
+
+/// Workgroup memory the kernel declares: two slabs of 256 `vec4<f32>`.
+pub(crate) const WORKGROUP_STORAGE: u64 = 2 * 256 * 16;
+
+/// The kernel's uniform block, laid out as `Params` in the shader.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct Params {
+    pub(crate) rows: u32,
+    pub(crate) cols: u32,
+    pub(crate) dim4: u32,
+    pub(crate) metric: u32,
+    pub(crate) normalize: u32,
+    pub(crate) _pad: [u32; 3],
+}
+
+pub(crate) struct DistanceTile(Pipeline);
+
+impl Kernel for DistanceTile {
+    fn build(gpu: &GpuDevice) -> Result<Self> {
+        use Binding::{ReadOnly, ReadWrite, Uniform};
+        let bindings = [Uniform, ReadOnly, ReadOnly, ReadOnly, ReadOnly, ReadWrite];
+        Pipeline::new(gpu, "distance_tile", SOURCE, &bindings).map(Self)
+    }
+}
+
+/// Buffers of one tile, in binding order after the uniform.
+pub(crate) struct TileBuffers<'a> {
+    pub(crate) params: &'a TrackedBuffer,
+    pub(crate) queries: &'a TrackedBuffer,
+    pub(crate) refs: &'a TrackedBuffer,
+    pub(crate) query_sq_norms: &'a TrackedBuffer,
+    pub(crate) ref_sq_norms: &'a TrackedBuffer,
+    pub(crate) out: &'a TrackedBuffer,
+}
+
+impl DistanceTile {
+    /// Workgroups `(x, y)` for a tile of `rows` queries × `cols` refs.
+    pub(crate) fn workgroups(rows: u64, cols: u64) -> (u64, u64) {
+        (cols.div_ceil(BLOCK).max(1), rows.div_ceil(BLOCK).max(1))
+    }
+
+    /// Records the tile `out[r * cols + c] = metric(queries[r], refs[c])`.
+    pub(crate) fn encode(
+        &self,
+        gpu: &GpuDevice,
+        encoder: &mut wgpu::CommandEncoder,
+        rows: u64,
+        cols: u64,
+        b: &TileBuffers<'_>,
+    ) -> Result<()> {
+        let (x, y) = Self::workgroups(rows, cols);
+        let limit = u64::from(gpu.limits.max_compute_workgroups_per_dimension);
+        if x.max(y) > limit {
+            return Err(Error::DeviceLimit {
+                op: "distance_tile",
+                what: "max_compute_workgroups_per_dimension",
+                requested: x.max(y),
+                limit,
+            });
+        }
+        let buffers = [
+            b.params.buffer(),
+            b.queries.buffer(),
+            b.refs.buffer(),
+            b.query_sq_norms.buffer(),
+            b.ref_sq_norms.buffer(),
+            b.out.buffer(),
+        ];
+        self.0.dispatch(
+            gpu,
+            encoder,
+            "distance_tile",
+            &buffers,
+            (x as u32, y as u32),
+        )
+    }
+}

@@ -1,0 +1,299 @@
+//! Tile planning: pure arithmetic that picks an operation's chunk sizes before any device call.
+//!
+//! An operation describes its working set as a function of its tile `(rows, cols)` (a
+//! [`Footprint`]); [`plan_tiles`] finds the largest tile whose footprint fits the budget that is
+//! still available AND the adapter's limits, or says why even the smallest cannot.
+
+use crate::error::{Error, Result};
+
+/// The device limits that bound a tile; a copy of the relevant fields of `wgpu::Limits`.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::DeviceCaps;
+/// let caps = DeviceCaps::from_limits(&wgpu::Limits::default());
+/// assert_eq!(caps.max_workgroups_per_dimension, 65_535);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCaps {
+    /// Largest buffer the device can create, in bytes.
+    pub max_buffer_size: u64,
+    /// Largest range that can be bound as one storage buffer, in bytes.
+    pub max_storage_binding: u64,
+    /// Most workgroups one dispatch may have in any dimension.
+    pub max_workgroups_per_dimension: u32,
+    /// Workgroup (shared) memory per workgroup, in bytes.
+    pub max_workgroup_storage: u32,
+}
+
+impl DeviceCaps {
+    /// The caps of a device granted `limits`.
+    pub fn from_limits(limits: &wgpu::Limits) -> Self {
+        Self {
+            max_buffer_size: limits.max_buffer_size,
+            max_storage_binding: limits.max_storage_buffer_binding_size,
+            max_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
+            max_workgroup_storage: limits.max_compute_workgroup_storage_size,
+        }
+    }
+
+    /// Caps with no device limit at all: the native CPU path, bounded by the budget alone.
+    pub fn unlimited() -> Self {
+        Self {
+            max_buffer_size: u64::MAX,
+            max_storage_binding: u64::MAX,
+            max_workgroups_per_dimension: u32::MAX,
+            max_workgroup_storage: u32::MAX,
+        }
+    }
+}
+
+/// What one tile of an operation needs from the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Footprint {
+    /// Total bytes of all buffers alive at once while the tile runs.
+    pub bytes: u64,
+    /// The largest single buffer, which is also bound whole as one storage binding.
+    pub largest_buffer: u64,
+    /// The largest workgroup count of any dispatch in any dimension.
+    pub workgroups: u64,
+    /// Workgroup memory one workgroup uses.
+    pub workgroup_storage: u64,
+}
+
+/// A chosen tile: `rows` × `cols` items per step, and what it costs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TilePlan {
+    /// Rows (queries, anchors) per tile.
+    pub rows: usize,
+    /// Columns (references) per tile.
+    pub cols: usize,
+    /// The tile's footprint.
+    pub footprint: Footprint,
+}
+
+/// The first limit that `f` breaks, as an error, or `None` if `f` fits.
+fn violation(op: &'static str, f: &Footprint, caps: &DeviceCaps, budget: u64) -> Option<Error> {
+    let limit = |what, requested, limit| Error::DeviceLimit {
+        op,
+        what,
+        requested,
+        limit,
+    };
+    if f.largest_buffer > caps.max_buffer_size {
+        return Some(limit(
+            "max_buffer_size",
+            f.largest_buffer,
+            caps.max_buffer_size,
+        ));
+    }
+    if f.largest_buffer > caps.max_storage_binding {
+        return Some(limit(
+            "max_storage_buffer_binding_size",
+            f.largest_buffer,
+            caps.max_storage_binding,
+        ));
+    }
+    if f.workgroups > u64::from(caps.max_workgroups_per_dimension) {
+        return Some(limit(
+            "max_compute_workgroups_per_dimension",
+            f.workgroups,
+            u64::from(caps.max_workgroups_per_dimension),
+        ));
+    }
+    if f.workgroup_storage > u64::from(caps.max_workgroup_storage) {
+        return Some(limit(
+            "max_compute_workgroup_storage_size",
+            f.workgroup_storage,
+            u64::from(caps.max_workgroup_storage),
+        ));
+    }
+    if f.bytes > budget {
+        return Some(Error::OverBudget {
+            op,
+            required: f.bytes,
+            budget,
+        });
+    }
+    None
+}
+
+/// The largest `rows` in `lo..=hi` with `fits(rows)`, given `fits(lo)`; footprints grow with rows.
+fn largest_fitting(lo: usize, hi: usize, fits: impl Fn(usize) -> bool) -> usize {
+    let (mut good, mut bad) = (lo, hi + 1);
+    if fits(hi) {
+        return hi;
+    }
+    while bad - good > 1 {
+        let mid = good + (bad - good) / 2;
+        if fits(mid) {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    good
+}
+
+/// Picks the tile for an operation over `total_rows` × `total_cols` items.
+///
+/// Columns are preferred whole (a reference set resident on the device is read once), then
+/// halved until at least `preferred_rows` rows fit beside them; rows are then as many as fit.
+/// `budget` is what the operation may still allocate. The footprint must grow with both
+/// dimensions.
+///
+/// # Errors
+/// If even a 1 × 1 tile does not fit: [`Error::OverBudget`] naming the bytes that tile needs
+/// and the budget, or [`Error::DeviceLimit`] naming the limit it breaks.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{plan_tiles, DeviceCaps, Footprint};
+/// let cost = |r: usize, c: usize| {
+///     let bytes = 4 * (r * c + r + c) as u64;
+///     Footprint { bytes, largest_buffer: 4 * (r * c) as u64, workgroups: 1, workgroup_storage: 0 }
+/// };
+/// let plan = plan_tiles("demo", 1000, 1000, 64, 1 << 20, &DeviceCaps::unlimited(), cost)?;
+/// assert!(plan.footprint.bytes <= 1 << 20);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn plan_tiles(
+    op: &'static str,
+    total_rows: usize,
+    total_cols: usize,
+    preferred_rows: usize,
+    budget: u64,
+    caps: &DeviceCaps,
+    cost: impl Fn(usize, usize) -> Footprint,
+) -> Result<TilePlan> {
+    let (total_rows, total_cols) = (total_rows.max(1), total_cols.max(1));
+    let fits = |r: usize, c: usize| violation(op, &cost(r, c), caps, budget).is_none();
+    if let Some(e) = violation(op, &cost(1, 1), caps, budget) {
+        return Err(e);
+    }
+    let want_rows = preferred_rows.clamp(1, total_rows);
+    let mut cols = total_cols;
+    // Halve the columns until the preferred rows fit (or one column is left).
+    while cols > 1 && !fits(want_rows, cols) {
+        cols = cols.div_ceil(2);
+    }
+    if !fits(1, cols) {
+        cols = largest_fitting(1, cols, |c| fits(1, c));
+    }
+    let rows = largest_fitting(1, total_rows, |r| fits(r, cols));
+    Ok(TilePlan {
+        rows,
+        cols,
+        footprint: cost(rows, cols),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matrix_cost(r: usize, c: usize) -> Footprint {
+        let (r, c) = (r as u64, c as u64);
+        Footprint {
+            bytes: 4 * (r * c + 8 * r + 8 * c),
+            largest_buffer: 4 * r * c,
+            workgroups: r.div_ceil(64).max(c.div_ceil(64)),
+            workgroup_storage: 8192,
+        }
+    }
+
+    #[test]
+    fn everything_fits_in_one_tile_when_the_budget_allows() {
+        let plan = plan_tiles(
+            "t",
+            100,
+            300,
+            64,
+            1 << 30,
+            &DeviceCaps::unlimited(),
+            matrix_cost,
+        )
+        .expect("fits");
+        assert_eq!(
+            (plan.rows, plan.cols),
+            (100, 300),
+            "one tile covers the whole problem"
+        );
+    }
+
+    #[test]
+    fn tight_budget_shrinks_columns_then_rows() {
+        let budget = 64 * 1024;
+        let plan = plan_tiles(
+            "t",
+            10_000,
+            100_000,
+            64,
+            budget,
+            &DeviceCaps::unlimited(),
+            matrix_cost,
+        )
+        .expect("fits");
+        assert!(plan.footprint.bytes <= budget, "plan within budget");
+        assert!(plan.rows >= 64, "preferred rows kept: {plan:?}");
+        assert!(
+            matrix_cost(plan.rows + 1, plan.cols).bytes > budget,
+            "rows are maximal"
+        );
+    }
+
+    #[test]
+    fn workgroup_and_binding_limits_bound_the_tile() {
+        let caps = DeviceCaps {
+            max_buffer_size: 1 << 20,
+            max_storage_binding: 4096,
+            max_workgroups_per_dimension: 2,
+            max_workgroup_storage: 1 << 15,
+        };
+        let plan = plan_tiles("t", 1000, 1000, 64, u64::MAX, &caps, matrix_cost).expect("fits");
+        let f = plan.footprint;
+        assert!(f.largest_buffer <= 4096, "binding limit respected: {f:?}");
+        assert!(f.workgroups <= 2, "workgroup limit respected: {f:?}");
+    }
+
+    #[test]
+    fn smallest_tile_over_budget_names_bytes_and_budget() {
+        match plan_tiles("t", 10, 10, 1, 50, &DeviceCaps::unlimited(), matrix_cost) {
+            Err(Error::OverBudget {
+                op,
+                required,
+                budget,
+            }) => {
+                assert_eq!(op, "t");
+                assert_eq!(
+                    required,
+                    matrix_cost(1, 1).bytes,
+                    "names the 1×1 tile's bytes"
+                );
+                assert_eq!(budget, 50, "names the budget");
+            }
+            other => panic!("expected OverBudget, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn workgroup_storage_over_the_limit_is_a_device_limit_error() {
+        let caps = DeviceCaps {
+            max_workgroup_storage: 4096,
+            ..DeviceCaps::unlimited()
+        };
+        let err = plan_tiles("t", 10, 10, 1, u64::MAX, &caps, matrix_cost).expect_err("too big");
+        assert!(
+            matches!(
+                err,
+                Error::DeviceLimit {
+                    what: "max_compute_workgroup_storage_size",
+                    requested: 8192,
+                    limit: 4096,
+                    ..
+                }
+            ),
+            "got {err:?}"
+        );
+    }
+}

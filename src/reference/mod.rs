@@ -1,0 +1,9 @@
+//! Plain, readable CPU references: the oracle every property test compares the kernels with.
+//!
+//! Each function has the stem of the kernel it mirrors (`shaders/<stem>.wgsl`) and keeps that
+//! kernel's loop structure and accumulation order, so differences come only from rounding that
+//! the tests bound with a stated tolerance. They are written for clarity, not speed; the fast
+//! CPU implementation is the native path of [`crate::Context`].
+
+pub mod distance_tile;
+pub mod row_norms;

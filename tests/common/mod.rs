@@ -1,0 +1,58 @@
+//! Shared test helpers: the GPU context (forced onto wgpu so kernels run even on lavapipe) and
+//! tolerance checks.
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::sync::OnceLock;
+
+use wgpu_metric_learning::{BackendChoice, Context, ContextConfig};
+
+/// Whether the environment demands a GPU (`WML_REQUIRE_GPU=1`, set by `.ci/run`).
+pub(crate) fn gpu_required() -> bool {
+    std::env::var("WML_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// A wgpu context with `budget` bytes (default: the adapter's), sentinels on, or `None` with a
+/// printed notice when there is no adapter. Panics when `WML_REQUIRE_GPU=1` and none is found,
+/// so CI cannot pass by skipping.
+pub(crate) fn gpu_context_with(config: ContextConfig) -> Option<Context> {
+    let config = ContextConfig {
+        backend: BackendChoice::Wgpu,
+        fill_outputs_with_sentinel: true,
+        ..config
+    };
+    match Context::new(&config) {
+        Ok(ctx) => Some(ctx),
+        Err(e) if gpu_required() => panic!("WML_REQUIRE_GPU=1 but no GPU context: {e}"),
+        Err(e) => {
+            eprintln!("skipped: no adapter ({e})");
+            None
+        }
+    }
+}
+
+/// A context with its own budget.
+pub(crate) fn gpu_context(budget: Option<u64>) -> Option<Context> {
+    gpu_context_with(ContextConfig {
+        budget_bytes: budget,
+        ..Default::default()
+    })
+}
+
+/// One shared context per test binary (device creation costs tens of milliseconds).
+pub(crate) fn shared_gpu() -> Option<&'static Context> {
+    static CTX: OnceLock<Option<Context>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        let ctx = gpu_context(None)?;
+        eprintln!("GPU tests run on: {}", ctx.device_name());
+        Some(ctx)
+    })
+    .as_ref()
+}
+
+/// Proptest case count: `PROPTEST_CASES` if set, else `default` (small: lavapipe is slow).
+pub(crate) fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

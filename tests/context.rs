@@ -1,0 +1,236 @@
+//! Adapter listing and selection, the automatic path choice, shared devices, device loss.
+
+mod common;
+
+use ndarray::Array2;
+use wgpu_metric_learning::{
+    list_adapters, pairwise_distances, AdapterSelector, BackendChoice, ComputePath, Context,
+    ContextConfig, DistanceConfig, Error,
+};
+
+fn small() -> Array2<f32> {
+    Array2::from_shape_fn((3, 5), |(i, k)| (i * 5 + k) as f32 * 0.1)
+}
+
+#[test]
+fn adapters_are_listed_with_stable_indices() {
+    let adapters = list_adapters(None);
+    for a in &adapters {
+        eprintln!(
+            "adapter {}: {} ({:?}, {:?}, {}) software={}",
+            a.index,
+            a.name,
+            a.backend,
+            a.device_type,
+            a.driver,
+            a.is_software()
+        );
+    }
+    if common::gpu_required() {
+        assert!(
+            !adapters.is_empty(),
+            "WML_REQUIRE_GPU=1 but no adapter listed"
+        );
+    }
+    for (i, a) in adapters.iter().enumerate() {
+        assert_eq!(a.index, i, "index is the position");
+    }
+}
+
+#[test]
+fn every_listed_adapter_can_run_a_kernel_by_index() {
+    // A multi-GPU user makes one context per adapter; each must work.
+    for a in list_adapters(None) {
+        let ctx = Context::new(&ContextConfig {
+            backend: BackendChoice::Wgpu,
+            adapter: AdapterSelector::Index(a.index),
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| panic!("adapter {} ({}): {e}", a.index, a.name));
+        assert_eq!(
+            ctx.adapter_info().map(|i| i.name.clone()),
+            Some(a.name.clone()),
+            "context uses the indexed adapter"
+        );
+        let d = pairwise_distances(
+            &ctx,
+            small().view(),
+            small().view(),
+            &DistanceConfig::default(),
+        )
+        .unwrap_or_else(|e| panic!("adapter {}: {e}", a.name));
+        assert_eq!(d.path, ComputePath::Wgpu, "ran through wgpu");
+        assert!(
+            d.values[[1, 1]].abs() < 1e-3,
+            "self-distance ≈ 0 on {}",
+            a.name
+        );
+    }
+}
+
+#[test]
+fn auto_prefers_native_cpu_when_only_software_adapters_exist() {
+    let adapters = list_adapters(None);
+    let ctx = Context::new(&ContextConfig::default()).expect("auto never fails for lack of a GPU");
+    if adapters.iter().all(|a| a.is_software()) {
+        assert_eq!(
+            ctx.path(),
+            ComputePath::NativeCpu,
+            "software only → native CPU"
+        );
+        if let Some(first) = adapters.first() {
+            eprintln!("auto chose: {}", ctx.device_name());
+            assert!(
+                ctx.device_name().contains("native CPU"),
+                "{}",
+                ctx.device_name()
+            );
+            assert!(
+                adapters.iter().any(|a| ctx.device_name().contains(&a.name)),
+                "names the software adapter it passed over ({})",
+                first.name
+            );
+        }
+    } else {
+        assert_eq!(ctx.path(), ComputePath::Wgpu, "hardware adapter → wgpu");
+        let info = ctx.adapter_info().expect("wgpu context");
+        assert_ne!(
+            info.device_type,
+            wgpu::DeviceType::Cpu,
+            "picked the hardware one"
+        );
+    }
+}
+
+#[test]
+fn forced_paths_are_honoured() {
+    let cpu = Context::new(&ContextConfig {
+        backend: BackendChoice::NativeCpu,
+        ..Default::default()
+    })
+    .expect("cpu");
+    assert_eq!(cpu.path(), ComputePath::NativeCpu, "forced CPU");
+    if let Some(gpu) = common::shared_gpu() {
+        assert_eq!(
+            gpu.path(),
+            ComputePath::Wgpu,
+            "forced wgpu, even on a software adapter"
+        );
+        let info = gpu.adapter_info().expect("adapter info kept");
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+            .into_iter()
+            .find(|a| a.get_info().name == info.name && a.get_info().backend == info.backend)
+            .expect("the context's adapter is listed");
+        assert_eq!(
+            gpu.limits(),
+            Some(&adapter.limits()),
+            "the device got the adapter's real limits, not the WebGPU defaults"
+        );
+    }
+}
+
+#[test]
+fn default_budget_comes_from_the_adapter_when_it_reports_memory() {
+    let Some(ctx) = common::shared_gpu() else {
+        return;
+    };
+    let budget = ctx.memory().budget_bytes;
+    eprintln!("default budget on {}: {budget} B", ctx.device_name());
+    assert!(budget > 0, "a usable default budget");
+    if ctx.adapter_info().map(|i| i.backend) == Some(wgpu::Backend::Vulkan) {
+        assert_ne!(
+            budget,
+            wgpu_metric_learning::DEFAULT_BUDGET_BYTES,
+            "on Vulkan the heap size is known, so the default is derived from it"
+        );
+    }
+}
+
+#[test]
+fn unknown_adapter_name_or_index_is_a_typed_error() {
+    for adapter in [
+        AdapterSelector::NameContains("no adapter has this name".into()),
+        AdapterSelector::Index(10_000),
+    ] {
+        for backend in [BackendChoice::Wgpu, BackendChoice::Auto] {
+            let got = Context::new(&ContextConfig {
+                backend,
+                adapter: adapter.clone(),
+                ..Default::default()
+            });
+            assert!(
+                matches!(got, Err(Error::NoAdapter(_))),
+                "{adapter:?} with {backend:?}: an explicit choice that matches nothing fails"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_device_the_application_owns_can_be_shared() {
+    if common::shared_gpu().is_none() {
+        return;
+    }
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter =
+        pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions::default()))
+            .expect("an adapter");
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("application device"),
+        required_limits: adapter.limits(),
+        ..Default::default()
+    }))
+    .expect("device");
+    let ctx = Context::from_wgpu(
+        device,
+        queue,
+        adapter.get_info(),
+        &ContextConfig {
+            budget_bytes: Some(1 << 20),
+            ..Default::default()
+        },
+    );
+    let d = pairwise_distances(
+        &ctx,
+        small().view(),
+        small().view(),
+        &DistanceConfig::default(),
+    )
+    .expect("runs on the shared device");
+    assert_eq!(d.path, ComputePath::Wgpu, "wgpu path");
+    assert!(
+        ctx.memory().peak_bytes <= 1 << 20,
+        "within the given budget"
+    );
+}
+
+#[test]
+fn operations_after_device_loss_return_a_typed_error() {
+    let Some(ctx) = common::gpu_context(None) else {
+        return;
+    };
+    let (device, _) = ctx.wgpu_device().expect("wgpu context");
+    device.destroy();
+    let got = pairwise_distances(
+        &ctx,
+        small().view(),
+        small().view(),
+        &DistanceConfig::default(),
+    );
+    assert!(
+        matches!(got, Err(Error::DeviceLost { .. }) | Err(Error::Wgpu { .. })),
+        "got {got:?}"
+    );
+    // The process can go on with a fresh context.
+    let fresh = common::gpu_context(None).expect("a new context after a loss");
+    pairwise_distances(
+        &fresh,
+        small().view(),
+        small().view(),
+        &DistanceConfig::default(),
+    )
+    .expect("the new context works");
+}

@@ -1,0 +1,155 @@
+//! Every WGSL kernel parses, validates, and translates to SPIR-V, MSL, HLSL and GLSL (compute),
+//! so Metal and DX12 breakage shows up on a machine that has neither; and every file in
+//! `shaders/` is registered in `WGSL_SOURCES` with its wrapper and reference beside it.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use naga::back::{glsl, hlsl, msl, spv};
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+use wgpu_metric_learning::WGSL_SOURCES;
+
+fn parse_and_validate(stem: &str, source: &str) -> (naga::Module, naga::valid::ModuleInfo) {
+    let module = naga::front::wgsl::parse_str(source)
+        .unwrap_or_else(|e| panic!("{stem}.wgsl does not parse:\n{}", e.emit_to_string(source)));
+    // Only what core WebGPU gives: the kernels must not need optional capabilities.
+    let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
+        .validate(&module)
+        .unwrap_or_else(|e| {
+            panic!(
+                "{stem}.wgsl does not validate:\n{}",
+                e.emit_to_string(source)
+            )
+        });
+    (module, info)
+}
+
+#[test]
+fn every_shader_validates_and_translates_to_all_four_languages() {
+    assert!(!WGSL_SOURCES.is_empty(), "the registry lists the kernels");
+    for (stem, source) in WGSL_SOURCES {
+        let (module, info) = parse_and_validate(stem, source);
+        let entry = "main".to_string();
+        assert!(
+            module
+                .entry_points
+                .iter()
+                .any(|e| e.name == entry && e.stage == naga::ShaderStage::Compute),
+            "{stem}.wgsl has a compute entry point `main`"
+        );
+
+        let spirv = spv::write_vec(
+            &module,
+            &info,
+            &spv::Options::default(),
+            Some(&spv::PipelineOptions {
+                shader_stage: naga::ShaderStage::Compute,
+                entry_point: entry.clone(),
+            }),
+        )
+        .unwrap_or_else(|e| panic!("{stem}: SPIR-V: {e}"));
+        assert!(spirv.len() > 5, "{stem}: SPIR-V has a body");
+
+        let (metal, _) = msl::write_string(
+            &module,
+            &info,
+            &msl::Options {
+                lang_version: (2, 0),
+                ..Default::default()
+            },
+            &msl::PipelineOptions {
+                entry_point: Some((naga::ShaderStage::Compute, entry.clone())),
+                ..Default::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{stem}: MSL: {e}"));
+        assert!(
+            metal.contains("kernel"),
+            "{stem}: MSL has a kernel function"
+        );
+
+        let mut hlsl_out = String::new();
+        let hlsl_options = hlsl::Options {
+            shader_model: hlsl::ShaderModel::V5_1,
+            ..Default::default()
+        };
+        let hlsl_pipeline = hlsl::PipelineOptions {
+            entry_point: Some((naga::ShaderStage::Compute, entry.clone())),
+        };
+        hlsl::Writer::new(&mut hlsl_out, &hlsl_options, &hlsl_pipeline)
+            .write(&module, &info, None)
+            .unwrap_or_else(|e| panic!("{stem}: HLSL: {e}"));
+        assert!(
+            hlsl_out.contains("numthreads"),
+            "{stem}: HLSL has a compute entry"
+        );
+
+        let mut glsl_out = String::new();
+        let glsl_options = glsl::Options {
+            version: glsl::Version::new_gles(310),
+            ..Default::default()
+        };
+        let glsl_pipeline = glsl::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: entry.clone(),
+            multiview: None,
+        };
+        glsl::Writer::new(
+            &mut glsl_out,
+            &module,
+            &info,
+            &glsl_options,
+            &glsl_pipeline,
+            naga::proc::BoundsCheckPolicies::default(),
+        )
+        .and_then(|mut w| w.write())
+        .unwrap_or_else(|e| panic!("{stem}: GLSL: {e}"));
+        assert!(
+            glsl_out.contains("local_size_x"),
+            "{stem}: GLSL has a compute layout"
+        );
+    }
+}
+
+fn stems_in(dir: &str, ext: &str) -> BTreeSet<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .filter_map(|entry| {
+            let path = entry.ok()?.path();
+            (path.extension()? == ext).then(|| path.file_stem()?.to_str().map(str::to_owned))?
+        })
+        .collect()
+}
+
+#[test]
+fn every_wgsl_file_is_registered_with_a_wrapper_and_a_reference() {
+    let files = stems_in("shaders", "wgsl");
+    let registered: BTreeSet<String> = WGSL_SOURCES.iter().map(|(s, _)| s.to_string()).collect();
+    assert_eq!(
+        files, registered,
+        "shaders/*.wgsl and WGSL_SOURCES must list the same kernels"
+    );
+    let wrappers = stems_in("src/kernels", "rs");
+    let references = stems_in("src/reference", "rs");
+    for stem in &files {
+        assert!(wrappers.contains(stem), "src/kernels/{stem}.rs is missing");
+        assert!(
+            references.contains(stem),
+            "src/reference/{stem}.rs is missing"
+        );
+    }
+}
+
+#[test]
+fn registered_sources_are_the_files_on_disk() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
+    for (stem, source) in WGSL_SOURCES {
+        let on_disk = std::fs::read_to_string(dir.join(format!("{stem}.wgsl")))
+            .unwrap_or_else(|e| panic!("{stem}.wgsl: {e}"));
+        assert_eq!(
+            &on_disk, source,
+            "{stem}: the registry embeds shaders/{stem}.wgsl"
+        );
+    }
+}
