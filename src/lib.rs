@@ -9,6 +9,7 @@ mod native;
 mod plan;
 pub mod reference;
 mod transfer;
+mod triplets;
 mod validate;
 
 pub use context::{
@@ -20,5 +21,9 @@ pub use distance::{
 };
 pub use error::{Error, Result};
 pub use kernels::WGSL_SOURCES;
+pub use triplets::{
+    count_triplets, mine_triplets, mine_triplets_streaming, MiningSet, SelfExclusion,
+    TripletConfig, TripletCount, TripletRule, TripletType, Triplets,
+};
 pub use memory::MemoryStats;
-pub use plan::{plan_tiles, DeviceCaps, Footprint, TilePlan};
+pub use plan::{plan_rows, plan_tiles, DeviceCaps, Footprint, TilePlan};

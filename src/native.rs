@@ -3,6 +3,7 @@
 use ndarray::{Array1, Array2, ArrayView2, Axis, Zip};
 
 use crate::distance::{Distance, DistanceConfig};
+use crate::triplets::{Problem, Sink};
 
 /// Squared norm of every row.
 fn sq_norms(x: ArrayView2<'_, f32>) -> Array1<f32> {
@@ -49,4 +50,108 @@ pub(crate) fn pairwise_distances(
                 .for_each(|d, &r2| *d = finish(q2, r2, *d));
         });
     dots
+}
+
+/// Collects triplets into chunks of `chunk` rows and hands each full chunk to the sink.
+struct Emitter<'s> {
+    sink: Sink<'s>,
+    chunk: usize,
+    buf: Vec<u32>,
+    delivered: u64,
+    stopped: bool,
+}
+
+impl Emitter<'_> {
+    fn push(&mut self, a: u32, p: u32, n: u32) {
+        self.buf.extend_from_slice(&[a, p, n]);
+        if self.buf.len() == 3 * self.chunk {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.buf.is_empty() || self.stopped {
+            return;
+        }
+        let rows = self.buf.len() / 3;
+        if let Ok(view) = ArrayView2::from_shape((rows, 3), &self.buf[..]) {
+            self.delivered += rows as u64;
+            self.stopped = (self.sink)(view).is_break();
+        }
+        self.buf.clear();
+    }
+}
+
+/// Anchors per block whose distance rows are computed together.
+const ANCHOR_BLOCK: usize = 256;
+
+/// The native twin of the triplet kernels: per anchor, its ascending positive and negative
+/// lists, then each (positive, negative) pair through the rule, in (a, p, n) order.
+pub(crate) fn triplets(problem: &Problem<'_>, sink: Option<Sink<'_>>) -> u64 {
+    let (b, m) = (problem.labels.len(), problem.ref_labels.len());
+    let similarity = problem.distance.distance.is_similarity();
+    let mut emitter = sink.map(|sink| Emitter {
+        sink,
+        chunk: problem.chunk,
+        buf: Vec::with_capacity(3 * problem.chunk.min(1 << 20)),
+        delivered: 0,
+        stopped: false,
+    });
+    let mut counted = 0u64;
+    let (mut pos, mut neg) = (Vec::with_capacity(m), Vec::with_capacity(m));
+    for a0 in (0..b).step_by(ANCHOR_BLOCK) {
+        let rows = ANCHOR_BLOCK.min(b - a0);
+        let dist = problem.queries.zip(problem.refs).map(|(q, r)| {
+            pairwise_distances(q.slice(ndarray::s![a0..a0 + rows, ..]), r, &problem.distance)
+        });
+        for a in a0..a0 + rows {
+            let (label, me) = (problem.labels[a], problem.self_slots[a]);
+            pos.clear();
+            neg.clear();
+            for (r, &other) in problem.ref_labels.iter().enumerate() {
+                if other != label {
+                    neg.push(r as u32);
+                } else if r as u32 != me {
+                    pos.push(r as u32);
+                }
+            }
+            let row = dist.as_ref().map(|d| d.row(a - a0));
+            match (&mut emitter, row) {
+                (None, None) => counted += (pos.len() * neg.len()) as u64,
+                (None, Some(row)) => {
+                    for &p in &pos {
+                        let ap = row[p as usize];
+                        let kept = neg
+                            .iter()
+                            .filter(|&&n| problem.rule.keeps(ap, row[n as usize], similarity))
+                            .count();
+                        counted += kept as u64;
+                    }
+                }
+                (Some(e), row) => {
+                    for &p in &pos {
+                        let ap = row.map_or(0.0, |r| r[p as usize]);
+                        for &n in &neg {
+                            let keep = row.is_none_or(|r| {
+                                problem.rule.keeps(ap, r[n as usize], similarity)
+                            });
+                            if keep {
+                                e.push(a as u32, p, n);
+                            }
+                        }
+                        if e.stopped {
+                            return e.delivered;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    match emitter {
+        Some(mut e) => {
+            e.flush();
+            e.delivered
+        }
+        None => counted,
+    }
 }

@@ -188,6 +188,41 @@ pub fn plan_tiles(
     })
 }
 
+/// Picks how many rows an operation processes per step when its columns are fixed (e.g. all
+/// references stay resident): the most rows, up to `total_rows`, whose footprint fits.
+///
+/// # Errors
+/// As [`plan_tiles`], when a single row does not fit.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{plan_rows, DeviceCaps, Footprint};
+/// let cost = |r: usize| Footprint { bytes: 4096 + 1024 * r as u64, ..Default::default() };
+/// let plan = plan_rows("demo", 100, 1000, 64 << 10, &DeviceCaps::unlimited(), cost)?;
+/// assert_eq!(plan.rows, 60);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn plan_rows(
+    op: &'static str,
+    total_rows: usize,
+    cols: usize,
+    budget: u64,
+    caps: &DeviceCaps,
+    cost: impl Fn(usize) -> Footprint,
+) -> Result<TilePlan> {
+    if let Some(e) = violation(op, &cost(1), caps, budget) {
+        return Err(e);
+    }
+    let rows = largest_fitting(1, total_rows.max(1), |r| {
+        violation(op, &cost(r), caps, budget).is_none()
+    });
+    Ok(TilePlan {
+        rows,
+        cols,
+        footprint: cost(rows),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,8 @@
 
 pub(crate) mod distance_tile;
 pub(crate) mod row_norms;
+pub(crate) mod triplet_lists;
+pub(crate) mod triplet_select;
 
 use crate::context::GpuDevice;
 use crate::error::Result;
@@ -23,6 +25,8 @@ use crate::transfer::checked;
 pub const WGSL_SOURCES: &[(&str, &str)] = &[
     ("distance_tile", distance_tile::SOURCE),
     ("row_norms", row_norms::SOURCE),
+    ("triplet_lists", triplet_lists::SOURCE),
+    ("triplet_select", triplet_select::SOURCE),
 ];
 
 /// How a kernel sees one binding.

@@ -7,3 +7,5 @@
 
 pub mod distance_tile;
 pub mod row_norms;
+pub mod triplet_lists;
+pub mod triplet_select;

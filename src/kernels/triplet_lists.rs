@@ -1,0 +1,68 @@
+//! Wrapper of `shaders/triplet_lists.wgsl`: each anchor's ascending positive and negative lists.
+
+use crate::context::{GpuDevice, Kernel};
+use crate::error::Result;
+use crate::kernels::{grid_2d, Binding, Pipeline};
+use crate::memory::TrackedBuffer;
+
+pub(crate) const SOURCE: &str = include_str!("../../shaders/triplet_lists.wgsl");
+
+/// The kernel's uniform block, laid out as `Params` in the shader.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct Params {
+    pub(crate) anchors: u32,
+    pub(crate) refs: u32,
+    pub(crate) _pad: [u32; 2],
+}
+
+/// Buffers in binding order after the uniform.
+pub(crate) struct ListBuffers<'a> {
+    pub(crate) params: &'a TrackedBuffer,
+    pub(crate) anchor_labels: &'a TrackedBuffer,
+    pub(crate) ref_labels: &'a TrackedBuffer,
+    pub(crate) self_slots: &'a TrackedBuffer,
+    pub(crate) positives: &'a TrackedBuffer,
+    pub(crate) negatives: &'a TrackedBuffer,
+    pub(crate) list_counts: &'a TrackedBuffer,
+}
+
+pub(crate) struct TripletLists(Pipeline);
+
+impl Kernel for TripletLists {
+    fn build(gpu: &GpuDevice) -> Result<Self> {
+        use Binding::{ReadOnly, ReadWrite, Uniform};
+        let bindings = [
+            Uniform, ReadOnly, ReadOnly, ReadOnly, ReadWrite, ReadWrite, ReadWrite,
+        ];
+        Pipeline::new(gpu, "triplet_lists", SOURCE, &bindings).map(Self)
+    }
+}
+
+impl TripletLists {
+    /// One workgroup per anchor, folded into 2-D past the per-dimension limit.
+    pub(crate) fn workgroups(anchors: u64, max_per_dim: u32) -> (u32, u32) {
+        grid_2d(anchors, max_per_dim)
+    }
+
+    pub(crate) fn encode(
+        &self,
+        gpu: &GpuDevice,
+        encoder: &mut wgpu::CommandEncoder,
+        anchors: u64,
+        b: &ListBuffers<'_>,
+    ) -> Result<()> {
+        let groups = Self::workgroups(anchors, gpu.limits.max_compute_workgroups_per_dimension);
+        let buffers = [
+            b.params.buffer(),
+            b.anchor_labels.buffer(),
+            b.ref_labels.buffer(),
+            b.self_slots.buffer(),
+            b.positives.buffer(),
+            b.negatives.buffer(),
+            b.list_counts.buffer(),
+        ];
+        self.0
+            .dispatch(gpu, encoder, "triplet_lists", &buffers, groups)
+    }
+}

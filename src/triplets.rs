@@ -1,0 +1,945 @@
+//! Triplet mining: every valid triplet from labels (PML `get_all_triplets_indices`) and PML's
+//! `TripletMarginMiner`, chunked by anchors under the budget, with no limit from `B·M·M`.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::ops::ControlFlow;
+
+use ndarray::{Array2, ArrayView1, ArrayView2};
+
+use crate::context::{ComputePath, Context, GpuDevice};
+use crate::distance::{Distance, DistanceConfig};
+use crate::error::{Error, Result};
+use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};
+use crate::kernels::row_norms::{self, RowNorms};
+use crate::kernels::triplet_lists::{self, ListBuffers, TripletLists};
+use crate::kernels::triplet_select::{self, words, SelectBuffers, TripletSelect};
+use crate::memory::TrackedBuffer;
+use crate::plan::{plan_rows, DeviceCaps, Footprint};
+use crate::transfer::{self, Staging};
+use crate::{native, validate};
+
+/// PML's `type_of_triplets` for [`TripletRule::Margin`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TripletType {
+    /// `tm <= margin`.
+    #[default]
+    All,
+    /// `tm <= margin` and `tm <= 0` (a tie, `tm = 0`, is hard).
+    Hard,
+    /// `0 < tm <= margin`.
+    Semihard,
+    /// `tm > margin` (`tm = margin` is not easy).
+    Easy,
+}
+
+/// Which triplets to keep.
+///
+/// With `tm = d(a, n) − d(a, p)` for distances and `s(a, p) − s(a, n)` for similarities (PML's
+/// sign convention), [`TripletRule::Margin`] keeps what PML's `TripletMarginMiner` keeps.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{TripletRule, TripletType};
+/// let semihard = TripletRule::margin_miner(TripletType::Semihard);
+/// assert_eq!(semihard, TripletRule::Margin { kind: TripletType::Semihard, margin: 0.2 });
+/// assert!(semihard.keeps(0.5, 0.6, false)); // tm = 0.1 ∈ (0, 0.2]
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TripletRule {
+    /// Every `(a, p, n)` with `label[a] = label[p] ≠ label[n]` (PML
+    /// `get_all_triplets_indices`); needs labels only.
+    AllValid,
+    /// PML `TripletMarginMiner(margin, type_of_triplets)`; needs embeddings.
+    Margin {
+        /// all / hard / semihard / easy.
+        kind: TripletType,
+        /// The margin (PML default 0.2). Any finite value.
+        margin: f32,
+    },
+}
+
+impl TripletRule {
+    /// `TripletMarginMiner` with PML's default margin, 0.2.
+    pub fn margin_miner(kind: TripletType) -> Self {
+        TripletRule::Margin { kind, margin: 0.2 }
+    }
+
+    /// Whether a triplet with anchor-positive value `ap` and anchor-negative value `an` is kept;
+    /// `similarity` flips the sign of `tm` as PML's `is_inverted` does.
+    pub fn keeps(&self, ap: f32, an: f32, similarity: bool) -> bool {
+        let TripletRule::Margin { kind, margin } = *self else {
+            return true;
+        };
+        let tm = if similarity { ap - an } else { an - ap };
+        match kind {
+            TripletType::All => tm <= margin,
+            TripletType::Hard => tm <= margin && tm <= 0.0,
+            TripletType::Semihard => tm <= margin && tm > 0.0,
+            TripletType::Easy => tm > margin,
+        }
+    }
+
+    /// The shader's `mode` code.
+    fn mode(&self) -> u32 {
+        match self {
+            TripletRule::AllValid => 0,
+            TripletRule::Margin { kind, .. } => match kind {
+                TripletType::All => 1,
+                TripletType::Hard => 2,
+                TripletType::Semihard => 3,
+                TripletType::Easy => 4,
+            },
+        }
+    }
+
+    fn margin(&self) -> f32 {
+        match self {
+            TripletRule::AllValid => 0.0,
+            TripletRule::Margin { margin, .. } => *margin,
+        }
+    }
+}
+
+/// Which reference is the anchor itself, so that it is never its own positive. Explicit, not
+/// by object identity as in PML.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum SelfExclusion {
+    /// The references are unrelated to the queries: nothing is excluded.
+    #[default]
+    None,
+    /// Reference `i` is query `i` (the references are the queries themselves): `p ≠ a`.
+    SameIndex,
+    /// Query `a` is stored at reference slot `slots[a]` (a memory bank): `p ≠ slots[a]`.
+    QuerySlots(Vec<u32>),
+}
+
+/// Labels `(b,)` and, for rules that need them, embeddings `(b, d)` of one side of a mining call.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::MiningSet;
+/// let labels = array![0i64, 0, 1];
+/// let set = MiningSet::labels(labels.view());
+/// assert!(set.embeddings.is_none());
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct MiningSet<'a, L> {
+    /// Class labels, one per row; any hashable type (`i64` as in PyTorch, `u32`, …).
+    pub labels: ArrayView1<'a, L>,
+    /// Embeddings, one row per label, or `None` for label-only rules.
+    pub embeddings: Option<ArrayView2<'a, f32>>,
+}
+
+impl<'a, L> MiningSet<'a, L> {
+    /// Labels only.
+    pub fn labels(labels: ArrayView1<'a, L>) -> Self {
+        Self {
+            labels,
+            embeddings: None,
+        }
+    }
+
+    /// Labels and embeddings.
+    pub fn with_embeddings(labels: ArrayView1<'a, L>, embeddings: ArrayView2<'a, f32>) -> Self {
+        Self {
+            labels,
+            embeddings: Some(embeddings),
+        }
+    }
+}
+
+/// How to mine. Defaults: every valid triplet, PML's default distance, at most 4 Mi triplets
+/// (48 MiB) per streamed chunk.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{TripletConfig, TripletRule, TripletType};
+/// let cfg = TripletConfig { rule: TripletRule::margin_miner(TripletType::Hard), ..Default::default() };
+/// assert_eq!(cfg.max_chunk_triplets, 1 << 22);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct TripletConfig {
+    /// Which triplets. Default: [`TripletRule::AllValid`].
+    pub rule: TripletRule,
+    /// Distance for margin rules. Default: Euclidean on normalised embeddings (PML `LpDistance()`).
+    pub distance: DistanceConfig,
+    /// Self-exclusion when references are given. Default [`SelfExclusion::None`]; without
+    /// references it is always [`SelfExclusion::SameIndex`] (PML's default).
+    pub self_exclusion: SelfExclusion,
+    /// Most triplets per chunk handed to a streaming callback (raised to the number of
+    /// references if smaller: one pair can yield that many). Default `1 << 22`.
+    pub max_chunk_triplets: usize,
+}
+
+impl Default for TripletConfig {
+    fn default() -> Self {
+        Self {
+            rule: TripletRule::AllValid,
+            distance: DistanceConfig::default(),
+            self_exclusion: SelfExclusion::None,
+            max_chunk_triplets: 1 << 22,
+        }
+    }
+}
+
+/// Mined triplets in lexicographic `(a, p, n)` order.
+#[derive(Debug, Clone)]
+pub struct Triplets {
+    /// `(t, 3)`: rows `(anchor, positive, negative)`; anchors index the queries, positives and
+    /// negatives the references.
+    pub indices: Array2<u32>,
+    /// Where they were mined.
+    pub path: ComputePath,
+}
+
+impl Triplets {
+    /// Number of triplets.
+    pub fn len(&self) -> usize {
+        self.indices.nrows()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.indices.nrows() == 0
+    }
+
+    /// Anchor indices `(t,)`.
+    pub fn anchors(&self) -> ArrayView1<'_, u32> {
+        self.indices.column(0)
+    }
+
+    /// Positive indices `(t,)`.
+    pub fn positives(&self) -> ArrayView1<'_, u32> {
+        self.indices.column(1)
+    }
+
+    /// Negative indices `(t,)`.
+    pub fn negatives(&self) -> ArrayView1<'_, u32> {
+        self.indices.column(2)
+    }
+}
+
+/// The number of triplets a call found (or delivered, when streaming stopped early).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TripletCount {
+    /// Triplets; a `u64`, because `B·M·M` easily passes 2³².
+    pub count: u64,
+    /// Where they were counted.
+    pub path: ComputePath,
+}
+
+/// A validated mining problem with dense `u32` labels.
+pub(crate) struct Problem<'a> {
+    pub(crate) labels: Vec<u32>,
+    pub(crate) ref_labels: Vec<u32>,
+    /// Per query, the reference slot never to use as its positive (`u32::MAX`: none).
+    pub(crate) self_slots: Vec<u32>,
+    pub(crate) queries: Option<ArrayView2<'a, f32>>,
+    pub(crate) refs: Option<ArrayView2<'a, f32>>,
+    pub(crate) rule: TripletRule,
+    pub(crate) distance: DistanceConfig,
+    /// Triplets per emitted chunk, at least the number of references.
+    pub(crate) chunk: usize,
+}
+
+/// Receives consecutive chunks `(t, 3)` of triplets; `Break` stops mining.
+pub(crate) type Sink<'s> = &'s mut dyn FnMut(ArrayView2<'_, u32>) -> ControlFlow<()>;
+
+const NO_SLOT: u32 = u32::MAX;
+
+fn dense_labels<L: Hash + Eq + Copy>(
+    labels: ArrayView1<'_, L>,
+    refs: ArrayView1<'_, L>,
+) -> (Vec<u32>, Vec<u32>) {
+    let mut ids: HashMap<L, u32> = HashMap::new();
+    let mut id = |l: &L| {
+        let next = ids.len() as u32;
+        *ids.entry(*l).or_insert(next)
+    };
+    let a: Vec<u32> = labels.iter().map(&mut id).collect();
+    let r: Vec<u32> = refs.iter().map(&mut id).collect();
+    (a, r)
+}
+
+fn check_set<L>(op: &'static str, side: &'static str, set: &MiningSet<'_, L>) -> Result<()> {
+    let (labels_what, emb_what) = match side {
+        "queries" => ("labels", "embeddings"),
+        _ => ("ref_labels", "ref_embeddings"),
+    };
+    if let Some(e) = set.embeddings {
+        validate::embeddings(op, emb_what, e)?;
+        if e.nrows() != set.labels.len() {
+            return Err(Error::Shape {
+                op,
+                what: labels_what,
+                expected: format!("({},) to match {emb_what}", e.nrows()),
+                got: set.labels.shape().to_vec(),
+            });
+        }
+    }
+    if set.labels.len() >= NO_SLOT as usize {
+        return Err(Error::InvalidParameter {
+            op,
+            what: labels_what,
+            value: set.labels.len().to_string(),
+            rule: "at most 2^32 - 2 rows per side (indices are u32)",
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn prepare<'a, L: Hash + Eq + Copy>(
+    op: &'static str,
+    queries: &MiningSet<'a, L>,
+    refs: Option<&MiningSet<'a, L>>,
+    cfg: &TripletConfig,
+) -> Result<Problem<'a>> {
+    check_set(op, "queries", queries)?;
+    let (ref_set, exclusion) = match refs {
+        Some(r) => {
+            check_set(op, "refs", r)?;
+            (r, &cfg.self_exclusion)
+        }
+        None => (queries, &SelfExclusion::SameIndex),
+    };
+    if let TripletRule::Margin { margin, .. } = cfg.rule {
+        if !margin.is_finite() {
+            return Err(Error::InvalidParameter {
+                op,
+                what: "margin",
+                value: margin.to_string(),
+                rule: "must be finite",
+            });
+        }
+        let missing = if queries.embeddings.is_none() {
+            Some("embeddings")
+        } else if ref_set.embeddings.is_none() {
+            Some("ref_embeddings")
+        } else {
+            None
+        };
+        if let Some(what) = missing {
+            return Err(Error::InvalidParameter {
+                op,
+                what,
+                value: "None".into(),
+                rule: "TripletMarginMiner rules compare distances and need embeddings",
+            });
+        }
+    }
+    if let (Some(q), Some(r)) = (queries.embeddings, ref_set.embeddings) {
+        validate::same_dim(op, q, r)?;
+    }
+    let (b, m) = (queries.labels.len(), ref_set.labels.len());
+    let self_slots = match exclusion {
+        SelfExclusion::None => vec![NO_SLOT; b],
+        SelfExclusion::SameIndex => {
+            if b != m {
+                return Err(Error::Shape {
+                    op,
+                    what: "ref_labels",
+                    expected: format!("({b},): SelfExclusion::SameIndex needs refs = queries"),
+                    got: vec![m],
+                });
+            }
+            (0..b as u32).collect()
+        }
+        SelfExclusion::QuerySlots(slots) => {
+            if slots.len() != b {
+                return Err(Error::Shape {
+                    op,
+                    what: "self_exclusion slots",
+                    expected: format!("({b},): one slot per query"),
+                    got: vec![slots.len()],
+                });
+            }
+            if let Some(&bad) = slots.iter().find(|&&s| s as usize >= m) {
+                return Err(Error::InvalidParameter {
+                    op,
+                    what: "self_exclusion slot",
+                    value: bad.to_string(),
+                    rule: "must index the references",
+                });
+            }
+            slots.clone()
+        }
+    };
+    let (labels, ref_labels) = dense_labels(queries.labels, ref_set.labels);
+    let needs_embeddings = matches!(cfg.rule, TripletRule::Margin { .. });
+    Ok(Problem {
+        labels,
+        ref_labels,
+        self_slots,
+        queries: queries.embeddings.filter(|_| needs_embeddings),
+        refs: ref_set.embeddings.filter(|_| needs_embeddings),
+        rule: cfg.rule,
+        distance: cfg.distance,
+        chunk: cfg.max_chunk_triplets.max(m).max(1),
+    })
+}
+
+const OP: &str = "mine_triplets";
+
+/// Mines triplets of `queries` `(b,)` against `refs` `(m,)` (`None`: the queries themselves,
+/// each query excluded as its own positive), returning all of them in lexicographic
+/// `(a, p, n)` order, as PML does.
+///
+/// On the wgpu path anchors are processed in chunks sized to the budget; for each chunk the
+/// distance tile, the per-anchor positive/negative lists, the per-pair counts (prefix-summed
+/// on the host as `u64`) and the triplets are computed by kernels. The whole result is held in
+/// host memory: for outputs larger than memory use [`mine_triplets_streaming`] or
+/// [`count_triplets`].
+///
+/// # Errors
+/// [`Error::Shape`] when labels and embeddings disagree in length, `d` is 0 or differs, or the
+/// self-exclusion slots are not one per query; [`Error::NonFinite`] for NaN/inf embeddings;
+/// [`Error::InvalidParameter`] for a non-finite margin or a margin rule without embeddings;
+/// [`Error::OverBudget`] / [`Error::DeviceLimit`] when one anchor's working set cannot fit.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{mine_triplets, Context, MiningSet, TripletConfig};
+/// let ctx = Context::native_cpu(None);
+/// let labels = array![0, 0, 1];
+/// let t = mine_triplets(&ctx, &MiningSet::labels(labels.view()), None, &TripletConfig::default())?;
+/// assert_eq!(t.indices, array![[0u32, 1, 2], [1, 0, 2]]);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn mine_triplets<'a, L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'a, L>,
+    refs: Option<&MiningSet<'a, L>>,
+    cfg: &TripletConfig,
+) -> Result<Triplets> {
+    let problem = prepare(OP, queries, refs, cfg)?;
+    let mut flat: Vec<u32> = Vec::new();
+    let mut sink = |chunk: ArrayView2<'_, u32>| {
+        flat.extend(chunk.iter());
+        ControlFlow::Continue(())
+    };
+    run(ctx, &problem, Some(&mut sink))?;
+    let rows = flat.len() / 3;
+    let indices = Array2::from_shape_vec((rows, 3), flat).map_err(|e| Error::Readback {
+        label: "mine_triplets::indices",
+        message: e.to_string(),
+    })?;
+    Ok(Triplets {
+        indices,
+        path: ctx.path(),
+    })
+}
+
+/// Mines like [`mine_triplets`] but hands the triplets to `on_chunk` in consecutive chunks
+/// `(t, 3)` of at most `max(cfg.max_chunk_triplets, m)` rows, in the same order, so host and
+/// device memory stay bounded whatever the total. Returning `ControlFlow::Break(())` stops.
+///
+/// # Errors
+/// As [`mine_triplets`].
+///
+/// # Example
+/// ```
+/// use std::ops::ControlFlow;
+/// use ndarray::array;
+/// use wgpu_metric_learning::{mine_triplets_streaming, Context, MiningSet, TripletConfig};
+/// let ctx = Context::native_cpu(None);
+/// let labels = array![0, 0, 1, 1];
+/// let mut seen = 0;
+/// let n = mine_triplets_streaming(&ctx, &MiningSet::labels(labels.view()), None,
+///     &TripletConfig::default(), |chunk| { seen += chunk.nrows(); ControlFlow::Continue(()) })?;
+/// assert_eq!((n.count, seen), (8, 8));
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn mine_triplets_streaming<'a, L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'a, L>,
+    refs: Option<&MiningSet<'a, L>>,
+    cfg: &TripletConfig,
+    mut on_chunk: impl FnMut(ArrayView2<'_, u32>) -> ControlFlow<()>,
+) -> Result<TripletCount> {
+    let problem = prepare(OP, queries, refs, cfg)?;
+    let count = run(ctx, &problem, Some(&mut on_chunk))?;
+    Ok(TripletCount {
+        count,
+        path: ctx.path(),
+    })
+}
+
+/// Counts the triplets [`mine_triplets`] would return, without producing them (no output
+/// buffers at all), as a `u64`.
+///
+/// # Errors
+/// As [`mine_triplets`].
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{count_triplets, Context, MiningSet, TripletConfig};
+/// let ctx = Context::native_cpu(None);
+/// let labels = array![0, 0, 1, 1, 2];
+/// let n = count_triplets(&ctx, &MiningSet::labels(labels.view()), None, &TripletConfig::default())?;
+/// assert_eq!(n.count, 4 * 3);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn count_triplets<'a, L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'a, L>,
+    refs: Option<&MiningSet<'a, L>>,
+    cfg: &TripletConfig,
+) -> Result<TripletCount> {
+    let problem = prepare(OP, queries, refs, cfg)?;
+    let count = run(ctx, &problem, None)?;
+    Ok(TripletCount {
+        count,
+        path: ctx.path(),
+    })
+}
+
+/// Mines `problem`, streaming chunks into `sink` (or only counting when `None`); returns the
+/// number of triplets found (delivered, if the sink stopped early).
+pub(crate) fn run(ctx: &Context, problem: &Problem<'_>, sink: Option<Sink<'_>>) -> Result<u64> {
+    if problem.labels.is_empty() || problem.ref_labels.is_empty() {
+        return Ok(0);
+    }
+    match ctx.gpu() {
+        None => Ok(native::triplets(problem, sink)),
+        Some(gpu) => on_gpu(ctx, gpu, problem, sink),
+    }
+}
+
+/// Sizes of every buffer one anchor chunk uses; the plan's footprint and the allocations both
+/// come from here, so the plan counts exactly what is allocated.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    anchors: usize,
+    refs: usize,
+    /// `vec4`s per embedding row; 0 for label-only rules (distance buffers are 4-byte dummies).
+    dim4: usize,
+    /// Triplets per output window; 0 when only counting (output buffers are dummies).
+    out: usize,
+}
+
+fn f32s(n: usize) -> u64 {
+    transfer::buffer_size(4 * n as u64)
+}
+
+fn uniform_size<T>() -> u64 {
+    transfer::buffer_size(std::mem::size_of::<T>() as u64)
+}
+
+impl Layout {
+    fn with_embeddings(&self) -> bool {
+        self.dim4 > 0
+    }
+    fn ref_embeddings(&self) -> u64 {
+        f32s(self.refs * self.dim4 * 4)
+    }
+    fn ref_norms(&self) -> u64 {
+        f32s(if self.with_embeddings() { self.refs } else { 0 })
+    }
+    fn anchor_embeddings(&self) -> u64 {
+        f32s(self.anchors * self.dim4 * 4)
+    }
+    fn anchor_norms(&self) -> u64 {
+        f32s(if self.with_embeddings() { self.anchors } else { 0 })
+    }
+    fn distances(&self) -> u64 {
+        f32s(if self.with_embeddings() {
+            self.anchors * self.refs
+        } else {
+            0
+        })
+    }
+    fn matrix(&self) -> u64 {
+        f32s(self.anchors * self.refs)
+    }
+    fn offsets(&self) -> u64 {
+        // One `vec2<u32>` per pair; at least one, since the shader's element is 8 bytes.
+        let pairs = if self.out > 0 { self.anchors * self.refs } else { 1 };
+        transfer::buffer_size(8 * pairs.max(1) as u64)
+    }
+    fn out(&self) -> u64 {
+        f32s(3 * self.out)
+    }
+
+    fn footprint(&self) -> Footprint {
+        let buffers = [
+            uniform_size::<triplet_lists::Params>(),
+            uniform_size::<triplet_select::Params>(),
+            uniform_size::<row_norms::Params>(),
+            uniform_size::<row_norms::Params>(),
+            uniform_size::<distance_tile::Params>(),
+            f32s(self.refs),       // ref labels
+            self.ref_embeddings(), // refs stay resident across chunks
+            self.ref_norms(),
+            f32s(self.anchors), // anchor labels
+            f32s(self.anchors), // self slots
+            self.anchor_embeddings(),
+            self.anchor_norms(),
+            self.distances(),
+            self.matrix(),           // positives
+            self.matrix(),           // negatives
+            self.matrix(),           // pair counts
+            self.matrix(),           // pair-count staging
+            f32s(2 * self.anchors),  // list counts
+            f32s(2 * self.anchors),  // list-count staging
+            self.offsets(),
+            self.out(),
+            self.out(), // output staging
+        ];
+        let refs_groups = (self.refs as u64).div_ceil(distance_tile::BLOCK);
+        Footprint {
+            bytes: buffers.iter().sum(),
+            largest_buffer: buffers.iter().copied().max().unwrap_or(0),
+            workgroups: refs_groups.max(self.anchors as u64),
+            workgroup_storage: distance_tile::WORKGROUP_STORAGE,
+        }
+    }
+}
+
+/// Anchors per chunk and triplets per output window: windows as large as asked (halved down to
+/// one pair's worst case, `m`, if needed), then as many anchors as fit beside them.
+fn plan(problem: &Problem<'_>, emit: bool, budget: u64, caps: &DeviceCaps) -> Result<Layout> {
+    let (b, m) = (problem.labels.len(), problem.ref_labels.len());
+    let dim4 = problem.queries.map_or(0, |q| q.ncols().div_ceil(4));
+    let min_out = if emit { m } else { 0 };
+    let mut out = if emit { problem.chunk } else { 0 };
+    loop {
+        let cost = |anchors| {
+            Layout {
+                anchors,
+                refs: m,
+                dim4,
+                out,
+            }
+            .footprint()
+        };
+        match plan_rows(OP, b, m, budget, caps, cost) {
+            Ok(p) => {
+                return Ok(Layout {
+                    anchors: p.rows,
+                    refs: m,
+                    dim4,
+                    out,
+                })
+            }
+            Err(_) if out > min_out => out = (out / 2).max(min_out),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Every device buffer of a mining call.
+struct Buffers {
+    lists_params: TrackedBuffer,
+    select_params: TrackedBuffer,
+    anchor_norm_params: TrackedBuffer,
+    ref_norm_params: TrackedBuffer,
+    tile_params: TrackedBuffer,
+    ref_labels: TrackedBuffer,
+    ref_embeddings: TrackedBuffer,
+    ref_norms: TrackedBuffer,
+    anchor_labels: TrackedBuffer,
+    self_slots: TrackedBuffer,
+    anchor_embeddings: TrackedBuffer,
+    anchor_norms: TrackedBuffer,
+    distances: TrackedBuffer,
+    positives: TrackedBuffer,
+    negatives: TrackedBuffer,
+    pair_counts: TrackedBuffer,
+    pair_count_staging: Staging,
+    list_counts: TrackedBuffer,
+    list_count_staging: Staging,
+    offsets: TrackedBuffer,
+    out: TrackedBuffer,
+    out_staging: Staging,
+}
+
+impl Buffers {
+    fn new(ctx: &Context, gpu: &GpuDevice, l: &Layout) -> Result<Self> {
+        let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+        let make = |label, size| transfer::create_buffer(ctx, gpu, label, size, input);
+        let output = |label, size| transfer::output(ctx, gpu, label, size);
+        let uniform = |label, size| {
+            transfer::create_buffer(
+                ctx,
+                gpu,
+                label,
+                size,
+                wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            )
+        };
+        Ok(Self {
+            lists_params: uniform(
+                "mine_triplets::lists_params",
+                uniform_size::<triplet_lists::Params>(),
+            )?,
+            select_params: uniform(
+                "mine_triplets::select_params",
+                uniform_size::<triplet_select::Params>(),
+            )?,
+            anchor_norm_params: uniform(
+                "mine_triplets::anchor_norm_params",
+                uniform_size::<row_norms::Params>(),
+            )?,
+            ref_norm_params: uniform(
+                "mine_triplets::ref_norm_params",
+                uniform_size::<row_norms::Params>(),
+            )?,
+            tile_params: uniform(
+                "mine_triplets::tile_params",
+                uniform_size::<distance_tile::Params>(),
+            )?,
+            ref_labels: make("mine_triplets::ref_labels", f32s(l.refs))?,
+            ref_embeddings: make("mine_triplets::ref_embeddings", l.ref_embeddings())?,
+            ref_norms: output("mine_triplets::ref_norms", l.ref_norms())?,
+            anchor_labels: make("mine_triplets::anchor_labels", f32s(l.anchors))?,
+            self_slots: make("mine_triplets::self_slots", f32s(l.anchors))?,
+            anchor_embeddings: make("mine_triplets::anchor_embeddings", l.anchor_embeddings())?,
+            anchor_norms: output("mine_triplets::anchor_norms", l.anchor_norms())?,
+            distances: output("mine_triplets::distances", l.distances())?,
+            positives: output("mine_triplets::positives", l.matrix())?,
+            negatives: output("mine_triplets::negatives", l.matrix())?,
+            pair_counts: output("mine_triplets::pair_counts", l.matrix())?,
+            pair_count_staging: Staging::new(
+                ctx,
+                gpu,
+                "mine_triplets::pair_count_staging",
+                l.matrix(),
+            )?,
+            list_counts: output("mine_triplets::list_counts", f32s(2 * l.anchors))?,
+            list_count_staging: Staging::new(
+                ctx,
+                gpu,
+                "mine_triplets::list_count_staging",
+                f32s(2 * l.anchors),
+            )?,
+            offsets: make("mine_triplets::offsets", l.offsets())?,
+            out: output("mine_triplets::out", l.out())?,
+            out_staging: Staging::new(ctx, gpu, "mine_triplets::out_staging", l.out())?,
+        })
+    }
+}
+
+fn encoder(gpu: &GpuDevice, label: &'static str) -> wgpu::CommandEncoder {
+    gpu.device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
+}
+
+fn on_gpu(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    problem: &Problem<'_>,
+    mut sink: Option<Sink<'_>>,
+) -> Result<u64> {
+    let (b, m) = (problem.labels.len(), problem.ref_labels.len());
+    let caps = DeviceCaps::from_limits(&gpu.limits);
+    let layout = plan(problem, sink.is_some(), ctx.tracker().available(), &caps)?;
+    let buf = Buffers::new(ctx, gpu, &layout)?;
+    let lists = gpu.kernel::<TripletLists>()?;
+    let select = gpu.kernel::<TripletSelect>()?;
+    let embeddings = problem.queries.zip(problem.refs);
+    let (norms, tile) = if embeddings.is_some() {
+        (
+            Some(gpu.kernel::<RowNorms>()?),
+            Some(gpu.kernel::<DistanceTile>()?),
+        )
+    } else {
+        (None, None)
+    };
+    let dim4 = layout.dim4 as u32;
+
+    transfer::write(gpu, &buf.ref_labels, 0, &problem.ref_labels)?;
+    if let Some((_, refs)) = embeddings {
+        transfer::write(gpu, &buf.ref_embeddings, 0, &transfer::padded_rows(refs, 0, m, layout.dim4))?;
+        let params = row_norms::Params {
+            rows: m as u32,
+            dim4,
+            _pad: [0; 2],
+        };
+        transfer::write(gpu, &buf.ref_norm_params, 0, &[params])?;
+        transfer::fill_sentinel(ctx, gpu, &buf.ref_norms, f32s(m))?;
+    }
+    let mut select_params = triplet_select::Params {
+        anchors: 0,
+        refs: m as u32,
+        anchor0: 0,
+        mode: problem.rule.mode(),
+        inverted: u32::from(problem.distance.distance.is_similarity()),
+        emit: 0,
+        margin: problem.rule.margin(),
+        _pad: 0,
+        start: [0; 2],
+        end: [0; 2],
+    };
+
+    let mut total = 0u64;
+    for a0 in (0..b).step_by(layout.anchors) {
+        let rows = layout.anchors.min(b - a0);
+        let span = a0..a0 + rows;
+        transfer::write(gpu, &buf.anchor_labels, 0, &problem.labels[span.clone()])?;
+        transfer::write(gpu, &buf.self_slots, 0, &problem.self_slots[span])?;
+        let lists_params = triplet_lists::Params {
+            anchors: rows as u32,
+            refs: m as u32,
+            _pad: [0; 2],
+        };
+        transfer::write(gpu, &buf.lists_params, 0, &[lists_params])?;
+        select_params.anchors = rows as u32;
+        select_params.anchor0 = a0 as u32;
+        select_params.emit = 0;
+        transfer::write(gpu, &buf.select_params, 0, &[select_params])?;
+        for (buffer, bytes) in [
+            (&buf.positives, f32s(rows * m)),
+            (&buf.negatives, f32s(rows * m)),
+            (&buf.pair_counts, f32s(rows * m)),
+            (&buf.list_counts, f32s(2 * rows)),
+        ] {
+            transfer::fill_sentinel(ctx, gpu, buffer, bytes)?;
+        }
+
+        let mut enc = encoder(gpu, "mine_triplets::count");
+        if let (Some((queries, _)), Some(norms), Some(tile)) = (embeddings, &norms, &tile) {
+            transfer::write(
+                gpu,
+                &buf.anchor_embeddings,
+                0,
+                &transfer::padded_rows(queries, a0, rows, layout.dim4),
+            )?;
+            let params = row_norms::Params {
+                rows: rows as u32,
+                dim4,
+                _pad: [0; 2],
+            };
+            transfer::write(gpu, &buf.anchor_norm_params, 0, &[params])?;
+            let tile_params = distance_tile::Params {
+                rows: rows as u32,
+                cols: m as u32,
+                dim4,
+                metric: problem.distance.distance.code(),
+                normalize: u32::from(
+                    problem.distance.normalize || problem.distance.distance == Distance::Cosine,
+                ),
+                _pad: [0; 3],
+            };
+            transfer::write(gpu, &buf.tile_params, 0, &[tile_params])?;
+            transfer::fill_sentinel(ctx, gpu, &buf.anchor_norms, f32s(rows))?;
+            transfer::fill_sentinel(ctx, gpu, &buf.distances, f32s(rows * m))?;
+            if a0 == 0 {
+                let r = &buf;
+                norms.encode(gpu, &mut enc, m as u64, &r.ref_norm_params, &r.ref_embeddings, &r.ref_norms)?;
+            }
+            norms.encode(
+                gpu,
+                &mut enc,
+                rows as u64,
+                &buf.anchor_norm_params,
+                &buf.anchor_embeddings,
+                &buf.anchor_norms,
+            )?;
+            let tb = TileBuffers {
+                params: &buf.tile_params,
+                queries: &buf.anchor_embeddings,
+                refs: &buf.ref_embeddings,
+                query_sq_norms: &buf.anchor_norms,
+                ref_sq_norms: &buf.ref_norms,
+                out: &buf.distances,
+            };
+            tile.encode(gpu, &mut enc, rows as u64, m as u64, &tb)?;
+        }
+        let lb = ListBuffers {
+            params: &buf.lists_params,
+            anchor_labels: &buf.anchor_labels,
+            ref_labels: &buf.ref_labels,
+            self_slots: &buf.self_slots,
+            positives: &buf.positives,
+            negatives: &buf.negatives,
+            list_counts: &buf.list_counts,
+        };
+        lists.encode(gpu, &mut enc, rows as u64, &lb)?;
+        let sb = SelectBuffers {
+            params: &buf.select_params,
+            distances: &buf.distances,
+            positives: &buf.positives,
+            negatives: &buf.negatives,
+            list_counts: &buf.list_counts,
+            pair_counts: &buf.pair_counts,
+            offsets: &buf.offsets,
+            out: &buf.out,
+        };
+        select.encode(gpu, &mut enc, rows as u64, m as u64, &sb)?;
+        buf.list_count_staging
+            .copy_from(&mut enc, &buf.list_counts, 8 * rows as u64);
+        buf.pair_count_staging
+            .copy_from(&mut enc, &buf.pair_counts, 4 * (rows * m) as u64);
+        transfer::submit_and_wait(gpu, enc)?;
+
+        let positives: Vec<u32> = buf
+            .list_count_staging
+            .read::<u32, _>(gpu, 2 * rows, |c| c.iter().step_by(2).copied().collect())?;
+        // Exclusive prefix sums of the pair counts, in (anchor, positive) order, as u64.
+        let mut offsets = vec![[0u32; 2]; if sink.is_some() { rows * m } else { 0 }];
+        let mut pair_counts: Vec<(usize, u32)> = Vec::new();
+        let chunk_total = buf.pair_count_staging.read::<u32, _>(gpu, rows * m, |counts| {
+            let mut acc = 0u64;
+            for (a, &np) in positives.iter().enumerate() {
+                for i in 0..np as usize {
+                    let at = a * m + i;
+                    let c = counts[at];
+                    if let Some(slot) = offsets.get_mut(at) {
+                        *slot = words(acc);
+                        pair_counts.push((at, c));
+                    }
+                    acc += u64::from(c);
+                }
+            }
+            acc
+        })?;
+        let Some(sink) = sink.as_mut() else {
+            total += chunk_total;
+            continue;
+        };
+        transfer::write(gpu, &buf.offsets, 0, &offsets)?;
+        let max_positives = positives.iter().copied().max().unwrap_or(0);
+        // Output windows cut at pair boundaries, each at most `layout.out` triplets.
+        let mut windows = Vec::new();
+        let (mut start, mut end) = (0u64, 0u64);
+        for &(_, c) in &pair_counts {
+            if end + u64::from(c) - start > layout.out as u64 {
+                windows.push((start, end));
+                start = end;
+            }
+            end += u64::from(c);
+        }
+        windows.push((start, end));
+        for (start, end) in windows.into_iter().filter(|(s, e)| e > s) {
+            let len = (end - start) as usize;
+            select_params.emit = 1;
+            select_params.start = words(start);
+            select_params.end = words(end);
+            transfer::write(gpu, &buf.select_params, 0, &[select_params])?;
+            transfer::fill_sentinel(ctx, gpu, &buf.out, f32s(3 * len))?;
+            let mut enc = encoder(gpu, "mine_triplets::emit");
+            select.encode(gpu, &mut enc, rows as u64, u64::from(max_positives), &sb)?;
+            buf.out_staging.copy_from(&mut enc, &buf.out, 12 * len as u64);
+            transfer::submit_and_wait(gpu, enc)?;
+            let flow = buf.out_staging.read::<u32, _>(gpu, 3 * len, |flat| {
+                ArrayView2::from_shape((len, 3), flat).map(|view| sink(view))
+            })?;
+            total += len as u64;
+            match flow {
+                Ok(ControlFlow::Continue(())) => {}
+                Ok(ControlFlow::Break(())) => return Ok(total),
+                Err(e) => {
+                    return Err(Error::Readback {
+                        label: "mine_triplets::out_staging",
+                        message: e.to_string(),
+                    })
+                }
+            }
+        }
+    }
+    Ok(total)
+}

@@ -1,0 +1,370 @@
+//! Triplet mining (kernels `triplet_lists` and `triplet_select`, with `distance_tile` for the
+//! margin rules) on the GPU and on the native CPU path against the plain triple-loop reference.
+//!
+//! The reference gets the distance matrix the path itself computes (`pairwise_distances` on the
+//! same context runs the same arithmetic), so triplets are compared exactly, boundaries
+//! included; the distances themselves are checked against their own reference in
+//! `tests/distance_tile.rs`.
+
+mod common;
+
+use std::ops::ControlFlow;
+
+use ndarray::{Array1, Array2};
+use proptest::prelude::*;
+use wgpu_metric_learning::reference::triplet_select::triplet_select;
+use wgpu_metric_learning::{
+    count_triplets, mine_triplets, mine_triplets_streaming, pairwise_distances, Context, Distance,
+    DistanceConfig, Error, MiningSet, SelfExclusion, TripletConfig, TripletRule, TripletType,
+};
+
+/// One mining problem: queries, optional refs (None = the queries themselves), and the config.
+#[derive(Debug, Clone)]
+struct Problem {
+    labels: Array1<u32>,
+    embeddings: Array2<f32>,
+    refs: Option<(Array1<u32>, Array2<f32>)>,
+    cfg: TripletConfig,
+}
+
+impl Problem {
+    fn queries(&self) -> MiningSet<'_, u32> {
+        MiningSet::with_embeddings(self.labels.view(), self.embeddings.view())
+    }
+
+    fn ref_set(&self) -> Option<MiningSet<'_, u32>> {
+        self.refs
+            .as_ref()
+            .map(|(l, e)| MiningSet::with_embeddings(l.view(), e.view()))
+    }
+
+    /// The reference answer, from the distances `ctx` itself computes.
+    fn reference(&self, ctx: &Context) -> Array2<u32> {
+        let (ref_labels, ref_emb) = match &self.refs {
+            Some((l, e)) => (l.clone(), e.clone()),
+            None => (self.labels.clone(), self.embeddings.clone()),
+        };
+        let slots: Vec<u32> = match (&self.refs, &self.cfg.self_exclusion) {
+            (None, _) | (Some(_), SelfExclusion::SameIndex) => (0..self.labels.len() as u32).collect(),
+            (Some(_), SelfExclusion::QuerySlots(s)) => s.clone(),
+            (Some(_), SelfExclusion::None) => vec![u32::MAX; self.labels.len()],
+        };
+        let distances = matches!(self.cfg.rule, TripletRule::Margin { .. }).then(|| {
+            pairwise_distances(ctx, self.embeddings.view(), ref_emb.view(), &self.cfg.distance)
+                .expect("distances")
+                .values
+        });
+        triplet_select(
+            self.labels.as_slice().expect("contiguous"),
+            ref_labels.as_slice().expect("contiguous"),
+            &slots,
+            distances.as_ref().map(|d| d.view()),
+            &self.cfg.rule,
+            self.cfg.distance.distance.is_similarity(),
+        )
+    }
+
+    /// Mines on `ctx` in all three forms and checks each against the reference.
+    fn check(&self, ctx: &Context) {
+        let want = self.reference(ctx);
+        let refs = self.ref_set();
+        let got = mine_triplets(ctx, &self.queries(), refs.as_ref(), &self.cfg).expect("mine");
+        assert_eq!(got.path, ctx.path(), "result names its path");
+        assert_eq!(
+            got.indices, want,
+            "{:?} on {}: triplets differ from the reference",
+            self.cfg.rule,
+            ctx.device_name()
+        );
+        let n = count_triplets(ctx, &self.queries(), refs.as_ref(), &self.cfg).expect("count");
+        assert_eq!(n.count, want.nrows() as u64, "count-only form agrees");
+
+        // Streaming with small chunks: consecutive, bounded, same order.
+        let cfg = TripletConfig {
+            max_chunk_triplets: 7,
+            ..self.cfg.clone()
+        };
+        let cap = 7.max(self.refs.as_ref().map_or(self.labels.len(), |(l, _)| l.len()));
+        let mut streamed: Vec<u32> = Vec::new();
+        let delivered = mine_triplets_streaming(ctx, &self.queries(), refs.as_ref(), &cfg, |chunk| {
+            assert!(chunk.nrows() >= 1 && chunk.nrows() <= cap, "chunk of {} rows, cap {cap}", chunk.nrows());
+            streamed.extend(chunk.iter());
+            ControlFlow::Continue(())
+        })
+        .expect("stream");
+        assert_eq!(delivered.count, want.nrows() as u64, "streamed count");
+        assert_eq!(streamed, want.iter().copied().collect::<Vec<_>>(), "streamed triplets, in order");
+    }
+}
+
+const DISTANCES: [Distance; 4] = [
+    Distance::Euclidean,
+    Distance::SquaredEuclidean,
+    Distance::Cosine,
+    Distance::DotProduct,
+];
+
+fn rule() -> impl Strategy<Value = TripletRule> {
+    prop_oneof![
+        Just(TripletRule::AllValid),
+        (0usize..4, prop_oneof![Just(0.2f32), Just(0.0), -0.1f32..0.6]).prop_map(|(k, margin)| {
+            let kind = [TripletType::All, TripletType::Hard, TripletType::Semihard, TripletType::Easy][k];
+            TripletRule::Margin { kind, margin }
+        }),
+    ]
+}
+
+/// Embeddings on a small integer grid, so that equal distances (tm = 0 exactly) are common.
+fn embeddings(rows: usize, d: usize) -> impl Strategy<Value = Array2<f32>> {
+    proptest::collection::vec(-2i8..=2, rows * d).prop_map(move |v| {
+        Array2::from_shape_vec((rows, d), v.into_iter().map(f32::from).collect()).expect("sized")
+    })
+}
+
+/// Labels with `classes` classes: 1 (every pair positive), few, or as many as rows.
+fn labels(rows: usize, classes: usize) -> impl Strategy<Value = Array1<u32>> {
+    proptest::collection::vec(0..classes.max(1) as u32, rows).prop_map(Array1::from)
+}
+
+fn problem() -> impl Strategy<Value = Problem> {
+    (0usize..24, 0usize..40, 1usize..7, prop_oneof![Just(1usize), 2usize..5, Just(64)], any::<bool>())
+        .prop_flat_map(|(b, m, d, classes, with_refs)| {
+            let refs = if with_refs {
+                (labels(m, classes), embeddings(m, d)).prop_map(Some).boxed()
+            } else {
+                Just(None).boxed()
+            };
+            let cfg = (rule(), 0usize..4, any::<bool>()).prop_map(|(rule, which, normalize)| TripletConfig {
+                rule,
+                distance: DistanceConfig {
+                    distance: DISTANCES[which],
+                    normalize,
+                },
+                ..Default::default()
+            });
+            (labels(b, classes), embeddings(b, d), refs, cfg)
+        })
+        .prop_flat_map(|(labels, embeddings, refs, cfg)| {
+            let b = labels.len();
+            let m = refs.as_ref().map(|(l, _): &(Array1<u32>, _)| l.len());
+            // With separate refs: no exclusion, or one slot per query (a memory-bank layout).
+            let exclusion = match m {
+                Some(m) if m > 0 => prop_oneof![
+                    Just(SelfExclusion::None),
+                    proptest::collection::vec(0..m as u32, b).prop_map(SelfExclusion::QuerySlots),
+                ]
+                .boxed(),
+                _ => Just(SelfExclusion::None).boxed(),
+            };
+            (Just((labels, embeddings, refs, cfg)), exclusion)
+        })
+        .prop_map(|((labels, embeddings, refs, cfg), self_exclusion)| Problem {
+            labels,
+            embeddings,
+            refs,
+            cfg: TripletConfig { self_exclusion, ..cfg },
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(common::cases(32)))]
+
+    #[test]
+    fn triplet_select_gpu_matches_reference(p in problem()) {
+        if let Some(ctx) = common::shared_gpu() {
+            p.check(ctx);
+        }
+    }
+
+    #[test]
+    fn triplet_select_native_cpu_matches_reference(p in problem()) {
+        p.check(&Context::native_cpu(None));
+    }
+}
+
+fn grid(rows: usize, d: usize) -> Array2<f32> {
+    Array2::from_shape_fn((rows, d), |(i, k)| ((i * 7 + k * 3) % 5) as f32 - 2.0)
+}
+
+fn cyclic(rows: usize, classes: u32) -> Array1<u32> {
+    Array1::from_shape_fn(rows, |i| i as u32 % classes)
+}
+
+#[test]
+fn triplet_select_under_a_tight_budget_chunks_anchors_and_windows() {
+    // 64 KiB cannot hold one chunk of all 150 anchors × 230 refs (~5 × 138 KB of lists,
+    // counts and offsets), so the anchors are chunked and the output windowed.
+    let budget = 64 << 10;
+    let Some(ctx) = common::gpu_context(Some(budget)) else {
+        return;
+    };
+    for rule in [TripletRule::AllValid, TripletRule::margin_miner(TripletType::Semihard)] {
+        let p = Problem {
+            labels: cyclic(150, 4),
+            embeddings: grid(150, 5),
+            refs: Some((cyclic(230, 3), grid(230, 5))),
+            cfg: TripletConfig {
+                rule,
+                ..Default::default()
+            },
+        };
+        ctx.reset_peak();
+        p.check(&ctx);
+        let mem = ctx.memory();
+        assert!(mem.peak_bytes <= budget, "peak {} B over {budget} B", mem.peak_bytes);
+        assert_eq!(mem.current_bytes, 0, "everything released");
+    }
+}
+
+#[test]
+fn triplet_select_budget_below_one_anchor_is_a_typed_error() {
+    let budget = 1 << 10;
+    let Some(ctx) = common::gpu_context(Some(budget)) else {
+        return;
+    };
+    let (labels, refs) = (cyclic(10, 2), cyclic(1000, 2));
+    let got = count_triplets(
+        &ctx,
+        &MiningSet::labels(labels.view()),
+        Some(&MiningSet::labels(refs.view())),
+        &TripletConfig::default(),
+    );
+    match got {
+        Err(Error::OverBudget { required, budget: b, .. }) => {
+            assert!(required > budget && b == budget, "names bytes {required} and budget {b}")
+        }
+        other => panic!("expected OverBudget, got {other:?}"),
+    }
+}
+
+#[test]
+fn triplet_count_passes_2_pow_32_without_overflow() {
+    // 128 anchors × 40 000 refs × 40 000 = 2.0e11 candidate (a, p, n) combinations; with 2
+    // classes every anchor has 20 000 positives × 20 000 negatives: 5.12e10 triplets > 2^32.
+    let Some(ctx) = common::shared_gpu() else {
+        return;
+    };
+    let (labels, refs) = (cyclic(128, 2), cyclic(40_000, 2));
+    let n = count_triplets(
+        ctx,
+        &MiningSet::labels(labels.view()),
+        Some(&MiningSet::labels(refs.view())),
+        &TripletConfig::default(),
+    )
+    .expect("count");
+    assert_eq!(n.count, 128 * 20_000 * 20_000, "exact u64 count");
+    let native = count_triplets(
+        &Context::native_cpu(None),
+        &MiningSet::labels(labels.view()),
+        Some(&MiningSet::labels(refs.view())),
+        &TripletConfig::default(),
+    )
+    .expect("native count");
+    assert_eq!(native.count, n.count, "paths agree");
+}
+
+#[test]
+fn streaming_stops_when_asked() {
+    let labels = cyclic(30, 3);
+    for ctx in [Some(Context::native_cpu(None)), common::gpu_context(None)].into_iter().flatten() {
+        let cfg = TripletConfig {
+            max_chunk_triplets: 10,
+            ..Default::default()
+        };
+        let mut chunks = 0;
+        let got = mine_triplets_streaming(&ctx, &MiningSet::labels(labels.view()), None, &cfg, |_| {
+            chunks += 1;
+            ControlFlow::Break(())
+        })
+        .expect("stream");
+        assert_eq!(chunks, 1, "no chunk after Break on {}", ctx.device_name());
+        assert!(got.count >= 1 && got.count <= 30, "delivered count {}", got.count);
+    }
+}
+
+#[test]
+fn labels_of_any_hashable_type_give_the_same_triplets() {
+    let ctx = Context::native_cpu(None);
+    let as_u32 = Array1::from(vec![3u32, 3, 7, 7, 9]);
+    let as_i64 = Array1::from(vec![-5i64, -5, 1 << 40, 1 << 40, 0]);
+    let cfg = TripletConfig::default();
+    let a = mine_triplets(&ctx, &MiningSet::labels(as_u32.view()), None, &cfg).expect("u32");
+    let b = mine_triplets(&ctx, &MiningSet::labels(as_i64.view()), None, &cfg).expect("i64");
+    assert_eq!(a.indices, b.indices, "only equality of labels matters");
+    assert_eq!(a.len(), 2 * 3 + 2 * 3, "two pairs of two, each with three negatives");
+}
+
+#[test]
+fn triplet_select_typed_errors_for_bad_input() {
+    let ctx = Context::native_cpu(None);
+    let labels = cyclic(4, 2);
+    let emb = grid(4, 3);
+    let margin = TripletConfig {
+        rule: TripletRule::margin_miner(TripletType::Hard),
+        ..Default::default()
+    };
+    let short = cyclic(3, 2);
+    fn mine_with<'a>(
+        ctx: &Context,
+        q: MiningSet<'a, u32>,
+        r: Option<MiningSet<'a, u32>>,
+        cfg: &TripletConfig,
+    ) -> Result<usize, Error> {
+        mine_triplets(ctx, &q, r.as_ref(), cfg).map(|t| t.len())
+    }
+    let set = MiningSet::with_embeddings(labels.view(), emb.view());
+    assert!(
+        matches!(mine_with(&ctx, MiningSet::with_embeddings(short.view(), emb.view()), None, &margin),
+            Err(Error::Shape { what: "labels", .. })),
+        "label length mismatch"
+    );
+    assert!(
+        matches!(mine_with(&ctx, set, Some(MiningSet::with_embeddings(short.view(), emb.view())), &margin),
+            Err(Error::Shape { what: "ref_labels", .. })),
+        "ref label length mismatch"
+    );
+    assert!(
+        matches!(mine_with(&ctx, MiningSet::labels(labels.view()), None, &margin),
+            Err(Error::InvalidParameter { what: "embeddings", .. })),
+        "margin rule without embeddings"
+    );
+    let mut nan = emb.clone();
+    nan[[1, 2]] = f32::NAN;
+    assert!(
+        matches!(mine_with(&ctx, MiningSet::with_embeddings(labels.view(), nan.view()), None, &margin),
+            Err(Error::NonFinite { row: 1, col: 2, .. })),
+        "NaN embedding"
+    );
+    let nan_margin = TripletConfig {
+        rule: TripletRule::Margin { kind: TripletType::All, margin: f32::NAN },
+        ..Default::default()
+    };
+    assert!(
+        matches!(mine_with(&ctx, set, None, &nan_margin), Err(Error::InvalidParameter { what: "margin", .. })),
+        "NaN margin"
+    );
+    let refs = MiningSet::with_embeddings(labels.view(), emb.view());
+    let slots = |s: Vec<u32>| TripletConfig {
+        self_exclusion: SelfExclusion::QuerySlots(s),
+        ..Default::default()
+    };
+    assert!(
+        matches!(mine_with(&ctx, set, Some(refs), &slots(vec![0, 1])), Err(Error::Shape { .. })),
+        "one slot per query"
+    );
+    assert!(
+        matches!(mine_with(&ctx, set, Some(refs), &slots(vec![0, 1, 2, 4])),
+            Err(Error::InvalidParameter { what: "self_exclusion slot", .. })),
+        "slot out of range"
+    );
+    let other = cyclic(6, 2);
+    let same_index = TripletConfig {
+        self_exclusion: SelfExclusion::SameIndex,
+        ..Default::default()
+    };
+    assert!(
+        matches!(mine_with(&ctx, MiningSet::labels(labels.view()), Some(MiningSet::labels(other.view())), &same_index),
+            Err(Error::Shape { .. })),
+        "SameIndex needs as many refs as queries"
+    );
+}
