@@ -182,17 +182,31 @@ pub fn pairwise_distances_plan(
     })
 }
 
-fn on_gpu(
+/// Receives one tile `(r0, c0, values)` of the distance matrix.
+type TileSink<'s> = dyn FnMut(usize, usize, ArrayView2<'_, f32>) -> Result<()> + 's;
+
+/// Computes the distance matrix tile by tile, row tiles outermost, and hands each tile
+/// `(r0, c0, values)` to `on_tile`. Tiles are at most `max_rows` rows; the refs stay resident
+/// when one column tile covers them (they are re-uploaded per row tile otherwise).
+fn gpu_tiles(
     ctx: &Context,
     gpu: &GpuDevice,
     queries: ArrayView2<'_, f32>,
     refs: ArrayView2<'_, f32>,
     cfg: &DistanceConfig,
-) -> Result<Array2<f32>> {
+    max_rows: usize,
+    on_tile: &mut TileSink<'_>,
+) -> Result<()> {
     let (q, n, d) = (queries.nrows(), refs.nrows(), queries.ncols());
     let dim4 = d.div_ceil(4);
     let caps = DeviceCaps::from_limits(&gpu.limits);
-    let plan = pairwise_distances_plan(q, n, d, ctx.tracker().available(), &caps)?;
+    let plan = pairwise_distances_plan(
+        q.min(max_rows.max(1)),
+        n,
+        d,
+        ctx.tracker().available(),
+        &caps,
+    )?;
     let norms = gpu.kernel::<RowNorms>()?;
     let tile = gpu.kernel::<DistanceTile>()?;
 
@@ -238,31 +252,30 @@ fn on_gpu(
     let out = transfer::output(ctx, gpu, "pairwise_distances::out", out_bytes)?;
     let staging = Staging::new(ctx, gpu, "pairwise_distances::staging", out_bytes)?;
 
-    let mut values = Array2::zeros((q, n));
-    for c0 in (0..n).step_by(plan.cols) {
-        let cols = plan.cols.min(n - c0);
-        transfer::write(gpu, &r_buf, 0, &transfer::padded_rows(refs, c0, cols, dim4))?;
+    let refs_resident = plan.cols >= n;
+    for r0 in (0..q).step_by(plan.rows) {
+        let rows = plan.rows.min(q - r0);
+        transfer::write(
+            gpu,
+            &q_buf,
+            0,
+            &transfer::padded_rows(queries, r0, rows, dim4),
+        )?;
         let params = row_norms::Params {
-            rows: cols as u32,
+            rows: rows as u32,
             ..zero_norms
         };
-        transfer::write(gpu, &r_params, 0, &[params])?;
-        for r0 in (0..q).step_by(plan.rows) {
-            let rows = plan.rows.min(q - r0);
-            // Queries stay resident when one row tile covers them all.
-            if c0 == 0 || plan.rows < q {
-                transfer::write(
-                    gpu,
-                    &q_buf,
-                    0,
-                    &transfer::padded_rows(queries, r0, rows, dim4),
-                )?;
+        transfer::write(gpu, &q_params, 0, &[params])?;
+        for c0 in (0..n).step_by(plan.cols) {
+            let cols = plan.cols.min(n - c0);
+            if r0 == 0 || !refs_resident {
+                transfer::write(gpu, &r_buf, 0, &transfer::padded_rows(refs, c0, cols, dim4))?;
+                let params = row_norms::Params {
+                    rows: cols as u32,
+                    ..zero_norms
+                };
+                transfer::write(gpu, &r_params, 0, &[params])?;
             }
-            let params = row_norms::Params {
-                rows: rows as u32,
-                ..zero_norms
-            };
-            transfer::write(gpu, &q_params, 0, &[params])?;
             tile_params.rows = rows as u32;
             tile_params.cols = cols as u32;
             transfer::write(gpu, &t_params, 0, &[tile_params])?;
@@ -289,19 +302,98 @@ fn on_gpu(
             tile.encode(gpu, &mut encoder, rows as u64, cols as u64, &buffers)?;
             staging.copy_from(&mut encoder, &out, 4 * (rows * cols) as u64);
             transfer::submit_and_wait(gpu, encoder)?;
-            staging
-                .read::<f32, _>(gpu, rows * cols, |tile| {
-                    let tile = ArrayView2::from_shape((rows, cols), tile)?;
-                    values
-                        .slice_mut(s![r0..r0 + rows, c0..c0 + cols])
-                        .assign(&tile);
-                    Ok::<(), ndarray::ShapeError>(())
-                })?
-                .map_err(|e| crate::Error::Readback {
-                    label: "pairwise_distances::staging",
-                    message: e.to_string(),
+            staging.read::<f32, _>(gpu, rows * cols, |values| {
+                let view = ArrayView2::from_shape((rows, cols), values).map_err(|e| {
+                    crate::Error::Readback {
+                        label: "pairwise_distances::staging",
+                        message: e.to_string(),
+                    }
                 })?;
+                on_tile(r0, c0, view)
+            })??;
         }
     }
+    Ok(())
+}
+
+fn on_gpu(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    queries: ArrayView2<'_, f32>,
+    refs: ArrayView2<'_, f32>,
+    cfg: &DistanceConfig,
+) -> Result<Array2<f32>> {
+    let mut values = Array2::zeros((queries.nrows(), refs.nrows()));
+    gpu_tiles(
+        ctx,
+        gpu,
+        queries,
+        refs,
+        cfg,
+        usize::MAX,
+        &mut |r0, c0, tile| {
+            let (rows, cols) = tile.dim();
+            values
+                .slice_mut(s![r0..r0 + rows, c0..c0 + cols])
+                .assign(&tile);
+            Ok(())
+        },
+    )?;
     Ok(values)
+}
+
+/// Hands the distance matrix to `on_block` in consecutive blocks of whole rows
+/// `(row0, (rows, n))`, each at most `max_rows` rows, on whichever path `ctx` runs; host
+/// memory stays bounded by one block whatever `q`. Inputs must already be validated.
+pub(crate) fn for_each_row_block(
+    ctx: &Context,
+    queries: ArrayView2<'_, f32>,
+    refs: ArrayView2<'_, f32>,
+    cfg: &DistanceConfig,
+    max_rows: usize,
+    on_block: &mut dyn FnMut(usize, ArrayView2<'_, f32>) -> Result<()>,
+) -> Result<()> {
+    let (q, n) = (queries.nrows(), refs.nrows());
+    let max_rows = max_rows.max(1);
+    match ctx.gpu() {
+        None => {
+            for r0 in (0..q).step_by(max_rows) {
+                let rows = max_rows.min(q - r0);
+                let block =
+                    native::pairwise_distances(queries.slice(s![r0..r0 + rows, ..]), refs, cfg);
+                on_block(r0, block.view())?;
+            }
+            Ok(())
+        }
+        Some(_) if q == 0 => Ok(()),
+        Some(_) if n == 0 => {
+            for r0 in (0..q).step_by(max_rows) {
+                on_block(r0, Array2::zeros((max_rows.min(q - r0), 0)).view())?;
+            }
+            Ok(())
+        }
+        Some(gpu) => {
+            // Tiles come row tile by row tile; a block is complete at its last column tile.
+            let mut block = Array2::zeros((0, n));
+            gpu_tiles(
+                ctx,
+                gpu,
+                queries,
+                refs,
+                cfg,
+                max_rows,
+                &mut |r0, c0, tile| {
+                    let (rows, cols) = tile.dim();
+                    if c0 == 0 {
+                        block = Array2::zeros((rows, n));
+                    }
+                    block.slice_mut(s![.., c0..c0 + cols]).assign(&tile);
+                    if c0 + cols == n {
+                        on_block(r0, block.view())?;
+                    }
+                    Ok(())
+                },
+            )
+        }
+    }
 }

@@ -5,6 +5,8 @@ mod distance;
 mod error;
 pub mod kernels;
 mod memory;
+mod miners;
+mod mining_set;
 mod native;
 mod plan;
 pub mod reference;
@@ -21,9 +23,15 @@ pub use distance::{
 };
 pub use error::{Error, Result};
 pub use kernels::WGSL_SOURCES;
-pub use triplets::{
-    count_triplets, mine_triplets, mine_triplets_streaming, MiningSet, SelfExclusion,
-    TripletConfig, TripletCount, TripletRule, TripletType, Triplets,
-};
 pub use memory::MemoryStats;
+pub use miners::{
+    all_pairs, batch_easy_hard_pairs, batch_hard_triplets, multi_similarity_pairs,
+    pair_margin_pairs, BatchEasyHardConfig, BatchHardConfig, MultiSimilarityConfig,
+    PairMarginConfig, Pairs, Strategy,
+};
+pub use mining_set::{MiningSet, SelfExclusion};
 pub use plan::{plan_rows, plan_tiles, DeviceCaps, Footprint, TilePlan};
+pub use triplets::{
+    count_triplets, mine_triplets, mine_triplets_streaming, TripletConfig, TripletCount,
+    TripletRule, TripletType, Triplets,
+};

@@ -88,7 +88,7 @@ const ANCHOR_BLOCK: usize = 256;
 /// The native twin of the triplet kernels: per anchor, its ascending positive and negative
 /// lists, then each (positive, negative) pair through the rule, in (a, p, n) order.
 pub(crate) fn triplets(problem: &Problem<'_>, sink: Option<Sink<'_>>) -> u64 {
-    let (b, m) = (problem.labels.len(), problem.ref_labels.len());
+    let (b, m) = (problem.set.labels.len(), problem.set.ref_labels.len());
     let similarity = problem.distance.distance.is_similarity();
     let mut emitter = sink.map(|sink| Emitter {
         sink,
@@ -101,14 +101,18 @@ pub(crate) fn triplets(problem: &Problem<'_>, sink: Option<Sink<'_>>) -> u64 {
     let (mut pos, mut neg) = (Vec::with_capacity(m), Vec::with_capacity(m));
     for a0 in (0..b).step_by(ANCHOR_BLOCK) {
         let rows = ANCHOR_BLOCK.min(b - a0);
-        let dist = problem.queries.zip(problem.refs).map(|(q, r)| {
-            pairwise_distances(q.slice(ndarray::s![a0..a0 + rows, ..]), r, &problem.distance)
+        let dist = problem.set.queries.zip(problem.set.refs).map(|(q, r)| {
+            pairwise_distances(
+                q.slice(ndarray::s![a0..a0 + rows, ..]),
+                r,
+                &problem.distance,
+            )
         });
         for a in a0..a0 + rows {
-            let (label, me) = (problem.labels[a], problem.self_slots[a]);
+            let (label, me) = (problem.set.labels[a], problem.set.self_slots[a]);
             pos.clear();
             neg.clear();
-            for (r, &other) in problem.ref_labels.iter().enumerate() {
+            for (r, &other) in problem.set.ref_labels.iter().enumerate() {
                 if other != label {
                     neg.push(r as u32);
                 } else if r as u32 != me {
@@ -132,9 +136,8 @@ pub(crate) fn triplets(problem: &Problem<'_>, sink: Option<Sink<'_>>) -> u64 {
                     for &p in &pos {
                         let ap = row.map_or(0.0, |r| r[p as usize]);
                         for &n in &neg {
-                            let keep = row.is_none_or(|r| {
-                                problem.rule.keeps(ap, r[n as usize], similarity)
-                            });
+                            let keep = row
+                                .is_none_or(|r| problem.rule.keeps(ap, r[n as usize], similarity));
                             if keep {
                                 e.push(a as u32, p, n);
                             }

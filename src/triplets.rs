@@ -1,7 +1,6 @@
 //! Triplet mining: every valid triplet from labels (PML `get_all_triplets_indices`) and PML's
 //! `TripletMarginMiner`, chunked by anchors under the budget, with no limit from `B·M·M`.
 
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::ops::ControlFlow;
 
@@ -15,9 +14,10 @@ use crate::kernels::row_norms::{self, RowNorms};
 use crate::kernels::triplet_lists::{self, ListBuffers, TripletLists};
 use crate::kernels::triplet_select::{self, words, SelectBuffers, TripletSelect};
 use crate::memory::TrackedBuffer;
+use crate::mining_set::{self, MiningSet, Prepared, SelfExclusion};
+use crate::native;
 use crate::plan::{plan_rows, DeviceCaps, Footprint};
 use crate::transfer::{self, Staging};
-use crate::{native, validate};
 
 /// PML's `type_of_triplets` for [`TripletRule::Margin`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -97,55 +97,6 @@ impl TripletRule {
         match self {
             TripletRule::AllValid => 0.0,
             TripletRule::Margin { margin, .. } => *margin,
-        }
-    }
-}
-
-/// Which reference is the anchor itself, so that it is never its own positive. Explicit, not
-/// by object identity as in PML.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum SelfExclusion {
-    /// The references are unrelated to the queries: nothing is excluded.
-    #[default]
-    None,
-    /// Reference `i` is query `i` (the references are the queries themselves): `p ≠ a`.
-    SameIndex,
-    /// Query `a` is stored at reference slot `slots[a]` (a memory bank): `p ≠ slots[a]`.
-    QuerySlots(Vec<u32>),
-}
-
-/// Labels `(b,)` and, for rules that need them, embeddings `(b, d)` of one side of a mining call.
-///
-/// # Example
-/// ```
-/// use ndarray::array;
-/// use wgpu_metric_learning::MiningSet;
-/// let labels = array![0i64, 0, 1];
-/// let set = MiningSet::labels(labels.view());
-/// assert!(set.embeddings.is_none());
-/// ```
-#[derive(Debug, Clone, Copy)]
-pub struct MiningSet<'a, L> {
-    /// Class labels, one per row; any hashable type (`i64` as in PyTorch, `u32`, …).
-    pub labels: ArrayView1<'a, L>,
-    /// Embeddings, one row per label, or `None` for label-only rules.
-    pub embeddings: Option<ArrayView2<'a, f32>>,
-}
-
-impl<'a, L> MiningSet<'a, L> {
-    /// Labels only.
-    pub fn labels(labels: ArrayView1<'a, L>) -> Self {
-        Self {
-            labels,
-            embeddings: None,
-        }
-    }
-
-    /// Labels and embeddings.
-    pub fn with_embeddings(labels: ArrayView1<'a, L>, embeddings: ArrayView2<'a, f32>) -> Self {
-        Self {
-            labels,
-            embeddings: Some(embeddings),
         }
     }
 }
@@ -230,14 +181,9 @@ pub struct TripletCount {
     pub path: ComputePath,
 }
 
-/// A validated mining problem with dense `u32` labels.
+/// A validated triplet problem.
 pub(crate) struct Problem<'a> {
-    pub(crate) labels: Vec<u32>,
-    pub(crate) ref_labels: Vec<u32>,
-    /// Per query, the reference slot never to use as its positive (`u32::MAX`: none).
-    pub(crate) self_slots: Vec<u32>,
-    pub(crate) queries: Option<ArrayView2<'a, f32>>,
-    pub(crate) refs: Option<ArrayView2<'a, f32>>,
+    pub(crate) set: Prepared<'a>,
     pub(crate) rule: TripletRule,
     pub(crate) distance: DistanceConfig,
     /// Triplets per emitted chunk, at least the number of references.
@@ -247,136 +193,33 @@ pub(crate) struct Problem<'a> {
 /// Receives consecutive chunks `(t, 3)` of triplets; `Break` stops mining.
 pub(crate) type Sink<'s> = &'s mut dyn FnMut(ArrayView2<'_, u32>) -> ControlFlow<()>;
 
-const NO_SLOT: u32 = u32::MAX;
-
-fn dense_labels<L: Hash + Eq + Copy>(
-    labels: ArrayView1<'_, L>,
-    refs: ArrayView1<'_, L>,
-) -> (Vec<u32>, Vec<u32>) {
-    let mut ids: HashMap<L, u32> = HashMap::new();
-    let mut id = |l: &L| {
-        let next = ids.len() as u32;
-        *ids.entry(*l).or_insert(next)
-    };
-    let a: Vec<u32> = labels.iter().map(&mut id).collect();
-    let r: Vec<u32> = refs.iter().map(&mut id).collect();
-    (a, r)
-}
-
-fn check_set<L>(op: &'static str, side: &'static str, set: &MiningSet<'_, L>) -> Result<()> {
-    let (labels_what, emb_what) = match side {
-        "queries" => ("labels", "embeddings"),
-        _ => ("ref_labels", "ref_embeddings"),
-    };
-    if let Some(e) = set.embeddings {
-        validate::embeddings(op, emb_what, e)?;
-        if e.nrows() != set.labels.len() {
-            return Err(Error::Shape {
-                op,
-                what: labels_what,
-                expected: format!("({},) to match {emb_what}", e.nrows()),
-                got: set.labels.shape().to_vec(),
-            });
-        }
-    }
-    if set.labels.len() >= NO_SLOT as usize {
-        return Err(Error::InvalidParameter {
-            op,
-            what: labels_what,
-            value: set.labels.len().to_string(),
-            rule: "at most 2^32 - 2 rows per side (indices are u32)",
-        });
-    }
-    Ok(())
-}
-
-pub(crate) fn prepare<'a, L: Hash + Eq + Copy>(
+fn prepare<'a, L: Hash + Eq + Copy>(
     op: &'static str,
     queries: &MiningSet<'a, L>,
     refs: Option<&MiningSet<'a, L>>,
     cfg: &TripletConfig,
 ) -> Result<Problem<'a>> {
-    check_set(op, "queries", queries)?;
-    let (ref_set, exclusion) = match refs {
-        Some(r) => {
-            check_set(op, "refs", r)?;
-            (r, &cfg.self_exclusion)
-        }
-        None => (queries, &SelfExclusion::SameIndex),
-    };
-    if let TripletRule::Margin { margin, .. } = cfg.rule {
-        if !margin.is_finite() {
-            return Err(Error::InvalidParameter {
-                op,
-                what: "margin",
-                value: margin.to_string(),
-                rule: "must be finite",
-            });
-        }
-        let missing = if queries.embeddings.is_none() {
-            Some("embeddings")
-        } else if ref_set.embeddings.is_none() {
-            Some("ref_embeddings")
-        } else {
-            None
-        };
-        if let Some(what) = missing {
-            return Err(Error::InvalidParameter {
-                op,
-                what,
-                value: "None".into(),
-                rule: "TripletMarginMiner rules compare distances and need embeddings",
-            });
-        }
-    }
-    if let (Some(q), Some(r)) = (queries.embeddings, ref_set.embeddings) {
-        validate::same_dim(op, q, r)?;
-    }
-    let (b, m) = (queries.labels.len(), ref_set.labels.len());
-    let self_slots = match exclusion {
-        SelfExclusion::None => vec![NO_SLOT; b],
-        SelfExclusion::SameIndex => {
-            if b != m {
-                return Err(Error::Shape {
-                    op,
-                    what: "ref_labels",
-                    expected: format!("({b},): SelfExclusion::SameIndex needs refs = queries"),
-                    got: vec![m],
-                });
-            }
-            (0..b as u32).collect()
-        }
-        SelfExclusion::QuerySlots(slots) => {
-            if slots.len() != b {
-                return Err(Error::Shape {
-                    op,
-                    what: "self_exclusion slots",
-                    expected: format!("({b},): one slot per query"),
-                    got: vec![slots.len()],
-                });
-            }
-            if let Some(&bad) = slots.iter().find(|&&s| s as usize >= m) {
+    let needs_embeddings = match cfg.rule {
+        TripletRule::AllValid => false,
+        TripletRule::Margin { margin, .. } => {
+            if !margin.is_finite() {
                 return Err(Error::InvalidParameter {
                     op,
-                    what: "self_exclusion slot",
-                    value: bad.to_string(),
-                    rule: "must index the references",
+                    what: "margin",
+                    value: margin.to_string(),
+                    rule: "must be finite",
                 });
             }
-            slots.clone()
+            true
         }
     };
-    let (labels, ref_labels) = dense_labels(queries.labels, ref_set.labels);
-    let needs_embeddings = matches!(cfg.rule, TripletRule::Margin { .. });
+    let set = mining_set::prepare(op, queries, refs, &cfg.self_exclusion, needs_embeddings)?;
+    let chunk = cfg.max_chunk_triplets.max(set.ref_labels.len()).max(1);
     Ok(Problem {
-        labels,
-        ref_labels,
-        self_slots,
-        queries: queries.embeddings.filter(|_| needs_embeddings),
-        refs: ref_set.embeddings.filter(|_| needs_embeddings),
+        set,
         rule: cfg.rule,
         distance: cfg.distance,
-        chunk: cfg.max_chunk_triplets.max(m).max(1),
+        chunk,
     })
 }
 
@@ -500,7 +343,7 @@ pub fn count_triplets<'a, L: Hash + Eq + Copy>(
 /// Mines `problem`, streaming chunks into `sink` (or only counting when `None`); returns the
 /// number of triplets found (delivered, if the sink stopped early).
 pub(crate) fn run(ctx: &Context, problem: &Problem<'_>, sink: Option<Sink<'_>>) -> Result<u64> {
-    if problem.labels.is_empty() || problem.ref_labels.is_empty() {
+    if problem.set.labels.is_empty() || problem.set.ref_labels.is_empty() {
         return Ok(0);
     }
     match ctx.gpu() {
@@ -543,7 +386,11 @@ impl Layout {
         f32s(self.anchors * self.dim4 * 4)
     }
     fn anchor_norms(&self) -> u64 {
-        f32s(if self.with_embeddings() { self.anchors } else { 0 })
+        f32s(if self.with_embeddings() {
+            self.anchors
+        } else {
+            0
+        })
     }
     fn distances(&self) -> u64 {
         f32s(if self.with_embeddings() {
@@ -557,7 +404,11 @@ impl Layout {
     }
     fn offsets(&self) -> u64 {
         // One `vec2<u32>` per pair; at least one, since the shader's element is 8 bytes.
-        let pairs = if self.out > 0 { self.anchors * self.refs } else { 1 };
+        let pairs = if self.out > 0 {
+            self.anchors * self.refs
+        } else {
+            1
+        };
         transfer::buffer_size(8 * pairs.max(1) as u64)
     }
     fn out(&self) -> u64 {
@@ -579,12 +430,12 @@ impl Layout {
             self.anchor_embeddings(),
             self.anchor_norms(),
             self.distances(),
-            self.matrix(),           // positives
-            self.matrix(),           // negatives
-            self.matrix(),           // pair counts
-            self.matrix(),           // pair-count staging
-            f32s(2 * self.anchors),  // list counts
-            f32s(2 * self.anchors),  // list-count staging
+            self.matrix(),          // positives
+            self.matrix(),          // negatives
+            self.matrix(),          // pair counts
+            self.matrix(),          // pair-count staging
+            f32s(2 * self.anchors), // list counts
+            f32s(2 * self.anchors), // list-count staging
             self.offsets(),
             self.out(),
             self.out(), // output staging
@@ -602,8 +453,8 @@ impl Layout {
 /// Anchors per chunk and triplets per output window: windows as large as asked (halved down to
 /// one pair's worst case, `m`, if needed), then as many anchors as fit beside them.
 fn plan(problem: &Problem<'_>, emit: bool, budget: u64, caps: &DeviceCaps) -> Result<Layout> {
-    let (b, m) = (problem.labels.len(), problem.ref_labels.len());
-    let dim4 = problem.queries.map_or(0, |q| q.ncols().div_ceil(4));
+    let (b, m) = (problem.set.labels.len(), problem.set.ref_labels.len());
+    let dim4 = problem.set.queries.map_or(0, |q| q.ncols().div_ceil(4));
     let min_out = if emit { m } else { 0 };
     let mut out = if emit { problem.chunk } else { 0 };
     loop {
@@ -734,13 +585,13 @@ fn on_gpu(
     problem: &Problem<'_>,
     mut sink: Option<Sink<'_>>,
 ) -> Result<u64> {
-    let (b, m) = (problem.labels.len(), problem.ref_labels.len());
+    let (b, m) = (problem.set.labels.len(), problem.set.ref_labels.len());
     let caps = DeviceCaps::from_limits(&gpu.limits);
     let layout = plan(problem, sink.is_some(), ctx.tracker().available(), &caps)?;
     let buf = Buffers::new(ctx, gpu, &layout)?;
     let lists = gpu.kernel::<TripletLists>()?;
     let select = gpu.kernel::<TripletSelect>()?;
-    let embeddings = problem.queries.zip(problem.refs);
+    let embeddings = problem.set.queries.zip(problem.set.refs);
     let (norms, tile) = if embeddings.is_some() {
         (
             Some(gpu.kernel::<RowNorms>()?),
@@ -751,9 +602,14 @@ fn on_gpu(
     };
     let dim4 = layout.dim4 as u32;
 
-    transfer::write(gpu, &buf.ref_labels, 0, &problem.ref_labels)?;
+    transfer::write(gpu, &buf.ref_labels, 0, &problem.set.ref_labels)?;
     if let Some((_, refs)) = embeddings {
-        transfer::write(gpu, &buf.ref_embeddings, 0, &transfer::padded_rows(refs, 0, m, layout.dim4))?;
+        transfer::write(
+            gpu,
+            &buf.ref_embeddings,
+            0,
+            &transfer::padded_rows(refs, 0, m, layout.dim4),
+        )?;
         let params = row_norms::Params {
             rows: m as u32,
             dim4,
@@ -779,8 +635,13 @@ fn on_gpu(
     for a0 in (0..b).step_by(layout.anchors) {
         let rows = layout.anchors.min(b - a0);
         let span = a0..a0 + rows;
-        transfer::write(gpu, &buf.anchor_labels, 0, &problem.labels[span.clone()])?;
-        transfer::write(gpu, &buf.self_slots, 0, &problem.self_slots[span])?;
+        transfer::write(
+            gpu,
+            &buf.anchor_labels,
+            0,
+            &problem.set.labels[span.clone()],
+        )?;
+        transfer::write(gpu, &buf.self_slots, 0, &problem.set.self_slots[span])?;
         let lists_params = triplet_lists::Params {
             anchors: rows as u32,
             refs: m as u32,
@@ -829,7 +690,14 @@ fn on_gpu(
             transfer::fill_sentinel(ctx, gpu, &buf.distances, f32s(rows * m))?;
             if a0 == 0 {
                 let r = &buf;
-                norms.encode(gpu, &mut enc, m as u64, &r.ref_norm_params, &r.ref_embeddings, &r.ref_norms)?;
+                norms.encode(
+                    gpu,
+                    &mut enc,
+                    m as u64,
+                    &r.ref_norm_params,
+                    &r.ref_embeddings,
+                    &r.ref_norms,
+                )?;
             }
             norms.encode(
                 gpu,
@@ -882,21 +750,23 @@ fn on_gpu(
         // Exclusive prefix sums of the pair counts, in (anchor, positive) order, as u64.
         let mut offsets = vec![[0u32; 2]; if sink.is_some() { rows * m } else { 0 }];
         let mut pair_counts: Vec<(usize, u32)> = Vec::new();
-        let chunk_total = buf.pair_count_staging.read::<u32, _>(gpu, rows * m, |counts| {
-            let mut acc = 0u64;
-            for (a, &np) in positives.iter().enumerate() {
-                for i in 0..np as usize {
-                    let at = a * m + i;
-                    let c = counts[at];
-                    if let Some(slot) = offsets.get_mut(at) {
-                        *slot = words(acc);
-                        pair_counts.push((at, c));
+        let chunk_total = buf
+            .pair_count_staging
+            .read::<u32, _>(gpu, rows * m, |counts| {
+                let mut acc = 0u64;
+                for (a, &np) in positives.iter().enumerate() {
+                    for i in 0..np as usize {
+                        let at = a * m + i;
+                        let c = counts[at];
+                        if let Some(slot) = offsets.get_mut(at) {
+                            *slot = words(acc);
+                            pair_counts.push((at, c));
+                        }
+                        acc += u64::from(c);
                     }
-                    acc += u64::from(c);
                 }
-            }
-            acc
-        })?;
+                acc
+            })?;
         let Some(sink) = sink.as_mut() else {
             total += chunk_total;
             continue;
@@ -923,10 +793,11 @@ fn on_gpu(
             transfer::fill_sentinel(ctx, gpu, &buf.out, f32s(3 * len))?;
             let mut enc = encoder(gpu, "mine_triplets::emit");
             select.encode(gpu, &mut enc, rows as u64, u64::from(max_positives), &sb)?;
-            buf.out_staging.copy_from(&mut enc, &buf.out, 12 * len as u64);
+            buf.out_staging
+                .copy_from(&mut enc, &buf.out, 12 * len as u64);
             transfer::submit_and_wait(gpu, enc)?;
             let flow = buf.out_staging.read::<u32, _>(gpu, 3 * len, |flat| {
-                ArrayView2::from_shape((len, 3), flat).map(|view| sink(view))
+                ArrayView2::from_shape((len, 3), flat).map(&mut *sink)
             })?;
             total += len as u64;
             match flow {

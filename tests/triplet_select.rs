@@ -45,14 +45,21 @@ impl Problem {
             None => (self.labels.clone(), self.embeddings.clone()),
         };
         let slots: Vec<u32> = match (&self.refs, &self.cfg.self_exclusion) {
-            (None, _) | (Some(_), SelfExclusion::SameIndex) => (0..self.labels.len() as u32).collect(),
+            (None, _) | (Some(_), SelfExclusion::SameIndex) => {
+                (0..self.labels.len() as u32).collect()
+            }
             (Some(_), SelfExclusion::QuerySlots(s)) => s.clone(),
             (Some(_), SelfExclusion::None) => vec![u32::MAX; self.labels.len()],
         };
         let distances = matches!(self.cfg.rule, TripletRule::Margin { .. }).then(|| {
-            pairwise_distances(ctx, self.embeddings.view(), ref_emb.view(), &self.cfg.distance)
-                .expect("distances")
-                .values
+            pairwise_distances(
+                ctx,
+                self.embeddings.view(),
+                ref_emb.view(),
+                &self.cfg.distance,
+            )
+            .expect("distances")
+            .values
         });
         triplet_select(
             self.labels.as_slice().expect("contiguous"),
@@ -71,7 +78,8 @@ impl Problem {
         let got = mine_triplets(ctx, &self.queries(), refs.as_ref(), &self.cfg).expect("mine");
         assert_eq!(got.path, ctx.path(), "result names its path");
         assert_eq!(
-            got.indices, want,
+            got.indices,
+            want,
             "{:?} on {}: triplets differ from the reference",
             self.cfg.rule,
             ctx.device_name()
@@ -84,16 +92,29 @@ impl Problem {
             max_chunk_triplets: 7,
             ..self.cfg.clone()
         };
-        let cap = 7.max(self.refs.as_ref().map_or(self.labels.len(), |(l, _)| l.len()));
+        let cap = 7.max(
+            self.refs
+                .as_ref()
+                .map_or(self.labels.len(), |(l, _)| l.len()),
+        );
         let mut streamed: Vec<u32> = Vec::new();
-        let delivered = mine_triplets_streaming(ctx, &self.queries(), refs.as_ref(), &cfg, |chunk| {
-            assert!(chunk.nrows() >= 1 && chunk.nrows() <= cap, "chunk of {} rows, cap {cap}", chunk.nrows());
-            streamed.extend(chunk.iter());
-            ControlFlow::Continue(())
-        })
-        .expect("stream");
+        let delivered =
+            mine_triplets_streaming(ctx, &self.queries(), refs.as_ref(), &cfg, |chunk| {
+                assert!(
+                    chunk.nrows() >= 1 && chunk.nrows() <= cap,
+                    "chunk of {} rows, cap {cap}",
+                    chunk.nrows()
+                );
+                streamed.extend(chunk.iter());
+                ControlFlow::Continue(())
+            })
+            .expect("stream");
         assert_eq!(delivered.count, want.nrows() as u64, "streamed count");
-        assert_eq!(streamed, want.iter().copied().collect::<Vec<_>>(), "streamed triplets, in order");
+        assert_eq!(
+            streamed,
+            want.iter().copied().collect::<Vec<_>>(),
+            "streamed triplets, in order"
+        );
     }
 }
 
@@ -107,10 +128,19 @@ const DISTANCES: [Distance; 4] = [
 fn rule() -> impl Strategy<Value = TripletRule> {
     prop_oneof![
         Just(TripletRule::AllValid),
-        (0usize..4, prop_oneof![Just(0.2f32), Just(0.0), -0.1f32..0.6]).prop_map(|(k, margin)| {
-            let kind = [TripletType::All, TripletType::Hard, TripletType::Semihard, TripletType::Easy][k];
-            TripletRule::Margin { kind, margin }
-        }),
+        (
+            0usize..4,
+            prop_oneof![Just(0.2f32), Just(0.0), -0.1f32..0.6]
+        )
+            .prop_map(|(k, margin)| {
+                let kind = [
+                    TripletType::All,
+                    TripletType::Hard,
+                    TripletType::Semihard,
+                    TripletType::Easy,
+                ][k];
+                TripletRule::Margin { kind, margin }
+            }),
     ]
 }
 
@@ -127,20 +157,30 @@ fn labels(rows: usize, classes: usize) -> impl Strategy<Value = Array1<u32>> {
 }
 
 fn problem() -> impl Strategy<Value = Problem> {
-    (0usize..24, 0usize..40, 1usize..7, prop_oneof![Just(1usize), 2usize..5, Just(64)], any::<bool>())
+    (
+        0usize..24,
+        0usize..40,
+        1usize..7,
+        prop_oneof![Just(1usize), 2usize..5, Just(64)],
+        any::<bool>(),
+    )
         .prop_flat_map(|(b, m, d, classes, with_refs)| {
             let refs = if with_refs {
-                (labels(m, classes), embeddings(m, d)).prop_map(Some).boxed()
+                (labels(m, classes), embeddings(m, d))
+                    .prop_map(Some)
+                    .boxed()
             } else {
                 Just(None).boxed()
             };
-            let cfg = (rule(), 0usize..4, any::<bool>()).prop_map(|(rule, which, normalize)| TripletConfig {
-                rule,
-                distance: DistanceConfig {
-                    distance: DISTANCES[which],
-                    normalize,
-                },
-                ..Default::default()
+            let cfg = (rule(), 0usize..4, any::<bool>()).prop_map(|(rule, which, normalize)| {
+                TripletConfig {
+                    rule,
+                    distance: DistanceConfig {
+                        distance: DISTANCES[which],
+                        normalize,
+                    },
+                    ..Default::default()
+                }
             });
             (labels(b, classes), embeddings(b, d), refs, cfg)
         })
@@ -158,12 +198,17 @@ fn problem() -> impl Strategy<Value = Problem> {
             };
             (Just((labels, embeddings, refs, cfg)), exclusion)
         })
-        .prop_map(|((labels, embeddings, refs, cfg), self_exclusion)| Problem {
-            labels,
-            embeddings,
-            refs,
-            cfg: TripletConfig { self_exclusion, ..cfg },
-        })
+        .prop_map(
+            |((labels, embeddings, refs, cfg), self_exclusion)| Problem {
+                labels,
+                embeddings,
+                refs,
+                cfg: TripletConfig {
+                    self_exclusion,
+                    ..cfg
+                },
+            },
+        )
 }
 
 proptest! {
@@ -198,7 +243,10 @@ fn triplet_select_under_a_tight_budget_chunks_anchors_and_windows() {
     let Some(ctx) = common::gpu_context(Some(budget)) else {
         return;
     };
-    for rule in [TripletRule::AllValid, TripletRule::margin_miner(TripletType::Semihard)] {
+    for rule in [
+        TripletRule::AllValid,
+        TripletRule::margin_miner(TripletType::Semihard),
+    ] {
         let p = Problem {
             labels: cyclic(150, 4),
             embeddings: grid(150, 5),
@@ -211,7 +259,11 @@ fn triplet_select_under_a_tight_budget_chunks_anchors_and_windows() {
         ctx.reset_peak();
         p.check(&ctx);
         let mem = ctx.memory();
-        assert!(mem.peak_bytes <= budget, "peak {} B over {budget} B", mem.peak_bytes);
+        assert!(
+            mem.peak_bytes <= budget,
+            "peak {} B over {budget} B",
+            mem.peak_bytes
+        );
         assert_eq!(mem.current_bytes, 0, "everything released");
     }
 }
@@ -230,8 +282,15 @@ fn triplet_select_budget_below_one_anchor_is_a_typed_error() {
         &TripletConfig::default(),
     );
     match got {
-        Err(Error::OverBudget { required, budget: b, .. }) => {
-            assert!(required > budget && b == budget, "names bytes {required} and budget {b}")
+        Err(Error::OverBudget {
+            required,
+            budget: b,
+            ..
+        }) => {
+            assert!(
+                required > budget && b == budget,
+                "names bytes {required} and budget {b}"
+            )
         }
         other => panic!("expected OverBudget, got {other:?}"),
     }
@@ -266,19 +325,27 @@ fn triplet_count_passes_2_pow_32_without_overflow() {
 #[test]
 fn streaming_stops_when_asked() {
     let labels = cyclic(30, 3);
-    for ctx in [Some(Context::native_cpu(None)), common::gpu_context(None)].into_iter().flatten() {
+    for ctx in [Some(Context::native_cpu(None)), common::gpu_context(None)]
+        .into_iter()
+        .flatten()
+    {
         let cfg = TripletConfig {
             max_chunk_triplets: 10,
             ..Default::default()
         };
         let mut chunks = 0;
-        let got = mine_triplets_streaming(&ctx, &MiningSet::labels(labels.view()), None, &cfg, |_| {
-            chunks += 1;
-            ControlFlow::Break(())
-        })
-        .expect("stream");
+        let got =
+            mine_triplets_streaming(&ctx, &MiningSet::labels(labels.view()), None, &cfg, |_| {
+                chunks += 1;
+                ControlFlow::Break(())
+            })
+            .expect("stream");
         assert_eq!(chunks, 1, "no chunk after Break on {}", ctx.device_name());
-        assert!(got.count >= 1 && got.count <= 30, "delivered count {}", got.count);
+        assert!(
+            got.count >= 1 && got.count <= 30,
+            "delivered count {}",
+            got.count
+        );
     }
 }
 
@@ -291,7 +358,11 @@ fn labels_of_any_hashable_type_give_the_same_triplets() {
     let a = mine_triplets(&ctx, &MiningSet::labels(as_u32.view()), None, &cfg).expect("u32");
     let b = mine_triplets(&ctx, &MiningSet::labels(as_i64.view()), None, &cfg).expect("i64");
     assert_eq!(a.indices, b.indices, "only equality of labels matters");
-    assert_eq!(a.len(), 2 * 3 + 2 * 3, "two pairs of two, each with three negatives");
+    assert_eq!(
+        a.len(),
+        2 * 3 + 2 * 3,
+        "two pairs of two, each with three negatives"
+    );
 }
 
 #[test]
@@ -314,33 +385,68 @@ fn triplet_select_typed_errors_for_bad_input() {
     }
     let set = MiningSet::with_embeddings(labels.view(), emb.view());
     assert!(
-        matches!(mine_with(&ctx, MiningSet::with_embeddings(short.view(), emb.view()), None, &margin),
-            Err(Error::Shape { what: "labels", .. })),
+        matches!(
+            mine_with(
+                &ctx,
+                MiningSet::with_embeddings(short.view(), emb.view()),
+                None,
+                &margin
+            ),
+            Err(Error::Shape { what: "labels", .. })
+        ),
         "label length mismatch"
     );
     assert!(
-        matches!(mine_with(&ctx, set, Some(MiningSet::with_embeddings(short.view(), emb.view())), &margin),
-            Err(Error::Shape { what: "ref_labels", .. })),
+        matches!(
+            mine_with(
+                &ctx,
+                set,
+                Some(MiningSet::with_embeddings(short.view(), emb.view())),
+                &margin
+            ),
+            Err(Error::Shape {
+                what: "ref_labels",
+                ..
+            })
+        ),
         "ref label length mismatch"
     );
     assert!(
-        matches!(mine_with(&ctx, MiningSet::labels(labels.view()), None, &margin),
-            Err(Error::InvalidParameter { what: "embeddings", .. })),
+        matches!(
+            mine_with(&ctx, MiningSet::labels(labels.view()), None, &margin),
+            Err(Error::InvalidParameter {
+                what: "embeddings",
+                ..
+            })
+        ),
         "margin rule without embeddings"
     );
     let mut nan = emb.clone();
     nan[[1, 2]] = f32::NAN;
     assert!(
-        matches!(mine_with(&ctx, MiningSet::with_embeddings(labels.view(), nan.view()), None, &margin),
-            Err(Error::NonFinite { row: 1, col: 2, .. })),
+        matches!(
+            mine_with(
+                &ctx,
+                MiningSet::with_embeddings(labels.view(), nan.view()),
+                None,
+                &margin
+            ),
+            Err(Error::NonFinite { row: 1, col: 2, .. })
+        ),
         "NaN embedding"
     );
     let nan_margin = TripletConfig {
-        rule: TripletRule::Margin { kind: TripletType::All, margin: f32::NAN },
+        rule: TripletRule::Margin {
+            kind: TripletType::All,
+            margin: f32::NAN,
+        },
         ..Default::default()
     };
     assert!(
-        matches!(mine_with(&ctx, set, None, &nan_margin), Err(Error::InvalidParameter { what: "margin", .. })),
+        matches!(
+            mine_with(&ctx, set, None, &nan_margin),
+            Err(Error::InvalidParameter { what: "margin", .. })
+        ),
         "NaN margin"
     );
     let refs = MiningSet::with_embeddings(labels.view(), emb.view());
@@ -349,12 +455,20 @@ fn triplet_select_typed_errors_for_bad_input() {
         ..Default::default()
     };
     assert!(
-        matches!(mine_with(&ctx, set, Some(refs), &slots(vec![0, 1])), Err(Error::Shape { .. })),
+        matches!(
+            mine_with(&ctx, set, Some(refs), &slots(vec![0, 1])),
+            Err(Error::Shape { .. })
+        ),
         "one slot per query"
     );
     assert!(
-        matches!(mine_with(&ctx, set, Some(refs), &slots(vec![0, 1, 2, 4])),
-            Err(Error::InvalidParameter { what: "self_exclusion slot", .. })),
+        matches!(
+            mine_with(&ctx, set, Some(refs), &slots(vec![0, 1, 2, 4])),
+            Err(Error::InvalidParameter {
+                what: "self_exclusion slot",
+                ..
+            })
+        ),
         "slot out of range"
     );
     let other = cyclic(6, 2);
@@ -363,8 +477,15 @@ fn triplet_select_typed_errors_for_bad_input() {
         ..Default::default()
     };
     assert!(
-        matches!(mine_with(&ctx, MiningSet::labels(labels.view()), Some(MiningSet::labels(other.view())), &same_index),
-            Err(Error::Shape { .. })),
+        matches!(
+            mine_with(
+                &ctx,
+                MiningSet::labels(labels.view()),
+                Some(MiningSet::labels(other.view())),
+                &same_index
+            ),
+            Err(Error::Shape { .. })
+        ),
         "SameIndex needs as many refs as queries"
     );
 }

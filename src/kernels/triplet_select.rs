@@ -60,7 +60,10 @@ impl Kernel for TripletSelect {
 impl TripletSelect {
     /// Workgroups `(x, y)`: x covers up to `max_positives` positives per anchor, y the anchors.
     pub(crate) fn workgroups(anchors: u64, max_positives: u64) -> (u64, u64) {
-        (max_positives.div_ceil(WORKGROUP_SIZE).max(1), anchors.max(1))
+        (
+            max_positives.div_ceil(WORKGROUP_SIZE).max(1),
+            anchors.max(1),
+        )
     }
 
     pub(crate) fn encode(
@@ -91,7 +94,12 @@ impl TripletSelect {
             b.offsets.buffer(),
             b.out.buffer(),
         ];
-        self.0
-            .dispatch(gpu, encoder, "triplet_select", &buffers, (x as u32, y as u32))
+        self.0.dispatch(
+            gpu,
+            encoder,
+            "triplet_select",
+            &buffers,
+            (x as u32, y as u32),
+        )
     }
 }

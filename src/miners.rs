@@ -1,0 +1,603 @@
+//! PML's pair and per-anchor miners: all pairs, `PairMarginMiner`, `MultiSimilarityMiner`,
+//! `BatchHardMiner` and `BatchEasyHardMiner`.
+//!
+//! Their cost is the distance matrix (`O(b·m·d)`), which comes from the distance tile (GPU or
+//! native) in blocks of whole anchor rows; each miner's choice is then one `O(m)` pass over a
+//! row on the host, so host memory is bounded by one block (64 MiB of distances) whatever `b`.
+//! Ties are broken by the lowest reference index everywhere.
+
+use std::hash::Hash;
+
+use ndarray::{Array2, ArrayView1};
+
+use crate::context::{ComputePath, Context};
+use crate::distance::{for_each_row_block, Distance, DistanceConfig};
+use crate::error::{Error, Result};
+use crate::mining_set::{prepare, MiningSet, Prepared, SelfExclusion};
+use crate::triplets::Triplets;
+
+/// Distances per host block: 16 Mi floats = 64 MiB.
+const BLOCK_FLOATS: usize = 1 << 24;
+
+/// Positive and negative pairs, PML's `(a1, p, a2, n)` as two `(k, 2)` arrays.
+#[derive(Debug, Clone)]
+pub struct Pairs {
+    /// `(k₁, 2)`: rows `(anchor, positive)`.
+    pub positives: Array2<u32>,
+    /// `(k₂, 2)`: rows `(anchor, negative)`.
+    pub negatives: Array2<u32>,
+    /// Where the distances were computed.
+    pub path: ComputePath,
+}
+
+/// One anchor's view of the references: its distance row (if the miner uses distances) and
+/// its ascending positive and negative reference indices.
+struct Row<'r> {
+    anchor: u32,
+    values: Option<ArrayView1<'r, f32>>,
+    positives: &'r [u32],
+    negatives: &'r [u32],
+}
+
+impl Row<'_> {
+    fn value(&self, r: u32) -> f32 {
+        self.values.map_or(0.0, |v| v[r as usize])
+    }
+}
+
+/// Calls `f` for every anchor in ascending order.
+fn for_each_row(
+    ctx: &Context,
+    set: &Prepared<'_>,
+    distance: &DistanceConfig,
+    f: &mut dyn FnMut(&Row<'_>),
+) -> Result<()> {
+    let m = set.ref_labels.len();
+    let (mut positives, mut negatives) = (Vec::with_capacity(m), Vec::with_capacity(m));
+    let mut visit = |a: usize, values: Option<ArrayView1<'_, f32>>| {
+        let (label, me) = (set.labels[a], set.self_slots[a]);
+        positives.clear();
+        negatives.clear();
+        for (r, &other) in set.ref_labels.iter().enumerate() {
+            if other != label {
+                negatives.push(r as u32);
+            } else if r as u32 != me {
+                positives.push(r as u32);
+            }
+        }
+        f(&Row {
+            anchor: a as u32,
+            values,
+            positives: &positives,
+            negatives: &negatives,
+        });
+    };
+    match set.queries.zip(set.refs) {
+        None => {
+            for a in 0..set.labels.len() {
+                visit(a, None);
+            }
+            Ok(())
+        }
+        Some((queries, refs)) => {
+            let rows = (BLOCK_FLOATS / m.max(1)).max(1);
+            for_each_row_block(ctx, queries, refs, distance, rows, &mut |r0, block| {
+                for (i, row) in block.rows().into_iter().enumerate() {
+                    visit(r0 + i, Some(row));
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
+fn pairs_array(flat: Vec<u32>) -> Result<Array2<u32>> {
+    let rows = flat.len() / 2;
+    Array2::from_shape_vec((rows, 2), flat).map_err(|e| Error::Readback {
+        label: "pairs",
+        message: e.to_string(),
+    })
+}
+
+/// Every positive and negative pair (PML `get_all_pairs_indices`), row-major: positives
+/// `(a, p)` with equal labels (never the anchor's own slot), negatives `(a, n)` with different
+/// labels. `refs = None` means the references are the queries, each excluded as its own
+/// positive.
+///
+/// # Errors
+/// As [`crate::mine_triplets`] for labels and self-exclusion.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{all_pairs, Context, MiningSet, SelfExclusion};
+/// let labels = array![0, 0, 1];
+/// let p = all_pairs(&Context::native_cpu(None), &MiningSet::labels(labels.view()), None, &SelfExclusion::None)?;
+/// assert_eq!(p.positives, array![[0u32, 1], [1, 0]]);
+/// assert_eq!(p.negatives.nrows(), 4);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn all_pairs<'a, L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'a, L>,
+    refs: Option<&MiningSet<'a, L>>,
+    self_exclusion: &SelfExclusion,
+) -> Result<Pairs> {
+    let set = prepare("all_pairs", queries, refs, self_exclusion, false)?;
+    let (mut pos, mut neg) = (Vec::new(), Vec::new());
+    for_each_row(ctx, &set, &DistanceConfig::default(), &mut |row| {
+        pos.extend(row.positives.iter().flat_map(|&p| [row.anchor, p]));
+        neg.extend(row.negatives.iter().flat_map(|&n| [row.anchor, n]));
+    })?;
+    Ok(Pairs {
+        positives: pairs_array(pos)?,
+        negatives: pairs_array(neg)?,
+        path: ctx.path(),
+    })
+}
+
+/// `PairMarginMiner` settings; defaults are PML's.
+///
+/// # Example
+/// ```
+/// let cfg = wgpu_metric_learning::PairMarginConfig::default();
+/// assert_eq!((cfg.pos_margin, cfg.neg_margin), (0.2, 0.8));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairMarginConfig {
+    /// Positives farther than this are kept (similarities: less similar). Default 0.2.
+    pub pos_margin: f32,
+    /// Negatives closer than this are kept (similarities: more similar). Default 0.8.
+    pub neg_margin: f32,
+    /// Default: Euclidean on normalised embeddings (PML's default distance).
+    pub distance: DistanceConfig,
+    /// Used when references are given. Default [`SelfExclusion::None`].
+    pub self_exclusion: SelfExclusion,
+}
+
+impl Default for PairMarginConfig {
+    fn default() -> Self {
+        Self {
+            pos_margin: 0.2,
+            neg_margin: 0.8,
+            distance: DistanceConfig::default(),
+            self_exclusion: SelfExclusion::None,
+        }
+    }
+}
+
+fn finite(op: &'static str, what: &'static str, value: f32) -> Result<()> {
+    if value.is_finite() {
+        Ok(())
+    } else {
+        Err(Error::InvalidParameter {
+            op,
+            what,
+            value: value.to_string(),
+            rule: "must be finite",
+        })
+    }
+}
+
+/// PML `PairMarginMiner`: positive pairs with `d > pos_margin` and negative pairs with
+/// `d < neg_margin` (strict; `s < pos_margin` and `s > neg_margin` for similarities),
+/// row-major.
+///
+/// # Errors
+/// As [`crate::mine_triplets`]; [`Error::InvalidParameter`] for a non-finite margin.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{pair_margin_pairs, Context, MiningSet, PairMarginConfig};
+/// let (labels, emb) = (array![0, 0, 1], array![[1.0f32, 0.0], [0.0, 1.0], [1.0, 0.1]]);
+/// let p = pair_margin_pairs(&Context::native_cpu(None),
+///     &MiningSet::with_embeddings(labels.view(), emb.view()), None, &PairMarginConfig::default())?;
+/// assert_eq!(p.positives, array![[0u32, 1], [1, 0]]);  // far apart although the same class
+/// assert_eq!(p.negatives, array![[0u32, 2], [2, 0]]);  // close although different classes
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn pair_margin_pairs<'a, L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'a, L>,
+    refs: Option<&MiningSet<'a, L>>,
+    cfg: &PairMarginConfig,
+) -> Result<Pairs> {
+    const OP: &str = "pair_margin_pairs";
+    finite(OP, "pos_margin", cfg.pos_margin)?;
+    finite(OP, "neg_margin", cfg.neg_margin)?;
+    let set = prepare(OP, queries, refs, &cfg.self_exclusion, true)?;
+    let sim = cfg.distance.distance.is_similarity();
+    let (mut pos, mut neg) = (Vec::new(), Vec::new());
+    for_each_row(ctx, &set, &cfg.distance, &mut |row| {
+        for &p in row.positives {
+            let v = row.value(p);
+            if (sim && v < cfg.pos_margin) || (!sim && v > cfg.pos_margin) {
+                pos.extend([row.anchor, p]);
+            }
+        }
+        for &n in row.negatives {
+            let v = row.value(n);
+            if (sim && v > cfg.neg_margin) || (!sim && v < cfg.neg_margin) {
+                neg.extend([row.anchor, n]);
+            }
+        }
+    })?;
+    Ok(Pairs {
+        positives: pairs_array(pos)?,
+        negatives: pairs_array(neg)?,
+        path: ctx.path(),
+    })
+}
+
+/// `MultiSimilarityMiner` settings; defaults are PML's.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{Distance, MultiSimilarityConfig};
+/// let cfg = MultiSimilarityConfig::default();
+/// assert_eq!((cfg.epsilon, cfg.distance.distance), (0.1, Distance::Cosine));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct MultiSimilarityConfig {
+    /// The slack ε. Default 0.1.
+    pub epsilon: f32,
+    /// Default: cosine similarity (PML's default for this miner).
+    pub distance: DistanceConfig,
+    /// Used when references are given. Default [`SelfExclusion::None`].
+    pub self_exclusion: SelfExclusion,
+}
+
+impl Default for MultiSimilarityConfig {
+    fn default() -> Self {
+        Self {
+            epsilon: 0.1,
+            distance: DistanceConfig {
+                distance: Distance::Cosine,
+                normalize: true,
+            },
+            self_exclusion: SelfExclusion::None,
+        }
+    }
+}
+
+/// Indices sorted by value ascending, ties by index (a stable sort; PML's `torch.sort` leaves
+/// tie order unspecified).
+fn sorted_by_value(row: &Row<'_>, indices: &[u32]) -> Vec<u32> {
+    let mut v = indices.to_vec();
+    v.sort_by(|&x, &y| row.value(x).total_cmp(&row.value(y)));
+    v
+}
+
+/// PML `MultiSimilarityMiner`. For similarities: a positive `(a, p)` is kept if
+/// `s(a,p) − ε < max_n s(a,n)`, a negative if `s(a,n) + ε > min_p s(a,p)`; for distances:
+/// `d(a,p) + ε > min_n d(a,n)` and `d(a,n) − ε < max_p d(a,p)`. Rows are in anchor order and,
+/// as in PML, each anchor's pairs in ascending order of value. An anchor with no positive (or
+/// no negative) keeps nothing. The anchor's own slot is neither.
+///
+/// # Errors
+/// As [`crate::mine_triplets`]; [`Error::InvalidParameter`] for a non-finite ε.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{multi_similarity_pairs, Context, MiningSet, MultiSimilarityConfig};
+/// let (labels, emb) = (array![0, 0, 1], array![[1.0f32, 0.0], [0.0, 1.0], [1.0, 0.1]]);
+/// let p = multi_similarity_pairs(&Context::native_cpu(None),
+///     &MiningSet::with_embeddings(labels.view(), emb.view()), None, &MultiSimilarityConfig::default())?;
+/// assert_eq!(p.positives, array![[0u32, 1], [1, 0]]);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn multi_similarity_pairs<'a, L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'a, L>,
+    refs: Option<&MiningSet<'a, L>>,
+    cfg: &MultiSimilarityConfig,
+) -> Result<Pairs> {
+    const OP: &str = "multi_similarity_pairs";
+    finite(OP, "epsilon", cfg.epsilon)?;
+    let set = prepare(OP, queries, refs, &cfg.self_exclusion, true)?;
+    let sim = cfg.distance.distance.is_similarity();
+    let eps = cfg.epsilon;
+    let (mut pos, mut neg) = (Vec::new(), Vec::new());
+    for_each_row(ctx, &set, &cfg.distance, &mut |row| {
+        if row.positives.is_empty() || row.negatives.is_empty() {
+            return;
+        }
+        let pos_sorted = sorted_by_value(row, row.positives);
+        let neg_sorted = sorted_by_value(row, row.negatives);
+        let (min_pos, max_pos) = (
+            row.value(pos_sorted[0]),
+            row.value(pos_sorted[pos_sorted.len() - 1]),
+        );
+        let (min_neg, max_neg) = (
+            row.value(neg_sorted[0]),
+            row.value(neg_sorted[neg_sorted.len() - 1]),
+        );
+        for &p in &pos_sorted {
+            let v = row.value(p);
+            if (sim && v - eps < max_neg) || (!sim && v + eps > min_neg) {
+                pos.extend([row.anchor, p]);
+            }
+        }
+        for &n in &neg_sorted {
+            let v = row.value(n);
+            if (sim && v + eps > min_pos) || (!sim && v - eps < max_pos) {
+                neg.extend([row.anchor, n]);
+            }
+        }
+    })?;
+    Ok(Pairs {
+        positives: pairs_array(pos)?,
+        negatives: pairs_array(neg)?,
+        path: ctx.path(),
+    })
+}
+
+/// How `BatchEasyHardMiner` picks an anchor's positive or negative.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// The hardest: farthest positive / closest negative.
+    Hard,
+    /// The hardest that is still easier than the other side's choice (positives closer than
+    /// the chosen negative; negatives farther than the chosen positive).
+    Semihard,
+    /// The easiest: closest positive / farthest negative.
+    Easy,
+    /// Every pair.
+    All,
+}
+
+/// `BatchEasyHardMiner` settings; defaults are PML's (easy positives, semihard negatives).
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{BatchEasyHardConfig, Strategy};
+/// let cfg = BatchEasyHardConfig::default();
+/// assert_eq!((cfg.pos_strategy, cfg.neg_strategy), (Strategy::Easy, Strategy::Semihard));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchEasyHardConfig {
+    /// Default [`Strategy::Easy`].
+    pub pos_strategy: Strategy,
+    /// Default [`Strategy::Semihard`].
+    pub neg_strategy: Strategy,
+    /// Only positives with a value in `[lo, hi]` are candidates. Default `None`.
+    pub allowed_pos_range: Option<(f32, f32)>,
+    /// Only negatives with a value in `[lo, hi]` are candidates. Default `None`.
+    pub allowed_neg_range: Option<(f32, f32)>,
+    /// Default: Euclidean on normalised embeddings.
+    pub distance: DistanceConfig,
+    /// Used when references are given. Default [`SelfExclusion::None`].
+    pub self_exclusion: SelfExclusion,
+}
+
+impl Default for BatchEasyHardConfig {
+    fn default() -> Self {
+        Self {
+            pos_strategy: Strategy::Easy,
+            neg_strategy: Strategy::Semihard,
+            allowed_pos_range: None,
+            allowed_neg_range: None,
+            distance: DistanceConfig::default(),
+            self_exclusion: SelfExclusion::None,
+        }
+    }
+}
+
+/// The candidate of `indices` with the largest (`want_max`) or smallest value among those
+/// passing `admit`; ties go to the lowest index (the first met).
+fn pick(
+    row: &Row<'_>,
+    indices: &[u32],
+    want_max: bool,
+    admit: impl Fn(f32) -> bool,
+) -> Option<(u32, f32)> {
+    let mut best: Option<(u32, f32)> = None;
+    for &r in indices {
+        let v = row.value(r);
+        if !admit(v) {
+            continue;
+        }
+        let better = match best {
+            None => true,
+            Some((_, b)) => (want_max && v > b) || (!want_max && v < b),
+        };
+        if better {
+            best = Some((r, v));
+        }
+    }
+    best
+}
+
+fn in_range(range: Option<(f32, f32)>, v: f32) -> bool {
+    range.is_none_or(|(lo, hi)| v >= lo && v <= hi)
+}
+
+fn check_range(op: &'static str, what: &'static str, range: Option<(f32, f32)>) -> Result<()> {
+    match range {
+        Some((lo, hi)) if lo.is_nan() || hi.is_nan() || lo > hi => Err(Error::InvalidParameter {
+            op,
+            what,
+            value: format!("[{lo}, {hi}]"),
+            rule: "must be [lo, hi] with lo <= hi",
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// PML `BatchEasyHardMiner`: per anchor one positive and one negative by strategy (or all
+/// pairs of a side with [`Strategy::All`]). For distances, hard = farthest positive / closest
+/// negative, easy = the opposite; similarities mirror. A semihard positive is the hardest
+/// strictly closer than the chosen negative, a semihard negative the hardest strictly farther
+/// than the chosen positive. Anchors without a candidate are dropped; without [`Strategy::All`]
+/// only anchors with both a positive and a negative remain, in ascending order.
+///
+/// # Errors
+/// [`Error::InvalidParameter`] for two semihard strategies, semihard with all, or a range
+/// that is not `[lo, hi]`; otherwise as [`crate::mine_triplets`].
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{batch_easy_hard_pairs, BatchEasyHardConfig, Context, DistanceConfig, MiningSet, Strategy};
+/// let labels = array![0, 0, 1, 1, 0, 2, 1, 1, 1];
+/// let x = ndarray::Array2::from_shape_fn((9, 1), |(i, _)| i as f32);
+/// let cfg = BatchEasyHardConfig { pos_strategy: Strategy::Hard, neg_strategy: Strategy::Hard,
+///     distance: DistanceConfig { normalize: false, ..Default::default() }, ..Default::default() };
+/// let p = batch_easy_hard_pairs(&Context::native_cpu(None), &MiningSet::with_embeddings(labels.view(), x.view()), None, &cfg)?;
+/// assert_eq!(p.positives.column(1).to_vec(), vec![4, 4, 8, 8, 0, 2, 2, 2]);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn batch_easy_hard_pairs<'a, L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'a, L>,
+    refs: Option<&MiningSet<'a, L>>,
+    cfg: &BatchEasyHardConfig,
+) -> Result<Pairs> {
+    const OP: &str = "batch_easy_hard_pairs";
+    use Strategy::{All, Easy, Semihard};
+    let (ps, ns) = (cfg.pos_strategy, cfg.neg_strategy);
+    if ps == Semihard && ns == Semihard {
+        return Err(Error::InvalidParameter {
+            op: OP,
+            what: "strategies",
+            value: "semihard, semihard".into(),
+            rule: "positives and negatives cannot both be semihard",
+        });
+    }
+    if (ps == Semihard && ns == All) || (ps == All && ns == Semihard) {
+        return Err(Error::InvalidParameter {
+            op: OP,
+            what: "strategies",
+            value: format!("{ps:?}, {ns:?}"),
+            rule: "semihard cannot be combined with all",
+        });
+    }
+    check_range(OP, "allowed_pos_range", cfg.allowed_pos_range)?;
+    check_range(OP, "allowed_neg_range", cfg.allowed_neg_range)?;
+    let set = prepare(OP, queries, refs, &cfg.self_exclusion, true)?;
+    let sim = cfg.distance.distance.is_similarity();
+    // `closer(x, y)`: value x is closer than y.
+    let closer = move |x: f32, y: f32| if sim { x > y } else { x < y };
+    let (pr, nr) = (cfg.allowed_pos_range, cfg.allowed_neg_range);
+    // The hardest positive is the least close; the hardest negative the closest.
+    let positive = move |row: &Row<'_>, strategy: Strategy, negative: Option<f32>| {
+        let want_max = (strategy == Easy) == sim;
+        pick(row, row.positives, want_max, |v| {
+            in_range(pr, v) && negative.is_none_or(|n| closer(v, n))
+        })
+    };
+    let negative = move |row: &Row<'_>, strategy: Strategy, positive: Option<f32>| {
+        let want_max = (strategy == Easy) != sim;
+        pick(row, row.negatives, want_max, |v| {
+            in_range(nr, v) && positive.is_none_or(|p| closer(p, v))
+        })
+    };
+    let (mut pos, mut neg) = (Vec::new(), Vec::new());
+    for_each_row(ctx, &set, &cfg.distance, &mut |row| {
+        let a = row.anchor;
+        match (ps, ns) {
+            (All, All) => {
+                pos.extend(row.positives.iter().flat_map(|&p| [a, p]));
+                neg.extend(row.negatives.iter().flat_map(|&n| [a, n]));
+            }
+            (All, _) => {
+                pos.extend(row.positives.iter().flat_map(|&p| [a, p]));
+                if let Some((n, _)) = negative(row, ns, None) {
+                    neg.extend([a, n]);
+                }
+            }
+            (_, All) => {
+                if let Some((p, _)) = positive(row, ps, None) {
+                    pos.extend([a, p]);
+                }
+                neg.extend(row.negatives.iter().flat_map(|&n| [a, n]));
+            }
+            _ => {
+                let (p, n) = if ps == Semihard {
+                    let n = negative(row, ns, None);
+                    (n.and_then(|(_, nv)| positive(row, ps, Some(nv))), n)
+                } else if ns == Semihard {
+                    let p = positive(row, ps, None);
+                    (p, p.and_then(|(_, pv)| negative(row, ns, Some(pv))))
+                } else {
+                    (positive(row, ps, None), negative(row, ns, None))
+                };
+                if let (Some((p, _)), Some((n, _))) = (p, n) {
+                    pos.extend([a, p]);
+                    neg.extend([a, n]);
+                }
+            }
+        }
+    })?;
+    Ok(Pairs {
+        positives: pairs_array(pos)?,
+        negatives: pairs_array(neg)?,
+        path: ctx.path(),
+    })
+}
+
+/// `BatchHardMiner` settings.
+///
+/// # Example
+/// ```
+/// let cfg = wgpu_metric_learning::BatchHardConfig::default();
+/// assert!(cfg.distance.normalize);
+/// ```
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BatchHardConfig {
+    /// Default: Euclidean on normalised embeddings.
+    pub distance: DistanceConfig,
+    /// Used when references are given. Default [`SelfExclusion::None`].
+    pub self_exclusion: SelfExclusion,
+}
+
+/// PML `BatchHardMiner`: for every anchor with a positive and a negative, in ascending order,
+/// the triplet (anchor, hardest positive, hardest negative); ties go to the lowest index.
+///
+/// # Errors
+/// As [`crate::mine_triplets`].
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{batch_hard_triplets, BatchHardConfig, Context, DistanceConfig, MiningSet};
+/// let labels = array![0, 0, 1, 1, 0, 2, 1, 1, 1];
+/// let x = ndarray::Array2::from_shape_fn((9, 1), |(i, _)| i as f32);
+/// let cfg = BatchHardConfig { distance: DistanceConfig { normalize: false, ..Default::default() }, ..Default::default() };
+/// let t = batch_hard_triplets(&Context::native_cpu(None), &MiningSet::with_embeddings(labels.view(), x.view()), None, &cfg)?;
+/// assert_eq!(t.anchors().to_vec(), vec![0, 1, 2, 3, 4, 6, 7, 8]);
+/// assert_eq!(t.negatives().to_vec(), vec![2, 2, 1, 4, 3, 5, 5, 5]);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn batch_hard_triplets<'a, L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'a, L>,
+    refs: Option<&MiningSet<'a, L>>,
+    cfg: &BatchHardConfig,
+) -> Result<Triplets> {
+    let pairs = batch_easy_hard_pairs(
+        ctx,
+        queries,
+        refs,
+        &BatchEasyHardConfig {
+            pos_strategy: Strategy::Hard,
+            neg_strategy: Strategy::Hard,
+            allowed_pos_range: None,
+            allowed_neg_range: None,
+            distance: cfg.distance,
+            self_exclusion: cfg.self_exclusion.clone(),
+        },
+    )?;
+    let rows = pairs.positives.nrows();
+    let indices = Array2::from_shape_fn((rows, 3), |(i, j)| match j {
+        0 => pairs.positives[[i, 0]],
+        1 => pairs.positives[[i, 1]],
+        _ => pairs.negatives[[i, 1]],
+    });
+    Ok(Triplets {
+        indices,
+        path: pairs.path,
+    })
+}

@@ -1,0 +1,197 @@
+//! The inputs of every miner: labels (and embeddings) of the queries and of the references,
+//! validated once, with labels made dense `u32` ids and self-exclusion made explicit slots.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+use ndarray::{ArrayView1, ArrayView2};
+
+use crate::error::{Error, Result};
+use crate::validate;
+
+/// Which reference is the anchor itself, so that it is never its own positive. Explicit, not
+/// by object identity as in PML.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum SelfExclusion {
+    /// The references are unrelated to the queries: nothing is excluded.
+    #[default]
+    None,
+    /// Reference `i` is query `i` (the references are the queries themselves): `p ≠ a`.
+    SameIndex,
+    /// Query `a` is stored at reference slot `slots[a]` (a memory bank): `p ≠ slots[a]`.
+    QuerySlots(Vec<u32>),
+}
+
+/// Labels `(b,)` and, for rules that need them, embeddings `(b, d)` of one side of a mining call.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::MiningSet;
+/// let labels = array![0i64, 0, 1];
+/// let set = MiningSet::labels(labels.view());
+/// assert!(set.embeddings.is_none());
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct MiningSet<'a, L> {
+    /// Class labels, one per row; any hashable type (`i64` as in PyTorch, `u32`, …).
+    pub labels: ArrayView1<'a, L>,
+    /// Embeddings, one row per label, or `None` for label-only rules.
+    pub embeddings: Option<ArrayView2<'a, f32>>,
+}
+
+impl<'a, L> MiningSet<'a, L> {
+    /// Labels only.
+    pub fn labels(labels: ArrayView1<'a, L>) -> Self {
+        Self {
+            labels,
+            embeddings: None,
+        }
+    }
+
+    /// Labels and embeddings.
+    pub fn with_embeddings(labels: ArrayView1<'a, L>, embeddings: ArrayView2<'a, f32>) -> Self {
+        Self {
+            labels,
+            embeddings: Some(embeddings),
+        }
+    }
+}
+
+/// Validated miner inputs.
+pub(crate) struct Prepared<'a> {
+    pub(crate) labels: Vec<u32>,
+    pub(crate) ref_labels: Vec<u32>,
+    /// Per query, the reference slot never to use as its positive (`NO_SLOT`: none).
+    pub(crate) self_slots: Vec<u32>,
+    /// Query embeddings, when the miner needs them.
+    pub(crate) queries: Option<ArrayView2<'a, f32>>,
+    /// Reference embeddings, when the miner needs them.
+    pub(crate) refs: Option<ArrayView2<'a, f32>>,
+}
+
+/// `self_slots` value meaning "no reference is this query".
+pub(crate) const NO_SLOT: u32 = u32::MAX;
+
+fn dense_labels<L: Hash + Eq + Copy>(
+    labels: ArrayView1<'_, L>,
+    refs: ArrayView1<'_, L>,
+) -> (Vec<u32>, Vec<u32>) {
+    let mut ids: HashMap<L, u32> = HashMap::new();
+    let mut id = |l: &L| {
+        let next = ids.len() as u32;
+        *ids.entry(*l).or_insert(next)
+    };
+    let a: Vec<u32> = labels.iter().map(&mut id).collect();
+    let r: Vec<u32> = refs.iter().map(&mut id).collect();
+    (a, r)
+}
+
+fn check_set<L>(op: &'static str, side: &'static str, set: &MiningSet<'_, L>) -> Result<()> {
+    let (labels_what, emb_what) = match side {
+        "queries" => ("labels", "embeddings"),
+        _ => ("ref_labels", "ref_embeddings"),
+    };
+    if let Some(e) = set.embeddings {
+        validate::embeddings(op, emb_what, e)?;
+        if e.nrows() != set.labels.len() {
+            return Err(Error::Shape {
+                op,
+                what: labels_what,
+                expected: format!("({},) to match {emb_what}", e.nrows()),
+                got: set.labels.shape().to_vec(),
+            });
+        }
+    }
+    if set.labels.len() >= NO_SLOT as usize {
+        return Err(Error::InvalidParameter {
+            op,
+            what: labels_what,
+            value: set.labels.len().to_string(),
+            rule: "at most 2^32 - 2 rows per side (indices are u32)",
+        });
+    }
+    Ok(())
+}
+
+/// Validates one miner call: lengths, embeddings (finite, same `d`), self-exclusion slots.
+/// Without `refs` the references are the queries and each query is excluded as its own
+/// positive (PML's default).
+pub(crate) fn prepare<'a, L: Hash + Eq + Copy>(
+    op: &'static str,
+    queries: &MiningSet<'a, L>,
+    refs: Option<&MiningSet<'a, L>>,
+    self_exclusion: &SelfExclusion,
+    needs_embeddings: bool,
+) -> Result<Prepared<'a>> {
+    check_set(op, "queries", queries)?;
+    let (ref_set, exclusion) = match refs {
+        Some(r) => {
+            check_set(op, "refs", r)?;
+            (r, self_exclusion)
+        }
+        None => (queries, &SelfExclusion::SameIndex),
+    };
+    if needs_embeddings {
+        let missing = if queries.embeddings.is_none() {
+            Some("embeddings")
+        } else if ref_set.embeddings.is_none() {
+            Some("ref_embeddings")
+        } else {
+            None
+        };
+        if let Some(what) = missing {
+            return Err(Error::InvalidParameter {
+                op,
+                what,
+                value: "None".into(),
+                rule: "this miner compares distances and needs embeddings",
+            });
+        }
+    }
+    if let (Some(q), Some(r)) = (queries.embeddings, ref_set.embeddings) {
+        validate::same_dim(op, q, r)?;
+    }
+    let (b, m) = (queries.labels.len(), ref_set.labels.len());
+    let self_slots = match exclusion {
+        SelfExclusion::None => vec![NO_SLOT; b],
+        SelfExclusion::SameIndex => {
+            if b != m {
+                return Err(Error::Shape {
+                    op,
+                    what: "ref_labels",
+                    expected: format!("({b},): SelfExclusion::SameIndex needs refs = queries"),
+                    got: vec![m],
+                });
+            }
+            (0..b as u32).collect()
+        }
+        SelfExclusion::QuerySlots(slots) => {
+            if slots.len() != b {
+                return Err(Error::Shape {
+                    op,
+                    what: "self_exclusion slots",
+                    expected: format!("({b},): one slot per query"),
+                    got: vec![slots.len()],
+                });
+            }
+            if let Some(&bad) = slots.iter().find(|&&s| s as usize >= m) {
+                return Err(Error::InvalidParameter {
+                    op,
+                    what: "self_exclusion slot",
+                    value: bad.to_string(),
+                    rule: "must index the references",
+                });
+            }
+            slots.clone()
+        }
+    };
+    let (labels, ref_labels) = dense_labels(queries.labels, ref_set.labels);
+    Ok(Prepared {
+        labels,
+        ref_labels,
+        self_slots,
+        queries: queries.embeddings.filter(|_| needs_embeddings),
+        refs: ref_set.embeddings.filter(|_| needs_embeddings),
+    })
+}
