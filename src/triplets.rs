@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};
 use crate::kernels::row_norms::{self, RowNorms};
 use crate::kernels::triplet_lists::{self, ListBuffers, TripletLists};
-use crate::kernels::triplet_select::{self, words, SelectBuffers, TripletSelect};
+use crate::kernels::triplet_select::{self, words, Pass, SelectBuffers, TripletSelect};
 use crate::memory::TrackedBuffer;
 use crate::mining_set::{self, MiningSet, Prepared, SelfExclusion};
 use crate::native;
@@ -81,7 +81,7 @@ impl TripletRule {
     }
 
     /// The shader's `mode` code.
-    fn mode(&self) -> u32 {
+    pub(crate) fn mode(&self) -> u32 {
         match self {
             TripletRule::AllValid => 0,
             TripletRule::Margin { kind, .. } => match kind {
@@ -260,7 +260,10 @@ pub fn mine_triplets<'a, L: Hash + Eq + Copy>(
     let problem = prepare(OP, queries, refs, cfg)?;
     let mut flat: Vec<u32> = Vec::new();
     let mut sink = |chunk: ArrayView2<'_, u32>| {
-        flat.extend(chunk.iter());
+        match chunk.as_slice() {
+            Some(rows) => flat.extend_from_slice(rows),
+            None => flat.extend(chunk.iter()),
+        }
         ControlFlow::Continue(())
     };
     run(ctx, &problem, Some(&mut sink))?;
@@ -445,7 +448,8 @@ impl Layout {
             bytes: buffers.iter().sum(),
             largest_buffer: buffers.iter().copied().max().unwrap_or(0),
             workgroups: refs_groups.max(self.anchors as u64),
-            workgroup_storage: distance_tile::WORKGROUP_STORAGE,
+            workgroup_storage: distance_tile::WORKGROUP_STORAGE
+                .max(triplet_select::WORKGROUP_STORAGE),
         }
     }
 }
@@ -574,6 +578,15 @@ impl Buffers {
     }
 }
 
+/// A range of output triplets `[start, end)` of one chunk, produced by the pairs of the
+/// chunk-local anchors `first..=last`.
+struct Window {
+    start: u64,
+    end: u64,
+    first: usize,
+    last: usize,
+}
+
 fn encoder(gpu: &GpuDevice, label: &'static str) -> wgpu::CommandEncoder {
     gpu.device
         .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
@@ -624,9 +637,9 @@ fn on_gpu(
         anchor0: 0,
         mode: problem.rule.mode(),
         inverted: u32::from(problem.distance.distance.is_similarity()),
-        emit: 0,
+        row0: 0,
         margin: problem.rule.margin(),
-        _pad: 0,
+        _pad1: 0,
         start: [0; 2],
         end: [0; 2],
     };
@@ -649,8 +662,8 @@ fn on_gpu(
         };
         transfer::write(gpu, &buf.lists_params, 0, &[lists_params])?;
         select_params.anchors = rows as u32;
+        select_params.row0 = 0;
         select_params.anchor0 = a0 as u32;
-        select_params.emit = 0;
         transfer::write(gpu, &buf.select_params, 0, &[select_params])?;
         for (buffer, bytes) in [
             (&buf.positives, f32s(rows * m)),
@@ -737,62 +750,99 @@ fn on_gpu(
             offsets: &buf.offsets,
             out: &buf.out,
         };
-        select.encode(gpu, &mut enc, rows as u64, m as u64, &sb)?;
         buf.list_count_staging
             .copy_from(&mut enc, &buf.list_counts, 8 * rows as u64);
-        buf.pair_count_staging
-            .copy_from(&mut enc, &buf.pair_counts, 4 * (rows * m) as u64);
         transfer::submit_and_wait(gpu, enc)?;
-
-        let positives: Vec<u32> = buf
+        let lists: Vec<u32> = buf
             .list_count_staging
-            .read::<u32, _>(gpu, 2 * rows, |c| c.iter().step_by(2).copied().collect())?;
-        // Exclusive prefix sums of the pair counts, in (anchor, positive) order, as u64.
-        let mut offsets = vec![[0u32; 2]; if sink.is_some() { rows * m } else { 0 }];
-        let mut pair_counts: Vec<(usize, u32)> = Vec::new();
-        let chunk_total = buf
-            .pair_count_staging
-            .read::<u32, _>(gpu, rows * m, |counts| {
-                let mut acc = 0u64;
-                for (a, &np) in positives.iter().enumerate() {
-                    for i in 0..np as usize {
-                        let at = a * m + i;
-                        let c = counts[at];
-                        if let Some(slot) = offsets.get_mut(at) {
-                            *slot = words(acc);
-                            pair_counts.push((at, c));
-                        }
-                        acc += u64::from(c);
-                    }
+            .read::<u32, _>(gpu, 2 * rows, <[u32]>::to_vec)?;
+        let positives: Vec<u32> = lists.iter().step_by(2).copied().collect();
+        let max_positives = u64::from(positives.iter().copied().max().unwrap_or(0));
+        if max_positives == 0 {
+            continue;
+        }
+
+        // Per-pair counts in (anchor, positive) order. Every valid triplet: the anchor's
+        // negative count, known from the lists. Margin rules: the count pass, one workgroup
+        // per pair; its grid needs the largest positive count, hence the round trip above
+        // (cheap next to the lists and distances it waits for).
+        let mut counts_by_slot = Vec::new();
+        if problem.rule.mode() != 0 {
+            let mut enc = encoder(gpu, "mine_triplets::count");
+            select.encode(gpu, &mut enc, Pass::Count, rows as u64, max_positives, &sb)?;
+            buf.pair_count_staging
+                .copy_from(&mut enc, &buf.pair_counts, 4 * (rows * m) as u64);
+            transfer::submit_and_wait(gpu, enc)?;
+            counts_by_slot = buf
+                .pair_count_staging
+                .read::<u32, _>(gpu, rows * m, <[u32]>::to_vec)?;
+        } else if sink.is_some() {
+            // The emit pass reads pair_counts to skip empty pairs.
+            counts_by_slot = vec![0u32; rows * m];
+            for (a, pair) in lists.chunks_exact(2).enumerate() {
+                counts_by_slot[a * m..a * m + pair[0] as usize].fill(pair[1]);
+            }
+            transfer::write(gpu, &buf.pair_counts, 0, &counts_by_slot)?;
+        }
+        let count_of = |a: usize, at: usize| {
+            if problem.rule.mode() == 0 {
+                lists[2 * a + 1]
+            } else {
+                counts_by_slot[at]
+            }
+        };
+        // Exclusive prefix sums of the pair counts in (anchor, positive) order, as u64; the
+        // per-pair counts in that order delimit the output windows.
+        let emitting = sink.is_some();
+        let mut offsets = vec![[0u32; 2]; if emitting { rows * m } else { 0 }];
+        let mut ordered_counts: Vec<(usize, u32)> = Vec::new();
+        let mut chunk_total = 0u64;
+        for (a, &np) in positives.iter().enumerate() {
+            for at in a * m..a * m + np as usize {
+                let c = count_of(a, at);
+                if emitting {
+                    offsets[at] = words(chunk_total);
+                    ordered_counts.push((a, c));
                 }
-                acc
-            })?;
+                chunk_total += u64::from(c);
+            }
+        }
         let Some(sink) = sink.as_mut() else {
             total += chunk_total;
             continue;
         };
         transfer::write(gpu, &buf.offsets, 0, &offsets)?;
-        let max_positives = positives.iter().copied().max().unwrap_or(0);
-        // Output windows cut at pair boundaries, each at most `layout.out` triplets.
-        let mut windows = Vec::new();
-        let (mut start, mut end) = (0u64, 0u64);
-        for &(_, c) in &pair_counts {
-            if end + u64::from(c) - start > layout.out as u64 {
-                windows.push((start, end));
-                start = end;
+        // Output windows cut at pair boundaries, each at most `layout.out` triplets; each
+        // dispatch launches only the anchors its window spans.
+        let mut windows: Vec<Window> = Vec::new();
+        let mut at = 0u64;
+        for &(a, c) in ordered_counts.iter().filter(|(_, c)| *c > 0) {
+            let c = u64::from(c);
+            match windows.last_mut() {
+                Some(w) if at + c - w.start <= layout.out as u64 => {
+                    w.end = at + c;
+                    w.last = a;
+                }
+                _ => windows.push(Window {
+                    start: at,
+                    end: at + c,
+                    first: a,
+                    last: a,
+                }),
             }
-            end += u64::from(c);
+            at += c;
         }
-        windows.push((start, end));
-        for (start, end) in windows.into_iter().filter(|(s, e)| e > s) {
-            let len = (end - start) as usize;
-            select_params.emit = 1;
-            select_params.start = words(start);
-            select_params.end = words(end);
+        for w in windows {
+            let len = (w.end - w.start) as usize;
+            select_params.row0 = w.first as u32;
+            select_params.start = words(w.start);
+            select_params.end = words(w.end);
             transfer::write(gpu, &buf.select_params, 0, &[select_params])?;
             transfer::fill_sentinel(ctx, gpu, &buf.out, f32s(3 * len))?;
             let mut enc = encoder(gpu, "mine_triplets::emit");
-            select.encode(gpu, &mut enc, rows as u64, u64::from(max_positives), &sb)?;
+            let window_positives = positives[w.first..=w.last].iter().copied().max().unwrap_or(0);
+            let anchors = (w.last + 1 - w.first) as u64;
+            select.encode(gpu, &mut enc, Pass::Emit, anchors, u64::from(window_positives), &sb)?;
             buf.out_staging
                 .copy_from(&mut enc, &buf.out, 12 * len as u64);
             transfer::submit_and_wait(gpu, enc)?;

@@ -29,18 +29,25 @@ fn every_shader_validates_and_translates_to_all_four_languages() {
     assert!(!WGSL_SOURCES.is_empty(), "the registry lists the kernels");
     for (stem, source) in WGSL_SOURCES {
         let (module, info) = parse_and_validate(stem, source);
-        let entry = "main".to_string();
-        assert!(
-            module
-                .entry_points
-                .iter()
-                .any(|e| e.name == entry && e.stage == naga::ShaderStage::Compute),
-            "{stem}.wgsl has a compute entry point `main`"
-        );
+        let entries: Vec<String> = module
+            .entry_points
+            .iter()
+            .filter(|e| e.stage == naga::ShaderStage::Compute)
+            .map(|e| e.name.clone())
+            .collect();
+        assert!(!entries.is_empty(), "{stem}.wgsl has a compute entry point");
+        for entry in entries {
+            translate(stem, &module, &info, entry);
+        }
+    }
+}
 
+/// Translates one compute entry point to SPIR-V, MSL, HLSL and GLSL.
+fn translate(stem: &str, module: &naga::Module, info: &naga::valid::ModuleInfo, entry: String) {
+    {
         let spirv = spv::write_vec(
-            &module,
-            &info,
+            module,
+            info,
             &spv::Options::default(),
             Some(&spv::PipelineOptions {
                 shader_stage: naga::ShaderStage::Compute,
@@ -51,8 +58,8 @@ fn every_shader_validates_and_translates_to_all_four_languages() {
         assert!(spirv.len() > 5, "{stem}: SPIR-V has a body");
 
         let (metal, _) = msl::write_string(
-            &module,
-            &info,
+            module,
+            info,
             &msl::Options {
                 lang_version: (2, 0),
                 ..Default::default()
@@ -77,7 +84,7 @@ fn every_shader_validates_and_translates_to_all_four_languages() {
             entry_point: Some((naga::ShaderStage::Compute, entry.clone())),
         };
         hlsl::Writer::new(&mut hlsl_out, &hlsl_options, &hlsl_pipeline)
-            .write(&module, &info, None)
+            .write(module, info, None)
             .unwrap_or_else(|e| panic!("{stem}: HLSL: {e}"));
         assert!(
             hlsl_out.contains("numthreads"),
@@ -96,8 +103,8 @@ fn every_shader_validates_and_translates_to_all_four_languages() {
         };
         glsl::Writer::new(
             &mut glsl_out,
-            &module,
-            &info,
+            module,
+            info,
             &glsl_options,
             &glsl_pipeline,
             naga::proc::BoundsCheckPolicies::default(),

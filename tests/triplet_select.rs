@@ -489,3 +489,34 @@ fn triplet_select_typed_errors_for_bad_input() {
         "SameIndex needs as many refs as queries"
     );
 }
+
+#[test]
+fn triplet_select_under_tiny_device_limits_folds_grids_and_chunks_anchors() {
+    // At most 8 workgroups per dimension: the count grid (one workgroup per positive, up to
+    // ~30 here) folds into z, and chunks hold at most 8 anchors. (Folding covers up to
+    // limit² positives: 4.3e9 under real limits.)
+    let Some(probe) = common::shared_gpu() else {
+        return;
+    };
+    let limits = wgpu::Limits {
+        max_compute_workgroups_per_dimension: 8,
+        ..probe.limits().cloned().expect("wgpu context has limits")
+    };
+    let ctx = common::gpu_context_with(wgpu_metric_learning::ContextConfig {
+        limits: Some(limits),
+        ..Default::default()
+    })
+    .expect("an adapter accepts lower limits");
+    for rule in [TripletRule::AllValid, TripletRule::margin_miner(TripletType::Hard)] {
+        let p = Problem {
+            labels: cyclic(11, 2),
+            embeddings: grid(11, 3),
+            refs: Some((cyclic(61, 2), grid(61, 3))),
+            cfg: TripletConfig {
+                rule,
+                ..Default::default()
+            },
+        };
+        p.check(&ctx);
+    }
+}

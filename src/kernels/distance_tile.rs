@@ -31,7 +31,7 @@ impl Kernel for DistanceTile {
     fn build(gpu: &GpuDevice) -> Result<Self> {
         use Binding::{ReadOnly, ReadWrite, Uniform};
         let bindings = [Uniform, ReadOnly, ReadOnly, ReadOnly, ReadOnly, ReadWrite];
-        Pipeline::new(gpu, "distance_tile", SOURCE, &bindings).map(Self)
+        Pipeline::new(gpu, "distance_tile", SOURCE, "main", &bindings).map(Self)
     }
 }
 
@@ -83,7 +83,7 @@ impl DistanceTile {
             encoder,
             "distance_tile",
             &buffers,
-            (x as u32, y as u32),
+            [x as u32, y as u32, 1],
         )
     }
 }

@@ -45,12 +45,13 @@ pub(crate) struct Pipeline {
 }
 
 impl Pipeline {
-    /// Compiles `source` (entry point `main`) with `bindings` at group 0, bindings 0.., under
-    /// an error scope so that a bad shader is an `Error::Wgpu` naming the kernel, not a panic.
+    /// Compiles `entry` of `source` with `bindings` at group 0, bindings 0.., under an error
+    /// scope so that a bad shader is an `Error::Wgpu` naming the kernel, not a panic.
     pub(crate) fn new(
         gpu: &GpuDevice,
         label: &'static str,
         source: &'static str,
+        entry: &'static str,
         bindings: &[Binding],
     ) -> Result<Self> {
         let entries: Vec<wgpu::BindGroupLayoutEntry> = bindings
@@ -97,7 +98,7 @@ impl Pipeline {
                     label: Some(label),
                     layout: Some(&pipeline_layout),
                     module: &module,
-                    entry_point: Some("main"),
+                    entry_point: Some(entry),
                     compilation_options: wgpu::PipelineCompilationOptions {
                         // Every kernel stages before it reads its workgroup memory.
                         zero_initialize_workgroup_memory: false,
@@ -116,7 +117,7 @@ impl Pipeline {
         encoder: &mut wgpu::CommandEncoder,
         label: &'static str,
         buffers: &[&wgpu::Buffer],
-        workgroups: (u32, u32),
+        workgroups: [u32; 3],
     ) -> Result<()> {
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
@@ -138,7 +139,7 @@ impl Pipeline {
             });
             pass.set_pipeline(&self.pipeline);
             pass.set_bind_group(0, &group, &[]);
-            pass.dispatch_workgroups(workgroups.0, workgroups.1, 1);
+            pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
         })
     }
 }

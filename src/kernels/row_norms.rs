@@ -24,7 +24,14 @@ pub(crate) struct RowNorms(Pipeline);
 impl Kernel for RowNorms {
     fn build(gpu: &GpuDevice) -> Result<Self> {
         use Binding::{ReadOnly, ReadWrite, Uniform};
-        Pipeline::new(gpu, "row_norms", SOURCE, &[Uniform, ReadOnly, ReadWrite]).map(Self)
+        Pipeline::new(
+            gpu,
+            "row_norms",
+            SOURCE,
+            "main",
+            &[Uniform, ReadOnly, ReadWrite],
+        )
+        .map(Self)
     }
 }
 
@@ -50,7 +57,7 @@ impl RowNorms {
             encoder,
             "row_norms",
             &[params.buffer(), matrix.buffer(), sq_norms.buffer()],
-            groups,
+            [groups.0, groups.1, 1],
         )
     }
 }

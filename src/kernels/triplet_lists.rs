@@ -35,7 +35,7 @@ impl Kernel for TripletLists {
         let bindings = [
             Uniform, ReadOnly, ReadOnly, ReadOnly, ReadWrite, ReadWrite, ReadWrite,
         ];
-        Pipeline::new(gpu, "triplet_lists", SOURCE, &bindings).map(Self)
+        Pipeline::new(gpu, "triplet_lists", SOURCE, "main", &bindings).map(Self)
     }
 }
 
@@ -62,7 +62,12 @@ impl TripletLists {
             b.negatives.buffer(),
             b.list_counts.buffer(),
         ];
-        self.0
-            .dispatch(gpu, encoder, "triplet_lists", &buffers, groups)
+        self.0.dispatch(
+            gpu,
+            encoder,
+            "triplet_lists",
+            &buffers,
+            [groups.0, groups.1, 1],
+        )
     }
 }

@@ -1,4 +1,5 @@
-//! Wrapper of `shaders/triplet_select.wgsl`: per-pair triplet counts, then the triplets.
+//! Wrapper of `shaders/triplet_select.wgsl`: per-pair triplet counts (`count`, a workgroup
+//! per pair), then the triplets themselves (`emit`, an invocation per pair).
 
 use crate::context::{GpuDevice, Kernel};
 use crate::error::{Error, Result};
@@ -7,8 +8,11 @@ use crate::memory::TrackedBuffer;
 
 pub(crate) const SOURCE: &str = include_str!("../../shaders/triplet_select.wgsl");
 
-/// Invocations per workgroup along the positives; `WORKGROUP_SIZE` in the shader.
-pub(crate) const WORKGROUP_SIZE: u64 = 64;
+/// Invocations per `emit` workgroup; `EMIT_WORKGROUP_SIZE` in the shader.
+pub(crate) const EMIT_WORKGROUP_SIZE: u64 = 64;
+
+/// Workgroup memory the kernel declares: one 256-entry u32 scan.
+pub(crate) const WORKGROUP_STORAGE: u64 = 256 * 4;
 
 /// The kernel's uniform block, laid out as `Params` in the shader.
 #[repr(C)]
@@ -19,9 +23,10 @@ pub(crate) struct Params {
     pub(crate) anchor0: u32,
     pub(crate) mode: u32,
     pub(crate) inverted: u32,
-    pub(crate) emit: u32,
+    /// First chunk-local anchor of the dispatch.
+    pub(crate) row0: u32,
     pub(crate) margin: f32,
-    pub(crate) _pad: u32,
+    pub(crate) _pad1: u32,
     /// Output window start, (low, high) words of a u64.
     pub(crate) start: [u32; 2],
     /// Output window end, (low, high) words of a u64.
@@ -45,7 +50,17 @@ pub(crate) struct SelectBuffers<'a> {
     pub(crate) out: &'a TrackedBuffer,
 }
 
-pub(crate) struct TripletSelect(Pipeline);
+/// Which entry point runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pass {
+    Count,
+    Emit,
+}
+
+pub(crate) struct TripletSelect {
+    count: Pipeline,
+    emit: Pipeline,
+}
 
 impl Kernel for TripletSelect {
     fn build(gpu: &GpuDevice) -> Result<Self> {
@@ -53,35 +68,47 @@ impl Kernel for TripletSelect {
         let bindings = [
             Uniform, ReadOnly, ReadOnly, ReadOnly, ReadOnly, ReadWrite, ReadOnly, ReadWrite,
         ];
-        Pipeline::new(gpu, "triplet_select", SOURCE, &bindings).map(Self)
+        Ok(Self {
+            count: Pipeline::new(gpu, "triplet_select::count", SOURCE, "count", &bindings)?,
+            emit: Pipeline::new(gpu, "triplet_select::emit", SOURCE, "emit", &bindings)?,
+        })
     }
 }
 
 impl TripletSelect {
-    /// Workgroups `(x, y)`: x covers up to `max_positives` positives per anchor, y the anchors.
-    pub(crate) fn workgroups(anchors: u64, max_positives: u64) -> (u64, u64) {
-        (
-            max_positives.div_ceil(WORKGROUP_SIZE).max(1),
-            anchors.max(1),
-        )
+    /// Workgroups `[x, y, z]`: `y` = anchor; along `x` (folded into `z` past `max_per_dim`)
+    /// one workgroup per positive for `count`, one invocation per positive for `emit`.
+    pub(crate) fn workgroups(
+        pass: Pass,
+        anchors: u64,
+        max_positives: u64,
+        max_per_dim: u32,
+    ) -> [u64; 3] {
+        let groups = match pass {
+            Pass::Count => max_positives,
+            Pass::Emit => max_positives.div_ceil(EMIT_WORKGROUP_SIZE),
+        };
+        let x = groups.clamp(1, u64::from(max_per_dim.max(1)));
+        [x, anchors.max(1), groups.div_ceil(x).max(1)]
     }
 
     pub(crate) fn encode(
         &self,
         gpu: &GpuDevice,
         encoder: &mut wgpu::CommandEncoder,
+        pass: Pass,
         anchors: u64,
         max_positives: u64,
         b: &SelectBuffers<'_>,
     ) -> Result<()> {
-        let (x, y) = Self::workgroups(anchors, max_positives);
-        let limit = u64::from(gpu.limits.max_compute_workgroups_per_dimension);
-        if x.max(y) > limit {
+        let limit = gpu.limits.max_compute_workgroups_per_dimension;
+        let groups = Self::workgroups(pass, anchors, max_positives, limit);
+        if let Some(&too_many) = groups.iter().find(|&&g| g > u64::from(limit)) {
             return Err(Error::DeviceLimit {
                 op: "triplet_select",
                 what: "max_compute_workgroups_per_dimension",
-                requested: x.max(y),
-                limit,
+                requested: too_many,
+                limit: u64::from(limit),
             });
         }
         let buffers = [
@@ -94,12 +121,11 @@ impl TripletSelect {
             b.offsets.buffer(),
             b.out.buffer(),
         ];
-        self.0.dispatch(
-            gpu,
-            encoder,
-            "triplet_select",
-            &buffers,
-            (x as u32, y as u32),
-        )
+        let (pipeline, label) = match pass {
+            Pass::Count => (&self.count, "triplet_select::count"),
+            Pass::Emit => (&self.emit, "triplet_select::emit"),
+        };
+        let groups = groups.map(|g| g as u32);
+        pipeline.dispatch(gpu, encoder, label, &buffers, groups)
     }
 }
