@@ -5,10 +5,12 @@
 //   negatives[a * refs + j] = j-th ref r (ascending) with ref_labels[r] != anchor_labels[a]
 //   list_counts[2a] = number of positives, list_counts[2a + 1] = number of negatives
 //
-// One workgroup per anchor walks the references 256 at a time; a workgroup-wide inclusive scan
-// of the two flags gives every reference its slot, so the lists come out in index order (which
-// is what keeps the final triplets in PML's lexicographic (a, p, n) order). The anchor index
-// folds the y workgroup coordinate into x when there are more than 65 535 anchors.
+// One workgroup per anchor (y folded into x past 65 535). Each of its 64 invocations owns a
+// contiguous segment of the references: it counts its segment's positives and negatives, one
+// workgroup scan of those 64 counts gives every segment its first slot, and each invocation
+// then writes its segment in order. Lists therefore come out ascending (which keeps the final
+// triplets in PML's lexicographic (a, p, n) order) with a fixed number of barriers per anchor,
+// whatever the number of references.
 
 struct Params {
     anchors: u32,
@@ -26,12 +28,12 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> negatives: array<u32>;
 @group(0) @binding(6) var<storage, read_write> list_counts: array<u32>;
 
-const WORKGROUP_SIZE: u32 = 256u;
+const WORKGROUP_SIZE: u32 = 64u;
 
-var<workgroup> scan_pos: array<u32, 256>;
-var<workgroup> scan_neg: array<u32, 256>;
+var<workgroup> scan_pos: array<u32, 64>;
+var<workgroup> scan_neg: array<u32, 64>;
 
-@compute @workgroup_size(256, 1, 1)
+@compute @workgroup_size(64, 1, 1)
 fn main(
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -46,46 +48,50 @@ fn main(
     let label = anchor_labels[a];
     let me = self_slots[a];
     let row = a * params.refs;
-    var base_pos = 0u;
-    var base_neg = 0u;
-    for (var r0 = 0u; r0 < params.refs; r0 += WORKGROUP_SIZE) {
-        let r = r0 + t;
-        var is_pos = 0u;
-        var is_neg = 0u;
-        if (r < params.refs) {
-            let other = ref_labels[r];
-            is_pos = select(0u, 1u, other == label && r != me);
-            is_neg = select(0u, 1u, other != label);
+    let segment = (params.refs + WORKGROUP_SIZE - 1u) / WORKGROUP_SIZE;
+    let begin = min(t * segment, params.refs);
+    let end = min(begin + segment, params.refs);
+
+    var n_pos = 0u;
+    var n_neg = 0u;
+    for (var r = begin; r < end; r++) {
+        let other = ref_labels[r];
+        if (other != label) {
+            n_neg += 1u;
+        } else if (r != me) {
+            n_pos += 1u;
         }
-        scan_pos[t] = is_pos;
-        scan_neg[t] = is_neg;
+    }
+    scan_pos[t] = n_pos;
+    scan_neg[t] = n_neg;
+    workgroupBarrier();
+    // Hillis-Steele inclusive scan over the 64 segment counts.
+    for (var offset = 1u; offset < WORKGROUP_SIZE; offset <<= 1u) {
+        var add_pos = 0u;
+        var add_neg = 0u;
+        if (t >= offset) {
+            add_pos = scan_pos[t - offset];
+            add_neg = scan_neg[t - offset];
+        }
         workgroupBarrier();
-        // Hillis-Steele inclusive scan: log2(256) = 8 steps.
-        for (var offset = 1u; offset < WORKGROUP_SIZE; offset <<= 1u) {
-            var add_pos = 0u;
-            var add_neg = 0u;
-            if (t >= offset) {
-                add_pos = scan_pos[t - offset];
-                add_neg = scan_neg[t - offset];
-            }
-            workgroupBarrier();
-            scan_pos[t] += add_pos;
-            scan_neg[t] += add_neg;
-            workgroupBarrier();
-        }
-        if (is_pos == 1u) {
-            positives[row + base_pos + scan_pos[t] - 1u] = r;
-        }
-        if (is_neg == 1u) {
-            negatives[row + base_neg + scan_neg[t] - 1u] = r;
-        }
-        base_pos += scan_pos[WORKGROUP_SIZE - 1u];
-        base_neg += scan_neg[WORKGROUP_SIZE - 1u];
-        // Everyone has read the totals before the next block overwrites them.
+        scan_pos[t] += add_pos;
+        scan_neg[t] += add_neg;
         workgroupBarrier();
     }
-    if (t == 0u) {
-        list_counts[2u * a] = base_pos;
-        list_counts[2u * a + 1u] = base_neg;
+    var slot_pos = row + scan_pos[t] - n_pos;
+    var slot_neg = row + scan_neg[t] - n_neg;
+    for (var r = begin; r < end; r++) {
+        let other = ref_labels[r];
+        if (other != label) {
+            negatives[slot_neg] = r;
+            slot_neg += 1u;
+        } else if (r != me) {
+            positives[slot_pos] = r;
+            slot_pos += 1u;
+        }
+    }
+    if (t == WORKGROUP_SIZE - 1u) {
+        list_counts[2u * a] = scan_pos[t];
+        list_counts[2u * a + 1u] = scan_neg[t];
     }
 }

@@ -52,33 +52,44 @@ pub(crate) fn pairwise_distances(
     dots
 }
 
-/// Collects triplets into chunks of `chunk` rows and hands each full chunk to the sink.
+/// Feeds triplets to a sink: straight into the vector when collecting, in chunks of `chunk`
+/// rows when streaming.
 struct Emitter<'s> {
     sink: Sink<'s>,
     chunk: usize,
-    buf: Vec<u32>,
+    pending: Vec<u32>,
     delivered: u64,
     stopped: bool,
 }
 
 impl Emitter<'_> {
     fn push(&mut self, a: u32, p: u32, n: u32) {
-        self.buf.extend_from_slice(&[a, p, n]);
-        if self.buf.len() == 3 * self.chunk {
-            self.flush();
+        match &mut self.sink {
+            Sink::Collect(all) => {
+                all.extend_from_slice(&[a, p, n]);
+                self.delivered += 1;
+            }
+            Sink::Stream { .. } => {
+                self.pending.extend_from_slice(&[a, p, n]);
+                if self.pending.len() == 3 * self.chunk {
+                    self.flush();
+                }
+            }
         }
     }
 
     fn flush(&mut self) {
-        if self.buf.is_empty() || self.stopped {
+        if self.pending.is_empty() || self.stopped {
             return;
         }
-        let rows = self.buf.len() / 3;
-        if let Ok(view) = ArrayView2::from_shape((rows, 3), &self.buf[..]) {
-            self.delivered += rows as u64;
-            self.stopped = (self.sink)(view).is_break();
-        }
-        self.buf.clear();
+        let pending = std::mem::take(&mut self.pending);
+        self.delivered += (pending.len() / 3) as u64;
+        self.stopped = self
+            .sink
+            .deliver(|rows| rows.extend_from_slice(&pending))
+            .is_break();
+        self.pending = pending;
+        self.pending.clear();
     }
 }
 
@@ -93,7 +104,7 @@ pub(crate) fn triplets(problem: &Problem<'_>, sink: Option<Sink<'_>>) -> u64 {
     let mut emitter = sink.map(|sink| Emitter {
         sink,
         chunk: problem.chunk,
-        buf: Vec::with_capacity(3 * problem.chunk.min(1 << 20)),
+        pending: Vec::new(),
         delivered: 0,
         stopped: false,
     });

@@ -190,8 +190,45 @@ pub(crate) struct Problem<'a> {
     pub(crate) chunk: usize,
 }
 
-/// Receives consecutive chunks `(t, 3)` of triplets; `Break` stops mining.
-pub(crate) type Sink<'s> = &'s mut dyn FnMut(ArrayView2<'_, u32>) -> ControlFlow<()>;
+/// A streaming callback: receives consecutive chunks `(t, 3)`; `Break` stops mining.
+pub(crate) type Callback<'s> = &'s mut dyn FnMut(ArrayView2<'_, u32>) -> ControlFlow<()>;
+
+/// Where mined triplets go: appended to one flat `(a, p, n)` vector (no intermediate copy),
+/// or handed to a callback chunk by chunk through a reused buffer.
+pub(crate) enum Sink<'s> {
+    Collect(&'s mut Vec<u32>),
+    Stream {
+        callback: Callback<'s>,
+        buffer: Vec<u32>,
+    },
+}
+
+impl Sink<'_> {
+    /// Room for `triplets` more rows (collecting only: a stream holds one chunk at a time).
+    pub(crate) fn reserve(&mut self, triplets: u64) {
+        if let Sink::Collect(all) = self {
+            all.reserve(3 * triplets as usize);
+        }
+    }
+
+    /// Delivers the rows that `fill` appends to the vector it is given.
+    pub(crate) fn deliver(&mut self, fill: impl FnOnce(&mut Vec<u32>)) -> ControlFlow<()> {
+        match self {
+            Sink::Collect(all) => {
+                fill(all);
+                ControlFlow::Continue(())
+            }
+            Sink::Stream { callback, buffer } => {
+                buffer.clear();
+                fill(buffer);
+                match ArrayView2::from_shape((buffer.len() / 3, 3), &buffer[..]) {
+                    Ok(rows) if rows.nrows() > 0 => callback(rows),
+                    _ => ControlFlow::Continue(()),
+                }
+            }
+        }
+    }
+}
 
 fn prepare<'a, L: Hash + Eq + Copy>(
     op: &'static str,
@@ -259,14 +296,7 @@ pub fn mine_triplets<'a, L: Hash + Eq + Copy>(
 ) -> Result<Triplets> {
     let problem = prepare(OP, queries, refs, cfg)?;
     let mut flat: Vec<u32> = Vec::new();
-    let mut sink = |chunk: ArrayView2<'_, u32>| {
-        match chunk.as_slice() {
-            Some(rows) => flat.extend_from_slice(rows),
-            None => flat.extend(chunk.iter()),
-        }
-        ControlFlow::Continue(())
-    };
-    run(ctx, &problem, Some(&mut sink))?;
+    run(ctx, &problem, Some(Sink::Collect(&mut flat)))?;
     let rows = flat.len() / 3;
     let indices = Array2::from_shape_vec((rows, 3), flat).map_err(|e| Error::Readback {
         label: "mine_triplets::indices",
@@ -306,7 +336,11 @@ pub fn mine_triplets_streaming<'a, L: Hash + Eq + Copy>(
     mut on_chunk: impl FnMut(ArrayView2<'_, u32>) -> ControlFlow<()>,
 ) -> Result<TripletCount> {
     let problem = prepare(OP, queries, refs, cfg)?;
-    let count = run(ctx, &problem, Some(&mut on_chunk))?;
+    let sink = Sink::Stream {
+        callback: &mut on_chunk,
+        buffer: Vec::new(),
+    };
+    let count = run(ctx, &problem, Some(sink))?;
     Ok(TripletCount {
         count,
         path: ctx.path(),
@@ -414,8 +448,9 @@ impl Layout {
         };
         transfer::buffer_size(8 * pairs.max(1) as u64)
     }
+    /// The emit pass writes one u32 (the negative) per triplet; the host adds (a, p).
     fn out(&self) -> u64 {
-        f32s(3 * self.out)
+        f32s(self.out)
     }
 
     fn footprint(&self) -> Footprint {
@@ -507,6 +542,7 @@ struct Buffers {
     pair_count_staging: Staging,
     list_counts: TrackedBuffer,
     list_count_staging: Staging,
+    pair_base: TrackedBuffer,
     offsets: TrackedBuffer,
     out: TrackedBuffer,
     out_staging: Staging,
@@ -571,6 +607,7 @@ impl Buffers {
                 "mine_triplets::list_count_staging",
                 f32s(2 * l.anchors),
             )?,
+            pair_base: make("mine_triplets::pair_base", f32s(l.anchors + 1))?,
             offsets: make("mine_triplets::offsets", l.offsets())?,
             out: output("mine_triplets::out", l.out())?,
             out_staging: Staging::new(ctx, gpu, "mine_triplets::out_staging", l.out())?,
@@ -578,13 +615,92 @@ impl Buffers {
     }
 }
 
-/// A range of output triplets `[start, end)` of one chunk, produced by the pairs of the
-/// chunk-local anchors `first..=last`.
-struct Window {
-    start: u64,
-    end: u64,
-    first: usize,
-    last: usize,
+/// Runs `pass` over `pairs`, split into dispatches that fit a 2-D grid of the device
+/// (`limit²` workgroups), each with its own `[pair_lo, pair_hi)` in the uniform block.
+fn dispatch_pairs(
+    gpu: &GpuDevice,
+    select: &TripletSelect,
+    pass: Pass,
+    sb: &SelectBuffers<'_>,
+    params: &mut triplet_select::Params,
+    pairs: std::ops::Range<u32>,
+) -> Result<()> {
+    let limit = u64::from(gpu.limits.max_compute_workgroups_per_dimension);
+    let per_group = match pass {
+        Pass::Count => 1,
+        Pass::Emit => triplet_select::EMIT_WORKGROUP_SIZE,
+    };
+    let step = (limit * limit * per_group).min(u64::from(u32::MAX)) as u32;
+    let mut lo = pairs.start;
+    while lo < pairs.end {
+        let hi = lo.saturating_add(step).min(pairs.end);
+        params.pair_lo = lo;
+        params.pair_hi = hi;
+        transfer::write(gpu, sb.params, 0, &[*params])?;
+        let mut enc = encoder(gpu, "mine_triplets::select");
+        select.encode(gpu, &mut enc, pass, u64::from(hi - lo), sb)?;
+        transfer::submit_and_wait(gpu, enc)?;
+        lo = hi;
+    }
+    Ok(())
+}
+
+/// Walks pairs in order, yielding each one's chunk-local anchor and positive slot.
+struct PairCursor<'a> {
+    pair_base: &'a [u32],
+    anchor: usize,
+    pair: u32,
+}
+
+impl<'a> PairCursor<'a> {
+    /// Positioned at `pair`.
+    fn new(pair_base: &'a [u32], pair: u32) -> Self {
+        // The owner of `pair`: the last anchor whose base is at most `pair`.
+        let anchor = pair_base.partition_point(|&b| b <= pair).saturating_sub(1);
+        Self {
+            pair_base,
+            anchor,
+            pair,
+        }
+    }
+
+    /// The current pair's (anchor, index among the anchor's positives); then moves on.
+    fn next_pair(&mut self) -> (usize, usize) {
+        while self.pair_base[self.anchor + 1] <= self.pair {
+            self.anchor += 1;
+        }
+        let here = (self.anchor, (self.pair - self.pair_base[self.anchor]) as usize);
+        self.pair += 1;
+        here
+    }
+}
+
+/// Appends a window's triplets to `rows` as `(a, p, n)`: pair `k` of the window contributes
+/// `counts[k]` consecutive negatives, all with the pair's (anchor, positive).
+fn expand(
+    rows: &mut Vec<u32>,
+    negatives: &[u32],
+    counts: &[u32],
+    mut pairs: PairCursor<'_>,
+    anchor_positive: impl Fn(usize, usize) -> (u32, u32),
+) {
+    let base = rows.len();
+    rows.resize(base + 3 * negatives.len(), 0);
+    let mut out = rows[base..].chunks_exact_mut(3);
+    let mut rest = negatives;
+    for &c in counts {
+        let (a, i) = pairs.next_pair();
+        let (head, tail) = rest.split_at((c as usize).min(rest.len()));
+        rest = tail;
+        if head.is_empty() {
+            continue;
+        }
+        let (anchor, positive) = anchor_positive(a, i);
+        // `head` first: zip stops on it without taking a row from `out`.
+        for (&n, row) in head.iter().zip(out.by_ref()) {
+            row.copy_from_slice(&[anchor, positive, n]);
+        }
+    }
 }
 
 fn encoder(gpu: &GpuDevice, label: &'static str) -> wgpu::CommandEncoder {
@@ -634,14 +750,14 @@ fn on_gpu(
     let mut select_params = triplet_select::Params {
         anchors: 0,
         refs: m as u32,
-        anchor0: 0,
+        _pad0: 0,
         mode: problem.rule.mode(),
         inverted: u32::from(problem.distance.distance.is_similarity()),
-        row0: 0,
         margin: problem.rule.margin(),
-        _pad1: 0,
+        pair_lo: 0,
+        pair_hi: 0,
         start: [0; 2],
-        end: [0; 2],
+        _pad: [0; 2],
     };
 
     let mut total = 0u64;
@@ -662,8 +778,6 @@ fn on_gpu(
         };
         transfer::write(gpu, &buf.lists_params, 0, &[lists_params])?;
         select_params.anchors = rows as u32;
-        select_params.row0 = 0;
-        select_params.anchor0 = a0 as u32;
         transfer::write(gpu, &buf.select_params, 0, &[select_params])?;
         for (buffer, bytes) in [
             (&buf.positives, f32s(rows * m)),
@@ -740,125 +854,118 @@ fn on_gpu(
             list_counts: &buf.list_counts,
         };
         lists.encode(gpu, &mut enc, rows as u64, &lb)?;
+        buf.list_count_staging
+            .copy_from(&mut enc, &buf.list_counts, 8 * rows as u64);
+        // Emitting needs each pair's positive on the host, to expand negatives to (a, p, n).
+        // The pair-count staging buffer is free until the count pass.
+        if sink.is_some() {
+            buf.pair_count_staging
+                .copy_from(&mut enc, &buf.positives, 4 * (rows * m) as u64);
+        }
+        transfer::submit_and_wait(gpu, enc)?;
+        let lists: Vec<u32> = buf
+            .list_count_staging
+            .read::<u32, _>(gpu, 2 * rows, <[u32]>::to_vec)?;
+        let positive_lists: Vec<u32> = if sink.is_some() {
+            buf.pair_count_staging
+                .read::<u32, _>(gpu, rows * m, <[u32]>::to_vec)?
+        } else {
+            Vec::new()
+        };
+
+        // Pairs are numbered densely in (anchor, positive) order; anchor a owns
+        // pair_base[a] .. pair_base[a + 1].
+        let mut pair_base = Vec::with_capacity(rows + 1);
+        let mut pairs = 0u32;
+        for counts in lists.chunks_exact(2) {
+            pair_base.push(pairs);
+            pairs += counts[0];
+        }
+        pair_base.push(pairs);
+        if pairs == 0 {
+            continue;
+        }
+        transfer::write(gpu, &buf.pair_base, 0, &pair_base)?;
         let sb = SelectBuffers {
             params: &buf.select_params,
             distances: &buf.distances,
             positives: &buf.positives,
             negatives: &buf.negatives,
             list_counts: &buf.list_counts,
+            pair_base: &buf.pair_base,
             pair_counts: &buf.pair_counts,
             offsets: &buf.offsets,
             out: &buf.out,
         };
-        buf.list_count_staging
-            .copy_from(&mut enc, &buf.list_counts, 8 * rows as u64);
-        transfer::submit_and_wait(gpu, enc)?;
-        let lists: Vec<u32> = buf
-            .list_count_staging
-            .read::<u32, _>(gpu, 2 * rows, <[u32]>::to_vec)?;
-        let positives: Vec<u32> = lists.iter().step_by(2).copied().collect();
-        let max_positives = u64::from(positives.iter().copied().max().unwrap_or(0));
-        if max_positives == 0 {
-            continue;
-        }
 
-        // Per-pair counts in (anchor, positive) order. Every valid triplet: the anchor's
-        // negative count, known from the lists. Margin rules: the count pass, one workgroup
-        // per pair; its grid needs the largest positive count, hence the round trip above
-        // (cheap next to the lists and distances it waits for).
-        let mut counts_by_slot = Vec::new();
-        if problem.rule.mode() != 0 {
-            let mut enc = encoder(gpu, "mine_triplets::count");
-            select.encode(gpu, &mut enc, Pass::Count, rows as u64, max_positives, &sb)?;
-            buf.pair_count_staging
-                .copy_from(&mut enc, &buf.pair_counts, 4 * (rows * m) as u64);
-            transfer::submit_and_wait(gpu, enc)?;
-            counts_by_slot = buf
-                .pair_count_staging
-                .read::<u32, _>(gpu, rows * m, <[u32]>::to_vec)?;
-        } else if sink.is_some() {
-            // The emit pass reads pair_counts to skip empty pairs.
-            counts_by_slot = vec![0u32; rows * m];
+        // Per-pair counts. Every valid triplet: the anchor's negative count, known from the
+        // lists. Margin rules: the count pass, one workgroup per pair.
+        let counts: Vec<u32> = if problem.rule.mode() == 0 {
+            let mut counts = Vec::with_capacity(pairs as usize);
             for (a, pair) in lists.chunks_exact(2).enumerate() {
-                counts_by_slot[a * m..a * m + pair[0] as usize].fill(pair[1]);
+                counts.resize(pair_base[a + 1] as usize, pair[1]);
             }
-            transfer::write(gpu, &buf.pair_counts, 0, &counts_by_slot)?;
-        }
-        let count_of = |a: usize, at: usize| {
-            if problem.rule.mode() == 0 {
-                lists[2 * a + 1]
-            } else {
-                counts_by_slot[at]
+            if sink.is_some() {
+                transfer::write(gpu, &buf.pair_counts, 0, &counts)?;
             }
+            counts
+        } else {
+            transfer::fill_sentinel(ctx, gpu, &buf.pair_counts, f32s(pairs as usize))?;
+            dispatch_pairs(gpu, &select, Pass::Count, &sb, &mut select_params, 0..pairs)?;
+            let mut enc = encoder(gpu, "mine_triplets::count_readback");
+            buf.pair_count_staging
+                .copy_from(&mut enc, &buf.pair_counts, 4 * u64::from(pairs));
+            transfer::submit_and_wait(gpu, enc)?;
+            buf.pair_count_staging
+                .read::<u32, _>(gpu, pairs as usize, <[u32]>::to_vec)?
         };
-        // Exclusive prefix sums of the pair counts in (anchor, positive) order, as u64; the
-        // per-pair counts in that order delimit the output windows.
-        let emitting = sink.is_some();
-        let mut offsets = vec![[0u32; 2]; if emitting { rows * m } else { 0 }];
-        let mut ordered_counts: Vec<(usize, u32)> = Vec::new();
-        let mut chunk_total = 0u64;
-        for (a, &np) in positives.iter().enumerate() {
-            for at in a * m..a * m + np as usize {
-                let c = count_of(a, at);
-                if emitting {
-                    offsets[at] = words(chunk_total);
-                    ordered_counts.push((a, c));
-                }
-                chunk_total += u64::from(c);
-            }
-        }
+        let chunk_total: u64 = counts.iter().map(|&c| u64::from(c)).sum();
         let Some(sink) = sink.as_mut() else {
             total += chunk_total;
             continue;
         };
-        transfer::write(gpu, &buf.offsets, 0, &offsets)?;
-        // Output windows cut at pair boundaries, each at most `layout.out` triplets; each
-        // dispatch launches only the anchors its window spans.
-        let mut windows: Vec<Window> = Vec::new();
+
+        // Exclusive prefix sums of the counts (u64) place each pair's triplets; windows of
+        // whole pairs, each at most `layout.out` triplets, cut the output to the buffer.
+        let mut offsets = Vec::with_capacity(pairs as usize);
+        let mut windows: Vec<(u32, u32, u64, u64)> = Vec::new(); // (pair_lo, pair_hi, start, end)
         let mut at = 0u64;
-        for &(a, c) in ordered_counts.iter().filter(|(_, c)| *c > 0) {
-            let c = u64::from(c);
+        for (pair, &c) in counts.iter().enumerate() {
+            offsets.push(words(at));
+            let (pair, c) = (pair as u32, u64::from(c));
             match windows.last_mut() {
-                Some(w) if at + c - w.start <= layout.out as u64 => {
-                    w.end = at + c;
-                    w.last = a;
+                Some(w) if at + c - w.2 <= layout.out as u64 => {
+                    w.1 = pair + 1;
+                    w.3 = at + c;
                 }
-                _ => windows.push(Window {
-                    start: at,
-                    end: at + c,
-                    first: a,
-                    last: a,
-                }),
+                _ => windows.push((pair, pair + 1, at, at + c)),
             }
             at += c;
         }
-        for w in windows {
-            let len = (w.end - w.start) as usize;
-            select_params.row0 = w.first as u32;
-            select_params.start = words(w.start);
-            select_params.end = words(w.end);
-            transfer::write(gpu, &buf.select_params, 0, &[select_params])?;
-            transfer::fill_sentinel(ctx, gpu, &buf.out, f32s(3 * len))?;
-            let mut enc = encoder(gpu, "mine_triplets::emit");
-            let window_positives = positives[w.first..=w.last].iter().copied().max().unwrap_or(0);
-            let anchors = (w.last + 1 - w.first) as u64;
-            select.encode(gpu, &mut enc, Pass::Emit, anchors, u64::from(window_positives), &sb)?;
-            buf.out_staging
-                .copy_from(&mut enc, &buf.out, 12 * len as u64);
+        transfer::write(gpu, &buf.offsets, 0, &offsets)?;
+        sink.reserve(chunk_total);
+        for (pair_lo, pair_hi, start, end) in windows.into_iter().filter(|w| w.3 > w.2) {
+            let len = (end - start) as usize;
+            select_params.start = words(start);
+            transfer::fill_sentinel(ctx, gpu, &buf.out, f32s(len))?;
+            dispatch_pairs(gpu, &select, Pass::Emit, &sb, &mut select_params, pair_lo..pair_hi)?;
+            let mut enc = encoder(gpu, "mine_triplets::emit_readback");
+            buf.out_staging.copy_from(&mut enc, &buf.out, 4 * len as u64);
             transfer::submit_and_wait(gpu, enc)?;
-            let flow = buf.out_staging.read::<u32, _>(gpu, 3 * len, |flat| {
-                ArrayView2::from_shape((len, 3), flat).map(&mut *sink)
+            let flow = buf.out_staging.read::<u32, _>(gpu, len, |negatives| {
+                sink.deliver(|rows| {
+                    expand(
+                        rows,
+                        negatives,
+                        &counts[pair_lo as usize..pair_hi as usize],
+                        PairCursor::new(&pair_base, pair_lo),
+                        |a, i| ((a0 + a) as u32, positive_lists[a * m + i]),
+                    )
+                })
             })?;
             total += len as u64;
-            match flow {
-                Ok(ControlFlow::Continue(())) => {}
-                Ok(ControlFlow::Break(())) => return Ok(total),
-                Err(e) => {
-                    return Err(Error::Readback {
-                        label: "mine_triplets::out_staging",
-                        message: e.to_string(),
-                    })
-                }
+            if flow.is_break() {
+                return Ok(total);
             }
         }
     }

@@ -77,13 +77,8 @@ impl Problem {
         let refs = self.ref_set();
         let got = mine_triplets(ctx, &self.queries(), refs.as_ref(), &self.cfg).expect("mine");
         assert_eq!(got.path, ctx.path(), "result names its path");
-        assert_eq!(
-            got.indices,
-            want,
-            "{:?} on {}: triplets differ from the reference",
-            self.cfg.rule,
-            ctx.device_name()
-        );
+        let what = format!("{:?} on {}", self.cfg.rule, ctx.device_name());
+        assert_same(&got.indices, &want, &what);
         let n = count_triplets(ctx, &self.queries(), refs.as_ref(), &self.cfg).expect("count");
         assert_eq!(n.count, want.nrows() as u64, "count-only form agrees");
 
@@ -116,6 +111,27 @@ impl Problem {
             "streamed triplets, in order"
         );
     }
+}
+
+/// Equal triplet arrays, or a message naming the lengths and the first differing row.
+fn assert_same(got: &Array2<u32>, want: &Array2<u32>, what: &str) {
+    if got == want {
+        return;
+    }
+    let first = got
+        .rows()
+        .into_iter()
+        .zip(want.rows())
+        .position(|(g, w)| g != w)
+        .unwrap_or(got.nrows().min(want.nrows()));
+    let row = |a: &Array2<u32>| (first < a.nrows()).then(|| a.row(first).to_vec());
+    panic!(
+        "{what}: {} triplets, reference {}; first difference at row {first}: got {:?}, want {:?}",
+        got.nrows(),
+        want.nrows(),
+        row(got),
+        row(want)
+    );
 }
 
 const DISTANCES: [Distance; 4] = [

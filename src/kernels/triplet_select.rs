@@ -3,7 +3,7 @@
 
 use crate::context::{GpuDevice, Kernel};
 use crate::error::{Error, Result};
-use crate::kernels::{Binding, Pipeline};
+use crate::kernels::{grid_2d, Binding, Pipeline};
 use crate::memory::TrackedBuffer;
 
 pub(crate) const SOURCE: &str = include_str!("../../shaders/triplet_select.wgsl");
@@ -11,8 +11,8 @@ pub(crate) const SOURCE: &str = include_str!("../../shaders/triplet_select.wgsl"
 /// Invocations per `emit` workgroup; `EMIT_WORKGROUP_SIZE` in the shader.
 pub(crate) const EMIT_WORKGROUP_SIZE: u64 = 64;
 
-/// Workgroup memory the kernel declares: one 256-entry u32 scan.
-pub(crate) const WORKGROUP_STORAGE: u64 = 256 * 4;
+/// Workgroup memory the kernel declares: a 64-entry u32 reduction.
+pub(crate) const WORKGROUP_STORAGE: u64 = 64 * 4;
 
 /// The kernel's uniform block, laid out as `Params` in the shader.
 #[repr(C)]
@@ -20,17 +20,17 @@ pub(crate) const WORKGROUP_STORAGE: u64 = 256 * 4;
 pub(crate) struct Params {
     pub(crate) anchors: u32,
     pub(crate) refs: u32,
-    pub(crate) anchor0: u32,
+    pub(crate) _pad0: u32,
     pub(crate) mode: u32,
     pub(crate) inverted: u32,
-    /// First chunk-local anchor of the dispatch.
-    pub(crate) row0: u32,
     pub(crate) margin: f32,
-    pub(crate) _pad1: u32,
-    /// Output window start, (low, high) words of a u64.
+    /// First pair of the dispatch.
+    pub(crate) pair_lo: u32,
+    /// One past the last pair of the dispatch.
+    pub(crate) pair_hi: u32,
+    /// Offset of the window's first triplet, (low, high) words of a u64.
     pub(crate) start: [u32; 2],
-    /// Output window end, (low, high) words of a u64.
-    pub(crate) end: [u32; 2],
+    pub(crate) _pad: [u32; 2],
 }
 
 /// Splits a u64 into the shader's (low, high) words.
@@ -45,6 +45,7 @@ pub(crate) struct SelectBuffers<'a> {
     pub(crate) positives: &'a TrackedBuffer,
     pub(crate) negatives: &'a TrackedBuffer,
     pub(crate) list_counts: &'a TrackedBuffer,
+    pub(crate) pair_base: &'a TrackedBuffer,
     pub(crate) pair_counts: &'a TrackedBuffer,
     pub(crate) offsets: &'a TrackedBuffer,
     pub(crate) out: &'a TrackedBuffer,
@@ -66,7 +67,8 @@ impl Kernel for TripletSelect {
     fn build(gpu: &GpuDevice) -> Result<Self> {
         use Binding::{ReadOnly, ReadWrite, Uniform};
         let bindings = [
-            Uniform, ReadOnly, ReadOnly, ReadOnly, ReadOnly, ReadWrite, ReadOnly, ReadWrite,
+            Uniform, ReadOnly, ReadOnly, ReadOnly, ReadOnly, ReadOnly, ReadWrite, ReadOnly,
+            ReadWrite,
         ];
         Ok(Self {
             count: Pipeline::new(gpu, "triplet_select::count", SOURCE, "count", &bindings)?,
@@ -76,38 +78,32 @@ impl Kernel for TripletSelect {
 }
 
 impl TripletSelect {
-    /// Workgroups `[x, y, z]`: `y` = anchor; along `x` (folded into `z` past `max_per_dim`)
-    /// one workgroup per positive for `count`, one invocation per positive for `emit`.
-    pub(crate) fn workgroups(
-        pass: Pass,
-        anchors: u64,
-        max_positives: u64,
-        max_per_dim: u32,
-    ) -> [u64; 3] {
+    /// Workgroups for `pairs` pairs: one per pair for `count`, one invocation per pair for
+    /// `emit`, as a 2-D grid with `x` at most `max_per_dim`.
+    pub(crate) fn workgroups(pass: Pass, pairs: u64, max_per_dim: u32) -> (u32, u32) {
         let groups = match pass {
-            Pass::Count => max_positives,
-            Pass::Emit => max_positives.div_ceil(EMIT_WORKGROUP_SIZE),
+            Pass::Count => pairs,
+            Pass::Emit => pairs.div_ceil(EMIT_WORKGROUP_SIZE),
         };
-        let x = groups.clamp(1, u64::from(max_per_dim.max(1)));
-        [x, anchors.max(1), groups.div_ceil(x).max(1)]
+        grid_2d(groups, max_per_dim)
     }
 
+    /// Records `pass` over the pairs `[params.pair_lo, params.pair_hi)`, `pairs` of them.
     pub(crate) fn encode(
         &self,
         gpu: &GpuDevice,
         encoder: &mut wgpu::CommandEncoder,
         pass: Pass,
-        anchors: u64,
-        max_positives: u64,
+        pairs: u64,
         b: &SelectBuffers<'_>,
     ) -> Result<()> {
         let limit = gpu.limits.max_compute_workgroups_per_dimension;
-        let groups = Self::workgroups(pass, anchors, max_positives, limit);
-        if let Some(&too_many) = groups.iter().find(|&&g| g > u64::from(limit)) {
+        let (x, y) = Self::workgroups(pass, pairs, limit);
+        if y > limit {
             return Err(Error::DeviceLimit {
                 op: "triplet_select",
                 what: "max_compute_workgroups_per_dimension",
-                requested: too_many,
+                requested: u64::from(y),
                 limit: u64::from(limit),
             });
         }
@@ -117,6 +113,7 @@ impl TripletSelect {
             b.positives.buffer(),
             b.negatives.buffer(),
             b.list_counts.buffer(),
+            b.pair_base.buffer(),
             b.pair_counts.buffer(),
             b.offsets.buffer(),
             b.out.buffer(),
@@ -125,7 +122,6 @@ impl TripletSelect {
             Pass::Count => (&self.count, "triplet_select::count"),
             Pass::Emit => (&self.emit, "triplet_select::emit"),
         };
-        let groups = groups.map(|g| g as u32);
-        pipeline.dispatch(gpu, encoder, label, &buffers, groups)
+        pipeline.dispatch(gpu, encoder, label, &buffers, [x, y, 1])
     }
 }
