@@ -64,6 +64,13 @@ pub struct DistanceConfig {
     pub normalize: bool,
 }
 
+impl DistanceConfig {
+    /// Whether embeddings are L2-normalised first: as configured, and always for cosine.
+    pub(crate) fn normalizes(&self) -> bool {
+        self.normalize || self.distance == Distance::Cosine
+    }
+}
+
 impl Default for DistanceConfig {
     fn default() -> Self {
         Self {
@@ -227,7 +234,7 @@ fn gpu_tiles(
         cols: 0,
         dim4: dim4 as u32,
         metric: cfg.distance.code(),
-        normalize: u32::from(cfg.normalize || cfg.distance == Distance::Cosine),
+        normalize: u32::from(cfg.normalizes()),
         _pad: [0; 3],
     };
     let t_params = transfer::uniform(ctx, gpu, "pairwise_distances::tile_params", &tile_params)?;
@@ -300,7 +307,7 @@ fn gpu_tiles(
                 out: &out,
             };
             tile.encode(gpu, &mut encoder, rows as u64, cols as u64, &buffers)?;
-            staging.copy_from(&mut encoder, &out, 4 * (rows * cols) as u64);
+            staging.copy_from(&mut encoder, &out, 0, 4 * (rows * cols) as u64);
             transfer::submit_and_wait(gpu, encoder)?;
             staging.read::<f32, _>(gpu, rows * cols, |values| {
                 let view = ArrayView2::from_shape((rows, cols), values).map_err(|e| {

@@ -3,7 +3,7 @@
 use ndarray::{Array1, Array2, ArrayView2, Axis, Zip};
 
 use crate::distance::{Distance, DistanceConfig};
-use crate::triplets::{Problem, Sink};
+use crate::triplets::{Problem, Writer};
 
 /// Squared norm of every row.
 fn sq_norms(x: ArrayView2<'_, f32>) -> Array1<f32> {
@@ -17,7 +17,7 @@ pub(crate) fn pairwise_distances(
     refs: ArrayView2<'_, f32>,
     cfg: &DistanceConfig,
 ) -> Array2<f32> {
-    let normalize = cfg.normalize || cfg.distance == Distance::Cosine;
+    let normalize = cfg.normalizes();
     let (mut q2, mut r2) = (sq_norms(queries), sq_norms(refs));
     let mut dots = queries.dot(&refs.t());
     if normalize {
@@ -52,64 +52,22 @@ pub(crate) fn pairwise_distances(
     dots
 }
 
-/// Feeds triplets to a sink: straight into the vector when collecting, in chunks of `chunk`
-/// rows when streaming.
-struct Emitter<'s> {
-    sink: Sink<'s>,
-    chunk: usize,
-    pending: Vec<u32>,
-    delivered: u64,
-    stopped: bool,
-}
-
-impl Emitter<'_> {
-    fn push(&mut self, a: u32, p: u32, n: u32) {
-        match &mut self.sink {
-            Sink::Collect(all) => {
-                all.extend_from_slice(&[a, p, n]);
-                self.delivered += 1;
-            }
-            Sink::Stream { .. } => {
-                self.pending.extend_from_slice(&[a, p, n]);
-                if self.pending.len() == 3 * self.chunk {
-                    self.flush();
-                }
-            }
-        }
-    }
-
-    fn flush(&mut self) {
-        if self.pending.is_empty() || self.stopped {
-            return;
-        }
-        let pending = std::mem::take(&mut self.pending);
-        self.delivered += (pending.len() / 3) as u64;
-        self.stopped = self
-            .sink
-            .deliver(|rows| rows.extend_from_slice(&pending))
-            .is_break();
-        self.pending = pending;
-        self.pending.clear();
-    }
-}
-
 /// Anchors per block whose distance rows are computed together.
 const ANCHOR_BLOCK: usize = 256;
 
 /// The native twin of the triplet kernels: per anchor, its ascending positive and negative
-/// lists, then each (positive, negative) pair through the rule, in (a, p, n) order.
-pub(crate) fn triplets(problem: &Problem<'_>, sink: Option<Sink<'_>>) -> u64 {
+/// lists, then each (positive, negative) pair through the rule, in (a, p, n) order. Counts
+/// when `writer` is `None`.
+pub(crate) fn triplets(problem: &Problem<'_>, writer: Option<Writer<'_>>) -> u64 {
     let (b, m) = (problem.set.labels.len(), problem.set.ref_labels.len());
     let similarity = problem.distance.distance.is_similarity();
-    let mut emitter = sink.map(|sink| Emitter {
-        sink,
-        chunk: problem.chunk,
-        pending: Vec::new(),
-        delivered: 0,
-        stopped: false,
-    });
+    let mut writer = writer;
     let mut counted = 0u64;
-    let (mut pos, mut neg) = (Vec::with_capacity(m), Vec::with_capacity(m));
+    let (mut pos, mut neg, mut kept) = (
+        Vec::with_capacity(m),
+        Vec::with_capacity(m),
+        Vec::with_capacity(m),
+    );
     for a0 in (0..b).step_by(ANCHOR_BLOCK) {
         let rows = ANCHOR_BLOCK.min(b - a0);
         let dist = problem.set.queries.zip(problem.set.refs).map(|(q, r)| {
@@ -131,41 +89,34 @@ pub(crate) fn triplets(problem: &Problem<'_>, sink: Option<Sink<'_>>) -> u64 {
                 }
             }
             let row = dist.as_ref().map(|d| d.row(a - a0));
-            match (&mut emitter, row) {
-                (None, None) => counted += (pos.len() * neg.len()) as u64,
-                (None, Some(row)) => {
-                    for &p in &pos {
+            for &p in &pos {
+                let negatives: &[u32] = match row {
+                    None => &neg,
+                    Some(row) => {
                         let ap = row[p as usize];
-                        let kept = neg
-                            .iter()
-                            .filter(|&&n| problem.rule.keeps(ap, row[n as usize], similarity))
-                            .count();
-                        counted += kept as u64;
+                        kept.clear();
+                        kept.extend(
+                            neg.iter()
+                                .copied()
+                                .filter(|&n| problem.rule.keeps(ap, row[n as usize], similarity)),
+                        );
+                        &kept
                     }
-                }
-                (Some(e), row) => {
-                    for &p in &pos {
-                        let ap = row.map_or(0.0, |r| r[p as usize]);
-                        for &n in &neg {
-                            let keep = row
-                                .is_none_or(|r| problem.rule.keeps(ap, r[n as usize], similarity));
-                            if keep {
-                                e.push(a as u32, p, n);
-                            }
-                        }
-                        if e.stopped {
-                            return e.delivered;
+                };
+                match writer.as_mut() {
+                    None => counted += negatives.len() as u64,
+                    Some(w) => {
+                        w.block(a as u32, p, negatives);
+                        if w.stopped() {
+                            return writer.map_or(0, Writer::finish);
                         }
                     }
                 }
             }
         }
     }
-    match emitter {
-        Some(mut e) => {
-            e.flush();
-            e.delivered
-        }
+    match writer {
+        Some(w) => w.finish(),
         None => counted,
     }
 }

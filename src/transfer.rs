@@ -231,15 +231,17 @@ impl Staging {
         Ok(Self { buffer, label })
     }
 
-    /// Records a copy of the first `bytes` bytes of `src` into this staging buffer.
+    /// Records a copy of the first `bytes` bytes of `src` into this staging buffer at byte
+    /// `offset`.
     pub(crate) fn copy_from(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         src: &TrackedBuffer,
+        offset: u64,
         bytes: u64,
     ) {
         let bytes = bytes.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
-        encoder.copy_buffer_to_buffer(src.buffer(), 0, self.buffer.buffer(), 0, bytes);
+        encoder.copy_buffer_to_buffer(src.buffer(), 0, self.buffer.buffer(), offset, bytes);
     }
 
     /// Maps the buffer (after the copy was submitted and waited for) and calls `f` with its

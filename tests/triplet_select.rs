@@ -291,25 +291,32 @@ fn triplet_select_budget_below_one_anchor_is_a_typed_error() {
         return;
     };
     let (labels, refs) = (cyclic(10, 2), cyclic(1000, 2));
-    let got = count_triplets(
-        &ctx,
-        &MiningSet::labels(labels.view()),
-        Some(&MiningSet::labels(refs.view())),
-        &TripletConfig::default(),
-    );
-    match got {
-        Err(Error::OverBudget {
-            required,
-            budget: b,
-            ..
-        }) => {
-            assert!(
+    let (emb, ref_emb) = (grid(10, 4), grid(1000, 4));
+    let queries = MiningSet::with_embeddings(labels.view(), emb.view());
+    let refs = MiningSet::with_embeddings(refs.view(), ref_emb.view());
+    let semihard = TripletConfig {
+        rule: TripletRule::margin_miner(TripletType::Semihard),
+        ..Default::default()
+    };
+    let attempts = [
+        mine_triplets(&ctx, &queries, Some(&refs), &TripletConfig::default())
+            .map(|t| t.len() as u64),
+        count_triplets(&ctx, &queries, Some(&refs), &semihard).map(|n| n.count),
+    ];
+    for got in attempts {
+        match got {
+            Err(Error::OverBudget {
+                required,
+                budget: b,
+                ..
+            }) => assert!(
                 required > budget && b == budget,
                 "names bytes {required} and budget {b}"
-            )
+            ),
+            other => panic!("expected OverBudget, got {other:?}"),
         }
-        other => panic!("expected OverBudget, got {other:?}"),
     }
+    assert_eq!(ctx.memory().peak_bytes, 0, "nothing was allocated");
 }
 
 #[test]
@@ -523,7 +530,10 @@ fn triplet_select_under_tiny_device_limits_folds_grids_and_chunks_anchors() {
         ..Default::default()
     })
     .expect("an adapter accepts lower limits");
-    for rule in [TripletRule::AllValid, TripletRule::margin_miner(TripletType::Hard)] {
+    for rule in [
+        TripletRule::AllValid,
+        TripletRule::margin_miner(TripletType::Hard),
+    ] {
         let p = Problem {
             labels: cyclic(11, 2),
             embeddings: grid(11, 3),
@@ -535,4 +545,48 @@ fn triplet_select_under_tiny_device_limits_folds_grids_and_chunks_anchors() {
         };
         p.check(&ctx);
     }
+}
+
+#[test]
+fn margin_count_over_2_pow_32_candidates_matches_its_own_distances() {
+    // 64 × 10 000 × 10 000 = 6.4e9 candidate (a, p, n) combinations (> 2^32): what PML's
+    // vectorised path cannot hold. The count is checked exactly against the rule applied to
+    // the distance matrix the same context computes.
+    let Some(ctx) = common::shared_gpu() else {
+        return;
+    };
+    let (b, m) = (64, 10_000);
+    let (labels, refs) = (
+        cyclic(b, 100),
+        Array1::from_shape_fn(m, |i| (i * 7 % 100) as u32),
+    );
+    let (emb, ref_emb) = (
+        grid(b, 8),
+        Array2::from_shape_fn((m, 8), |(i, k)| ((i * 13 + k * 5) % 11) as f32 - 5.0),
+    );
+    let rule = TripletRule::margin_miner(TripletType::Semihard);
+    let cfg = TripletConfig {
+        rule,
+        ..Default::default()
+    };
+    let got = count_triplets(
+        ctx,
+        &MiningSet::with_embeddings(labels.view(), emb.view()),
+        Some(&MiningSet::with_embeddings(refs.view(), ref_emb.view())),
+        &cfg,
+    )
+    .expect("count");
+    let d = pairwise_distances(ctx, emb.view(), ref_emb.view(), &cfg.distance)
+        .expect("distances")
+        .values;
+    let mut want = 0u64;
+    for a in 0..b {
+        for p in (0..m).filter(|&p| refs[p] == labels[a]) {
+            want += (0..m)
+                .filter(|&n| refs[n] != labels[a] && rule.keeps(d[[a, p]], d[[a, n]], false))
+                .count() as u64;
+        }
+    }
+    assert_eq!(got.count, want, "exact count on {}", ctx.device_name());
+    assert!(want > 0, "the case keeps triplets");
 }

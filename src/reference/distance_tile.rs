@@ -28,7 +28,7 @@ pub fn distance_tile(
 ) -> Array2<f32> {
     let q_norms = row_norms(queries);
     let r_norms = row_norms(refs);
-    let normalize = cfg.normalize || cfg.distance == Distance::Cosine;
+    let normalize = cfg.normalize || cfg.distance == Distance::Cosine; // as DistanceConfig documents
     let mut out = Array2::zeros((queries.nrows(), refs.nrows()));
     for (i, q) in queries.rows().into_iter().enumerate() {
         for (j, r) in refs.rows().into_iter().enumerate() {

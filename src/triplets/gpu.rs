@@ -1,0 +1,644 @@
+//! The wgpu path of triplet mining.
+//!
+//! Per chunk of anchors (sized by [`plan`] to the budget): the distance tile (margin rules),
+//! then `triplet_lists` gives every anchor its ascending positive and negative references.
+//! Every valid triplet is then `P_a × N_a`: the host reads the two lists back and expands
+//! them, which moves `O(b·m)` bytes instead of the `O(b·m²)` triplets. Margin rules count the
+//! kept triplets of each (anchor, positive) pair on the device (`triplet_select::count`),
+//! prefix-sum the counts on the host as `u64`, and let `triplet_select::emit` write the kept
+//! negatives of each pair at its offset, in windows of whole pairs that fit the output buffer;
+//! the host adds `(a, p)` to each negative.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::context::{Context, GpuDevice};
+use crate::error::Result;
+use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};
+use crate::kernels::row_norms::{self, RowNorms};
+use crate::kernels::triplet_lists::{self, ListBuffers, TripletLists};
+use crate::kernels::triplet_select::{self, words, Pass, SelectBuffers, TripletSelect};
+use crate::memory::TrackedBuffer;
+use crate::plan::{plan_rows, DeviceCaps, Footprint};
+use crate::transfer::{self, Staging};
+use crate::triplets::{Problem, TripletRule, Writer, OP};
+
+/// Sizes of every buffer one anchor chunk uses; the plan's footprint and the allocations both
+/// come from here, so the plan counts exactly what is allocated.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    anchors: usize,
+    refs: usize,
+    /// `vec4`s per embedding row; 0 for label-only rules (distance buffers are dummies).
+    dim4: usize,
+    /// Margin rule: per-pair counts on the device.
+    counts: bool,
+    /// Negatives per output window of `emit`; 0 when the device emits nothing.
+    out: usize,
+    /// Every valid triplet, collected or streamed: both lists are read back.
+    host_lists: bool,
+}
+
+fn f32s(n: usize) -> u64 {
+    transfer::buffer_size(4 * n as u64)
+}
+
+fn uniform_size<T>() -> u64 {
+    transfer::buffer_size(std::mem::size_of::<T>() as u64)
+}
+
+/// `size` if `used`, else a 4-byte placeholder (a binding must have a buffer behind it).
+fn or_dummy(used: bool, size: u64) -> u64 {
+    if used {
+        size
+    } else {
+        f32s(0)
+    }
+}
+
+impl Layout {
+    fn matrix(&self) -> u64 {
+        f32s(self.anchors * self.refs)
+    }
+    fn ref_embeddings(&self) -> u64 {
+        f32s(self.refs * self.dim4 * 4)
+    }
+    fn ref_norms(&self) -> u64 {
+        or_dummy(self.dim4 > 0, f32s(self.refs))
+    }
+    fn anchor_embeddings(&self) -> u64 {
+        f32s(self.anchors * self.dim4 * 4)
+    }
+    fn anchor_norms(&self) -> u64 {
+        or_dummy(self.dim4 > 0, f32s(self.anchors))
+    }
+    fn distances(&self) -> u64 {
+        or_dummy(self.dim4 > 0, self.matrix())
+    }
+    fn pair_counts(&self) -> u64 {
+        or_dummy(self.counts, self.matrix())
+    }
+    /// Reads back the pair counts, the positives (when emitting), or both lists.
+    fn staging(&self) -> u64 {
+        match (self.host_lists, self.counts) {
+            (true, _) => 2 * self.matrix(),
+            (false, true) => self.matrix(),
+            (false, false) => f32s(0),
+        }
+    }
+    fn offsets(&self) -> u64 {
+        // One `vec2<u32>` per pair; at least one, since the shader's element is 8 bytes.
+        transfer::buffer_size(
+            8 * if self.out > 0 {
+                self.anchors * self.refs
+            } else {
+                1
+            } as u64,
+        )
+    }
+    fn out(&self) -> u64 {
+        f32s(self.out)
+    }
+
+    fn footprint(&self) -> Footprint {
+        let buffers = [
+            uniform_size::<triplet_lists::Params>(),
+            uniform_size::<triplet_select::Params>(),
+            uniform_size::<row_norms::Params>(),
+            uniform_size::<row_norms::Params>(),
+            uniform_size::<distance_tile::Params>(),
+            f32s(self.refs),       // ref labels
+            self.ref_embeddings(), // refs stay resident across chunks
+            self.ref_norms(),
+            f32s(self.anchors), // anchor labels
+            f32s(self.anchors), // self slots
+            self.anchor_embeddings(),
+            self.anchor_norms(),
+            self.distances(),
+            self.matrix(), // positives
+            self.matrix(), // negatives
+            self.pair_counts(),
+            self.staging(),
+            f32s(2 * self.anchors), // list counts
+            f32s(2 * self.anchors), // list-count staging
+            f32s(self.anchors + 1), // pair base
+            self.offsets(),
+            self.out(),
+            self.out(), // output staging
+        ];
+        let refs_groups = (self.refs as u64).div_ceil(distance_tile::BLOCK);
+        Footprint {
+            bytes: buffers.iter().sum(),
+            largest_buffer: buffers.iter().copied().max().unwrap_or(0),
+            workgroups: refs_groups.max(self.anchors as u64),
+            workgroup_storage: distance_tile::WORKGROUP_STORAGE
+                .max(triplet_select::WORKGROUP_STORAGE),
+        }
+    }
+}
+
+/// Anchors per chunk and negatives per output window: windows as large as asked (halved down
+/// to one pair's worst case, `m`, if needed), then as many anchors as fit beside them.
+fn plan(problem: &Problem<'_>, emit: bool, budget: u64, caps: &DeviceCaps) -> Result<Layout> {
+    let (b, m) = (problem.set.labels.len(), problem.set.ref_labels.len());
+    let margin = matches!(problem.rule, TripletRule::Margin { .. });
+    let base = Layout {
+        anchors: 1,
+        refs: m,
+        dim4: problem.set.queries.map_or(0, |q| q.ncols().div_ceil(4)),
+        counts: margin,
+        out: 0,
+        host_lists: emit && !margin,
+    };
+    let min_out = if emit && margin { m } else { 0 };
+    let mut out = if emit && margin { problem.chunk } else { 0 };
+    loop {
+        let cost = |anchors| {
+            Layout {
+                anchors,
+                out,
+                ..base
+            }
+            .footprint()
+        };
+        match plan_rows(OP, b, m, budget, caps, cost) {
+            Ok(p) => {
+                return Ok(Layout {
+                    anchors: p.rows,
+                    out,
+                    ..base
+                })
+            }
+            Err(_) if out > min_out => out = (out / 2).max(min_out),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Every device buffer of a mining call.
+struct Buffers {
+    lists_params: TrackedBuffer,
+    select_params: TrackedBuffer,
+    anchor_norm_params: TrackedBuffer,
+    ref_norm_params: TrackedBuffer,
+    tile_params: TrackedBuffer,
+    ref_labels: TrackedBuffer,
+    ref_embeddings: TrackedBuffer,
+    ref_norms: TrackedBuffer,
+    anchor_labels: TrackedBuffer,
+    self_slots: TrackedBuffer,
+    anchor_embeddings: TrackedBuffer,
+    anchor_norms: TrackedBuffer,
+    distances: TrackedBuffer,
+    positives: TrackedBuffer,
+    negatives: TrackedBuffer,
+    pair_counts: TrackedBuffer,
+    staging: Staging,
+    list_counts: TrackedBuffer,
+    list_count_staging: Staging,
+    pair_base: TrackedBuffer,
+    offsets: TrackedBuffer,
+    out: TrackedBuffer,
+    out_staging: Staging,
+}
+
+impl Buffers {
+    fn new(ctx: &Context, gpu: &GpuDevice, l: &Layout) -> Result<Self> {
+        let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+        let make = |label, size| transfer::create_buffer(ctx, gpu, label, size, input);
+        let output = |label, size| transfer::output(ctx, gpu, label, size);
+        let staging = |label, size| Staging::new(ctx, gpu, label, size);
+        let uniform = |label, size| {
+            let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
+            transfer::create_buffer(ctx, gpu, label, size, usage)
+        };
+        Ok(Self {
+            lists_params: uniform(
+                "mine_triplets::lists_params",
+                uniform_size::<triplet_lists::Params>(),
+            )?,
+            select_params: uniform(
+                "mine_triplets::select_params",
+                uniform_size::<triplet_select::Params>(),
+            )?,
+            anchor_norm_params: uniform(
+                "mine_triplets::anchor_norm_params",
+                uniform_size::<row_norms::Params>(),
+            )?,
+            ref_norm_params: uniform(
+                "mine_triplets::ref_norm_params",
+                uniform_size::<row_norms::Params>(),
+            )?,
+            tile_params: uniform(
+                "mine_triplets::tile_params",
+                uniform_size::<distance_tile::Params>(),
+            )?,
+            ref_labels: make("mine_triplets::ref_labels", f32s(l.refs))?,
+            ref_embeddings: make("mine_triplets::ref_embeddings", l.ref_embeddings())?,
+            ref_norms: output("mine_triplets::ref_norms", l.ref_norms())?,
+            anchor_labels: make("mine_triplets::anchor_labels", f32s(l.anchors))?,
+            self_slots: make("mine_triplets::self_slots", f32s(l.anchors))?,
+            anchor_embeddings: make("mine_triplets::anchor_embeddings", l.anchor_embeddings())?,
+            anchor_norms: output("mine_triplets::anchor_norms", l.anchor_norms())?,
+            distances: output("mine_triplets::distances", l.distances())?,
+            positives: output("mine_triplets::positives", l.matrix())?,
+            negatives: output("mine_triplets::negatives", l.matrix())?,
+            pair_counts: output("mine_triplets::pair_counts", l.pair_counts())?,
+            staging: staging("mine_triplets::staging", l.staging())?,
+            list_counts: output("mine_triplets::list_counts", f32s(2 * l.anchors))?,
+            list_count_staging: staging("mine_triplets::list_count_staging", f32s(2 * l.anchors))?,
+            pair_base: make("mine_triplets::pair_base", f32s(l.anchors + 1))?,
+            offsets: make("mine_triplets::offsets", l.offsets())?,
+            out: output("mine_triplets::out", l.out())?,
+            out_staging: staging("mine_triplets::out_staging", l.out())?,
+        })
+    }
+
+    fn select(&self) -> SelectBuffers<'_> {
+        SelectBuffers {
+            params: &self.select_params,
+            distances: &self.distances,
+            positives: &self.positives,
+            negatives: &self.negatives,
+            list_counts: &self.list_counts,
+            pair_base: &self.pair_base,
+            pair_counts: &self.pair_counts,
+            offsets: &self.offsets,
+            out: &self.out,
+        }
+    }
+}
+
+fn encoder(gpu: &GpuDevice, label: &'static str) -> wgpu::CommandEncoder {
+    gpu.device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
+}
+
+/// One chunk's lists as read back: per anchor `[n_pos, n_neg]`, and the lists themselves
+/// (row `a` of each `(anchors, m)` matrix starts at `a·m`) when the host needs them.
+struct ChunkLists {
+    counts: Vec<u32>,
+    positives: Vec<u32>,
+    negatives: Vec<u32>,
+}
+
+impl ChunkLists {
+    fn positives_of(&self, a: usize) -> u32 {
+        self.counts[2 * a]
+    }
+    fn negatives_of(&self, a: usize) -> u32 {
+        self.counts[2 * a + 1]
+    }
+}
+
+/// The kernels, buffers and plan of one mining call.
+struct Miner<'p, 'd> {
+    ctx: &'p Context,
+    gpu: &'p GpuDevice,
+    problem: &'p Problem<'d>,
+    layout: Layout,
+    buf: Buffers,
+    lists: Arc<TripletLists>,
+    select: Arc<TripletSelect>,
+    distance: Option<(Arc<RowNorms>, Arc<DistanceTile>)>,
+    select_params: triplet_select::Params,
+}
+
+impl<'p, 'd> Miner<'p, 'd> {
+    fn new(
+        ctx: &'p Context,
+        gpu: &'p GpuDevice,
+        problem: &'p Problem<'d>,
+        emit: bool,
+    ) -> Result<Self> {
+        let m = problem.set.ref_labels.len();
+        let caps = DeviceCaps::from_limits(&gpu.limits);
+        let layout = plan(problem, emit, ctx.tracker().available(), &caps)?;
+        let buf = Buffers::new(ctx, gpu, &layout)?;
+        transfer::write(gpu, &buf.ref_labels, 0, &problem.set.ref_labels)?;
+        let distance = match problem.set.refs {
+            None => None,
+            Some(refs) => {
+                transfer::write(
+                    gpu,
+                    &buf.ref_embeddings,
+                    0,
+                    &transfer::padded_rows(refs, 0, m, layout.dim4),
+                )?;
+                let params = row_norms::Params {
+                    rows: m as u32,
+                    dim4: layout.dim4 as u32,
+                    _pad: [0; 2],
+                };
+                transfer::write(gpu, &buf.ref_norm_params, 0, &[params])?;
+                transfer::fill_sentinel(ctx, gpu, &buf.ref_norms, f32s(m))?;
+                let norms = gpu.kernel::<RowNorms>()?;
+                let mut enc = encoder(gpu, "mine_triplets::ref_norms");
+                norms.encode(
+                    gpu,
+                    &mut enc,
+                    m as u64,
+                    &buf.ref_norm_params,
+                    &buf.ref_embeddings,
+                    &buf.ref_norms,
+                )?;
+                transfer::submit_and_wait(gpu, enc)?;
+                Some((norms, gpu.kernel::<DistanceTile>()?))
+            }
+        };
+        let select_params = triplet_select::Params {
+            anchors: 0,
+            refs: m as u32,
+            _pad0: 0,
+            mode: problem.rule.mode(),
+            inverted: u32::from(problem.distance.distance.is_similarity()),
+            margin: problem.rule.margin(),
+            pair_lo: 0,
+            pair_hi: 0,
+            start: [0; 2],
+            _pad: [0; 2],
+        };
+        Ok(Self {
+            ctx,
+            gpu,
+            problem,
+            layout,
+            buf,
+            lists: gpu.kernel::<TripletLists>()?,
+            select: gpu.kernel::<TripletSelect>()?,
+            distance,
+            select_params,
+        })
+    }
+
+    /// Distances (margin rules) and lists of anchors `a0 .. a0 + rows`, with the lists read
+    /// back as far as the host needs them.
+    fn lists(&mut self, a0: usize, rows: usize, emitting: bool) -> Result<ChunkLists> {
+        let (ctx, gpu, buf, m) = (self.ctx, self.gpu, &self.buf, self.layout.refs);
+        let set = &self.problem.set;
+        let span = a0..a0 + rows;
+        transfer::write(gpu, &buf.anchor_labels, 0, &set.labels[span.clone()])?;
+        transfer::write(gpu, &buf.self_slots, 0, &set.self_slots[span])?;
+        let params = triplet_lists::Params {
+            anchors: rows as u32,
+            refs: m as u32,
+            _pad: [0; 2],
+        };
+        transfer::write(gpu, &buf.lists_params, 0, &[params])?;
+        for (buffer, bytes) in [
+            (&buf.positives, f32s(rows * m)),
+            (&buf.negatives, f32s(rows * m)),
+            (&buf.list_counts, f32s(2 * rows)),
+        ] {
+            transfer::fill_sentinel(ctx, gpu, buffer, bytes)?;
+        }
+        let mut enc = encoder(gpu, "mine_triplets::lists");
+        if let (Some((norms, tile)), Some(queries)) = (&self.distance, set.queries) {
+            let dim4 = self.layout.dim4;
+            let rows_padded = transfer::padded_rows(queries, a0, rows, dim4);
+            transfer::write(gpu, &buf.anchor_embeddings, 0, &rows_padded)?;
+            let params = row_norms::Params {
+                rows: rows as u32,
+                dim4: dim4 as u32,
+                _pad: [0; 2],
+            };
+            transfer::write(gpu, &buf.anchor_norm_params, 0, &[params])?;
+            let distance = &self.problem.distance;
+            let tile_params = distance_tile::Params {
+                rows: rows as u32,
+                cols: m as u32,
+                dim4: dim4 as u32,
+                metric: distance.distance.code(),
+                normalize: u32::from(distance.normalizes()),
+                _pad: [0; 3],
+            };
+            transfer::write(gpu, &buf.tile_params, 0, &[tile_params])?;
+            transfer::fill_sentinel(ctx, gpu, &buf.anchor_norms, f32s(rows))?;
+            transfer::fill_sentinel(ctx, gpu, &buf.distances, f32s(rows * m))?;
+            norms.encode(
+                gpu,
+                &mut enc,
+                rows as u64,
+                &buf.anchor_norm_params,
+                &buf.anchor_embeddings,
+                &buf.anchor_norms,
+            )?;
+            let tb = TileBuffers {
+                params: &buf.tile_params,
+                queries: &buf.anchor_embeddings,
+                refs: &buf.ref_embeddings,
+                query_sq_norms: &buf.anchor_norms,
+                ref_sq_norms: &buf.ref_norms,
+                out: &buf.distances,
+            };
+            tile.encode(gpu, &mut enc, rows as u64, m as u64, &tb)?;
+        }
+        let lb = ListBuffers {
+            params: &buf.lists_params,
+            anchor_labels: &buf.anchor_labels,
+            ref_labels: &buf.ref_labels,
+            self_slots: &buf.self_slots,
+            positives: &buf.positives,
+            negatives: &buf.negatives,
+            list_counts: &buf.list_counts,
+        };
+        self.lists.encode(gpu, &mut enc, rows as u64, &lb)?;
+        buf.list_count_staging
+            .copy_from(&mut enc, &buf.list_counts, 0, 8 * rows as u64);
+        // The host needs each pair's positive to expand emitted negatives, and both lists to
+        // expand every valid triplet itself.
+        let list_bytes = 4 * (rows * m) as u64;
+        if emitting {
+            buf.staging
+                .copy_from(&mut enc, &buf.positives, 0, list_bytes);
+        }
+        if self.layout.host_lists {
+            buf.staging
+                .copy_from(&mut enc, &buf.negatives, list_bytes, list_bytes);
+        }
+        transfer::submit_and_wait(gpu, enc)?;
+        let counts = buf
+            .list_count_staging
+            .read::<u32, _>(gpu, 2 * rows, <[u32]>::to_vec)?;
+        let (positives, negatives) = match (emitting, self.layout.host_lists) {
+            (false, _) => (Vec::new(), Vec::new()),
+            (true, false) => (
+                buf.staging.read::<u32, _>(gpu, rows * m, <[u32]>::to_vec)?,
+                Vec::new(),
+            ),
+            (true, true) => buf.staging.read::<u32, _>(gpu, 2 * rows * m, |both| {
+                let (p, n) = both.split_at(rows * m);
+                (p.to_vec(), n.to_vec())
+            })?,
+        };
+        Ok(ChunkLists {
+            counts,
+            positives,
+            negatives,
+        })
+    }
+
+    /// Runs `pass` over `pairs`, split into dispatches that fit a 2-D grid of the device
+    /// (`limit²` workgroups), each with its own `[pair_lo, pair_hi)` in the uniform block.
+    fn dispatch_pairs(&mut self, pass: Pass, pairs: Range<u32>) -> Result<()> {
+        let gpu = self.gpu;
+        let limit = u64::from(gpu.limits.max_compute_workgroups_per_dimension);
+        let per_group = match pass {
+            Pass::Count => 1,
+            Pass::Emit => triplet_select::EMIT_WORKGROUP_SIZE,
+        };
+        let step = (limit * limit * per_group).min(u64::from(u32::MAX)) as u32;
+        let mut lo = pairs.start;
+        while lo < pairs.end {
+            let hi = lo.saturating_add(step).min(pairs.end);
+            self.select_params.pair_lo = lo;
+            self.select_params.pair_hi = hi;
+            transfer::write(gpu, &self.buf.select_params, 0, &[self.select_params])?;
+            let mut enc = encoder(gpu, "mine_triplets::select");
+            self.select
+                .encode(gpu, &mut enc, pass, u64::from(hi - lo), &self.buf.select())?;
+            transfer::submit_and_wait(gpu, enc)?;
+            lo = hi;
+        }
+        Ok(())
+    }
+
+    /// Kept triplets of every pair of the chunk, in pair order; uploads `pair_base`.
+    fn pair_counts(&mut self, rows: usize, lists: &ChunkLists) -> Result<(Vec<u32>, Vec<u32>)> {
+        let mut pair_base = Vec::with_capacity(rows + 1);
+        let mut pairs = 0u32;
+        for a in 0..rows {
+            pair_base.push(pairs);
+            pairs += lists.positives_of(a);
+        }
+        pair_base.push(pairs);
+        if pairs == 0 {
+            return Ok((pair_base, Vec::new()));
+        }
+        let gpu = self.gpu;
+        transfer::write(gpu, &self.buf.pair_base, 0, &pair_base)?;
+        self.select_params.anchors = rows as u32;
+        let sentinel_bytes = f32s(pairs as usize);
+        transfer::fill_sentinel(self.ctx, gpu, &self.buf.pair_counts, sentinel_bytes)?;
+        self.dispatch_pairs(Pass::Count, 0..pairs)?;
+        let mut enc = encoder(gpu, "mine_triplets::count_readback");
+        self.buf
+            .staging
+            .copy_from(&mut enc, &self.buf.pair_counts, 0, 4 * u64::from(pairs));
+        transfer::submit_and_wait(gpu, enc)?;
+        let counts = self
+            .buf
+            .staging
+            .read::<u32, _>(gpu, pairs as usize, <[u32]>::to_vec)?;
+        Ok((pair_base, counts))
+    }
+
+    /// Emits the kept triplets of the chunk's pairs into `writer`, window by window.
+    fn emit(
+        &mut self,
+        a0: usize,
+        lists: &ChunkLists,
+        pair_base: &[u32],
+        counts: &[u32],
+        writer: &mut Writer<'_>,
+    ) -> Result<()> {
+        let (gpu, m) = (self.gpu, self.layout.refs);
+        // Exclusive prefix sums of the counts (u64) place each pair's negatives; windows of
+        // whole pairs, each at most `layout.out` negatives, cut the output to the buffer.
+        let mut offsets = Vec::with_capacity(counts.len());
+        let mut windows: Vec<(Range<u32>, Range<u64>)> = Vec::new();
+        let mut at = 0u64;
+        for (pair, &c) in counts.iter().enumerate() {
+            offsets.push(words(at));
+            let (pair, c) = (pair as u32, u64::from(c));
+            match windows.last_mut() {
+                Some((pairs, span)) if at + c - span.start <= self.layout.out as u64 => {
+                    pairs.end = pair + 1;
+                    span.end = at + c;
+                }
+                _ => windows.push((pair..pair + 1, at..at + c)),
+            }
+            at += c;
+        }
+        transfer::write(gpu, &self.buf.offsets, 0, &offsets)?;
+        writer.reserve(at);
+        for (pairs, span) in windows.into_iter().filter(|(_, s)| !s.is_empty()) {
+            let len = (span.end - span.start) as usize;
+            self.select_params.start = words(span.start);
+            transfer::fill_sentinel(self.ctx, gpu, &self.buf.out, f32s(len))?;
+            self.dispatch_pairs(Pass::Emit, pairs.clone())?;
+            let mut enc = encoder(gpu, "mine_triplets::emit_readback");
+            self.buf
+                .out_staging
+                .copy_from(&mut enc, &self.buf.out, 0, 4 * len as u64);
+            transfer::submit_and_wait(gpu, enc)?;
+            self.buf.out_staging.read::<u32, _>(gpu, len, |negatives| {
+                // Pair k of the window owns the next counts[k] negatives.
+                let mut rest = negatives;
+                let mut a = pair_base
+                    .partition_point(|&b| b <= pairs.start)
+                    .saturating_sub(1);
+                for pair in pairs.clone() {
+                    while pair_base.get(a + 1).is_some_and(|&next| next <= pair) {
+                        a += 1;
+                    }
+                    let c = counts[pair as usize] as usize;
+                    let (head, tail) = rest.split_at(c.min(rest.len()));
+                    rest = tail;
+                    let i = (pair - pair_base[a]) as usize;
+                    writer.block((a0 + a) as u32, lists.positives[a * m + i], head);
+                }
+            })?;
+            if writer.stopped() {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Mines `problem` on `gpu`, into `writer` or only counting.
+pub(super) fn mine(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    problem: &Problem<'_>,
+    writer: Option<Writer<'_>>,
+) -> Result<u64> {
+    let mut writer = writer;
+    let b = problem.set.labels.len();
+    let m = problem.set.ref_labels.len();
+    let mut miner = Miner::new(ctx, gpu, problem, writer.is_some())?;
+    let mut counted = 0u64;
+    for a0 in (0..b).step_by(miner.layout.anchors) {
+        let rows = miner.layout.anchors.min(b - a0);
+        let lists = miner.lists(a0, rows, writer.is_some())?;
+        if problem.rule == TripletRule::AllValid {
+            // Every valid triplet is P_a × N_a: expand the lists on the host.
+            for a in 0..rows {
+                let (np, nn) = (
+                    lists.positives_of(a) as usize,
+                    lists.negatives_of(a) as usize,
+                );
+                let Some(w) = writer.as_mut() else {
+                    counted += (np * nn) as u64;
+                    continue;
+                };
+                let row = a * m;
+                let negatives = &lists.negatives[row..row + nn];
+                for &p in &lists.positives[row..row + np] {
+                    w.block((a0 + a) as u32, p, negatives);
+                }
+            }
+        } else {
+            let (pair_base, counts) = miner.pair_counts(rows, &lists)?;
+            match writer.as_mut() {
+                Some(w) => miner.emit(a0, &lists, &pair_base, &counts, w)?,
+                None => counted += counts.iter().map(|&c| u64::from(c)).sum::<u64>(),
+            }
+        }
+        if writer.as_ref().is_some_and(Writer::stopped) {
+            break;
+        }
+    }
+    Ok(writer.map_or(counted, Writer::finish))
+}

@@ -1,0 +1,382 @@
+//! Triplet mining: every valid triplet from labels (PML `get_all_triplets_indices`) and PML's
+//! `TripletMarginMiner`, chunked by anchors under the budget, with no limit from `B·M·M`.
+
+use std::hash::Hash;
+use std::ops::ControlFlow;
+
+use ndarray::{Array2, ArrayView1, ArrayView2};
+
+use crate::context::{ComputePath, Context};
+use crate::distance::DistanceConfig;
+use crate::error::{Error, Result};
+use crate::mining_set::{self, MiningSet, Prepared, SelfExclusion};
+use crate::native;
+
+mod gpu;
+mod sink;
+
+pub(crate) use sink::{Sink, Writer};
+
+/// PML's `type_of_triplets` for [`TripletRule::Margin`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TripletType {
+    /// `tm <= margin`.
+    #[default]
+    All,
+    /// `tm <= margin` and `tm <= 0` (a tie, `tm = 0`, is hard).
+    Hard,
+    /// `0 < tm <= margin`.
+    Semihard,
+    /// `tm > margin` (`tm = margin` is not easy).
+    Easy,
+}
+
+/// Which triplets to keep.
+///
+/// With `tm = d(a, n) − d(a, p)` for distances and `s(a, p) − s(a, n)` for similarities (PML's
+/// sign convention), [`TripletRule::Margin`] keeps what PML's `TripletMarginMiner` keeps.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{TripletRule, TripletType};
+/// let semihard = TripletRule::margin_miner(TripletType::Semihard);
+/// assert_eq!(semihard, TripletRule::Margin { kind: TripletType::Semihard, margin: 0.2 });
+/// assert!(semihard.keeps(0.5, 0.6, false)); // tm = 0.1 ∈ (0, 0.2]
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TripletRule {
+    /// Every `(a, p, n)` with `label[a] = label[p] ≠ label[n]` (PML
+    /// `get_all_triplets_indices`); needs labels only.
+    AllValid,
+    /// PML `TripletMarginMiner(margin, type_of_triplets)`; needs embeddings.
+    Margin {
+        /// all / hard / semihard / easy.
+        kind: TripletType,
+        /// The margin (PML default 0.2). Any finite value.
+        margin: f32,
+    },
+}
+
+impl TripletRule {
+    /// `TripletMarginMiner` with PML's default margin, 0.2.
+    pub fn margin_miner(kind: TripletType) -> Self {
+        TripletRule::Margin { kind, margin: 0.2 }
+    }
+
+    /// Whether a triplet with anchor-positive value `ap` and anchor-negative value `an` is kept;
+    /// `similarity` flips the sign of `tm` as PML's `is_inverted` does.
+    pub fn keeps(&self, ap: f32, an: f32, similarity: bool) -> bool {
+        let TripletRule::Margin { kind, margin } = *self else {
+            return true;
+        };
+        let tm = if similarity { ap - an } else { an - ap };
+        match kind {
+            TripletType::All => tm <= margin,
+            TripletType::Hard => tm <= margin && tm <= 0.0,
+            TripletType::Semihard => tm <= margin && tm > 0.0,
+            TripletType::Easy => tm > margin,
+        }
+    }
+
+    /// The shader's `mode` code.
+    pub(crate) fn mode(&self) -> u32 {
+        match self {
+            TripletRule::AllValid => 0,
+            TripletRule::Margin { kind, .. } => match kind {
+                TripletType::All => 1,
+                TripletType::Hard => 2,
+                TripletType::Semihard => 3,
+                TripletType::Easy => 4,
+            },
+        }
+    }
+
+    pub(crate) fn margin(&self) -> f32 {
+        match self {
+            TripletRule::AllValid => 0.0,
+            TripletRule::Margin { margin, .. } => *margin,
+        }
+    }
+}
+
+/// How to mine. Defaults: every valid triplet, PML's default distance, at most 4 Mi triplets
+/// (48 MiB) per streamed chunk.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{TripletConfig, TripletRule, TripletType};
+/// let cfg = TripletConfig { rule: TripletRule::margin_miner(TripletType::Hard), ..Default::default() };
+/// assert_eq!(cfg.max_chunk_triplets, 1 << 22);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct TripletConfig {
+    /// Which triplets. Default: [`TripletRule::AllValid`].
+    pub rule: TripletRule,
+    /// Distance for margin rules. Default: Euclidean on normalised embeddings (PML `LpDistance()`).
+    pub distance: DistanceConfig,
+    /// Self-exclusion when references are given. Default [`SelfExclusion::None`]; without
+    /// references it is always [`SelfExclusion::SameIndex`] (PML's default).
+    pub self_exclusion: SelfExclusion,
+    /// Most triplets per chunk handed to a streaming callback (raised to the number of
+    /// references if smaller: one pair can yield that many). Default `1 << 22`.
+    pub max_chunk_triplets: usize,
+}
+
+impl Default for TripletConfig {
+    fn default() -> Self {
+        Self {
+            rule: TripletRule::AllValid,
+            distance: DistanceConfig::default(),
+            self_exclusion: SelfExclusion::None,
+            max_chunk_triplets: 1 << 22,
+        }
+    }
+}
+
+/// Mined triplets in lexicographic `(a, p, n)` order.
+#[derive(Debug, Clone)]
+pub struct Triplets {
+    /// `(t, 3)`: rows `(anchor, positive, negative)`; anchors index the queries, positives and
+    /// negatives the references.
+    pub indices: Array2<u32>,
+    /// Where they were mined.
+    pub path: ComputePath,
+}
+
+impl Triplets {
+    /// Number of triplets.
+    pub fn len(&self) -> usize {
+        self.indices.nrows()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.indices.nrows() == 0
+    }
+
+    /// Anchor indices `(t,)`.
+    pub fn anchors(&self) -> ArrayView1<'_, u32> {
+        self.indices.column(0)
+    }
+
+    /// Positive indices `(t,)`.
+    pub fn positives(&self) -> ArrayView1<'_, u32> {
+        self.indices.column(1)
+    }
+
+    /// Negative indices `(t,)`.
+    pub fn negatives(&self) -> ArrayView1<'_, u32> {
+        self.indices.column(2)
+    }
+}
+
+/// The number of triplets a call found (or delivered, when streaming stopped early).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TripletCount {
+    /// Triplets; a `u64`, because `B·M·M` easily passes 2³².
+    pub count: u64,
+    /// Where they were counted.
+    pub path: ComputePath,
+}
+
+/// A validated triplet problem.
+pub(crate) struct Problem<'a> {
+    pub(crate) set: Prepared<'a>,
+    pub(crate) rule: TripletRule,
+    pub(crate) distance: DistanceConfig,
+    /// Triplets per emitted chunk, at least the number of references.
+    pub(crate) chunk: usize,
+}
+
+fn prepare<'a, L: Hash + Eq + Copy>(
+    op: &'static str,
+    queries: &MiningSet<'a, L>,
+    refs: Option<&MiningSet<'a, L>>,
+    cfg: &TripletConfig,
+) -> Result<Problem<'a>> {
+    let needs_embeddings = match cfg.rule {
+        TripletRule::AllValid => false,
+        TripletRule::Margin { margin, .. } => {
+            if !margin.is_finite() {
+                return Err(Error::InvalidParameter {
+                    op,
+                    what: "margin",
+                    value: margin.to_string(),
+                    rule: "must be finite",
+                });
+            }
+            true
+        }
+    };
+    let set = mining_set::prepare(op, queries, refs, &cfg.self_exclusion, needs_embeddings)?;
+    let chunk = cfg.max_chunk_triplets.max(set.ref_labels.len()).max(1);
+    Ok(Problem {
+        set,
+        rule: cfg.rule,
+        distance: cfg.distance,
+        chunk,
+    })
+}
+
+pub(crate) const OP: &str = "mine_triplets";
+
+/// Mines triplets of `queries` `(b,)` against `refs` `(m,)` (`None`: the queries themselves,
+/// each query excluded as its own positive), returning all of them in lexicographic
+/// `(a, p, n)` order, as PML does.
+///
+/// On the wgpu path anchors are processed in chunks sized to the budget; for each chunk the
+/// distance tile, the per-anchor positive/negative lists, the per-pair counts (prefix-summed
+/// on the host as `u64`) and the triplets are computed by kernels. The whole result is held in
+/// host memory: for outputs larger than memory use [`mine_triplets_streaming`] or
+/// [`count_triplets`].
+///
+/// # Errors
+/// [`Error::Shape`] when labels and embeddings disagree in length, `d` is 0 or differs, or the
+/// self-exclusion slots are not one per query; [`Error::NonFinite`] for NaN/inf embeddings;
+/// [`Error::InvalidParameter`] for a non-finite margin or a margin rule without embeddings;
+/// [`Error::OverBudget`] / [`Error::DeviceLimit`] when one anchor's working set cannot fit.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{mine_triplets, Context, MiningSet, TripletConfig};
+/// let ctx = Context::native_cpu(None);
+/// let labels = array![0, 0, 1];
+/// let t = mine_triplets(&ctx, &MiningSet::labels(labels.view()), None, &TripletConfig::default())?;
+/// assert_eq!(t.indices, array![[0u32, 1, 2], [1, 0, 2]]);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn mine_triplets<'a, L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'a, L>,
+    refs: Option<&MiningSet<'a, L>>,
+    cfg: &TripletConfig,
+) -> Result<Triplets> {
+    let problem = prepare(OP, queries, refs, cfg)?;
+    let mut flat: Vec<u32> = Vec::new();
+    run(
+        ctx,
+        &problem,
+        Some(Writer::new(Sink::Collect(&mut flat), problem.chunk)),
+    )?;
+    let rows = flat.len() / 3;
+    let indices = Array2::from_shape_vec((rows, 3), flat).map_err(|e| Error::Readback {
+        label: "mine_triplets::indices",
+        message: e.to_string(),
+    })?;
+    Ok(Triplets {
+        indices,
+        path: ctx.path(),
+    })
+}
+
+/// Mines like [`mine_triplets`] but hands the triplets to `on_chunk` in consecutive chunks
+/// `(t, 3)` of at most `max(cfg.max_chunk_triplets, m)` rows, in the same order, so host and
+/// device memory stay bounded whatever the total. Returning `ControlFlow::Break(())` stops.
+///
+/// # Errors
+/// As [`mine_triplets`].
+///
+/// # Example
+/// ```
+/// use std::ops::ControlFlow;
+/// use ndarray::array;
+/// use wgpu_metric_learning::{mine_triplets_streaming, Context, MiningSet, TripletConfig};
+/// let ctx = Context::native_cpu(None);
+/// let labels = array![0, 0, 1, 1];
+/// let mut seen = 0;
+/// let n = mine_triplets_streaming(&ctx, &MiningSet::labels(labels.view()), None,
+///     &TripletConfig::default(), |chunk| { seen += chunk.nrows(); ControlFlow::Continue(()) })?;
+/// assert_eq!((n.count, seen), (8, 8));
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn mine_triplets_streaming<'a, L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'a, L>,
+    refs: Option<&MiningSet<'a, L>>,
+    cfg: &TripletConfig,
+    mut on_chunk: impl FnMut(ArrayView2<'_, u32>) -> ControlFlow<()>,
+) -> Result<TripletCount> {
+    let problem = prepare(OP, queries, refs, cfg)?;
+    let writer = Writer::new(Sink::Stream(&mut on_chunk), problem.chunk);
+    let count = run(ctx, &problem, Some(writer))?;
+    Ok(TripletCount {
+        count,
+        path: ctx.path(),
+    })
+}
+
+/// Counts the triplets [`mine_triplets`] would return, without producing them (no output
+/// buffers at all), as a `u64`.
+///
+/// # Errors
+/// As [`mine_triplets`].
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{count_triplets, Context, MiningSet, TripletConfig};
+/// let ctx = Context::native_cpu(None);
+/// let labels = array![0, 0, 1, 1, 2];
+/// let n = count_triplets(&ctx, &MiningSet::labels(labels.view()), None, &TripletConfig::default())?;
+/// assert_eq!(n.count, 4 * 3);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn count_triplets<'a, L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'a, L>,
+    refs: Option<&MiningSet<'a, L>>,
+    cfg: &TripletConfig,
+) -> Result<TripletCount> {
+    let problem = prepare(OP, queries, refs, cfg)?;
+    let count = run(ctx, &problem, None)?;
+    Ok(TripletCount {
+        count,
+        path: ctx.path(),
+    })
+}
+
+/// Mines `problem` into `writer` (or only counts when `None`); returns the number of
+/// triplets found (delivered, if a streaming callback stopped early).
+pub(crate) fn run(ctx: &Context, problem: &Problem<'_>, writer: Option<Writer<'_>>) -> Result<u64> {
+    if problem.set.labels.is_empty() || problem.set.ref_labels.is_empty() {
+        return Ok(0);
+    }
+    let mut writer = writer;
+    if problem.rule == TripletRule::AllValid {
+        // Pure label arithmetic: counting needs no device, collecting can reserve exactly.
+        let total = all_valid_count(&problem.set);
+        match writer.as_mut() {
+            None => return Ok(total),
+            Some(w) => w.reserve(total),
+        }
+    }
+    match ctx.gpu() {
+        None => Ok(native::triplets(problem, writer)),
+        Some(gpu) => gpu::mine(ctx, gpu, problem, writer),
+    }
+}
+
+/// The number of valid triplets, `Σ_a |P_a|·|N_a|`, from class sizes alone (`O(b + m)`).
+pub(crate) fn all_valid_count(set: &Prepared<'_>) -> u64 {
+    let classes = set
+        .labels
+        .iter()
+        .chain(&set.ref_labels)
+        .max()
+        .map_or(0, |&l| l as usize + 1);
+    let mut size = vec![0u64; classes];
+    for &l in &set.ref_labels {
+        size[l as usize] += 1;
+    }
+    let m = set.ref_labels.len() as u64;
+    set.labels
+        .iter()
+        .zip(&set.self_slots)
+        .map(|(&l, &me)| {
+            let same = size[l as usize];
+            let own = set.ref_labels.get(me as usize).is_some_and(|&r| r == l);
+            (same - u64::from(own)) * (m - same)
+        })
+        .sum()
+}

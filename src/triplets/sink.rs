@@ -1,0 +1,101 @@
+//! Where mined triplets go, shared by the wgpu and native paths.
+
+use std::ops::ControlFlow;
+
+use ndarray::ArrayView2;
+
+/// A streaming callback: receives consecutive chunks `(t, 3)`; `Break` stops mining.
+pub(crate) type Callback<'s> = &'s mut dyn FnMut(ArrayView2<'_, u32>) -> ControlFlow<()>;
+
+/// The destination of a mining call: one flat `(a, p, n)` vector, or a callback.
+pub(crate) enum Sink<'s> {
+    Collect(&'s mut Vec<u32>),
+    Stream(Callback<'s>),
+}
+
+/// Writes triplets to a [`Sink`] in blocks that share `(a, p)`: straight into the vector when
+/// collecting (no intermediate copy), in chunks of exactly `chunk` rows (the last one shorter)
+/// when streaming, through one reused buffer.
+pub(crate) struct Writer<'s> {
+    sink: Sink<'s>,
+    chunk: usize,
+    pending: Vec<u32>,
+    delivered: u64,
+    stopped: bool,
+}
+
+/// Appends rows `(a, p, n)` for every `n` of `negatives`.
+fn append_rows(rows: &mut Vec<u32>, a: u32, p: u32, negatives: &[u32]) {
+    let base = rows.len();
+    rows.resize(base + 3 * negatives.len(), 0);
+    for (row, &n) in rows[base..].chunks_exact_mut(3).zip(negatives) {
+        row.copy_from_slice(&[a, p, n]);
+    }
+}
+
+impl<'s> Writer<'s> {
+    pub(crate) fn new(sink: Sink<'s>, chunk: usize) -> Self {
+        Self {
+            sink,
+            chunk: chunk.max(1),
+            pending: Vec::new(),
+            delivered: 0,
+            stopped: false,
+        }
+    }
+
+    /// Room for `triplets` more rows (collecting only: a stream holds one chunk at a time).
+    pub(crate) fn reserve(&mut self, triplets: u64) {
+        if let Sink::Collect(all) = &mut self.sink {
+            all.reserve(3 * triplets as usize);
+        }
+    }
+
+    /// Whether the callback asked to stop.
+    pub(crate) fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// Writes the triplets `(a, p, n)` for each `n` of `negatives`, in that order.
+    pub(crate) fn block(&mut self, a: u32, p: u32, negatives: &[u32]) {
+        if self.stopped {
+            return;
+        }
+        let chunk = self.chunk;
+        if let Sink::Collect(all) = &mut self.sink {
+            append_rows(all, a, p, negatives);
+            self.delivered += negatives.len() as u64;
+            return;
+        }
+        let mut rest = negatives;
+        while !rest.is_empty() && !self.stopped {
+            let room = chunk - self.pending.len() / 3;
+            let (head, tail) = rest.split_at(room.min(rest.len()));
+            append_rows(&mut self.pending, a, p, head);
+            rest = tail;
+            if self.pending.len() == 3 * chunk {
+                self.flush();
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        let Sink::Stream(callback) = &mut self.sink else {
+            return;
+        };
+        if self.pending.is_empty() || self.stopped {
+            return;
+        }
+        if let Ok(rows) = ArrayView2::from_shape((self.pending.len() / 3, 3), &self.pending[..]) {
+            self.delivered += rows.nrows() as u64;
+            self.stopped = callback(rows).is_break();
+        }
+        self.pending.clear();
+    }
+
+    /// Delivers what is pending and returns the number of triplets delivered.
+    pub(crate) fn finish(mut self) -> u64 {
+        self.flush();
+        self.delivered
+    }
+}
