@@ -60,8 +60,8 @@ def main():
     ap.add_argument("--funcs", default=",".join(FUNCS))
     a = ap.parse_args()
     scen = SCENARIOS if not a.scenarios else [tuple(map(int, s.split("x"))) for s in a.scenarios.split(",")]
-    print("| C | B | M | function | PML s | PML peak RSS MiB | triplets (PML) | ours lavapipe s | × PML | ours native s | × PML | triplets (ours) | peak device MiB (budget) | lavapipe count-only s | × PML |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| C | B | M | function | PML s | PML peak RSS MiB | triplets (PML) | ours lavapipe s | × PML | ours native s | × PML | triplets (ours) | peak device MiB (budget) | lavapipe count-only s | × PML | lavapipe streamed s (peak RSS MiB) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for C in [int(c) for c in a.classes.split(",")]:
         for (B, M) in scen:
             for func in a.funcs.split(","):
@@ -69,6 +69,7 @@ def main():
                 g = ours("wgpu", func, B, M, C, a.reps, a.budget_mib)
                 n = ours("cpu", func, B, M, C, a.reps, a.budget_mib)
                 gc = ours("wgpu", func + "_count", B, M, C, a.reps, a.budget_mib)
+                gs = ours("wgpu", func + "_stream", B, M, C, a.reps, a.budget_mib)
                 ps = secs(p) if p.get("status", "ok") == "ok" else None
 
                 def ratio(rec):
@@ -81,7 +82,8 @@ def main():
 
                 print(f"| {C} | {B} | {M} | {func} | {fmt(p)} | {p.get('peak_rss_mb', '–')} | {p.get('count', '–'):,} | "
                       f"{fmt(g)} | {ratio(g)} | {fmt(n)} | {ratio(n)} | {g.get('count', '–'):,} | "
-                      f"{g.get('peak_device_mib', '–')} ({g.get('budget_mib', '–')}) | {fmt(gc)} | {ratio(gc)} |", flush=True)
+                      f"{g.get('peak_device_mib', '–')} ({g.get('budget_mib', '–')}) | {fmt(gc)} | {ratio(gc)} | "
+                      f"{fmt(gs)} ({gs.get('peak_rss_mb', '–')}) |", flush=True)
 
 
 if __name__ == "__main__":

@@ -91,12 +91,21 @@ fn for_each_row(
     }
 }
 
-fn pairs_array(flat: Vec<u32>) -> Result<Array2<u32>> {
-    let rows = flat.len() / 2;
-    Array2::from_shape_vec((rows, 2), flat).map_err(|e| Error::Readback {
-        label: "pairs",
-        message: e.to_string(),
-    })
+impl Pairs {
+    /// Pairs from flat `(a, p)` and `(a, n)` rows, computed on `ctx`'s path.
+    fn new(ctx: &Context, positives: Vec<u32>, negatives: Vec<u32>) -> Result<Self> {
+        let array = |flat: Vec<u32>| {
+            Array2::from_shape_vec((flat.len() / 2, 2), flat).map_err(|e| Error::Readback {
+                label: "pairs",
+                message: e.to_string(),
+            })
+        };
+        Ok(Self {
+            positives: array(positives)?,
+            negatives: array(negatives)?,
+            path: ctx.path(),
+        })
+    }
 }
 
 /// Every positive and negative pair (PML `get_all_pairs_indices`), row-major: positives
@@ -129,11 +138,7 @@ pub fn all_pairs<'a, L: Hash + Eq + Copy>(
         pos.extend(row.positives.iter().flat_map(|&p| [row.anchor, p]));
         neg.extend(row.negatives.iter().flat_map(|&n| [row.anchor, n]));
     })?;
-    Ok(Pairs {
-        positives: pairs_array(pos)?,
-        negatives: pairs_array(neg)?,
-        path: ctx.path(),
-    })
+    Pairs::new(ctx, pos, neg)
 }
 
 /// `PairMarginMiner` settings; defaults are PML's.
@@ -223,11 +228,7 @@ pub fn pair_margin_pairs<'a, L: Hash + Eq + Copy>(
             }
         }
     })?;
-    Ok(Pairs {
-        positives: pairs_array(pos)?,
-        negatives: pairs_array(neg)?,
-        path: ctx.path(),
-    })
+    Pairs::new(ctx, pos, neg)
 }
 
 /// `MultiSimilarityMiner` settings; defaults are PML's.
@@ -327,11 +328,7 @@ pub fn multi_similarity_pairs<'a, L: Hash + Eq + Copy>(
             }
         }
     })?;
-    Ok(Pairs {
-        positives: pairs_array(pos)?,
-        negatives: pairs_array(neg)?,
-        path: ctx.path(),
-    })
+    Pairs::new(ctx, pos, neg)
 }
 
 /// How `BatchEasyHardMiner` picks an anchor's positive or negative.
@@ -531,11 +528,7 @@ pub fn batch_easy_hard_pairs<'a, L: Hash + Eq + Copy>(
             }
         }
     })?;
-    Ok(Pairs {
-        positives: pairs_array(pos)?,
-        negatives: pairs_array(neg)?,
-        path: ctx.path(),
-    })
+    Pairs::new(ctx, pos, neg)
 }
 
 /// `BatchHardMiner` settings.
