@@ -527,6 +527,13 @@ mod tests {
     }
 
     #[test]
+    fn context_and_error_are_send_and_sync() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<Context>();
+        shareable::<crate::Error>();
+    }
+
+    #[test]
     fn native_cpu_context_has_no_device() {
         let ctx = Context::native_cpu(Some(123));
         assert_eq!(ctx.path(), ComputePath::NativeCpu, "forced CPU path");

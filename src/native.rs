@@ -17,37 +17,33 @@ pub(crate) fn pairwise_distances(
     refs: ArrayView2<'_, f32>,
     cfg: &DistanceConfig,
 ) -> Array2<f32> {
-    let normalize = cfg.normalizes();
-    let (mut q2, mut r2) = (sq_norms(queries), sq_norms(refs));
+    let (q2, r2) = (sq_norms(queries), sq_norms(refs));
     let mut dots = queries.dot(&refs.t());
-    if normalize {
-        let inv = |n2: &mut Array1<f32>| {
-            let inv = n2.mapv(|v| 1.0 / v.sqrt().max(1e-12));
-            Zip::from(&mut *n2)
-                .and(&inv)
-                .for_each(|n, &i| *n = *n * i * i);
-            inv
-        };
-        let (iq, ir) = (inv(&mut q2), inv(&mut r2));
-        Zip::from(dots.rows_mut())
-            .and(&iq)
-            .for_each(|mut row, &iq| {
-                Zip::from(&mut row)
-                    .and(&ir)
-                    .for_each(|d, &ir| *d = *d * iq * ir);
-            });
-    }
+    // Scale factors 1 / max(|x|, 1e-12) when normalising, else exactly 1.
+    let inv = |n2: &Array1<f32>| {
+        if cfg.normalizes() {
+            n2.mapv(|v| 1.0 / v.sqrt().max(1e-12))
+        } else {
+            Array1::ones(n2.len())
+        }
+    };
+    let (iq, ir) = (inv(&q2), inv(&r2));
     let finish = |q2: f32, r2: f32, d: f32| match cfg.distance {
         Distance::Euclidean => (q2 + r2 - 2.0 * d).max(0.0).sqrt(),
         Distance::SquaredEuclidean => (q2 + r2 - 2.0 * d).max(0.0),
         Distance::Cosine | Distance::DotProduct => d,
     };
+    // One pass over the GEMM output: scaling and the metric's epilogue together, in the
+    // kernel's order of operations.
     Zip::from(dots.rows_mut())
         .and(&q2)
-        .for_each(|mut row, &q2| {
+        .and(&iq)
+        .for_each(|mut row, &q2, &iq| {
+            let q2 = q2 * iq * iq;
             Zip::from(&mut row)
                 .and(&r2)
-                .for_each(|d, &r2| *d = finish(q2, r2, *d));
+                .and(&ir)
+                .for_each(|d, &r2, &ir| *d = finish(q2, r2 * ir * ir, *d * iq * ir));
         });
     dots
 }
