@@ -15,6 +15,7 @@ use crate::distance::{for_each_row_block, Distance, DistanceConfig};
 use crate::error::{Error, Result};
 use crate::mining_set::{prepare, MiningSet, Prepared, SelfExclusion};
 use crate::triplets::Triplets;
+use crate::validate;
 
 /// Distances per host block: 16 Mi floats = 64 MiB.
 const BLOCK_FLOATS: usize = 1 << 24;
@@ -55,16 +56,7 @@ fn for_each_row(
     let m = set.ref_labels.len();
     let (mut positives, mut negatives) = (Vec::with_capacity(m), Vec::with_capacity(m));
     let mut visit = |a: usize, values: Option<ArrayView1<'_, f32>>| {
-        let (label, me) = (set.labels[a], set.self_slots[a]);
-        positives.clear();
-        negatives.clear();
-        for (r, &other) in set.ref_labels.iter().enumerate() {
-            if other != label {
-                negatives.push(r as u32);
-            } else if r as u32 != me {
-                positives.push(r as u32);
-            }
-        }
+        set.lists_of(a, &mut positives, &mut negatives);
         f(&Row {
             anchor: a as u32,
             values,
@@ -171,19 +163,6 @@ impl Default for PairMarginConfig {
     }
 }
 
-fn finite(op: &'static str, what: &'static str, value: f32) -> Result<()> {
-    if value.is_finite() {
-        Ok(())
-    } else {
-        Err(Error::InvalidParameter {
-            op,
-            what,
-            value: value.to_string(),
-            rule: "must be finite",
-        })
-    }
-}
-
 /// PML `PairMarginMiner`: positive pairs with `d > pos_margin` and negative pairs with
 /// `d < neg_margin` (strict; `s < pos_margin` and `s > neg_margin` for similarities),
 /// row-major.
@@ -209,8 +188,8 @@ pub fn pair_margin_pairs<'a, L: Hash + Eq + Copy>(
     cfg: &PairMarginConfig,
 ) -> Result<Pairs> {
     const OP: &str = "pair_margin_pairs";
-    finite(OP, "pos_margin", cfg.pos_margin)?;
-    finite(OP, "neg_margin", cfg.neg_margin)?;
+    validate::finite_param(OP, "pos_margin", cfg.pos_margin)?;
+    validate::finite_param(OP, "neg_margin", cfg.neg_margin)?;
     let set = prepare(OP, queries, refs, &cfg.self_exclusion, true)?;
     let sim = cfg.distance.distance.is_similarity();
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
@@ -296,7 +275,7 @@ pub fn multi_similarity_pairs<'a, L: Hash + Eq + Copy>(
     cfg: &MultiSimilarityConfig,
 ) -> Result<Pairs> {
     const OP: &str = "multi_similarity_pairs";
-    finite(OP, "epsilon", cfg.epsilon)?;
+    validate::finite_param(OP, "epsilon", cfg.epsilon)?;
     let set = prepare(OP, queries, refs, &cfg.self_exclusion, true)?;
     let sim = cfg.distance.distance.is_similarity();
     let eps = cfg.epsilon;

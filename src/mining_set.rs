@@ -70,6 +70,24 @@ pub(crate) struct Prepared<'a> {
     pub(crate) refs: Option<ArrayView2<'a, f32>>,
 }
 
+impl Prepared<'_> {
+    /// Anchor `a`'s ascending positive references (same label, not its own slot) and negative
+    /// references (other label), into the given vectors (cleared first, reused by callers).
+    /// The host twin of `shaders/triplet_lists.wgsl`, shared by the native path and the miners.
+    pub(crate) fn lists_of(&self, a: usize, positives: &mut Vec<u32>, negatives: &mut Vec<u32>) {
+        let (label, me) = (self.labels[a], self.self_slots[a]);
+        positives.clear();
+        negatives.clear();
+        for (r, &other) in self.ref_labels.iter().enumerate() {
+            if other != label {
+                negatives.push(r as u32);
+            } else if r as u32 != me {
+                positives.push(r as u32);
+            }
+        }
+    }
+}
+
 /// `self_slots` value meaning "no reference is this query".
 pub(crate) const NO_SLOT: u32 = u32::MAX;
 

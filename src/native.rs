@@ -74,16 +74,7 @@ pub(crate) fn triplets(problem: &Problem<'_>, writer: Option<Writer<'_>>) -> u64
             )
         });
         for a in a0..a0 + rows {
-            let (label, me) = (problem.set.labels[a], problem.set.self_slots[a]);
-            pos.clear();
-            neg.clear();
-            for (r, &other) in problem.set.ref_labels.iter().enumerate() {
-                if other != label {
-                    neg.push(r as u32);
-                } else if r as u32 != me {
-                    pos.push(r as u32);
-                }
-            }
+            problem.set.lists_of(a, &mut pos, &mut neg);
             let row = dist.as_ref().map(|d| d.row(a - a0));
             for &p in &pos {
                 let negatives: &[u32] = match row {

@@ -52,3 +52,17 @@ pub(crate) fn same_dim(
     }
     Ok(())
 }
+
+/// A scalar parameter (margin, epsilon) must be finite.
+pub(crate) fn finite_param(op: &'static str, what: &'static str, value: f32) -> Result<()> {
+    if value.is_finite() {
+        Ok(())
+    } else {
+        Err(Error::InvalidParameter {
+            op,
+            what,
+            value: value.to_string(),
+            rule: "must be finite",
+        })
+    }
+}

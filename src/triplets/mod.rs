@@ -10,7 +10,7 @@ use crate::context::{ComputePath, Context};
 use crate::distance::DistanceConfig;
 use crate::error::{Error, Result};
 use crate::mining_set::{self, MiningSet, Prepared, SelfExclusion};
-use crate::native;
+use crate::{native, validate};
 
 mod gpu;
 mod sink;
@@ -197,14 +197,7 @@ fn prepare<'a, L: Hash + Eq + Copy>(
     let needs_embeddings = match cfg.rule {
         TripletRule::AllValid => false,
         TripletRule::Margin { margin, .. } => {
-            if !margin.is_finite() {
-                return Err(Error::InvalidParameter {
-                    op,
-                    what: "margin",
-                    value: margin.to_string(),
-                    rule: "must be finite",
-                });
-            }
+            validate::finite_param(op, "margin", margin)?;
             true
         }
     };
