@@ -13,64 +13,20 @@
 //! normalised, from a fixed seed (a different generator than torch's, so counts differ by
 //! sampling noise only).
 
+mod support;
+
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use ndarray::{Array1, Array2};
+use ndarray::Array1;
+use support::{embeddings, flag, peak_rss_mib, summary, Rng};
 use wgpu_metric_learning::{
     count_triplets, mine_triplets, mine_triplets_streaming, BackendChoice, Context, ContextConfig,
     MiningSet, TripletConfig, TripletRule, TripletType,
 };
 
-/// A small deterministic generator (SplitMix64), enough for benchmark inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f32 {
-        let (u, v) = (self.uniform().max(1e-300), self.uniform());
-        ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
-    }
-}
-
-fn embeddings(rng: &mut Rng, rows: usize, d: usize) -> Array2<f32> {
-    let mut x = Array2::from_shape_simple_fn((rows, d), || rng.normal());
-    for mut row in x.rows_mut() {
-        let n = row.dot(&row).sqrt().max(1e-12);
-        row /= n;
-    }
-    x
-}
-
-fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().collect();
-    let get = |flag: &str, default: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1).cloned())
-            .unwrap_or_else(|| default.to_string())
-    };
+    let get = flag;
     let (b, m, c): (usize, usize, u64) = (
         get("--B", "21").parse()?,
         get("--M", "10000").parse()?,
@@ -131,15 +87,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         count = run()?;
         times.push(t.elapsed().as_secs_f64());
     }
-    times.sort_by(f64::total_cmp);
+    let (median, min, max) = summary(&mut times);
     let mem = ctx.memory();
     println!(
         "RESULT {{\"impl\": \"wml\", \"path\": \"{}\", \"device\": \"{}\", \"func\": \"{func}\", \"B\": {b}, \"M\": {m}, \"C\": {c}, \"count\": {count}, \"median_s\": {:.4}, \"min_s\": {:.4}, \"max_s\": {:.4}, \"peak_device_mib\": {:.1}, \"budget_mib\": {}, \"peak_rss_mb\": {:.1}}}",
         match backend { BackendChoice::NativeCpu => "cpu", _ => "wgpu" },
         ctx.device_name(),
-        times[times.len() / 2],
-        times[0],
-        times[times.len() - 1],
+        median,
+        min,
+        max,
         mem.peak_bytes as f64 / (1 << 20) as f64,
         budget >> 20,
         peak_rss_mib()

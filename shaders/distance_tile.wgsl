@@ -1,6 +1,9 @@
 // One (rows, cols) tile of the distance matrix between query rows and reference rows.
 //
-//   out[r * cols + c] = metric(queries[r], refs[c])
+//   out[r * out_stride + out_col0 + c] = metric(queries[r], refs[c])
+//
+// The tile may be one column block of a wider row-major matrix (references split into pages):
+// out_stride is that matrix's row length and out_col0 the block's first column.
 //
 // Each workgroup owns a 64 x 64 block of the tile; each of its 16 x 16 invocations owns a 4 x 4
 // register block. The dot products are accumulated over 16-wide slices of the dimension staged
@@ -20,9 +23,9 @@ struct Params {
     // 0: Euclidean, 1: squared Euclidean, 2: cosine similarity, 3: dot product.
     metric: u32,
     normalize: u32,
+    out_stride: u32,
+    out_col0: u32,
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -125,7 +128,7 @@ fn main(
         for (var j = 0u; j < 4u; j++) {
             let col = col0 + tx * 4u + j;
             if (col < params.cols) {
-                out[row * params.cols + col] = finish(acc[i][j], row, col);
+                out[row * params.out_stride + params.out_col0 + col] = finish(acc[i][j], row, col);
             }
         }
     }

@@ -241,6 +241,9 @@ pub(crate) struct GpuDevice {
     pub(crate) limits: wgpu::Limits,
     lost: Arc<Mutex<Option<(String, String)>>>,
     kernels: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+    /// Unique per `GpuDevice` in the process. `wgpu::Device` equality compares ids that are
+    /// only unique within one instance, and every context has its own instance.
+    pub(crate) serial: u64,
 }
 
 /// A compiled kernel: pipeline and bind-group layout, built once per device.
@@ -273,6 +276,10 @@ impl GpuDevice {
             limits,
             lost,
             kernels: Mutex::new(HashMap::new()),
+            serial: {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
         }
     }
 

@@ -235,7 +235,9 @@ fn gpu_tiles(
         dim4: dim4 as u32,
         metric: cfg.distance.code(),
         normalize: u32::from(cfg.normalizes()),
-        _pad: [0; 3],
+        out_stride: 0,
+        out_col0: 0,
+        _pad: 0,
     };
     let t_params = transfer::uniform(ctx, gpu, "pairwise_distances::tile_params", &tile_params)?;
     let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
@@ -285,6 +287,7 @@ fn gpu_tiles(
             }
             tile_params.rows = rows as u32;
             tile_params.cols = cols as u32;
+            tile_params.out_stride = cols as u32;
             transfer::write(gpu, &t_params, 0, &[tile_params])?;
             for (buffer, bytes) in [(&q_norms, f32s(rows)), (&r_norms, f32s(cols))] {
                 transfer::fill_sentinel(ctx, gpu, buffer, bytes)?;

@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 
+mod bank;
 mod context;
+mod device_rows;
 mod distance;
 mod error;
 pub mod kernels;
@@ -14,6 +16,7 @@ mod transfer;
 mod triplets;
 mod validate;
 
+pub use bank::{BankConfig, BankRows, BankSnapshot, Enqueued, MemoryBank};
 pub use context::{
     list_adapters, AdapterSelector, AdapterSummary, BackendChoice, ComputePath, Context,
     ContextConfig, DEFAULT_BUDGET_BYTES, DEFAULT_CPU_BUDGET_BYTES,
@@ -29,7 +32,7 @@ pub use miners::{
     pair_margin_pairs, BatchEasyHardConfig, BatchHardConfig, MultiSimilarityConfig,
     PairMarginConfig, Pairs, Strategy,
 };
-pub use mining_set::{MiningSet, SelfExclusion};
+pub use mining_set::{Embeddings, MiningSet, SelfExclusion};
 pub use plan::{plan_rows, plan_tiles, DeviceCaps, Footprint, TilePlan};
 pub use triplets::{
     count_triplets, mine_triplets, mine_triplets_streaming, TripletConfig, TripletCount,

@@ -134,6 +134,35 @@ impl Drop for TrackedBuffer {
     }
 }
 
+/// Host bytes that the native path holds for as long as an object lives (a memory bank's
+/// rows), counted by the same tracker as device buffers so the budget means one thing.
+#[derive(Debug)]
+pub(crate) struct HostReservation {
+    bytes: u64,
+    tracker: Arc<MemoryTracker>,
+}
+
+impl HostReservation {
+    /// Reserves `bytes` in `tracker`, or fails without changing anything.
+    pub(crate) fn new(
+        label: &'static str,
+        bytes: u64,
+        tracker: &Arc<MemoryTracker>,
+    ) -> Result<Self> {
+        tracker.reserve(label, bytes)?;
+        Ok(Self {
+            bytes,
+            tracker: Arc::clone(tracker),
+        })
+    }
+}
+
+impl Drop for HostReservation {
+    fn drop(&mut self) {
+        self.tracker.release(self.bytes);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

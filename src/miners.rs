@@ -8,12 +8,13 @@
 
 use std::hash::Hash;
 
-use ndarray::{Array2, ArrayView1};
+use ndarray::{Array2, ArrayView1, ArrayView2};
 
 use crate::context::{ComputePath, Context};
+use crate::device_rows;
 use crate::distance::{for_each_row_block, Distance, DistanceConfig};
 use crate::error::{Error, Result};
-use crate::mining_set::{prepare, MiningSet, Prepared, SelfExclusion};
+use crate::mining_set::{prepare, Embeddings, MiningSet, Prepared, SelfExclusion};
 use crate::triplets::Triplets;
 use crate::validate;
 
@@ -64,22 +65,33 @@ fn for_each_row(
             negatives: &negatives,
         });
     };
-    match set.queries.zip(set.refs) {
-        None => {
-            for a in 0..set.labels.len() {
-                visit(a, None);
-            }
-            Ok(())
+    let (Some(queries), Some(refs)) = (set.queries, set.refs) else {
+        for a in 0..set.labels.len() {
+            visit(a, None);
         }
-        Some((queries, refs)) => {
-            let rows = (BLOCK_FLOATS / m.max(1)).max(1);
-            for_each_row_block(ctx, queries, refs, distance, rows, &mut |r0, block| {
-                for (i, row) in block.rows().into_iter().enumerate() {
-                    visit(r0 + i, Some(row));
-                }
-                Ok(())
-            })
+        return Ok(());
+    };
+    let rows = (BLOCK_FLOATS / m.max(1)).max(1);
+    let mut on_block = |r0: usize, block: ArrayView2<'_, f32>| {
+        for (i, row) in block.rows().into_iter().enumerate() {
+            visit(r0 + i, Some(row));
         }
+        Ok(())
+    };
+    match (refs, ctx.gpu()) {
+        (Embeddings::Host(refs), _) => {
+            for_each_row_block(ctx, queries, refs, distance, rows, &mut on_block)
+        }
+        (Embeddings::Bank(bank), Some(gpu)) => device_rows::for_each_row_block(
+            ctx,
+            gpu,
+            queries,
+            bank.view,
+            distance,
+            rows,
+            &mut on_block,
+        ),
+        (Embeddings::Bank(_), None) => set.host_refs("mine").map(|_| ()),
     }
 }
 
@@ -118,13 +130,13 @@ impl Pairs {
 /// assert_eq!(p.negatives.nrows(), 4);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
-pub fn all_pairs<'a, L: Hash + Eq + Copy>(
+pub fn all_pairs<L: Hash + Eq + Copy>(
     ctx: &Context,
-    queries: &MiningSet<'a, L>,
-    refs: Option<&MiningSet<'a, L>>,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
     self_exclusion: &SelfExclusion,
 ) -> Result<Pairs> {
-    let set = prepare("all_pairs", queries, refs, self_exclusion, false)?;
+    let set = prepare("all_pairs", ctx, queries, refs, self_exclusion, false)?;
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
     for_each_row(ctx, &set, &DistanceConfig::default(), &mut |row| {
         pos.extend(row.positives.iter().flat_map(|&p| [row.anchor, p]));
@@ -181,16 +193,16 @@ impl Default for PairMarginConfig {
 /// assert_eq!(p.negatives, array![[0u32, 2], [2, 0]]);  // close although different classes
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
-pub fn pair_margin_pairs<'a, L: Hash + Eq + Copy>(
+pub fn pair_margin_pairs<L: Hash + Eq + Copy>(
     ctx: &Context,
-    queries: &MiningSet<'a, L>,
-    refs: Option<&MiningSet<'a, L>>,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
     cfg: &PairMarginConfig,
 ) -> Result<Pairs> {
     const OP: &str = "pair_margin_pairs";
     validate::finite_param(OP, "pos_margin", cfg.pos_margin)?;
     validate::finite_param(OP, "neg_margin", cfg.neg_margin)?;
-    let set = prepare(OP, queries, refs, &cfg.self_exclusion, true)?;
+    let set = prepare(OP, ctx, queries, refs, &cfg.self_exclusion, true)?;
     let sim = cfg.distance.distance.is_similarity();
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
     for_each_row(ctx, &set, &cfg.distance, &mut |row| {
@@ -268,15 +280,15 @@ fn sorted_by_value(row: &Row<'_>, indices: &[u32]) -> Vec<u32> {
 /// assert_eq!(p.positives, array![[0u32, 1], [1, 0]]);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
-pub fn multi_similarity_pairs<'a, L: Hash + Eq + Copy>(
+pub fn multi_similarity_pairs<L: Hash + Eq + Copy>(
     ctx: &Context,
-    queries: &MiningSet<'a, L>,
-    refs: Option<&MiningSet<'a, L>>,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
     cfg: &MultiSimilarityConfig,
 ) -> Result<Pairs> {
     const OP: &str = "multi_similarity_pairs";
     validate::finite_param(OP, "epsilon", cfg.epsilon)?;
-    let set = prepare(OP, queries, refs, &cfg.self_exclusion, true)?;
+    let set = prepare(OP, ctx, queries, refs, &cfg.self_exclusion, true)?;
     let sim = cfg.distance.distance.is_similarity();
     let eps = cfg.epsilon;
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
@@ -425,10 +437,10 @@ fn check_range(op: &'static str, what: &'static str, range: Option<(f32, f32)>) 
 /// assert_eq!(p.positives.column(1).to_vec(), vec![4, 4, 8, 8, 0, 2, 2, 2]);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
-pub fn batch_easy_hard_pairs<'a, L: Hash + Eq + Copy>(
+pub fn batch_easy_hard_pairs<L: Hash + Eq + Copy>(
     ctx: &Context,
-    queries: &MiningSet<'a, L>,
-    refs: Option<&MiningSet<'a, L>>,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
     cfg: &BatchEasyHardConfig,
 ) -> Result<Pairs> {
     const OP: &str = "batch_easy_hard_pairs";
@@ -452,7 +464,7 @@ pub fn batch_easy_hard_pairs<'a, L: Hash + Eq + Copy>(
     }
     check_range(OP, "allowed_pos_range", cfg.allowed_pos_range)?;
     check_range(OP, "allowed_neg_range", cfg.allowed_neg_range)?;
-    let set = prepare(OP, queries, refs, &cfg.self_exclusion, true)?;
+    let set = prepare(OP, ctx, queries, refs, &cfg.self_exclusion, true)?;
     let sim = cfg.distance.distance.is_similarity();
     // `closer(x, y)`: value x is closer than y.
     let closer = move |x: f32, y: f32| if sim { x > y } else { x < y };
@@ -543,10 +555,10 @@ pub struct BatchHardConfig {
 /// assert_eq!(t.negatives().to_vec(), vec![2, 2, 1, 4, 3, 5, 5, 5]);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
-pub fn batch_hard_triplets<'a, L: Hash + Eq + Copy>(
+pub fn batch_hard_triplets<L: Hash + Eq + Copy>(
     ctx: &Context,
-    queries: &MiningSet<'a, L>,
-    refs: Option<&MiningSet<'a, L>>,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
     cfg: &BatchHardConfig,
 ) -> Result<Triplets> {
     let pairs = batch_easy_hard_pairs(

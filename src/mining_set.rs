@@ -6,6 +6,9 @@ use std::hash::Hash;
 
 use ndarray::{ArrayView1, ArrayView2};
 
+use crate::bank::BankRows;
+use crate::context::Context;
+use crate::device_rows::RowsView;
 use crate::error::{Error, Result};
 use crate::validate;
 
@@ -20,6 +23,40 @@ pub enum SelfExclusion {
     SameIndex,
     /// Query `a` is stored at reference slot `slots[a]` (a memory bank): `p ≠ slots[a]`.
     QuerySlots(Vec<u32>),
+}
+
+/// Where the embeddings `(n, d)` of a mining side live.
+#[derive(Debug, Clone, Copy)]
+pub enum Embeddings<'a> {
+    /// A host array (any layout; non-contiguous views are copied as they are uploaded).
+    Host(ArrayView2<'a, f32>),
+    /// The filled rows of a [`crate::MemoryBank`], resident on its device: only usable as
+    /// references, with the context that created the bank.
+    Bank(BankRows<'a>),
+}
+
+impl Embeddings<'_> {
+    /// The same embeddings for a shorter lifetime (array views are invariant in theirs), so
+    /// that queries and references of different lifetimes can meet in one call.
+    pub(crate) fn reborrow(&self) -> Embeddings<'_> {
+        match self {
+            Embeddings::Host(x) => Embeddings::Host(x.view()),
+            Embeddings::Bank(b) => Embeddings::Bank(BankRows {
+                view: RowsView {
+                    rows: b.view.rows,
+                    len: b.view.len,
+                },
+            }),
+        }
+    }
+
+    /// `(n, d)`.
+    pub fn dim(&self) -> (usize, usize) {
+        match self {
+            Embeddings::Host(x) => x.dim(),
+            Embeddings::Bank(b) => (b.view.len, b.view.rows.dim()),
+        }
+    }
 }
 
 /// Labels `(b,)` and, for rules that need them, embeddings `(b, d)` of one side of a mining call.
@@ -37,7 +74,17 @@ pub struct MiningSet<'a, L> {
     /// Class labels, one per row; any hashable type (`i64` as in PyTorch, `u32`, …).
     pub labels: ArrayView1<'a, L>,
     /// Embeddings, one row per label, or `None` for label-only rules.
-    pub embeddings: Option<ArrayView2<'a, f32>>,
+    pub embeddings: Option<Embeddings<'a>>,
+}
+
+impl<L> MiningSet<'_, L> {
+    /// The same set for a shorter lifetime.
+    pub(crate) fn reborrow(&self) -> MiningSet<'_, L> {
+        MiningSet {
+            labels: self.labels.view(),
+            embeddings: self.embeddings.as_ref().map(Embeddings::reborrow),
+        }
+    }
 }
 
 impl<'a, L> MiningSet<'a, L> {
@@ -53,7 +100,7 @@ impl<'a, L> MiningSet<'a, L> {
     pub fn with_embeddings(labels: ArrayView1<'a, L>, embeddings: ArrayView2<'a, f32>) -> Self {
         Self {
             labels,
-            embeddings: Some(embeddings),
+            embeddings: Some(Embeddings::Host(embeddings)),
         }
     }
 }
@@ -67,10 +114,26 @@ pub(crate) struct Prepared<'a> {
     /// Query embeddings, when the miner needs them.
     pub(crate) queries: Option<ArrayView2<'a, f32>>,
     /// Reference embeddings, when the miner needs them.
-    pub(crate) refs: Option<ArrayView2<'a, f32>>,
+    pub(crate) refs: Option<Embeddings<'a>>,
 }
 
-impl Prepared<'_> {
+impl<'a> Prepared<'a> {
+    /// The reference embeddings as a host array. Bank rows only exist on a device, and
+    /// [`prepare`] lets them through only for a context on that device, so the host paths
+    /// never see them; this is the typed error if one ever did.
+    pub(crate) fn host_refs(&self, op: &'static str) -> Result<Option<ArrayView2<'a, f32>>> {
+        match self.refs {
+            None => Ok(None),
+            Some(Embeddings::Host(r)) => Ok(Some(r)),
+            Some(Embeddings::Bank(_)) => Err(Error::InvalidParameter {
+                op,
+                what: "context",
+                value: "native CPU".into(),
+                rule: "a memory bank can only be used with the context that created it",
+            }),
+        }
+    }
+
     /// Anchor `a`'s ascending positive references (same label, not its own slot) and negative
     /// references (other label), into the given vectors (cleared first, reused by callers).
     /// The host twin of `shaders/triplet_lists.wgsl`, shared by the native path and the miners.
@@ -110,16 +173,30 @@ fn check_set<L>(op: &'static str, side: &'static str, set: &MiningSet<'_, L>) ->
         "queries" => ("labels", "embeddings"),
         _ => ("ref_labels", "ref_embeddings"),
     };
-    if let Some(e) = set.embeddings {
-        validate::embeddings(op, emb_what, e)?;
-        if e.nrows() != set.labels.len() {
-            return Err(Error::Shape {
-                op,
-                what: labels_what,
-                expected: format!("({},) to match {emb_what}", e.nrows()),
-                got: set.labels.shape().to_vec(),
-            });
+    let rows = match set.embeddings {
+        None => None,
+        Some(Embeddings::Host(e)) => {
+            validate::embeddings(op, emb_what, e)?;
+            Some(e.nrows())
         }
+        // Bank rows were validated as they were enqueued.
+        Some(Embeddings::Bank(_)) if side == "queries" => {
+            return Err(Error::InvalidParameter {
+                op,
+                what: emb_what,
+                value: "Embeddings::Bank".into(),
+                rule: "a memory bank can only be the references; pass the queries as a host array",
+            })
+        }
+        Some(Embeddings::Bank(b)) => Some(b.view.len),
+    };
+    if let Some(rows) = rows.filter(|&r| r != set.labels.len()) {
+        return Err(Error::Shape {
+            op,
+            what: labels_what,
+            expected: format!("({rows},) to match {emb_what}"),
+            got: set.labels.shape().to_vec(),
+        });
     }
     if set.labels.len() >= NO_SLOT as usize {
         return Err(Error::InvalidParameter {
@@ -135,13 +212,18 @@ fn check_set<L>(op: &'static str, side: &'static str, set: &MiningSet<'_, L>) ->
 /// Validates one miner call: lengths, embeddings (finite, same `d`), self-exclusion slots.
 /// Without `refs` the references are the queries and each query is excluded as its own
 /// positive (PML's default).
-pub(crate) fn prepare<'a, L: Hash + Eq + Copy>(
+pub(crate) fn prepare<'s, L: Hash + Eq + Copy>(
     op: &'static str,
-    queries: &MiningSet<'a, L>,
-    refs: Option<&MiningSet<'a, L>>,
+    ctx: &Context,
+    queries: &'s MiningSet<'_, L>,
+    refs: Option<&'s MiningSet<'_, L>>,
     self_exclusion: &SelfExclusion,
     needs_embeddings: bool,
-) -> Result<Prepared<'a>> {
+) -> Result<Prepared<'s>> {
+    // One lifetime for both sides from here on (array views are invariant in theirs).
+    let queries = queries.reborrow();
+    let refs = refs.map(MiningSet::reborrow);
+    let (queries, refs) = (&queries, refs.as_ref());
     check_set(op, "queries", queries)?;
     let (ref_set, exclusion) = match refs {
         Some(r) => {
@@ -168,7 +250,28 @@ pub(crate) fn prepare<'a, L: Hash + Eq + Copy>(
         }
     }
     if let (Some(q), Some(r)) = (queries.embeddings, ref_set.embeddings) {
-        validate::same_dim(op, q, r)?;
+        let (dq, dr) = (q.dim().1, r.dim().1);
+        if dq != dr {
+            return Err(Error::Shape {
+                op,
+                what: "refs",
+                expected: format!("(n, {dq}) to match queries"),
+                got: vec![r.dim().0, dr],
+            });
+        }
+    }
+    if let Some(Embeddings::Bank(bank)) = ref_set.embeddings {
+        match ctx.gpu() {
+            Some(gpu) => bank.view.rows.check_device(op, gpu)?,
+            None => {
+                return Err(Error::InvalidParameter {
+                    op,
+                    what: "context",
+                    value: ctx.device_name(),
+                    rule: "a memory bank can only be used with the context that created it",
+                })
+            }
+        }
     }
     let (b, m) = (queries.labels.len(), ref_set.labels.len());
     let self_slots = match exclusion {
@@ -209,7 +312,10 @@ pub(crate) fn prepare<'a, L: Hash + Eq + Copy>(
         labels,
         ref_labels,
         self_slots,
-        queries: queries.embeddings.filter(|_| needs_embeddings),
+        queries: match queries.embeddings {
+            Some(Embeddings::Host(q)) if needs_embeddings => Some(q),
+            _ => None,
+        },
         refs: ref_set.embeddings.filter(|_| needs_embeddings),
     })
 }

@@ -3,6 +3,7 @@
 use ndarray::{Array1, Array2, ArrayView2, Axis, Zip};
 
 use crate::distance::{Distance, DistanceConfig};
+use crate::error::Result;
 use crate::triplets::{Problem, Writer};
 
 /// Squared norm of every row.
@@ -54,11 +55,12 @@ const ANCHOR_BLOCK: usize = 256;
 /// The native twin of the triplet kernels: per anchor, its ascending positive and negative
 /// lists, then each (positive, negative) pair through the rule, in (a, p, n) order. Counts
 /// when `writer` is `None`.
-pub(crate) fn triplets(problem: &Problem<'_>, writer: Option<Writer<'_>>) -> u64 {
+pub(crate) fn triplets(problem: &Problem<'_>, writer: Option<Writer<'_>>) -> Result<u64> {
     let (b, m) = (problem.set.labels.len(), problem.set.ref_labels.len());
     let similarity = problem.distance.distance.is_similarity();
     let mut writer = writer;
     let mut counted = 0u64;
+    let refs = problem.set.host_refs("mine_triplets")?;
     let (mut pos, mut neg, mut kept) = (
         Vec::with_capacity(m),
         Vec::with_capacity(m),
@@ -66,7 +68,7 @@ pub(crate) fn triplets(problem: &Problem<'_>, writer: Option<Writer<'_>>) -> u64
     );
     for a0 in (0..b).step_by(ANCHOR_BLOCK) {
         let rows = ANCHOR_BLOCK.min(b - a0);
-        let dist = problem.set.queries.zip(problem.set.refs).map(|(q, r)| {
+        let dist = problem.set.queries.zip(refs).map(|(q, r)| {
             pairwise_distances(
                 q.slice(ndarray::s![a0..a0 + rows, ..]),
                 r,
@@ -95,15 +97,15 @@ pub(crate) fn triplets(problem: &Problem<'_>, writer: Option<Writer<'_>>) -> u64
                     Some(w) => {
                         w.block(a as u32, p, negatives);
                         if w.stopped() {
-                            return writer.map_or(0, Writer::finish);
+                            return Ok(writer.map_or(0, Writer::finish));
                         }
                     }
                 }
             }
         }
     }
-    match writer {
+    Ok(match writer {
         Some(w) => w.finish(),
         None => counted,
-    }
+    })
 }

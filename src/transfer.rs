@@ -244,6 +244,19 @@ impl Staging {
         encoder.copy_buffer_to_buffer(src.buffer(), 0, self.buffer.buffer(), offset, bytes);
     }
 
+    /// Records a copy of `bytes` bytes of `src` from byte `src_offset` to the start of this
+    /// staging buffer.
+    pub(crate) fn copy_range(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        src: &TrackedBuffer,
+        src_offset: u64,
+        bytes: u64,
+    ) {
+        let bytes = bytes.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
+        encoder.copy_buffer_to_buffer(src.buffer(), src_offset, self.buffer.buffer(), 0, bytes);
+    }
+
     /// Maps the buffer (after the copy was submitted and waited for) and calls `f` with its
     /// first `len` elements.
     pub(crate) fn read<T: Pod, R>(

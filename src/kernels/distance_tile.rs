@@ -22,7 +22,11 @@ pub(crate) struct Params {
     pub(crate) dim4: u32,
     pub(crate) metric: u32,
     pub(crate) normalize: u32,
-    pub(crate) _pad: [u32; 3],
+    /// Row length of the output matrix (`cols` for a standalone tile).
+    pub(crate) out_stride: u32,
+    /// First output column of the tile (0 for a standalone tile).
+    pub(crate) out_col0: u32,
+    pub(crate) _pad: u32,
 }
 
 pub(crate) struct DistanceTile(Pipeline);
@@ -51,7 +55,7 @@ impl DistanceTile {
         (cols.div_ceil(BLOCK).max(1), rows.div_ceil(BLOCK).max(1))
     }
 
-    /// Records the tile `out[r * cols + c] = metric(queries[r], refs[c])`.
+    /// Records the tile `out[r * out_stride + out_col0 + c] = metric(queries[r], refs[c])`.
     pub(crate) fn encode(
         &self,
         gpu: &GpuDevice,

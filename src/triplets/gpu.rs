@@ -13,12 +13,16 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::context::{Context, GpuDevice};
-use crate::error::Result;
-use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};
-use crate::kernels::row_norms::{self, RowNorms};
+use crate::device_rows::{
+    distance_rows_buffers, encoder, f32s, max_page_rows, rows_bytes, uniform_size, DeviceRows,
+    DistanceRows, RowsView,
+};
+use crate::error::{Error, Result};
+use crate::kernels::distance_tile;
 use crate::kernels::triplet_lists::{self, ListBuffers, TripletLists};
 use crate::kernels::triplet_select::{self, words, Pass, SelectBuffers, TripletSelect};
 use crate::memory::TrackedBuffer;
+use crate::mining_set::Embeddings;
 use crate::plan::{plan_rows, DeviceCaps, Footprint};
 use crate::transfer::{self, Staging};
 use crate::triplets::{Problem, TripletRule, Writer, OP};
@@ -29,22 +33,16 @@ use crate::triplets::{Problem, TripletRule, Writer, OP};
 struct Layout {
     anchors: usize,
     refs: usize,
-    /// `vec4`s per embedding row; 0 for label-only rules (distance buffers are dummies).
+    /// `vec4`s per embedding row; 0 for label-only rules (no distances).
     dim4: usize,
+    /// Pages of resident reference rows (one distance tile each).
+    pages: usize,
     /// Margin rule: per-pair counts on the device.
     counts: bool,
     /// Negatives per output window of `emit`; 0 when the device emits nothing.
     out: usize,
     /// Every valid triplet, collected or streamed: both lists are read back.
     host_lists: bool,
-}
-
-fn f32s(n: usize) -> u64 {
-    transfer::buffer_size(4 * n as u64)
-}
-
-fn uniform_size<T>() -> u64 {
-    transfer::buffer_size(std::mem::size_of::<T>() as u64)
 }
 
 /// `size` if `used`, else a 4-byte placeholder (a binding must have a buffer behind it).
@@ -59,21 +57,6 @@ fn or_dummy(used: bool, size: u64) -> u64 {
 impl Layout {
     fn matrix(&self) -> u64 {
         f32s(self.anchors * self.refs)
-    }
-    fn ref_embeddings(&self) -> u64 {
-        f32s(self.refs * self.dim4 * 4)
-    }
-    fn ref_norms(&self) -> u64 {
-        or_dummy(self.dim4 > 0, f32s(self.refs))
-    }
-    fn anchor_embeddings(&self) -> u64 {
-        f32s(self.anchors * self.dim4 * 4)
-    }
-    fn anchor_norms(&self) -> u64 {
-        or_dummy(self.dim4 > 0, f32s(self.anchors))
-    }
-    fn distances(&self) -> u64 {
-        or_dummy(self.dim4 > 0, self.matrix())
     }
     fn pair_counts(&self) -> u64 {
         or_dummy(self.counts, self.matrix())
@@ -101,22 +84,15 @@ impl Layout {
     }
 
     fn footprint(&self) -> Footprint {
-        let buffers = [
+        // The resident reference rows were allocated before planning; not counted here.
+        let mut buffers = vec![
             uniform_size::<triplet_lists::Params>(),
             uniform_size::<triplet_select::Params>(),
-            uniform_size::<row_norms::Params>(),
-            uniform_size::<row_norms::Params>(),
-            uniform_size::<distance_tile::Params>(),
-            f32s(self.refs),       // ref labels
-            self.ref_embeddings(), // refs stay resident across chunks
-            self.ref_norms(),
+            f32s(self.refs),    // ref labels
             f32s(self.anchors), // anchor labels
             f32s(self.anchors), // self slots
-            self.anchor_embeddings(),
-            self.anchor_norms(),
-            self.distances(),
-            self.matrix(), // positives
-            self.matrix(), // negatives
+            self.matrix(),      // positives
+            self.matrix(),      // negatives
             self.pair_counts(),
             self.staging(),
             f32s(2 * self.anchors), // list counts
@@ -126,11 +102,19 @@ impl Layout {
             self.out(),
             self.out(), // output staging
         ];
-        let refs_groups = (self.refs as u64).div_ceil(distance_tile::BLOCK);
+        if self.dim4 > 0 {
+            buffers.extend(distance_rows_buffers(
+                self.anchors,
+                self.refs,
+                self.dim4,
+                self.pages,
+            ));
+        }
         Footprint {
             bytes: buffers.iter().sum(),
             largest_buffer: buffers.iter().copied().max().unwrap_or(0),
-            workgroups: refs_groups.max(self.anchors as u64),
+            // triplet_lists runs one workgroup per anchor; tiles need fewer.
+            workgroups: self.anchors as u64,
             workgroup_storage: distance_tile::WORKGROUP_STORAGE
                 .max(triplet_select::WORKGROUP_STORAGE),
         }
@@ -139,13 +123,21 @@ impl Layout {
 
 /// Anchors per chunk and negatives per output window: windows as large as asked (halved down
 /// to one pair's worst case, `m`, if needed), then as many anchors as fit beside them.
-fn plan(problem: &Problem<'_>, emit: bool, budget: u64, caps: &DeviceCaps) -> Result<Layout> {
+/// `refs`: `(dim4, pages)` of the resident reference rows, if the rule reads distances.
+fn plan(
+    problem: &Problem<'_>,
+    refs: Option<(usize, usize)>,
+    emit: bool,
+    budget: u64,
+    caps: &DeviceCaps,
+) -> Result<Layout> {
     let (b, m) = (problem.set.labels.len(), problem.set.ref_labels.len());
     let margin = matches!(problem.rule, TripletRule::Margin { .. });
     let base = Layout {
         anchors: 1,
         refs: m,
-        dim4: problem.set.queries.map_or(0, |q| q.ncols().div_ceil(4)),
+        dim4: refs.map_or(0, |r| r.0),
+        pages: refs.map_or(0, |r| r.1),
         counts: margin,
         out: 0,
         host_lists: emit && !margin,
@@ -175,21 +167,15 @@ fn plan(problem: &Problem<'_>, emit: bool, budget: u64, caps: &DeviceCaps) -> Re
     }
 }
 
-/// Every device buffer of a mining call.
+/// Every device buffer of a mining call besides the resident reference rows.
 struct Buffers {
     lists_params: TrackedBuffer,
     select_params: TrackedBuffer,
-    anchor_norm_params: TrackedBuffer,
-    ref_norm_params: TrackedBuffer,
-    tile_params: TrackedBuffer,
     ref_labels: TrackedBuffer,
-    ref_embeddings: TrackedBuffer,
-    ref_norms: TrackedBuffer,
     anchor_labels: TrackedBuffer,
     self_slots: TrackedBuffer,
-    anchor_embeddings: TrackedBuffer,
-    anchor_norms: TrackedBuffer,
-    distances: TrackedBuffer,
+    /// Margin rules: the chunk's distances against the references.
+    distance: Option<DistanceRows>,
     positives: TrackedBuffer,
     negatives: TrackedBuffer,
     pair_counts: TrackedBuffer,
@@ -203,7 +189,7 @@ struct Buffers {
 }
 
 impl Buffers {
-    fn new(ctx: &Context, gpu: &GpuDevice, l: &Layout) -> Result<Self> {
+    fn new(ctx: &Context, gpu: &GpuDevice, l: &Layout, refs: Option<RowsView<'_>>) -> Result<Self> {
         let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
         let make = |label, size| transfer::create_buffer(ctx, gpu, label, size, input);
         let output = |label, size| transfer::output(ctx, gpu, label, size);
@@ -221,26 +207,13 @@ impl Buffers {
                 "mine_triplets::select_params",
                 uniform_size::<triplet_select::Params>(),
             )?,
-            anchor_norm_params: uniform(
-                "mine_triplets::anchor_norm_params",
-                uniform_size::<row_norms::Params>(),
-            )?,
-            ref_norm_params: uniform(
-                "mine_triplets::ref_norm_params",
-                uniform_size::<row_norms::Params>(),
-            )?,
-            tile_params: uniform(
-                "mine_triplets::tile_params",
-                uniform_size::<distance_tile::Params>(),
-            )?,
             ref_labels: make("mine_triplets::ref_labels", f32s(l.refs))?,
-            ref_embeddings: make("mine_triplets::ref_embeddings", l.ref_embeddings())?,
-            ref_norms: output("mine_triplets::ref_norms", l.ref_norms())?,
             anchor_labels: make("mine_triplets::anchor_labels", f32s(l.anchors))?,
             self_slots: make("mine_triplets::self_slots", f32s(l.anchors))?,
-            anchor_embeddings: make("mine_triplets::anchor_embeddings", l.anchor_embeddings())?,
-            anchor_norms: output("mine_triplets::anchor_norms", l.anchor_norms())?,
-            distances: output("mine_triplets::distances", l.distances())?,
+            distance: match refs {
+                Some(view) => Some(DistanceRows::new(ctx, gpu, l.anchors, view)?),
+                None => None,
+            },
             positives: output("mine_triplets::positives", l.matrix())?,
             negatives: output("mine_triplets::negatives", l.matrix())?,
             pair_counts: output("mine_triplets::pair_counts", l.pair_counts())?,
@@ -254,10 +227,17 @@ impl Buffers {
         })
     }
 
-    fn select(&self) -> SelectBuffers<'_> {
-        SelectBuffers {
+    /// The select kernel's buffers; only margin rules select, and they always have distances.
+    fn select(&self) -> Result<SelectBuffers<'_>> {
+        let distance = self.distance.as_ref().ok_or(Error::InvalidParameter {
+            op: OP,
+            what: "embeddings",
+            value: "None".into(),
+            rule: "this miner compares distances and needs embeddings",
+        })?;
+        Ok(SelectBuffers {
             params: &self.select_params,
-            distances: &self.distances,
+            distances: &distance.distances,
             positives: &self.positives,
             negatives: &self.negatives,
             list_counts: &self.list_counts,
@@ -265,13 +245,23 @@ impl Buffers {
             pair_counts: &self.pair_counts,
             offsets: &self.offsets,
             out: &self.out,
-        }
+        })
     }
 }
 
-fn encoder(gpu: &GpuDevice, label: &'static str) -> wgpu::CommandEncoder {
-    gpu.device
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
+/// The reference rows a call mines against: uploaded for this call, or a bank's.
+enum Resident<'d> {
+    Uploaded(DeviceRows),
+    Bank(&'d DeviceRows),
+}
+
+impl Resident<'_> {
+    fn rows(&self) -> &DeviceRows {
+        match self {
+            Resident::Uploaded(rows) => rows,
+            Resident::Bank(rows) => rows,
+        }
+    }
 }
 
 /// One chunk's lists as read back: per anchor `[n_pos, n_neg]`, and the lists themselves
@@ -297,10 +287,10 @@ struct Miner<'p, 'd> {
     gpu: &'p GpuDevice,
     problem: &'p Problem<'d>,
     layout: Layout,
+    refs: Option<Resident<'d>>,
     buf: Buffers,
     lists: Arc<TripletLists>,
     select: Arc<TripletSelect>,
-    distance: Option<(Arc<RowNorms>, Arc<DistanceTile>)>,
     select_params: triplet_select::Params,
 }
 
@@ -313,39 +303,49 @@ impl<'p, 'd> Miner<'p, 'd> {
     ) -> Result<Self> {
         let m = problem.set.ref_labels.len();
         let caps = DeviceCaps::from_limits(&gpu.limits);
-        let layout = plan(problem, emit, ctx.tracker().available(), &caps)?;
-        let buf = Buffers::new(ctx, gpu, &layout)?;
-        transfer::write(gpu, &buf.ref_labels, 0, &problem.set.ref_labels)?;
-        let distance = match problem.set.refs {
-            None => None,
-            Some(refs) => {
-                transfer::write(
-                    gpu,
-                    &buf.ref_embeddings,
-                    0,
-                    &transfer::padded_rows(refs, 0, m, layout.dim4),
-                )?;
-                let params = row_norms::Params {
-                    rows: m as u32,
-                    dim4: layout.dim4 as u32,
-                    _pad: [0; 2],
-                };
-                transfer::write(gpu, &buf.ref_norm_params, 0, &[params])?;
-                transfer::fill_sentinel(ctx, gpu, &buf.ref_norms, f32s(m))?;
-                let norms = gpu.kernel::<RowNorms>()?;
-                let mut enc = encoder(gpu, "mine_triplets::ref_norms");
-                norms.encode(
-                    gpu,
-                    &mut enc,
-                    m as u64,
-                    &buf.ref_norm_params,
-                    &buf.ref_embeddings,
-                    &buf.ref_norms,
-                )?;
-                transfer::submit_and_wait(gpu, enc)?;
-                Some((norms, gpu.kernel::<DistanceTile>()?))
+        // Host references are uploaded once, before the chunks are planned into what is left;
+        // the plan is checked first, so a budget too small for both allocates nothing.
+        let (shape, upload_bytes) = match problem.set.refs {
+            None => (None, 0),
+            Some(Embeddings::Host(r)) => {
+                let dim4 = r.ncols().div_ceil(4);
+                let page_rows = max_page_rows(OP, &caps, dim4)?;
+                let shape = (dim4, m.div_ceil(page_rows));
+                (Some(shape), rows_bytes(m, dim4, page_rows))
+            }
+            Some(Embeddings::Bank(bank)) => {
+                bank.view.rows.check_device(OP, gpu)?;
+                let rows = bank.view.rows;
+                (Some((rows.dim4(), rows.pages_for(m))), 0)
             }
         };
+        let available = ctx.tracker().available();
+        let layout = plan(
+            problem,
+            shape,
+            emit,
+            available.saturating_sub(upload_bytes),
+            &caps,
+        )
+        .map_err(|e| match e {
+            Error::OverBudget { op, required, .. } if upload_bytes > 0 => Error::OverBudget {
+                op,
+                required: required + upload_bytes,
+                budget: available,
+            },
+            other => other,
+        })?;
+        let refs = match problem.set.refs {
+            None => None,
+            Some(Embeddings::Host(r)) => Some(Resident::Uploaded(DeviceRows::upload(ctx, gpu, r)?)),
+            Some(Embeddings::Bank(bank)) => Some(Resident::Bank(bank.view.rows)),
+        };
+        let view = refs.as_ref().map(|r| RowsView {
+            rows: r.rows(),
+            len: m,
+        });
+        let buf = Buffers::new(ctx, gpu, &layout, view)?;
+        transfer::write(gpu, &buf.ref_labels, 0, &problem.set.ref_labels)?;
         let select_params = triplet_select::Params {
             anchors: 0,
             refs: m as u32,
@@ -363,10 +363,10 @@ impl<'p, 'd> Miner<'p, 'd> {
             gpu,
             problem,
             layout,
+            refs,
             buf,
             lists: gpu.kernel::<TripletLists>()?,
             select: gpu.kernel::<TripletSelect>()?,
-            distance,
             select_params,
         })
     }
@@ -393,45 +393,15 @@ impl<'p, 'd> Miner<'p, 'd> {
             transfer::fill_sentinel(ctx, gpu, buffer, bytes)?;
         }
         let mut enc = encoder(gpu, "mine_triplets::lists");
-        if let (Some((norms, tile)), Some(queries)) = (&self.distance, set.queries) {
-            let dim4 = self.layout.dim4;
-            let rows_padded = transfer::padded_rows(queries, a0, rows, dim4);
-            transfer::write(gpu, &buf.anchor_embeddings, 0, &rows_padded)?;
-            let params = row_norms::Params {
-                rows: rows as u32,
-                dim4: dim4 as u32,
-                _pad: [0; 2],
+        if let (Some(distance), Some(queries), Some(refs)) =
+            (&buf.distance, set.queries, &self.refs)
+        {
+            let view = RowsView {
+                rows: refs.rows(),
+                len: m,
             };
-            transfer::write(gpu, &buf.anchor_norm_params, 0, &[params])?;
-            let distance = &self.problem.distance;
-            let tile_params = distance_tile::Params {
-                rows: rows as u32,
-                cols: m as u32,
-                dim4: dim4 as u32,
-                metric: distance.distance.code(),
-                normalize: u32::from(distance.normalizes()),
-                _pad: [0; 3],
-            };
-            transfer::write(gpu, &buf.tile_params, 0, &[tile_params])?;
-            transfer::fill_sentinel(ctx, gpu, &buf.anchor_norms, f32s(rows))?;
-            transfer::fill_sentinel(ctx, gpu, &buf.distances, f32s(rows * m))?;
-            norms.encode(
-                gpu,
-                &mut enc,
-                rows as u64,
-                &buf.anchor_norm_params,
-                &buf.anchor_embeddings,
-                &buf.anchor_norms,
-            )?;
-            let tb = TileBuffers {
-                params: &buf.tile_params,
-                queries: &buf.anchor_embeddings,
-                refs: &buf.ref_embeddings,
-                query_sq_norms: &buf.anchor_norms,
-                ref_sq_norms: &buf.ref_norms,
-                out: &buf.distances,
-            };
-            tile.encode(gpu, &mut enc, rows as u64, m as u64, &tb)?;
+            let cfg = &self.problem.distance;
+            distance.encode(ctx, gpu, &mut enc, queries, a0, rows, view, cfg)?;
         }
         let lb = ListBuffers {
             params: &buf.lists_params,
@@ -496,7 +466,7 @@ impl<'p, 'd> Miner<'p, 'd> {
             transfer::write(gpu, &self.buf.select_params, 0, &[self.select_params])?;
             let mut enc = encoder(gpu, "mine_triplets::select");
             self.select
-                .encode(gpu, &mut enc, pass, u64::from(hi - lo), &self.buf.select())?;
+                .encode(gpu, &mut enc, pass, u64::from(hi - lo), &self.buf.select()?)?;
             transfer::submit_and_wait(gpu, enc)?;
             lo = hi;
         }

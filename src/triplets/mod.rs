@@ -133,6 +133,23 @@ impl Default for TripletConfig {
     }
 }
 
+impl TripletConfig {
+    /// PML's `TripletMarginMiner(margin=0.2, type_of_triplets=kind)` with the other defaults.
+    ///
+    /// # Example
+    /// ```
+    /// use wgpu_metric_learning::{TripletConfig, TripletRule, TripletType};
+    /// let cfg = TripletConfig::margin_miner(TripletType::Semihard);
+    /// assert_eq!(cfg.rule, TripletRule::Margin { kind: TripletType::Semihard, margin: 0.2 });
+    /// ```
+    pub fn margin_miner(kind: TripletType) -> Self {
+        Self {
+            rule: TripletRule::margin_miner(kind),
+            ..Self::default()
+        }
+    }
+}
+
 /// Mined triplets in lexicographic `(a, p, n)` order.
 #[derive(Debug, Clone)]
 pub struct Triplets {
@@ -188,12 +205,13 @@ pub(crate) struct Problem<'a> {
     pub(crate) chunk: usize,
 }
 
-fn prepare<'a, L: Hash + Eq + Copy>(
+fn prepare<'s, L: Hash + Eq + Copy>(
     op: &'static str,
-    queries: &MiningSet<'a, L>,
-    refs: Option<&MiningSet<'a, L>>,
+    ctx: &Context,
+    queries: &'s MiningSet<'_, L>,
+    refs: Option<&'s MiningSet<'_, L>>,
     cfg: &TripletConfig,
-) -> Result<Problem<'a>> {
+) -> Result<Problem<'s>> {
     let needs_embeddings = match cfg.rule {
         TripletRule::AllValid => false,
         TripletRule::Margin { margin, .. } => {
@@ -201,7 +219,14 @@ fn prepare<'a, L: Hash + Eq + Copy>(
             true
         }
     };
-    let set = mining_set::prepare(op, queries, refs, &cfg.self_exclusion, needs_embeddings)?;
+    let set = mining_set::prepare(
+        op,
+        ctx,
+        queries,
+        refs,
+        &cfg.self_exclusion,
+        needs_embeddings,
+    )?;
     let chunk = cfg.max_chunk_triplets.max(set.ref_labels.len()).max(1);
     Ok(Problem {
         set,
@@ -239,13 +264,13 @@ pub(crate) const OP: &str = "mine_triplets";
 /// assert_eq!(t.indices, array![[0u32, 1, 2], [1, 0, 2]]);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
-pub fn mine_triplets<'a, L: Hash + Eq + Copy>(
+pub fn mine_triplets<L: Hash + Eq + Copy>(
     ctx: &Context,
-    queries: &MiningSet<'a, L>,
-    refs: Option<&MiningSet<'a, L>>,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
     cfg: &TripletConfig,
 ) -> Result<Triplets> {
-    let problem = prepare(OP, queries, refs, cfg)?;
+    let problem = prepare(OP, ctx, queries, refs, cfg)?;
     let mut flat: Vec<u32> = Vec::new();
     run(
         ctx,
@@ -283,14 +308,14 @@ pub fn mine_triplets<'a, L: Hash + Eq + Copy>(
 /// assert_eq!((n.count, seen), (8, 8));
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
-pub fn mine_triplets_streaming<'a, L: Hash + Eq + Copy>(
+pub fn mine_triplets_streaming<L: Hash + Eq + Copy>(
     ctx: &Context,
-    queries: &MiningSet<'a, L>,
-    refs: Option<&MiningSet<'a, L>>,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
     cfg: &TripletConfig,
     mut on_chunk: impl FnMut(ArrayView2<'_, u32>) -> ControlFlow<()>,
 ) -> Result<TripletCount> {
-    let problem = prepare(OP, queries, refs, cfg)?;
+    let problem = prepare(OP, ctx, queries, refs, cfg)?;
     let writer = Writer::new(Sink::Stream(&mut on_chunk), problem.chunk);
     let count = run(ctx, &problem, Some(writer))?;
     Ok(TripletCount {
@@ -315,13 +340,13 @@ pub fn mine_triplets_streaming<'a, L: Hash + Eq + Copy>(
 /// assert_eq!(n.count, 4 * 3);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
-pub fn count_triplets<'a, L: Hash + Eq + Copy>(
+pub fn count_triplets<L: Hash + Eq + Copy>(
     ctx: &Context,
-    queries: &MiningSet<'a, L>,
-    refs: Option<&MiningSet<'a, L>>,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
     cfg: &TripletConfig,
 ) -> Result<TripletCount> {
-    let problem = prepare(OP, queries, refs, cfg)?;
+    let problem = prepare(OP, ctx, queries, refs, cfg)?;
     let count = run(ctx, &problem, None)?;
     Ok(TripletCount {
         count,
@@ -345,7 +370,7 @@ pub(crate) fn run(ctx: &Context, problem: &Problem<'_>, writer: Option<Writer<'_
         }
     }
     match ctx.gpu() {
-        None => Ok(native::triplets(problem, writer)),
+        None => native::triplets(problem, writer),
         Some(gpu) => gpu::mine(ctx, gpu, problem, writer),
     }
 }

@@ -1,0 +1,66 @@
+//! Helpers shared by the benchmark examples: a seeded generator, the anchors' input
+//! distribution, peak RSS and flag parsing. (Not an example itself: it has no `main.rs`.)
+#![allow(dead_code, reason = "each example uses a different subset")]
+
+use ndarray::Array2;
+
+/// A small deterministic generator (SplitMix64), enough for benchmark inputs.
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub(crate) fn uniform(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    pub(crate) fn normal(&mut self) -> f32 {
+        let (u, v) = (self.uniform().max(1e-300), self.uniform());
+        ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
+    }
+}
+
+/// `rows` N(0, 1) vectors of `d` floats, L2-normalised (as the anchors' inputs).
+pub(crate) fn embeddings(rng: &mut Rng, rows: usize, d: usize) -> Array2<f32> {
+    let mut x = Array2::from_shape_simple_fn((rows, d), || rng.normal());
+    for mut row in x.rows_mut() {
+        let n = row.dot(&row).sqrt().max(1e-12);
+        row /= n;
+    }
+    x
+}
+
+/// Peak resident set size of this process, MiB.
+pub(crate) fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// The value after `flag` on the command line, or `default`.
+pub(crate) fn flag(flag: &str, default: &str) -> String {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1).cloned())
+        .unwrap_or_else(|| default.to_string())
+}
+
+/// Sorted copies of `times`: (median, min, max).
+pub(crate) fn summary(times: &mut [f64]) -> (f64, f64, f64) {
+    times.sort_by(f64::total_cmp);
+    match times {
+        [] => (f64::NAN, f64::NAN, f64::NAN),
+        _ => (times[times.len() / 2], times[0], times[times.len() - 1]),
+    }
+}

@@ -1,0 +1,703 @@
+//! A memory bank (PML's `CrossBatchMemory`): a ring buffer of past embeddings and labels,
+//! resident on the device, updated in place and mined against without re-uploading.
+//!
+//! Slots are written `head, head + 1, …` modulo the capacity. Until the bank has been filled
+//! once, the references are slots `0 .. head`; afterwards, all of them (PML's rule). The
+//! embeddings live in device pages that each fit one storage binding (on the native path, in
+//! one host array); labels are kept on the host, where every miner needs them, and uploaded as
+//! `u32` ids per mining call (4 bytes per row, against `4·d` for the embeddings).
+
+use std::hash::Hash;
+
+use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2, Axis};
+
+use crate::context::{Context, GpuDevice};
+use crate::device_rows::{encoder, f32s, max_page_rows, rows_bytes, DeviceRows, RowsView};
+use crate::error::{Error, Result};
+use crate::kernels::row_norms::{self, RowNorms};
+use crate::memory::{HostReservation, TrackedBuffer};
+use crate::mining_set::{Embeddings, MiningSet, SelfExclusion};
+use crate::plan::DeviceCaps;
+use crate::transfer::{self, Staging};
+use crate::validate;
+
+/// Shape of a [`MemoryBank`].
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::BankConfig;
+/// let cfg = BankConfig::new(4096, 128);
+/// assert_eq!((cfg.capacity, cfg.dim, cfg.page_rows), (4096, 128, None));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BankConfig {
+    /// Rows the bank holds (PML's `memory_size`; PML's default is 1024). At least 1.
+    pub capacity: usize,
+    /// Floats per embedding (PML's `embedding_size`). At least 1.
+    pub dim: usize,
+    /// Rows per device page. `None` (the default): as many as one storage binding holds
+    /// (128 MiB on lavapipe: 262 144 rows of 128 floats). A smaller value forces more pages
+    /// (for tests); larger values are clamped to the device's maximum.
+    pub page_rows: Option<usize>,
+}
+
+impl BankConfig {
+    /// `capacity` rows of `dim` floats, pages as large as the device allows.
+    pub fn new(capacity: usize, dim: usize) -> Self {
+        Self {
+            capacity,
+            dim,
+            page_rows: None,
+        }
+    }
+}
+
+/// Where an enqueue put its rows, and how to mine with the rest of the batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The slot each enqueued row was written to, in row order.
+    pub slots: Vec<u32>,
+    /// The batch rows to use as queries: all of them after [`MemoryBank::enqueue`], the
+    /// unmasked ones after [`MemoryBank::enqueue_masked`].
+    pub query_rows: Vec<usize>,
+    /// The self-exclusion for mining those queries against [`MemoryBank::refs`]: each query's
+    /// own slot after a plain enqueue (a row is never its own positive, also for a batch of
+    /// one, where PML keeps the self pair), none after a masked one (the queries were not
+    /// enqueued; PML does the same).
+    pub self_exclusion: SelfExclusion,
+}
+
+/// The bank's filled rows in slot order, copied to the host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BankSnapshot<L> {
+    /// `(len, dim)`.
+    pub embeddings: Array2<f32>,
+    /// `(len,)`.
+    pub labels: Array1<L>,
+}
+
+/// The filled rows of a [`MemoryBank`] on its device, as [`Embeddings::Bank`] hands them to
+/// the miners. Made only by [`MemoryBank::refs`].
+#[derive(Clone, Copy, Debug)]
+pub struct BankRows<'a> {
+    pub(crate) view: RowsView<'a>,
+}
+
+#[derive(Debug)]
+enum Storage {
+    Device(DeviceRows),
+    /// The native path keeps the rows in host memory, counted against the budget.
+    Host {
+        rows: Array2<f32>,
+        _reserved: HostReservation,
+    },
+}
+
+/// A ring buffer of `capacity` embeddings `(capacity, dim)` and labels, on the context's
+/// device (or in host memory on the native path).
+///
+/// Typical use, as PML's `CrossBatchMemory`: enqueue the batch, then mine the batch against
+/// the bank with the self-exclusion the enqueue returns.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{
+///     mine_triplets, BankConfig, Context, MemoryBank, MiningSet, TripletConfig, TripletType,
+/// };
+/// let ctx = Context::native_cpu(None);
+/// let mut bank = MemoryBank::<i64>::new(&ctx, &BankConfig::new(4, 2))?;
+/// let x = array![[1.0f32, 0.0], [0.9, 0.1], [0.0, 1.0]];
+/// let y = array![0i64, 0, 1];
+/// let enq = bank.enqueue(&ctx, x.view(), y.view())?;
+/// assert_eq!((enq.slots.clone(), bank.len()), (vec![0, 1, 2], 3));
+/// let cfg = TripletConfig {
+///     self_exclusion: enq.self_exclusion,
+///     ..TripletConfig::margin_miner(TripletType::All)
+/// };
+/// let batch = MiningSet::with_embeddings(y.view(), x.view());
+/// let t = mine_triplets(&ctx, &batch, Some(&bank.refs()), &cfg)?;
+/// assert_eq!(t.indices, array![[0u32, 1, 2], [1, 0, 2]]);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct MemoryBank<L> {
+    storage: Storage,
+    /// Labels of slots `0 .. len()`.
+    labels: Vec<L>,
+    capacity: usize,
+    dim: usize,
+    head: usize,
+    filled: bool,
+}
+
+const NEW: &str = "MemoryBank::new";
+const ENQUEUE: &str = "MemoryBank::enqueue";
+
+fn gpu_of<'c>(ctx: &'c Context, op: &'static str, rows: &DeviceRows) -> Result<&'c GpuDevice> {
+    let gpu = ctx.gpu().ok_or_else(|| Error::InvalidParameter {
+        op,
+        what: "context",
+        value: ctx.device_name(),
+        rule: "a memory bank can only be used with the context that created it",
+    })?;
+    rows.check_device(op, gpu)?;
+    Ok(gpu)
+}
+
+impl<L: Hash + Eq + Copy> MemoryBank<L> {
+    /// An empty bank of `cfg.capacity` rows on `ctx`'s device (or host, on the native path),
+    /// allocated whole now, through the budget.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParameter`] for a capacity or dimension of 0; [`Error::OverBudget`] when
+    /// the bank alone needs more than the budget, [`Error::BudgetExceeded`] when it does not
+    /// fit beside what is already allocated; [`Error::DeviceLimit`] when one row does not fit
+    /// a storage binding.
+    ///
+    /// # Example
+    /// ```
+    /// use wgpu_metric_learning::{BankConfig, Context, Error, MemoryBank};
+    /// let ctx = Context::native_cpu(Some(1 << 20));
+    /// let too_big = MemoryBank::<u32>::new(&ctx, &BankConfig::new(1 << 20, 128));
+    /// assert!(matches!(too_big, Err(Error::OverBudget { .. })));
+    /// ```
+    pub fn new(ctx: &Context, cfg: &BankConfig) -> Result<Self> {
+        for (what, value) in [("capacity", cfg.capacity), ("dim", cfg.dim)] {
+            if value == 0 {
+                return Err(Error::InvalidParameter {
+                    op: NEW,
+                    what,
+                    value: "0".into(),
+                    rule: "must be at least 1",
+                });
+            }
+        }
+        if cfg.capacity >= u32::MAX as usize {
+            return Err(Error::InvalidParameter {
+                op: NEW,
+                what: "capacity",
+                value: cfg.capacity.to_string(),
+                rule: "at most 2^32 - 2 rows (slots are u32)",
+            });
+        }
+        let budget = ctx.memory().budget_bytes;
+        let storage = match ctx.gpu() {
+            Some(gpu) => {
+                let dim4 = cfg.dim.div_ceil(4);
+                let caps = DeviceCaps::from_limits(&gpu.limits);
+                let largest = max_page_rows(NEW, &caps, dim4)?;
+                let page_rows = cfg.page_rows.unwrap_or(largest).clamp(1, largest);
+                let required = rows_bytes(cfg.capacity, dim4, page_rows);
+                if required > budget {
+                    return Err(Error::OverBudget {
+                        op: NEW,
+                        required,
+                        budget,
+                    });
+                }
+                Storage::Device(DeviceRows::new(ctx, gpu, cfg.capacity, cfg.dim, page_rows)?)
+            }
+            None => {
+                let required = 4 * (cfg.capacity as u64).saturating_mul(cfg.dim as u64);
+                if required > budget {
+                    return Err(Error::OverBudget {
+                        op: NEW,
+                        required,
+                        budget,
+                    });
+                }
+                let reservation = HostReservation::new(NEW, required, ctx.tracker())?;
+                Storage::Host {
+                    rows: Array2::zeros((cfg.capacity, cfg.dim)),
+                    _reserved: reservation,
+                }
+            }
+        };
+        Ok(Self {
+            storage,
+            labels: Vec::new(),
+            capacity: cfg.capacity,
+            dim: cfg.dim,
+            head: 0,
+            filled: false,
+        })
+    }
+
+    /// Rows the bank holds when full.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Floats per row.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Filled rows: `head()` until the bank has wrapped once, then `capacity()`.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// `true` before the first (non-empty) enqueue and after [`Self::reset`].
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// The slot the next enqueued row goes to (PML's `queue_idx`).
+    pub fn head(&self) -> usize {
+        self.head
+    }
+
+    /// Whether the bank has been filled once (PML's `has_been_filled`).
+    pub fn is_filled(&self) -> bool {
+        self.filled
+    }
+
+    /// Rows per device page (`capacity()` on the native path).
+    pub fn page_rows(&self) -> usize {
+        match &self.storage {
+            Storage::Device(rows) => rows.page_rows(),
+            Storage::Host { .. } => self.capacity,
+        }
+    }
+
+    /// Writes `embeddings` `(b, dim)` with `labels` `(b,)` at slots `head .. head + b` modulo
+    /// the capacity, wrapping across the end and across pages; only the batch's bytes move.
+    /// An empty batch changes nothing (PML would mark the bank filled).
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for a wrong `dim` or a label count that differs from `b`;
+    /// [`Error::InvalidParameter`] for `b > capacity` (PML asserts) or another context;
+    /// [`Error::NonFinite`] for NaN/inf rows. The bank is unchanged after any error.
+    ///
+    /// # Example
+    /// ```
+    /// use ndarray::array;
+    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank};
+    /// let ctx = Context::native_cpu(None);
+    /// let mut bank = MemoryBank::<u32>::new(&ctx, &BankConfig::new(3, 1))?;
+    /// bank.enqueue(&ctx, array![[1.0f32], [2.0]].view(), array![7u32, 8].view())?;
+    /// let e = bank.enqueue(&ctx, array![[3.0f32], [4.0]].view(), array![9u32, 9].view())?;
+    /// assert_eq!(e.slots, vec![2, 0]);
+    /// assert!(bank.is_filled());
+    /// let snap = bank.snapshot(&ctx)?;
+    /// assert_eq!(snap.embeddings, array![[4.0f32], [2.0], [3.0]]);
+    /// assert_eq!(snap.labels, array![9u32, 8, 9]);
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
+    pub fn enqueue(
+        &mut self,
+        ctx: &Context,
+        embeddings: ArrayView2<'_, f32>,
+        labels: ArrayView1<'_, L>,
+    ) -> Result<Enqueued> {
+        self.check_batch(embeddings, labels.len())?;
+        validate::finite(ENQUEUE, "embeddings", embeddings)?;
+        let b = labels.len();
+        match &mut self.storage {
+            Storage::Host { rows, .. } => {
+                for (i, row) in embeddings.rows().into_iter().enumerate() {
+                    rows.row_mut((self.head + i) % self.capacity).assign(&row);
+                }
+            }
+            Storage::Device(rows) if b > 0 => {
+                let gpu = gpu_of(ctx, ENQUEUE, rows)?;
+                let dim4 = rows.dim4();
+                // Staged a page at a time, so the scratch always fits one binding.
+                let chunk = rows.page_rows().min(b);
+                let scratch = Scratch::new(ctx, gpu, chunk, dim4)?;
+                for c0 in (0..b).step_by(chunk) {
+                    let n = chunk.min(b - c0);
+                    let padded = transfer::padded_rows(embeddings, c0, n, dim4);
+                    transfer::write(gpu, &scratch.rows, 0, &padded)?;
+                    let mut enc = encoder(gpu, ENQUEUE);
+                    scratch.encode_norms(ctx, gpu, &mut enc, n)?;
+                    let head = (self.head + c0) % self.capacity;
+                    Self::encode_ring_copy(rows, &mut enc, &scratch, head, n, self.capacity);
+                    transfer::submit_and_wait(gpu, enc)?;
+                }
+            }
+            Storage::Device(rows) => {
+                gpu_of(ctx, ENQUEUE, rows)?;
+            }
+        }
+        Ok(self.advance(labels.iter().copied(), (0..b).collect()))
+    }
+
+    /// MoCo-style: enqueues the rows where `mask` is `true` and returns the others as the
+    /// queries, to be mined against the bank with no self-exclusion (PML's `enqueue_mask`).
+    ///
+    /// # Errors
+    /// As [`Self::enqueue`], plus [`Error::Shape`] when `mask` is not `(b,)`; more masked rows
+    /// than the capacity is [`Error::InvalidParameter`] (PML does not check).
+    ///
+    /// # Example
+    /// ```
+    /// use ndarray::array;
+    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank, SelfExclusion};
+    /// let ctx = Context::native_cpu(None);
+    /// let mut bank = MemoryBank::<u32>::new(&ctx, &BankConfig::new(8, 1))?;
+    /// let x = array![[1.0f32], [2.0], [3.0]];
+    /// let e = bank.enqueue_masked(&ctx, x.view(), array![0u32, 1, 2].view(), array![true, false, true].view())?;
+    /// assert_eq!((e.slots, e.query_rows), (vec![0, 1], vec![1]));
+    /// assert_eq!(e.self_exclusion, SelfExclusion::None);
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
+    pub fn enqueue_masked(
+        &mut self,
+        ctx: &Context,
+        embeddings: ArrayView2<'_, f32>,
+        labels: ArrayView1<'_, L>,
+        mask: ArrayView1<'_, bool>,
+    ) -> Result<Enqueued> {
+        if mask.len() != labels.len() {
+            return Err(Error::Shape {
+                op: ENQUEUE,
+                what: "enqueue_mask",
+                expected: format!("({},) to match labels", labels.len()),
+                got: mask.shape().to_vec(),
+            });
+        }
+        self.check_shape(embeddings, labels.len())?;
+        let (chosen, rest): (Vec<usize>, Vec<usize>) = (0..mask.len()).partition(|&i| mask[i]);
+        let rows = embeddings.select(Axis(0), &chosen);
+        let chosen_labels: Array1<L> = chosen.iter().map(|&i| labels[i]).collect();
+        let mut done = self.enqueue(ctx, rows.view(), chosen_labels.view())?;
+        done.query_rows = rest;
+        done.self_exclusion = SelfExclusion::None;
+        Ok(done)
+    }
+
+    /// Enqueues `b = labels.len()` rows of `dim` f32, row-major at byte `offset` of `source`, a
+    /// buffer of the bank's own device with `COPY_SRC` usage: no host round trip of the rows.
+    /// Non-finite rows are detected on the device (a row whose squared norm is not finite,
+    /// which also catches values beyond ~1.8e19) and rejected before the bank is touched.
+    ///
+    /// # Errors
+    /// As [`Self::enqueue`], plus [`Error::InvalidParameter`] on the native path, for an
+    /// offset that is not a multiple of 4, a source without `COPY_SRC` or too small for the
+    /// rows.
+    ///
+    /// # Example
+    /// ```no_run
+    /// use ndarray::array;
+    /// use wgpu_metric_learning::{BankConfig, Context, ContextConfig, MemoryBank};
+    /// let ctx = Context::new(&ContextConfig::default())?;
+    /// let (device, _) = ctx.wgpu_device().expect("a wgpu context");
+    /// let source = device.create_buffer(&wgpu::BufferDescriptor {
+    ///     label: None, size: 2 * 4 * 4, mapped_at_creation: false,
+    ///     usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::STORAGE,
+    /// });
+    /// let mut bank = MemoryBank::<u32>::new(&ctx, &BankConfig::new(16, 4))?;
+    /// bank.enqueue_buffer(&ctx, &source, 0, array![0u32, 1].view())?;
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
+    pub fn enqueue_buffer(
+        &mut self,
+        ctx: &Context,
+        source: &wgpu::Buffer,
+        offset: u64,
+        labels: ArrayView1<'_, L>,
+    ) -> Result<Enqueued> {
+        let b = labels.len();
+        let Storage::Device(rows) = &self.storage else {
+            return Err(Error::InvalidParameter {
+                op: ENQUEUE,
+                what: "source",
+                value: "wgpu::Buffer".into(),
+                rule: "a native-CPU bank takes host arrays (use enqueue)",
+            });
+        };
+        self.check_len(b)?;
+        let bytes = 4 * (b as u64) * (self.dim as u64);
+        let invalid = |rule: &'static str, value: String| Error::InvalidParameter {
+            op: ENQUEUE,
+            what: "source",
+            value,
+            rule,
+        };
+        if !offset.is_multiple_of(4) {
+            return Err(invalid(
+                "offset must be a multiple of 4",
+                offset.to_string(),
+            ));
+        }
+        if !source.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+            return Err(invalid(
+                "the source buffer needs COPY_SRC usage",
+                format!("{:?}", source.usage()),
+            ));
+        }
+        if offset.saturating_add(bytes) > source.size() {
+            return Err(invalid(
+                "offset + 4·b·dim bytes must lie inside the source buffer",
+                format!("{} bytes from offset {offset} of {}", bytes, source.size()),
+            ));
+        }
+        let gpu = gpu_of(ctx, ENQUEUE, rows)?;
+        if b == 0 {
+            return Ok(self.advance(std::iter::empty(), Vec::new()));
+        }
+        let dim4 = rows.dim4();
+        let chunk = rows.page_rows().min(b);
+        let scratch = Scratch::new(ctx, gpu, chunk, dim4)?;
+        let (dense, padded) = (4 * self.dim as u64, 16 * dim4 as u64);
+        // Source rows c0 .. c0 + n into scratch rows 0 .. n, and their norms.
+        let stage = |enc: &mut wgpu::CommandEncoder, c0: usize, n: usize| -> Result<()> {
+            let at = offset + c0 as u64 * dense;
+            transfer::checked(gpu, ENQUEUE, || {
+                if dense == padded {
+                    enc.copy_buffer_to_buffer(
+                        source,
+                        at,
+                        scratch.rows.buffer(),
+                        0,
+                        n as u64 * dense,
+                    );
+                } else {
+                    // Scratch rows are zero-padded to vec4s: one copy per row.
+                    for i in 0..n as u64 {
+                        let (from, to) = (at + i * dense, i * padded);
+                        enc.copy_buffer_to_buffer(source, from, scratch.rows.buffer(), to, dense);
+                    }
+                }
+            })?;
+            scratch.encode_norms(ctx, gpu, enc, n)
+        };
+        // First every chunk is checked, so a bad row anywhere leaves the bank untouched.
+        let staging = Staging::new(ctx, gpu, "MemoryBank::enqueue::norms", f32s(chunk))?;
+        for c0 in (0..b).step_by(chunk) {
+            let n = chunk.min(b - c0);
+            let mut enc = encoder(gpu, ENQUEUE);
+            stage(&mut enc, c0, n)?;
+            staging.copy_from(&mut enc, &scratch.norms, 0, 4 * n as u64);
+            transfer::submit_and_wait(gpu, enc)?;
+            let bad = staging.read::<f32, _>(gpu, n, |v| v.iter().position(|x| !x.is_finite()))?;
+            if let Some(row) = bad {
+                return Err(scratch.non_finite(ctx, gpu, row, c0 + row, self.dim)?);
+            }
+        }
+        for c0 in (0..b).step_by(chunk) {
+            let n = chunk.min(b - c0);
+            let mut enc = encoder(gpu, ENQUEUE);
+            // A single chunk is still staged from the check.
+            if b > chunk {
+                stage(&mut enc, c0, n)?;
+            }
+            let head = (self.head + c0) % self.capacity;
+            Self::encode_ring_copy(rows, &mut enc, &scratch, head, n, self.capacity);
+            transfer::submit_and_wait(gpu, enc)?;
+        }
+        Ok(self.advance(labels.iter().copied(), (0..b).collect()))
+    }
+
+    /// The filled rows as references for any miner: labels `(len,)` and embeddings
+    /// `(len, dim)` (on the device: [`Embeddings::Bank`], nothing is uploaded).
+    pub fn refs(&self) -> MiningSet<'_, L> {
+        let len = self.len();
+        let embeddings = match &self.storage {
+            Storage::Device(rows) => Embeddings::Bank(BankRows {
+                view: RowsView { rows, len },
+            }),
+            Storage::Host { rows, .. } => Embeddings::Host(rows.slice(s![..len, ..])),
+        };
+        MiningSet {
+            labels: ArrayView1::from(&self.labels[..]),
+            embeddings: Some(embeddings),
+        }
+    }
+
+    /// Copies the filled rows to the host in slot order.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParameter`] for another context; device errors.
+    pub fn snapshot(&self, ctx: &Context) -> Result<BankSnapshot<L>> {
+        let embeddings = match &self.storage {
+            Storage::Host { rows, .. } => rows.slice(s![..self.len(), ..]).to_owned(),
+            Storage::Device(rows) => {
+                let gpu = gpu_of(ctx, "MemoryBank::snapshot", rows)?;
+                rows.read(ctx, gpu, self.len())?
+            }
+        };
+        Ok(BankSnapshot {
+            embeddings,
+            labels: Array1::from(self.labels.clone()),
+        })
+    }
+
+    /// Empties the bank (PML's `reset_queue`); its memory stays allocated.
+    pub fn reset(&mut self) {
+        self.labels.clear();
+        self.head = 0;
+        self.filled = false;
+    }
+
+    fn check_len(&self, b: usize) -> Result<()> {
+        if b > self.capacity {
+            return Err(Error::InvalidParameter {
+                op: ENQUEUE,
+                what: "batch size",
+                value: b.to_string(),
+                rule: "a batch may not hold more rows than the bank's capacity",
+            });
+        }
+        Ok(())
+    }
+
+    fn check_batch(&self, embeddings: ArrayView2<'_, f32>, labels: usize) -> Result<()> {
+        self.check_shape(embeddings, labels)?;
+        self.check_len(labels)
+    }
+
+    fn check_shape(&self, embeddings: ArrayView2<'_, f32>, labels: usize) -> Result<()> {
+        if embeddings.ncols() != self.dim {
+            return Err(Error::Shape {
+                op: ENQUEUE,
+                what: "embeddings",
+                expected: format!("(b, {}) to match the bank", self.dim),
+                got: embeddings.shape().to_vec(),
+            });
+        }
+        if labels != embeddings.nrows() {
+            return Err(Error::Shape {
+                op: ENQUEUE,
+                what: "labels",
+                expected: format!("({},) to match embeddings", embeddings.nrows()),
+                got: vec![labels],
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies scratch rows `0 .. b` to slots `head ..` modulo `capacity`: at most two runs.
+    fn encode_ring_copy(
+        rows: &DeviceRows,
+        enc: &mut wgpu::CommandEncoder,
+        scratch: &Scratch,
+        head: usize,
+        b: usize,
+        capacity: usize,
+    ) {
+        let first = b.min(capacity - head);
+        rows.copy_in(enc, &scratch.rows, &scratch.norms, 0, head, first);
+        rows.copy_in(enc, &scratch.rows, &scratch.norms, first, 0, b - first);
+    }
+
+    /// Records the labels of rows written at `head ..` and moves the head (PML's
+    /// `add_to_memory`, with its "filled once the head wraps or reaches the end" rule).
+    fn advance(&mut self, labels: impl Iterator<Item = L>, query_rows: Vec<usize>) -> Enqueued {
+        let mut slots = Vec::new();
+        for label in labels {
+            let slot = self.head;
+            match self.labels.get_mut(slot) {
+                Some(l) => *l = label,
+                None => self.labels.push(label),
+            }
+            slots.push(slot as u32);
+            self.head = (self.head + 1) % self.capacity;
+            if self.head == 0 {
+                self.filled = true;
+            }
+        }
+        Enqueued {
+            self_exclusion: SelfExclusion::QuerySlots(slots.clone()),
+            slots,
+            query_rows,
+        }
+    }
+}
+
+/// A batch on its way into the bank, up to `capacity` rows at a time: padded rows and their
+/// squared norms.
+struct Scratch {
+    params: TrackedBuffer,
+    rows: TrackedBuffer,
+    norms: TrackedBuffer,
+    dim4: usize,
+}
+
+impl Scratch {
+    fn new(ctx: &Context, gpu: &GpuDevice, capacity: usize, dim4: usize) -> Result<Self> {
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC;
+        let uniform = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
+        Ok(Self {
+            params: transfer::create_buffer(
+                ctx,
+                gpu,
+                "MemoryBank::enqueue::params",
+                f32s(4),
+                uniform,
+            )?,
+            // Fresh buffers are zeroed by wgpu, which the vec4 padding relies on.
+            rows: transfer::create_buffer(
+                ctx,
+                gpu,
+                "MemoryBank::enqueue::rows",
+                f32s(capacity * dim4 * 4),
+                usage,
+            )?,
+            norms: transfer::output(ctx, gpu, "MemoryBank::enqueue::norms", f32s(capacity))?,
+            dim4,
+        })
+    }
+
+    /// Records the squared norms of scratch rows `0 .. n` (sentinel-filled first when the
+    /// context asks, as every kernel output).
+    fn encode_norms(
+        &self,
+        ctx: &Context,
+        gpu: &GpuDevice,
+        enc: &mut wgpu::CommandEncoder,
+        n: usize,
+    ) -> Result<()> {
+        transfer::fill_sentinel(ctx, gpu, &self.norms, f32s(n))?;
+        let params = row_norms::Params {
+            rows: n as u32,
+            dim4: self.dim4 as u32,
+            _pad: [0; 2],
+        };
+        transfer::write(gpu, &self.params, 0, &[params])?;
+        let kernel = gpu.kernel::<RowNorms>()?;
+        kernel.encode(gpu, enc, n as u64, &self.params, &self.rows, &self.norms)
+    }
+
+    /// The error for scratch row `row` (batch row `batch_row`), whose squared norm is not
+    /// finite, naming its first non-finite value (or the norm, when every value is finite).
+    fn non_finite(
+        &self,
+        ctx: &Context,
+        gpu: &GpuDevice,
+        row: usize,
+        batch_row: usize,
+        dim: usize,
+    ) -> Result<Error> {
+        let width = 4 * self.dim4;
+        let staging = Staging::new(ctx, gpu, "MemoryBank::enqueue::row", f32s(width))?;
+        let mut enc = encoder(gpu, ENQUEUE);
+        let bytes = 4 * width as u64;
+        staging.copy_range(&mut enc, &self.rows, row as u64 * bytes, bytes);
+        transfer::submit_and_wait(gpu, enc)?;
+        let found = staging.read::<f32, _>(gpu, width, |values| {
+            values[..dim]
+                .iter()
+                .enumerate()
+                .find(|(_, v)| !v.is_finite())
+                .map(|(col, &v)| (col, v))
+        })?;
+        let (col, value) = found.unwrap_or((0, f32::INFINITY));
+        Ok(Error::NonFinite {
+            op: ENQUEUE,
+            what: if found.is_some() {
+                "embeddings"
+            } else {
+                "embeddings (squared norm overflows f32)"
+            },
+            row: batch_row,
+            col,
+            value,
+        })
+    }
+}

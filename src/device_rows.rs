@@ -1,0 +1,495 @@
+//! Reference rows resident on a device: embeddings split into pages that each fit one storage
+//! binding, with their squared norms, and the distances of query chunks against them.
+//!
+//! The triplet miner uploads host references into one of these once per call; a
+//! [`crate::MemoryBank`] owns one for its whole life, so mining against the bank re-uploads
+//! nothing but labels. Rows are stored zero-padded to `vec4`s, as every kernel reads them.
+
+use ndarray::{Array2, ArrayView2};
+
+use crate::context::{Context, GpuDevice};
+use crate::distance::DistanceConfig;
+use crate::error::{Error, Result};
+use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};
+use crate::kernels::row_norms::{self, RowNorms};
+use crate::memory::TrackedBuffer;
+use crate::plan::{plan_rows, DeviceCaps, Footprint};
+use crate::transfer::{self, Staging};
+
+/// Bytes of a buffer of `n` f32/u32 (as [`transfer::create_buffer`] rounds them).
+pub(crate) fn f32s(n: usize) -> u64 {
+    transfer::buffer_size(4 * n as u64)
+}
+
+/// Bytes of a uniform buffer holding one `T`.
+pub(crate) fn uniform_size<T>() -> u64 {
+    transfer::buffer_size(std::mem::size_of::<T>() as u64)
+}
+
+/// One page: `rows` padded embeddings and their squared norms.
+struct Page {
+    embeddings: TrackedBuffer,
+    norms: TrackedBuffer,
+    rows: usize,
+}
+
+/// Rows `(capacity, dim)` on one device, in pages of `page_rows` rows.
+pub(crate) struct DeviceRows {
+    /// [`GpuDevice::serial`] of the device holding the pages.
+    device: u64,
+    dim: usize,
+    dim4: usize,
+    page_rows: usize,
+    capacity: usize,
+    pages: Vec<Page>,
+}
+
+impl std::fmt::Debug for DeviceRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceRows")
+            .field("dim", &self.dim)
+            .field("capacity", &self.capacity)
+            .field("page_rows", &self.page_rows)
+            .field("pages", &self.pages.len())
+            .finish()
+    }
+}
+
+/// Largest page for rows of `dim4` vec4s on `caps`: one storage binding and one buffer per
+/// page, and the page's columns within one distance-tile dispatch.
+///
+/// # Errors
+/// [`Error::DeviceLimit`] when not even one row fits a binding.
+pub(crate) fn max_page_rows(op: &'static str, caps: &DeviceCaps, dim4: usize) -> Result<usize> {
+    let row_bytes = 16 * dim4.max(1) as u64;
+    let per_buffer = caps.max_storage_binding.min(caps.max_buffer_size);
+    if row_bytes > per_buffer {
+        return Err(Error::DeviceLimit {
+            op,
+            what: "max_storage_buffer_binding_size",
+            requested: row_bytes,
+            limit: per_buffer,
+        });
+    }
+    let by_grid = distance_tile::BLOCK * u64::from(caps.max_workgroups_per_dimension);
+    Ok((per_buffer / row_bytes)
+        .min(by_grid)
+        .min(u64::from(u32::MAX)) as usize)
+}
+
+/// Device bytes of `capacity` rows of `dim4` vec4s in pages of `page_rows`.
+pub(crate) fn rows_bytes(capacity: usize, dim4: usize, page_rows: usize) -> u64 {
+    let page_rows = page_rows.max(1);
+    let full = capacity / page_rows;
+    let last = capacity % page_rows;
+    let page = |rows: usize| f32s(rows * dim4 * 4) + f32s(rows);
+    full as u64 * page(page_rows) + if last > 0 { page(last) } else { 0 }
+}
+
+impl DeviceRows {
+    /// Allocates `capacity` zeroed rows of `dim` floats in pages of `page_rows`.
+    pub(crate) fn new(
+        ctx: &Context,
+        gpu: &GpuDevice,
+        capacity: usize,
+        dim: usize,
+        page_rows: usize,
+    ) -> Result<Self> {
+        let dim4 = dim.div_ceil(4);
+        let page_rows = page_rows.max(1);
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC;
+        let mut pages = Vec::with_capacity(capacity.div_ceil(page_rows));
+        for start in (0..capacity).step_by(page_rows) {
+            let rows = page_rows.min(capacity - start);
+            pages.push(Page {
+                embeddings: transfer::create_buffer(
+                    ctx,
+                    gpu,
+                    "device_rows::embeddings",
+                    f32s(rows * dim4 * 4),
+                    usage,
+                )?,
+                norms: transfer::create_buffer(ctx, gpu, "device_rows::norms", f32s(rows), usage)?,
+                rows,
+            });
+        }
+        Ok(Self {
+            device: gpu.serial,
+            dim,
+            dim4,
+            page_rows,
+            capacity,
+            pages,
+        })
+    }
+
+    /// Uploads `x` `(n, d)` (validated) into pages as large as the device allows, and computes
+    /// the squared norms of every page.
+    pub(crate) fn upload(ctx: &Context, gpu: &GpuDevice, x: ArrayView2<'_, f32>) -> Result<Self> {
+        let (n, dim) = x.dim();
+        let dim4 = dim.div_ceil(4);
+        let caps = DeviceCaps::from_limits(&gpu.limits);
+        let rows = Self::new(ctx, gpu, n, dim, max_page_rows("upload", &caps, dim4)?)?;
+        let norms = gpu.kernel::<RowNorms>()?;
+        let mut params = Vec::with_capacity(rows.pages.len());
+        for (p, page) in rows.pages.iter().enumerate() {
+            let start = p * rows.page_rows;
+            let padded = transfer::padded_rows(x, start, page.rows, dim4);
+            transfer::write(gpu, &page.embeddings, 0, &padded)?;
+            params.push(transfer::uniform(
+                ctx,
+                gpu,
+                "device_rows::norm_params",
+                &row_norms::Params {
+                    rows: page.rows as u32,
+                    dim4: dim4 as u32,
+                    _pad: [0; 2],
+                },
+            )?);
+        }
+        let mut enc = encoder(gpu, "device_rows::upload_norms");
+        for (page, params) in rows.pages.iter().zip(&params) {
+            transfer::fill_sentinel(ctx, gpu, &page.norms, f32s(page.rows))?;
+            norms.encode(
+                gpu,
+                &mut enc,
+                page.rows as u64,
+                params,
+                &page.embeddings,
+                &page.norms,
+            )?;
+        }
+        transfer::submit_and_wait(gpu, enc)?;
+        Ok(rows)
+    }
+
+    /// Floats per row (before padding).
+    pub(crate) fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// `vec4`s per stored row.
+    pub(crate) fn dim4(&self) -> usize {
+        self.dim4
+    }
+
+    /// Rows per page (the last page may hold fewer).
+    pub(crate) fn page_rows(&self) -> usize {
+        self.page_rows
+    }
+
+    /// Pages holding the first `len` rows.
+    pub(crate) fn pages_for(&self, len: usize) -> usize {
+        len.div_ceil(self.page_rows).min(self.pages.len())
+    }
+
+    /// `Err` unless these rows live on `gpu`'s device (binding them elsewhere is a wgpu fault).
+    pub(crate) fn check_device(&self, op: &'static str, gpu: &GpuDevice) -> Result<()> {
+        if self.device == gpu.serial {
+            return Ok(());
+        }
+        Err(Error::InvalidParameter {
+            op,
+            what: "context",
+            value: gpu.info.name.clone(),
+            rule: "a memory bank can only be used with the context that created it",
+        })
+    }
+
+    /// Records copies of `count` padded rows (and their norms) from `src` / `src_norms`, row
+    /// `src_row` on, into rows `dst_row ..` (which must not pass the capacity), split at pages.
+    pub(crate) fn copy_in(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        src: &TrackedBuffer,
+        src_norms: &TrackedBuffer,
+        src_row: usize,
+        dst_row: usize,
+        count: usize,
+    ) {
+        let row_bytes = 16 * self.dim4 as u64;
+        let mut done = 0;
+        while done < count {
+            let row = dst_row + done;
+            let (p, within) = (row / self.page_rows, row % self.page_rows);
+            let Some(page) = self.pages.get(p) else {
+                return;
+            };
+            let n = (page.rows - within).min(count - done);
+            let from = (src_row + done) as u64;
+            enc.copy_buffer_to_buffer(
+                src.buffer(),
+                from * row_bytes,
+                page.embeddings.buffer(),
+                within as u64 * row_bytes,
+                n as u64 * row_bytes,
+            );
+            enc.copy_buffer_to_buffer(
+                src_norms.buffer(),
+                from * 4,
+                page.norms.buffer(),
+                within as u64 * 4,
+                n as u64 * 4,
+            );
+            done += n;
+        }
+    }
+
+    /// The first `len` rows `(len, dim)` read back to the host, page by page through one
+    /// staging buffer of at most one page.
+    pub(crate) fn read(&self, ctx: &Context, gpu: &GpuDevice, len: usize) -> Result<Array2<f32>> {
+        let width = 4 * self.dim4;
+        let mut out = Array2::zeros((len, self.dim));
+        let used = self.pages_for(len);
+        if used == 0 {
+            return Ok(out);
+        }
+        let staging = Staging::new(
+            ctx,
+            gpu,
+            "device_rows::read",
+            f32s(self.page_rows.min(len) * width),
+        )?;
+        for (p, page) in self.pages[..used].iter().enumerate() {
+            let start = p * self.page_rows;
+            let rows = page.rows.min(len - start);
+            let mut enc = encoder(gpu, "device_rows::read");
+            staging.copy_from(&mut enc, &page.embeddings, 0, 4 * (rows * width) as u64);
+            transfer::submit_and_wait(gpu, enc)?;
+            staging.read::<f32, _>(gpu, rows * width, |values| {
+                for (i, row) in values.chunks_exact(width).enumerate() {
+                    for (o, v) in out.row_mut(start + i).iter_mut().zip(row) {
+                        *o = *v;
+                    }
+                }
+            })?;
+        }
+        Ok(out)
+    }
+}
+
+/// The first `len` rows of a [`DeviceRows`], as mining sees them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowsView<'a> {
+    pub(crate) rows: &'a DeviceRows,
+    pub(crate) len: usize,
+}
+
+pub(crate) fn encoder(gpu: &GpuDevice, label: &'static str) -> wgpu::CommandEncoder {
+    gpu.device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
+}
+
+/// Buffers of [`DistanceRows`] for up to `rows` queries against `refs` rows in `pages` pages;
+/// the plans of its users count exactly these.
+pub(crate) fn distance_rows_buffers(
+    rows: usize,
+    refs: usize,
+    dim4: usize,
+    pages: usize,
+) -> Vec<u64> {
+    let mut sizes = vec![
+        uniform_size::<row_norms::Params>(),
+        f32s(rows * dim4 * 4), // queries
+        f32s(rows),            // query norms
+        f32s(rows * refs),     // distances
+    ];
+    sizes.extend(std::iter::repeat_n(
+        uniform_size::<distance_tile::Params>(),
+        pages,
+    ));
+    sizes
+}
+
+/// The distances of a chunk of query rows against resident reference rows, as a row-major
+/// `(rows, refs)` device matrix: one distance tile per page, each writing its column block.
+pub(crate) struct DistanceRows {
+    norm_params: TrackedBuffer,
+    queries: TrackedBuffer,
+    query_norms: TrackedBuffer,
+    tile_params: Vec<TrackedBuffer>,
+    /// `(rows, refs)` distances of the last encoded chunk.
+    pub(crate) distances: TrackedBuffer,
+    norms: std::sync::Arc<RowNorms>,
+    tile: std::sync::Arc<DistanceTile>,
+}
+
+impl DistanceRows {
+    /// Buffers for chunks of up to `rows` queries against `refs`.
+    pub(crate) fn new(
+        ctx: &Context,
+        gpu: &GpuDevice,
+        rows: usize,
+        refs: RowsView<'_>,
+    ) -> Result<Self> {
+        let dim4 = refs.rows.dim4;
+        let uniform = |label, size| {
+            let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
+            transfer::create_buffer(ctx, gpu, label, size, usage)
+        };
+        let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+        let pages = refs.rows.pages_for(refs.len);
+        let mut tile_params = Vec::with_capacity(pages);
+        for _ in 0..pages {
+            tile_params.push(uniform(
+                "distance_rows::tile_params",
+                uniform_size::<distance_tile::Params>(),
+            )?);
+        }
+        Ok(Self {
+            norm_params: uniform(
+                "distance_rows::norm_params",
+                uniform_size::<row_norms::Params>(),
+            )?,
+            queries: transfer::create_buffer(
+                ctx,
+                gpu,
+                "distance_rows::queries",
+                f32s(rows * dim4 * 4),
+                input,
+            )?,
+            query_norms: transfer::output(ctx, gpu, "distance_rows::query_norms", f32s(rows))?,
+            tile_params,
+            distances: transfer::output(
+                ctx,
+                gpu,
+                "distance_rows::distances",
+                f32s(rows * refs.len),
+            )?,
+            norms: gpu.kernel::<RowNorms>()?,
+            tile: gpu.kernel::<DistanceTile>()?,
+        })
+    }
+
+    /// Uploads query rows `r0 .. r0 + rows` and records their distances to every row of
+    /// `refs` into [`Self::distances`].
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call site per user, all distinct"
+    )]
+    pub(crate) fn encode(
+        &self,
+        ctx: &Context,
+        gpu: &GpuDevice,
+        enc: &mut wgpu::CommandEncoder,
+        queries: ArrayView2<'_, f32>,
+        r0: usize,
+        rows: usize,
+        refs: RowsView<'_>,
+        cfg: &DistanceConfig,
+    ) -> Result<()> {
+        let store = refs.rows;
+        let (m, dim4) = (refs.len, store.dim4);
+        transfer::write(
+            gpu,
+            &self.queries,
+            0,
+            &transfer::padded_rows(queries, r0, rows, dim4),
+        )?;
+        let params = row_norms::Params {
+            rows: rows as u32,
+            dim4: dim4 as u32,
+            _pad: [0; 2],
+        };
+        transfer::write(gpu, &self.norm_params, 0, &[params])?;
+        transfer::fill_sentinel(ctx, gpu, &self.query_norms, f32s(rows))?;
+        transfer::fill_sentinel(ctx, gpu, &self.distances, f32s(rows * m))?;
+        self.norms.encode(
+            gpu,
+            enc,
+            rows as u64,
+            &self.norm_params,
+            &self.queries,
+            &self.query_norms,
+        )?;
+        for (p, (page, params)) in store.pages.iter().zip(&self.tile_params).enumerate() {
+            let c0 = p * store.page_rows;
+            if c0 >= m {
+                break;
+            }
+            let cols = page.rows.min(m - c0);
+            let tile_params = distance_tile::Params {
+                rows: rows as u32,
+                cols: cols as u32,
+                dim4: dim4 as u32,
+                metric: cfg.distance.code(),
+                normalize: u32::from(cfg.normalizes()),
+                out_stride: m as u32,
+                out_col0: c0 as u32,
+                _pad: 0,
+            };
+            transfer::write(gpu, params, 0, &[tile_params])?;
+            let buffers = TileBuffers {
+                params,
+                queries: &self.queries,
+                refs: &page.embeddings,
+                query_sq_norms: &self.query_norms,
+                ref_sq_norms: &page.norms,
+                out: &self.distances,
+            };
+            self.tile
+                .encode(gpu, enc, rows as u64, cols as u64, &buffers)?;
+        }
+        Ok(())
+    }
+}
+
+/// Hands the distances of `queries` `(q, d)` against resident `refs` to `on_block` in
+/// consecutive blocks of whole rows `(row0, (rows, m))`, each at most `max_rows` rows and as
+/// many as the budget allows.
+pub(crate) fn for_each_row_block(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    queries: ArrayView2<'_, f32>,
+    refs: RowsView<'_>,
+    cfg: &DistanceConfig,
+    max_rows: usize,
+    on_block: &mut dyn FnMut(usize, ArrayView2<'_, f32>) -> Result<()>,
+) -> Result<()> {
+    const OP: &str = "distance_rows";
+    let (q, m) = (queries.nrows(), refs.len);
+    refs.rows.check_device(OP, gpu)?;
+    if q == 0 {
+        return Ok(());
+    }
+    let pages = refs.rows.pages_for(m);
+    let dim4 = refs.rows.dim4;
+    let caps = DeviceCaps::from_limits(&gpu.limits);
+    let cost = |rows: usize| {
+        let mut buffers = distance_rows_buffers(rows, m, dim4, pages);
+        buffers.push(f32s(rows * m)); // staging
+        Footprint {
+            bytes: buffers.iter().sum(),
+            largest_buffer: buffers.iter().copied().max().unwrap_or(0),
+            workgroups: (rows as u64).div_ceil(distance_tile::BLOCK),
+            workgroup_storage: distance_tile::WORKGROUP_STORAGE,
+        }
+    };
+    let plan = plan_rows(
+        OP,
+        q.min(max_rows.max(1)),
+        m,
+        ctx.tracker().available(),
+        &caps,
+        cost,
+    )?;
+    let chunk = DistanceRows::new(ctx, gpu, plan.rows, refs)?;
+    let staging = Staging::new(ctx, gpu, "distance_rows::staging", f32s(plan.rows * m))?;
+    for r0 in (0..q).step_by(plan.rows) {
+        let rows = plan.rows.min(q - r0);
+        let mut enc = encoder(gpu, OP);
+        chunk.encode(ctx, gpu, &mut enc, queries, r0, rows, refs, cfg)?;
+        staging.copy_from(&mut enc, &chunk.distances, 0, 4 * (rows * m) as u64);
+        transfer::submit_and_wait(gpu, enc)?;
+        staging.read::<f32, _>(gpu, rows * m, |values| {
+            let view = ArrayView2::from_shape((rows, m), values).map_err(|e| Error::Readback {
+                label: "distance_rows::staging",
+                message: e.to_string(),
+            })?;
+            on_block(r0, view)
+        })??;
+    }
+    Ok(())
+}
