@@ -80,6 +80,8 @@ def pml(func, B, M, C, reps, timeout):
 def secs(rec):
     if rec.get("status", "ok") != "ok":
         return None
+    if rec.get("func") == "enqueue" and "enqueue_median_s" in rec:
+        return rec["enqueue_median_s"]
     return rec.get("median_s", rec.get("median"))
 
 
@@ -88,7 +90,7 @@ def fmt_s(rec):
     if s is None:
         err = rec.get("error") or rec.get("status") or "failed"
         return "fails: " + str(err)[:60].replace("|", "/")
-    return f"{s:.4f}" if s < 0.1 else f"{s:.3f}"
+    return f"{s * 1e6:.0f} µs" if s < 0.01 else f"{s:.3f}"
 
 
 def ratio(pml_rec, our_rec):

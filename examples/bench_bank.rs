@@ -98,7 +98,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (enqueue_median, _, _) = summary(&mut enqueues);
     let mem = ctx.memory();
     println!(
-        "RESULT {{\"impl\": \"wml\", \"path\": \"{}\", \"device\": \"{}\", \"func\": \"{func}\", \"B\": {b}, \"M\": {m}, \"C\": {c}, \"count\": {count}, \"median_s\": {median:.4}, \"min_s\": {min:.4}, \"max_s\": {max:.4}, \"enqueue_median_s\": {enqueue_median:.5}, \"peak_device_mib\": {:.1}, \"budget_mib\": {}, \"peak_rss_mb\": {:.1}}}",
+        "RESULT {{\"impl\": \"wml\", \"path\": \"{}\", \"device\": \"{}\", \"func\": \"{func}\", \"B\": {b}, \"M\": {m}, \"C\": {c}, \"count\": {count}, \"median_s\": {median:.4}, \"min_s\": {min:.4}, \"max_s\": {max:.4}, \"enqueue_median_s\": {enqueue_median:.7}, \"peak_device_mib\": {:.1}, \"budget_mib\": {}, \"peak_rss_mb\": {:.1}}}",
         match backend {
             BackendChoice::NativeCpu => "cpu",
             _ => "wgpu",
