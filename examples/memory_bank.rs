@@ -3,7 +3,7 @@
 //! batch against everything the bank holds, excluding each row's own slot.
 //!
 //! ```sh
-//! cargo run --release --example memory_bank -- --steps 12 --capacity 4096 --batch 128 --classes 100
+//! cargo run --release --example memory_bank -- --steps 12 --capacity 1024 --batch 128 --classes 100
 //! ```
 //! Add `--backend wgpu` to force the wgpu path (lavapipe on a machine without a GPU) or
 //! `--backend cpu` for the native one; the default picks as the library does.
@@ -26,7 +26,7 @@ fn batch(rng: &mut Rng, centres: &Array2<f32>, b: usize) -> (Array2<f32>, Array1
     let classes = centres.nrows() as u64;
     let labels = Array1::from_shape_simple_fn(b, || (rng.next() % classes) as u32);
     let mut x = Array2::from_shape_fn((b, DIM), |(i, k)| {
-        centres[[labels[i] as usize, k]] + 0.6 * rng.normal()
+        centres[[labels[i] as usize, k]] + 1.2 * rng.normal()
     });
     for mut row in x.rows_mut() {
         let n = row.dot(&row).sqrt().max(1e-12);
@@ -37,7 +37,7 @@ fn batch(rng: &mut Rng, centres: &Array2<f32>, b: usize) -> (Array2<f32>, Array1
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: usize = flag("--steps", "12").parse()?;
-    let capacity: usize = flag("--capacity", "4096").parse()?;
+    let capacity: usize = flag("--capacity", "1024").parse()?;
     let b: usize = flag("--batch", "128").parse()?;
     let classes: usize = flag("--classes", "100").parse()?;
     let backend = match flag("--backend", "auto").as_str() {

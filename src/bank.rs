@@ -102,19 +102,15 @@ enum Storage {
 /// # Example
 /// ```
 /// use ndarray::array;
-/// use wgpu_metric_learning::{
-///     mine_triplets, BankConfig, Context, MemoryBank, MiningSet, TripletConfig, TripletType,
-/// };
+/// use wgpu_metric_learning::{mine_triplets, BankConfig, Context, MemoryBank, MiningSet, TripletConfig};
 /// let ctx = Context::native_cpu(None);
 /// let mut bank = MemoryBank::<i64>::new(&ctx, &BankConfig::new(4, 2))?;
 /// let x = array![[1.0f32, 0.0], [0.9, 0.1], [0.0, 1.0]];
 /// let y = array![0i64, 0, 1];
 /// let enq = bank.enqueue(&ctx, x.view(), y.view())?;
 /// assert_eq!((enq.slots.clone(), bank.len()), (vec![0, 1, 2], 3));
-/// let cfg = TripletConfig {
-///     self_exclusion: enq.self_exclusion,
-///     ..TripletConfig::margin_miner(TripletType::All)
-/// };
+/// // Every valid triplet; a margin rule needs only `..TripletConfig::margin_miner(kind)`.
+/// let cfg = TripletConfig { self_exclusion: enq.self_exclusion, ..Default::default() };
 /// let batch = MiningSet::with_embeddings(y.view(), x.view());
 /// let t = mine_triplets(&ctx, &batch, Some(&bank.refs()), &cfg)?;
 /// assert_eq!(t.indices, array![[0u32, 1, 2], [1, 0, 2]]);
