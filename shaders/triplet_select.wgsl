@@ -3,19 +3,26 @@
 //
 // Pairs are numbered densely in (anchor, positive) order: anchor a owns pairs
 // pair_base[a] .. pair_base[a + 1] (an exclusive prefix sum of the positive counts, from the
-// host), so dispatches launch exactly one workgroup (count) or invocation (emit) per pair and
-// find their anchor by binary search. Pair (a, i) takes the i-th positive p of a and walks the
-// negatives n of a in ascending order, keeping those that pass the rule:
+// host), so dispatches launch exactly one invocation per pair and find their anchor by binary
+// search. Pair (a, i) takes the i-th positive p of a; its triplets are the negatives n of a
+// that pass the rule:
 //   mode 0: every negative (all valid triplets, from labels alone)
 //   with tm = d(a,n) - d(a,p) for distances, d(a,p) - d(a,n) for similarities (PML):
 //   mode 1 "all":      tm <= margin
 //   mode 2 "hard":     tm <= margin and tm <= 0
 //   mode 3 "semihard": tm <= margin and tm > 0
 //   mode 4 "easy":     tm > margin
-// `count`: a workgroup per pair; its 64 invocations stride over the negatives and reduce the
-// kept flags to pair_counts[pair] (mode 0 needs no count pass: the host knows n_neg).
-// `emit`: one invocation per pair of the window [pair_lo, pair_hi) writes the negatives n of
-// the pair's kept triplets, ascending, from offsets[pair] - start, where offsets is the
+// Counts (margin rules; mode 0 needs no count, the host knows n_neg), two ways, the host
+// picking the cheaper for each chunk:
+// `count_scan`: a workgroup per pair; its 64 invocations stride over the negatives and reduce
+//   the kept flags to pair_counts[pair]: O(n_neg) per pair.
+// `count_sorted`: an invocation per pair. Every rule keeps the negatives whose tm lies in an
+//   interval, and tm is monotone in the negative's value (f32 subtraction rounds
+//   monotonically), so with the anchor's negative values sorted ascending (negative_sort.wgsl)
+//   each bound is one binary search: O(log n_neg) per pair after an O(n log^2 n) sort per
+//   anchor, and exact, since every probe evaluates the same f32 expression as `keep`.
+// `emit`: one invocation per pair of the window [pair_lo, pair_hi) walks the negatives in
+// ascending order and writes the kept n from offsets[pair] - start, where offsets is the
 // exclusive prefix sum of the counts (64-bit, from the host) and start the window's first
 // offset; the host, which knows each pair's (a, p), expands them to (a, p, n) rows, so only a
 // third of the triplet bytes are written and read back. Ascending n at prefix-sum offsets is
@@ -26,7 +33,8 @@
 struct Params {
     anchors: u32,
     refs: u32,
-    _pad0: u32,
+    // Row length of the sorted values (count pass).
+    sorted_stride: u32,
     mode: u32,
     inverted: u32,
     margin: f32,
@@ -42,6 +50,9 @@ struct Params {
 // (anchors, refs) distances of the chunk; unused (may be a dummy) in mode 0.
 @group(0) @binding(1) var<storage, read> distances: array<f32>;
 @group(0) @binding(2) var<storage, read> positives: array<u32>;
+// Emit, count_scan: (anchors, refs) ascending negative indices. count_sorted: the
+// (anchors, sorted_stride) sorted negative values of negative_sort.wgsl, as f32 bits (one layout serves both entry
+// points, within the 8 storage buffers a stage may bind).
 @group(0) @binding(3) var<storage, read> negatives: array<u32>;
 @group(0) @binding(4) var<storage, read> list_counts: array<u32>;
 @group(0) @binding(5) var<storage, read> pair_base: array<u32>;
@@ -49,13 +60,12 @@ struct Params {
 @group(0) @binding(7) var<storage, read> offsets: array<vec2<u32>>;
 @group(0) @binding(8) var<storage, read_write> out: array<u32>;
 
-const COUNT_WORKGROUP_SIZE: u32 = 64u;
-const EMIT_WORKGROUP_SIZE: u32 = 64u;
+const WORKGROUP_SIZE: u32 = 64u;
 
 var<workgroup> partial: array<u32, 64>;
 
 fn keep(ap: f32, an: f32) -> bool {
-    let tm = select(an - ap, ap - an, params.inverted != 0u);
+    let tm = tm_of(ap, an);
     switch params.mode {
         case 1u: {
             return tm <= params.margin;
@@ -95,8 +105,30 @@ fn kept(row: u32, j: u32, ap: f32) -> bool {
     return params.mode == 0u || keep(ap, distances[row + negatives[row + j]]);
 }
 
+fn tm_of(ap: f32, an: f32) -> f32 {
+    return select(an - ap, ap - an, params.inverted != 0u);
+}
+
+// How many of the n sorted values starting at `row` have tm <= x. tm <= x holds on a prefix of
+// the ascending values for distances and on a suffix for similarities.
+fn count_le(row: u32, n: u32, ap: f32, x: f32) -> u32 {
+    let inverted = params.inverted != 0u;
+    var lo = 0u;
+    var hi = n;
+    while (lo < hi) {
+        let mid = (lo + hi) / 2u;
+        let v = bitcast<f32>(negatives[row + mid]);
+        if ((tm_of(ap, v) <= x) != inverted) {
+            lo = mid + 1u;
+        } else {
+            hi = mid;
+        }
+    }
+    return select(lo, n - lo, inverted);
+}
+
 @compute @workgroup_size(64, 1, 1)
-fn count(
+fn count_scan(
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
@@ -112,14 +144,14 @@ fn count(
     let n_neg = list_counts[2u * a + 1u];
     let ap = distances[row + positives[row + pair - pair_base[a]]];
     var c = 0u;
-    for (var j = t; j < n_neg; j += COUNT_WORKGROUP_SIZE) {
+    for (var j = t; j < n_neg; j += WORKGROUP_SIZE) {
         if (kept(row, j, ap)) {
             c += 1u;
         }
     }
     partial[t] = c;
     workgroupBarrier();
-    for (var s = COUNT_WORKGROUP_SIZE / 2u; s > 0u; s >>= 1u) {
+    for (var s = WORKGROUP_SIZE / 2u; s > 0u; s >>= 1u) {
         if (t < s) {
             partial[t] += partial[t + s];
         }
@@ -131,11 +163,48 @@ fn count(
 }
 
 @compute @workgroup_size(64, 1, 1)
+fn count_sorted(
+    @builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+) {
+    let pair = params.pair_lo + gid.x + gid.y * groups.x * WORKGROUP_SIZE;
+    if (pair >= params.pair_hi) {
+        return;
+    }
+    let a = anchor_of(pair);
+    let row = a * params.refs;
+    let n_neg = list_counts[2u * a + 1u];
+    let ap = distances[row + positives[row + pair - pair_base[a]]];
+    let sorted_row = a * params.sorted_stride;
+    let below_margin = count_le(sorted_row, n_neg, ap, params.margin);
+    var c = 0u;
+    switch params.mode {
+        case 1u: {
+            c = below_margin;
+        }
+        case 2u: {
+            c = count_le(sorted_row, n_neg, ap, min(params.margin, 0.0));
+        }
+        case 3u: {
+            // {0 < tm <= margin} = {tm <= margin} minus {tm <= 0}; empty when margin < 0.
+            c = below_margin - min(below_margin, count_le(sorted_row, n_neg, ap, 0.0));
+        }
+        case 4u: {
+            c = n_neg - below_margin;
+        }
+        default: {
+            c = n_neg;
+        }
+    }
+    pair_counts[pair] = c;
+}
+
+@compute @workgroup_size(64, 1, 1)
 fn emit(
     @builtin(global_invocation_id) gid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
 ) {
-    let pair = params.pair_lo + gid.x + gid.y * groups.x * EMIT_WORKGROUP_SIZE;
+    let pair = params.pair_lo + gid.x + gid.y * groups.x * WORKGROUP_SIZE;
     if (pair >= params.pair_hi || pair_counts[pair] == 0u) {
         return;
     }

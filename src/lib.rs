@@ -35,6 +35,6 @@ pub use miners::{
 pub use mining_set::{Embeddings, MiningSet, SelfExclusion};
 pub use plan::{plan_rows, plan_tiles, DeviceCaps, Footprint, TilePlan};
 pub use triplets::{
-    count_triplets, mine_triplets, mine_triplets_streaming, TripletConfig, TripletCount,
-    TripletRule, TripletType, Triplets,
+    count_triplets, mine_triplets, mine_triplets_streaming, CountMethod, TripletConfig,
+    TripletCount, TripletRule, TripletType, Triplets,
 };

@@ -4,7 +4,7 @@ use ndarray::{Array1, Array2, ArrayView2, Axis, Zip};
 
 use crate::distance::{Distance, DistanceConfig};
 use crate::error::Result;
-use crate::triplets::{Problem, Writer};
+use crate::triplets::{CountMethod, Problem, Writer};
 
 /// Squared norm of every row.
 fn sq_norms(x: ArrayView2<'_, f32>) -> Array1<f32> {
@@ -61,7 +61,8 @@ pub(crate) fn triplets(problem: &Problem<'_>, writer: Option<Writer<'_>>) -> Res
     let mut writer = writer;
     let mut counted = 0u64;
     let refs = problem.set.host_refs("mine_triplets")?;
-    let (mut pos, mut neg, mut kept) = (
+    let (mut pos, mut neg, mut kept, mut sorted) = (
+        Vec::with_capacity(m),
         Vec::with_capacity(m),
         Vec::with_capacity(m),
         Vec::with_capacity(m),
@@ -78,6 +79,20 @@ pub(crate) fn triplets(problem: &Problem<'_>, writer: Option<Writer<'_>>) -> Res
         for a in a0..a0 + rows {
             problem.set.lists_of(a, &mut pos, &mut neg);
             let row = dist.as_ref().map(|d| d.row(a - a0));
+            let sorting = problem.count_method != CountMethod::Scan;
+            if let (None, Some(row), true) = (writer.as_ref(), row, sorting) {
+                // Counting only: sort the negatives' values once, then two binary searches
+                // per positive (as the kernels do) instead of a scan.
+                sorted.clear();
+                sorted.extend(neg.iter().map(|&n| row[n as usize]));
+                sorted.sort_unstable_by(f32::total_cmp);
+                for &p in &pos {
+                    counted += problem
+                        .rule
+                        .count_sorted(&sorted, row[p as usize], similarity);
+                }
+                continue;
+            }
             for &p in &pos {
                 let negatives: &[u32] = match row {
                     None => &neg,

@@ -14,8 +14,9 @@ use ndarray::{Array1, Array2};
 use proptest::prelude::*;
 use wgpu_metric_learning::reference::triplet_select::triplet_select;
 use wgpu_metric_learning::{
-    count_triplets, mine_triplets, mine_triplets_streaming, pairwise_distances, Context, Distance,
-    DistanceConfig, Error, MiningSet, SelfExclusion, TripletConfig, TripletRule, TripletType,
+    count_triplets, mine_triplets, mine_triplets_streaming, pairwise_distances, Context,
+    CountMethod, Distance, DistanceConfig, Error, MiningSet, SelfExclusion, TripletConfig,
+    TripletRule, TripletType,
 };
 
 /// One mining problem: queries, optional refs (None = the queries themselves), and the config.
@@ -188,16 +189,18 @@ fn problem() -> impl Strategy<Value = Problem> {
             } else {
                 Just(None).boxed()
             };
-            let cfg = (rule(), 0usize..4, any::<bool>()).prop_map(|(rule, which, normalize)| {
-                TripletConfig {
+            let count_method = prop_oneof![Just(CountMethod::Scan), Just(CountMethod::Sorted)];
+            let cfg = (rule(), 0usize..4, any::<bool>(), count_method).prop_map(
+                |(rule, which, normalize, count_method)| TripletConfig {
+                    count_method,
                     rule,
                     distance: DistanceConfig {
                         distance: DISTANCES[which],
                         normalize,
                     },
                     ..Default::default()
-                }
-            });
+                },
+            );
             (labels(b, classes), embeddings(b, d), refs, cfg)
         })
         .prop_flat_map(|(labels, embeddings, refs, cfg)| {

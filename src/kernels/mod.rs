@@ -4,6 +4,7 @@
 //! else; buffers come from [`crate::transfer`] and tile sizes from [`crate::plan`].
 
 pub(crate) mod distance_tile;
+pub(crate) mod negative_sort;
 pub(crate) mod row_norms;
 pub(crate) mod triplet_lists;
 pub(crate) mod triplet_select;
@@ -24,6 +25,7 @@ use crate::transfer::checked;
 /// ```
 pub const WGSL_SOURCES: &[(&str, &str)] = &[
     ("distance_tile", distance_tile::SOURCE),
+    ("negative_sort", negative_sort::SOURCE),
     ("row_norms", row_norms::SOURCE),
     ("triplet_lists", triplet_lists::SOURCE),
     ("triplet_select", triplet_select::SOURCE),

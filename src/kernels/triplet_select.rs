@@ -1,5 +1,7 @@
-//! Wrapper of `shaders/triplet_select.wgsl`: per-pair triplet counts (`count`, a workgroup
-//! per pair), then the triplets themselves (`emit`, an invocation per pair).
+//! Wrapper of `shaders/triplet_select.wgsl`: per-pair triplet counts (`count_scan`, a
+//! workgroup per pair scanning the negatives, or `count_sorted`, an invocation per pair
+//! searching the sorted negative values), then the triplets themselves (`emit`, an invocation
+//! per pair).
 
 use crate::context::{GpuDevice, Kernel};
 use crate::error::{Error, Result};
@@ -8,8 +10,8 @@ use crate::memory::TrackedBuffer;
 
 pub(crate) const SOURCE: &str = include_str!("../../shaders/triplet_select.wgsl");
 
-/// Invocations per `emit` workgroup; `EMIT_WORKGROUP_SIZE` in the shader.
-pub(crate) const EMIT_WORKGROUP_SIZE: u64 = 64;
+/// Invocations per workgroup; `WORKGROUP_SIZE` in the shader.
+pub(crate) const WORKGROUP_SIZE: u64 = 64;
 
 /// Workgroup memory the kernel declares: a 64-entry u32 reduction.
 pub(crate) const WORKGROUP_STORAGE: u64 = 64 * 4;
@@ -20,7 +22,8 @@ pub(crate) const WORKGROUP_STORAGE: u64 = 64 * 4;
 pub(crate) struct Params {
     pub(crate) anchors: u32,
     pub(crate) refs: u32,
-    pub(crate) _pad0: u32,
+    /// Row length of the sorted negative values (count pass).
+    pub(crate) sorted_stride: u32,
     pub(crate) mode: u32,
     pub(crate) inverted: u32,
     pub(crate) margin: f32,
@@ -44,6 +47,8 @@ pub(crate) struct SelectBuffers<'a> {
     pub(crate) distances: &'a TrackedBuffer,
     pub(crate) positives: &'a TrackedBuffer,
     pub(crate) negatives: &'a TrackedBuffer,
+    /// Bound in place of `negatives` for [`Pass::CountSorted`].
+    pub(crate) sorted: &'a TrackedBuffer,
     pub(crate) list_counts: &'a TrackedBuffer,
     pub(crate) pair_base: &'a TrackedBuffer,
     pub(crate) pair_counts: &'a TrackedBuffer,
@@ -54,12 +59,27 @@ pub(crate) struct SelectBuffers<'a> {
 /// Which entry point runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Pass {
-    Count,
+    /// `count_scan`: a workgroup per pair.
+    CountScan,
+    /// `count_sorted`: an invocation per pair, over sorted negative values.
+    CountSorted,
+    /// `emit`: an invocation per pair.
     Emit,
 }
 
+impl Pass {
+    /// Pairs one workgroup covers.
+    pub(crate) fn pairs_per_workgroup(self) -> u64 {
+        match self {
+            Pass::CountScan => 1,
+            Pass::CountSorted | Pass::Emit => WORKGROUP_SIZE,
+        }
+    }
+}
+
 pub(crate) struct TripletSelect {
-    count: Pipeline,
+    count_scan: Pipeline,
+    count_sorted: Pipeline,
     emit: Pipeline,
 }
 
@@ -71,21 +91,29 @@ impl Kernel for TripletSelect {
             ReadWrite,
         ];
         Ok(Self {
-            count: Pipeline::new(gpu, "triplet_select::count", SOURCE, "count", &bindings)?,
+            count_scan: Pipeline::new(
+                gpu,
+                "triplet_select::count_scan",
+                SOURCE,
+                "count_scan",
+                &bindings,
+            )?,
+            count_sorted: Pipeline::new(
+                gpu,
+                "triplet_select::count_sorted",
+                SOURCE,
+                "count_sorted",
+                &bindings,
+            )?,
             emit: Pipeline::new(gpu, "triplet_select::emit", SOURCE, "emit", &bindings)?,
         })
     }
 }
 
 impl TripletSelect {
-    /// Workgroups for `pairs` pairs: one per pair for `count`, one invocation per pair for
-    /// `emit`, as a 2-D grid with `x` at most `max_per_dim`.
+    /// Workgroups for `pass` over `pairs` pairs, as a 2-D grid with `x` at most `max_per_dim`.
     pub(crate) fn workgroups(pass: Pass, pairs: u64, max_per_dim: u32) -> (u32, u32) {
-        let groups = match pass {
-            Pass::Count => pairs,
-            Pass::Emit => pairs.div_ceil(EMIT_WORKGROUP_SIZE),
-        };
-        grid_2d(groups, max_per_dim)
+        grid_2d(pairs.div_ceil(pass.pairs_per_workgroup()), max_per_dim)
     }
 
     /// Records `pass` over the pairs `[params.pair_lo, params.pair_hi)`, `pairs` of them.
@@ -111,7 +139,10 @@ impl TripletSelect {
             b.params.buffer(),
             b.distances.buffer(),
             b.positives.buffer(),
-            b.negatives.buffer(),
+            match pass {
+                Pass::CountSorted => b.sorted.buffer(),
+                Pass::CountScan | Pass::Emit => b.negatives.buffer(),
+            },
             b.list_counts.buffer(),
             b.pair_base.buffer(),
             b.pair_counts.buffer(),
@@ -119,7 +150,8 @@ impl TripletSelect {
             b.out.buffer(),
         ];
         let (pipeline, label) = match pass {
-            Pass::Count => (&self.count, "triplet_select::count"),
+            Pass::CountScan => (&self.count_scan, "triplet_select::count_scan"),
+            Pass::CountSorted => (&self.count_sorted, "triplet_select::count_sorted"),
             Pass::Emit => (&self.emit, "triplet_select::emit"),
         };
         pipeline.dispatch(gpu, encoder, label, &buffers, [x, y, 1])

@@ -78,6 +78,37 @@ impl TripletRule {
         }
     }
 
+    /// How many of `sorted` (one anchor's negative values, ascending) this rule keeps against
+    /// `ap`: the host twin of `triplet_select`'s `count`. Each rule keeps an interval of `tm`,
+    /// and `tm` is monotone in the negative's value (f32 subtraction rounds monotonically), so
+    /// each bound is one binary search evaluating exactly [`Self::keeps`]'s expression.
+    pub(crate) fn count_sorted(&self, sorted: &[f32], ap: f32, similarity: bool) -> u64 {
+        let TripletRule::Margin { kind, margin } = *self else {
+            return sorted.len() as u64;
+        };
+        let n = sorted.len();
+        // How many have tm <= x: a prefix for distances, a suffix for similarities.
+        let count_le = |x: f32| {
+            let split = sorted.partition_point(|&an| {
+                let tm = if similarity { ap - an } else { an - ap };
+                (tm <= x) != similarity
+            });
+            if similarity {
+                n - split
+            } else {
+                split
+            }
+        };
+        let below_margin = count_le(margin);
+        let kept = match kind {
+            TripletType::All => below_margin,
+            TripletType::Hard => count_le(margin.min(0.0)),
+            TripletType::Semihard => below_margin - below_margin.min(count_le(0.0)),
+            TripletType::Easy => n - below_margin,
+        };
+        kept as u64
+    }
+
     /// The shader's `mode` code.
     pub(crate) fn mode(&self) -> u32 {
         match self {
@@ -120,6 +151,24 @@ pub struct TripletConfig {
     /// Most triplets per chunk handed to a streaming callback (raised to the number of
     /// references if smaller: one pair can yield that many). Default `1 << 22`.
     pub max_chunk_triplets: usize,
+    /// How margin rules count each (anchor, positive) pair's triplets. Default
+    /// [`CountMethod::Auto`]. The result is the same either way.
+    pub count_method: CountMethod,
+}
+
+/// How margin rules count the kept triplets of each (anchor, positive) pair (before emitting
+/// them, or as the whole answer of [`count_triplets`]). Both are exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CountMethod {
+    /// The cheaper of the two by a cost model: sorting wins with many positives per anchor
+    /// (few classes, large banks). The native path always sorts when only counting.
+    #[default]
+    Auto,
+    /// Test every (positive, negative) candidate: `O(P·N)` per anchor.
+    Scan,
+    /// Sort the anchor's negative values once, then two binary searches per positive:
+    /// `O(N log² N + P log N)` per anchor on the GPU (bitonic), `O((N + P) log N)` natively.
+    Sorted,
 }
 
 impl Default for TripletConfig {
@@ -129,6 +178,7 @@ impl Default for TripletConfig {
             distance: DistanceConfig::default(),
             self_exclusion: SelfExclusion::None,
             max_chunk_triplets: 1 << 22,
+            count_method: CountMethod::Auto,
         }
     }
 }
@@ -203,6 +253,7 @@ pub(crate) struct Problem<'a> {
     pub(crate) distance: DistanceConfig,
     /// Triplets per emitted chunk, at least the number of references.
     pub(crate) chunk: usize,
+    pub(crate) count_method: CountMethod,
 }
 
 fn prepare<'s, L: Hash + Eq + Copy>(
@@ -233,6 +284,7 @@ fn prepare<'s, L: Hash + Eq + Copy>(
         rule: cfg.rule,
         distance: cfg.distance,
         chunk,
+        count_method: cfg.count_method,
     })
 }
 
