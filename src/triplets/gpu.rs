@@ -26,7 +26,7 @@ use crate::memory::TrackedBuffer;
 use crate::mining_set::Embeddings;
 use crate::plan::{plan_rows, DeviceCaps, Footprint};
 use crate::transfer::{self, Staging};
-use crate::triplets::{CountMethod, Problem, TripletRule, Writer, OP};
+use crate::triplets::{list_sizes, CountMethod, Problem, TripletRule, Writer, OP};
 
 /// Sizes of every buffer one anchor chunk uses; the plan's footprint and the allocations both
 /// come from here, so the plan counts exactly what is allocated.
@@ -40,6 +40,8 @@ struct Layout {
     pages: usize,
     /// Margin rule: per-pair counts on the device.
     counts: bool,
+    /// Counts by sorted negative values ([`sorts_negatives`]).
+    sorted: bool,
     /// Negatives per output window of `emit`; 0 when the device emits nothing.
     out: usize,
     /// Every valid triplet, collected or streamed: both lists are read back.
@@ -67,11 +69,11 @@ impl Layout {
         negative_sort::width(self.refs)
     }
     fn sorted(&self) -> u64 {
-        or_dummy(self.counts, f32s(self.anchors * self.sort_width()))
+        or_dummy(self.sorted, f32s(self.anchors * self.sort_width()))
     }
     /// Uniform buffers of the sort: the gather and one per bitonic pass.
     fn sort_params(&self) -> usize {
-        if self.counts {
+        if self.sorted {
             1 + negative_sort::passes(self.sort_width()).len()
         } else {
             0
@@ -137,7 +139,7 @@ impl Layout {
             // triplet_lists runs one workgroup per anchor (tiles need fewer); the sort's
             // gather folds anchors × width invocations into a 2-D grid, whose side is the
             // square root.
-            workgroups: (self.anchors as u64).max(if self.counts {
+            workgroups: (self.anchors as u64).max(if self.sorted {
                 let groups = (self.anchors * self.sort_width()) as u64;
                 groups.div_ceil(negative_sort::WORKGROUP_SIZE).isqrt() + 1
             } else {
@@ -167,6 +169,7 @@ fn plan(
         dim4: refs.map_or(0, |r| r.0),
         pages: refs.map_or(0, |r| r.1),
         counts: margin,
+        sorted: sorts_negatives(problem),
         out: 0,
         host_lists: emit && !margin,
     };
@@ -326,25 +329,30 @@ impl ChunkLists {
 /// 2.1·10⁷-check scan; more passes and more memory traffic per operation.
 const SORT_OP_COST: u64 = 3;
 
-/// The cheaper count for a chunk: scanning every (pair, negative), `Σ P_a·N_a`, or sorting
-/// every anchor's negatives (rows as wide as the widest) and two binary searches per pair.
-/// Many positives per anchor (few classes, large banks) favour sorting.
-fn count_pass(rows: usize, lists: &ChunkLists) -> Pass {
-    let (mut scan, mut pairs, mut most) = (0u64, 0u64, 0u32);
-    for a in 0..rows {
-        let (p, n) = (u64::from(lists.positives_of(a)), lists.negatives_of(a));
-        scan += p * u64::from(n);
-        pairs += p;
-        most = most.max(n);
+/// Whether a margin rule counts by sorting each anchor's negatives (then two binary searches
+/// per pair) rather than scanning every (pair, negative): decided once per call from the
+/// class sizes, by comparing `Σ P_a·N_a` checks with the sort's compare-exchanges. Many
+/// positives per anchor (few classes, large banks) favour sorting.
+fn sorts_negatives(problem: &Problem<'_>) -> bool {
+    if !matches!(problem.rule, TripletRule::Margin { .. }) {
+        return false;
     }
-    let width = negative_sort::width(most as usize) as u64;
-    let passes = negative_sort::passes(width as usize).len() as u64;
-    let searches = 2 * pairs * u64::from(width.ilog2());
-    let sort = rows as u64 * width / 2 * passes * SORT_OP_COST + searches;
-    if sort < scan {
-        Pass::CountSorted
-    } else {
-        Pass::CountScan
+    match problem.count_method {
+        CountMethod::Scan => false,
+        CountMethod::Sorted => true,
+        CountMethod::Auto => {
+            let (mut scan, mut pairs, mut most) = (0u64, 0u64, 0u64);
+            for (p, n) in list_sizes(&problem.set) {
+                scan += p * n;
+                pairs += p;
+                most = most.max(n);
+            }
+            let width = negative_sort::width(most as usize) as u64;
+            let passes = negative_sort::passes(width as usize).len() as u64;
+            let anchors = problem.set.labels.len() as u64;
+            let searches = 2 * pairs * u64::from(width.ilog2());
+            anchors * width / 2 * passes * SORT_OP_COST + searches < scan
+        }
     }
 }
 
@@ -593,14 +601,12 @@ impl<'p, 'd> Miner<'p, 'd> {
         let gpu = self.gpu;
         transfer::write(gpu, &self.buf.pair_base, 0, &pair_base)?;
         self.select_params.anchors = rows as u32;
-        let pass = match self.problem.count_method {
-            CountMethod::Auto => count_pass(rows, lists),
-            CountMethod::Scan => Pass::CountScan,
-            CountMethod::Sorted => Pass::CountSorted,
-        };
-        if pass == Pass::CountSorted {
+        let pass = if self.layout.sorted {
             self.sort_negatives(rows, lists)?;
-        }
+            Pass::CountSorted
+        } else {
+            Pass::CountScan
+        };
         let sentinel_bytes = f32s(pairs as usize);
         transfer::fill_sentinel(self.ctx, gpu, &self.buf.pair_counts, sentinel_bytes)?;
         self.dispatch_pairs(pass, 0..pairs)?;

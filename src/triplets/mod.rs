@@ -429,6 +429,14 @@ pub(crate) fn run(ctx: &Context, problem: &Problem<'_>, writer: Option<Writer<'_
 
 /// The number of valid triplets, `Σ_a |P_a|·|N_a|`, from class sizes alone (`O(b + m)`).
 pub(crate) fn all_valid_count(set: &Prepared<'_>) -> u64 {
+    list_sizes(set).map(|(p, n)| p * n).sum()
+}
+
+/// Per anchor, `(|P_a|, |N_a|)`: its positive and negative reference counts, from class sizes
+/// alone (`O(b + m)`).
+pub(crate) fn list_sizes<'s, 'a>(
+    set: &'s Prepared<'a>,
+) -> impl Iterator<Item = (u64, u64)> + use<'s, 'a> {
     let classes = set
         .labels
         .iter()
@@ -443,10 +451,9 @@ pub(crate) fn all_valid_count(set: &Prepared<'_>) -> u64 {
     set.labels
         .iter()
         .zip(&set.self_slots)
-        .map(|(&l, &me)| {
+        .map(move |(&l, &me)| {
             let same = size[l as usize];
             let own = set.ref_labels.get(me as usize).is_some_and(|&r| r == l);
-            (same - u64::from(own)) * (m - same)
+            (same - u64::from(own), m - same)
         })
-        .sum()
 }
