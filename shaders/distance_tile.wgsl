@@ -3,7 +3,8 @@
 //   out[r * out_stride + out_col0 + c] = metric(queries[r], refs[c])
 //
 // The tile may be one column block of a wider row-major matrix (references split into pages):
-// out_stride is that matrix's row length and out_col0 the block's first column.
+// out_stride is that matrix's row length and out_col0 the block's first column. Reference c is
+// row ref_row0 + c of the refs buffer, so a tile can start inside a page.
 //
 // Each workgroup owns a 64 x 64 block of the tile; each of its 16 x 16 invocations owns a 4 x 4
 // register block. The dot products are accumulated over 16-wide slices of the dimension staged
@@ -25,7 +26,7 @@ struct Params {
     normalize: u32,
     out_stride: u32,
     out_col0: u32,
-    _pad0: u32,
+    ref_row0: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -46,7 +47,7 @@ var<workgroup> r_slab: array<vec4<f32>, 256>;
 
 fn finish(dot_raw: f32, row: u32, col: u32) -> f32 {
     var q2 = query_sq_norms[row];
-    var r2 = ref_sq_norms[col];
+    var r2 = ref_sq_norms[params.ref_row0 + col];
     var d = dot_raw;
     if (params.normalize != 0u) {
         let iq = 1.0 / max(sqrt(q2), 1e-12);
@@ -98,7 +99,7 @@ fn main(
             qv = queries[q_row * params.dim4 + k];
         }
         if (r_col < params.cols && k < params.dim4) {
-            rv = refs[r_col * params.dim4 + k];
+            rv = refs[(params.ref_row0 + r_col) * params.dim4 + k];
         }
         let slot = load_item / 4u;
         let lane = load_item % 4u;

@@ -488,19 +488,36 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
         Ok(self.advance(labels.iter().copied(), (0..b).collect()))
     }
 
-    /// The filled rows as references for any miner: labels `(len,)` and embeddings
-    /// `(len, dim)` (on the device: [`Embeddings::Bank`], nothing is uploaded).
-    pub fn refs(&self) -> MiningSet<'_, L> {
+    /// The filled rows `(len, dim)` as references for [`crate::knn`], where they live
+    /// (nothing is uploaded); result indices are slots.
+    ///
+    /// # Example
+    /// ```
+    /// use ndarray::array;
+    /// use wgpu_metric_learning::{knn, BankConfig, Context, KnnConfig, MemoryBank};
+    /// let ctx = Context::native_cpu(None);
+    /// let mut bank = MemoryBank::<u32>::new(&ctx, &BankConfig::new(8, 2))?;
+    /// bank.enqueue(&ctx, array![[1.0f32, 0.0], [0.0, 1.0]].view(), array![0u32, 1].view())?;
+    /// let found = knn(&ctx, array![[0.1f32, 1.0]].view(), bank.rows(), &KnnConfig { k: 1, ..Default::default() })?;
+    /// assert_eq!(found.indices[[0, 0]], 1);
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
+    pub fn rows(&self) -> Embeddings<'_> {
         let len = self.len();
-        let embeddings = match &self.storage {
+        match &self.storage {
             Storage::Device(rows) => Embeddings::Bank(BankRows {
                 view: RowsView { rows, len },
             }),
             Storage::Host { rows, .. } => Embeddings::Host(rows.slice(s![..len, ..])),
-        };
+        }
+    }
+
+    /// The filled rows as references for any miner: labels `(len,)` and embeddings
+    /// `(len, dim)` (on the device: [`Embeddings::Bank`], nothing is uploaded).
+    pub fn refs(&self) -> MiningSet<'_, L> {
         MiningSet {
             labels: ArrayView1::from(&self.labels[..]),
-            embeddings: Some(embeddings),
+            embeddings: Some(self.rows()),
         }
     }
 

@@ -185,6 +185,48 @@ impl DeviceRows {
         len.div_ceil(self.page_rows).min(self.pages.len())
     }
 
+    /// Page `p`'s embeddings and squared norms, for binding.
+    pub(crate) fn page(&self, p: usize) -> Result<(&TrackedBuffer, &TrackedBuffer)> {
+        let page = self.pages.get(p).ok_or(Error::InvalidParameter {
+            op: "device_rows",
+            what: "page",
+            value: p.to_string(),
+            rule: "a page index below the number of pages",
+        })?;
+        Ok((&page.embeddings, &page.norms))
+    }
+
+    /// Writes host rows `x[start .. start + count]` into rows `0 .. count` of the first page
+    /// (queued before the next submit) and records their squared norms into `enc`; `params`
+    /// is the norm kernel's uniform buffer, rewritten here.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "a streaming chunk needs its source range and the norm kernel's buffers"
+    )]
+    pub(crate) fn fill(
+        &self,
+        ctx: &Context,
+        gpu: &GpuDevice,
+        enc: &mut wgpu::CommandEncoder,
+        norms: &RowNorms,
+        params: &TrackedBuffer,
+        x: ArrayView2<'_, f32>,
+        start: usize,
+        count: usize,
+    ) -> Result<()> {
+        let (embeddings, page_norms) = self.page(0)?;
+        let padded = transfer::padded_rows(x, start, count, self.dim4);
+        transfer::write(gpu, embeddings, 0, &padded)?;
+        let p = row_norms::Params {
+            rows: count as u32,
+            dim4: self.dim4 as u32,
+            _pad: [0; 2],
+        };
+        transfer::write(gpu, params, 0, &[p])?;
+        transfer::fill_sentinel(ctx, gpu, page_norms, f32s(count))?;
+        norms.encode(gpu, enc, count as u64, params, embeddings, page_norms)
+    }
+
     /// `Err` unless these rows live on `gpu`'s device (binding them elsewhere is a wgpu fault).
     pub(crate) fn check_device(&self, op: &'static str, gpu: &GpuDevice) -> Result<()> {
         if self.device == gpu.serial {
@@ -418,7 +460,7 @@ impl DistanceRows {
                 normalize: u32::from(cfg.normalizes()),
                 out_stride: m as u32,
                 out_col0: c0 as u32,
-                _pad: 0,
+                ref_row0: 0,
             };
             transfer::write(gpu, params, 0, &[tile_params])?;
             let buffers = TileBuffers {

@@ -237,7 +237,7 @@ fn gpu_tiles(
         normalize: u32::from(cfg.normalizes()),
         out_stride: 0,
         out_col0: 0,
-        _pad: 0,
+        ref_row0: 0,
     };
     let t_params = transfer::uniform(ctx, gpu, "pairwise_distances::tile_params", &tile_params)?;
     let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;

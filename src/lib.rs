@@ -6,6 +6,7 @@ mod device_rows;
 mod distance;
 mod error;
 pub mod kernels;
+mod knn;
 mod memory;
 mod miners;
 mod mining_set;
@@ -26,6 +27,7 @@ pub use distance::{
 };
 pub use error::{Error, Result};
 pub use kernels::WGSL_SOURCES;
+pub use knn::{knn, knn_sharded, Knn, KnnConfig};
 pub use memory::MemoryStats;
 pub use miners::{
     all_pairs, batch_easy_hard_pairs, batch_hard_triplets, multi_similarity_pairs,

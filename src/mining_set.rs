@@ -35,6 +35,12 @@ pub enum Embeddings<'a> {
     Bank(BankRows<'a>),
 }
 
+impl<'a> From<ArrayView2<'a, f32>> for Embeddings<'a> {
+    fn from(x: ArrayView2<'a, f32>) -> Self {
+        Embeddings::Host(x)
+    }
+}
+
 impl Embeddings<'_> {
     /// The same embeddings for a shorter lifetime (array views are invariant in theirs), so
     /// that queries and references of different lifetimes can meet in one call.

@@ -7,8 +7,28 @@ use crate::error::Result;
 use crate::triplets::{CountMethod, Problem, Writer};
 
 /// Squared norm of every row.
-fn sq_norms(x: ArrayView2<'_, f32>) -> Array1<f32> {
+pub(crate) fn sq_norms(x: ArrayView2<'_, f32>) -> Array1<f32> {
     x.map_axis(Axis(1), |row| row.dot(&row))
+}
+
+/// Scale factors `1 / max(|x|, 1e-12)` from squared norms when normalising, else exactly 1.
+pub(crate) fn inv_norms(n2: &Array1<f32>, cfg: &DistanceConfig) -> Array1<f32> {
+    if cfg.normalizes() {
+        n2.mapv(|v| 1.0 / v.sqrt().max(1e-12))
+    } else {
+        Array1::ones(n2.len())
+    }
+}
+
+/// The metric from a (scaled) dot product and the two (scaled) squared norms: the epilogue of
+/// `shaders/distance_tile.wgsl`, clamping included.
+#[inline]
+pub(crate) fn finish(distance: Distance, q2: f32, r2: f32, dot: f32) -> f32 {
+    match distance {
+        Distance::Euclidean => (q2 + r2 - 2.0 * dot).max(0.0).sqrt(),
+        Distance::SquaredEuclidean => (q2 + r2 - 2.0 * dot).max(0.0),
+        Distance::Cosine | Distance::DotProduct => dot,
+    }
 }
 
 /// The distance matrix `(q, n)`; same formula and clamping as `shaders/distance_tile.wgsl`,
@@ -20,20 +40,7 @@ pub(crate) fn pairwise_distances(
 ) -> Array2<f32> {
     let (q2, r2) = (sq_norms(queries), sq_norms(refs));
     let mut dots = queries.dot(&refs.t());
-    // Scale factors 1 / max(|x|, 1e-12) when normalising, else exactly 1.
-    let inv = |n2: &Array1<f32>| {
-        if cfg.normalizes() {
-            n2.mapv(|v| 1.0 / v.sqrt().max(1e-12))
-        } else {
-            Array1::ones(n2.len())
-        }
-    };
-    let (iq, ir) = (inv(&q2), inv(&r2));
-    let finish = |q2: f32, r2: f32, d: f32| match cfg.distance {
-        Distance::Euclidean => (q2 + r2 - 2.0 * d).max(0.0).sqrt(),
-        Distance::SquaredEuclidean => (q2 + r2 - 2.0 * d).max(0.0),
-        Distance::Cosine | Distance::DotProduct => d,
-    };
+    let (iq, ir) = (inv_norms(&q2, cfg), inv_norms(&r2, cfg));
     // One pass over the GEMM output: scaling and the metric's epilogue together, in the
     // kernel's order of operations.
     Zip::from(dots.rows_mut())
@@ -44,7 +51,7 @@ pub(crate) fn pairwise_distances(
             Zip::from(&mut row)
                 .and(&r2)
                 .and(&ir)
-                .for_each(|d, &r2, &ir| *d = finish(q2, r2 * ir * ir, *d * iq * ir));
+                .for_each(|d, &r2, &ir| *d = finish(cfg.distance, q2, r2 * ir * ir, *d * iq * ir));
         });
     dots
 }

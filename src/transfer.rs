@@ -183,6 +183,11 @@ pub(crate) fn fill_sentinel(
 }
 
 /// Submits `encoder` and blocks until the device has finished it.
+/// Submits `encoder` without waiting: later queue writes apply after its commands.
+pub(crate) fn submit(gpu: &GpuDevice, encoder: wgpu::CommandEncoder) -> Result<()> {
+    scoped(gpu, "submit", 0, || gpu.queue.submit([encoder.finish()])).map(|_| ())
+}
+
 pub(crate) fn submit_and_wait(gpu: &GpuDevice, encoder: wgpu::CommandEncoder) -> Result<()> {
     let index = scoped(gpu, "submit", 0, || gpu.queue.submit([encoder.finish()]))?;
     wait(gpu, index)

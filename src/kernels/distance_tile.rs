@@ -26,7 +26,8 @@ pub(crate) struct Params {
     pub(crate) out_stride: u32,
     /// First output column of the tile (0 for a standalone tile).
     pub(crate) out_col0: u32,
-    pub(crate) _pad: u32,
+    /// Row of the refs buffer holding reference 0 of the tile.
+    pub(crate) ref_row0: u32,
 }
 
 pub(crate) struct DistanceTile(Pipeline);

@@ -4,6 +4,7 @@
 //! else; buffers come from [`crate::transfer`] and tile sizes from [`crate::plan`].
 
 pub(crate) mod distance_tile;
+pub(crate) mod knn_select;
 pub(crate) mod negative_sort;
 pub(crate) mod row_norms;
 pub(crate) mod triplet_lists;
@@ -25,6 +26,7 @@ use crate::transfer::checked;
 /// ```
 pub const WGSL_SOURCES: &[(&str, &str)] = &[
     ("distance_tile", distance_tile::SOURCE),
+    ("knn_select", knn_select::SOURCE),
     ("negative_sort", negative_sort::SOURCE),
     ("row_norms", row_norms::SOURCE),
     ("triplet_lists", triplet_lists::SOURCE),

@@ -6,6 +6,7 @@
 //! CPU implementation is the native path of [`crate::Context`].
 
 pub mod distance_tile;
+pub mod knn_select;
 pub mod negative_sort;
 pub mod row_norms;
 pub mod triplet_lists;

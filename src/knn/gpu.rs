@@ -1,0 +1,400 @@
+//! The wgpu path of [`super::knn`]: per query chunk, distance tiles against consecutive
+//! reference ranges, each merged into the chunk's running best lists by `knn_select`.
+//!
+//! References are read where they are: a memory bank's resident pages, host references
+//! uploaded once when they fit the budget next to the tiles, or else streamed through one
+//! chunk buffer per reference range (re-uploaded for every query chunk).
+
+use ndarray::ArrayView2;
+
+use super::{sort_rows, KnnConfig, Neighbours, OP};
+use crate::context::{Context, GpuDevice};
+use crate::device_rows::{encoder, f32s, max_page_rows, rows_bytes, uniform_size, DeviceRows};
+use crate::error::{Error, Result};
+use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};
+use crate::kernels::knn_select::{self, KnnSelect, SelectBuffers, SLOT_BYTES};
+use crate::kernels::row_norms::{self, RowNorms};
+use crate::memory::TrackedBuffer;
+use crate::mining_set::Embeddings;
+use crate::plan::{plan_tiles, DeviceCaps, Footprint, TilePlan};
+use crate::transfer::{self, Staging, SENTINEL_BITS};
+
+/// Most references per range: bounds the `(rows, cols)` distance block so that rows stay many.
+const MAX_COLS: usize = 16_384;
+
+/// Where the references come from.
+enum Source<'a> {
+    /// Resident pages (a bank's, or host references uploaded for this call), `len` rows.
+    Resident { rows: &'a DeviceRows, len: usize },
+    /// Host rows streamed through a chunk buffer.
+    Streamed(ArrayView2<'a, f32>),
+}
+
+/// Sizes of every buffer one query chunk uses; the plan and the allocations both come from it.
+struct Layout {
+    rows: usize,
+    cols: usize,
+    dim4: usize,
+    k: usize,
+    streamed: bool,
+}
+
+impl Layout {
+    fn buffers(&self) -> Vec<u64> {
+        let (r, c, k) = (self.rows, self.cols, self.k);
+        let best = transfer::buffer_size(r as u64 * k as u64 * SLOT_BYTES);
+        let mut sizes = vec![
+            uniform_size::<row_norms::Params>(),
+            uniform_size::<distance_tile::Params>(),
+            uniform_size::<knn_select::Params>(),
+            f32s(r * self.dim4 * 4), // queries
+            f32s(r),                 // query norms
+            f32s(r),                 // excluded
+            f32s(r * c),             // distance block
+            best,                    // running lists, ping
+            best,                    // and pong
+            best,                    // staging
+        ];
+        if self.streamed {
+            sizes.push(uniform_size::<row_norms::Params>());
+            sizes.extend([f32s(c * self.dim4 * 4), f32s(c)]);
+        }
+        sizes
+    }
+
+    fn footprint(&self) -> Footprint {
+        let sizes = self.buffers();
+        Footprint {
+            bytes: sizes.iter().sum(),
+            largest_buffer: sizes.iter().copied().max().unwrap_or(0),
+            workgroups: (self.rows as u64)
+                .div_ceil(distance_tile::BLOCK)
+                .max((self.cols as u64).div_ceil(distance_tile::BLOCK)),
+            workgroup_storage: distance_tile::WORKGROUP_STORAGE.max(knn_select::WORKGROUP_STORAGE),
+        }
+    }
+}
+
+/// The chunk: as many references per range as fit next to 64 query rows (a distance tile's
+/// side), then as many rows as fit; when not even one range of 64 references fits 64 rows
+/// (large `k`), rows give way first so that ranges stay at least 64 wide.
+fn plan(
+    q: usize,
+    cols: usize,
+    dim4: usize,
+    k: usize,
+    streamed: bool,
+    budget: u64,
+    caps: &DeviceCaps,
+) -> Result<TilePlan> {
+    let cost = |rows, cols| {
+        Layout {
+            rows,
+            cols,
+            dim4,
+            k,
+            streamed,
+        }
+        .footprint()
+    };
+    let side = distance_tile::BLOCK as usize;
+    let balanced = plan_tiles(OP, q, cols, side, budget, caps, cost)?;
+    if balanced.cols >= side.min(cols) {
+        return Ok(balanced);
+    }
+    let wide = plan_tiles(OP, q, cols, 1, budget, caps, cost)?;
+    Ok(if wide.cols > balanced.cols {
+        wide
+    } else {
+        balanced
+    })
+}
+
+/// See the module documentation; inputs are validated, `q ≥ 1`, `k ≥ 1`.
+pub(super) fn search(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    queries: ArrayView2<'_, f32>,
+    refs: Embeddings<'_>,
+    cfg: &KnnConfig,
+    excluded: &[u32],
+) -> Result<Neighbours> {
+    let (q, d) = queries.dim();
+    let dim4 = d.div_ceil(4);
+    let caps = DeviceCaps::from_limits(&gpu.limits);
+    let k = cfg.k;
+    match refs {
+        Embeddings::Bank(bank) => {
+            let rows = bank.view.rows;
+            rows.check_device(OP, gpu)?;
+            let cols = bank.view.len.min(rows.page_rows()).min(MAX_COLS);
+            let plan = plan(q, cols, dim4, k, false, ctx.tracker().available(), &caps)?;
+            let source = Source::Resident {
+                rows,
+                len: bank.view.len,
+            };
+            run(ctx, gpu, queries, &source, &plan, cfg, excluded)
+        }
+        Embeddings::Host(x) => {
+            let n = x.nrows();
+            let page_rows = max_page_rows(OP, &caps, dim4)?;
+            let resident = rows_bytes(n, dim4, page_rows);
+            let available = ctx.tracker().available();
+            let cols = n.min(page_rows).min(MAX_COLS);
+            // Resident when the references and a chunk of at least 64 rows (or all queries)
+            // fit; otherwise streaming keeps the budget for the tiles.
+            if let Some(left) = available.checked_sub(resident) {
+                if let Ok(plan) = plan(q, cols, dim4, k, false, left, &caps) {
+                    if plan.rows >= q.min(distance_tile::BLOCK as usize) {
+                        let rows = DeviceRows::upload(ctx, gpu, x)?;
+                        let source = Source::Resident {
+                            rows: &rows,
+                            len: n,
+                        };
+                        return run(ctx, gpu, queries, &source, &plan, cfg, excluded);
+                    }
+                }
+            }
+            let cols = n.min(page_rows).min(MAX_COLS);
+            let plan = plan(q, cols, dim4, k, true, available, &caps)?;
+            run(
+                ctx,
+                gpu,
+                queries,
+                &Source::Streamed(x),
+                &plan,
+                cfg,
+                excluded,
+            )
+        }
+    }
+}
+
+/// The buffers of one search, allocated once and reused by every query chunk.
+struct Buffers {
+    norm_params: TrackedBuffer,
+    tile_params: TrackedBuffer,
+    select_params: TrackedBuffer,
+    queries: TrackedBuffer,
+    query_norms: TrackedBuffer,
+    excluded: TrackedBuffer,
+    block: TrackedBuffer,
+    best: [TrackedBuffer; 2],
+    staging: Staging,
+    /// Streaming only: the chunk's rows (one page) and its norm parameters.
+    stream: Option<(DeviceRows, TrackedBuffer)>,
+}
+
+impl Buffers {
+    fn new(ctx: &Context, gpu: &GpuDevice, layout: &Layout, d: usize) -> Result<Self> {
+        let (r, c, k) = (layout.rows, layout.cols, layout.k);
+        let uniform = |label, size| {
+            let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
+            transfer::create_buffer(ctx, gpu, label, size, usage)
+        };
+        let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+        let best_bytes = r as u64 * k as u64 * SLOT_BYTES;
+        let stream = if layout.streamed {
+            Some((
+                DeviceRows::new(ctx, gpu, c, d, c)?,
+                uniform(
+                    "knn::stream_norm_params",
+                    uniform_size::<row_norms::Params>(),
+                )?,
+            ))
+        } else {
+            None
+        };
+        Ok(Self {
+            norm_params: uniform("knn::norm_params", uniform_size::<row_norms::Params>())?,
+            tile_params: uniform("knn::tile_params", uniform_size::<distance_tile::Params>())?,
+            select_params: uniform("knn::select_params", uniform_size::<knn_select::Params>())?,
+            queries: transfer::create_buffer(
+                ctx,
+                gpu,
+                "knn::queries",
+                f32s(r * layout.dim4 * 4),
+                input,
+            )?,
+            query_norms: transfer::output(ctx, gpu, "knn::query_norms", f32s(r))?,
+            excluded: transfer::create_buffer(ctx, gpu, "knn::excluded", f32s(r), input)?,
+            block: transfer::output(ctx, gpu, "knn::block", f32s(r * c))?,
+            best: [
+                transfer::output(ctx, gpu, "knn::best", best_bytes)?,
+                transfer::output(ctx, gpu, "knn::best", best_bytes)?,
+            ],
+            staging: Staging::new(ctx, gpu, "knn::staging", best_bytes)?,
+            stream,
+        })
+    }
+}
+
+/// One reference range: global first index, rows, and where its rows are bound.
+struct Range<'a> {
+    start: usize,
+    cols: usize,
+    rows: &'a DeviceRows,
+    page: usize,
+    row0: usize,
+}
+
+fn run(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    queries: ArrayView2<'_, f32>,
+    source: &Source<'_>,
+    plan: &TilePlan,
+    cfg: &KnnConfig,
+    excluded: &[u32],
+) -> Result<Neighbours> {
+    let (q, d) = queries.dim();
+    let (k, dim4) = (cfg.k, d.div_ceil(4));
+    let largest = cfg.distance.distance.is_similarity();
+    let layout = Layout {
+        rows: plan.rows,
+        cols: plan.cols,
+        dim4,
+        k,
+        streamed: matches!(source, Source::Streamed(_)),
+    };
+    let b = Buffers::new(ctx, gpu, &layout, d)?;
+    let norms = gpu.kernel::<RowNorms>()?;
+    let tile = gpu.kernel::<DistanceTile>()?;
+    let select = gpu.kernel::<KnnSelect>()?;
+    let n = match source {
+        Source::Resident { len, .. } => *len,
+        Source::Streamed(x) => x.nrows(),
+    };
+    let mut out = Neighbours::empty(q, k);
+    for r0 in (0..q).step_by(plan.rows) {
+        let rows = plan.rows.min(q - r0);
+        transfer::write(
+            gpu,
+            &b.queries,
+            0,
+            &transfer::padded_rows(queries, r0, rows, dim4),
+        )?;
+        transfer::write(gpu, &b.excluded, 0, &excluded[r0..r0 + rows])?;
+        let norm_params = row_norms::Params {
+            rows: rows as u32,
+            dim4: dim4 as u32,
+            _pad: [0; 2],
+        };
+        transfer::write(gpu, &b.norm_params, 0, &[norm_params])?;
+        transfer::fill_sentinel(ctx, gpu, &b.query_norms, f32s(rows))?;
+        let mut enc = encoder(gpu, OP);
+        norms.encode(
+            gpu,
+            &mut enc,
+            rows as u64,
+            &b.norm_params,
+            &b.queries,
+            &b.query_norms,
+        )?;
+        let mut current = 0;
+        let mut start = 0;
+        while start < n {
+            let range = match source {
+                Source::Resident { rows: store, .. } => {
+                    let (page, row0) = (start / store.page_rows(), start % store.page_rows());
+                    let in_page = store.page_rows() - row0;
+                    Range {
+                        start,
+                        cols: plan.cols.min(n - start).min(in_page),
+                        rows: store,
+                        page,
+                        row0,
+                    }
+                }
+                Source::Streamed(x) => {
+                    let cols = plan.cols.min(n - start);
+                    let Some((store, params)) = &b.stream else {
+                        return Err(Error::Wgpu {
+                            op: OP,
+                            message: "streamed references without a chunk buffer".into(),
+                        });
+                    };
+                    store.fill(ctx, gpu, &mut enc, &norms, params, *x, start, cols)?;
+                    Range {
+                        start,
+                        cols,
+                        rows: store,
+                        page: 0,
+                        row0: 0,
+                    }
+                }
+            };
+            let tile_params = distance_tile::Params {
+                rows: rows as u32,
+                cols: range.cols as u32,
+                dim4: dim4 as u32,
+                metric: cfg.distance.distance.code(),
+                normalize: u32::from(cfg.distance.normalizes()),
+                out_stride: range.cols as u32,
+                out_col0: 0,
+                ref_row0: range.row0 as u32,
+            };
+            transfer::write(gpu, &b.tile_params, 0, &[tile_params])?;
+            transfer::fill_sentinel(ctx, gpu, &b.block, f32s(rows * range.cols))?;
+            let (page_rows, page_norms) = range.rows.page(range.page)?;
+            tile.encode(
+                gpu,
+                &mut enc,
+                rows as u64,
+                range.cols as u64,
+                &TileBuffers {
+                    params: &b.tile_params,
+                    queries: &b.queries,
+                    refs: page_rows,
+                    query_sq_norms: &b.query_norms,
+                    ref_sq_norms: page_norms,
+                    out: &b.block,
+                },
+            )?;
+            let select_params = knn_select::Params {
+                rows: rows as u32,
+                cols: range.cols as u32,
+                block_stride: range.cols as u32,
+                k: k as u32,
+                best_len: if start == 0 { 0 } else { k as u32 },
+                col_base: range.start as u32,
+                largest: u32::from(largest),
+                _pad: 0,
+            };
+            transfer::write(gpu, &b.select_params, 0, &[select_params])?;
+            let best_bytes = rows as u64 * k as u64 * SLOT_BYTES;
+            transfer::fill_sentinel(ctx, gpu, &b.best[1 - current], best_bytes)?;
+            select.encode(
+                gpu,
+                &mut enc,
+                rows as u64,
+                &SelectBuffers {
+                    params: &b.select_params,
+                    block: &b.block,
+                    best_in: &b.best[current],
+                    excluded: &b.excluded,
+                    best_out: &b.best[1 - current],
+                },
+            )?;
+            // Parameters are rewritten for the next range: this range's commands go first.
+            transfer::submit(gpu, std::mem::replace(&mut enc, encoder(gpu, OP)))?;
+            current = 1 - current;
+            start += range.cols;
+        }
+        let best_bytes = rows as u64 * k as u64 * SLOT_BYTES;
+        b.staging
+            .copy_from(&mut enc, &b.best[current], 0, best_bytes);
+        transfer::submit_and_wait(gpu, enc)?;
+        let mut pairs: Vec<[u32; 2]> = b.staging.read::<u32, _>(gpu, 2 * rows * k, |v| {
+            v.chunks_exact(2).map(|p| [p[0], p[1]]).collect()
+        })?;
+        if let Some(bad) = pairs.iter().position(|p| p[1] == SENTINEL_BITS) {
+            return Err(Error::Readback {
+                label: "knn::best",
+                message: format!("slot {bad} of query chunk {r0} was never written"),
+            });
+        }
+        sort_rows(&mut pairs, k, largest, &mut out, r0);
+    }
+    Ok(out)
+}

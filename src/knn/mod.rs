@@ -1,0 +1,368 @@
+//! k-nearest neighbours of queries among references: exact, any `k`, under the budget, on one
+//! device or sharded over several.
+
+mod gpu;
+mod native;
+
+use ndarray::{s, Array2, ArrayView2};
+
+use crate::context::{ComputePath, Context};
+use crate::distance::DistanceConfig;
+use crate::error::{Error, Result};
+use crate::kernels::knn_select::{key_of, score_of, EMPTY_INDEX};
+use crate::mining_set::{Embeddings, SelfExclusion};
+use crate::validate;
+
+const OP: &str = "knn";
+
+/// What [`knn`] searches for. Every field has a documented default.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{Distance, DistanceConfig, KnnConfig, SelfExclusion};
+/// let cfg = KnnConfig {
+///     k: 100,
+///     distance: DistanceConfig { distance: Distance::Cosine, normalize: true },
+///     self_exclusion: SelfExclusion::SameIndex, // PML's ref_includes_query
+/// };
+/// assert_eq!(KnnConfig::default().k, 10);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct KnnConfig {
+    /// Neighbours per query: `1 ≤ k ≤` the references a query can see (all of them, less the
+    /// query itself when it is excluded). No other cap. Default 10.
+    pub k: usize,
+    /// How queries and references are compared. Default [`DistanceConfig::default`]
+    /// (Euclidean on L2-normalised embeddings, as PML); `normalize: false` is Faiss's
+    /// convention.
+    pub distance: DistanceConfig,
+    /// Which reference is each query itself, left out of its neighbours by index (so ties
+    /// with duplicates cannot leave the query in or a duplicate out):
+    /// [`SelfExclusion::SameIndex`] is PML's `ref_includes_query` (reference `i` is query
+    /// `i`); [`SelfExclusion::QuerySlots`] names a slot per query (a memory bank). Default
+    /// [`SelfExclusion::None`].
+    pub self_exclusion: SelfExclusion,
+}
+
+impl Default for KnnConfig {
+    fn default() -> Self {
+        Self {
+            k: 10,
+            distance: DistanceConfig::default(),
+            self_exclusion: SelfExclusion::None,
+        }
+    }
+}
+
+/// The result of [`knn`] and [`knn_sharded`].
+#[derive(Debug, Clone)]
+pub struct Knn {
+    /// `(q, k)`: reference indices (rows of the references, or slots of a memory bank), best
+    /// first; ties are broken by the lower index.
+    pub indices: Array2<u32>,
+    /// `(q, k)`: the matching distances (ascending) or similarities (descending).
+    pub scores: Array2<f32>,
+    /// Where it ran (for [`knn_sharded`]: the first context's path).
+    pub path: ComputePath,
+}
+
+/// Per query, sorted best-first neighbour lists padded with [`EMPTY_INDEX`] (a shard may hold
+/// fewer than `k` references a query can see).
+pub(crate) struct Neighbours {
+    pub(crate) indices: Array2<u32>,
+    pub(crate) scores: Array2<f32>,
+}
+
+impl Neighbours {
+    fn empty(q: usize, k: usize) -> Self {
+        Self {
+            indices: Array2::from_elem((q, k), EMPTY_INDEX),
+            scores: Array2::from_elem((q, k), f32::NAN),
+        }
+    }
+}
+
+/// The `k` nearest references of every query `(q, d)`: `refs` is a host array `(n, d)` or the
+/// filled rows of a [`crate::MemoryBank`] (`bank.rows()`), searched where they live.
+///
+/// Exact (brute force). On the wgpu path, distance tiles of a query chunk against a range of
+/// references (`shaders/distance_tile.wgsl`) feed a per-row radix selection that merges them
+/// into a running best list (`shaders/knn_select.wgsl`), so the `(q, n)` matrix never exists;
+/// chunk sizes come from the context's remaining budget, and references that do not fit it
+/// are streamed through in chunks. On the native path, blocked GEMM with a per-row selection.
+///
+/// # Errors
+/// [`Error::Shape`] if `d = 0` or the dimensions differ, or `QuerySlots` has the wrong length;
+/// [`Error::NonFinite`] for a NaN or infinity; [`Error::InvalidParameter`] if `k = 0` or `k`
+/// exceeds the references a query can see, or for a bank of another context;
+/// [`Error::OverBudget`] if not even one query row fits the budget; device errors.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{knn, Context, KnnConfig, SelfExclusion};
+/// let ctx = Context::native_cpu(None);
+/// let x = array![[0.0f32, 1.0], [0.1, 1.0], [1.0, 0.0]];
+/// let cfg = KnnConfig { k: 1, self_exclusion: SelfExclusion::SameIndex, ..Default::default() };
+/// let found = knn(&ctx, x.view(), x.view(), &cfg)?;
+/// assert_eq!(found.indices.column(0).to_vec(), vec![1, 0, 1]);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn knn<'r>(
+    ctx: &Context,
+    queries: ArrayView2<'_, f32>,
+    refs: impl Into<Embeddings<'r>>,
+    cfg: &KnnConfig,
+) -> Result<Knn> {
+    let refs = refs.into();
+    let excluded = check(queries, &refs, cfg)?;
+    let found = search(ctx, queries, refs, cfg, &excluded)?;
+    Ok(Knn {
+        indices: found.indices,
+        scores: found.scores,
+        path: ctx.path(),
+    })
+}
+
+/// [`knn`] with the references split into one contiguous shard per context, searched in
+/// parallel (one thread per context, each under its own budget), and the shards' lists merged
+/// on the host with the same order and tie rule: the answer is the single-device answer.
+///
+/// # Errors
+/// As [`knn`]; [`Error::InvalidParameter`] when `contexts` is empty.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{knn, knn_sharded, Context, KnnConfig};
+/// let (a, b) = (Context::native_cpu(None), Context::native_cpu(None));
+/// let q = array![[1.0f32, 0.0]];
+/// let r = array![[0.0f32, 1.0], [1.0, 0.1], [1.0, 0.0], [0.5, 0.5]];
+/// let cfg = KnnConfig { k: 3, ..Default::default() };
+/// let one = knn(&a, q.view(), r.view(), &cfg)?;
+/// let two = knn_sharded(&[&a, &b], q.view(), r.view(), &cfg)?;
+/// assert_eq!(one.indices, two.indices);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn knn_sharded(
+    contexts: &[&Context],
+    queries: ArrayView2<'_, f32>,
+    refs: ArrayView2<'_, f32>,
+    cfg: &KnnConfig,
+) -> Result<Knn> {
+    let Some(first) = contexts.first() else {
+        return Err(Error::InvalidParameter {
+            op: OP,
+            what: "contexts",
+            value: "[]".into(),
+            rule: "at least one context is needed",
+        });
+    };
+    let excluded = check(queries, &Embeddings::Host(refs), cfg)?;
+    let n = refs.nrows();
+    let shards = contexts.len().min(n).max(1);
+    let bounds: Vec<(usize, usize)> = (0..shards)
+        .map(|s| (s * n / shards, (s + 1) * n / shards))
+        .collect();
+    let results: Vec<Result<Neighbours>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = bounds
+            .iter()
+            .zip(contexts)
+            .map(|(&(start, end), ctx)| {
+                let local: Vec<u32> = excluded
+                    .iter()
+                    .map(|&e| match e as usize {
+                        i if (start..end).contains(&i) => (i - start) as u32,
+                        _ => u32::MAX,
+                    })
+                    .collect();
+                let shard = refs.slice(s![start..end, ..]);
+                let cfg = KnnConfig {
+                    k: cfg.k.min(end - start),
+                    ..cfg.clone()
+                };
+                scope.spawn(move || search(ctx, queries, Embeddings::Host(shard), &cfg, &local))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::InvalidParameter {
+                        op: OP,
+                        what: "shard",
+                        value: "panicked".into(),
+                        rule: "a shard's search must not panic",
+                    })
+                })
+            })
+            .collect()
+    });
+    let parts = results.into_iter().collect::<Result<Vec<_>>>()?;
+    let largest = cfg.distance.distance.is_similarity();
+    let found = merge(&parts, &bounds, queries.nrows(), cfg.k, largest);
+    Ok(Knn {
+        indices: found.indices,
+        scores: found.scores,
+        path: first.path(),
+    })
+}
+
+/// Validates every input before any work; returns each query's excluded reference index
+/// (`u32::MAX`: none).
+fn check(queries: ArrayView2<'_, f32>, refs: &Embeddings<'_>, cfg: &KnnConfig) -> Result<Vec<u32>> {
+    validate::embeddings(OP, "queries", queries)?;
+    let (q, d) = queries.dim();
+    let (n, rd) = refs.dim();
+    match refs {
+        Embeddings::Host(r) => {
+            validate::embeddings(OP, "refs", *r)?;
+            validate::same_dim(OP, queries, *r)?;
+        }
+        Embeddings::Bank(_) if rd != d => {
+            return Err(Error::Shape {
+                op: OP,
+                what: "queries",
+                expected: format!("(q, {rd}) to match the memory bank"),
+                got: vec![q, d],
+            })
+        }
+        Embeddings::Bank(_) => {}
+    }
+    // Indices must stay below the kernel's empty marker.
+    if n >= EMPTY_INDEX as usize {
+        return Err(Error::InvalidParameter {
+            op: OP,
+            what: "refs",
+            value: n.to_string(),
+            rule: "at most 4 294 967 293 references (u32 indices)",
+        });
+    }
+    let excluded: Vec<u32> = match &cfg.self_exclusion {
+        SelfExclusion::None => vec![u32::MAX; q],
+        SelfExclusion::SameIndex => (0..q).map(|i| i.min(u32::MAX as usize) as u32).collect(),
+        SelfExclusion::QuerySlots(slots) if slots.len() != q => {
+            return Err(Error::Shape {
+                op: OP,
+                what: "self_exclusion slots",
+                expected: format!("({q},) to match queries"),
+                got: vec![slots.len()],
+            })
+        }
+        SelfExclusion::QuerySlots(slots) => slots.clone(),
+    };
+    let sees_itself = excluded.iter().any(|&e| (e as usize) < n);
+    let visible = n - usize::from(sees_itself);
+    if cfg.k == 0 || cfg.k > visible {
+        return Err(Error::InvalidParameter {
+            op: OP,
+            what: "k",
+            value: cfg.k.to_string(),
+            rule: if cfg.k == 0 {
+                "k must be at least 1"
+            } else {
+                "k must not exceed the references a query can see (n, less the query itself when excluded)"
+            },
+        });
+    }
+    Ok(excluded)
+}
+
+/// One device's (or the CPU's) search over validated inputs; rows may come back padded when
+/// `k` exceeds what a row can see (shards only).
+fn search(
+    ctx: &Context,
+    queries: ArrayView2<'_, f32>,
+    refs: Embeddings<'_>,
+    cfg: &KnnConfig,
+    excluded: &[u32],
+) -> Result<Neighbours> {
+    let (q, k) = (queries.nrows(), cfg.k);
+    if q == 0 || k == 0 {
+        return Ok(Neighbours::empty(q, k));
+    }
+    match (refs, ctx.gpu()) {
+        (Embeddings::Host(r), None) => Ok(native::search(ctx, queries, r, cfg, excluded)?),
+        (refs, Some(gpu)) => gpu::search(ctx, gpu, queries, refs, cfg, excluded),
+        (Embeddings::Bank(_), None) => Err(Error::InvalidParameter {
+            op: OP,
+            what: "context",
+            value: ctx.device_name(),
+            rule: "a memory bank can only be used with the context that created it",
+        }),
+    }
+}
+
+/// Sorts `rows` lists of `k` `(key, index)` pairs (flat, row-major) best first into `out`'s
+/// rows, converting keys back to scores. Rows are spread over the available threads.
+pub(crate) fn sort_rows(
+    pairs: &mut [[u32; 2]],
+    k: usize,
+    largest: bool,
+    out: &mut Neighbours,
+    row0: usize,
+) {
+    let rows = pairs.len() / k.max(1);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = rows.div_ceil(threads).max(1);
+    let indices = out.indices.slice_mut(s![row0..row0 + rows, ..]);
+    let scores = out.scores.slice_mut(s![row0..row0 + rows, ..]);
+    let sort_block = |pairs: &mut [[u32; 2]],
+                      mut idx: ndarray::ArrayViewMut2<'_, u32>,
+                      mut val: ndarray::ArrayViewMut2<'_, f32>| {
+        for (r, list) in pairs.chunks_exact_mut(k).enumerate() {
+            list.sort_unstable_by(|a, b| (a[0], a[1]).cmp(&(b[0], b[1])));
+            for (j, &[key, index]) in list.iter().enumerate() {
+                idx[[r, j]] = index;
+                val[[r, j]] = if index >= EMPTY_INDEX {
+                    f32::NAN
+                } else {
+                    score_of(key, largest)
+                };
+            }
+        }
+    };
+    if rows * k < 1 << 16 || threads == 1 {
+        sort_block(pairs, indices, scores);
+        return;
+    }
+    std::thread::scope(|scope| {
+        let mut rest = (pairs, indices, scores);
+        while !rest.0.is_empty() {
+            let take = per.min(rest.0.len() / k);
+            let (p, p_rest) = rest.0.split_at_mut(take * k);
+            let (i, i_rest) = rest.1.split_at(ndarray::Axis(0), take);
+            let (v, v_rest) = rest.2.split_at(ndarray::Axis(0), take);
+            scope.spawn(move || sort_block(p, i, v));
+            rest = (p_rest, i_rest, v_rest);
+        }
+    });
+}
+
+/// Merges per-shard lists (shard `s` covers references `bounds[s]`) into the best `k` per row.
+fn merge(
+    parts: &[Neighbours],
+    bounds: &[(usize, usize)],
+    q: usize,
+    k: usize,
+    largest: bool,
+) -> Neighbours {
+    let mut pairs = Vec::with_capacity(q * k);
+    let mut row: Vec<[u32; 2]> = Vec::new();
+    for i in 0..q {
+        row.clear();
+        for (part, &(start, _)) in parts.iter().zip(bounds) {
+            for (&index, &score) in part.indices.row(i).iter().zip(part.scores.row(i)) {
+                if index < EMPTY_INDEX {
+                    row.push([key_of(score, largest), index + start as u32]);
+                }
+            }
+        }
+        row.sort_unstable_by(|a, b| (a[0], a[1]).cmp(&(b[0], b[1])));
+        row.resize(k, [u32::MAX, EMPTY_INDEX]);
+        pairs.extend_from_slice(&row[..k]);
+    }
+    let mut out = Neighbours::empty(q, k);
+    sort_rows(&mut pairs, k, largest, &mut out, 0);
+    out
+}

@@ -1,0 +1,422 @@
+//! k-nearest-neighbour search (`knn`: kernels `distance_tile` + `knn_select` on the GPU, blocked
+//! GEMM + selection natively) against the plain reference `reference::knn_select` over the
+//! same context's distance matrix: random shapes and k (1 and N included), every distance,
+//! ties from duplicate rows, self-exclusion, several query chunks and reference ranges (small
+//! budgets, small bindings, streamed references), memory banks, sharding over two contexts,
+//! a tight budget with 100 000 references, and every typed error.
+
+mod common;
+
+use ndarray::{s, Array1, Array2};
+use proptest::prelude::*;
+use wgpu_metric_learning::reference::knn_select::knn_select;
+use wgpu_metric_learning::{
+    knn, knn_sharded, pairwise_distances, BankConfig, Context, ContextConfig, Distance,
+    DistanceConfig, Error, Knn, KnnConfig, MemoryBank, SelfExclusion,
+};
+
+const DISTANCES: [Distance; 4] = [
+    Distance::Euclidean,
+    Distance::SquaredEuclidean,
+    Distance::Cosine,
+    Distance::DotProduct,
+];
+
+/// Embeddings with frequent exact duplicates (small integers) or spread values.
+fn embeddings(n: usize, d: usize, seed: u64, ties: bool) -> Array2<f32> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    Array2::from_shape_fn((n, d), |_| {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let u = (state >> 33) as u32;
+        if ties {
+            (u % 3) as f32 - 1.0
+        } else {
+            (u as f32 / u32::MAX as f32) * 2.0 - 1.0
+        }
+    })
+}
+
+fn excluded(cfg: &KnnConfig, q: usize) -> Vec<u32> {
+    match &cfg.self_exclusion {
+        SelfExclusion::None => vec![u32::MAX; q],
+        SelfExclusion::SameIndex => (0..q as u32).collect(),
+        SelfExclusion::QuerySlots(s) => s.clone(),
+    }
+}
+
+/// The search on `ctx` must equal the reference selection over `ctx`'s own distances, exactly
+/// (same distance kernel or GEMM, so the same scores, and the same tie rule).
+fn check_exact(ctx: &Context, queries: &Array2<f32>, refs: &Array2<f32>, cfg: &KnnConfig) -> Knn {
+    let got = knn(ctx, queries.view(), refs.view(), cfg).expect("knn");
+    let dist = pairwise_distances(ctx, queries.view(), refs.view(), &cfg.distance)
+        .expect("distances")
+        .values;
+    let largest = cfg.distance.distance.is_similarity();
+    let (idx, val) = knn_select(dist.view(), cfg.k, largest, &excluded(cfg, queries.nrows()));
+    assert_eq!(
+        got.indices,
+        idx,
+        "indices, {cfg:?} on {}",
+        ctx.device_name()
+    );
+    let same = got
+        .scores
+        .iter()
+        .zip(&val)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "scores, {cfg:?}: {:?} vs {:?}", got.scores, val);
+    got
+}
+
+/// `got` is a correct answer up to rounding: its scores are `truth`'s (a distance matrix
+/// computed elsewhere) within `tol`, sorted best first, with distinct, visible indices; an
+/// index may differ from the reference's only where the reference's score is within `tol`.
+fn check_close(got: &Knn, truth: &Array2<f32>, cfg: &KnnConfig, tol: f32) {
+    let largest = cfg.distance.distance.is_similarity();
+    let skip = excluded(cfg, truth.nrows());
+    let (idx, val) = knn_select(truth.view(), cfg.k, largest, &skip);
+    for i in 0..truth.nrows() {
+        let mut seen = std::collections::HashSet::new();
+        for j in 0..cfg.k {
+            let (gi, wi) = (got.indices[[i, j]], idx[[i, j]]);
+            assert!(seen.insert(gi), "row {i}: index {gi} twice");
+            assert_ne!(gi, skip[i], "row {i}: the query itself");
+            let true_score = truth[[i, gi as usize]];
+            assert!(
+                (true_score - val[[i, j]]).abs() <= tol
+                    && (got.scores[[i, j]] - val[[i, j]]).abs() <= tol,
+                "row {i} slot {j}: got {gi} ({} / true {true_score}), want {wi} ({})",
+                got.scores[[i, j]],
+                val[[i, j]]
+            );
+        }
+    }
+}
+
+/// A wgpu context with `budget` bytes and, optionally, a small storage binding (many pages).
+fn gpu_with(budget: Option<u64>, binding: Option<u64>) -> Option<Context> {
+    let limits = binding.map(|b| {
+        let probe = common::gpu_context(None).expect("adapter");
+        let mut l = probe.limits().expect("wgpu").clone();
+        l.max_storage_buffer_binding_size = b;
+        l
+    });
+    common::gpu_context_with(ContextConfig {
+        budget_bytes: budget,
+        limits,
+        ..Default::default()
+    })
+}
+
+fn config_strategy(n: usize, q: usize) -> impl Strategy<Value = KnnConfig> {
+    (0usize..4, any::<bool>(), 0usize..3, 0u64..1000).prop_flat_map(
+        move |(dist, normalize, excl, seed)| {
+            let self_exclusion = match excl {
+                0 => SelfExclusion::None,
+                1 => SelfExclusion::SameIndex,
+                _ => SelfExclusion::QuerySlots(
+                    (0..q)
+                        .map(|i| ((seed as usize + 3 * i) % (n + 2)) as u32)
+                        .collect(),
+                ),
+            };
+            let visible = if excl == 0 { n } else { n - 1 };
+            (1..=visible.max(1)).prop_map(move |k| KnnConfig {
+                k,
+                distance: DistanceConfig {
+                    distance: DISTANCES[dist],
+                    normalize,
+                },
+                self_exclusion: self_exclusion.clone(),
+            })
+        },
+    )
+}
+
+fn case() -> impl Strategy<Value = (Array2<f32>, Array2<f32>, KnnConfig)> {
+    (
+        0usize..90,
+        2usize..300,
+        1usize..13,
+        any::<bool>(),
+        0u64..10_000,
+    )
+        .prop_flat_map(|(q, n, d, ties, seed)| {
+            let queries = embeddings(q, d, seed, ties);
+            let refs = embeddings(n, d, seed + 1, ties);
+            config_strategy(n, q).prop_map(move |cfg| (queries.clone(), refs.clone(), cfg))
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(common::cases(24)))]
+
+    /// One context with the adapter's budget, one with a budget so small that queries come in
+    /// several chunks and references are streamed in several ranges, one with a storage
+    /// binding so small that resident references span many pages.
+    #[test]
+    fn gpu_knn_equals_the_reference((queries, refs, cfg) in case()) {
+        thread_local! {
+            static CONTEXTS: Vec<Context> = [
+                gpu_with(None, None),
+                gpu_with(Some(32 << 10), None),
+                gpu_with(None, Some(4 << 10)),
+            ].into_iter().flatten().collect();
+        }
+        CONTEXTS.with(|contexts| {
+            assert!(!contexts.is_empty() || !common::gpu_required(), "GPU contexts");
+            for ctx in contexts {
+                ctx.reset_peak();
+                check_exact(ctx, &queries, &refs, &cfg);
+                let m = ctx.memory();
+                assert!(m.peak_bytes <= m.budget_bytes, "peak {m:?}");
+            }
+        });
+    }
+
+    #[test]
+    fn native_knn_matches_the_reference((queries, refs, cfg) in case()) {
+        let ctx = Context::native_cpu(None);
+        let got = knn(&ctx, queries.view(), refs.view(), &cfg).expect("knn");
+        let truth = pairwise_distances(&ctx, queries.view(), refs.view(), &cfg.distance)
+            .expect("distances")
+            .values;
+        check_close(&got, &truth, &cfg, 1e-5);
+    }
+}
+
+#[test]
+fn k_equal_to_n_and_k_one_with_duplicates() {
+    let Some(ctx) = common::shared_gpu() else {
+        return;
+    };
+    let native = Context::native_cpu(None);
+    // Every reference three times: ties everywhere, broken by index.
+    let base = embeddings(40, 5, 7, true);
+    let refs = ndarray::concatenate(ndarray::Axis(0), &[base.view(), base.view(), base.view()])
+        .expect("stack");
+    let queries = embeddings(67, 5, 8, true);
+    for distance in DISTANCES {
+        for k in [1, refs.nrows()] {
+            let cfg = KnnConfig {
+                k,
+                distance: DistanceConfig {
+                    distance,
+                    normalize: false,
+                },
+                ..Default::default()
+            };
+            check_exact(ctx, &queries, &refs, &cfg);
+            check_exact(&native, &queries, &refs, &cfg);
+        }
+    }
+}
+
+#[test]
+fn self_exclusion_is_by_index_even_among_identical_rows() {
+    let native = Context::native_cpu(None);
+    let x = Array2::from_elem((6, 3), 1.0f32);
+    let cfg = KnnConfig {
+        k: 5,
+        self_exclusion: SelfExclusion::SameIndex,
+        ..Default::default()
+    };
+    let contexts: Vec<&Context> = common::shared_gpu().into_iter().chain([&native]).collect();
+    for ctx in contexts {
+        let found = knn(ctx, x.view(), x.view(), &cfg).expect("knn");
+        for i in 0..6u32 {
+            let want: Vec<u32> = (0..6).filter(|&j| j != i).collect();
+            assert_eq!(found.indices.row(i as usize).to_vec(), want, "row {i}");
+        }
+    }
+}
+
+#[test]
+fn tight_budget_with_100k_references_stays_under_it() {
+    let Some(ctx) = common::gpu_context(Some(8 << 20)) else {
+        return;
+    };
+    let (q, n, d) = (40, 100_000, 64);
+    let queries = embeddings(q, d, 1, false);
+    let refs = embeddings(n, d, 2, false);
+    let native = Context::native_cpu(None);
+    for k in [10, 3000] {
+        let cfg = KnnConfig {
+            k,
+            distance: DistanceConfig {
+                distance: Distance::Cosine,
+                normalize: true,
+            },
+            ..Default::default()
+        };
+        ctx.reset_peak();
+        let got = knn(&ctx, queries.view(), refs.view(), &cfg).expect("knn under 8 MiB");
+        let m = ctx.memory();
+        assert!(m.peak_bytes <= 8 << 20, "peak {} > 8 MiB", m.peak_bytes);
+        assert_eq!(m.current_bytes, 0, "everything released");
+        let truth = pairwise_distances(&native, queries.view(), refs.view(), &cfg.distance)
+            .expect("distances")
+            .values;
+        check_close(&got, &truth, &cfg, 1e-5);
+    }
+}
+
+#[test]
+fn sharded_over_two_contexts_gives_the_single_device_answer() {
+    let (Some(a), Some(b)) = (
+        common::gpu_context(None),
+        common::gpu_context(Some(1 << 20)),
+    ) else {
+        return;
+    };
+    let native = Context::native_cpu(None);
+    let queries = embeddings(70, 9, 3, true);
+    let refs = embeddings(501, 9, 4, true);
+    for self_exclusion in [SelfExclusion::None, SelfExclusion::SameIndex] {
+        let cfg = KnnConfig {
+            k: 300,
+            self_exclusion,
+            ..Default::default()
+        };
+        let one = knn(&a, queries.view(), refs.view(), &cfg).expect("single");
+        let two = knn_sharded(&[&a, &b], queries.view(), refs.view(), &cfg).expect("sharded");
+        assert_eq!(one.indices, two.indices, "same neighbours");
+        assert_eq!(one.scores, two.scores, "same scores");
+        // A GPU and the native path side by side: the same answer up to rounding.
+        let mixed = knn_sharded(&[&a, &native], queries.view(), refs.view(), &cfg).expect("mixed");
+        let truth = pairwise_distances(&a, queries.view(), refs.view(), &cfg.distance)
+            .expect("distances")
+            .values;
+        check_close(&mixed, &truth, &cfg, 1e-5);
+    }
+}
+
+#[test]
+fn knn_against_a_memory_bank_equals_knn_against_its_snapshot() {
+    let gpu = common::shared_gpu();
+    let native = Context::native_cpu(None);
+    for ctx in gpu.into_iter().chain([&native]) {
+        let mut bank = MemoryBank::<u32>::new(ctx, &BankConfig::new(50, 6)).expect("bank");
+        for step in 0..3 {
+            let x = embeddings(23, 6, step, true);
+            let labels = Array1::from_elem(23, 0u32);
+            let enq = bank.enqueue(ctx, x.view(), labels.view()).expect("enqueue");
+            let cfg = KnnConfig {
+                k: 12,
+                self_exclusion: enq.self_exclusion.clone(),
+                ..Default::default()
+            };
+            let got = knn(ctx, x.view(), bank.rows(), &cfg).expect("bank knn");
+            let snap = bank.snapshot(ctx).expect("snapshot");
+            check_exact(ctx, &x, &snap.embeddings, &cfg);
+            let host = knn(ctx, x.view(), snap.embeddings.view(), &cfg).expect("host knn");
+            assert_eq!(got.indices, host.indices, "step {step}");
+            assert_eq!(got.scores, host.scores, "step {step}");
+        }
+    }
+}
+
+#[test]
+fn bad_inputs_get_typed_errors() {
+    let native = Context::native_cpu(None);
+    let contexts: Vec<&Context> = common::shared_gpu().into_iter().chain([&native]).collect();
+    let x = embeddings(5, 3, 1, false);
+    let cfg = |k| KnnConfig {
+        k,
+        ..Default::default()
+    };
+    for ctx in contexts {
+        let k_err = |r: Result<Knn, Error>, k: usize| match r {
+            Err(Error::InvalidParameter {
+                what: "k", value, ..
+            }) => assert_eq!(value, k.to_string()),
+            other => panic!("k = {k}: {other:?}"),
+        };
+        k_err(knn(ctx, x.view(), x.view(), &cfg(0)), 0);
+        k_err(knn(ctx, x.view(), x.view(), &cfg(6)), 6);
+        let own = KnnConfig {
+            self_exclusion: SelfExclusion::SameIndex,
+            ..cfg(5)
+        };
+        k_err(knn(ctx, x.view(), x.view(), &own), 5);
+        let empty = Array2::<f32>::zeros((0, 3));
+        k_err(knn(ctx, x.view(), empty.view(), &cfg(1)), 1);
+        let mut bad = x.clone();
+        bad[[2, 1]] = f32::NAN;
+        assert!(matches!(
+            knn(ctx, bad.view(), x.view(), &cfg(1)),
+            Err(Error::NonFinite {
+                what: "queries",
+                row: 2,
+                col: 1,
+                ..
+            })
+        ));
+        bad[[2, 1]] = f32::INFINITY;
+        assert!(matches!(
+            knn(ctx, x.view(), bad.view(), &cfg(1)),
+            Err(Error::NonFinite {
+                what: "refs",
+                row: 2,
+                col: 1,
+                ..
+            })
+        ));
+        let wide = embeddings(5, 4, 1, false);
+        assert!(matches!(
+            knn(ctx, x.view(), wide.view(), &cfg(1)),
+            Err(Error::Shape { .. })
+        ));
+        let flat = Array2::<f32>::zeros((5, 0));
+        assert!(matches!(
+            knn(ctx, flat.view(), flat.view(), &cfg(1)),
+            Err(Error::Shape { .. })
+        ));
+        let slots = KnnConfig {
+            self_exclusion: SelfExclusion::QuerySlots(vec![0, 1]),
+            ..cfg(1)
+        };
+        assert!(matches!(
+            knn(ctx, x.view(), x.view(), &slots),
+            Err(Error::Shape {
+                what: "self_exclusion slots",
+                ..
+            })
+        ));
+        assert!(matches!(
+            knn_sharded(&[], x.view(), x.view(), &cfg(1)),
+            Err(Error::InvalidParameter {
+                what: "contexts",
+                ..
+            })
+        ));
+        // No queries: an empty answer, not an error.
+        let none = knn(ctx, empty.view(), x.view(), &cfg(2)).expect("no queries");
+        assert_eq!(none.indices.dim(), (0, 2));
+    }
+    // A bank belongs to the context that made it.
+    if let Some(gpu) = common::shared_gpu() {
+        let mut bank = MemoryBank::<u32>::new(gpu, &BankConfig::new(8, 3)).expect("bank");
+        bank.enqueue(gpu, x.view(), Array1::zeros(5).view())
+            .expect("enqueue");
+        let other = gpu_with(None, None).expect("second context");
+        for ctx in [&other, &native] {
+            assert!(matches!(
+                knn(ctx, x.view(), bank.rows(), &cfg(1)),
+                Err(Error::InvalidParameter {
+                    what: "context",
+                    ..
+                })
+            ));
+        }
+        let narrow = x.slice(s![.., ..2]).to_owned();
+        assert!(matches!(
+            knn(gpu, narrow.view(), bank.rows(), &cfg(1)),
+            Err(Error::Shape { .. })
+        ));
+    }
+}
