@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod accuracy;
 mod bank;
 mod context;
 mod device_rows;
@@ -17,6 +18,7 @@ mod transfer;
 mod triplets;
 mod validate;
 
+pub use accuracy::{accuracy, Accuracy, AccuracyConfig, AccuracyK, Metrics};
 pub use bank::{BankConfig, BankRows, BankSnapshot, Enqueued, MemoryBank};
 pub use context::{
     list_adapters, AdapterSelector, AdapterSummary, BackendChoice, ComputePath, Context,
