@@ -5,8 +5,9 @@ use ndarray::{s, Array2, ArrayView2, ArrayViewMut2, Axis};
 
 use super::{sort_rows, KnnConfig, Neighbours};
 use crate::context::Context;
+use crate::distance::Distance;
 use crate::error::Result;
-use crate::kernels::knn_select::{key_of, EMPTY_INDEX};
+use crate::kernels::knn_select::{key_of, score_of, EMPTY_INDEX};
 use crate::memory::HostReservation;
 use crate::native::{finish, inv_norms, sq_norms};
 
@@ -16,11 +17,13 @@ const QUERY_BLOCK: usize = 512;
 const REF_BLOCK: usize = 4096;
 
 /// One row's candidates: every element that could still be among its best `k`, re-selected
-/// down to `k` whenever the list reaches its capacity (Faiss's reservoir). The threshold is
-/// then the worst key kept, and anything worse is never stored.
+/// down to `k` whenever the list reaches its capacity (Faiss's reservoir). The bound is then
+/// the worst kept score, oriented so that smaller is better, and anything worse is never
+/// stored: most elements cost one comparison.
 struct Candidates {
     list: Vec<[u32; 2]>,
-    threshold: u32,
+    /// Oriented score (`s`, or `-s` for similarities) an element must not exceed.
+    bound: f32,
 }
 
 impl Candidates {
@@ -31,22 +34,22 @@ impl Candidates {
     fn new(k: usize) -> Self {
         Self {
             list: Vec::with_capacity(Self::capacity(k)),
-            threshold: u32::MAX,
+            bound: f32::INFINITY,
         }
     }
 
+    /// Stores reference `index` with oriented score `oriented` (callers skip scores above
+    /// the bound; a NaN is stored, and its key orders it last, as in the kernel).
     #[inline]
-    fn push(&mut self, key: u32, index: u32, k: usize) {
-        if key <= self.threshold {
-            self.list.push([key, index]);
-            if self.list.len() >= Self::capacity(k) {
-                self.shrink(k);
-            }
+    fn offer(&mut self, oriented: f32, index: u32, k: usize) {
+        self.list.push([key_of(oriented, false), index]);
+        if self.list.len() >= Self::capacity(k) {
+            self.shrink(k);
         }
     }
 
-    /// Keeps the best `k` by (key, index); ties at the threshold stay admissible, since a
-    /// lower index could not arrive later (blocks come in index order) but costs nothing.
+    /// Keeps the best `k` by (key, index). Elements equal to the bound stay admissible: they
+    /// lose the tie to the kept ones by index, since blocks arrive in index order.
     fn shrink(&mut self, k: usize) {
         if self.list.len() > k {
             self.list
@@ -54,8 +57,31 @@ impl Candidates {
             self.list.truncate(k);
         }
         if self.list.len() == k {
-            self.threshold = self.list[k - 1][0];
+            self.bound = score_of(self.list[k - 1][0], false);
         }
+    }
+}
+
+/// Feeds one row of dot products (`dots[c]` for reference `j0 + c`) to its candidates;
+/// `score(c, dot)` is the metric; similarities are negated so that smaller is better.
+#[inline]
+fn feed_row(
+    dots: &[f32],
+    j0: usize,
+    skip: usize,
+    largest: bool,
+    k: usize,
+    list: &mut Candidates,
+    score: impl Fn(usize, f32) -> f32,
+) {
+    let sign = if largest { -1.0 } else { 1.0 };
+    for (c, &dot) in dots.iter().enumerate() {
+        let oriented = sign * score(c, dot);
+        // Rejections first: one comparison for almost every element.
+        if oriented > list.bound || j0 + c == skip {
+            continue;
+        }
+        list.offer(oriented, (j0 + c) as u32, k);
     }
 }
 
@@ -76,6 +102,9 @@ pub(crate) fn search(
     let _reserved = HostReservation::new("knn::native scratch", scratch, ctx.tracker())?;
     let (q2, r2) = (sq_norms(queries), sq_norms(refs));
     let (iq, ir) = (inv_norms(&q2, &cfg.distance), inv_norms(&r2, &cfg.distance));
+    // Per reference, as contiguous slices: the scale and the scaled squared norm.
+    let ir_s: Vec<f32> = ir.to_vec();
+    let r2_s: Vec<f32> = r2.iter().zip(&ir).map(|(n, s)| n * s * s).collect();
     let mut out = Neighbours::empty(q, k);
     let mut block = Array2::<f32>::zeros((qb, nb));
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
@@ -86,6 +115,7 @@ pub(crate) fn search(
         for j0 in (0..n).step_by(nb) {
             let cols = nb.min(n - j0);
             let mut dots = block.slice_mut(s![..rows, ..cols]);
+            // Row-major with a stride of `nb`: each row is a contiguous slice.
             ndarray::linalg::general_mat_mul(
                 1.0,
                 &q_block,
@@ -98,17 +128,27 @@ pub(crate) fn search(
                 for (r, (row, list)) in dots.outer_iter().zip(lists).enumerate() {
                     let i = i0 + first + r;
                     let (sq, scale) = (q2[i] * iq[i] * iq[i], iq[i]);
-                    for (c, &dot) in row.iter().enumerate() {
-                        let j = j0 + c;
-                        let score = finish(
-                            cfg.distance.distance,
-                            sq,
-                            r2[j] * ir[j] * ir[j],
-                            dot * scale * ir[j],
-                        );
-                        if j as u32 != excluded[i] {
-                            list.push(key_of(score, largest), j as u32, k);
+                    let skip = excluded[i] as usize;
+                    // One loop per metric, so the per-element work has no branch on it.
+                    let copied;
+                    let dots = match row.as_slice() {
+                        Some(d) => d,
+                        None => {
+                            copied = row.to_vec();
+                            &copied
                         }
+                    };
+                    let (irs, r2s) = (&ir_s[j0..j0 + cols], &r2_s[j0..j0 + cols]);
+                    let metric = |d: Distance| {
+                        move |c: usize, dot: f32| finish(d, sq, r2s[c], dot * scale * irs[c])
+                    };
+                    match cfg.distance.distance {
+                        Distance::Cosine | Distance::DotProduct => {
+                            feed_row(dots, j0, skip, largest, k, list, |c, dot| {
+                                dot * scale * irs[c]
+                            })
+                        }
+                        d => feed_row(dots, j0, skip, largest, k, list, metric(d)),
                     }
                 }
             };

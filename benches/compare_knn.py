@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Side-by-side kNN and accuracy benchmark: this library (native CPU and lavapipe paths) against
+Faiss and pytorch-metric-learning (`shared/anchors/bench_knn.py`), in one run on one machine,
+every timed process under `flock /tmp/bench.lock`.
+
+Needs the anchors' venv (see ../shared/anchors/README.md); not part of CI.
+
+    cargo build --release --example bench_knn
+    ~/.cache/wml-anchor-venv/bin/python benches/compare_knn.py --reps 3 --wgpu-reps 1 > bench-knn.md
+
+The lavapipe runs take minutes each (10k x 100k x 128 at a few GFLOP/s); `--wgpu-reps 0` skips
+them. Raw JSON lines go to stderr.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+ANCHORS = os.path.join(ROOT, "..", "shared", "anchors")
+OURS = os.path.join(ROOT, "target", "release", "examples", "bench_knn")
+FLOP = 2 * 10_000 * 100_000 * 128
+
+
+def result(cmd, timeout=3600):
+    try:
+        p = subprocess.run(["flock", "/tmp/bench.lock"] + cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout"}
+    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    if not lines:
+        return {"status": "crashed", "stderr": p.stderr[-400:]}
+    rec = json.loads(lines[-1][7:])
+    print(json.dumps(rec), file=sys.stderr, flush=True)
+    return rec
+
+
+def anchor(func, reps):
+    return result([sys.executable, os.path.join(ANCHORS, "bench_knn.py"), "--worker", "--func", func,
+                   "--reps", str(reps)])
+
+
+def ours(path, func, reps, k=None):
+    cmd = [OURS, "--path", path, "--func", func, "--reps", str(reps)]
+    if k is not None:
+        cmd += ["--k", str(k)]
+    return result(cmd)
+
+
+def secs(rec):
+    return rec.get("median_s") if "median_s" in rec else rec.get("median")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--wgpu-reps", type=int, default=1)
+    a = ap.parse_args()
+    print("| case | implementation | median s | GFLOP/s | × Faiss | × PML | peak RSS MiB | peak device MiB (budget) | check |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for k in (10, 100):
+        faiss = anchor(f"faiss_flatip_k{k}", a.reps)
+        pml = anchor(f"customknn_b1024_k{k}", a.reps)
+        rows = [("Faiss IndexFlatIP", faiss), ("PML CustomKNN(batch 1024)", pml),
+                ("ours native", ours("cpu", "knn", a.reps, k))]
+        if a.wgpu_reps > 0:
+            rows.append(("ours lavapipe", ours("wgpu", "knn", a.wgpu_reps, k)))
+        for name, rec in rows:
+            s = secs(rec)
+            ratio = lambda other: f"{secs(other) / s:.2f}" if s and secs(other) else "–"
+            check = rec.get("recall_vs_f64_first50", rec.get("recall_vs_float64_first200", "–"))
+            dev = f"{rec['peak_device_mib']} ({rec['budget_mib']})" if "peak_device_mib" in rec else "–"
+            print(f"| kNN 10k × 100k × 128, k = {k}, cosine | {name} | {s if s is None else f'{s:.3f}'} | "
+                  f"{FLOP / s / 1e9 if s else 0:.1f} | {ratio(faiss)} | {ratio(pml)} | {rec.get('peak_rss_mb', '–')} | {dev} | recall {check} |",
+                  flush=True)
+    pml = anchor("acc_default", a.reps)
+    rows = [("PML AccuracyCalculator (Faiss L2)", pml), ("ours native", ours("cpu", "acc", a.reps))]
+    if a.wgpu_reps > 0:
+        rows.append(("ours lavapipe", ours("wgpu", "acc", a.wgpu_reps)))
+    for name, rec in rows:
+        s = secs(rec)
+        m = rec.get("metrics", rec)
+        check = f"P@1 {m.get('precision_at_1', 0):.4f}, R-prec {m.get('r_precision', 0):.4f}, MAP@R {m.get('mean_average_precision_at_r', 0):.4f}"
+        dev = f"{rec['peak_device_mib']} ({rec['budget_mib']})" if "peak_device_mib" in rec else "–"
+        ratio = f"{secs(pml) / s:.2f}" if s and secs(pml) else "–"
+        print(f"| accuracy 20 000 × 128, 100 classes, k = max_bin_count | {name} | {s if s is None else f'{s:.3f}'} | – | – | {ratio} | "
+              f"{rec.get('peak_rss_mb', '–')} | {dev} | {check} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
