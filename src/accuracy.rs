@@ -70,7 +70,7 @@ impl Default for AccuracyConfig {
 
 /// The five kNN metrics, each in `[0, 1]`, or NaN when every query is lone.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Metrics {
+pub struct AccuracyMetrics {
     /// Whether the nearest neighbour shares the query's label.
     pub precision_at_1: f64,
     /// Relevant among the first `R` neighbours, over `R` (`R`: references sharing the
@@ -84,7 +84,7 @@ pub struct Metrics {
     pub mean_reciprocal_rank: f64,
 }
 
-impl Metrics {
+impl AccuracyMetrics {
     const NAN: Self = Self {
         precision_at_1: f64::NAN,
         r_precision: f64::NAN,
@@ -93,7 +93,7 @@ impl Metrics {
         mean_reciprocal_rank: f64::NAN,
     };
 
-    fn mean<'m>(items: impl Iterator<Item = &'m Metrics>) -> Self {
+    fn mean<'m>(items: impl Iterator<Item = &'m AccuracyMetrics>) -> Self {
         let (mut sum, mut n) = ([0.0f64; 5], 0usize);
         for m in items {
             for (s, v) in sum.iter_mut().zip(m.values()) {
@@ -129,10 +129,10 @@ impl Metrics {
 #[derive(Debug, Clone)]
 pub struct Accuracy<L> {
     /// The metrics: mean over non-lone queries, or over classes with `avg_of_avgs`.
-    pub metrics: Metrics,
+    pub metrics: AccuracyMetrics,
     /// Per query label (ascending), the mean over its non-lone queries: PML's
     /// `return_per_class`. Labels whose queries are all lone are absent.
-    pub per_class: Vec<(L, Metrics)>,
+    pub per_class: Vec<(L, AccuracyMetrics)>,
     /// Queries left out because no reference shares their label (besides themselves).
     pub lone_queries: usize,
     /// The `k` the neighbours were searched with.
@@ -214,7 +214,7 @@ where
         validate::embeddings(OP, "refs", ref_rows)?;
         validate::same_dim(OP, queries, ref_rows)?;
         return Ok(Accuracy {
-            metrics: Metrics::NAN,
+            metrics: AccuracyMetrics::NAN,
             per_class: Vec::new(),
             lone_queries,
             k,
@@ -235,7 +235,7 @@ where
             },
         },
     )?;
-    let mut by_class: BTreeMap<L, Vec<Metrics>> = BTreeMap::new();
+    let mut by_class: BTreeMap<L, Vec<AccuracyMetrics>> = BTreeMap::new();
     for (i, neighbours) in found.indices.rows().into_iter().enumerate() {
         let r = relevant[i];
         if r == 0 {
@@ -245,14 +245,14 @@ where
         let rel = neighbours.iter().map(|&j| ref_labels[j as usize] == label);
         by_class.entry(label).or_default().push(score(rel, r));
     }
-    let per_class: Vec<(L, Metrics)> = by_class
+    let per_class: Vec<(L, AccuracyMetrics)> = by_class
         .iter()
-        .map(|(&l, m)| (l, Metrics::mean(m.iter())))
+        .map(|(&l, m)| (l, AccuracyMetrics::mean(m.iter())))
         .collect();
     let metrics = if cfg.avg_of_avgs {
-        Metrics::mean(per_class.iter().map(|(_, m)| m))
+        AccuracyMetrics::mean(per_class.iter().map(|(_, m)| m))
     } else {
-        Metrics::mean(by_class.values().flatten())
+        AccuracyMetrics::mean(by_class.values().flatten())
     };
     Ok(Accuracy {
         metrics,
@@ -264,7 +264,7 @@ where
 }
 
 /// One query's metrics from the relevance of its neighbours (best first) and its `R ≥ 1`.
-fn score(rel: impl Iterator<Item = bool>, r: usize) -> Metrics {
+fn score(rel: impl Iterator<Item = bool>, r: usize) -> AccuracyMetrics {
     let (mut hits, mut hits_at_r, mut ap, mut ap_at_r, mut first) = (0usize, 0usize, 0.0, 0.0, 0);
     let mut at_1 = false;
     for (i, is_rel) in rel.enumerate() {
@@ -283,7 +283,7 @@ fn score(rel: impl Iterator<Item = bool>, r: usize) -> Metrics {
         }
         at_1 |= i == 0;
     }
-    Metrics {
+    AccuracyMetrics {
         precision_at_1: f64::from(u8::from(at_1)),
         r_precision: hits_at_r as f64 / r as f64,
         mean_average_precision_at_r: ap_at_r / r as f64,

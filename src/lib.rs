@@ -18,7 +18,7 @@ mod transfer;
 mod triplets;
 mod validate;
 
-pub use accuracy::{accuracy, Accuracy, AccuracyConfig, AccuracyK, Metrics};
+pub use accuracy::{accuracy, Accuracy, AccuracyConfig, AccuracyK, AccuracyMetrics};
 pub use bank::{BankConfig, BankRows, BankSnapshot, Enqueued, MemoryBank};
 pub use context::{
     list_adapters, AdapterSelector, AdapterSummary, BackendChoice, ComputePath, Context,

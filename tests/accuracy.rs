@@ -8,14 +8,14 @@ mod common;
 use ndarray::{array, Array1, Array2};
 use proptest::prelude::*;
 use wgpu_metric_learning::{
-    accuracy, pairwise_distances, AccuracyConfig, AccuracyK, Context, Error, Metrics,
+    accuracy, pairwise_distances, AccuracyConfig, AccuracyK, AccuracyMetrics, Context, Error,
 };
 
 fn close(a: f64, b: f64) -> bool {
     (a.is_nan() && b.is_nan()) || (a - b).abs() < 1e-9
 }
 
-fn assert_metrics(got: &Metrics, want: [f64; 5], what: &str) {
+fn assert_metrics(got: &AccuracyMetrics, want: [f64; 5], what: &str) {
     let got = [
         got.precision_at_1,
         got.r_precision,

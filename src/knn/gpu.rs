@@ -155,7 +155,6 @@ pub(super) fn search(
                     }
                 }
             }
-            let cols = n.min(page_rows).min(MAX_COLS);
             let plan = plan(q, cols, dim4, k, true, available, &caps)?;
             run(
                 ctx,
