@@ -138,7 +138,9 @@ pub(super) fn search(
         Embeddings::Host(x) => {
             let n = x.nrows();
             let page_rows = max_page_rows(OP, &caps, dim4)?;
-            let resident = rows_bytes(n, dim4, page_rows);
+            // The pages, and the norm kernel's parameters that the upload holds per page.
+            let resident = rows_bytes(n, dim4, page_rows)
+                + n.div_ceil(page_rows) as u64 * uniform_size::<row_norms::Params>();
             let available = ctx.tracker().available();
             let cols = n.min(page_rows).min(MAX_COLS);
             // Resident when the references and a chunk of at least 64 rows (or all queries)
