@@ -17,10 +17,11 @@ bench_pml.py `cbm_<type>` worker, which also computes the loss). Markdown rows o
 JSON lines on stderr.
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import result  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -50,19 +51,6 @@ for i, (e, l) in enumerate(batches):
 print("RESULT " + json.dumps({"impl": "pml", "func": "enqueue", "B": B, "M": M, "C": C,
                               "median_s": statistics.median(times), "status": "ok"}))
 """
-
-
-def result(cmd, timeout):
-    try:
-        p = subprocess.run(["flock", "/tmp/bench.lock"] + cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"status": f"timeout after {timeout} s"}
-    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    if not lines:
-        return {"status": "crashed", "stderr": p.stderr[-400:]}
-    rec = json.loads(lines[-1][7:])
-    print(json.dumps(rec), file=sys.stderr, flush=True)
-    return rec
 
 
 def ours(path, func, B, M, C, reps):

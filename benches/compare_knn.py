@@ -12,45 +12,31 @@ The lavapipe runs take minutes each (10k x 100k x 128 at a few GFLOP/s); `--wgpu
 them. Raw JSON lines go to stderr.
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import result, secs  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 ANCHORS = os.path.join(ROOT, "..", "shared", "anchors")
 OURS = os.path.join(ROOT, "target", "release", "examples", "bench_knn")
 FLOP = 2 * 10_000 * 100_000 * 128
-
-
-def result(cmd, timeout=3600):
-    try:
-        p = subprocess.run(["flock", "/tmp/bench.lock"] + cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout"}
-    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    if not lines:
-        return {"status": "crashed", "stderr": p.stderr[-400:]}
-    rec = json.loads(lines[-1][7:])
-    print(json.dumps(rec), file=sys.stderr, flush=True)
-    return rec
+# lavapipe runs of the full case take minutes.
+TIMEOUT = 3600
 
 
 def anchor(func, reps):
     return result([sys.executable, os.path.join(ANCHORS, "bench_knn.py"), "--worker", "--func", func,
-                   "--reps", str(reps)])
+                   "--reps", str(reps)], TIMEOUT)
 
 
 def ours(path, func, reps, k=None):
     cmd = [OURS, "--path", path, "--func", func, "--reps", str(reps)]
     if k is not None:
         cmd += ["--k", str(k)]
-    return result(cmd)
-
-
-def secs(rec):
-    return rec.get("median_s") if "median_s" in rec else rec.get("median")
+    return result(cmd, TIMEOUT)
 
 
 def main():

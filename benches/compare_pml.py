@@ -11,10 +11,11 @@ Needs the anchors' venv (see ../shared/anchors/README.md); not part of CI.
 Each case prints a markdown row as soon as it is measured; raw JSON lines go to stderr.
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import result, secs  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -22,19 +23,6 @@ ANCHORS = os.path.join(ROOT, "..", "shared", "anchors")
 OURS = os.path.join(ROOT, "target", "release", "examples", "bench_mining")
 SCENARIOS = [(21, 10000), (512, 2000), (1000, 1000), (128, 4096)]
 FUNCS = ["lmu", "miner_all", "miner_hard", "miner_semihard", "miner_easy"]
-
-
-def result(cmd, timeout):
-    try:
-        p = subprocess.run(["flock", "/tmp/bench.lock"] + cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout"}
-    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    if not lines:
-        return {"status": "crashed", "stderr": p.stderr[-400:]}
-    rec = json.loads(lines[-1][7:])
-    print(json.dumps(rec), file=sys.stderr, flush=True)
-    return rec
 
 
 def ours(path, func, B, M, C, reps, budget):
@@ -45,10 +33,6 @@ def ours(path, func, B, M, C, reps, budget):
 def pml(func, B, M, C, reps):
     return result([sys.executable, os.path.join(ANCHORS, "bench_pml.py"), "--worker", "--func", func,
                    "--B", str(B), "--M", str(M), "--C", str(C), "--reps", str(reps)], 2400)
-
-
-def secs(rec):
-    return rec.get("median_s") if "median_s" in rec else rec.get("median")
 
 
 def main():

@@ -176,8 +176,8 @@ struct Buffers {
     norm_params: TrackedBuffer,
     tile_params: TrackedBuffer,
     select_params: TrackedBuffer,
-    queries: TrackedBuffer,
-    query_norms: TrackedBuffer,
+    /// The chunk's query rows and their norms (one page).
+    queries: DeviceRows,
     excluded: TrackedBuffer,
     block: TrackedBuffer,
     best: [TrackedBuffer; 2],
@@ -210,14 +210,7 @@ impl Buffers {
             norm_params: uniform("knn::norm_params", uniform_size::<row_norms::Params>())?,
             tile_params: uniform("knn::tile_params", uniform_size::<distance_tile::Params>())?,
             select_params: uniform("knn::select_params", uniform_size::<knn_select::Params>())?,
-            queries: transfer::create_buffer(
-                ctx,
-                gpu,
-                "knn::queries",
-                f32s(r * layout.dim4 * 4),
-                input,
-            )?,
-            query_norms: transfer::output(ctx, gpu, "knn::query_norms", f32s(r))?,
+            queries: DeviceRows::new(ctx, gpu, r, d, r)?,
             excluded: transfer::create_buffer(ctx, gpu, "knn::excluded", f32s(r), input)?,
             block: transfer::output(ctx, gpu, "knn::block", f32s(r * c))?,
             best: [
@@ -269,29 +262,19 @@ fn run(
     let mut out = Neighbours::empty(q, k);
     for r0 in (0..q).step_by(plan.rows) {
         let rows = plan.rows.min(q - r0);
-        transfer::write(
-            gpu,
-            &b.queries,
-            0,
-            &transfer::padded_rows(queries, r0, rows, dim4),
-        )?;
         transfer::write(gpu, &b.excluded, 0, &excluded[r0..r0 + rows])?;
-        let norm_params = row_norms::Params {
-            rows: rows as u32,
-            dim4: dim4 as u32,
-            _pad: [0; 2],
-        };
-        transfer::write(gpu, &b.norm_params, 0, &[norm_params])?;
-        transfer::fill_sentinel(ctx, gpu, &b.query_norms, f32s(rows))?;
         let mut enc = encoder(gpu, OP);
-        norms.encode(
+        b.queries.fill(
+            ctx,
             gpu,
             &mut enc,
-            rows as u64,
+            &norms,
             &b.norm_params,
-            &b.queries,
-            &b.query_norms,
+            queries,
+            r0,
+            rows,
         )?;
+        let (query_rows, query_norms) = b.queries.page(0)?;
         let mut current = 0;
         let mut start = 0;
         while start < n {
@@ -345,9 +328,9 @@ fn run(
                 range.cols as u64,
                 &TileBuffers {
                     params: &b.tile_params,
-                    queries: &b.queries,
+                    queries: query_rows,
                     refs: page_rows,
-                    query_sq_norms: &b.query_norms,
+                    query_sq_norms: query_norms,
                     ref_sq_norms: page_norms,
                     out: &b.block,
                 },
