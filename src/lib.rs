@@ -6,6 +6,7 @@ mod context;
 mod device_rows;
 mod distance;
 mod error;
+mod host_alloc;
 pub mod kernels;
 mod knn;
 mod memory;

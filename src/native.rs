@@ -1,22 +1,35 @@
-//! The native CPU path: the same answers as the kernels, computed with multi-threaded GEMM.
+//! The native CPU path's shared pieces: the distance epilogue of the kernels on top of
+//! ndarray's GEMM, one single-threaded GEMM per thread.
 
-use ndarray::{Array1, Array2, ArrayView2, Axis, Zip};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use ndarray::{s, Array2, ArrayView2, ArrayViewMut2, Axis};
 
 use crate::distance::{Distance, DistanceConfig};
-use crate::error::Result;
-use crate::triplets::{CountMethod, Problem, Writer};
 
-/// Squared norm of every row.
-pub(crate) fn sq_norms(x: ArrayView2<'_, f32>) -> Array1<f32> {
-    x.map_axis(Axis(1), |row| row.dot(&row))
+/// Worker threads for the native path: one per available core.
+pub(crate) fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |t| t.get())
 }
 
-/// Scale factors `1 / max(|x|, 1e-12)` from squared norms when normalising, else exactly 1.
-pub(crate) fn inv_norms(n2: &Array1<f32>, cfg: &DistanceConfig) -> Array1<f32> {
-    if cfg.normalizes() {
-        n2.mapv(|v| 1.0 / v.sqrt().max(1e-12))
-    } else {
-        Array1::ones(n2.len())
+/// Per row of a matrix, the two factors of the metric's epilogue.
+pub(crate) struct Norms {
+    /// `1 / max(|x|, 1e-12)` when normalising, else exactly 1.
+    pub(crate) scale: Vec<f32>,
+    /// The squared norm after scaling, `(|x|² · s) · s` in the kernel's order.
+    pub(crate) sq: Vec<f32>,
+}
+
+impl Norms {
+    pub(crate) fn new(x: ArrayView2<'_, f32>, cfg: &DistanceConfig) -> Self {
+        let n2: Vec<f32> = x.rows().into_iter().map(|r| r.dot(&r)).collect();
+        let scale: Vec<f32> = if cfg.normalizes() {
+            n2.iter().map(|v| 1.0 / v.sqrt().max(1e-12)).collect()
+        } else {
+            vec![1.0; n2.len()]
+        };
+        let sq = n2.iter().zip(&scale).map(|(n, s)| n * s * s).collect();
+        Self { scale, sq }
     }
 }
 
@@ -31,103 +44,85 @@ pub(crate) fn finish(distance: Distance, q2: f32, r2: f32, dot: f32) -> f32 {
     }
 }
 
+/// Distances of `queries` `(q, d)` against `refs` `(n, d)` (whose norms are `ref_norms`) into
+/// `out` `(q, n)`, on the calling thread: the GEMM, then one pass applying the scales and the
+/// metric in the kernel's order of operations.
+pub(crate) fn distances_into(
+    queries: ArrayView2<'_, f32>,
+    refs: ArrayView2<'_, f32>,
+    ref_norms: &Norms,
+    cfg: &DistanceConfig,
+    mut out: ArrayViewMut2<'_, f32>,
+) {
+    ndarray::linalg::general_mat_mul(1.0, &queries, &refs.t(), 0.0, &mut out);
+    let q_norms = Norms::new(queries, cfg);
+    for ((mut row, &iq), &q2) in out
+        .rows_mut()
+        .into_iter()
+        .zip(&q_norms.scale)
+        .zip(&q_norms.sq)
+    {
+        let refs = ref_norms.scale.iter().zip(&ref_norms.sq);
+        for (d, (&ir, &r2)) in row.iter_mut().zip(refs) {
+            *d = finish(cfg.distance, q2, r2, *d * iq * ir);
+        }
+    }
+}
+
 /// The distance matrix `(q, n)`; same formula and clamping as `shaders/distance_tile.wgsl`,
-/// with the dot products from ndarray's (matrixmultiply, threaded) GEMM.
+/// query rows split over the threads.
 pub(crate) fn pairwise_distances(
     queries: ArrayView2<'_, f32>,
     refs: ArrayView2<'_, f32>,
     cfg: &DistanceConfig,
 ) -> Array2<f32> {
-    let (q2, r2) = (sq_norms(queries), sq_norms(refs));
-    let mut dots = queries.dot(&refs.t());
-    let (iq, ir) = (inv_norms(&q2, cfg), inv_norms(&r2, cfg));
-    // One pass over the GEMM output: scaling and the metric's epilogue together, in the
-    // kernel's order of operations.
-    Zip::from(dots.rows_mut())
-        .and(&q2)
-        .and(&iq)
-        .for_each(|mut row, &q2, &iq| {
-            let q2 = q2 * iq * iq;
-            Zip::from(&mut row)
-                .and(&r2)
-                .and(&ir)
-                .for_each(|d, &r2, &ir| *d = finish(cfg.distance, q2, r2 * ir * ir, *d * iq * ir));
-        });
-    dots
+    let ref_norms = Norms::new(refs, cfg);
+    let mut out = Array2::<f32>::zeros((queries.nrows(), refs.nrows()));
+    let per = queries.nrows().div_ceil(threads()).max(1);
+    std::thread::scope(|scope| {
+        for (t, rows) in out.axis_chunks_iter_mut(Axis(0), per).enumerate() {
+            let q = queries.slice(s![t * per..t * per + rows.nrows(), ..]);
+            let ref_norms = &ref_norms;
+            scope.spawn(move || distances_into(q, refs, ref_norms, cfg, rows));
+        }
+    });
+    out
 }
 
-/// Anchors per block whose distance rows are computed together.
-const ANCHOR_BLOCK: usize = 256;
-
-/// The native twin of the triplet kernels: per anchor, its ascending positive and negative
-/// lists, then each (positive, negative) pair through the rule, in (a, p, n) order. Counts
-/// when `writer` is `None`.
-pub(crate) fn triplets(problem: &Problem<'_>, writer: Option<Writer<'_>>) -> Result<u64> {
-    let (b, m) = (problem.set.labels.len(), problem.set.ref_labels.len());
-    let similarity = problem.distance.distance.is_similarity();
-    let mut writer = writer;
-    let mut counted = 0u64;
-    let refs = problem.set.host_refs("mine_triplets")?;
-    let (mut pos, mut neg, mut kept, mut sorted) = (
-        Vec::with_capacity(m),
-        Vec::with_capacity(m),
-        Vec::with_capacity(m),
-        Vec::with_capacity(m),
-    );
-    for a0 in (0..b).step_by(ANCHOR_BLOCK) {
-        let rows = ANCHOR_BLOCK.min(b - a0);
-        let dist = problem.set.queries.zip(refs).map(|(q, r)| {
-            pairwise_distances(
-                q.slice(ndarray::s![a0..a0 + rows, ..]),
-                r,
-                &problem.distance,
-            )
-        });
-        for a in a0..a0 + rows {
-            problem.set.lists_of(a, &mut pos, &mut neg);
-            let row = dist.as_ref().map(|d| d.row(a - a0));
-            let sorting = problem.count_method != CountMethod::Scan;
-            if let (None, Some(row), true) = (writer.as_ref(), row, sorting) {
-                // Counting only: sort the negatives' values once, then two binary searches
-                // per positive (as the kernels do) instead of a scan.
-                sorted.clear();
-                sorted.extend(neg.iter().map(|&n| row[n as usize]));
-                sorted.sort_unstable_by(f32::total_cmp);
-                for &p in &pos {
-                    counted += problem
-                        .rule
-                        .count_sorted(&sorted, row[p as usize], similarity);
-                }
-                continue;
+/// Runs `work(item, state)` for every item in `0..items` on up to [`threads`] threads, items
+/// dealt out in turn (so uneven items balance), each thread with its own `state` from `init`;
+/// returns the results in item order.
+pub(crate) fn par_items<S, T: Send>(
+    items: usize,
+    init: impl Fn() -> S + Sync,
+    work: impl Fn(usize, &mut S) -> T + Sync,
+) -> Vec<T> {
+    let next = AtomicUsize::new(0);
+    let worker = || {
+        let mut state = init();
+        let mut done = Vec::new();
+        loop {
+            let item = next.fetch_add(1, Ordering::Relaxed);
+            if item >= items {
+                return done;
             }
-            for &p in &pos {
-                let negatives: &[u32] = match row {
-                    None => &neg,
-                    Some(row) => {
-                        let ap = row[p as usize];
-                        kept.clear();
-                        kept.extend(
-                            neg.iter()
-                                .copied()
-                                .filter(|&n| problem.rule.keeps(ap, row[n as usize], similarity)),
-                        );
-                        &kept
-                    }
-                };
-                match writer.as_mut() {
-                    None => counted += negatives.len() as u64,
-                    Some(w) => {
-                        w.block(a as u32, p, negatives);
-                        if w.stopped() {
-                            return Ok(writer.map_or(0, Writer::finish));
-                        }
-                    }
-                }
+            done.push((item, work(item, &mut state)));
+        }
+    };
+    let helpers = threads().min(items).saturating_sub(1);
+    let mut done = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..helpers).map(|_| scope.spawn(worker)).collect();
+        let mut done = worker();
+        for h in handles {
+            // A worker only panics on a bug; its items would be missing, so the panic is
+            // passed on rather than a partial result returned.
+            match h.join() {
+                Ok(d) => done.extend(d),
+                Err(panic) => std::panic::resume_unwind(panic),
             }
         }
-    }
-    Ok(match writer {
-        Some(w) => w.finish(),
-        None => counted,
-    })
+        done
+    });
+    done.sort_unstable_by_key(|d| d.0);
+    done.into_iter().map(|d| d.1).collect()
 }

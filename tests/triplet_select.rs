@@ -189,7 +189,11 @@ fn problem() -> impl Strategy<Value = Problem> {
             } else {
                 Just(None).boxed()
             };
-            let count_method = prop_oneof![Just(CountMethod::Scan), Just(CountMethod::Sorted)];
+            let count_method = prop_oneof![
+                Just(CountMethod::Scan),
+                Just(CountMethod::Sorted),
+                Just(CountMethod::Auto)
+            ];
             let cfg = (rule(), 0usize..4, any::<bool>(), count_method).prop_map(
                 |(rule, which, normalize, count_method)| TripletConfig {
                     count_method,
@@ -288,11 +292,54 @@ fn triplet_select_under_a_tight_budget_chunks_anchors_and_windows() {
 }
 
 #[test]
+fn native_triplets_under_a_budget_of_one_distance_row_per_thread() {
+    // The native path's scratch per thread: five index/value lists and one distance row of
+    // m elements each (24·m bytes). A budget of just that forces one anchor per block.
+    let m = 230;
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()) as u64;
+    let budget = threads * 24 * m as u64 + 100;
+    let ctx = Context::native_cpu(Some(budget));
+    for rule in [
+        TripletRule::AllValid,
+        TripletRule::margin_miner(TripletType::Hard),
+    ] {
+        let p = Problem {
+            labels: cyclic(150, 4),
+            embeddings: grid(150, 5),
+            refs: Some((cyclic(m, 3), grid(m, 5))),
+            cfg: TripletConfig {
+                rule,
+                ..Default::default()
+            },
+        };
+        ctx.reset_peak();
+        p.check(&ctx);
+        let mem = ctx.memory();
+        assert!(
+            mem.peak_bytes <= budget,
+            "peak {} B over {budget} B",
+            mem.peak_bytes
+        );
+        assert!(mem.peak_bytes > 0, "the scratch is counted");
+        assert_eq!(mem.current_bytes, 0, "everything released");
+    }
+}
+
+#[test]
 fn triplet_select_budget_below_one_anchor_is_a_typed_error() {
     let budget = 1 << 10;
-    let Some(ctx) = common::gpu_context(Some(budget)) else {
-        return;
-    };
+    for ctx in [
+        Some(Context::native_cpu(Some(budget))),
+        common::gpu_context(Some(budget)),
+    ] {
+        let Some(ctx) = ctx else {
+            continue;
+        };
+        budget_below_one_anchor(&ctx, budget);
+    }
+}
+
+fn budget_below_one_anchor(ctx: &Context, budget: u64) {
     let (labels, refs) = (cyclic(10, 2), cyclic(1000, 2));
     let (emb, ref_emb) = (grid(10, 4), grid(1000, 4));
     let queries = MiningSet::with_embeddings(labels.view(), emb.view());
@@ -302,9 +349,9 @@ fn triplet_select_budget_below_one_anchor_is_a_typed_error() {
         ..Default::default()
     };
     let attempts = [
-        mine_triplets(&ctx, &queries, Some(&refs), &TripletConfig::default())
+        mine_triplets(ctx, &queries, Some(&refs), &TripletConfig::default())
             .map(|t| t.len() as u64),
-        count_triplets(&ctx, &queries, Some(&refs), &semihard).map(|n| n.count),
+        count_triplets(ctx, &queries, Some(&refs), &semihard).map(|n| n.count),
     ];
     for got in attempts {
         match got {

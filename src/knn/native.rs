@@ -1,7 +1,11 @@
-//! The native twin of the kNN kernels: blocks of distances from a threaded GEMM, each row's
-//! block fed to a bounded candidate list with a running threshold, on every core.
+//! The native twin of the kNN kernels: each thread takes a block of queries (and, when there
+//! are few queries, a shard of the references), computes cache-sized blocks of dot products
+//! with a single-threaded GEMM and feeds every row to a bounded candidate list while the block
+//! is still in cache.
 
-use ndarray::{s, Array2, ArrayView2, ArrayViewMut2, Axis};
+use std::ops::Range;
+
+use ndarray::{s, Array2, ArrayView2};
 
 use super::{sort_rows, KnnConfig, Neighbours};
 use crate::context::Context;
@@ -9,12 +13,17 @@ use crate::distance::Distance;
 use crate::error::Result;
 use crate::kernels::knn_select::{key_of, score_of, EMPTY_INDEX};
 use crate::memory::HostReservation;
-use crate::native::{finish, inv_norms, sq_norms};
+use crate::native::{finish, par_items, threads, Norms};
 
-/// Query rows per block: enough to amortise a pass over the references.
-const QUERY_BLOCK: usize = 512;
-/// References per block: a `(512, 4096)` f32 block is 8 MiB, within the last-level cache.
-const REF_BLOCK: usize = 4096;
+/// Query rows per block: enough for the GEMM to amortise packing a reference block.
+const QUERY_BLOCK: usize = 256;
+/// References per block: a `(256, 1024)` f32 block is 1 MiB, so the selection pass reads it
+/// from the core's own cache right after the GEMM wrote it.
+const REF_BLOCK: usize = 1024;
+/// Fewest references per shard when a few queries are split over the threads by reference.
+const MIN_SHARD: usize = 64;
+/// Scores tested together against the bound: one vector compare for 16 rejections.
+const LANES: usize = 16;
 
 /// One row's candidates: every element that could still be among its best `k`, re-selected
 /// down to `k` whenever the list reaches its capacity (Faiss's reservoir). The bound is then
@@ -38,8 +47,12 @@ impl Candidates {
         }
     }
 
-    /// Stores reference `index` with oriented score `oriented` (callers skip scores above
-    /// the bound; a NaN is stored, and its key orders it last, as in the kernel).
+    #[inline]
+    fn admits(&self, o: f32) -> bool {
+        admits(o, self.bound)
+    }
+
+    /// Stores reference `index` with oriented score `oriented`.
     #[inline]
     fn offer(&mut self, oriented: f32, index: u32, k: usize) {
         self.list.push([key_of(oriented, false), index]);
@@ -49,40 +62,155 @@ impl Candidates {
     }
 
     /// Keeps the best `k` by (key, index). Elements equal to the bound stay admissible: they
-    /// lose the tie to the kept ones by index, since blocks arrive in index order.
+    /// lose the tie to the kept ones by index, since a shard's blocks arrive in index order.
     fn shrink(&mut self, k: usize) {
-        if self.list.len() > k {
-            self.list
-                .select_nth_unstable_by(k - 1, |a, b| (a[0], a[1]).cmp(&(b[0], b[1])));
-            self.list.truncate(k);
-        }
+        shrink(&mut self.list, k);
         if self.list.len() == k {
             self.bound = score_of(self.list[k - 1][0], false);
         }
     }
 }
 
-/// Feeds one row of dot products (`dots[c]` for reference `j0 + c`) to its candidates;
-/// `score(c, dot)` is the metric; similarities are negated so that smaller is better.
+/// Whether oriented score `o` may enter a list bounded by `bound`: not above it. A NaN may
+/// (its key orders it last, as in the kernel).
 #[inline]
+fn admits(o: f32, bound: f32) -> bool {
+    o <= bound || o.is_nan()
+}
+
+/// Keeps the best `k` `(key, index)` pairs of `list`, in no particular order.
+fn shrink(list: &mut Vec<[u32; 2]>, k: usize) {
+    if list.len() > k {
+        list.select_nth_unstable_by(k - 1, |a, b| (a[0], a[1]).cmp(&(b[0], b[1])));
+        list.truncate(k);
+    }
+}
+
+/// The references' factors of the metric over one block, element `c` for reference `j0 + c`.
+#[derive(Clone, Copy)]
+struct RefFactors<'r> {
+    scale: &'r [f32],
+    sq: &'r [f32],
+}
+
+/// Feeds one row of dot products (`dots[c]` for reference `j0 + c`) to its candidates, except
+/// reference `skip`; `oriented(dot, ref scale, ref squared norm)` is the metric, negated for
+/// similarities so that smaller is better. Written so that the metric and the bound test of
+/// `LANES` elements at a time compile to vector code (fixed-size chunks, no bounds checks): a
+/// chunk where nothing beats the bound costs no branch per element.
+#[inline(always)]
 fn feed_row(
     dots: &[f32],
-    j0: usize,
-    skip: usize,
-    largest: bool,
-    k: usize,
+    refs: RefFactors<'_>,
+    (j0, skip, k): (usize, usize, usize),
     list: &mut Candidates,
-    score: impl Fn(usize, f32) -> f32,
+    oriented: impl Fn(f32, f32, f32) -> f32,
 ) {
-    let sign = if largest { -1.0 } else { 1.0 };
-    for (c, &dot) in dots.iter().enumerate() {
-        let oriented = sign * score(c, dot);
-        // Rejections first: one comparison for almost every element.
-        if oriented > list.bound || j0 + c == skip {
-            continue;
+    let offer = |c: usize, o: f32, list: &mut Candidates| {
+        if list.admits(o) && j0 + c != skip {
+            list.offer(o, (j0 + c) as u32, k);
         }
-        list.offer(oriented, (j0 + c) as u32, k);
+    };
+    let (d_chunks, d_rest) = dots.as_chunks::<LANES>();
+    let (s_chunks, s_rest) = refs.scale.as_chunks::<LANES>();
+    let (q_chunks, q_rest) = refs.sq.as_chunks::<LANES>();
+    let chunks = d_chunks.iter().zip(s_chunks).zip(q_chunks);
+    for (i, ((d, rs), rq)) in chunks.enumerate() {
+        let mut o = [0.0f32; LANES];
+        for l in 0..LANES {
+            o[l] = oriented(d[l], rs[l], rq[l]);
+        }
+        let bound = list.bound;
+        // One bit per admitted lane, then a visit of the set bits only: no branch per lane
+        // to mispredict. `offer` tests again, as a shrink may tighten the bound meanwhile.
+        let mut hits = o
+            .iter()
+            .enumerate()
+            .fold(0u32, |m, (l, &v)| m | (u32::from(admits(v, bound)) << l));
+        while hits != 0 {
+            let l = hits.trailing_zeros() as usize;
+            hits &= hits - 1;
+            offer(i * LANES + l, o[l], list);
+        }
     }
+    let whole = d_chunks.len() * LANES;
+    let rest = d_rest.iter().zip(s_rest).zip(q_rest);
+    for (c, ((&d, &rs), &rq)) in rest.enumerate() {
+        offer(whole + c, oriented(d, rs, rq), list);
+    }
+}
+
+/// The references `refs` of one shard against query rows `rows`: every row's best `k` as
+/// `(key, index)` pairs, `k` per row (padded with empty slots), unsorted.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site; the shared state of a search"
+)]
+fn search_block(
+    queries: ArrayView2<'_, f32>,
+    refs: ArrayView2<'_, f32>,
+    norms: &(Norms, Norms),
+    distance: Distance,
+    excluded: &[u32],
+    k: usize,
+    rows: Range<usize>,
+    shard: Range<usize>,
+    block: &mut Array2<f32>,
+) -> Vec<[u32; 2]> {
+    let mut lists: Vec<Candidates> = rows.clone().map(|_| Candidates::new(k)).collect();
+    let q_block = queries.slice(s![rows.clone(), ..]);
+    let nb = block.ncols();
+    for j0 in shard.clone().step_by(nb) {
+        let cols = nb.min(shard.end - j0);
+        let mut dots = block.slice_mut(s![..rows.len(), ..cols]);
+        ndarray::linalg::general_mat_mul(
+            1.0,
+            &q_block,
+            &refs.slice(s![j0..j0 + cols, ..]).t(),
+            0.0,
+            &mut dots,
+        );
+        let (q_norms, r_norms) = norms;
+        let (r_scale, r_sq) = (&r_norms.scale[j0..j0 + cols], &r_norms.sq[j0..j0 + cols]);
+        for (r, list) in lists.iter_mut().enumerate() {
+            let i = rows.start + r;
+            let (scale, sq, skip) = (q_norms.scale[i], q_norms.sq[i], excluded[i] as usize);
+            let row = block.row(r);
+            // Rows of the owned block are contiguous; the copy only keeps this total.
+            let copied;
+            let dots = match row.as_slice() {
+                Some(d) => &d[..cols],
+                None => {
+                    copied = row.slice(s![..cols]).to_vec();
+                    &copied
+                }
+            };
+            // One instance per metric, so the per-element work has no branch on it.
+            let refs = RefFactors {
+                scale: r_scale,
+                sq: r_sq,
+            };
+            let at = (j0, skip, k);
+            match distance {
+                Distance::Cosine | Distance::DotProduct => {
+                    feed_row(dots, refs, at, list, |d, rs, _| -(d * scale * rs))
+                }
+                Distance::Euclidean => feed_row(dots, refs, at, list, |d, rs, rq| {
+                    finish(Distance::Euclidean, sq, rq, d * scale * rs)
+                }),
+                Distance::SquaredEuclidean => feed_row(dots, refs, at, list, |d, rs, rq| {
+                    finish(Distance::SquaredEuclidean, sq, rq, d * scale * rs)
+                }),
+            }
+        }
+    }
+    let mut pairs = Vec::with_capacity(rows.len() * k);
+    for mut list in lists {
+        shrink(&mut list.list, k);
+        list.list.resize(k, [u32::MAX, EMPTY_INDEX]);
+        pairs.extend_from_slice(&list.list);
+    }
+    pairs
 }
 
 /// `queries` `(q, d)` against host `refs` `(n, d)`, validated; `excluded[i]` is row `i`'s own
@@ -96,77 +224,84 @@ pub(crate) fn search(
 ) -> Result<Neighbours> {
     let (q, n, k) = (queries.nrows(), refs.nrows(), cfg.k);
     let largest = cfg.distance.distance.is_similarity();
-    let (qb, nb) = (QUERY_BLOCK.min(q), REF_BLOCK.min(n).max(1));
-    // The scratch is the distance block and the candidate lists; counted like device memory.
-    let scratch = 4 * (qb * nb) as u64 + 8 * (qb * Candidates::capacity(k)) as u64;
+    let threads = threads() as u64;
+    let nb = REF_BLOCK.min(n).max(1);
+    // Too few query blocks to keep every thread busy: split the references into shards as
+    // well, each shard's lists merged per row at the end.
+    let shards_for = |qb: usize| {
+        let q_blocks = q.div_ceil(qb) as u64;
+        match q_blocks >= 2 * threads {
+            true => 1,
+            false => ((2 * threads).div_ceil(q_blocks) as usize).min(n.div_ceil(MIN_SHARD)),
+        }
+    };
+    // Per thread a block of dot products and its rows' candidate lists; with shards, the
+    // lists they hand back (with one, those are the output itself, which is not counted).
+    // Counted like device memory; query blocks shrink until they fit.
+    let scratch_for = |qb: usize, shards: usize| {
+        let per_thread = 4 * (qb * nb) as u64 + 8 * (qb * Candidates::capacity(k)) as u64;
+        let lists = if shards > 1 {
+            8 * (q * k * shards) as u64
+        } else {
+            0
+        };
+        threads * per_thread + lists
+    };
+    let mut qb = QUERY_BLOCK.min(q);
+    while qb > 1 && scratch_for(qb, shards_for(qb)) > ctx.tracker().available() {
+        qb = qb.div_ceil(2);
+    }
+    let (shards, q_blocks) = (shards_for(qb).max(1), q.div_ceil(qb));
+    let scratch = scratch_for(qb, shards);
     let _reserved = HostReservation::new("knn::native scratch", scratch, ctx.tracker())?;
-    let (q2, r2) = (sq_norms(queries), sq_norms(refs));
-    let (iq, ir) = (inv_norms(&q2, &cfg.distance), inv_norms(&r2, &cfg.distance));
-    // Per reference, as contiguous slices: the scale and the scaled squared norm.
-    let ir_s: Vec<f32> = ir.to_vec();
-    let r2_s: Vec<f32> = r2.iter().zip(&ir).map(|(n, s)| n * s * s).collect();
+    let norms = (
+        Norms::new(queries, &cfg.distance),
+        Norms::new(refs, &cfg.distance),
+    );
+    let shard_of = |s: usize| s * n / shards..(s + 1) * n / shards;
+    let mut parts = par_items(
+        q_blocks * shards,
+        || Array2::<f32>::zeros((qb, nb)),
+        |item, block| {
+            let (b, shard) = (item / shards, item % shards);
+            let rows = b * qb..(b * qb + qb).min(q);
+            search_block(
+                queries,
+                refs,
+                &norms,
+                cfg.distance.distance,
+                excluded,
+                k,
+                rows,
+                shard_of(shard),
+                block,
+            )
+        },
+    );
     let mut out = Neighbours::empty(q, k);
-    let mut block = Array2::<f32>::zeros((qb, nb));
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
-    for i0 in (0..q).step_by(qb) {
-        let rows = qb.min(q - i0);
-        let mut lists: Vec<Candidates> = (0..rows).map(|_| Candidates::new(k)).collect();
-        let q_block = queries.slice(s![i0..i0 + rows, ..]);
-        for j0 in (0..n).step_by(nb) {
-            let cols = nb.min(n - j0);
-            let mut dots = block.slice_mut(s![..rows, ..cols]);
-            // Row-major with a stride of `nb`: each row is a contiguous slice.
-            ndarray::linalg::general_mat_mul(
-                1.0,
-                &q_block,
-                &refs.slice(s![j0..j0 + cols, ..]).t(),
-                0.0,
-                &mut dots,
-            );
-            let per = rows.div_ceil(threads).max(1);
-            let feed = |first: usize, dots: ArrayViewMut2<'_, f32>, lists: &mut [Candidates]| {
-                for (r, (row, list)) in dots.outer_iter().zip(lists).enumerate() {
-                    let i = i0 + first + r;
-                    let (sq, scale) = (q2[i] * iq[i] * iq[i], iq[i]);
-                    let skip = excluded[i] as usize;
-                    // One loop per metric, so the per-element work has no branch on it.
-                    let copied;
-                    let dots = match row.as_slice() {
-                        Some(d) => d,
-                        None => {
-                            copied = row.to_vec();
-                            &copied
-                        }
-                    };
-                    let (irs, r2s) = (&ir_s[j0..j0 + cols], &r2_s[j0..j0 + cols]);
-                    let metric = |d: Distance| {
-                        move |c: usize, dot: f32| finish(d, sq, r2s[c], dot * scale * irs[c])
-                    };
-                    match cfg.distance.distance {
-                        Distance::Cosine | Distance::DotProduct => {
-                            feed_row(dots, j0, skip, largest, k, list, |c, dot| {
-                                dot * scale * irs[c]
-                            })
-                        }
-                        d => feed_row(dots, j0, skip, largest, k, list, metric(d)),
-                    }
-                }
-            };
-            std::thread::scope(|scope| {
-                let chunks = dots.axis_chunks_iter_mut(Axis(0), per);
-                for (t, (d, l)) in chunks.zip(lists.chunks_mut(per)).enumerate() {
-                    let feed = &feed;
-                    scope.spawn(move || feed(t * per, d, l));
-                }
-            });
-        }
-        let mut pairs = Vec::with_capacity(rows * k);
-        for mut list in lists {
-            list.shrink(k);
-            list.list.resize(k, [u32::MAX, EMPTY_INDEX]);
-            pairs.extend_from_slice(&list.list);
-        }
-        sort_rows(&mut pairs, k, largest, &mut out, i0);
+    for (b, block) in parts.chunks_mut(shards).enumerate() {
+        let mut pairs = if shards == 1 {
+            std::mem::take(&mut block[0])
+        } else {
+            merge_shards(block, k)
+        };
+        sort_rows(&mut pairs, k, largest, &mut out, b * qb);
     }
     Ok(out)
+}
+
+/// One query block's lists from every shard, `k` pairs per row each, merged to the best `k`.
+fn merge_shards(block: &[Vec<[u32; 2]>], k: usize) -> Vec<[u32; 2]> {
+    let rows = block[0].len() / k;
+    let mut pairs = Vec::with_capacity(rows * k);
+    let mut row = Vec::with_capacity(block.len() * k);
+    for r in 0..rows {
+        row.clear();
+        for part in block {
+            row.extend_from_slice(&part[r * k..(r + 1) * k]);
+        }
+        shrink(&mut row, k);
+        pairs.extend_from_slice(&row);
+    }
+    pairs
 }

@@ -10,9 +10,10 @@ use crate::context::{ComputePath, Context};
 use crate::distance::DistanceConfig;
 use crate::error::{Error, Result};
 use crate::mining_set::{self, MiningSet, Prepared, SelfExclusion};
-use crate::{native, validate};
+use crate::validate;
 
 mod gpu;
+mod native;
 mod sink;
 
 pub(crate) use sink::{Sink, Writer};
@@ -161,7 +162,8 @@ pub struct TripletConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CountMethod {
     /// The cheaper of the two by a cost model: sorting wins with many positives per anchor
-    /// (few classes, large banks). The native path always sorts when only counting.
+    /// (few classes, large banks). The native path decides per anchor (sorting above 16
+    /// positives).
     #[default]
     Auto,
     /// Test every (positive, negative) candidate: `O(P·N)` per anchor.
@@ -422,7 +424,7 @@ pub(crate) fn run(ctx: &Context, problem: &Problem<'_>, writer: Option<Writer<'_
         }
     }
     match ctx.gpu() {
-        None => native::triplets(problem, writer),
+        None => native::triplets(ctx, problem, writer),
         Some(gpu) => gpu::mine(ctx, gpu, problem, writer),
     }
 }

@@ -51,6 +51,15 @@ impl<'s> Writer<'s> {
         }
     }
 
+    /// The vector a collecting writer appends to (`None` when streaming): the native path
+    /// fills it in place, from every thread at once.
+    pub(crate) fn collect_target(&mut self) -> Option<&mut Vec<u32>> {
+        match &mut self.sink {
+            Sink::Collect(all) => Some(all),
+            Sink::Stream(_) => None,
+        }
+    }
+
     /// Whether the callback asked to stop.
     pub(crate) fn stopped(&self) -> bool {
         self.stopped

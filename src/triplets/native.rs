@@ -1,0 +1,333 @@
+//! The native twin of the triplet kernels: anchors in blocks dealt out to every thread; per
+//! anchor its ascending positive and negative lists and, for margin rules, its distance row,
+//! each (positive, negative) pair tested on the host in (a, p, n) order. Collected triplets
+//! are counted first, so that each thread writes its anchors' rows straight into their final
+//! place in the output.
+
+use std::ops::Range;
+use std::sync::Mutex;
+
+use ndarray::{s, Array2, ArrayView1, ArrayView2};
+
+use super::{list_sizes, CountMethod, Problem, TripletRule, Writer, OP};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::host_alloc::zeroed_u32;
+use crate::memory::HostReservation;
+use crate::native::{distances_into, par_items, threads, Norms};
+
+/// Anchors per block at most: enough rows for the GEMM of a distance block.
+const ANCHOR_BLOCK: usize = 256;
+/// Blocks per thread aimed at, so that uneven anchors still balance.
+const BLOCKS_PER_THREAD: usize = 4;
+/// With [`CountMethod::Auto`], anchors with more positives than this count by sorting their
+/// negatives' values (two binary searches per positive) rather than testing every pair.
+const SORT_FROM_POSITIVES: usize = 16;
+
+/// What every worker shares: the problem, its block size and, for margin rules, the
+/// embeddings and the references' norms.
+struct Plan<'p, 'a> {
+    problem: &'p Problem<'a>,
+    embeddings: Option<(ArrayView2<'a, f32>, ArrayView2<'a, f32>, Norms)>,
+    /// Anchors per block.
+    rows: usize,
+    similarity: bool,
+}
+
+impl<'p, 'a> Plan<'p, 'a> {
+    /// Plans blocks of anchors: a few per thread, and for margin rules at most what the
+    /// budget allows for one `(rows, m)` block of distances per thread. Each thread's
+    /// scratch (its lists and distance block) is reserved in the returned reservation.
+    fn new(ctx: &Context, problem: &'p Problem<'a>) -> Result<(Self, HostReservation)> {
+        let (b, m) = (
+            problem.set.labels.len(),
+            problem.set.ref_labels.len() as u64,
+        );
+        let refs = problem.set.host_refs(OP)?;
+        let threads = threads();
+        // Only margin rules look at distances.
+        let embeddings = match problem.rule {
+            TripletRule::AllValid => None,
+            TripletRule::Margin { .. } => problem.set.queries.zip(refs),
+        };
+        // An `Anchor`'s five lists of up to `m` elements, and a distance row of `m` floats.
+        let (lists, per_row) = (20 * m, if embeddings.is_some() { 4 * m } else { 0 });
+        let required = threads as u64 * (lists + per_row);
+        let budget = ctx.tracker().stats().budget_bytes;
+        if required > budget {
+            return Err(Error::OverBudget {
+                op: OP,
+                required,
+                budget,
+            });
+        }
+        let room = (ctx.tracker().available() / threads as u64).saturating_sub(lists);
+        let fits = room.checked_div(per_row).unwrap_or(u64::MAX);
+        let rows = ANCHOR_BLOCK
+            .min(b.div_ceil(BLOCKS_PER_THREAD * threads))
+            .min(usize::try_from(fits).unwrap_or(usize::MAX))
+            .max(1);
+        let scratch = threads as u64 * (lists + rows as u64 * per_row);
+        let reservation =
+            HostReservation::new("mine_triplets::native scratch", scratch, ctx.tracker())?;
+        let embeddings = embeddings.map(|(q, r)| (q, r, Norms::new(r, &problem.distance)));
+        let plan = Self {
+            problem,
+            embeddings,
+            rows,
+            similarity: problem.distance.distance.is_similarity(),
+        };
+        Ok((plan, reservation))
+    }
+
+    fn blocks(&self) -> usize {
+        self.problem.set.labels.len().div_ceil(self.rows)
+    }
+
+    fn anchors(&self, block: usize) -> Range<usize> {
+        let b = self.problem.set.labels.len();
+        block * self.rows..(block * self.rows + self.rows).min(b)
+    }
+
+    /// A worker's distance block (empty without embeddings).
+    fn scratch(&self) -> Array2<f32> {
+        match self.embeddings {
+            Some(_) => Array2::zeros((self.rows, self.problem.set.ref_labels.len())),
+            None => Array2::zeros((0, 0)),
+        }
+    }
+
+    /// The distance rows of `anchors`, computed into `scratch` (margin rules only).
+    fn distances<'d>(
+        &self,
+        anchors: &Range<usize>,
+        scratch: &'d mut Array2<f32>,
+    ) -> Option<ArrayView2<'d, f32>> {
+        let (queries, refs, norms) = self.embeddings.as_ref()?;
+        let mut out = scratch.slice_mut(s![..anchors.len(), ..]);
+        let q = queries.slice(s![anchors.clone(), ..]);
+        distances_into(q, *refs, norms, &self.problem.distance, out.view_mut());
+        Some(scratch.slice(s![..anchors.len(), ..]))
+    }
+
+    /// Runs `each(anchor, row)` for every anchor of every block on every thread (a worker's
+    /// `Anchor` lists reused), returning per block what `each` returned, in order.
+    fn per_anchor<T: Send>(
+        &self,
+        each: impl Fn(&mut Anchor, usize, Option<ArrayView1<'_, f32>>) -> T + Sync,
+    ) -> Vec<Vec<T>> {
+        par_items(
+            self.blocks(),
+            || (Anchor::default(), self.scratch()),
+            |block, (anchor, scratch)| {
+                let anchors = self.anchors(block);
+                let dist = self.distances(&anchors, scratch);
+                anchors
+                    .clone()
+                    .map(|a| {
+                        let row = dist.as_ref().map(|d| d.row(a - anchors.start));
+                        anchor.load(self, a, row);
+                        each(anchor, a, row)
+                    })
+                    .collect()
+            },
+        )
+    }
+}
+
+/// One worker's lists for the anchor at hand, reused from anchor to anchor.
+#[derive(Default)]
+struct Anchor {
+    positives: Vec<u32>,
+    negatives: Vec<u32>,
+    /// The negatives' distance values, in the negatives' order (margin rules).
+    values: Vec<f32>,
+    /// The negatives kept for one positive.
+    kept: Vec<u32>,
+    /// `values` in ascending order (sorted counting).
+    sorted: Vec<f32>,
+}
+
+impl Anchor {
+    fn load(&mut self, plan: &Plan<'_, '_>, a: usize, row: Option<ArrayView1<'_, f32>>) {
+        plan.problem
+            .set
+            .lists_of(a, &mut self.positives, &mut self.negatives);
+        self.values.clear();
+        if let Some(row) = row {
+            self.values
+                .extend(self.negatives.iter().map(|&n| row[n as usize]));
+        }
+    }
+
+    /// How many triplets the loaded anchor has.
+    fn count(&mut self, plan: &Plan<'_, '_>, row: Option<ArrayView1<'_, f32>>) -> u64 {
+        let Some(row) = row else {
+            return (self.positives.len() * self.negatives.len()) as u64;
+        };
+        let (rule, similarity) = (plan.problem.rule, plan.similarity);
+        let sort = match plan.problem.count_method {
+            CountMethod::Scan => false,
+            CountMethod::Sorted => true,
+            CountMethod::Auto => self.positives.len() > SORT_FROM_POSITIVES,
+        };
+        if sort {
+            self.sorted.clear();
+            self.sorted.extend_from_slice(&self.values);
+            self.sorted.sort_unstable_by(f32::total_cmp);
+            let sorted = &self.sorted;
+            return self
+                .positives
+                .iter()
+                .map(|&p| rule.count_sorted(sorted, row[p as usize], similarity))
+                .sum();
+        }
+        let values = &self.values;
+        self.positives
+            .iter()
+            .map(|&p| {
+                let ap = row[p as usize];
+                let kept = values
+                    .iter()
+                    .map(|&an| u64::from(rule.keeps(ap, an, similarity)));
+                kept.sum::<u64>()
+            })
+            .sum()
+    }
+
+    /// Calls `f(p, negatives kept with p)` for every positive of the loaded anchor in order,
+    /// until `f` returns `false`.
+    fn emit(
+        &mut self,
+        plan: &Plan<'_, '_>,
+        row: Option<ArrayView1<'_, f32>>,
+        mut f: impl FnMut(u32, &[u32]) -> bool,
+    ) {
+        let (rule, similarity) = (plan.problem.rule, plan.similarity);
+        for &p in &self.positives {
+            let negatives: &[u32] = match (row, rule) {
+                (None, _) | (_, TripletRule::AllValid) => &self.negatives,
+                (Some(row), rule) => {
+                    let ap = row[p as usize];
+                    // Branch-free compaction: about half the tests go each way, and a
+                    // mispredicted branch per negative costs more than a wasted store.
+                    self.kept.resize(self.negatives.len(), 0);
+                    let mut len = 0;
+                    for (&n, &an) in self.negatives.iter().zip(&self.values) {
+                        self.kept[len] = n;
+                        len += usize::from(rule.keeps(ap, an, similarity));
+                    }
+                    &self.kept[..len]
+                }
+            };
+            if !f(p, negatives) {
+                return;
+            }
+        }
+    }
+}
+
+/// Rows `(a, p, n)` for every `n` of `negatives` into `out` (exactly `3 · negatives.len()`).
+fn write_rows(out: &mut [u32], a: u32, p: u32, negatives: &[u32]) {
+    for (row, &n) in out.chunks_exact_mut(3).zip(negatives) {
+        row.copy_from_slice(&[a, p, n]);
+    }
+}
+
+/// Mines `problem` on the native path into `writer`, or counts when `None`; returns the
+/// number of triplets found (delivered, if a streaming callback stopped early).
+pub(crate) fn triplets(
+    ctx: &Context,
+    problem: &Problem<'_>,
+    writer: Option<Writer<'_>>,
+) -> Result<u64> {
+    let (plan, _reserved) = Plan::new(ctx, problem)?;
+    let Some(mut writer) = writer else {
+        let counts = plan.per_anchor(|anchor, _, row| anchor.count(&plan, row));
+        return Ok(counts.iter().flatten().sum());
+    };
+    if let Some(all) = writer.collect_target() {
+        return collect(&plan, all);
+    }
+    // Streaming keeps the order on the calling thread: memory stays bounded by one chunk.
+    let (mut anchor, mut scratch) = (Anchor::default(), plan.scratch());
+    for block in 0..plan.blocks() {
+        let anchors = plan.anchors(block);
+        let dist = plan.distances(&anchors, &mut scratch);
+        for a in anchors.clone() {
+            let row = dist.as_ref().map(|d| d.row(a - anchors.start));
+            anchor.load(&plan, a, row);
+            anchor.emit(&plan, row, |p, negatives| {
+                writer.block(a as u32, p, negatives);
+                !writer.stopped()
+            });
+            if writer.stopped() {
+                return Ok(writer.finish());
+            }
+        }
+    }
+    Ok(writer.finish())
+}
+
+/// Counts every anchor's triplets, sizes `all` once, then fills each block's part of it from
+/// the threads.
+fn collect(plan: &Plan<'_, '_>, all: &mut Vec<u32>) -> Result<u64> {
+    let counts: Vec<Vec<u64>> = match plan.problem.rule {
+        TripletRule::AllValid => {
+            let sizes: Vec<u64> = list_sizes(&plan.problem.set).map(|(p, n)| p * n).collect();
+            sizes.chunks(plan.rows).map(<[u64]>::to_vec).collect()
+        }
+        TripletRule::Margin { .. } => plan.per_anchor(|anchor, _, row| anchor.count(plan, row)),
+    };
+    let total: u64 = counts.iter().flatten().sum();
+    let mut out = usize::try_from(3 * total)
+        .ok()
+        .and_then(zeroed_u32)
+        .ok_or_else(|| Error::OutOfMemory {
+            label: "mine_triplets::indices (host)",
+            requested: 12 * total,
+            message: "the host could not allocate the triplets; stream them instead".into(),
+        })?;
+    // Each block's part of the output, taken by whichever thread takes the block.
+    let mut parts = Vec::with_capacity(counts.len());
+    let mut rest = &mut out[..];
+    for block in &counts {
+        let (part, tail) = rest.split_at_mut(3 * block.iter().sum::<u64>() as usize);
+        parts.push(Mutex::new(part));
+        rest = tail;
+    }
+    let offsets: Vec<Vec<usize>> = counts
+        .iter()
+        .map(|block| {
+            block
+                .iter()
+                .scan(0, |at, &c| {
+                    let start = *at;
+                    *at += 3 * c as usize;
+                    Some(start)
+                })
+                .collect()
+        })
+        .collect();
+    plan.per_anchor(|anchor, a, row| {
+        let block = a / plan.rows;
+        let mut at = offsets[block][a % plan.rows];
+        // Each block's part is locked by the one thread working on that block.
+        let Ok(mut out) = parts[block].lock() else {
+            return;
+        };
+        anchor.emit(plan, row, |p, negatives| {
+            let end = at + 3 * negatives.len();
+            write_rows(&mut out[at..end], a as u32, p, negatives);
+            at = end;
+            true
+        });
+    });
+    drop(parts);
+    if all.is_empty() {
+        *all = out;
+    } else {
+        all.extend_from_slice(&out);
+    }
+    Ok(total)
+}
