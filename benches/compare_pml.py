@@ -42,8 +42,13 @@ def main():
     ap.add_argument("--classes", default="100,10")
     ap.add_argument("--scenarios", default="")
     ap.add_argument("--funcs", default=",".join(FUNCS))
+    ap.add_argument("--native", action="store_true",
+                    help="the native CPU path only (issue 6's table): arrays, count-only and streamed")
     a = ap.parse_args()
     scen = SCENARIOS if not a.scenarios else [tuple(map(int, s.split("x"))) for s in a.scenarios.split(",")]
+    if a.native:
+        native_table(a, scen)
+        return
     print("| C | B | M | function | PML s | PML peak RSS MiB | triplets (PML) | ours lavapipe s | × PML | ours native s | × PML | triplets (ours) | peak device MiB (budget) | lavapipe count-only s | × PML | lavapipe streamed s (peak RSS MiB) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for C in [int(c) for c in a.classes.split(",")]:
@@ -68,6 +73,31 @@ def main():
                       f"{fmt(g)} | {ratio(g)} | {fmt(n)} | {ratio(n)} | {g.get('count', '–'):,} | "
                       f"{g.get('peak_device_mib', '–')} ({g.get('budget_mib', '–')}) | {fmt(gc)} | {ratio(gc)} | "
                       f"{fmt(gs)} ({gs.get('peak_rss_mb', '–')}) |", flush=True)
+
+
+def native_table(a, scen):
+    print("| C | B | M | function | PML s | PML peak RSS MiB | ours native s | × PML | native peak RSS MiB | triplets (ours) | native count-only s | × PML | native streamed s (peak RSS MiB) | × PML |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for C in [int(c) for c in a.classes.split(",")]:
+        for (B, M) in scen:
+            for func in a.funcs.split(","):
+                p = pml(func, B, M, C, a.reps)
+                n = ours("cpu", func, B, M, C, a.reps, a.budget_mib)
+                nc = ours("cpu", func + "_count", B, M, C, a.reps, a.budget_mib)
+                ns = ours("cpu", func + "_stream", B, M, C, a.reps, a.budget_mib)
+                ps = secs(p) if p.get("status", "ok") == "ok" else None
+
+                def ratio(rec):
+                    s = secs(rec)
+                    return f"{ps / s:.1f}" if (ps and s) else "–"
+
+                def fmt(rec):
+                    s = secs(rec)
+                    return f"{s:.3f}" if s is not None else rec.get("status", "?")
+
+                print(f"| {C} | {B} | {M} | {func} | {fmt(p)} | {p.get('peak_rss_mb', '–')} | {fmt(n)} | {ratio(n)} | "
+                      f"{n.get('peak_rss_mb', '–')} | {n.get('count', '–'):,} | {fmt(nc)} | {ratio(nc)} | "
+                      f"{fmt(ns)} ({ns.get('peak_rss_mb', '–')}) | {ratio(ns)} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,349 @@
+//! The subcommands: read the inputs, run one library operation (timed for `--stats`), write
+//! the outputs.
+
+use std::path::Path;
+use std::time::Instant;
+
+use ndarray::{Array1, Array2};
+use wgpu_metric_learning::{
+    accuracy as accuracy_op, batch_easy_hard_pairs, batch_hard_triplets, count_triplets,
+    knn as knn_op, mine_triplets, multi_similarity_pairs, pair_margin_pairs, AccuracyConfig,
+    BackendChoice, BatchEasyHardConfig, BatchHardConfig, ComputePath, Context, ContextConfig,
+    Distance, DistanceConfig, KnnConfig, MiningSet, MultiSimilarityConfig, PairMarginConfig, Pairs,
+    SelfExclusion, Strategy, TripletConfig, TripletRule, TripletType,
+};
+
+use crate::npy::{self, problem};
+use crate::{
+    AccuracyArgs, BackendArg, Common, DistanceArg, KnnArgs, Metric, MineArgs, MinerArg,
+    StrategyArg, TripletsArgs, TypeArg,
+};
+
+/// The context the common options ask for.
+fn context(common: &Common) -> Result<Context, String> {
+    let (backend, backends) = match common.backend {
+        BackendArg::Auto => (BackendChoice::Auto, None),
+        BackendArg::Cpu => (BackendChoice::NativeCpu, None),
+        BackendArg::Vulkan => (BackendChoice::Wgpu, Some(wgpu::Backends::VULKAN)),
+        BackendArg::Metal => (BackendChoice::Wgpu, Some(wgpu::Backends::METAL)),
+        BackendArg::Dx12 => (BackendChoice::Wgpu, Some(wgpu::Backends::DX12)),
+        BackendArg::Gl => (BackendChoice::Wgpu, Some(wgpu::Backends::GL)),
+    };
+    Context::new(&ContextConfig {
+        backend,
+        wgpu_backends: backends,
+        budget_bytes: common.budget,
+        ..Default::default()
+    })
+    .map_err(|e| format!("--backend: {e}"))
+}
+
+/// Runs `op` on `ctx`, printing the `--stats` line when asked; a library error is prefixed
+/// with the inputs it concerns.
+fn timed<T>(
+    name: &str,
+    ctx: &Context,
+    common: &Common,
+    inputs: &[(&str, &Path)],
+    op: impl FnOnce() -> wgpu_metric_learning::Result<T>,
+) -> Result<T, String> {
+    let start = Instant::now();
+    let out = op();
+    let seconds = start.elapsed().as_secs_f64();
+    let out = out.map_err(|e| {
+        let files: Vec<String> = inputs
+            .iter()
+            .map(|(flag, path)| format!("--{flag} {}", path.display()))
+            .collect();
+        format!("{name} ({}): {e}", files.join(", "))
+    })?;
+    if common.stats {
+        let mem = ctx.memory();
+        let path = match ctx.path() {
+            ComputePath::Wgpu => "wgpu",
+            ComputePath::NativeCpu => "native-cpu",
+        };
+        eprintln!(
+            "{{\"op\": \"{name}\", \"seconds\": {seconds:.6}, \"peak_device_bytes\": {}, \"budget_bytes\": {}, \"adapter\": {}, \"path\": \"{path}\"}}",
+            mem.peak_bytes,
+            mem.budget_bytes,
+            json_string(&ctx.device_name())
+        );
+    }
+    Ok(out)
+}
+
+/// `s` as a JSON string literal.
+fn json_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A JSON number; NaN (every query lone) as `null`, which JSON has no number for.
+fn json_number(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v}")
+    } else {
+        "null".into()
+    }
+}
+
+fn distance_config(metric: &Metric, default: Distance) -> DistanceConfig {
+    let distance = match metric.distance {
+        None => default,
+        Some(DistanceArg::Euclidean) => Distance::Euclidean,
+        Some(DistanceArg::SquaredEuclidean) => Distance::SquaredEuclidean,
+        Some(DistanceArg::Cosine) => Distance::Cosine,
+        Some(DistanceArg::Dot) => Distance::DotProduct,
+    };
+    DistanceConfig {
+        distance,
+        normalize: !metric.no_normalize,
+    }
+}
+
+/// Labels and optional embeddings of one side, as read from disk.
+struct Side {
+    labels: Array1<i64>,
+    embeddings: Option<Array2<f32>>,
+}
+
+impl Side {
+    fn read(labels: &Path, embeddings: Option<&Path>) -> Result<Self, String> {
+        Ok(Self {
+            labels: npy::read_labels(labels)?,
+            embeddings: embeddings.map(npy::read_embeddings).transpose()?,
+        })
+    }
+
+    fn set(&self) -> MiningSet<'_, i64> {
+        match &self.embeddings {
+            Some(e) => MiningSet::with_embeddings(self.labels.view(), e.view()),
+            None => MiningSet::labels(self.labels.view()),
+        }
+    }
+}
+
+/// The input files that were given, for messages.
+fn given<'a>(inputs: &[(&'a str, Option<&'a Path>)]) -> Vec<(&'a str, &'a Path)> {
+    inputs
+        .iter()
+        .filter_map(|&(flag, path)| path.map(|p| (flag, p)))
+        .collect()
+}
+
+pub(crate) fn triplets(a: &TripletsArgs) -> Result<(), String> {
+    let margin_flags = a.kind.is_some() || a.margin.is_some() || a.metric.distance.is_some();
+    if a.embeddings.is_none() && (margin_flags || a.metric.no_normalize) {
+        return Err(
+            "--type, --margin, --distance and --no-normalize need --embeddings (labels alone \
+             give every valid triplet)"
+                .into(),
+        );
+    }
+    if a.ref_embeddings.is_some() && a.ref_labels.is_none() {
+        return Err("--ref-embeddings needs --ref-labels".into());
+    }
+    if a.ref_labels.is_some() && a.embeddings.is_some() && a.ref_embeddings.is_none() {
+        return Err("with --ref-labels and --embeddings, --ref-embeddings is needed too".into());
+    }
+    let batch = Side::read(&a.labels, a.embeddings.as_deref())?;
+    let refs = a
+        .ref_labels
+        .as_deref()
+        .map(|l| Side::read(l, a.ref_embeddings.as_deref()))
+        .transpose()?;
+    let rule = match a.embeddings {
+        None => TripletRule::AllValid,
+        Some(_) => TripletRule::Margin {
+            kind: match a.kind.unwrap_or(TypeArg::All) {
+                TypeArg::All => TripletType::All,
+                TypeArg::Hard => TripletType::Hard,
+                TypeArg::Semihard => TripletType::Semihard,
+                TypeArg::Easy => TripletType::Easy,
+            },
+            margin: a.margin.unwrap_or(0.2),
+        },
+    };
+    let cfg = TripletConfig {
+        rule,
+        distance: distance_config(&a.metric, Distance::Euclidean),
+        ..Default::default()
+    };
+    let ctx = context(&a.common)?;
+    let inputs = given(&[
+        ("labels", Some(&a.labels)),
+        ("ref-labels", a.ref_labels.as_deref()),
+        ("embeddings", a.embeddings.as_deref()),
+        ("ref-embeddings", a.ref_embeddings.as_deref()),
+    ]);
+    let (queries, ref_set) = (batch.set(), refs.as_ref().map(Side::set));
+    if a.count_only {
+        let n = timed("triplets", &ctx, &a.common, &inputs, || {
+            count_triplets(&ctx, &queries, ref_set.as_ref(), &cfg)
+        })?;
+        println!("{{\"count\": {}}}", n.count);
+        return Ok(());
+    }
+    let t = timed("triplets", &ctx, &a.common, &inputs, || {
+        mine_triplets(&ctx, &queries, ref_set.as_ref(), &cfg)
+    })?;
+    let out = a.out.as_deref().ok_or("--out is required")?;
+    npy::write(out, &npy::indices(&t.indices))
+}
+
+pub(crate) fn mine(a: &MineArgs) -> Result<(), String> {
+    let batch = Side::read(&a.labels, Some(&a.embeddings))?;
+    let refs = match (&a.ref_labels, &a.ref_embeddings) {
+        (Some(l), Some(e)) => Some(Side::read(l, Some(e))?),
+        _ => None,
+    };
+    let ctx = context(&a.common)?;
+    let inputs = given(&[
+        ("labels", Some(&a.labels)),
+        ("embeddings", Some(&a.embeddings)),
+        ("ref-labels", a.ref_labels.as_deref()),
+        ("ref-embeddings", a.ref_embeddings.as_deref()),
+    ]);
+    let (queries, ref_set) = (batch.set(), refs.as_ref().map(Side::set));
+    let refs = ref_set.as_ref();
+    let distance = |default| distance_config(&a.metric, default);
+    let exclusion = SelfExclusion::None;
+    let strategy = |s: Option<StrategyArg>, default| match s {
+        None => default,
+        Some(StrategyArg::Hard) => Strategy::Hard,
+        Some(StrategyArg::Semihard) => Strategy::Semihard,
+        Some(StrategyArg::Easy) => Strategy::Easy,
+        Some(StrategyArg::All) => Strategy::All,
+    };
+    let pairs: Pairs = match a.miner {
+        MinerArg::BatchHard => {
+            let cfg = BatchHardConfig {
+                distance: distance(Distance::Euclidean),
+                self_exclusion: exclusion,
+            };
+            let t = timed("mine batch-hard", &ctx, &a.common, &inputs, || {
+                batch_hard_triplets(&ctx, &queries, refs, &cfg)
+            })?;
+            let out = a.out.as_deref().ok_or("batch-hard writes --out")?;
+            return npy::write(out, &npy::indices(&t.indices));
+        }
+        MinerArg::BatchEasyHard => {
+            let defaults = BatchEasyHardConfig::default();
+            let cfg = BatchEasyHardConfig {
+                pos_strategy: strategy(a.pos_strategy, defaults.pos_strategy),
+                neg_strategy: strategy(a.neg_strategy, defaults.neg_strategy),
+                allowed_pos_range: a.allowed_pos_range,
+                allowed_neg_range: a.allowed_neg_range,
+                distance: distance(Distance::Euclidean),
+                self_exclusion: exclusion,
+            };
+            timed("mine batch-easy-hard", &ctx, &a.common, &inputs, || {
+                batch_easy_hard_pairs(&ctx, &queries, refs, &cfg)
+            })?
+        }
+        MinerArg::MultiSimilarity => {
+            let cfg = MultiSimilarityConfig {
+                epsilon: a
+                    .epsilon
+                    .unwrap_or(MultiSimilarityConfig::default().epsilon),
+                distance: distance(Distance::Cosine),
+                self_exclusion: exclusion,
+            };
+            timed("mine multi-similarity", &ctx, &a.common, &inputs, || {
+                multi_similarity_pairs(&ctx, &queries, refs, &cfg)
+            })?
+        }
+        MinerArg::PairMargin => {
+            let defaults = PairMarginConfig::default();
+            let cfg = PairMarginConfig {
+                pos_margin: a.pos_margin.unwrap_or(defaults.pos_margin),
+                neg_margin: a.neg_margin.unwrap_or(defaults.neg_margin),
+                distance: distance(Distance::Euclidean),
+                self_exclusion: exclusion,
+            };
+            timed("mine pair-margin", &ctx, &a.common, &inputs, || {
+                pair_margin_pairs(&ctx, &queries, refs, &cfg)
+            })?
+        }
+    };
+    let (Some(pos), Some(neg)) = (a.out_positives.as_deref(), a.out_negatives.as_deref()) else {
+        return Err("pair miners write --out-positives and --out-negatives".into());
+    };
+    npy::write(pos, &npy::indices(&pairs.positives))?;
+    npy::write(neg, &npy::indices(&pairs.negatives))
+}
+
+pub(crate) fn knn(a: &KnnArgs) -> Result<(), String> {
+    let queries = npy::read_embeddings(&a.queries)?;
+    let refs = a.refs.as_deref().map(npy::read_embeddings).transpose()?;
+    let cfg = KnnConfig {
+        k: a.k,
+        distance: distance_config(&a.metric, Distance::Euclidean),
+        self_exclusion: match refs {
+            None => SelfExclusion::SameIndex,
+            Some(_) => SelfExclusion::None,
+        },
+    };
+    let ctx = context(&a.common)?;
+    let inputs = given(&[("queries", Some(&a.queries)), ("refs", a.refs.as_deref())]);
+    let r = refs.as_ref().unwrap_or(&queries);
+    let found = timed("knn", &ctx, &a.common, &inputs, || {
+        knn_op(&ctx, queries.view(), r.view(), &cfg)
+    })?;
+    npy::write(&a.out_indices, &npy::indices(&found.indices))?;
+    npy::write(&a.out_scores, &found.scores)
+}
+
+pub(crate) fn accuracy(a: &AccuracyArgs) -> Result<(), String> {
+    let x = npy::read_embeddings(&a.embeddings)?;
+    let y = npy::read_labels(&a.labels)?;
+    let refs = match (&a.refs, &a.ref_labels) {
+        (Some(r), Some(l)) => Some((npy::read_embeddings(r)?, npy::read_labels(l)?)),
+        _ => None,
+    };
+    if a.ref_includes_query && refs.is_none() {
+        return Err(problem(
+            &a.embeddings,
+            "--ref-includes-query needs --refs and --ref-labels (without them it is implied)",
+        ));
+    }
+    let cfg = AccuracyConfig {
+        k: a.k,
+        distance: distance_config(&a.metric, Distance::SquaredEuclidean),
+        ref_includes_query: a.ref_includes_query,
+        avg_of_avgs: a.avg_of_avgs,
+    };
+    let ctx = context(&a.common)?;
+    let inputs = given(&[
+        ("embeddings", Some(&a.embeddings)),
+        ("labels", Some(&a.labels)),
+        ("refs", a.refs.as_deref()),
+        ("ref-labels", a.ref_labels.as_deref()),
+    ]);
+    let r = refs.as_ref().map(|(e, l)| (e.view(), l.view()));
+    let acc = timed("accuracy", &ctx, &a.common, &inputs, || {
+        accuracy_op(&ctx, x.view(), y.view(), r, &cfg)
+    })?;
+    let m = &acc.metrics;
+    println!(
+        "{{\"precision_at_1\": {}, \"r_precision\": {}, \"mean_average_precision_at_r\": {}, \"mean_average_precision\": {}, \"mean_reciprocal_rank\": {}, \"k\": {}, \"lone_queries\": {}}}",
+        json_number(m.precision_at_1),
+        json_number(m.r_precision),
+        json_number(m.mean_average_precision_at_r),
+        json_number(m.mean_average_precision),
+        json_number(m.mean_reciprocal_rank),
+        acc.k,
+        acc.lone_queries
+    );
+    Ok(())
+}

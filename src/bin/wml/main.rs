@@ -1,0 +1,323 @@
+//! `wml`: the library from the command line, on `.npy` files, for numpy and PyTorch users.
+//! `wml --help` lists the subcommands; `wml <subcommand> --help` their options.
+
+mod commands;
+mod npy;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// The GPU core of metric learning on .npy files: triplet mining, PML's miners, kNN and
+/// retrieval accuracy, on any GPU through wgpu or on the native CPU path.
+///
+/// Inputs: embeddings are float32 or float64 .npy arrays of shape (n, d); labels are int32,
+/// int64 or uint32 arrays of shape (n,). Outputs: indices are int64, scores float32. As in
+/// PML, embeddings are L2-normalised by default for every distance; --no-normalize uses the
+/// raw vectors (Faiss's convention). Errors print one line naming the file and the problem
+/// and exit with status 1 (2 for a malformed command line).
+#[derive(Parser)]
+#[command(name = "wml", version, about, long_about, max_term_width = 100)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Triplets (a, p, n) in PML's lexicographic order: every valid one from labels alone
+    /// (PML get_all_triplets_indices), or TripletMarginMiner's with --embeddings. Writes
+    /// --out as an (n, 3) int64 array, or with --count-only prints {"count": n}.
+    Triplets(TripletsArgs),
+    /// PML's other miners. batch-hard writes --out, an (n, 3) int64 array of (anchor,
+    /// positive, negative); the pair miners (batch-easy-hard, multi-similarity, pair-margin)
+    /// write --out-positives and --out-negatives, (n, 2) int64 arrays of (anchor, positive)
+    /// and (anchor, negative) pairs.
+    Mine(MineArgs),
+    /// The k nearest references of every query: --out-indices (q, k) int64 and --out-scores
+    /// (q, k) float32, best first, ties to the lower index. Without --refs the queries are
+    /// the references and each query's own index is excluded (PML ref_includes_query).
+    Knn(KnnArgs),
+    /// PML AccuracyCalculator's metrics (precision_at_1, r_precision,
+    /// mean_average_precision_at_r, mean_average_precision, mean_reciprocal_rank) as one JSON
+    /// object on stdout. Without --refs the embeddings are their own references, each query
+    /// excluding itself.
+    Accuracy(AccuracyArgs),
+}
+
+/// Options every subcommand takes.
+#[derive(Args)]
+struct Common {
+    /// What runs the operation: auto picks a hardware GPU through wgpu, else the native CPU
+    /// path (software rasterisers are ~10x slower than it); vulkan, metal, dx12 and gl force
+    /// wgpu on that backend; cpu forces the native CPU path.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    backend: BackendArg,
+    /// Memory budget of the operation (device buffers, or the native path's scratch), in
+    /// bytes or with a unit: 512MiB, 2GiB, 64KiB. Default: the library's (half the GPU's
+    /// memory where the driver reports it).
+    #[arg(long, value_parser = parse_bytes)]
+    budget: Option<u64>,
+    /// Print one JSON line on stderr: the operation's own seconds (no process start or file
+    /// I/O), peak device bytes, the budget, the adapter and the path that ran.
+    #[arg(long)]
+    stats: bool,
+}
+
+/// How embeddings are compared.
+#[derive(Args)]
+struct Metric {
+    /// Distance or similarity. Default: euclidean (PML's LpDistance), cosine for
+    /// multi-similarity, squared-euclidean for accuracy (Faiss IndexFlatL2's ranking).
+    #[arg(long, value_enum)]
+    distance: Option<DistanceArg>,
+    /// Use the raw vectors instead of L2-normalised ones.
+    #[arg(long)]
+    no_normalize: bool,
+}
+
+#[derive(Args)]
+struct TripletsArgs {
+    /// Labels of the batch, (b,).
+    #[arg(long)]
+    labels: PathBuf,
+    /// Labels of separate references, (m,); without it the references are the batch and a
+    /// query is never its own positive.
+    #[arg(long)]
+    ref_labels: Option<PathBuf>,
+    /// Embeddings of the batch, (b, d): turns on TripletMarginMiner.
+    #[arg(long)]
+    embeddings: Option<PathBuf>,
+    /// Embeddings of the references, (m, d); needed with --ref-labels and --embeddings.
+    #[arg(long)]
+    ref_embeddings: Option<PathBuf>,
+    /// TripletMarginMiner's type_of_triplets (needs --embeddings). Default all.
+    #[arg(long = "type", value_enum)]
+    kind: Option<TypeArg>,
+    /// TripletMarginMiner's margin (needs --embeddings). Default 0.2.
+    #[arg(long, allow_negative_numbers = true)]
+    margin: Option<f32>,
+    #[command(flatten)]
+    metric: Metric,
+    /// Only count the triplets; prints {"count": n} on stdout.
+    #[arg(long)]
+    count_only: bool,
+    /// Output (n, 3) int64 array of (anchor, positive, negative).
+    #[arg(long, required_unless_present = "count_only")]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct MineArgs {
+    /// Which PML miner.
+    #[arg(long, value_enum)]
+    miner: MinerArg,
+    /// Labels of the batch, (b,).
+    #[arg(long)]
+    labels: PathBuf,
+    /// Embeddings of the batch, (b, d).
+    #[arg(long)]
+    embeddings: PathBuf,
+    /// Labels of separate references, (m,) (with --ref-embeddings).
+    #[arg(long, requires = "ref_embeddings")]
+    ref_labels: Option<PathBuf>,
+    /// Embeddings of separate references, (m, d) (with --ref-labels).
+    #[arg(long, requires = "ref_labels")]
+    ref_embeddings: Option<PathBuf>,
+    #[command(flatten)]
+    metric: Metric,
+    /// batch-easy-hard: how positives are picked. Default easy.
+    #[arg(long, value_enum)]
+    pos_strategy: Option<StrategyArg>,
+    /// batch-easy-hard: how negatives are picked. Default semihard.
+    #[arg(long, value_enum)]
+    neg_strategy: Option<StrategyArg>,
+    /// batch-easy-hard: only positives with a value in LO,HI.
+    #[arg(long, value_parser = parse_range, allow_hyphen_values = true)]
+    allowed_pos_range: Option<(f32, f32)>,
+    /// batch-easy-hard: only negatives with a value in LO,HI.
+    #[arg(long, value_parser = parse_range, allow_hyphen_values = true)]
+    allowed_neg_range: Option<(f32, f32)>,
+    /// multi-similarity: epsilon. Default 0.1.
+    #[arg(long)]
+    epsilon: Option<f32>,
+    /// pair-margin: pos_margin. Default 0.2.
+    #[arg(long, allow_negative_numbers = true)]
+    pos_margin: Option<f32>,
+    /// pair-margin: neg_margin. Default 0.8.
+    #[arg(long, allow_negative_numbers = true)]
+    neg_margin: Option<f32>,
+    /// batch-hard: output (n, 3) int64 array of (anchor, positive, negative).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Pair miners: output (n, 2) int64 array of (anchor, positive).
+    #[arg(long)]
+    out_positives: Option<PathBuf>,
+    /// Pair miners: output (n, 2) int64 array of (anchor, negative).
+    #[arg(long)]
+    out_negatives: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct KnnArgs {
+    /// Queries, (q, d).
+    #[arg(long)]
+    queries: PathBuf,
+    /// References, (n, d). Default: the queries, each excluding itself.
+    #[arg(long)]
+    refs: Option<PathBuf>,
+    /// Neighbours per query, 1 ≤ k ≤ the references a query can see. No other limit.
+    #[arg(short, long)]
+    k: usize,
+    #[command(flatten)]
+    metric: Metric,
+    /// Output (q, k) int64 array of reference indices.
+    #[arg(long)]
+    out_indices: PathBuf,
+    /// Output (q, k) float32 array of distances (ascending) or similarities (descending).
+    #[arg(long)]
+    out_scores: PathBuf,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct AccuracyArgs {
+    /// Query embeddings, (q, d).
+    #[arg(long)]
+    embeddings: PathBuf,
+    /// Query labels, (q,).
+    #[arg(long)]
+    labels: PathBuf,
+    /// Reference embeddings, (n, d) (with --ref-labels).
+    #[arg(long, requires = "ref_labels")]
+    refs: Option<PathBuf>,
+    /// Reference labels, (n,) (with --refs).
+    #[arg(long, requires = "refs")]
+    ref_labels: Option<PathBuf>,
+    /// With --refs: reference i is query i (PML ref_includes_query).
+    #[arg(long)]
+    ref_includes_query: bool,
+    /// Neighbours considered: all (PML's default), max_bin_count, or a number.
+    #[arg(long, default_value = "all", value_parser = parse_accuracy_k)]
+    k: wgpu_metric_learning::AccuracyK,
+    #[command(flatten)]
+    metric: Metric,
+    /// Average per class first, then over classes.
+    #[arg(long)]
+    avg_of_avgs: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BackendArg {
+    Auto,
+    Vulkan,
+    Metal,
+    Dx12,
+    Gl,
+    Cpu,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DistanceArg {
+    Euclidean,
+    SquaredEuclidean,
+    Cosine,
+    Dot,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TypeArg {
+    All,
+    Hard,
+    Semihard,
+    Easy,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum MinerArg {
+    BatchHard,
+    BatchEasyHard,
+    MultiSimilarity,
+    PairMargin,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum StrategyArg {
+    Hard,
+    Semihard,
+    Easy,
+    All,
+}
+
+/// `123`, `64KiB`, `512MiB`, `2GiB` (also `K`/`M`/`G`, `KB`/`MB`/`GB` as binary units).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("'{s}' is not a byte count such as 512MiB"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        other => return Err(format!("unknown unit '{other}' (use KiB, MiB or GiB)")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("'{s}' does not fit in 64 bits"))
+}
+
+/// `LO,HI` with `LO ≤ HI`.
+fn parse_range(s: &str) -> Result<(f32, f32), String> {
+    let (lo, hi) = s
+        .split_once(',')
+        .ok_or_else(|| format!("'{s}' is not a range LO,HI"))?;
+    let parse = |v: &str| {
+        v.trim()
+            .parse::<f32>()
+            .map_err(|_| format!("'{v}' is not a number"))
+    };
+    Ok((parse(lo)?, parse(hi)?))
+}
+
+fn parse_accuracy_k(s: &str) -> Result<wgpu_metric_learning::AccuracyK, String> {
+    use wgpu_metric_learning::AccuracyK;
+    match s {
+        "all" => Ok(AccuracyK::All),
+        "max_bin_count" => Ok(AccuracyK::MaxBinCount),
+        n => n
+            .parse::<usize>()
+            .map(AccuracyK::Fixed)
+            .map_err(|_| format!("'{s}' is not all, max_bin_count or a number")),
+    }
+}
+
+fn main() -> ExitCode {
+    // A panic would be a bug; still, the user gets one line, not a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("wml: internal error: {info}");
+    }));
+    let cli = Cli::parse();
+    let done = match cli.command {
+        Command::Triplets(a) => commands::triplets(&a),
+        Command::Mine(a) => commands::mine(&a),
+        Command::Knn(a) => commands::knn(&a),
+        Command::Accuracy(a) => commands::accuracy(&a),
+    };
+    match done {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("wml: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

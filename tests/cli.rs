@@ -1,0 +1,378 @@
+//! The `wml` command line on small `.npy` files: each subcommand against the library call it
+//! wraps, the dtypes it accepts, `--stats`, and bad input (one line, non-zero exit, no panic).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ndarray::{array, Array1, Array2};
+use ndarray_npy::{read_npy, write_npy};
+use wgpu_metric_learning::{
+    accuracy, batch_hard_triplets, knn, mine_triplets, pair_margin_pairs, AccuracyConfig,
+    AccuracyK, BatchHardConfig, Context, Distance, DistanceConfig, KnnConfig, MiningSet,
+    PairMarginConfig, SelfExclusion, TripletConfig, TripletRule, TripletType,
+};
+
+/// A fresh directory for one test's files.
+fn dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("wml-cli-{}-{test}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+fn wml(args: &[&str]) -> Output {
+    // Mesa's Vulkan loader warns on stderr when XDG_RUNTIME_DIR is unset (CI containers);
+    // a desktop session sets it. Set here so stderr holds only what wml prints.
+    Command::new(env!("CARGO_BIN_EXE_wml"))
+        .args(args)
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .output()
+        .expect("run wml")
+}
+
+fn arg(p: &Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
+
+/// The run succeeded; its stdout.
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "wml failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The run failed with status 1 and a one-line message containing every one of `needles`.
+fn fails_with(out: &Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "exit status for: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+    for n in needles {
+        assert!(err.contains(n), "{err:?} should mention {n:?}");
+    }
+}
+
+/// 12 points in 3 classes of 4 (int64 labels), in 5-d.
+fn clustered() -> (Array2<f32>, Array1<i64>) {
+    let x = Array2::from_shape_fn((12, 5), |(i, j)| {
+        let c = (i % 3) as f32;
+        let jitter = ((i * 7 + j * 3) % 11) as f32 / 20.0;
+        if j == i % 3 {
+            2.0 + c + jitter
+        } else {
+            jitter
+        }
+    });
+    let y = Array1::from_shape_fn(12, |i| (i % 3) as i64);
+    (x, y)
+}
+
+fn json_field(json: &str, key: &str) -> f64 {
+    let at = json.find(&format!("\"{key}\": ")).expect(key) + key.len() + 4;
+    let rest = &json[at..];
+    let end = rest.find([',', '}']).expect("end of value");
+    rest[..end].trim().parse().expect("number")
+}
+
+#[test]
+fn help_lists_the_subcommands() {
+    let out = ok(&wml(&["--help"]));
+    for sub in ["triplets", "mine", "knn", "accuracy"] {
+        assert!(out.contains(sub), "--help lists {sub}: {out}");
+    }
+    assert!(ok(&wml(&["knn", "--help"])).contains("--out-indices"));
+}
+
+#[test]
+fn triplets_from_labels_of_every_accepted_dtype_match_the_library() {
+    let d = dir("triplets-labels");
+    let labels = array![0i64, 0, 1, 1, 2, 0];
+    let ctx = Context::native_cpu(None);
+    let want = mine_triplets(
+        &ctx,
+        &MiningSet::labels(labels.view()),
+        None,
+        &TripletConfig::default(),
+    )
+    .expect("library");
+    let (l64, l32, lu32) = (d.join("l64.npy"), d.join("l32.npy"), d.join("lu32.npy"));
+    write_npy(&l64, &labels).expect("write");
+    write_npy(&l32, &labels.mapv(|v| v as i32)).expect("write");
+    write_npy(&lu32, &labels.mapv(|v| v as u32)).expect("write");
+    for labels in [&l64, &l32, &lu32] {
+        let out = d.join("t.npy");
+        ok(&wml(&[
+            "triplets",
+            "--labels",
+            arg(labels),
+            "--out",
+            arg(&out),
+        ]));
+        let got: Array2<i64> = read_npy(&out).expect("read output");
+        assert_eq!(got, want.indices.mapv(i64::from), "{}", labels.display());
+    }
+    let count = ok(&wml(&["triplets", "--labels", arg(&l64), "--count-only"]));
+    assert_eq!(count.trim(), format!("{{\"count\": {}}}", want.len()));
+}
+
+#[test]
+fn triplet_margin_miner_with_refs_matches_the_library() {
+    let d = dir("triplets-margin");
+    let (x, y) = clustered();
+    let (rx, ry) = (x.slice(ndarray::s![..8, ..]), y.slice(ndarray::s![..8]));
+    let cfg = TripletConfig {
+        rule: TripletRule::Margin {
+            kind: TripletType::Easy,
+            margin: 0.5,
+        },
+        distance: DistanceConfig {
+            distance: Distance::Cosine,
+            normalize: true,
+        },
+        ..Default::default()
+    };
+    let want = mine_triplets(
+        &Context::native_cpu(None),
+        &MiningSet::with_embeddings(y.view(), x.view()),
+        Some(&MiningSet::with_embeddings(ry, rx)),
+        &cfg,
+    )
+    .expect("library");
+    let files = ["x", "y", "rx", "ry", "t"].map(|f| d.join(format!("{f}.npy")));
+    write_npy(&files[0], &x).expect("write");
+    write_npy(&files[1], &y).expect("write");
+    write_npy(&files[2], &rx.to_owned()).expect("write");
+    write_npy(&files[3], &ry.to_owned()).expect("write");
+    #[rustfmt::skip]
+    let args = [
+        "triplets", "--labels", arg(&files[1]), "--embeddings", arg(&files[0]),
+        "--ref-labels", arg(&files[3]), "--ref-embeddings", arg(&files[2]),
+        "--type", "easy", "--margin", "0.5", "--distance", "cosine", "--out", arg(&files[4]),
+    ];
+    ok(&wml(&args));
+    let got: Array2<i64> = read_npy(&files[4]).expect("read output");
+    assert!(!want.is_empty(), "the case has easy triplets");
+    assert_eq!(got, want.indices.mapv(i64::from));
+}
+
+#[test]
+fn knn_on_both_paths_matches_the_library_and_reports_stats() {
+    let d = dir("knn");
+    let (x, _) = clustered();
+    let q = d.join("q.npy");
+    // float64, numpy's default, is accepted and converted.
+    write_npy(&q, &x.mapv(f64::from)).expect("write");
+    let cfg = KnnConfig {
+        k: 3,
+        distance: DistanceConfig {
+            distance: Distance::SquaredEuclidean,
+            normalize: false,
+        },
+        self_exclusion: SelfExclusion::SameIndex,
+    };
+    let want = knn(&Context::native_cpu(None), x.view(), x.view(), &cfg).expect("library");
+    let mut backends = vec!["cpu"];
+    if common::gpu_context(None).is_some() {
+        backends.push("vulkan");
+    }
+    for backend in backends {
+        let (i, s) = (d.join("i.npy"), d.join("s.npy"));
+        #[rustfmt::skip]
+        let out = wml(&[
+            "knn", "--queries", arg(&q), "-k", "3", "--distance", "squared-euclidean",
+            "--no-normalize", "--out-indices", arg(&i), "--out-scores", arg(&s),
+            "--backend", backend, "--stats", "--budget", "64MiB",
+        ]);
+        ok(&out);
+        let got_i: Array2<i64> = read_npy(&i).expect("indices");
+        let got_s: Array2<f32> = read_npy(&s).expect("scores");
+        assert_eq!(got_i, want.indices.mapv(i64::from), "{backend}");
+        for (g, w) in got_s.iter().zip(&want.scores) {
+            assert!(
+                (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                "{backend}: {g} vs {w}"
+            );
+        }
+        let stats = String::from_utf8_lossy(&out.stderr);
+        let line = stats
+            .lines()
+            .find(|l| l.starts_with("{\"op\": \"knn\""))
+            .expect("stats line");
+        assert_eq!(json_field(line, "budget_bytes"), (64u64 << 20) as f64);
+        let path = if backend == "cpu" {
+            "native-cpu"
+        } else {
+            "wgpu"
+        };
+        assert!(line.contains(&format!("\"path\": \"{path}\"")), "{line}");
+        assert!(json_field(line, "seconds") >= 0.0);
+    }
+}
+
+#[test]
+fn accuracy_prints_the_library_metrics_as_json() {
+    let d = dir("accuracy");
+    let (x, y) = clustered();
+    let (xf, yf) = (d.join("x.npy"), d.join("y.npy"));
+    write_npy(&xf, &x).expect("write");
+    write_npy(&yf, &y.mapv(|v| v as i32)).expect("write");
+    let cfg = AccuracyConfig {
+        k: AccuracyK::MaxBinCount,
+        distance: DistanceConfig {
+            distance: Distance::SquaredEuclidean,
+            normalize: false,
+        },
+        ..Default::default()
+    };
+    let want = accuracy(&Context::native_cpu(None), x.view(), y.view(), None, &cfg)
+        .expect("library")
+        .metrics;
+    #[rustfmt::skip]
+    let json = ok(&wml(&[
+        "accuracy", "--embeddings", arg(&xf), "--labels", arg(&yf), "--k", "max_bin_count",
+        "--no-normalize",
+    ]));
+    for (key, value) in [
+        ("precision_at_1", want.precision_at_1),
+        ("r_precision", want.r_precision),
+        (
+            "mean_average_precision_at_r",
+            want.mean_average_precision_at_r,
+        ),
+        ("mean_average_precision", want.mean_average_precision),
+        ("mean_reciprocal_rank", want.mean_reciprocal_rank),
+    ] {
+        assert!(
+            (json_field(&json, key) - value).abs() < 1e-9,
+            "{key}: {json}"
+        );
+    }
+}
+
+#[test]
+fn miners_write_their_documented_files() {
+    let d = dir("mine");
+    let (x, y) = clustered();
+    let (xf, yf) = (d.join("x.npy"), d.join("y.npy"));
+    write_npy(&xf, &x).expect("write");
+    write_npy(&yf, &y).expect("write");
+    let ctx = Context::native_cpu(None);
+    let set = MiningSet::with_embeddings(y.view(), x.view());
+    let t = d.join("t.npy");
+    #[rustfmt::skip]
+    ok(&wml(&["mine", "--miner", "batch-hard", "--labels", arg(&yf), "--embeddings", arg(&xf), "--out", arg(&t)]));
+    let want = batch_hard_triplets(&ctx, &set, None, &BatchHardConfig::default()).expect("lib");
+    assert_eq!(
+        read_npy::<_, Array2<i64>>(&t).expect("t"),
+        want.indices.mapv(i64::from)
+    );
+
+    let (p, n) = (d.join("p.npy"), d.join("n.npy"));
+    #[rustfmt::skip]
+    ok(&wml(&[
+        "mine", "--miner", "pair-margin", "--labels", arg(&yf), "--embeddings", arg(&xf),
+        "--pos-margin", "0.1", "--neg-margin", "1.2",
+        "--out-positives", arg(&p), "--out-negatives", arg(&n),
+    ]));
+    let cfg = PairMarginConfig {
+        pos_margin: 0.1,
+        neg_margin: 1.2,
+        ..Default::default()
+    };
+    let want = pair_margin_pairs(&ctx, &set, None, &cfg).expect("lib");
+    let got_p: Array2<i64> = read_npy(&p).expect("positives");
+    let got_n: Array2<i64> = read_npy(&n).expect("negatives");
+    assert_eq!(got_p, want.positives.mapv(i64::from));
+    assert_eq!(got_n, want.negatives.mapv(i64::from));
+    assert_eq!(got_p.ncols(), 2);
+}
+
+#[test]
+fn bad_input_exits_with_one_line_naming_the_file() {
+    let d = dir("bad");
+    let (x, y) = clustered();
+    let files =
+        ["x", "y", "short", "nan", "flat", "floaty", "garbage"].map(|f| d.join(format!("{f}.npy")));
+    let [xf, yf, short, nan, flat, floaty, garbage] = &files;
+    write_npy(xf, &x).expect("write");
+    write_npy(yf, &y).expect("write");
+    write_npy(short, &y.slice(ndarray::s![..5]).to_owned()).expect("write");
+    let mut with_nan = x.clone();
+    with_nan[[3, 1]] = f32::NAN;
+    write_npy(nan, &with_nan).expect("write");
+    write_npy(flat, &Array1::<f32>::zeros(4)).expect("write");
+    write_npy(floaty, &Array1::<f32>::zeros(12)).expect("write");
+    std::fs::write(garbage, b"not an npy file at all").expect("write");
+    let missing = d.join("missing.npy");
+    let out = d.join("o.npy");
+    let (i, s) = (d.join("i.npy"), d.join("s.npy"));
+    let knn_with = |q: &Path, k: &str| {
+        wml(&[
+            "knn",
+            "--queries",
+            arg(q),
+            "-k",
+            k,
+            "--out-indices",
+            arg(&i),
+            "--out-scores",
+            arg(&s),
+        ])
+    };
+    fails_with(&knn_with(&missing, "3"), &["missing.npy"]);
+    fails_with(&knn_with(garbage, "3"), &["garbage.npy", "npy"]);
+    fails_with(&knn_with(flat, "3"), &["flat.npy", "2 dimension"]);
+    fails_with(&knn_with(nan, "3"), &["nan.npy", "non-finite", "row 3"]);
+    fails_with(&knn_with(xf, "0"), &["x.npy", "k = 0"]);
+    fails_with(&knn_with(xf, "12"), &["x.npy", "k = 12"]);
+    fails_with(
+        &wml(&["triplets", "--labels", arg(floaty), "--out", arg(&out)]),
+        &["floaty.npy", "int32, int64 or uint32", "<f4"],
+    );
+    #[rustfmt::skip]
+    fails_with(
+        &wml(&["triplets", "--labels", arg(short), "--embeddings", arg(xf), "--type", "hard", "--out", arg(&out)]),
+        &["short.npy", "x.npy"],
+    );
+    fails_with(
+        &wml(&[
+            "triplets",
+            "--labels",
+            arg(yf),
+            "--type",
+            "hard",
+            "--out",
+            arg(&out),
+        ]),
+        &["--embeddings"],
+    );
+    #[rustfmt::skip]
+    fails_with(
+        &wml(&["triplets", "--labels", arg(yf), "--embeddings", arg(xf), "--margin", "NaN", "--out", arg(&out)]),
+        &["margin"],
+    );
+    #[rustfmt::skip]
+    fails_with(
+        &wml(&["accuracy", "--embeddings", arg(xf), "--labels", arg(short)]),
+        &["short.npy", "x.npy"],
+    );
+    // A malformed command line is clap's: status 2 and a usage message.
+    let usage = wml(&["knn", "--queries", arg(xf)]);
+    assert_eq!(usage.status.code(), Some(2));
+    let budget = wml(&[
+        "triplets",
+        "--labels",
+        arg(yf),
+        "--count-only",
+        "--budget",
+        "12 parsecs",
+    ]);
+    assert_eq!(budget.status.code(), Some(2));
+}
