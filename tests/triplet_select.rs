@@ -640,3 +640,30 @@ fn margin_count_over_2_pow_32_candidates_matches_its_own_distances() {
     assert_eq!(got.count, want, "exact count on {}", ctx.device_name());
     assert!(want > 0, "the case keeps triplets");
 }
+
+#[test]
+fn overflowing_embeddings_give_triplets_or_a_typed_error_never_a_panic() {
+    // Finite inputs whose squared norms overflow f32: raw Euclidean distances become inf - inf
+    // = NaN. The answer must be a result or a typed error, on every path.
+    let labels = cyclic(6, 2);
+    let x = Array2::from_shape_fn((6, 3), |(i, j)| if (i + j) % 2 == 0 { 3e38 } else { -3e38 });
+    let contexts = [Some(Context::native_cpu(None)), common::gpu_context(None)];
+    for ctx in contexts.into_iter().flatten() {
+        for kind in [TripletType::All, TripletType::Hard, TripletType::Easy] {
+            let cfg = TripletConfig {
+                rule: TripletRule::margin_miner(kind),
+                distance: DistanceConfig {
+                    distance: Distance::Euclidean,
+                    normalize: false,
+                },
+                ..Default::default()
+            };
+            let set = MiningSet::with_embeddings(labels.view(), x.view());
+            match mine_triplets(&ctx, &set, None, &cfg) {
+                Ok(t) => assert!(t.indices.iter().all(|&i| i < 6), "indices in range"),
+                Err(Error::InvalidParameter { what, .. }) => assert_eq!(what, "embeddings"),
+                Err(e) => panic!("unexpected error {e}"),
+            }
+        }
+    }
+}

@@ -5,6 +5,7 @@
 //! place in the output.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use ndarray::{s, Array2, ArrayView1, ArrayView2};
@@ -309,21 +310,39 @@ fn collect(plan: &Plan<'_, '_>, all: &mut Vec<u32>) -> Result<u64> {
                 .collect()
         })
         .collect();
+    // Whether an anchor emitted other than it counted: only possible with non-finite
+    // distances (embeddings whose norms overflow f32), which the two passes may order apart.
+    let disagreed = AtomicBool::new(false);
     plan.per_anchor(|anchor, a, row| {
         let block = a / plan.rows;
         let mut at = offsets[block][a % plan.rows];
+        let end = at + 3 * counts[block][a % plan.rows] as usize;
         // Each block's part is locked by the one thread working on that block.
         let Ok(mut out) = parts[block].lock() else {
             return;
         };
         anchor.emit(plan, row, |p, negatives| {
-            let end = at + 3 * negatives.len();
-            write_rows(&mut out[at..end], a as u32, p, negatives);
-            at = end;
+            let next = at + 3 * negatives.len();
+            if next > end {
+                return false;
+            }
+            write_rows(&mut out[at..next], a as u32, p, negatives);
+            at = next;
             true
         });
+        if at != end {
+            disagreed.store(true, Ordering::Relaxed);
+        }
     });
     drop(parts);
+    if disagreed.into_inner() {
+        return Err(Error::InvalidParameter {
+            op: OP,
+            what: "embeddings",
+            value: "values whose distances overflow f32".into(),
+            rule: "distances must be finite for margin rules",
+        });
+    }
     if all.is_empty() {
         *all = out;
     } else {
