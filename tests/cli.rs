@@ -178,9 +178,12 @@ fn knn_on_both_paths_matches_the_library_and_reports_stats() {
         self_exclusion: SelfExclusion::SameIndex,
     };
     let want = knn(&Context::native_cpu(None), x.view(), x.view(), &cfg).expect("library");
+    // The wgpu run uses the backend the environment selects (CI runs the suite on Vulkan, then
+    // with WGPU_BACKEND=gl); `--backend` must not contradict it.
+    let gpu = std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into());
     let mut backends = vec!["cpu"];
     if common::gpu_context(None).is_some() {
-        backends.push("vulkan");
+        backends.push(gpu.as_str());
     }
     for backend in backends {
         let (i, s) = (d.join("i.npy"), d.join("s.npy"));
