@@ -35,6 +35,17 @@ def pml(func, B, M, C, reps):
                    "--B", str(B), "--M", str(M), "--C", str(C), "--reps", str(reps)], 2400)
 
 
+def speedup(pml_secs, rec):
+    """PML's time over ours, or "–" when either is missing."""
+    s = secs(rec)
+    return f"{pml_secs / s:.1f}" if (pml_secs and s) else "–"
+
+
+def fmt(rec):
+    s = secs(rec)
+    return f"{s:.3f}" if s is not None else rec.get("status", "?")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
@@ -60,14 +71,7 @@ def main():
                 gc = ours("wgpu", func + "_count", B, M, C, a.reps, a.budget_mib)
                 gs = ours("wgpu", func + "_stream", B, M, C, a.reps, a.budget_mib)
                 ps = secs(p) if p.get("status", "ok") == "ok" else None
-
-                def ratio(rec):
-                    s = secs(rec)
-                    return f"{ps / s:.1f}" if (ps and s) else "–"
-
-                def fmt(rec):
-                    s = secs(rec)
-                    return f"{s:.3f}" if s is not None else rec.get("status", "?")
+                ratio = lambda rec: speedup(ps, rec)  # noqa: E731
 
                 print(f"| {C} | {B} | {M} | {func} | {fmt(p)} | {p.get('peak_rss_mb', '–')} | {p.get('count', '–'):,} | "
                       f"{fmt(g)} | {ratio(g)} | {fmt(n)} | {ratio(n)} | {g.get('count', '–'):,} | "
@@ -86,14 +90,7 @@ def native_table(a, scen):
                 nc = ours("cpu", func + "_count", B, M, C, a.reps, a.budget_mib)
                 ns = ours("cpu", func + "_stream", B, M, C, a.reps, a.budget_mib)
                 ps = secs(p) if p.get("status", "ok") == "ok" else None
-
-                def ratio(rec):
-                    s = secs(rec)
-                    return f"{ps / s:.1f}" if (ps and s) else "–"
-
-                def fmt(rec):
-                    s = secs(rec)
-                    return f"{s:.3f}" if s is not None else rec.get("status", "?")
+                ratio = lambda rec: speedup(ps, rec)  # noqa: E731
 
                 print(f"| {C} | {B} | {M} | {func} | {fmt(p)} | {p.get('peak_rss_mb', '–')} | {fmt(n)} | {ratio(n)} | "
                       f"{n.get('peak_rss_mb', '–')} | {n.get('count', '–'):,} | {fmt(nc)} | {ratio(nc)} | "

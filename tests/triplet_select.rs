@@ -266,10 +266,13 @@ fn triplet_select_under_a_tight_budget_chunks_anchors_and_windows() {
     let Some(ctx) = common::gpu_context(Some(budget)) else {
         return;
     };
-    for rule in [
-        TripletRule::AllValid,
-        TripletRule::margin_miner(TripletType::Semihard),
-    ] {
+    check_under_budget(&ctx, budget, TripletType::Semihard);
+}
+
+/// 150 anchors against 230 refs, all valid and one margin rule, on `ctx` with `budget`: the
+/// reference's answer, peak ≤ budget, some bytes counted, all released.
+fn check_under_budget(ctx: &Context, budget: u64, kind: TripletType) {
+    for rule in [TripletRule::AllValid, TripletRule::margin_miner(kind)] {
         let p = Problem {
             labels: cyclic(150, 4),
             embeddings: grid(150, 5),
@@ -280,13 +283,14 @@ fn triplet_select_under_a_tight_budget_chunks_anchors_and_windows() {
             },
         };
         ctx.reset_peak();
-        p.check(&ctx);
+        p.check(ctx);
         let mem = ctx.memory();
         assert!(
             mem.peak_bytes <= budget,
             "peak {} B over {budget} B",
             mem.peak_bytes
         );
+        assert!(mem.peak_bytes > 0, "the working memory is counted");
         assert_eq!(mem.current_bytes, 0, "everything released");
     }
 }
@@ -299,30 +303,7 @@ fn native_triplets_under_a_budget_of_one_distance_row_per_thread() {
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get()) as u64;
     let budget = threads * 24 * m as u64 + 100;
     let ctx = Context::native_cpu(Some(budget));
-    for rule in [
-        TripletRule::AllValid,
-        TripletRule::margin_miner(TripletType::Hard),
-    ] {
-        let p = Problem {
-            labels: cyclic(150, 4),
-            embeddings: grid(150, 5),
-            refs: Some((cyclic(m, 3), grid(m, 5))),
-            cfg: TripletConfig {
-                rule,
-                ..Default::default()
-            },
-        };
-        ctx.reset_peak();
-        p.check(&ctx);
-        let mem = ctx.memory();
-        assert!(
-            mem.peak_bytes <= budget,
-            "peak {} B over {budget} B",
-            mem.peak_bytes
-        );
-        assert!(mem.peak_bytes > 0, "the scratch is counted");
-        assert_eq!(mem.current_bytes, 0, "everything released");
-    }
+    check_under_budget(&ctx, budget, TripletType::Hard);
 }
 
 #[test]
