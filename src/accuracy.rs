@@ -10,13 +10,25 @@ use ndarray::{ArrayView1, ArrayView2};
 use crate::context::{ComputePath, Context};
 use crate::distance::{Distance, DistanceConfig};
 use crate::error::{Error, Result};
-use crate::knn::{knn, KnnConfig};
-use crate::mining_set::SelfExclusion;
+use crate::knn::{self, KnnConfig};
+use crate::mining_set::{Embeddings, SelfExclusion};
+use crate::progress::ProgressFn;
 use crate::validate;
 
 const OP: &str = "accuracy";
 
 /// How many neighbours the metrics look at (PML's `k`).
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{accuracy, AccuracyConfig, AccuracyK, Context};
+/// let x = ndarray::array![[0.0f32], [0.1], [0.2], [5.0]];
+/// let y = ndarray::array![0u8, 0, 0, 1];
+/// let cfg = AccuracyConfig { k: AccuracyK::MaxBinCount, ..Default::default() };
+/// let acc = accuracy(&Context::native_cpu(None), x.view(), y.view(), None, &cfg)?;
+/// assert_eq!(acc.k, 2); // class 0 has three points: two others per query
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AccuracyK {
     /// Every reference (less the query itself): PML's `k=None`, the default. Exact MAP.
@@ -69,6 +81,17 @@ impl Default for AccuracyConfig {
 }
 
 /// The five kNN metrics, each in `[0, 1]`, or NaN when every query is lone.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{accuracy, AccuracyConfig, Context};
+/// let x = ndarray::array![[0.0f32], [1.0], [2.0]];
+/// let y = ndarray::array![0u32, 1, 2]; // every query is lone
+/// let acc = accuracy(&Context::native_cpu(None), x.view(), y.view(), None, &AccuracyConfig::default())?;
+/// assert!(acc.metrics.precision_at_1.is_nan());
+/// assert_eq!(acc.lone_queries, 3);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AccuracyMetrics {
     /// Whether the nearest neighbour shares the query's label.
@@ -126,6 +149,19 @@ impl AccuracyMetrics {
 }
 
 /// The result of [`accuracy`].
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{accuracy, AccuracyConfig, ComputePath, Context};
+/// let x = ndarray::array![[0.0f32], [0.1], [5.0], [5.1], [0.2]];
+/// let y = ndarray::array![7i64, 7, 9, 9, 9];
+/// let acc = accuracy(&Context::native_cpu(None), x.view(), y.view(), None, &AccuracyConfig::default())?;
+/// let labels: Vec<i64> = acc.per_class.iter().map(|(l, _)| *l).collect();
+/// assert_eq!(labels, vec![7, 9]);
+/// assert_eq!(acc.per_class[0].1.precision_at_1, 1.0);
+/// assert_eq!(acc.path, ComputePath::NativeCpu);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Accuracy<L> {
     /// The metrics: mean over non-lone queries, or over classes with `avg_of_avgs`.
@@ -142,7 +178,7 @@ pub struct Accuracy<L> {
 }
 
 /// PML's `AccuracyCalculator.get_accuracy` for the kNN metrics: ranks the references of each
-/// query `(q, d)` with [`knn`] and scores the labels of its neighbours. Without `refs`, the
+/// query `(q, d)` with [`knn`](crate::knn()) and scores the labels of its neighbours. Without `refs`, the
 /// queries are their own references and each query skips itself; with `refs` `(n, d)` and
 /// labels `(n,)`, set `ref_includes_query` when reference `i` is query `i`.
 ///
@@ -152,7 +188,7 @@ pub struct Accuracy<L> {
 /// [`Error::Shape`] for label lengths that differ from the rows, or (with
 /// `ref_includes_query`) fewer references than queries; [`Error::InvalidParameter`] for
 /// `Fixed(0)`, a `k` above the references a query can see, or `ref_includes_query` with
-/// references whose first `q` rows or labels are not the queries'; as [`knn`] otherwise.
+/// references whose first `q` rows or labels are not the queries'; as [`knn`](crate::knn()) otherwise.
 ///
 /// # Example
 /// ```
@@ -172,6 +208,56 @@ pub fn accuracy<L>(
     query_labels: ArrayView1<'_, L>,
     refs: Option<(ArrayView2<'_, f32>, ArrayView1<'_, L>)>,
     cfg: &AccuracyConfig,
+) -> Result<Accuracy<L>>
+where
+    L: Copy + Eq + Hash + Ord,
+{
+    run(ctx, queries, query_labels, refs, cfg, None)
+}
+
+/// [`accuracy`], calling `progress` as its kNN search advances (as
+/// [`knn_with_progress`](crate::knn_with_progress)); scoring the neighbours afterwards takes a
+/// small fraction of the time.
+///
+/// # Errors
+/// As [`accuracy`].
+///
+/// # Example
+/// ```
+/// use std::sync::Mutex;
+/// use ndarray::{Array1, Array2};
+/// use wgpu_metric_learning::{accuracy_with_progress, AccuracyConfig, Context, Progress};
+/// let ctx = Context::native_cpu(None);
+/// let x = Array2::from_shape_fn((200, 4), |(i, j)| ((i % 5) * 10 + j) as f32);
+/// let y = Array1::from_shape_fn(200, |i| (i % 5) as u32);
+/// let seen = Mutex::new(Vec::new());
+/// let report = |p: Progress| seen.lock().unwrap().push(p.fraction());
+/// let acc = accuracy_with_progress(&ctx, x.view(), y.view(), None, &AccuracyConfig::default(), &report)?;
+/// assert_eq!(acc.metrics.precision_at_1, 1.0);
+/// assert_eq!(seen.lock().unwrap().last(), Some(&1.0));
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn accuracy_with_progress<L>(
+    ctx: &Context,
+    queries: ArrayView2<'_, f32>,
+    query_labels: ArrayView1<'_, L>,
+    refs: Option<(ArrayView2<'_, f32>, ArrayView1<'_, L>)>,
+    cfg: &AccuracyConfig,
+    progress: ProgressFn<'_>,
+) -> Result<Accuracy<L>>
+where
+    L: Copy + Eq + Hash + Ord,
+{
+    run(ctx, queries, query_labels, refs, cfg, Some(progress))
+}
+
+fn run<L>(
+    ctx: &Context,
+    queries: ArrayView2<'_, f32>,
+    query_labels: ArrayView1<'_, L>,
+    refs: Option<(ArrayView2<'_, f32>, ArrayView1<'_, L>)>,
+    cfg: &AccuracyConfig,
+    progress: Option<ProgressFn<'_>>,
 ) -> Result<Accuracy<L>>
 where
     L: Copy + Eq + Hash + Ord,
@@ -221,10 +307,10 @@ where
             path: ctx.path(),
         });
     }
-    let found = knn(
+    let found = knn::run(
         ctx,
         queries,
-        ref_rows,
+        Embeddings::Host(ref_rows),
         &KnnConfig {
             k,
             distance: cfg.distance,
@@ -234,6 +320,7 @@ where
                 SelfExclusion::None
             },
         },
+        progress,
     )?;
     let mut by_class: BTreeMap<L, Vec<AccuracyMetrics>> = BTreeMap::new();
     for (i, neighbours) in found.indices.rows().into_iter().enumerate() {

@@ -246,6 +246,20 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
     }
 
     /// Whether the bank has been filled once (PML's `has_been_filled`).
+    ///
+    /// # Example
+    /// ```
+    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank};
+    /// let ctx = Context::native_cpu(None);
+    /// let mut bank = MemoryBank::<u32>::new(&ctx, &BankConfig::new(3, 1))?;
+    /// let x = ndarray::array![[1.0f32], [2.0]];
+    /// bank.enqueue(&ctx, x.view(), ndarray::array![0u32, 1].view())?;
+    /// assert_eq!((bank.len(), bank.head(), bank.is_filled()), (2, 2, false));
+    /// let enq = bank.enqueue(&ctx, x.view(), ndarray::array![2u32, 3].view())?;
+    /// assert_eq!(enq.slots, vec![2, 0]); // wrapped around
+    /// assert_eq!((bank.len(), bank.head(), bank.is_filled()), (3, 1, true));
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
     pub fn is_filled(&self) -> bool {
         self.filled
     }
@@ -525,6 +539,18 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
     ///
     /// # Errors
     /// [`Error::InvalidParameter`] for another context; device errors.
+    ///
+    /// # Example
+    /// ```
+    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank};
+    /// let ctx = Context::native_cpu(None);
+    /// let mut bank = MemoryBank::<i32>::new(&ctx, &BankConfig::new(8, 2))?;
+    /// bank.enqueue(&ctx, ndarray::array![[1.0f32, 2.0]].view(), ndarray::array![5].view())?;
+    /// let snap = bank.snapshot(&ctx)?;
+    /// assert_eq!(snap.embeddings, ndarray::array![[1.0f32, 2.0]]);
+    /// assert_eq!(snap.labels, ndarray::array![5]);
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
     pub fn snapshot(&self, ctx: &Context) -> Result<BankSnapshot<L>> {
         let embeddings = match &self.storage {
             Storage::Host { rows, .. } => rows.slice(s![..self.len(), ..]).to_owned(),
@@ -540,6 +566,18 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
     }
 
     /// Empties the bank (PML's `reset_queue`); its memory stays allocated.
+    ///
+    /// # Example
+    /// ```
+    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank};
+    /// let ctx = Context::native_cpu(None);
+    /// let mut bank = MemoryBank::<u32>::new(&ctx, &BankConfig::new(4, 1))?;
+    /// bank.enqueue(&ctx, ndarray::array![[1.0f32]].view(), ndarray::array![0u32].view())?;
+    /// bank.reset();
+    /// assert!(bank.is_empty() && bank.head() == 0 && !bank.is_filled());
+    /// assert_eq!((bank.capacity(), bank.dim()), (4, 1));
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
     pub fn reset(&mut self) {
         self.labels.clear();
         self.head = 0;

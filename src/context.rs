@@ -11,9 +11,23 @@ use crate::memory::{MemoryStats, MemoryTracker};
 pub const DEFAULT_BUDGET_BYTES: u64 = 512 << 20;
 
 /// Budget of the native CPU path: its scratch memory, not counting the returned arrays.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{Context, DEFAULT_CPU_BUDGET_BYTES};
+/// assert_eq!(Context::native_cpu(None).memory().budget_bytes, DEFAULT_CPU_BUDGET_BYTES);
+/// ```
 pub const DEFAULT_CPU_BUDGET_BYTES: u64 = 1 << 30;
 
 /// Which implementation runs the operations of a [`Context`].
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{BackendChoice, ComputePath, Context, ContextConfig};
+/// let cfg = ContextConfig { backend: BackendChoice::NativeCpu, ..Default::default() };
+/// assert_eq!(Context::new(&cfg)?.path(), ComputePath::NativeCpu);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendChoice {
     /// A hardware adapter through wgpu when one exists; the native CPU path when the only
@@ -29,6 +43,18 @@ pub enum BackendChoice {
 }
 
 /// Which adapter a wgpu context uses.
+///
+/// # Example
+/// ```no_run
+/// use wgpu_metric_learning::{AdapterSelector, BackendChoice, Context, ContextConfig};
+/// // One context per GPU on a multi-GPU machine.
+/// let second = Context::new(&ContextConfig {
+///     backend: BackendChoice::Wgpu,
+///     adapter: AdapterSelector::Index(1),
+///     ..Default::default()
+/// })?;
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum AdapterSelector {
     /// The best one: hardware before software (discrete, integrated, virtual, other, CPU), then
@@ -72,6 +98,15 @@ pub struct ContextConfig {
 }
 
 /// The path an operation actually ran on; every result carries one.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{knn, ComputePath, Context, KnnConfig};
+/// let x = ndarray::array![[0.0f32, 1.0], [1.0, 0.0]];
+/// let found = knn(&Context::native_cpu(None), x.view(), x.view(), &KnnConfig { k: 1, ..Default::default() })?;
+/// assert_eq!(found.path, ComputePath::NativeCpu);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ComputePath {
     /// WGSL kernels through wgpu.
@@ -81,6 +116,14 @@ pub enum ComputePath {
 }
 
 /// One adapter as seen by [`list_adapters`].
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::list_adapters;
+/// for a in list_adapters(None) {
+///     println!("{}: {} ({:?}), software: {}", a.index, a.name, a.backend, a.is_software());
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdapterSummary {
     /// Position in the list; pass it as [`AdapterSelector::Index`].
@@ -453,6 +496,18 @@ impl Context {
     }
 
     /// The path this context's operations run on.
+    ///
+    /// # Example
+    /// ```
+    /// use wgpu_metric_learning::{Context, ContextConfig};
+    /// let ctx = Context::new(&ContextConfig::default())?;
+    /// // Without a hardware GPU: the native path, naming the software adapter it passed over.
+    /// println!("{:?} on {}", ctx.path(), ctx.device_name());
+    /// if let Some(info) = ctx.adapter_info() {
+    ///     println!("{:?}, max buffer {} bytes", info.device_type, ctx.limits().map_or(0, |l| l.max_buffer_size));
+    /// }
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
     pub fn path(&self) -> ComputePath {
         match self.engine {
             Engine::Gpu(_) => ComputePath::Wgpu,
@@ -487,11 +542,30 @@ impl Context {
 
     /// The wgpu device and queue, on the wgpu path, to share them with the application's own
     /// work (the converse of [`Context::from_wgpu`]).
+    ///
+    /// # Example
+    /// ```
+    /// use wgpu_metric_learning::Context;
+    /// assert!(Context::native_cpu(None).wgpu_device().is_none());
+    /// ```
     pub fn wgpu_device(&self) -> Option<(&wgpu::Device, &wgpu::Queue)> {
         self.gpu().map(|g| (&g.device, &g.queue))
     }
 
     /// Tracked memory: current and peak bytes, and the budget.
+    ///
+    /// # Example
+    /// ```
+    /// use wgpu_metric_learning::{knn, Context, KnnConfig};
+    /// let ctx = Context::native_cpu(Some(64 << 20));
+    /// let x = ndarray::Array2::<f32>::ones((500, 8));
+    /// ctx.reset_peak();
+    /// knn(&ctx, x.view(), x.view(), &KnnConfig::default())?;
+    /// let m = ctx.memory();
+    /// assert!(m.peak_bytes > 0 && m.peak_bytes <= m.budget_bytes);
+    /// assert_eq!(m.current_bytes, 0); // scratch released; the result is the caller's
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
     pub fn memory(&self) -> MemoryStats {
         self.memory.stats()
     }

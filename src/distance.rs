@@ -11,6 +11,19 @@ use crate::transfer::{self, Staging};
 use crate::{native, validate};
 
 /// How two embeddings are compared, with PML's names and sign conventions.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{pairwise_distances, Context, Distance, DistanceConfig};
+/// let (q, r) = (ndarray::array![[3.0f32, 0.0]], ndarray::array![[0.0f32, 4.0]]);
+/// let raw = |distance| DistanceConfig { distance, normalize: false };
+/// let ctx = Context::native_cpu(None);
+/// let d = |distance| pairwise_distances(&ctx, q.view(), r.view(), &raw(distance)).map(|d| d.values[[0, 0]]);
+/// assert_eq!(d(Distance::Euclidean)?, 5.0);
+/// assert_eq!(d(Distance::SquaredEuclidean)?, 25.0);
+/// assert_eq!(d(Distance::DotProduct)?, 0.0);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Distance {
     /// `|q − r|₂` (PML `LpDistance()`); small = close.
@@ -81,6 +94,16 @@ impl Default for DistanceConfig {
 }
 
 /// The result of [`pairwise_distances`].
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{pairwise_distances, Context, DistanceConfig};
+/// let x = ndarray::array![[1.0f32, 0.0], [0.0, 1.0], [1.0, 1.0]];
+/// let d = pairwise_distances(&Context::native_cpu(None), x.view(), x.view(), &DistanceConfig::default())?;
+/// assert_eq!(d.values.dim(), (3, 3));
+/// assert!(d.values[[0, 0]].abs() < 1e-6);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct PairwiseDistances {
     /// `(q, n)`: `values[[i, j]]` compares query `i` with reference `j`.

@@ -8,9 +8,29 @@
 //! freeing is the right reaction.
 
 /// Shorthand for `std::result::Result<T, wgpu_metric_learning::Error>`.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{Context, MemoryBank, BankConfig, Result};
+/// fn bank(ctx: &Context) -> Result<MemoryBank<u32>> {
+///     MemoryBank::new(ctx, &BankConfig::new(1024, 128))
+/// }
+/// assert_eq!(bank(&Context::native_cpu(None))?.capacity(), 1024);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// Everything that can go wrong in this crate.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{knn, Context, Error, KnnConfig};
+/// let x = ndarray::array![[0.0f32, f32::NAN]];
+/// match knn(&Context::native_cpu(None), x.view(), x.view(), &KnnConfig { k: 1, ..Default::default() }) {
+///     Err(Error::NonFinite { what, row, col, .. }) => assert_eq!((what, row, col), ("queries", 0, 1)),
+///     other => panic!("expected NonFinite, got {other:?}"),
+/// }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -14,12 +14,15 @@ mod miners;
 mod mining_set;
 mod native;
 mod plan;
+mod progress;
 pub mod reference;
 mod transfer;
 mod triplets;
 mod validate;
 
-pub use accuracy::{accuracy, Accuracy, AccuracyConfig, AccuracyK, AccuracyMetrics};
+pub use accuracy::{
+    accuracy, accuracy_with_progress, Accuracy, AccuracyConfig, AccuracyK, AccuracyMetrics,
+};
 pub use bank::{BankConfig, BankRows, BankSnapshot, Enqueued, MemoryBank};
 pub use context::{
     list_adapters, AdapterSelector, AdapterSummary, BackendChoice, ComputePath, Context,
@@ -30,7 +33,7 @@ pub use distance::{
 };
 pub use error::{Error, Result};
 pub use kernels::WGSL_SOURCES;
-pub use knn::{knn, knn_sharded, Knn, KnnConfig};
+pub use knn::{knn, knn_sharded, knn_with_progress, Knn, KnnConfig};
 pub use memory::MemoryStats;
 pub use miners::{
     all_pairs, batch_easy_hard_pairs, batch_hard_triplets, multi_similarity_pairs,
@@ -39,6 +42,7 @@ pub use miners::{
 };
 pub use mining_set::{Embeddings, MiningSet, SelfExclusion};
 pub use plan::{plan_rows, plan_tiles, DeviceCaps, Footprint, TilePlan};
+pub use progress::{Progress, ProgressFn};
 pub use triplets::{
     count_triplets, mine_triplets, mine_triplets_streaming, CountMethod, TripletConfig,
     TripletCount, TripletRule, TripletType, Triplets,

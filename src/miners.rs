@@ -22,6 +22,17 @@ use crate::validate;
 const BLOCK_FLOATS: usize = 1 << 24;
 
 /// Positive and negative pairs, PML's `(a1, p, a2, n)` as two `(k, 2)` arrays.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{all_pairs, Context, MiningSet};
+/// let labels = ndarray::array![0, 0, 1];
+/// let set = MiningSet::labels(labels.view());
+/// let p = all_pairs(&Context::native_cpu(None), &set, None, &Default::default())?;
+/// assert_eq!(p.positives, ndarray::array![[0u32, 1], [1, 0]]);
+/// assert_eq!(p.negatives.nrows(), 4); // (0,2), (1,2), (2,0), (2,1)
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Pairs {
     /// `(k₁, 2)`: rows `(anchor, positive)`.
@@ -323,6 +334,23 @@ pub fn multi_similarity_pairs<L: Hash + Eq + Copy>(
 }
 
 /// How `BatchEasyHardMiner` picks an anchor's positive or negative.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{batch_easy_hard_pairs, BatchEasyHardConfig, Context, DistanceConfig, MiningSet, Strategy};
+/// let labels = ndarray::array![0, 0, 0, 1];
+/// let x = ndarray::array![[0.0f32], [1.0], [3.0], [2.5]];
+/// let cfg = BatchEasyHardConfig {
+///     pos_strategy: Strategy::Hard,
+///     neg_strategy: Strategy::Hard,
+///     distance: DistanceConfig { normalize: false, ..Default::default() },
+///     ..Default::default()
+/// };
+/// let p = batch_easy_hard_pairs(&Context::native_cpu(None), &MiningSet::with_embeddings(labels.view(), x.view()), None, &cfg)?;
+/// assert_eq!(p.positives.row(0).to_vec(), vec![0, 2]); // anchor 0: farthest positive
+/// assert_eq!(p.negatives.row(0).to_vec(), vec![0, 3]); // its only negative
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
     /// The hardest: farthest positive / closest negative.

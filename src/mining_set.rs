@@ -14,6 +14,22 @@ use crate::validate;
 
 /// Which reference is the anchor itself, so that it is never its own positive. Explicit, not
 /// by object identity as in PML.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{count_triplets, Context, MiningSet, SelfExclusion, TripletConfig};
+/// let ctx = Context::native_cpu(None);
+/// let labels = ndarray::array![0, 0, 1];
+/// let set = MiningSet::labels(labels.view());
+/// let count = |self_exclusion| {
+///     let cfg = TripletConfig { self_exclusion, ..Default::default() };
+///     count_triplets(&ctx, &set, Some(&set), &cfg).map(|c| c.count)
+/// };
+/// assert_eq!(count(SelfExclusion::None)?, 6); // (0,0,2), (1,1,2), (2,2,0), (2,2,1) too
+/// assert_eq!(count(SelfExclusion::SameIndex)?, 2);
+/// assert_eq!(count(SelfExclusion::QuerySlots(vec![1, 0, 2]))?, 2);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum SelfExclusion {
     /// The references are unrelated to the queries: nothing is excluded.
@@ -26,6 +42,17 @@ pub enum SelfExclusion {
 }
 
 /// Where the embeddings `(n, d)` of a mining side live.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{BankConfig, Context, Embeddings, MemoryBank};
+/// let x = ndarray::Array2::<f32>::zeros((5, 3));
+/// assert_eq!(Embeddings::from(x.view()).dim(), (5, 3));
+/// let ctx = Context::native_cpu(None);
+/// let bank = MemoryBank::<u32>::new(&ctx, &BankConfig::new(10, 3))?;
+/// assert_eq!(bank.rows().dim(), (0, 3)); // its filled rows
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub enum Embeddings<'a> {
     /// A host array (any layout; non-contiguous views are copied as they are uploaded).

@@ -49,6 +49,15 @@ impl DeviceCaps {
 }
 
 /// What one tile of an operation needs from the device.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::Footprint;
+/// // A (64, 1024) f32 distance tile plus its two inputs of 128 floats per row.
+/// let (r, c, d) = (64u64, 1024u64, 128u64);
+/// let f = Footprint { bytes: 4 * (r * c + (r + c) * d), largest_buffer: 4 * r * c, workgroups: c / 16, workgroup_storage: 8192 };
+/// assert_eq!(f.largest_buffer, 256 << 10);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Footprint {
     /// Total bytes of all buffers alive at once while the tile runs.
@@ -62,6 +71,15 @@ pub struct Footprint {
 }
 
 /// A chosen tile: `rows` × `cols` items per step, and what it costs.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{plan_tiles, DeviceCaps, Footprint};
+/// let cost = |r: usize, c: usize| Footprint { bytes: 4 * (r * c) as u64, largest_buffer: 4 * (r * c) as u64, workgroups: 1, workgroup_storage: 0 };
+/// let plan = plan_tiles("demo", 500, 100, 1, 40_000, &DeviceCaps::unlimited(), cost)?;
+/// assert_eq!((plan.rows, plan.cols), (100, 100)); // all columns, then as many rows as fit
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TilePlan {
     /// Rows (queries, anchors) per tile.

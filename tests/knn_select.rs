@@ -11,8 +11,8 @@ use ndarray::{s, Array1, Array2};
 use proptest::prelude::*;
 use wgpu_metric_learning::reference::knn_select::knn_select;
 use wgpu_metric_learning::{
-    knn, knn_sharded, pairwise_distances, BankConfig, Context, ContextConfig, Distance,
-    DistanceConfig, Error, Knn, KnnConfig, MemoryBank, SelfExclusion,
+    knn, knn_sharded, knn_with_progress, pairwise_distances, BankConfig, Context, ContextConfig,
+    Distance, DistanceConfig, Error, Knn, KnnConfig, MemoryBank, Progress, SelfExclusion,
 };
 
 const DISTANCES: [Distance; 4] = [
@@ -276,6 +276,42 @@ fn tight_budget_with_100k_references(ctx: &Context, budget: u64) {
             .expect("distances")
             .values;
         check_close(&got, &truth, &cfg, 1e-5);
+    }
+}
+
+/// Progress reports rise to `q · n` one at a time and leave the answer unchanged: the native
+/// path with few queries (reference shards on every thread) and with many (query blocks), and
+/// the wgpu path under a budget that forces several query chunks.
+#[test]
+fn progress_reports_rise_to_the_total_and_change_nothing() {
+    let contexts = [
+        Some(Context::native_cpu(None)),
+        common::gpu_context(Some(2 << 20)),
+    ];
+    for ctx in contexts.into_iter().flatten() {
+        for (q, n) in [(3, 5000), (700, 1500)] {
+            let queries = embeddings(q, 16, 5, false);
+            let refs = embeddings(n, 16, 6, false);
+            let cfg = KnnConfig {
+                k: 7,
+                ..Default::default()
+            };
+            let seen = std::sync::Mutex::new(Vec::new());
+            let report = |p: Progress| seen.lock().expect("lock").push(p);
+            let with = knn_with_progress(&ctx, queries.view(), refs.view(), &cfg, &report)
+                .expect("knn with progress");
+            let without = knn(&ctx, queries.view(), refs.view(), &cfg).expect("knn");
+            assert_eq!(with.indices, without.indices);
+            assert_eq!(with.scores, without.scores);
+            let seen = seen.into_inner().expect("lock");
+            let total = (q * n) as u64;
+            assert!(seen.iter().all(|p| p.total == total), "{seen:?}");
+            assert!(seen.windows(2).all(|w| w[0].done < w[1].done), "{seen:?}");
+            assert_eq!(seen.last().map(|p| p.done), Some(total));
+            if q == 700 {
+                assert!(seen.len() > 1, "{} reported once", ctx.device_name());
+            }
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! WGSL kernels: one file in `shaders/` and one wrapper here per kernel, with the same stem.
 //!
 //! A wrapper owns its pipeline, its bind-group layout and its dispatch arithmetic, nothing
-//! else; buffers come from [`crate::transfer`] and tile sizes from [`crate::plan`].
+//! else; buffers come from the crate's `transfer` module and tile sizes from [`crate::plan_tiles`].
 
 pub(crate) mod distance_tile;
 pub(crate) mod knn_select;

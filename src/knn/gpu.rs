@@ -5,6 +5,9 @@
 //! uploaded once when they fit the budget next to the tiles, or else streamed through one
 //! chunk buffer per reference range (re-uploaded for every query chunk).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use ndarray::ArrayView2;
 
 use super::{sort_rows, KnnConfig, Neighbours, OP};
@@ -17,6 +20,7 @@ use crate::kernels::row_norms::{self, RowNorms};
 use crate::memory::TrackedBuffer;
 use crate::mining_set::Embeddings;
 use crate::plan::{plan_tiles, DeviceCaps, Footprint, TilePlan};
+use crate::progress::Reporter;
 use crate::transfer::{self, Staging, SENTINEL_BITS};
 
 /// Most references per range: bounds the `(rows, cols)` distance block so that rows stay many.
@@ -118,7 +122,13 @@ pub(super) fn search(
     refs: Embeddings<'_>,
     cfg: &KnnConfig,
     excluded: &[u32],
+    report: &Reporter<'_>,
 ) -> Result<Neighbours> {
+    let job = Job {
+        cfg,
+        excluded,
+        report,
+    };
     let (q, d) = queries.dim();
     let dim4 = d.div_ceil(4);
     let caps = DeviceCaps::from_limits(&gpu.limits);
@@ -133,7 +143,7 @@ pub(super) fn search(
                 rows,
                 len: bank.view.len,
             };
-            run(ctx, gpu, queries, &source, &plan, cfg, excluded)
+            run(ctx, gpu, queries, &source, &plan, &job)
         }
         Embeddings::Host(x) => {
             let n = x.nrows();
@@ -153,20 +163,12 @@ pub(super) fn search(
                             rows: &rows,
                             len: n,
                         };
-                        return run(ctx, gpu, queries, &source, &plan, cfg, excluded);
+                        return run(ctx, gpu, queries, &source, &plan, &job);
                     }
                 }
             }
             let plan = plan(q, cols, dim4, k, true, available, &caps)?;
-            run(
-                ctx,
-                gpu,
-                queries,
-                &Source::Streamed(x),
-                &plan,
-                cfg,
-                excluded,
-            )
+            run(ctx, gpu, queries, &Source::Streamed(x), &plan, &job)
         }
     }
 }
@@ -223,6 +225,13 @@ impl Buffers {
     }
 }
 
+/// What one search asks for, and whom it tells how far it got.
+struct Job<'a> {
+    cfg: &'a KnnConfig,
+    excluded: &'a [u32],
+    report: &'a Reporter<'a>,
+}
+
 /// One reference range: global first index, rows, and where its rows are bound.
 struct Range<'a> {
     start: usize,
@@ -238,9 +247,9 @@ fn run(
     queries: ArrayView2<'_, f32>,
     source: &Source<'_>,
     plan: &TilePlan,
-    cfg: &KnnConfig,
-    excluded: &[u32],
+    job: &Job<'_>,
 ) -> Result<Neighbours> {
+    let (cfg, excluded) = (job.cfg, job.excluded);
     let (q, d) = queries.dim();
     let (k, dim4) = (cfg.k, d.div_ceil(4));
     let largest = cfg.distance.distance.is_similarity();
@@ -260,6 +269,7 @@ fn run(
         Source::Streamed(x) => x.nrows(),
     };
     let mut out = Neighbours::empty(q, k);
+    let (finished, mut seen) = (Arc::new(AtomicU64::new(0)), 0);
     for r0 in (0..q).step_by(plan.rows) {
         let rows = plan.rows.min(q - r0);
         transfer::write(gpu, &b.excluded, 0, &excluded[r0..r0 + rows])?;
@@ -362,6 +372,14 @@ fn run(
             )?;
             // Parameters are rewritten for the next range: this range's commands go first.
             transfer::submit(gpu, std::mem::replace(&mut enc, encoder(gpu, OP)))?;
+            // Counted when the device has finished the range: wgpu runs the callback from a
+            // later submit or poll, so the report trails the device by about one range.
+            let pairs = rows as u64 * range.cols as u64;
+            let finished_now = Arc::clone(&finished);
+            gpu.queue.on_submitted_work_done(move || {
+                finished_now.fetch_add(pairs, Ordering::Relaxed);
+            });
+            seen = job.report.catch_up(&finished, seen);
             current = 1 - current;
             start += range.cols;
         }
@@ -379,6 +397,8 @@ fn run(
             });
         }
         sort_rows(&mut pairs, k, largest, &mut out, r0);
+        // The wait above ran every callback of the chunk.
+        seen = job.report.catch_up(&finished, seen);
     }
     Ok(out)
 }

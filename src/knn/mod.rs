@@ -11,6 +11,7 @@ use crate::distance::DistanceConfig;
 use crate::error::{Error, Result};
 use crate::kernels::knn_select::{key_of, score_of, EMPTY_INDEX};
 use crate::mining_set::{Embeddings, SelfExclusion};
+use crate::progress::{ProgressFn, Reporter};
 use crate::validate;
 
 const OP: &str = "knn";
@@ -55,6 +56,18 @@ impl Default for KnnConfig {
 }
 
 /// The result of [`knn`] and [`knn_sharded`].
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{knn, Context, Distance, DistanceConfig, KnnConfig};
+/// let q = ndarray::array![[1.0f32, 0.0]];
+/// let r = ndarray::array![[0.0f32, 1.0], [1.0, 0.0], [1.0, 0.0]];
+/// let cfg = KnnConfig { k: 3, distance: DistanceConfig { distance: Distance::DotProduct, normalize: false }, ..Default::default() };
+/// let found = knn(&Context::native_cpu(None), q.view(), r.view(), &cfg)?;
+/// assert_eq!(found.indices, ndarray::array![[1u32, 2, 0]]); // the tie goes to the lower index
+/// assert_eq!(found.scores, ndarray::array![[1.0f32, 1.0, 0.0]]); // similarities: descending
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Knn {
     /// `(q, k)`: reference indices (rows of the references, or slots of a memory bank), best
@@ -114,9 +127,51 @@ pub fn knn<'r>(
     refs: impl Into<Embeddings<'r>>,
     cfg: &KnnConfig,
 ) -> Result<Knn> {
-    let refs = refs.into();
+    run(ctx, queries, refs.into(), cfg, None)
+}
+
+/// [`knn`], calling `progress` as the search advances: from the worker threads on the native
+/// path (once per finished block), from the calling thread on the wgpu path (once per query
+/// chunk read back). See [`Progress`](crate::Progress) for what is reported.
+///
+/// # Errors
+/// As [`knn`].
+///
+/// # Example
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use ndarray::Array2;
+/// use wgpu_metric_learning::{knn_with_progress, Context, KnnConfig, Progress};
+/// let ctx = Context::native_cpu(None);
+/// let x = Array2::from_shape_fn((300, 8), |(i, j)| ((i * 7 + j) % 13) as f32);
+/// let last = AtomicU64::new(0);
+/// let report = |p: Progress| last.store(p.done, Ordering::Relaxed);
+/// knn_with_progress(&ctx, x.view(), x.view(), &KnnConfig::default(), &report)?;
+/// assert_eq!(last.load(Ordering::Relaxed), 300 * 300);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn knn_with_progress<'r>(
+    ctx: &Context,
+    queries: ArrayView2<'_, f32>,
+    refs: impl Into<Embeddings<'r>>,
+    cfg: &KnnConfig,
+    progress: ProgressFn<'_>,
+) -> Result<Knn> {
+    run(ctx, queries, refs.into(), cfg, Some(progress))
+}
+
+/// [`knn`] with an optional progress callback.
+pub(crate) fn run(
+    ctx: &Context,
+    queries: ArrayView2<'_, f32>,
+    refs: Embeddings<'_>,
+    cfg: &KnnConfig,
+    progress: Option<ProgressFn<'_>>,
+) -> Result<Knn> {
     let excluded = check(queries, &refs, cfg)?;
-    let found = search(ctx, queries, refs, cfg, &excluded)?;
+    let total = queries.nrows() as u64 * refs.dim().0 as u64;
+    let report = Reporter::new(progress, total);
+    let found = search(ctx, queries, refs, cfg, &excluded, &report)?;
     Ok(Knn {
         indices: found.indices,
         scores: found.scores,
@@ -181,7 +236,10 @@ pub fn knn_sharded(
                     k: cfg.k.min(end - start),
                     ..cfg.clone()
                 };
-                scope.spawn(move || search(ctx, queries, Embeddings::Host(shard), &cfg, &local))
+                scope.spawn(move || {
+                    let silent = Reporter::silent();
+                    search(ctx, queries, Embeddings::Host(shard), &cfg, &local, &silent)
+                })
             })
             .collect();
         handles
@@ -276,14 +334,15 @@ fn search(
     refs: Embeddings<'_>,
     cfg: &KnnConfig,
     excluded: &[u32],
+    report: &Reporter<'_>,
 ) -> Result<Neighbours> {
     let (q, k) = (queries.nrows(), cfg.k);
     if q == 0 || k == 0 {
         return Ok(Neighbours::empty(q, k));
     }
     match (refs, ctx.gpu()) {
-        (Embeddings::Host(r), None) => Ok(native::search(ctx, queries, r, cfg, excluded)?),
-        (refs, Some(gpu)) => gpu::search(ctx, gpu, queries, refs, cfg, excluded),
+        (Embeddings::Host(r), None) => native::search(ctx, queries, r, cfg, excluded, report),
+        (refs, Some(gpu)) => gpu::search(ctx, gpu, queries, refs, cfg, excluded, report),
         (Embeddings::Bank(_), None) => Err(Error::InvalidParameter {
             op: OP,
             what: "context",

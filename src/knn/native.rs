@@ -14,6 +14,7 @@ use crate::error::Result;
 use crate::kernels::knn_select::{key_of, score_of, EMPTY_INDEX};
 use crate::memory::HostReservation;
 use crate::native::{finish, par_items, threads, Norms};
+use crate::progress::Reporter;
 
 /// Query rows per block: enough for the GEMM to amortise packing a reference block.
 const QUERY_BLOCK: usize = 256;
@@ -221,6 +222,7 @@ pub(crate) fn search(
     refs: ArrayView2<'_, f32>,
     cfg: &KnnConfig,
     excluded: &[u32],
+    report: &Reporter<'_>,
 ) -> Result<Neighbours> {
     let (q, n, k) = (queries.nrows(), refs.nrows(), cfg.k);
     let largest = cfg.distance.distance.is_similarity();
@@ -264,8 +266,9 @@ pub(crate) fn search(
         || Array2::<f32>::zeros((qb, nb)),
         |item, block| {
             let (b, shard) = (item / shards, item % shards);
-            let rows = b * qb..(b * qb + qb).min(q);
-            search_block(
+            let (rows, shard) = (b * qb..(b * qb + qb).min(q), shard_of(shard));
+            let pairs = rows.len() as u64 * shard.len() as u64;
+            let found = search_block(
                 queries,
                 refs,
                 &norms,
@@ -273,9 +276,11 @@ pub(crate) fn search(
                 excluded,
                 k,
                 rows,
-                shard_of(shard),
+                shard,
                 block,
-            )
+            );
+            report.add(pairs);
+            found
         },
     );
     let mut out = Neighbours::empty(q, k);

@@ -19,6 +19,15 @@ mod sink;
 pub(crate) use sink::{Sink, Writer};
 
 /// PML's `type_of_triplets` for [`TripletRule::Margin`].
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{TripletRule, TripletType};
+/// // Distances d(a, p) = 0.5 and d(a, n) = 0.5: tm = 0, a tie, which is hard, not semihard.
+/// let keeps = |kind| TripletRule::margin_miner(kind).keeps(0.5, 0.5, false);
+/// assert!(keeps(TripletType::Hard) && keeps(TripletType::All));
+/// assert!(!keeps(TripletType::Semihard) && !keeps(TripletType::Easy));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TripletType {
     /// `tm <= margin`.
@@ -159,6 +168,21 @@ pub struct TripletConfig {
 
 /// How margin rules count the kept triplets of each (anchor, positive) pair (before emitting
 /// them, or as the whole answer of [`count_triplets`]). Both are exact.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{count_triplets, Context, CountMethod, MiningSet, TripletConfig, TripletType};
+/// let labels = ndarray::array![0, 0, 1, 1, 0];
+/// let x = ndarray::array![[0.0f32, 1.0], [0.2, 1.0], [1.0, 0.3], [0.9, 0.5], [0.5, 0.5]];
+/// let set = MiningSet::with_embeddings(labels.view(), x.view());
+/// let ctx = Context::native_cpu(None);
+/// let count = |count_method| {
+///     let cfg = TripletConfig { count_method, ..TripletConfig::margin_miner(TripletType::Semihard) };
+///     count_triplets(&ctx, &set, None, &cfg).map(|c| c.count)
+/// };
+/// assert_eq!(count(CountMethod::Scan)?, count(CountMethod::Sorted)?);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CountMethod {
     /// The cheaper of the two by a cost model: sorting wins with many positives per anchor
@@ -203,6 +227,18 @@ impl TripletConfig {
 }
 
 /// Mined triplets in lexicographic `(a, p, n)` order.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{mine_triplets, Context, MiningSet, TripletConfig};
+/// let labels = ndarray::array![0, 1, 0];
+/// let t = mine_triplets(&Context::native_cpu(None), &MiningSet::labels(labels.view()), None, &TripletConfig::default())?;
+/// assert_eq!(t.len(), 2);
+/// assert_eq!(t.anchors().to_vec(), vec![0, 2]);
+/// assert_eq!(t.positives().to_vec(), vec![2, 0]);
+/// assert_eq!(t.negatives().to_vec(), vec![1, 1]);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Triplets {
     /// `(t, 3)`: rows `(anchor, positive, negative)`; anchors index the queries, positives and
@@ -240,6 +276,16 @@ impl Triplets {
 }
 
 /// The number of triplets a call found (or delivered, when streaming stopped early).
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{count_triplets, Context, MiningSet, TripletConfig};
+/// // 60 000 labels in 10 classes: about 3.2·10¹⁴ triplets, counted without producing them.
+/// let labels = ndarray::Array1::from_shape_fn(60_000, |i| i % 10);
+/// let n = count_triplets(&Context::native_cpu(None), &MiningSet::labels(labels.view()), None, &TripletConfig::default())?;
+/// assert_eq!(n.count, 60_000 * 5_999 * 54_000);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TripletCount {
     /// Triplets; a `u64`, because `B·M·M` easily passes 2³².
