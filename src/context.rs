@@ -95,6 +95,12 @@ pub struct ContextConfig {
     /// that output a kernel failed to write cannot pass as a plausible value. Default `false`
     /// (it costs an extra write per tile); the tests turn it on.
     pub fill_outputs_with_sentinel: bool,
+    /// Fault injection for tests of the out-of-memory path: pretend the device holds only
+    /// this many bytes, so that a buffer taking the tracked total past it fails exactly as
+    /// the driver's out-of-memory does ([`Error::OutOfMemory`], caught in the same place),
+    /// while the budget still allows it. Operations then retry with smaller tiles. Default
+    /// `None`: only the real device refuses.
+    pub simulated_device_bytes: Option<u64>,
 }
 
 /// The path an operation actually ran on; every result carries one.
@@ -376,6 +382,7 @@ pub struct Context {
     engine: Engine,
     memory: Arc<MemoryTracker>,
     sentinel: bool,
+    simulated_device_bytes: Option<u64>,
 }
 
 impl Context {
@@ -438,6 +445,7 @@ impl Context {
             engine: Engine::Gpu(Box::new(GpuDevice::new(device, queue, info, true))),
             memory: Arc::new(MemoryTracker::new(budget)),
             sentinel: config.fill_outputs_with_sentinel,
+            simulated_device_bytes: config.simulated_device_bytes,
         })
     }
 
@@ -466,6 +474,7 @@ impl Context {
                 config.budget_bytes.unwrap_or(DEFAULT_BUDGET_BYTES),
             )),
             sentinel: config.fill_outputs_with_sentinel,
+            simulated_device_bytes: config.simulated_device_bytes,
         }
     }
 
@@ -492,6 +501,7 @@ impl Context {
                 config.budget_bytes.unwrap_or(DEFAULT_CPU_BUDGET_BYTES),
             )),
             sentinel: config.fill_outputs_with_sentinel,
+            simulated_device_bytes: config.simulated_device_bytes,
         }
     }
 
@@ -588,6 +598,11 @@ impl Context {
 
     pub(crate) fn fills_sentinel(&self) -> bool {
         self.sentinel
+    }
+
+    /// The injected device size of [`ContextConfig::simulated_device_bytes`].
+    pub(crate) fn simulated_device_bytes(&self) -> Option<u64> {
+        self.simulated_device_bytes
     }
 }
 

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};
 use crate::kernels::row_norms::{self, RowNorms};
 use crate::memory::TrackedBuffer;
+use crate::oom_retry::{self, RowSink};
 use crate::plan::{plan_rows, DeviceCaps, Footprint};
 use crate::transfer::{self, Staging};
 
@@ -488,7 +489,22 @@ pub(crate) fn for_each_row_block(
     refs: RowsView<'_>,
     cfg: &DistanceConfig,
     max_rows: usize,
-    on_block: &mut dyn FnMut(usize, ArrayView2<'_, f32>) -> Result<()>,
+    on_block: &mut RowSink<'_>,
+) -> Result<()> {
+    oom_retry::retry_rows(ctx, on_block, |on_block| {
+        row_blocks(ctx, gpu, queries, refs, cfg, max_rows, on_block)
+    })
+}
+
+/// One attempt of [`for_each_row_block`].
+fn row_blocks(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    queries: ArrayView2<'_, f32>,
+    refs: RowsView<'_>,
+    cfg: &DistanceConfig,
+    max_rows: usize,
+    on_block: &mut RowSink<'_>,
 ) -> Result<()> {
     const OP: &str = "distance_rows";
     let (q, m) = (queries.nrows(), refs.len);
@@ -513,7 +529,7 @@ pub(crate) fn for_each_row_block(
         OP,
         q.min(max_rows.max(1)),
         m,
-        ctx.tracker().available(),
+        oom_retry::planning_budget(ctx),
         &caps,
         cost,
     )?;

@@ -6,6 +6,7 @@ use crate::context::{ComputePath, Context, GpuDevice};
 use crate::error::Result;
 use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};
 use crate::kernels::row_norms::{self, RowNorms};
+use crate::oom_retry::{self, RowSink};
 use crate::plan::{plan_tiles, DeviceCaps, Footprint, TilePlan};
 use crate::transfer::{self, Staging};
 use crate::{native, validate};
@@ -150,7 +151,7 @@ pub fn pairwise_distances(
         Some(_) if queries.nrows() == 0 || refs.nrows() == 0 => {
             Array2::zeros((queries.nrows(), refs.nrows()))
         }
-        Some(gpu) => on_gpu(ctx, gpu, queries, refs, cfg)?,
+        Some(gpu) => oom_retry::retry(ctx, || on_gpu(ctx, gpu, queries, refs, cfg))?,
     };
     Ok(PairwiseDistances {
         values,
@@ -234,7 +235,7 @@ fn gpu_tiles(
         q.min(max_rows.max(1)),
         n,
         d,
-        ctx.tracker().available(),
+        oom_retry::planning_budget(ctx),
         &caps,
     )?;
     let norms = gpu.kernel::<RowNorms>()?;
@@ -384,7 +385,7 @@ pub(crate) fn for_each_row_block(
     refs: ArrayView2<'_, f32>,
     cfg: &DistanceConfig,
     max_rows: usize,
-    on_block: &mut dyn FnMut(usize, ArrayView2<'_, f32>) -> Result<()>,
+    on_block: &mut RowSink<'_>,
 ) -> Result<()> {
     let (q, n) = (queries.nrows(), refs.nrows());
     let max_rows = max_rows.max(1);
@@ -405,7 +406,7 @@ pub(crate) fn for_each_row_block(
             }
             Ok(())
         }
-        Some(gpu) => {
+        Some(gpu) => oom_retry::retry_rows(ctx, on_block, |on_block| {
             // Tiles come row tile by row tile; a block is complete at its last column tile.
             let mut block = Array2::zeros((0, n));
             gpu_tiles(
@@ -427,6 +428,6 @@ pub(crate) fn for_each_row_block(
                     Ok(())
                 },
             )
-        }
+        }),
     }
 }

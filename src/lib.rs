@@ -13,6 +13,7 @@ mod memory;
 mod miners;
 mod mining_set;
 mod native;
+mod oom_retry;
 mod plan;
 mod progress;
 pub mod reference;

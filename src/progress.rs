@@ -48,8 +48,9 @@ pub type ProgressFn<'a> = &'a (dyn Fn(Progress) + Sync);
 pub(crate) struct Reporter<'a> {
     callback: Option<ProgressFn<'a>>,
     total: u64,
-    // Held while the callback runs, so that reports never overtake each other.
-    done: Mutex<u64>,
+    /// Pairs done by this attempt, and the most ever reported. Held while the callback
+    /// runs, so that reports never overtake each other.
+    done: Mutex<(u64, u64)>,
 }
 
 impl<'a> Reporter<'a> {
@@ -57,7 +58,7 @@ impl<'a> Reporter<'a> {
         Self {
             callback,
             total,
-            done: Mutex::new(0),
+            done: Mutex::new((0, 0)),
         }
     }
 
@@ -76,17 +77,28 @@ impl<'a> Reporter<'a> {
         now.max(seen)
     }
 
-    /// Records `pairs` more pairs compared.
+    /// Records `pairs` more pairs compared; reports only progress beyond what was reported
+    /// before (a retried search catches up silently).
     pub(crate) fn add(&self, pairs: u64) {
         let Some(callback) = self.callback else {
             return;
         };
         // A poisoned lock means an earlier callback panicked; its count is still right.
         let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
-        *done = (*done + pairs).min(self.total);
-        callback(Progress {
-            done: *done,
-            total: self.total,
-        });
+        let (attempt, reported) = &mut *done;
+        *attempt = (*attempt + pairs).min(self.total);
+        if *attempt > *reported {
+            *reported = *attempt;
+            callback(Progress {
+                done: *reported,
+                total: self.total,
+            });
+        }
+    }
+
+    /// Starts counting a new attempt of the same search from zero (after an out-of-memory).
+    pub(crate) fn restart(&self) {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        done.0 = 0;
     }
 }

@@ -97,6 +97,15 @@ pub(crate) fn create_buffer(
         });
     }
     let tracker = ctx.tracker();
+    if let Some(device_bytes) = ctx.simulated_device_bytes() {
+        if tracker.stats().current_bytes.saturating_add(size) > device_bytes {
+            return Err(Error::OutOfMemory {
+                label,
+                requested: size,
+                message: format!("simulated: the device holds {device_bytes} bytes"),
+            });
+        }
+    }
     tracker.reserve(label, size)?;
     let created = scoped(gpu, label, size, || {
         gpu.device.create_buffer(&wgpu::BufferDescriptor {

@@ -19,6 +19,7 @@ use crate::kernels::knn_select::{self, KnnSelect, SelectBuffers, SLOT_BYTES};
 use crate::kernels::row_norms::{self, RowNorms};
 use crate::memory::TrackedBuffer;
 use crate::mining_set::Embeddings;
+use crate::oom_retry;
 use crate::plan::{plan_tiles, DeviceCaps, Footprint, TilePlan};
 use crate::progress::Reporter;
 use crate::transfer::{self, Staging, SENTINEL_BITS};
@@ -138,7 +139,15 @@ pub(super) fn search(
             let rows = bank.view.rows;
             rows.check_device(OP, gpu)?;
             let cols = bank.view.len.min(rows.page_rows()).min(MAX_COLS);
-            let plan = plan(q, cols, dim4, k, false, ctx.tracker().available(), &caps)?;
+            let plan = plan(
+                q,
+                cols,
+                dim4,
+                k,
+                false,
+                oom_retry::planning_budget(ctx),
+                &caps,
+            )?;
             let source = Source::Resident {
                 rows,
                 len: bank.view.len,
@@ -151,7 +160,7 @@ pub(super) fn search(
             // The pages, and the norm kernel's parameters that the upload holds per page.
             let resident = rows_bytes(n, dim4, page_rows)
                 + n.div_ceil(page_rows) as u64 * uniform_size::<row_norms::Params>();
-            let available = ctx.tracker().available();
+            let available = oom_retry::planning_budget(ctx);
             let cols = n.min(page_rows).min(MAX_COLS);
             // Resident when the references and a chunk of at least 64 rows (or all queries)
             // fit; otherwise streaming keeps the budget for the tiles.

@@ -11,6 +11,7 @@ use crate::distance::DistanceConfig;
 use crate::error::{Error, Result};
 use crate::kernels::knn_select::{key_of, score_of, EMPTY_INDEX};
 use crate::mining_set::{Embeddings, SelfExclusion};
+use crate::oom_retry;
 use crate::progress::{ProgressFn, Reporter};
 use crate::validate;
 
@@ -342,7 +343,10 @@ fn search(
     }
     match (refs, ctx.gpu()) {
         (Embeddings::Host(r), None) => native::search(ctx, queries, r, cfg, excluded, report),
-        (refs, Some(gpu)) => gpu::search(ctx, gpu, queries, refs, cfg, excluded, report),
+        (refs, Some(gpu)) => oom_retry::retry(ctx, || {
+            report.restart();
+            gpu::search(ctx, gpu, queries, refs, cfg, excluded, report)
+        }),
         (Embeddings::Bank(_), None) => Err(Error::InvalidParameter {
             op: OP,
             what: "context",

@@ -24,6 +24,7 @@ use crate::kernels::triplet_lists::{self, ListBuffers, TripletLists};
 use crate::kernels::triplet_select::{self, words, Pass, SelectBuffers, TripletSelect};
 use crate::memory::TrackedBuffer;
 use crate::mining_set::Embeddings;
+use crate::oom_retry;
 use crate::plan::{plan_rows, DeviceCaps, Footprint};
 use crate::transfer::{self, Staging};
 use crate::triplets::{list_sizes, CountMethod, Problem, TripletRule, Writer, OP};
@@ -395,7 +396,7 @@ impl<'p, 'd> Miner<'p, 'd> {
                 (Some((rows.dim4(), rows.pages_for(m))), 0)
             }
         };
-        let available = ctx.tracker().available();
+        let available = oom_retry::planning_budget(ctx);
         let layout = plan(
             problem,
             shape,
@@ -686,14 +687,14 @@ impl<'p, 'd> Miner<'p, 'd> {
     }
 }
 
-/// Mines `problem` on `gpu`, into `writer` or only counting.
+/// Mines `problem` on `gpu`, into `writer` (returning 0) or only counting (returning the
+/// count).
 pub(super) fn mine(
     ctx: &Context,
     gpu: &GpuDevice,
     problem: &Problem<'_>,
-    writer: Option<Writer<'_>>,
+    mut writer: Option<&mut Writer<'_>>,
 ) -> Result<u64> {
-    let mut writer = writer;
     let b = problem.set.labels.len();
     let m = problem.set.ref_labels.len();
     let mut miner = Miner::new(ctx, gpu, problem, writer.is_some())?;
@@ -725,9 +726,9 @@ pub(super) fn mine(
                 None => counted += counts.iter().map(|&c| u64::from(c)).sum::<u64>(),
             }
         }
-        if writer.as_ref().is_some_and(Writer::stopped) {
+        if writer.as_ref().is_some_and(|w| w.stopped()) {
             break;
         }
     }
-    Ok(writer.map_or(counted, Writer::finish))
+    Ok(counted)
 }

@@ -10,6 +10,7 @@ use crate::context::{ComputePath, Context};
 use crate::distance::DistanceConfig;
 use crate::error::{Error, Result};
 use crate::mining_set::{self, MiningSet, Prepared, SelfExclusion};
+use crate::oom_retry;
 use crate::validate;
 
 mod gpu;
@@ -469,10 +470,19 @@ pub(crate) fn run(ctx: &Context, problem: &Problem<'_>, writer: Option<Writer<'_
             Some(w) => w.reserve(total),
         }
     }
-    match ctx.gpu() {
-        None => native::triplets(ctx, problem, writer),
-        Some(gpu) => gpu::mine(ctx, gpu, problem, writer),
-    }
+    let Some(gpu) = ctx.gpu() else {
+        return native::triplets(ctx, problem, writer);
+    };
+    // After a device out-of-memory the mining starts over with smaller chunks; the writer
+    // drops what it had already delivered, so nothing is handed over twice.
+    let start = writer.as_ref().map(Writer::mark);
+    let counted = oom_retry::retry(ctx, || {
+        if let (Some(w), Some(mark)) = (writer.as_mut(), start) {
+            w.rewind(mark);
+        }
+        gpu::mine(ctx, gpu, problem, writer.as_mut())
+    })?;
+    Ok(writer.map_or(counted, Writer::finish))
 }
 
 /// The number of valid triplets, `Σ_a |P_a|·|N_a|`, from class sizes alone (`O(b + m)`).

@@ -22,6 +22,15 @@ pub(crate) struct Writer<'s> {
     pending: Vec<u32>,
     delivered: u64,
     stopped: bool,
+    /// Rows still to drop after a rewind: already handed to the callback.
+    skip: u64,
+}
+
+/// Where a writer stood, to go back to with [`Writer::rewind`].
+#[derive(Clone, Copy)]
+pub(crate) struct Mark {
+    collected: usize,
+    delivered: u64,
 }
 
 /// Appends rows `(a, p, n)` for every `n` of `negatives`.
@@ -41,6 +50,34 @@ impl<'s> Writer<'s> {
             pending: Vec::new(),
             delivered: 0,
             stopped: false,
+            skip: 0,
+        }
+    }
+
+    /// The writer's position now.
+    pub(crate) fn mark(&self) -> Mark {
+        Mark {
+            collected: match &self.sink {
+                Sink::Collect(all) => all.len(),
+                Sink::Stream(_) => 0,
+            },
+            delivered: self.delivered,
+        }
+    }
+
+    /// Goes back to `mark`, so that the triplets since can be written again: a collected
+    /// vector is cut back; a stream drops what is pending and will skip as many rows as it
+    /// had delivered since, so the callback sees every triplet once and in order.
+    pub(crate) fn rewind(&mut self, mark: Mark) {
+        match &mut self.sink {
+            Sink::Collect(all) => {
+                all.truncate(mark.collected);
+                self.delivered = mark.delivered;
+            }
+            Sink::Stream(_) => {
+                self.pending.clear();
+                self.skip = self.delivered - mark.delivered;
+            }
         }
     }
 
@@ -70,6 +107,9 @@ impl<'s> Writer<'s> {
         if self.stopped {
             return;
         }
+        let skipped = self.skip.min(negatives.len() as u64);
+        self.skip -= skipped;
+        let negatives = &negatives[skipped as usize..];
         let chunk = self.chunk;
         if let Sink::Collect(all) = &mut self.sink {
             append_rows(all, a, p, negatives);
@@ -106,5 +146,55 @@ impl<'s> Writer<'s> {
     pub(crate) fn finish(mut self) -> u64 {
         self.flush();
         self.delivered
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes anchors 0..4, each with positive 9 and negatives 0..5.
+    fn write_all(w: &mut Writer<'_>) {
+        for a in 0..4 {
+            w.block(a, 9, &[0, 1, 2, 3, 4]);
+        }
+    }
+
+    #[test]
+    fn a_rewound_stream_hands_every_row_over_once_in_order() {
+        let mut seen: Vec<u32> = Vec::new();
+        let mut callback = |rows: ArrayView2<'_, u32>| {
+            seen.extend(rows.iter().copied());
+            ControlFlow::Continue(())
+        };
+        let mut w = Writer::new(Sink::Stream(&mut callback), 3);
+        let start = w.mark();
+        // A first attempt gets through two anchors (three chunks delivered, one row pending)…
+        w.block(0, 9, &[0, 1, 2, 3, 4]);
+        w.block(1, 9, &[0, 1, 2, 3, 4]);
+        // …then fails; the retry starts over.
+        w.rewind(start);
+        write_all(&mut w);
+        assert_eq!(w.finish(), 20);
+        let mut want = Vec::new();
+        for a in 0..4 {
+            for n in 0..5 {
+                want.extend([a, 9, n]);
+            }
+        }
+        assert_eq!(seen, want);
+    }
+
+    #[test]
+    fn a_rewound_collection_is_cut_back() {
+        let mut all = vec![7, 7, 7];
+        let mut w = Writer::new(Sink::Collect(&mut all), 3);
+        let start = w.mark();
+        w.block(0, 9, &[0, 1]);
+        w.rewind(start);
+        write_all(&mut w);
+        assert_eq!(w.finish(), 20);
+        assert_eq!(all.len(), 3 + 60);
+        assert_eq!(&all[..6], &[7, 7, 7, 0, 9, 0]);
     }
 }
