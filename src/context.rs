@@ -332,6 +332,13 @@ impl GpuDevice {
         }
     }
 
+    /// After wgpu reported an error: `Err(DeviceLost)` if that is why. A destroyed device is
+    /// only marked invalid at once; its lost callback runs at the next poll, so poll first.
+    pub(crate) fn check_lost_after_error(&self) -> Result<()> {
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        self.check_alive()
+    }
+
     /// `Err(DeviceLost)` once the device-lost callback has fired.
     pub(crate) fn check_alive(&self) -> Result<()> {
         match self.lost.lock().ok().and_then(|g| g.clone()) {

@@ -34,7 +34,7 @@ fn scoped<T>(
         });
     }
     if let Some(e) = validation {
-        gpu.check_alive()?;
+        gpu.check_lost_after_error()?;
         return Err(Error::Wgpu {
             op: label,
             message: e.to_string(),
@@ -210,7 +210,7 @@ fn wait(gpu: &GpuDevice, index: wgpu::SubmissionIndex) -> Result<()> {
             submission_index: Some(index),
             timeout: Some(TIMEOUT),
         })
-        .map_err(|e| match gpu.check_alive() {
+        .map_err(|e| match gpu.check_lost_after_error() {
             Err(lost) => lost,
             Ok(()) => Error::Wgpu {
                 op: "poll",

@@ -4,8 +4,10 @@ mod common;
 
 use ndarray::Array2;
 use wgpu_metric_learning::{
-    list_adapters, pairwise_distances, AdapterSelector, BackendChoice, ComputePath, Context,
-    ContextConfig, DistanceConfig, Error,
+    accuracy, batch_hard_triplets, count_triplets, knn, list_adapters, mine_triplets,
+    pairwise_distances, AccuracyConfig, AdapterSelector, BackendChoice, BankConfig,
+    BatchHardConfig, ComputePath, Context, ContextConfig, DistanceConfig, Error, KnnConfig,
+    MemoryBank, MiningSet, TripletConfig, TripletType,
 };
 
 fn small() -> Array2<f32> {
@@ -207,30 +209,71 @@ fn a_device_the_application_owns_can_be_shared() {
     );
 }
 
+/// After `Device::destroy`, every operation returns a typed error at once (never a hang, a
+/// panic or a plausible answer), a bank made before the loss included; a new context works.
 #[test]
 fn operations_after_device_loss_return_a_typed_error() {
     let Some(ctx) = common::gpu_context(None) else {
         return;
     };
+    let x = small();
+    let y = ndarray::array![0u32, 0, 1];
+    let mut bank = MemoryBank::<u32>::new(&ctx, &BankConfig::new(8, 5)).expect("bank");
+    bank.enqueue(&ctx, x.view(), y.view())
+        .expect("enqueue before the loss");
     let (device, _) = ctx.wgpu_device().expect("wgpu context");
     device.destroy();
-    let got = pairwise_distances(
-        &ctx,
-        small().view(),
-        small().view(),
-        &DistanceConfig::default(),
-    );
-    assert!(
-        matches!(got, Err(Error::DeviceLost { .. }) | Err(Error::Wgpu { .. })),
-        "got {got:?}"
-    );
+    let set = MiningSet::with_embeddings(y.view(), x.view());
+    let knn_cfg = KnnConfig {
+        k: 1,
+        ..Default::default()
+    };
+    let margin = TripletConfig::margin_miner(TripletType::All);
+    let outcomes: Vec<(&str, Result<(), Error>)> = vec![
+        (
+            "pairwise_distances",
+            pairwise_distances(&ctx, x.view(), x.view(), &DistanceConfig::default()).map(drop),
+        ),
+        ("knn", knn(&ctx, x.view(), x.view(), &knn_cfg).map(drop)),
+        (
+            "knn on the bank",
+            knn(&ctx, x.view(), bank.rows(), &knn_cfg).map(drop),
+        ),
+        (
+            "accuracy",
+            accuracy(&ctx, x.view(), y.view(), None, &AccuracyConfig::default()).map(drop),
+        ),
+        (
+            "mine_triplets",
+            mine_triplets(&ctx, &set, None, &margin).map(drop),
+        ),
+        (
+            "count_triplets",
+            count_triplets(&ctx, &set, None, &margin).map(drop),
+        ),
+        (
+            "mine against the bank",
+            mine_triplets(&ctx, &set, Some(&bank.refs()), &margin).map(drop),
+        ),
+        (
+            "batch_hard_triplets",
+            batch_hard_triplets(&ctx, &set, None, &BatchHardConfig::default()).map(drop),
+        ),
+        ("enqueue", bank.enqueue(&ctx, x.view(), y.view()).map(drop)),
+        ("snapshot", bank.snapshot(&ctx).map(drop)),
+        (
+            "a new bank",
+            MemoryBank::<u32>::new(&ctx, &BankConfig::new(8, 5)).map(drop),
+        ),
+    ];
+    for (what, got) in outcomes {
+        assert!(
+            matches!(got, Err(Error::DeviceLost { .. })),
+            "{what} after a loss: {got:?}"
+        );
+    }
     // The process can go on with a fresh context.
     let fresh = common::gpu_context(None).expect("a new context after a loss");
-    pairwise_distances(
-        &fresh,
-        small().view(),
-        small().view(),
-        &DistanceConfig::default(),
-    )
-    .expect("the new context works");
+    pairwise_distances(&fresh, x.view(), x.view(), &DistanceConfig::default())
+        .expect("the new context works");
 }

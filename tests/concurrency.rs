@@ -1,0 +1,194 @@
+//! One context shared by many threads: `Context` is `Send + Sync`, and 8 threads running
+//! mixed operations (distances, kNN, margin mining, the batch-hard miner, accuracy, and bank
+//! enqueue + mining behind a lock) get exactly the answers of a sequential run, without
+//! deadlock, and leave nothing allocated. `WML_STRESS_OPS` sets the operations per thread
+//! (default 50).
+
+mod common;
+
+use std::sync::Mutex;
+
+use ndarray::{Array1, Array2};
+use wgpu_metric_learning::{
+    accuracy, batch_hard_triplets, knn, mine_triplets, pairwise_distances, AccuracyConfig,
+    BankConfig, Context, DistanceConfig, KnnConfig, MemoryBank, MiningSet, TripletConfig,
+    TripletType,
+};
+
+const THREADS: usize = 8;
+const DIM: usize = 16;
+const BANK: usize = 200;
+
+fn assert_send_sync<T: Send + Sync>() {}
+
+#[test]
+fn the_context_and_the_bank_are_send_and_sync() {
+    assert_send_sync::<Context>();
+    assert_send_sync::<MemoryBank<u32>>();
+    assert_send_sync::<MemoryBank<i64>>();
+}
+
+/// Input `i`: a batch of 40 rows in 5 classes, and 150 references.
+fn input(i: usize) -> (Array2<f32>, Array1<u32>, Array2<f32>) {
+    let v = |r: usize, k: usize, salt: usize| {
+        let h = (r * 31 + k * 17 + i * 101 + salt).wrapping_mul(2_654_435_761) % 1000;
+        ((r % 5) as f32 + k as f32 * 0.2).sin() + h as f32 * 1e-3
+    };
+    let x = Array2::from_shape_fn((40, DIM), |(r, k)| v(r, k, 0));
+    let y = Array1::from_shape_fn(40, |r| (r % 5) as u32);
+    let refs = Array2::from_shape_fn((150, DIM), |(r, k)| v(r, k, 7));
+    (x, y, refs)
+}
+
+/// Operation `op` of the mix on input `i`, as comparable text (floats by their bits).
+fn run(ctx: &Context, op: usize, i: usize) -> String {
+    let (x, y, refs) = input(i);
+    let set = MiningSet::with_embeddings(y.view(), x.view());
+    match op % 5 {
+        0 => {
+            let d = pairwise_distances(ctx, x.view(), refs.view(), &DistanceConfig::default())
+                .expect("distances");
+            format!("{:?}", d.values.mapv(f32::to_bits))
+        }
+        1 => {
+            let cfg = KnnConfig {
+                k: 12,
+                ..Default::default()
+            };
+            let found = knn(ctx, x.view(), refs.view(), &cfg).expect("knn");
+            format!("{:?} {:?}", found.indices, found.scores.mapv(f32::to_bits))
+        }
+        2 => {
+            let cfg = TripletConfig::margin_miner(TripletType::Semihard);
+            let t = mine_triplets(ctx, &set, None, &cfg).expect("mine");
+            format!("{:?}", t.indices)
+        }
+        3 => {
+            let t = batch_hard_triplets(ctx, &set, None, &Default::default()).expect("hard");
+            format!("{:?}", t.indices)
+        }
+        _ => {
+            let acc = accuracy(ctx, x.view(), y.view(), None, &AccuracyConfig::default())
+                .expect("accuracy");
+            format!("{:?}", acc.metrics)
+        }
+    }
+}
+
+/// The ring-buffer model of the bank: slot contents as `(label, first float)`.
+struct Model {
+    slots: Vec<(u32, f32)>,
+    head: usize,
+}
+
+#[test]
+fn eight_threads_of_mixed_operations_match_a_sequential_run() {
+    let contexts = [
+        Some(Context::native_cpu(Some(256 << 20))),
+        common::gpu_context(Some(256 << 20)),
+    ];
+    for ctx in contexts.into_iter().flatten() {
+        stress(&ctx);
+    }
+}
+
+fn stress(ctx: &Context) {
+    let ops: usize = std::env::var("WML_STRESS_OPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    let inputs = 7;
+    let expected: Vec<Vec<String>> = (0..5)
+        .map(|op| (0..inputs).map(|i| run(ctx, op, i)).collect())
+        .collect();
+    let bank = Mutex::new((
+        MemoryBank::<u32>::new(ctx, &BankConfig::new(BANK, DIM)).expect("bank"),
+        Model {
+            slots: Vec::new(),
+            head: 0,
+        },
+    ));
+    let baseline = ctx.memory().current_bytes;
+    let started = std::time::Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let (expected, bank) = (&expected, &bank);
+            scope.spawn(move || {
+                for n in 0..ops {
+                    let (op, i) = (t + n, (t * 3 + n) % inputs);
+                    if n % 6 == 5 {
+                        enqueue_and_mine(ctx, bank, t, n);
+                        continue;
+                    }
+                    assert_eq!(
+                        run(ctx, op, i),
+                        expected[op % 5][i],
+                        "thread {t}, operation {n}"
+                    );
+                }
+            });
+        }
+    });
+    let (bank, model) = bank
+        .into_inner()
+        .expect("no thread panicked holding the bank");
+    let snap = bank.snapshot(ctx).expect("snapshot");
+    let got: Vec<(u32, f32)> = snap
+        .labels
+        .iter()
+        .zip(snap.embeddings.rows())
+        .map(|(&l, r)| (l, r[0]))
+        .collect();
+    assert_eq!(got, model.slots, "the bank matches its model");
+    assert_eq!(
+        ctx.memory().current_bytes,
+        baseline,
+        "nothing else left allocated"
+    );
+    eprintln!(
+        "{THREADS} threads x {ops} operations in {:.1} s on {}",
+        started.elapsed().as_secs_f64(),
+        ctx.device_name()
+    );
+}
+
+/// Under the lock: enqueue a batch tagged with `(t, n)`, update the model, and mine every
+/// valid triplet of the batch against the bank; the labels-only answer is checked against
+/// the native path on the model's labels.
+fn enqueue_and_mine(ctx: &Context, bank: &Mutex<(MemoryBank<u32>, Model)>, t: usize, n: usize) {
+    let mut guard = bank.lock().expect("bank lock");
+    let (bank, model) = &mut *guard;
+    let rows = 30;
+    let tag = (t * 1000 + n) as f32;
+    let x = Array2::from_shape_fn((rows, DIM), |(r, k)| tag + r as f32 + k as f32 * 1e-3);
+    let y = Array1::from_shape_fn(rows, |r| ((t + r) % 4) as u32);
+    let done = bank.enqueue(ctx, x.view(), y.view()).expect("enqueue");
+    for r in 0..rows {
+        let slot = (model.head + r) % BANK;
+        let entry = (y[r], x[[r, 0]]);
+        match model.slots.get_mut(slot) {
+            Some(s) => *s = entry,
+            None => model.slots.push(entry),
+        }
+    }
+    model.head = (model.head + rows) % BANK;
+    let cfg = TripletConfig {
+        self_exclusion: done.self_exclusion.clone(),
+        ..Default::default()
+    };
+    let batch = MiningSet::labels(y.view());
+    let got = mine_triplets(ctx, &batch, Some(&bank.refs()), &cfg).expect("mine the bank");
+    let labels = Array1::from_iter(model.slots.iter().map(|s| s.0));
+    let native = Context::native_cpu(None);
+    let want = mine_triplets(
+        &native,
+        &batch,
+        Some(&MiningSet::labels(labels.view())),
+        &cfg,
+    )
+    .expect("native");
+    assert_eq!(
+        got.indices, want.indices,
+        "thread {t}, operation {n}: bank mining"
+    );
+}
