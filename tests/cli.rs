@@ -366,6 +366,31 @@ fn bad_input_exits_with_one_line_naming_the_file() {
         &wml(&["accuracy", "--embeddings", arg(xf), "--labels", arg(short)]),
         &["short.npy", "x.npy"],
     );
+    // A header that claims far more data than the file holds is refused before any
+    // allocation (the reader would otherwise ask for petabytes and abort).
+    let bytes = std::fs::read(xf).expect("read");
+    let shape = format!("({}, {})", x.nrows(), x.ncols());
+    let forged_shape = format!("({}, {})", 9_999_999, x.ncols());
+    let at = bytes
+        .windows(shape.len())
+        .position(|w| w == shape.as_bytes())
+        .expect("shape in the header");
+    let newline = bytes.iter().position(|&b| b == b'\n').expect("header end");
+    let grow = forged_shape.len() - shape.len();
+    let mut forged = bytes[..at].to_vec();
+    forged.extend_from_slice(forged_shape.as_bytes());
+    forged.extend_from_slice(&bytes[at + shape.len()..newline - grow]);
+    forged.extend_from_slice(&bytes[newline..]);
+    let huge = d.join("huge.npy");
+    std::fs::write(&huge, forged).expect("write");
+    fails_with(&knn_with(&huge, "3"), &["huge.npy", "needs more data"]);
+    // A budget of 0 bytes cannot hold one tile.
+    #[rustfmt::skip]
+    fails_with(
+        &wml(&["knn", "--queries", arg(xf), "-k", "3", "--budget", "0", "--backend", "cpu",
+               "--out-indices", arg(&i), "--out-scores", arg(&s)]),
+        &["budget"],
+    );
     // A malformed command line is clap's: status 2 and a usage message.
     let usage = wml(&["knn", "--queries", arg(xf)]);
     assert_eq!(usage.status.code(), Some(2));

@@ -10,7 +10,7 @@ use ndarray::{s, Array2, ArrayView2};
 use super::{sort_rows, KnnConfig, Neighbours};
 use crate::context::Context;
 use crate::distance::Distance;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernels::knn_select::{key_of, score_of, EMPTY_INDEX};
 use crate::memory::HostReservation;
 use crate::native::{finish, par_items, threads, Norms};
@@ -255,6 +255,15 @@ pub(crate) fn search(
     }
     let (shards, q_blocks) = (shards_for(qb).max(1), q.div_ceil(qb));
     let scratch = scratch_for(qb, shards);
+    let budget = ctx.memory().budget_bytes;
+    if scratch > budget {
+        // Not even one query row per thread fits the budget: no plan can.
+        return Err(Error::OverBudget {
+            op: super::OP,
+            required: scratch,
+            budget,
+        });
+    }
     let _reserved = HostReservation::new("knn::native scratch", scratch, ctx.tracker())?;
     let norms = (
         Norms::new(queries, &cfg.distance),
