@@ -812,3 +812,39 @@ proptest! {
         }
     }
 }
+
+/// Rows 46–49: empty inputs are not errors; they give empty answers of the right shape.
+#[test]
+fn empty_inputs_give_empty_answers() {
+    let contexts = [Some(Context::native_cpu(None)), common::gpu_context(None)];
+    for ctx in contexts.into_iter().flatten() {
+        let (none, r) = (x(0, 4), x(9, 4));
+        let cfg = KnnConfig {
+            k: 3,
+            ..Default::default()
+        };
+        let found = knn(&ctx, none.view(), r.view(), &cfg).expect("46");
+        assert_eq!(found.indices.dim(), (0, 3), "row 46");
+        let d = pairwise_distances(&ctx, none.view(), r.view(), &Default::default()).expect("47");
+        assert_eq!(d.values.dim(), (0, 9), "row 47");
+        let (y, ry) = (labels(0), labels(9));
+        let set = MiningSet::with_embeddings(y.view(), none.view());
+        let refs = MiningSet::with_embeddings(ry.view(), r.view());
+        let cfg = TripletConfig::margin_miner(TripletType::Semihard);
+        let t = mine_triplets(&ctx, &set, Some(&refs), &cfg).expect("48");
+        assert_eq!(t.indices.dim(), (0, 3), "row 48");
+        let acc = accuracy(
+            &ctx,
+            none.view(),
+            y.view(),
+            None,
+            &AccuracyConfig::default(),
+        )
+        .expect("49");
+        assert!(
+            acc.metrics.precision_at_1.is_nan(),
+            "row 49: no query, no metric"
+        );
+        assert_eq!(acc.lone_queries, 0);
+    }
+}
