@@ -106,7 +106,9 @@ pub enum Error {
         /// The device's limit.
         limit: u64,
     },
-    /// The driver reported out-of-memory while creating a resource.
+    /// The driver reported out-of-memory while creating a resource, and the operation still
+    /// failed after retrying with smaller tiles down to its smallest (a memory bank's storage,
+    /// allocated once at its full size, is not retried). The context stays usable.
     #[error("the device is out of memory allocating {requested} bytes for {label}: {message}")]
     OutOfMemory {
         /// Label of the resource being created.
