@@ -43,6 +43,8 @@ pub struct BankConfig {
 
 impl BankConfig {
     /// `capacity` rows of `dim` floats, pages as large as the device allows.
+    ///
+    /// See the example of [`BankConfig`].
     pub fn new(capacity: usize, dim: usize) -> Self {
         Self {
             capacity,
@@ -53,6 +55,8 @@ impl BankConfig {
 }
 
 /// Where an enqueue put its rows, and how to mine with the rest of the batch.
+///
+/// See the examples of [`MemoryBank`] and [`MemoryBank::is_filled`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Enqueued {
     /// The slot each enqueued row was written to, in row order.
@@ -68,6 +72,8 @@ pub struct Enqueued {
 }
 
 /// The bank's filled rows in slot order, copied to the host.
+///
+/// See the example of [`MemoryBank::snapshot`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct BankSnapshot<L> {
     /// `(len, dim)`.
@@ -78,6 +84,8 @@ pub struct BankSnapshot<L> {
 
 /// The filled rows of a [`MemoryBank`] on its device, as [`Embeddings::Bank`] hands them to
 /// the miners. Made only by [`MemoryBank::refs`].
+///
+/// See the example of [`MemoryBank::rows`].
 #[derive(Clone, Copy, Debug)]
 pub struct BankRows<'a> {
     pub(crate) view: RowsView<'a>,
@@ -221,26 +229,36 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
     }
 
     /// Rows the bank holds when full.
+    ///
+    /// See the example of [`MemoryBank::reset`].
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
     /// Floats per row.
+    ///
+    /// See the example of [`MemoryBank::reset`].
     pub fn dim(&self) -> usize {
         self.dim
     }
 
     /// Filled rows: `head()` until the bank has wrapped once, then `capacity()`.
+    ///
+    /// See the example of [`MemoryBank::is_filled`].
     pub fn len(&self) -> usize {
         self.labels.len()
     }
 
     /// `true` before the first (non-empty) enqueue and after [`Self::reset`].
+    ///
+    /// See the example of [`MemoryBank::reset`].
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }
 
     /// The slot the next enqueued row goes to (PML's `queue_idx`).
+    ///
+    /// See the example of [`MemoryBank::is_filled`].
     pub fn head(&self) -> usize {
         self.head
     }
@@ -265,6 +283,14 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
     }
 
     /// Rows per device page (`capacity()` on the native path).
+    ///
+    /// # Example
+    /// ```
+    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank};
+    /// let bank = MemoryBank::<u32>::new(&Context::native_cpu(None), &BankConfig::new(100, 8))?;
+    /// assert_eq!(bank.page_rows(), 100); // one page: host memory has no binding limit
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
     pub fn page_rows(&self) -> usize {
         match &self.storage {
             Storage::Device(rows) => rows.page_rows(),
@@ -528,6 +554,8 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
 
     /// The filled rows as references for any miner: labels `(len,)` and embeddings
     /// `(len, dim)` (on the device: [`Embeddings::Bank`], nothing is uploaded).
+    ///
+    /// See the example of [`MemoryBank`].
     pub fn refs(&self) -> MiningSet<'_, L> {
         MiningSet {
             labels: ArrayView1::from(&self.labels[..]),

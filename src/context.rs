@@ -8,6 +8,14 @@ use crate::error::{Error, Result};
 use crate::memory::{MemoryStats, MemoryTracker};
 
 /// Budget used when the adapter does not report its memory (Metal, DX12, GL, shared devices).
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{ContextConfig, DEFAULT_BUDGET_BYTES};
+/// // Pick a budget explicitly where the default would not suit a shared device.
+/// let cfg = ContextConfig { budget_bytes: Some(DEFAULT_BUDGET_BYTES / 2), ..Default::default() };
+/// assert_eq!(cfg.budget_bytes, Some(256 << 20));
+/// ```
 pub const DEFAULT_BUDGET_BYTES: u64 = 512 << 20;
 
 /// Budget of the native CPU path: its scratch memory, not counting the returned arrays.
@@ -146,6 +154,8 @@ pub struct AdapterSummary {
 
 impl AdapterSummary {
     /// Whether this is a software rasteriser (lavapipe, llvmpipe, WARP, SwiftShader).
+    ///
+    /// See the example of [`AdapterSummary`].
     pub fn is_software(&self) -> bool {
         self.device_type == wgpu::DeviceType::Cpu
     }
@@ -533,6 +543,8 @@ impl Context {
     }
 
     /// The wgpu adapter's description, on the wgpu path.
+    ///
+    /// See the example of [`Context::path`].
     pub fn adapter_info(&self) -> Option<&wgpu::AdapterInfo> {
         match &self.engine {
             Engine::Gpu(g) => Some(&g.info),
@@ -541,12 +553,16 @@ impl Context {
     }
 
     /// The device's limits as granted, on the wgpu path.
+    ///
+    /// See the example of [`Context::path`].
     pub fn limits(&self) -> Option<&wgpu::Limits> {
         self.gpu().map(|g| &g.limits)
     }
 
     /// A human-readable name of what runs: the adapter's name and backend, or the CPU path
     /// (naming the software adapter it was preferred to, if any).
+    ///
+    /// See the example of [`Context::path`].
     pub fn device_name(&self) -> String {
         match &self.engine {
             Engine::Gpu(g) => format!("{} ({:?})", g.info.name, g.info.backend),
@@ -588,6 +604,8 @@ impl Context {
     }
 
     /// Restarts peak tracking from the current bytes (e.g. before measuring one operation).
+    ///
+    /// See the example of [`Context::memory`].
     pub fn reset_peak(&self) {
         self.memory.reset_peak();
     }

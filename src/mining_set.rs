@@ -84,6 +84,8 @@ impl Embeddings<'_> {
     }
 
     /// `(n, d)`.
+    ///
+    /// See the example of [`Embeddings`].
     pub fn dim(&self) -> (usize, usize) {
         match self {
             Embeddings::Host(x) => x.dim(),
@@ -122,6 +124,8 @@ impl<L> MiningSet<'_, L> {
 
 impl<'a, L> MiningSet<'a, L> {
     /// Labels only.
+    ///
+    /// See the example of [`MiningSet`].
     pub fn labels(labels: ArrayView1<'a, L>) -> Self {
         Self {
             labels,
@@ -130,6 +134,8 @@ impl<'a, L> MiningSet<'a, L> {
     }
 
     /// Labels and embeddings.
+    ///
+    /// See the example of [`crate::mine_triplets`].
     pub fn with_embeddings(labels: ArrayView1<'a, L>, embeddings: ArrayView2<'a, f32>) -> Self {
         Self {
             labels,

@@ -28,6 +28,8 @@ pub struct DeviceCaps {
 
 impl DeviceCaps {
     /// The caps of a device granted `limits`.
+    ///
+    /// See the example of [`DeviceCaps`].
     pub fn from_limits(limits: &wgpu::Limits) -> Self {
         Self {
             max_buffer_size: limits.max_buffer_size,
@@ -38,6 +40,8 @@ impl DeviceCaps {
     }
 
     /// Caps with no device limit at all: the native CPU path, bounded by the budget alone.
+    ///
+    /// See the example of [`crate::plan_tiles`].
     pub fn unlimited() -> Self {
         Self {
             max_buffer_size: u64::MAX,

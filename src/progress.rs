@@ -24,6 +24,8 @@ pub struct Progress {
 
 impl Progress {
     /// `done / total` in `[0, 1]`; 1 for an empty search.
+    ///
+    /// See the example of [`Progress`].
     pub fn fraction(&self) -> f64 {
         match self.total {
             0 => 1.0,

@@ -70,12 +70,16 @@ pub enum TripletRule {
 
 impl TripletRule {
     /// `TripletMarginMiner` with PML's default margin, 0.2.
+    ///
+    /// See the example of [`TripletRule`].
     pub fn margin_miner(kind: TripletType) -> Self {
         TripletRule::Margin { kind, margin: 0.2 }
     }
 
     /// Whether a triplet with anchor-positive value `ap` and anchor-negative value `an` is kept;
     /// `similarity` flips the sign of `tm` as PML's `is_inverted` does.
+    ///
+    /// See the example of [`TripletType`].
     pub fn keeps(&self, ap: f32, an: f32, similarity: bool) -> bool {
         let TripletRule::Margin { kind, margin } = *self else {
             return true;
@@ -251,26 +255,36 @@ pub struct Triplets {
 
 impl Triplets {
     /// Number of triplets.
+    ///
+    /// See the example of [`Triplets`].
     pub fn len(&self) -> usize {
         self.indices.nrows()
     }
 
     /// Whether there are none.
+    ///
+    /// See the example of [`Triplets`].
     pub fn is_empty(&self) -> bool {
         self.indices.nrows() == 0
     }
 
     /// Anchor indices `(t,)`.
+    ///
+    /// See the example of [`Triplets`].
     pub fn anchors(&self) -> ArrayView1<'_, u32> {
         self.indices.column(0)
     }
 
     /// Positive indices `(t,)`.
+    ///
+    /// See the example of [`Triplets`].
     pub fn positives(&self) -> ArrayView1<'_, u32> {
         self.indices.column(1)
     }
 
     /// Negative indices `(t,)`.
+    ///
+    /// See the example of [`Triplets`].
     pub fn negatives(&self) -> ArrayView1<'_, u32> {
         self.indices.column(2)
     }
