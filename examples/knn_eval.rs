@@ -16,11 +16,8 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use ndarray::{Array1, Array2};
-use support::{flag, Rng};
-use wgpu_metric_learning::{
-    accuracy_with_progress, AccuracyConfig, AccuracyK, BackendChoice, Context, ContextConfig,
-    Progress,
-};
+use support::{context_from_flags, flag, Rng};
+use wgpu_metric_learning::{accuracy_with_progress, AccuracyConfig, AccuracyK, Progress};
 
 /// Width of the bar in characters.
 const BAR: usize = 40;
@@ -74,15 +71,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let classes: usize = flag("--classes", "100").parse()?;
     let d: usize = flag("--dim", "128").parse()?;
     let spread: f32 = flag("--spread", "1.5").parse()?;
-    let backend = match flag("--backend", "auto").as_str() {
-        "cpu" => BackendChoice::NativeCpu,
-        "wgpu" => BackendChoice::Wgpu,
-        _ => BackendChoice::Auto,
-    };
-    let ctx = Context::new(&ContextConfig {
-        backend,
-        ..Default::default()
-    })?;
+    let ctx = context_from_flags()?;
     println!(
         "{:?} path on {}; {n} points x {d}, {classes} classes, spread {spread}",
         ctx.path(),

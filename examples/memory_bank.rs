@@ -12,43 +12,20 @@ mod support;
 
 use std::time::Instant;
 
-use ndarray::{Array1, Array2};
-use support::{flag, Rng};
+use ndarray::Array2;
+use support::{batch_around, context_from_flags, flag, Rng};
 use wgpu_metric_learning::{
-    mine_triplets, BackendChoice, BankConfig, Context, ContextConfig, MemoryBank, MiningSet,
-    TripletConfig, TripletType,
+    mine_triplets, BankConfig, MemoryBank, MiningSet, TripletConfig, TripletType,
 };
 
 const DIM: usize = 64;
-
-/// A batch of `b` rows around the class centres, with noise, L2-normalised.
-fn batch(rng: &mut Rng, centres: &Array2<f32>, b: usize) -> (Array2<f32>, Array1<u32>) {
-    let classes = centres.nrows() as u64;
-    let labels = Array1::from_shape_simple_fn(b, || (rng.next() % classes) as u32);
-    let mut x = Array2::from_shape_fn((b, DIM), |(i, k)| {
-        centres[[labels[i] as usize, k]] + 1.2 * rng.normal()
-    });
-    for mut row in x.rows_mut() {
-        let n = row.dot(&row).sqrt().max(1e-12);
-        row /= n;
-    }
-    (x, labels)
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: usize = flag("--steps", "12").parse()?;
     let capacity: usize = flag("--capacity", "1024").parse()?;
     let b: usize = flag("--batch", "128").parse()?;
     let classes: usize = flag("--classes", "100").parse()?;
-    let backend = match flag("--backend", "auto").as_str() {
-        "cpu" => BackendChoice::NativeCpu,
-        "wgpu" => BackendChoice::Wgpu,
-        _ => BackendChoice::Auto,
-    };
-    let ctx = Context::new(&ContextConfig {
-        backend,
-        ..Default::default()
-    })?;
+    let ctx = context_from_flags()?;
     println!(
         "{:?} path on {}; bank of {capacity} x {DIM}, batch {b}, {classes} classes",
         ctx.path(),
@@ -60,7 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut bank = MemoryBank::<u32>::new(&ctx, &BankConfig::new(capacity, DIM))?;
     println!("step  bank rows  filled  triplets      enqueue ms  mine ms  device MiB now/peak");
     for step in 0..steps {
-        let (x, y) = batch(&mut rng, &centres, b);
+        let (x, y) = batch_around(&mut rng, &centres, b, 1.2);
         let t = Instant::now();
         // As PML: the batch goes in first, so it is mined against itself too, never a row
         // against its own slot.

@@ -13,47 +13,27 @@ mod support;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use ndarray::{Array1, Array2};
-use support::{flag, Rng};
+use ndarray::Array2;
+use support::{batch_around, context_from_flags, flag, Rng};
 use wgpu_metric_learning::{
     batch_hard_triplets, count_triplets, mine_triplets, mine_triplets_streaming,
-    multi_similarity_pairs, BackendChoice, BatchHardConfig, Context, ContextConfig, MiningSet,
-    MultiSimilarityConfig, TripletConfig, TripletType,
+    multi_similarity_pairs, BatchHardConfig, MiningSet, MultiSimilarityConfig, TripletConfig,
+    TripletType,
 };
-
-/// `b` L2-normalised rows around `classes` random centres, and their labels.
-fn batch(rng: &mut Rng, b: usize, classes: usize, d: usize) -> (Array2<f32>, Array1<u32>) {
-    let centres = Array2::from_shape_simple_fn((classes, d), || rng.normal());
-    let labels = Array1::from_shape_simple_fn(b, || (rng.next() % classes as u64) as u32);
-    let mut x = Array2::from_shape_fn((b, d), |(i, k)| {
-        centres[[labels[i] as usize, k]] + 0.8 * rng.normal()
-    });
-    for mut row in x.rows_mut() {
-        let n = row.dot(&row).sqrt().max(1e-12);
-        row /= n;
-    }
-    (x, labels)
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let b: usize = flag("--batch", "512").parse()?;
     let classes: usize = flag("--classes", "32").parse()?;
     let d: usize = flag("--dim", "64").parse()?;
-    let backend = match flag("--backend", "auto").as_str() {
-        "cpu" => BackendChoice::NativeCpu,
-        "wgpu" => BackendChoice::Wgpu,
-        _ => BackendChoice::Auto,
-    };
-    let ctx = Context::new(&ContextConfig {
-        backend,
-        ..Default::default()
-    })?;
+    let ctx = context_from_flags()?;
     println!(
         "{:?} path on {}; batch {b} x {d}, {classes} classes",
         ctx.path(),
         ctx.device_name()
     );
-    let (x, y) = batch(&mut Rng(11), b, classes, d);
+    let mut rng = Rng(11);
+    let centres = Array2::from_shape_simple_fn((classes, d), || rng.normal());
+    let (x, y) = batch_around(&mut rng, &centres, b, 0.8);
     // Without references the batch is mined against itself, a row never its own positive.
     let labels_only = MiningSet::labels(y.view());
     let with_embeddings = MiningSet::with_embeddings(y.view(), x.view());

@@ -7,7 +7,7 @@
 
 mod common;
 
-use ndarray::{array, Array1, Array2, ArrayView1, ArrayView2, ShapeBuilder};
+use ndarray::{array, Array1, Array2, ShapeBuilder};
 use proptest::prelude::*;
 use wgpu_metric_learning::{
     accuracy, all_pairs, batch_easy_hard_pairs, batch_hard_triplets, count_triplets, knn,
@@ -713,10 +713,6 @@ fn judge<T>(
     Ok(())
 }
 
-fn labels_view(c: &Case) -> (ArrayView1<'_, u32>, ArrayView2<'_, f32>) {
-    (c.y.view(), c.q.view())
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(common::cases(24)))]
 
@@ -759,8 +755,7 @@ proptest! {
             Defect::KZero | Defect::KTooLarge => None,
             other => expected(other),
         };
-        let (y, q) = labels_view(&c);
-        let set = MiningSet::with_embeddings(y, q);
+        let set = MiningSet::with_embeddings(c.y.view(), c.q.view());
         let refs = MiningSet::with_embeddings(c.ry.view(), c.r.view());
         let all = TripletConfig::default();
         judge(

@@ -2,7 +2,8 @@
 //! distribution, peak RSS and flag parsing. (Not an example itself: it has no `main.rs`.)
 #![allow(dead_code, reason = "each example uses a different subset")]
 
-use ndarray::Array2;
+use ndarray::{Array1, Array2};
+use wgpu_metric_learning::{BackendChoice, Context, ContextConfig};
 
 /// A small deterministic generator (SplitMix64), enough for benchmark inputs.
 pub(crate) struct Rng(pub(crate) u64);
@@ -27,11 +28,47 @@ impl Rng {
 /// `rows` N(0, 1) vectors of `d` floats, L2-normalised (as the anchors' inputs).
 pub(crate) fn embeddings(rng: &mut Rng, rows: usize, d: usize) -> Array2<f32> {
     let mut x = Array2::from_shape_simple_fn((rows, d), || rng.normal());
+    normalize_rows(&mut x);
+    x
+}
+
+/// Scales every row of `x` to unit L2 norm.
+fn normalize_rows(x: &mut Array2<f32>) {
     for mut row in x.rows_mut() {
         let n = row.dot(&row).sqrt().max(1e-12);
         row /= n;
     }
-    x
+}
+
+/// A batch of `b` rows around the rows of `centres`, labels uniform over them, with
+/// N(0, `noise`²) added, L2-normalised.
+pub(crate) fn batch_around(
+    rng: &mut Rng,
+    centres: &Array2<f32>,
+    b: usize,
+    noise: f32,
+) -> (Array2<f32>, Array1<u32>) {
+    let classes = centres.nrows() as u64;
+    let labels = Array1::from_shape_simple_fn(b, || (rng.next() % classes) as u32);
+    let mut x = Array2::from_shape_fn((b, centres.ncols()), |(i, k)| {
+        centres[[labels[i] as usize, k]] + noise * rng.normal()
+    });
+    normalize_rows(&mut x);
+    (x, labels)
+}
+
+/// The context that `--backend auto|wgpu|cpu` asks for (default `auto`: the library's choice).
+pub(crate) fn context_from_flags() -> Result<Context, Box<dyn std::error::Error>> {
+    let backend = match flag("--backend", "auto").as_str() {
+        "auto" => BackendChoice::Auto,
+        "wgpu" => BackendChoice::Wgpu,
+        "cpu" => BackendChoice::NativeCpu,
+        other => return Err(format!("--backend auto|wgpu|cpu, not {other}").into()),
+    };
+    Ok(Context::new(&ContextConfig {
+        backend,
+        ..Default::default()
+    })?)
 }
 
 /// Peak resident set size of this process, MiB.

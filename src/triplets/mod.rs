@@ -476,17 +476,18 @@ pub(crate) fn run(ctx: &Context, problem: &Problem<'_>, writer: Option<Writer<'_
         return Ok(0);
     }
     let mut writer = writer;
-    if problem.rule == TripletRule::AllValid {
-        // Pure label arithmetic: counting needs no device, collecting can reserve exactly.
-        let total = all_valid_count(&problem.set);
-        match writer.as_mut() {
-            None => return Ok(total),
-            Some(w) => w.reserve(total),
-        }
+    let all_valid = problem.rule == TripletRule::AllValid;
+    if all_valid && writer.is_none() {
+        // Pure label arithmetic: counting needs no device.
+        return Ok(all_valid_count(&problem.set));
     }
     let Some(gpu) = ctx.gpu() else {
+        // The native path sizes its own output (it counts every anchor first).
         return native::triplets(ctx, problem, writer);
     };
+    if let (true, Some(w)) = (all_valid, writer.as_mut()) {
+        w.reserve(all_valid_count(&problem.set));
+    }
     // After a device out-of-memory the mining starts over with smaller chunks; the writer
     // drops what it had already delivered, so nothing is handed over twice.
     let start = writer.as_ref().map(Writer::mark);
