@@ -8,7 +8,8 @@
 //! `--func`: `lmu` (every valid triplet, as arrays), `lmu_count` (count only), `lmu_stream`
 //! (streamed in chunks, nothing kept), `miner_<all|hard|semihard|easy>` (TripletMarginMiner,
 //! margin 0.2, normalised Euclidean) and `miner_<type>_count`. `--path wgpu|cpu`,
-//! `--budget-mib` (default 64), `--reps` (default 5, after one warm-up).
+//! `--budget-mib` (default 64), `--reps` (default 5, after one warm-up), `--count-method
+//! auto|scan|sorted` (default auto).
 //! Inputs follow the anchors: labels uniform over C classes, embeddings N(0, 1) in 128-d,
 //! normalised, from a fixed seed (a different generator than torch's, so counts differ by
 //! sampling noise only).
@@ -22,7 +23,7 @@ use ndarray::Array1;
 use support::{embeddings, flag, peak_rss_mib, summary, Rng};
 use wgpu_metric_learning::{
     count_triplets, mine_triplets, mine_triplets_streaming, BackendChoice, Context, ContextConfig,
-    MiningSet, TripletConfig, TripletRule, TripletType,
+    CountMethod, MiningSet, TripletConfig, TripletRule, TripletType,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -61,8 +62,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "miner_easy" => TripletRule::margin_miner(TripletType::Easy),
         other => return Err(format!("unknown --func {other}").into()),
     };
+    let count_method = match get("--count-method", "auto").as_str() {
+        "scan" => CountMethod::Scan,
+        "sorted" => CountMethod::Sorted,
+        _ => CountMethod::Auto,
+    };
     let cfg = TripletConfig {
         rule,
+        count_method,
         ..Default::default()
     };
     let run = || -> Result<u64, wgpu_metric_learning::Error> {

@@ -12,15 +12,10 @@
 //   mode 2 "hard":     tm <= margin and tm <= 0
 //   mode 3 "semihard": tm <= margin and tm > 0
 //   mode 4 "easy":     tm > margin
-// Counts (margin rules; mode 0 needs no count, the host knows n_neg), two ways, the host
-// picking the cheaper for each chunk:
-// `count_scan`: a workgroup per pair; its 64 invocations stride over the negatives and reduce
-//   the kept flags to pair_counts[pair]: O(n_neg) per pair.
-// `count_sorted`: an invocation per pair. Every rule keeps the negatives whose tm lies in an
-//   interval, and tm is monotone in the negative's value (f32 subtraction rounds
-//   monotonically), so with the anchor's negative values sorted ascending (negative_sort.wgsl)
-//   each bound is one binary search: O(log n_neg) per pair after an O(n log^2 n) sort per
-//   anchor, and exact, since every probe evaluates the same f32 expression as `keep`.
+// Counts (margin rules; mode 0 needs no count, the host knows n_neg): `count_scan`, a
+// workgroup per pair; its 64 invocations stride over the negatives and reduce the kept flags
+// to pair_counts[pair]: O(n_neg) per pair. (negative_buckets.wgsl counts in O(log n_neg) per
+// pair after grouping the negatives; the host picks one of the two per call.)
 // `emit`: one invocation per pair of the window [pair_lo, pair_hi) walks the negatives in
 // ascending order and writes the kept n from offsets[pair] - start, where offsets is the
 // exclusive prefix sum of the counts (64-bit, from the host) and start the window's first
@@ -33,14 +28,13 @@
 struct Params {
     anchors: u32,
     refs: u32,
-    // Row length of the sorted values (count pass).
-    sorted_stride: u32,
     mode: u32,
     inverted: u32,
     margin: f32,
     // Pairs of this dispatch: [pair_lo, pair_hi).
     pair_lo: u32,
     pair_hi: u32,
+    _pad0: u32,
     // Offset of the window's first triplet, 64-bit (low, high) words.
     start: vec2<u32>,
     _pad: vec2<u32>,
@@ -50,9 +44,7 @@ struct Params {
 // (anchors, refs) distances of the chunk; unused (may be a dummy) in mode 0.
 @group(0) @binding(1) var<storage, read> distances: array<f32>;
 @group(0) @binding(2) var<storage, read> positives: array<u32>;
-// Emit, count_scan: (anchors, refs) ascending negative indices. count_sorted: the
-// (anchors, sorted_stride) sorted negative values of negative_sort.wgsl, as f32 bits (one layout serves both entry
-// points, within the 8 storage buffers a stage may bind).
+// (anchors, refs) ascending negative indices.
 @group(0) @binding(3) var<storage, read> negatives: array<u32>;
 @group(0) @binding(4) var<storage, read> list_counts: array<u32>;
 @group(0) @binding(5) var<storage, read> pair_base: array<u32>;
@@ -109,24 +101,6 @@ fn tm_of(ap: f32, an: f32) -> f32 {
     return select(an - ap, ap - an, params.inverted != 0u);
 }
 
-// How many of the n sorted values starting at `row` have tm <= x. tm <= x holds on a prefix of
-// the ascending values for distances and on a suffix for similarities.
-fn count_le(row: u32, n: u32, ap: f32, x: f32) -> u32 {
-    let inverted = params.inverted != 0u;
-    var lo = 0u;
-    var hi = n;
-    while (lo < hi) {
-        let mid = (lo + hi) / 2u;
-        let v = bitcast<f32>(negatives[row + mid]);
-        if ((tm_of(ap, v) <= x) != inverted) {
-            lo = mid + 1u;
-        } else {
-            hi = mid;
-        }
-    }
-    return select(lo, n - lo, inverted);
-}
-
 @compute @workgroup_size(64, 1, 1)
 fn count_scan(
     @builtin(local_invocation_id) lid: vec3<u32>,
@@ -160,43 +134,6 @@ fn count_scan(
     if (t == 0u) {
         pair_counts[pair] = partial[0];
     }
-}
-
-@compute @workgroup_size(64, 1, 1)
-fn count_sorted(
-    @builtin(global_invocation_id) gid: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-) {
-    let pair = params.pair_lo + gid.x + gid.y * groups.x * WORKGROUP_SIZE;
-    if (pair >= params.pair_hi) {
-        return;
-    }
-    let a = anchor_of(pair);
-    let row = a * params.refs;
-    let n_neg = list_counts[2u * a + 1u];
-    let ap = distances[row + positives[row + pair - pair_base[a]]];
-    let sorted_row = a * params.sorted_stride;
-    let below_margin = count_le(sorted_row, n_neg, ap, params.margin);
-    var c = 0u;
-    switch params.mode {
-        case 1u: {
-            c = below_margin;
-        }
-        case 2u: {
-            c = count_le(sorted_row, n_neg, ap, min(params.margin, 0.0));
-        }
-        case 3u: {
-            // {0 < tm <= margin} = {tm <= margin} minus {tm <= 0}; empty when margin < 0.
-            c = below_margin - min(below_margin, count_le(sorted_row, n_neg, ap, 0.0));
-        }
-        case 4u: {
-            c = n_neg - below_margin;
-        }
-        default: {
-            c = n_neg;
-        }
-    }
-    pair_counts[pair] = c;
 }
 
 @compute @workgroup_size(64, 1, 1)

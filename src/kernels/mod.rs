@@ -5,7 +5,7 @@
 
 pub(crate) mod distance_tile;
 pub(crate) mod knn_select;
-pub(crate) mod negative_sort;
+pub(crate) mod negative_buckets;
 pub(crate) mod row_norms;
 pub(crate) mod triplet_lists;
 pub(crate) mod triplet_select;
@@ -27,7 +27,7 @@ use crate::transfer::checked;
 pub const WGSL_SOURCES: &[(&str, &str)] = &[
     ("distance_tile", distance_tile::SOURCE),
     ("knn_select", knn_select::SOURCE),
-    ("negative_sort", negative_sort::SOURCE),
+    ("negative_buckets", negative_buckets::SOURCE),
     ("row_norms", row_norms::SOURCE),
     ("triplet_lists", triplet_lists::SOURCE),
     ("triplet_select", triplet_select::SOURCE),
@@ -46,6 +46,8 @@ pub(crate) enum Binding {
 pub(crate) struct Pipeline {
     pub(crate) pipeline: wgpu::ComputePipeline,
     pub(crate) layout: wgpu::BindGroupLayout,
+    /// The `@binding` number of each buffer [`Pipeline::dispatch`] is given, in order.
+    slots: Vec<u32>,
 }
 
 impl Pipeline {
@@ -58,11 +60,25 @@ impl Pipeline {
         entry: &'static str,
         bindings: &[Binding],
     ) -> Result<Self> {
+        let slots: Vec<(u32, Binding)> = (0u32..).zip(bindings.iter().copied()).collect();
+        Self::with_slots(gpu, label, source, entry, &slots)
+    }
+
+    /// As [`Pipeline::new`], for an entry point that uses only some of its module's bindings:
+    /// `(binding number, kind)` of each, in the order `dispatch` gets the buffers. A module
+    /// whose entry points together bind more storage buffers than a stage may (8 by
+    /// default) gives each entry point only its own.
+    pub(crate) fn with_slots(
+        gpu: &GpuDevice,
+        label: &'static str,
+        source: &'static str,
+        entry: &'static str,
+        bindings: &[(u32, Binding)],
+    ) -> Result<Self> {
         let entries: Vec<wgpu::BindGroupLayoutEntry> = bindings
             .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupLayoutEntry {
-                binding: i as u32,
+            .map(|&(slot, b)| wgpu::BindGroupLayoutEntry {
+                binding: slot,
                 visibility: wgpu::ShaderStages::COMPUTE,
                 ty: wgpu::BindingType::Buffer {
                     ty: match b {
@@ -110,7 +126,11 @@ impl Pipeline {
                     },
                     cache: None,
                 });
-            Self { pipeline, layout }
+            Self {
+                pipeline,
+                layout,
+                slots: bindings.iter().map(|&(slot, _)| slot).collect(),
+            }
         })
     }
 
@@ -125,9 +145,9 @@ impl Pipeline {
     ) -> Result<()> {
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
+            .zip(&self.slots)
+            .map(|(b, &slot)| wgpu::BindGroupEntry {
+                binding: slot,
                 resource: b.as_entire_binding(),
             })
             .collect();

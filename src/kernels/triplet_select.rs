@@ -1,7 +1,6 @@
 //! Wrapper of `shaders/triplet_select.wgsl`: per-pair triplet counts (`count_scan`, a
-//! workgroup per pair scanning the negatives, or `count_sorted`, an invocation per pair
-//! searching the sorted negative values), then the triplets themselves (`emit`, an invocation
-//! per pair).
+//! workgroup per pair scanning the negatives), then the triplets themselves (`emit`, an
+//! invocation per pair).
 
 use crate::context::{GpuDevice, Kernel};
 use crate::error::{Error, Result};
@@ -22,8 +21,6 @@ pub(crate) const WORKGROUP_STORAGE: u64 = 64 * 4;
 pub(crate) struct Params {
     pub(crate) anchors: u32,
     pub(crate) refs: u32,
-    /// Row length of the sorted negative values (count pass).
-    pub(crate) sorted_stride: u32,
     pub(crate) mode: u32,
     pub(crate) inverted: u32,
     pub(crate) margin: f32,
@@ -31,6 +28,7 @@ pub(crate) struct Params {
     pub(crate) pair_lo: u32,
     /// One past the last pair of the dispatch.
     pub(crate) pair_hi: u32,
+    pub(crate) _pad0: u32,
     /// Offset of the window's first triplet, (low, high) words of a u64.
     pub(crate) start: [u32; 2],
     pub(crate) _pad: [u32; 2],
@@ -47,8 +45,6 @@ pub(crate) struct SelectBuffers<'a> {
     pub(crate) distances: &'a TrackedBuffer,
     pub(crate) positives: &'a TrackedBuffer,
     pub(crate) negatives: &'a TrackedBuffer,
-    /// Bound in place of `negatives` for [`Pass::CountSorted`].
-    pub(crate) sorted: &'a TrackedBuffer,
     pub(crate) list_counts: &'a TrackedBuffer,
     pub(crate) pair_base: &'a TrackedBuffer,
     pub(crate) pair_counts: &'a TrackedBuffer,
@@ -61,8 +57,6 @@ pub(crate) struct SelectBuffers<'a> {
 pub(crate) enum Pass {
     /// `count_scan`: a workgroup per pair.
     CountScan,
-    /// `count_sorted`: an invocation per pair, over sorted negative values.
-    CountSorted,
     /// `emit`: an invocation per pair.
     Emit,
 }
@@ -72,14 +66,13 @@ impl Pass {
     pub(crate) fn pairs_per_workgroup(self) -> u64 {
         match self {
             Pass::CountScan => 1,
-            Pass::CountSorted | Pass::Emit => WORKGROUP_SIZE,
+            Pass::Emit => WORKGROUP_SIZE,
         }
     }
 }
 
 pub(crate) struct TripletSelect {
     count_scan: Pipeline,
-    count_sorted: Pipeline,
     emit: Pipeline,
 }
 
@@ -96,13 +89,6 @@ impl Kernel for TripletSelect {
                 "triplet_select::count_scan",
                 SOURCE,
                 "count_scan",
-                &bindings,
-            )?,
-            count_sorted: Pipeline::new(
-                gpu,
-                "triplet_select::count_sorted",
-                SOURCE,
-                "count_sorted",
                 &bindings,
             )?,
             emit: Pipeline::new(gpu, "triplet_select::emit", SOURCE, "emit", &bindings)?,
@@ -139,10 +125,7 @@ impl TripletSelect {
             b.params.buffer(),
             b.distances.buffer(),
             b.positives.buffer(),
-            match pass {
-                Pass::CountSorted => b.sorted.buffer(),
-                Pass::CountScan | Pass::Emit => b.negatives.buffer(),
-            },
+            b.negatives.buffer(),
             b.list_counts.buffer(),
             b.pair_base.buffer(),
             b.pair_counts.buffer(),
@@ -151,7 +134,6 @@ impl TripletSelect {
         ];
         let (pipeline, label) = match pass {
             Pass::CountScan => (&self.count_scan, "triplet_select::count_scan"),
-            Pass::CountSorted => (&self.count_sorted, "triplet_select::count_sorted"),
             Pass::Emit => (&self.emit, "triplet_select::emit"),
         };
         pipeline.dispatch(gpu, encoder, label, &buffers, [x, y, 1])

@@ -7,7 +7,7 @@
 
 pub mod distance_tile;
 pub mod knn_select;
-pub mod negative_sort;
+pub mod negative_buckets;
 pub mod row_norms;
 pub mod triplet_lists;
 pub mod triplet_select;

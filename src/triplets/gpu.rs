@@ -4,10 +4,12 @@
 //! then `triplet_lists` gives every anchor its ascending positive and negative references.
 //! Every valid triplet is then `P_a × N_a`: the host reads the two lists back and expands
 //! them, which moves `O(b·m)` bytes instead of the `O(b·m²)` triplets. Margin rules count the
-//! kept triplets of each (anchor, positive) pair on the device (`triplet_select::count`),
-//! prefix-sum the counts on the host as `u64`, and let `triplet_select::emit` write the kept
-//! negatives of each pair at its offset, in windows of whole pairs that fit the output buffer;
-//! the host adds `(a, p)` to each negative.
+//! kept triplets of each (anchor, positive) pair on the device, prefix-sum the counts on the
+//! host as `u64`, and let the device write the kept negatives of each pair at its offset, in
+//! windows of whole pairs that fit the output buffer; the host adds `(a, p)` to each negative.
+//! Counting and emitting either test every (pair, negative) (`triplet_select`) or first
+//! group each anchor's negatives by the positives that keep them (`negative_buckets`), so
+//! that a pair's kept negatives are one run found by binary search.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -19,7 +21,7 @@ use crate::device_rows::{
 };
 use crate::error::{Error, Result};
 use crate::kernels::distance_tile;
-use crate::kernels::negative_sort::{self, NegativeSort, SortBuffers};
+use crate::kernels::negative_buckets::{self, BucketBuffers, NegativeBuckets, PairPass};
 use crate::kernels::triplet_lists::{self, ListBuffers, TripletLists};
 use crate::kernels::triplet_select::{self, words, Pass, SelectBuffers, TripletSelect};
 use crate::memory::TrackedBuffer;
@@ -41,8 +43,9 @@ struct Layout {
     pages: usize,
     /// Margin rule: per-pair counts on the device.
     counts: bool,
-    /// Counts by sorted negative values ([`sorts_negatives`]).
-    sorted: bool,
+    /// Counts and emits through `negative_buckets` ([`groups_negatives`]): the call's most
+    /// positives per anchor, else `None`.
+    grouped: Option<usize>,
     /// Negatives per output window of `emit`; 0 when the device emits nothing.
     out: usize,
     /// Every valid triplet, collected or streamed: both lists are read back.
@@ -65,20 +68,34 @@ impl Layout {
     fn pair_counts(&self) -> u64 {
         or_dummy(self.counts, self.matrix())
     }
-    /// Row length of the sorted negative values: enough for any anchor's negatives.
+    /// Row length of the sorted positive values (0 when not grouping).
     fn sort_width(&self) -> usize {
-        negative_sort::width(self.refs)
+        self.grouped.map_or(0, negative_buckets::width)
     }
     fn sorted(&self) -> u64 {
-        or_dummy(self.sorted, f32s(self.anchors * self.sort_width()))
+        or_dummy(
+            self.grouped.is_some(),
+            f32s(self.anchors * self.sort_width()),
+        )
     }
-    /// Uniform buffers of the sort: the gather and one per bitonic pass.
+    fn buckets(&self) -> u64 {
+        let stride = self.grouped.map_or(0, negative_buckets::stride);
+        or_dummy(self.grouped.is_some(), f32s(self.anchors * stride))
+    }
+    fn order(&self) -> u64 {
+        or_dummy(self.grouped.is_some(), self.matrix())
+    }
+    /// Each negative's bucket while grouping, then the emit's per-pair bitmaps.
+    fn scratch(&self) -> u64 {
+        self.order()
+    }
+    /// Pairs one emit dispatch may cover: as many bitmaps as `scratch` holds.
+    fn bitmap_pairs(&self) -> usize {
+        self.anchors * self.refs / negative_buckets::bitmap_words(self.refs)
+    }
+    /// Uniform buffers of the grouping: one per bitonic pass of the positive sort.
     fn sort_params(&self) -> usize {
-        if self.sorted {
-            1 + negative_sort::passes(self.sort_width()).len()
-        } else {
-            0
-        }
+        negative_buckets::passes(self.sort_width()).len()
     }
     /// Reads back the pair counts, the positives (when emitting), or both lists.
     fn staging(&self) -> u64 {
@@ -89,10 +106,11 @@ impl Layout {
         }
     }
     fn offsets(&self) -> u64 {
-        // One `vec2<u32>` per pair; at least one, since the shader's element is 8 bytes.
+        // One `vec2<u32>` per pair and one past the last; at least one, since the shader's
+        // element is 8 bytes.
         transfer::buffer_size(
             8 * if self.out > 0 {
-                self.anchors * self.refs
+                self.anchors * self.refs + 1
             } else {
                 1
             } as u64,
@@ -107,6 +125,7 @@ impl Layout {
         let mut buffers = vec![
             uniform_size::<triplet_lists::Params>(),
             uniform_size::<triplet_select::Params>(),
+            uniform_size::<negative_buckets::Params>(),
             f32s(self.refs),    // ref labels
             f32s(self.anchors), // anchor labels
             f32s(self.anchors), // self slots
@@ -114,6 +133,9 @@ impl Layout {
             self.matrix(),      // negatives
             self.pair_counts(),
             self.sorted(),
+            self.buckets(),
+            self.order(),
+            self.scratch(),
             self.staging(),
             f32s(2 * self.anchors), // list counts
             f32s(2 * self.anchors), // list-count staging
@@ -123,7 +145,7 @@ impl Layout {
             self.out(), // output staging
         ];
         buffers.extend(std::iter::repeat_n(
-            uniform_size::<negative_sort::Params>(),
+            uniform_size::<negative_buckets::Params>(),
             self.sort_params(),
         ));
         if self.dim4 > 0 {
@@ -137,17 +159,22 @@ impl Layout {
         Footprint {
             bytes: buffers.iter().sum(),
             largest_buffer: buffers.iter().copied().max().unwrap_or(0),
-            // triplet_lists runs one workgroup per anchor (tiles need fewer); the sort's
-            // gather folds anchors × width invocations into a 2-D grid, whose side is the
-            // square root.
-            workgroups: (self.anchors as u64).max(if self.sorted {
-                let groups = (self.anchors * self.sort_width()) as u64;
-                groups.div_ceil(negative_sort::WORKGROUP_SIZE).isqrt() + 1
+            // triplet_lists runs one workgroup per anchor (tiles need fewer); the grouping
+            // folds anchors × (sort width or negatives) invocations into a 2-D grid, whose
+            // side is the square root.
+            workgroups: (self.anchors as u64).max(if self.grouped.is_some() {
+                let groups = (self.anchors * self.sort_width().max(self.refs)) as u64;
+                groups.div_ceil(negative_buckets::WORKGROUP_SIZE).isqrt() + 1
             } else {
                 0
             }),
             workgroup_storage: distance_tile::WORKGROUP_STORAGE
-                .max(triplet_select::WORKGROUP_STORAGE),
+                .max(triplet_select::WORKGROUP_STORAGE)
+                .max(if self.grouped.is_some() {
+                    negative_buckets::WORKGROUP_STORAGE
+                } else {
+                    0
+                }),
         }
     }
 }
@@ -170,7 +197,7 @@ fn plan(
         dim4: refs.map_or(0, |r| r.0),
         pages: refs.map_or(0, |r| r.1),
         counts: margin,
-        sorted: sorts_negatives(problem),
+        grouped: groups_negatives(problem, emit),
         out: 0,
         host_lists: emit && !margin,
     };
@@ -203,6 +230,7 @@ fn plan(
 struct Buffers {
     lists_params: TrackedBuffer,
     select_params: TrackedBuffer,
+    bucket_params: TrackedBuffer,
     ref_labels: TrackedBuffer,
     anchor_labels: TrackedBuffer,
     self_slots: TrackedBuffer,
@@ -212,6 +240,9 @@ struct Buffers {
     negatives: TrackedBuffer,
     pair_counts: TrackedBuffer,
     sorted: TrackedBuffer,
+    buckets: TrackedBuffer,
+    order: TrackedBuffer,
+    scratch: TrackedBuffer,
     sort_params: Vec<TrackedBuffer>,
     staging: Staging,
     list_counts: TrackedBuffer,
@@ -241,6 +272,10 @@ impl Buffers {
                 "mine_triplets::select_params",
                 uniform_size::<triplet_select::Params>(),
             )?,
+            bucket_params: uniform(
+                "mine_triplets::bucket_params",
+                uniform_size::<negative_buckets::Params>(),
+            )?,
             ref_labels: make("mine_triplets::ref_labels", f32s(l.refs))?,
             anchor_labels: make("mine_triplets::anchor_labels", f32s(l.anchors))?,
             self_slots: make("mine_triplets::self_slots", f32s(l.anchors))?,
@@ -252,11 +287,14 @@ impl Buffers {
             negatives: output("mine_triplets::negatives", l.matrix())?,
             pair_counts: output("mine_triplets::pair_counts", l.pair_counts())?,
             sorted: output("mine_triplets::sorted", l.sorted())?,
+            buckets: output("mine_triplets::buckets", l.buckets())?,
+            order: output("mine_triplets::order", l.order())?,
+            scratch: output("mine_triplets::scratch", l.scratch())?,
             sort_params: (0..l.sort_params())
                 .map(|_| {
                     uniform(
                         "mine_triplets::sort_params",
-                        uniform_size::<negative_sort::Params>(),
+                        uniform_size::<negative_buckets::Params>(),
                     )
                 })
                 .collect::<Result<_>>()?,
@@ -270,25 +308,49 @@ impl Buffers {
         })
     }
 
-    /// The select kernel's buffers; only margin rules select, and they always have distances.
-    fn select(&self) -> Result<SelectBuffers<'_>> {
+    /// The chunk's distances; only margin rules select, and they always have them.
+    fn distances(&self) -> Result<&TrackedBuffer> {
         let distance = self.distance.as_ref().ok_or(Error::InvalidParameter {
             op: OP,
             what: "embeddings",
             value: "None".into(),
             rule: "this miner compares distances and needs embeddings",
         })?;
+        Ok(&distance.distances)
+    }
+
+    /// The select kernel's buffers.
+    fn select(&self) -> Result<SelectBuffers<'_>> {
         Ok(SelectBuffers {
             params: &self.select_params,
-            distances: &distance.distances,
+            distances: self.distances()?,
             positives: &self.positives,
             negatives: &self.negatives,
-            sorted: &self.sorted,
             list_counts: &self.list_counts,
             pair_base: &self.pair_base,
             pair_counts: &self.pair_counts,
             offsets: &self.offsets,
             out: &self.out,
+        })
+    }
+
+    /// The grouping kernel's buffers.
+    fn buckets(&self) -> Result<BucketBuffers<'_>> {
+        Ok(BucketBuffers {
+            params: &self.bucket_params,
+            sort_params: &self.sort_params,
+            distances: self.distances()?,
+            positives: &self.positives,
+            negatives: &self.negatives,
+            list_counts: &self.list_counts,
+            pair_base: &self.pair_base,
+            sorted: &self.sorted,
+            buckets: &self.buckets,
+            order: &self.order,
+            pair_counts: &self.pair_counts,
+            offsets: &self.offsets,
+            out: &self.out,
+            scratch: &self.scratch,
         })
     }
 }
@@ -325,36 +387,55 @@ impl ChunkLists {
     }
 }
 
-/// Cost of one bitonic compare-exchange in scan checks: measured on lavapipe at
-/// (128 anchors, 4096 refs), 78 passes sorting 2·10⁷ pairs took 175 ms against 73 ms for a
-/// 2.1·10⁷-check scan; more passes and more memory traffic per operation.
-const SORT_OP_COST: u64 = 3;
+/// Costs in scan checks (one (pair, negative) test of `triplet_select`), measured on lavapipe
+/// at (128, 4096) and (1000, 1000), 100 classes: a scan pair also pays its workgroup's
+/// reduction (`SCAN_PAIR`); grouping pays per compare-exchange of the positive sort
+/// (`SORT_OP`), per negative (`NEGATIVE`, plus two binary-search steps per doubling of the
+/// positives), and about a dozen dispatches per chunk (`GROUPING_DISPATCHES`, ~50 µs each).
+const SCAN_PAIR: u64 = 600;
+const SORT_OP: u64 = 7;
+const NEGATIVE: u64 = 4;
+const GROUPING_DISPATCHES: u64 = 12 * 8_000;
 
-/// Whether a margin rule counts by sorting each anchor's negatives (then two binary searches
-/// per pair) rather than scanning every (pair, negative): decided once per call from the
-/// class sizes, by comparing `Σ P_a·N_a` checks with the sort's compare-exchanges. Many
-/// positives per anchor (few classes, large banks) favour sorting.
-fn sorts_negatives(problem: &Problem<'_>) -> bool {
+/// The call's most positives per anchor if a margin rule groups the negatives
+/// (`negative_buckets`) rather than testing every (pair, negative): decided once per call
+/// from the class sizes by the cost model above, counting the emit's second scan (or its
+/// bitmap pass) when `emit`. Anything but one or two positives per anchor favours grouping.
+fn groups_negatives(problem: &Problem<'_>, emit: bool) -> Option<usize> {
     if !matches!(problem.rule, TripletRule::Margin { .. }) {
-        return false;
+        return None;
     }
-    match problem.count_method {
+    let (mut scan, mut pairs, mut negatives, mut bitmaps) = (0, 0, 0, 0);
+    let (mut most_pos, mut most_neg) = (0, 0);
+    for (p, n) in list_sizes(&problem.set) {
+        scan += p * (n + SCAN_PAIR) + if emit { p * n } else { 0 };
+        pairs += p;
+        negatives += n;
+        bitmaps += if emit { p * n.div_ceil(32) * 2 } else { 0 };
+        most_pos = most_pos.max(p);
+        most_neg = most_neg.max(n);
+    }
+    let grouped = match problem.count_method {
         CountMethod::Scan => false,
         CountMethod::Sorted => true,
         CountMethod::Auto => {
-            let (mut scan, mut pairs, mut most) = (0u64, 0u64, 0u64);
-            for (p, n) in list_sizes(&problem.set) {
-                scan += p * n;
-                pairs += p;
-                most = most.max(n);
-            }
-            let width = negative_sort::width(most as usize) as u64;
-            let passes = negative_sort::passes(width as usize).len() as u64;
+            let width = negative_buckets::width(most_pos as usize) as u64;
+            let log = |x: u64| u64::from(x.max(2).ilog2()) + 1;
             let anchors = problem.set.labels.len() as u64;
-            let searches = 2 * pairs * u64::from(width.ilog2());
-            anchors * width / 2 * passes * SORT_OP_COST + searches < scan
+            let sort = anchors * width / 2 * (log(width) * (log(width) - 1) / 2) * SORT_OP;
+            let per_negative = negatives * (NEGATIVE + 2 * log(width));
+            let per_pair = pairs * 4 * log(most_neg);
+            sort + per_negative + per_pair + bitmaps + GROUPING_DISPATCHES <= scan
         }
-    }
+    };
+    grouped.then_some(most_pos as usize)
+}
+
+/// A per-pair entry point of either kernel.
+#[derive(Clone, Copy)]
+enum PairKernel {
+    Select(Pass),
+    Buckets(PairPass),
 }
 
 /// The kernels, buffers and plan of one mining call.
@@ -367,8 +448,9 @@ struct Miner<'p, 'd> {
     buf: Buffers,
     lists: Arc<TripletLists>,
     select: Arc<TripletSelect>,
-    sort: Arc<NegativeSort>,
+    buckets: Arc<NegativeBuckets>,
     select_params: triplet_select::Params,
+    bucket_params: negative_buckets::Params,
 }
 
 impl<'p, 'd> Miner<'p, 'd> {
@@ -426,12 +508,12 @@ impl<'p, 'd> Miner<'p, 'd> {
         let select_params = triplet_select::Params {
             anchors: 0,
             refs: m as u32,
-            sorted_stride: 0,
             mode: problem.rule.mode(),
             inverted: u32::from(problem.distance.distance.is_similarity()),
             margin: problem.rule.margin(),
             pair_lo: 0,
             pair_hi: 0,
+            _pad0: 0,
             start: [0; 2],
             _pad: [0; 2],
         };
@@ -444,7 +526,15 @@ impl<'p, 'd> Miner<'p, 'd> {
             buf,
             lists: gpu.kernel::<TripletLists>()?,
             select: gpu.kernel::<TripletSelect>()?,
-            sort: gpu.kernel::<NegativeSort>()?,
+            buckets: gpu.kernel::<NegativeBuckets>()?,
+            bucket_params: negative_buckets::Params {
+                refs: m as u32,
+                bitmap_words: negative_buckets::bitmap_words(m) as u32,
+                mode: select_params.mode,
+                inverted: select_params.inverted,
+                margin: select_params.margin,
+                ..Default::default()
+            },
             select_params,
         })
     }
@@ -528,63 +618,87 @@ impl<'p, 'd> Miner<'p, 'd> {
 
     /// Runs `pass` over `pairs`, split into dispatches that fit a 2-D grid of the device
     /// (`limit²` workgroups), each with its own `[pair_lo, pair_hi)` in the uniform block.
-    fn dispatch_pairs(&mut self, pass: Pass, pairs: Range<u32>) -> Result<()> {
+    fn dispatch_pairs(&mut self, pass: PairKernel, pairs: Range<u32>) -> Result<()> {
         let gpu = self.gpu;
         let limit = u64::from(gpu.limits.max_compute_workgroups_per_dimension);
-        let step = (limit * limit * pass.pairs_per_workgroup()).min(u64::from(u32::MAX)) as u32;
+        let per_workgroup = match pass {
+            PairKernel::Select(p) => p.pairs_per_workgroup(),
+            PairKernel::Buckets(_) => negative_buckets::WORKGROUP_SIZE,
+        };
+        let mut step = (limit * limit * per_workgroup).min(u64::from(u32::MAX)) as u32;
+        if let PairKernel::Buckets(PairPass::Emit) = pass {
+            // Each pair of an emit dispatch has its own bitmap in `scratch`.
+            step = step.min(self.layout.bitmap_pairs().max(1) as u32);
+        }
         let mut lo = pairs.start;
         while lo < pairs.end {
             let hi = lo.saturating_add(step).min(pairs.end);
-            self.select_params.pair_lo = lo;
-            self.select_params.pair_hi = hi;
-            transfer::write(gpu, &self.buf.select_params, 0, &[self.select_params])?;
-            let mut enc = encoder(gpu, "mine_triplets::select");
-            self.select
-                .encode(gpu, &mut enc, pass, u64::from(hi - lo), &self.buf.select()?)?;
+            let n = u64::from(hi - lo);
+            let mut enc = encoder(gpu, "mine_triplets::pairs");
+            match pass {
+                PairKernel::Select(p) => {
+                    self.select_params.pair_lo = lo;
+                    self.select_params.pair_hi = hi;
+                    transfer::write(gpu, &self.buf.select_params, 0, &[self.select_params])?;
+                    self.select
+                        .encode(gpu, &mut enc, p, n, &self.buf.select()?)?;
+                }
+                PairKernel::Buckets(p) => {
+                    self.bucket_params.pair_lo = lo;
+                    self.bucket_params.pair_hi = hi;
+                    transfer::write(gpu, &self.buf.bucket_params, 0, &[self.bucket_params])?;
+                    self.buckets
+                        .encode_pairs(gpu, &mut enc, p, n, &self.buf.buckets()?)?;
+                }
+            }
             transfer::submit_and_wait(gpu, enc)?;
             lo = hi;
         }
         Ok(())
     }
 
-    /// Sorts each anchor's negative values (rows as wide as the chunk's most negatives need)
-    /// for the binary-search count.
-    fn sort_negatives(&mut self, rows: usize, lists: &ChunkLists) -> Result<()> {
-        let most = (0..rows).map(|a| lists.negatives_of(a)).max().unwrap_or(0);
-        let width = negative_sort::width(most as usize);
-        let passes = negative_sort::passes(width);
+    /// Groups each anchor's negatives by the positives that keep them (`negative_buckets`:
+    /// the positive values sorted in rows of the call's width, then a counting sort of the
+    /// negatives into `order`).
+    fn group_negatives(&mut self, rows: usize, lists: &ChunkLists, most_pos: usize) -> Result<()> {
+        let most_neg = (0..rows).map(|a| lists.negatives_of(a)).max().unwrap_or(0);
+        let width = negative_buckets::width(most_pos);
+        let stride = negative_buckets::stride(most_pos);
         let gpu = self.gpu;
-        let base = negative_sort::Params {
+        self.bucket_params = negative_buckets::Params {
             anchors: rows as u32,
-            refs: self.layout.refs as u32,
             width: width as u32,
-            k: 0,
-            j: 0,
-            _pad: [0; 3],
+            stride: stride as u32,
+            span: most_neg,
+            ..self.bucket_params
         };
-        let steps = std::iter::once((0, 0)).chain(passes.iter().copied());
-        for (buffer, (k, j)) in self.buf.sort_params.iter().zip(steps) {
-            transfer::write(gpu, buffer, 0, &[negative_sort::Params { k, j, ..base }])?;
+        transfer::write(gpu, &self.buf.bucket_params, 0, &[self.bucket_params])?;
+        let passes = negative_buckets::passes(width);
+        for (buffer, &(k, j)) in self.buf.sort_params.iter().zip(&passes) {
+            let pass = negative_buckets::Params {
+                k,
+                j,
+                ..self.bucket_params
+            };
+            transfer::write(gpu, buffer, 0, &[pass])?;
         }
         transfer::fill_sentinel(self.ctx, gpu, &self.buf.sorted, f32s(rows * width))?;
-        let distances = self.buf.select()?.distances;
-        let mut enc = encoder(gpu, "mine_triplets::sort");
-        self.sort.encode(
+        transfer::fill_sentinel(
+            self.ctx,
+            gpu,
+            &self.buf.order,
+            f32s(rows * self.layout.refs),
+        )?;
+        let mut enc = encoder(gpu, "mine_triplets::group");
+        // The counters must start at zero (the sentinel would be a wrong count).
+        enc.clear_buffer(self.buf.buckets.buffer(), 0, Some(f32s(rows * stride)));
+        self.buckets.encode_grouping(
             gpu,
             &mut enc,
-            rows as u64,
-            width as u64,
-            &SortBuffers {
-                params: &self.buf.sort_params,
-                distances,
-                negatives: &self.buf.negatives,
-                list_counts: &self.buf.list_counts,
-                sorted: &self.buf.sorted,
-            },
+            (rows as u64, width as u64, u64::from(most_neg)),
+            &self.buf.buckets()?,
         )?;
-        transfer::submit_and_wait(gpu, enc)?;
-        self.select_params.sorted_stride = width as u32;
-        Ok(())
+        transfer::submit_and_wait(gpu, enc)
     }
 
     /// Kept triplets of every pair of the chunk, in pair order; uploads `pair_base`.
@@ -602,11 +716,12 @@ impl<'p, 'd> Miner<'p, 'd> {
         let gpu = self.gpu;
         transfer::write(gpu, &self.buf.pair_base, 0, &pair_base)?;
         self.select_params.anchors = rows as u32;
-        let pass = if self.layout.sorted {
-            self.sort_negatives(rows, lists)?;
-            Pass::CountSorted
-        } else {
-            Pass::CountScan
+        let pass = match self.layout.grouped {
+            Some(most_pos) => {
+                self.group_negatives(rows, lists, most_pos)?;
+                PairKernel::Buckets(PairPass::Count)
+            }
+            None => PairKernel::Select(Pass::CountScan),
         };
         let sentinel_bytes = f32s(pairs as usize);
         transfer::fill_sentinel(self.ctx, gpu, &self.buf.pair_counts, sentinel_bytes)?;
@@ -650,13 +765,20 @@ impl<'p, 'd> Miner<'p, 'd> {
             }
             at += c;
         }
+        // One past the last pair: `negative_buckets` reads each pair's count as the difference.
+        offsets.push(words(at));
         transfer::write(gpu, &self.buf.offsets, 0, &offsets)?;
+        let pass = match self.layout.grouped {
+            Some(_) => PairKernel::Buckets(PairPass::Emit),
+            None => PairKernel::Select(Pass::Emit),
+        };
         writer.reserve(at);
         for (pairs, span) in windows.into_iter().filter(|(_, s)| !s.is_empty()) {
             let len = (span.end - span.start) as usize;
             self.select_params.start = words(span.start);
+            self.bucket_params.start = words(span.start);
             transfer::fill_sentinel(self.ctx, gpu, &self.buf.out, f32s(len))?;
-            self.dispatch_pairs(Pass::Emit, pairs.clone())?;
+            self.dispatch_pairs(pass, pairs.clone())?;
             let mut enc = encoder(gpu, "mine_triplets::emit_readback");
             self.buf
                 .out_staging

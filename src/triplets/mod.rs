@@ -94,7 +94,7 @@ impl TripletRule {
     }
 
     /// How many of `sorted` (one anchor's negative values, ascending) this rule keeps against
-    /// `ap`: the host twin of `triplet_select`'s `count`. Each rule keeps an interval of `tm`,
+    /// `ap` (the native path's sorted count). Each rule keeps an interval of `tm`,
     /// and `tm` is monotone in the negative's value (f32 subtraction rounds monotonically), so
     /// each bound is one binary search evaluating exactly [`Self::keeps`]'s expression.
     pub(crate) fn count_sorted(&self, sorted: &[f32], ap: f32, similarity: bool) -> u64 {
@@ -171,8 +171,9 @@ pub struct TripletConfig {
     pub count_method: CountMethod,
 }
 
-/// How margin rules count the kept triplets of each (anchor, positive) pair (before emitting
-/// them, or as the whole answer of [`count_triplets`]). Both are exact.
+/// How margin rules find the kept triplets of each (anchor, positive) pair (to count them,
+/// as the whole answer of [`count_triplets`] or before emitting them). All are exact and give
+/// the same triplets in the same order.
 ///
 /// # Example
 /// ```
@@ -190,15 +191,19 @@ pub struct TripletConfig {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CountMethod {
-    /// The cheaper of the two by a cost model: sorting wins with many positives per anchor
-    /// (few classes, large banks). The native path decides per anchor (sorting above 16
-    /// positives).
+    /// The cheaper of the two by a cost model of the class sizes: sorting wins unless anchors
+    /// have only one or two positives. The wgpu path decides per call, the native path per
+    /// anchor (sorting above 16 positives).
     #[default]
     Auto,
-    /// Test every (positive, negative) candidate: `O(P·N)` per anchor.
+    /// Test every (positive, negative) candidate: `O(P·N)` per anchor, to count and again to
+    /// emit.
     Scan,
-    /// Sort the anchor's negative values once, then two binary searches per positive:
-    /// `O(N log² N + P log N)` per anchor on the GPU (bitonic), `O((N + P) log N)` natively.
+    /// Sort values once per anchor, then binary searches. On the GPU the anchor's positive
+    /// values are sorted and its negatives grouped by the positives that keep them, so that
+    /// each pair's kept negatives are one run: `O(P log² P + N log P)` per anchor, then
+    /// `O(log N)` to count a pair and `O(N/32 + c)` to emit its `c` triplets. Natively the
+    /// negative values are sorted: `O((N + P) log N)` per anchor to count.
     Sorted,
 }
 

@@ -1,0 +1,372 @@
+//! Wrapper of `shaders/negative_buckets.wgsl`: each anchor's negatives grouped by the
+//! positives that keep them (its positive values sorted, then a counting sort of the
+//! negatives), so that each (anchor, positive) pair counts and emits its kept negatives
+//! without testing every one.
+
+use crate::context::{GpuDevice, Kernel};
+use crate::error::{Error, Result};
+use crate::kernels::{grid_2d, Binding, Pipeline};
+use crate::memory::TrackedBuffer;
+
+pub(crate) const SOURCE: &str = include_str!("../../shaders/negative_buckets.wgsl");
+
+/// Invocations per workgroup; `WORKGROUP_SIZE` in the shader.
+pub(crate) const WORKGROUP_SIZE: u64 = 64;
+
+/// The kernel's uniform block, laid out as `Params` in the shader.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct Params {
+    pub(crate) anchors: u32,
+    pub(crate) refs: u32,
+    /// Row length of the sorted positive values ([`width`]).
+    pub(crate) width: u32,
+    /// Row length of the bucket counters ([`stride`]).
+    pub(crate) stride: u32,
+    /// Negatives per anchor the per-negative passes cover.
+    pub(crate) span: u32,
+    /// Bitonic pass: sequence length and compare distance.
+    pub(crate) k: u32,
+    pub(crate) j: u32,
+    pub(crate) mode: u32,
+    pub(crate) inverted: u32,
+    pub(crate) margin: f32,
+    /// Pairs of a count or emit dispatch: `[pair_lo, pair_hi)`.
+    pub(crate) pair_lo: u32,
+    pub(crate) pair_hi: u32,
+    /// Offset of the emit window's first triplet, (low, high) words of a u64.
+    pub(crate) start: [u32; 2],
+    /// Emit: words of one pair's bitmap ([`bitmap_words`]).
+    pub(crate) bitmap_words: u32,
+    pub(crate) _pad: u32,
+}
+
+/// Rows of sorted positive values up to this wide sort in workgroup memory, in one dispatch
+/// (`LOCAL_WIDTH` in the shader); wider rows take one dispatch per bitonic pass.
+pub(crate) const LOCAL_WIDTH: usize = 2048;
+
+/// Workgroup memory the kernel declares: one row of [`LOCAL_WIDTH`] values.
+pub(crate) const WORKGROUP_STORAGE: u64 = LOCAL_WIDTH as u64 * 4;
+
+/// Words of one pair's bitmap over `refs` references.
+pub(crate) fn bitmap_words(refs: usize) -> usize {
+    refs.div_ceil(32).max(1)
+}
+
+/// Row length of the sorted positive values for anchors with at most `positives`
+/// positives: the next power of two (bitonic sorting needs one), at least 2.
+pub(crate) fn width(positives: usize) -> usize {
+    positives.next_power_of_two().max(2)
+}
+
+/// Row length of the bucket counters for anchors with at most `positives` positives: a
+/// negative's bucket is in `0 ..= 2 · positives`.
+pub(crate) fn stride(positives: usize) -> usize {
+    2 * positives + 1
+}
+
+/// The bitonic passes `(k, j)` that sort rows of `width` values, in order, each its own
+/// dispatch; none when the rows sort in workgroup memory ([`LOCAL_WIDTH`]).
+pub(crate) fn passes(width: usize) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    if width <= LOCAL_WIDTH {
+        return out;
+    }
+    let mut k = 2;
+    while k <= width {
+        let mut j = k / 2;
+        while j >= 1 {
+            out.push((k as u32, j as u32));
+            j /= 2;
+        }
+        k *= 2;
+    }
+    out
+}
+
+/// Buffers of the kernel, named as in the shader.
+pub(crate) struct BucketBuffers<'a> {
+    /// Gather, bucket, starts, scatter, count and emit read `params`; sort pass `i` reads
+    /// `sort_params[i]`.
+    pub(crate) params: &'a TrackedBuffer,
+    pub(crate) sort_params: &'a [TrackedBuffer],
+    pub(crate) distances: &'a TrackedBuffer,
+    pub(crate) positives: &'a TrackedBuffer,
+    pub(crate) negatives: &'a TrackedBuffer,
+    pub(crate) list_counts: &'a TrackedBuffer,
+    pub(crate) pair_base: &'a TrackedBuffer,
+    pub(crate) sorted: &'a TrackedBuffer,
+    pub(crate) buckets: &'a TrackedBuffer,
+    pub(crate) order: &'a TrackedBuffer,
+    pub(crate) pair_counts: &'a TrackedBuffer,
+    pub(crate) offsets: &'a TrackedBuffer,
+    pub(crate) out: &'a TrackedBuffer,
+    pub(crate) scratch: &'a TrackedBuffer,
+}
+
+/// A per-pair entry point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PairPass {
+    Count,
+    Emit,
+}
+
+pub(crate) struct NegativeBuckets {
+    gather: Pipeline,
+    sort_local: Pipeline,
+    step: Pipeline,
+    bucket: Pipeline,
+    starts: Pipeline,
+    scatter: Pipeline,
+    count: Pipeline,
+    emit: Pipeline,
+}
+
+/// Binding numbers of the shader's buffers.
+mod slot {
+    pub(super) const PARAMS: u32 = 0;
+    pub(super) const DISTANCES: u32 = 1;
+    pub(super) const POSITIVES: u32 = 2;
+    pub(super) const NEGATIVES: u32 = 3;
+    pub(super) const LIST_COUNTS: u32 = 4;
+    pub(super) const PAIR_BASE: u32 = 5;
+    pub(super) const SORTED: u32 = 6;
+    pub(super) const BUCKETS: u32 = 7;
+    pub(super) const ORDER: u32 = 8;
+    pub(super) const PAIR_COUNTS: u32 = 9;
+    pub(super) const OFFSETS: u32 = 10;
+    pub(super) const OUT: u32 = 11;
+    pub(super) const BUCKET_WORDS: u32 = 12;
+    pub(super) const SCRATCH: u32 = 13;
+}
+
+/// The bindings each entry point uses: no entry point binds more than 8 storage buffers.
+const GATHER: &[u32] = &[
+    slot::PARAMS,
+    slot::DISTANCES,
+    slot::POSITIVES,
+    slot::LIST_COUNTS,
+    slot::SORTED,
+];
+const SORT: &[u32] = &[slot::PARAMS, slot::SORTED];
+const BUCKET: &[u32] = &[
+    slot::PARAMS,
+    slot::DISTANCES,
+    slot::NEGATIVES,
+    slot::LIST_COUNTS,
+    slot::SORTED,
+    slot::BUCKETS,
+    slot::SCRATCH,
+];
+const STARTS: &[u32] = &[slot::PARAMS, slot::LIST_COUNTS, slot::BUCKET_WORDS];
+const SCATTER: &[u32] = &[
+    slot::PARAMS,
+    slot::NEGATIVES,
+    slot::LIST_COUNTS,
+    slot::BUCKETS,
+    slot::ORDER,
+    slot::SCRATCH,
+];
+const COUNT: &[u32] = &[
+    slot::PARAMS,
+    slot::DISTANCES,
+    slot::POSITIVES,
+    slot::LIST_COUNTS,
+    slot::PAIR_BASE,
+    slot::ORDER,
+    slot::PAIR_COUNTS,
+];
+const EMIT: &[u32] = &[
+    slot::PARAMS,
+    slot::DISTANCES,
+    slot::POSITIVES,
+    slot::LIST_COUNTS,
+    slot::PAIR_BASE,
+    slot::ORDER,
+    slot::OFFSETS,
+    slot::OUT,
+    slot::SCRATCH,
+];
+
+/// How the shader declares binding `slot`.
+fn kind(slot: u32) -> Binding {
+    match slot {
+        slot::PARAMS => Binding::Uniform,
+        slot::SORTED
+        | slot::BUCKETS
+        | slot::ORDER
+        | slot::PAIR_COUNTS
+        | slot::OUT
+        | slot::BUCKET_WORDS
+        | slot::SCRATCH => Binding::ReadWrite,
+        _ => Binding::ReadOnly,
+    }
+}
+
+impl Kernel for NegativeBuckets {
+    fn build(gpu: &GpuDevice) -> Result<Self> {
+        let pipeline = |label, entry, slots: &[u32]| {
+            let bindings: Vec<(u32, Binding)> = slots.iter().map(|&s| (s, kind(s))).collect();
+            Pipeline::with_slots(gpu, label, SOURCE, entry, &bindings)
+        };
+        Ok(Self {
+            gather: pipeline("negative_buckets::gather", "gather", GATHER)?,
+            sort_local: pipeline("negative_buckets::sort_local", "sort_local", SORT)?,
+            step: pipeline("negative_buckets::step", "step", SORT)?,
+            bucket: pipeline("negative_buckets::bucket", "bucket", BUCKET)?,
+            starts: pipeline("negative_buckets::starts", "starts", STARTS)?,
+            scatter: pipeline("negative_buckets::scatter", "scatter", SCATTER)?,
+            count: pipeline("negative_buckets::count", "count", COUNT)?,
+            emit: pipeline("negative_buckets::emit", "emit", EMIT)?,
+        })
+    }
+}
+
+impl BucketBuffers<'_> {
+    /// The buffers of `slots`, in order, with `params` as the uniform block.
+    fn bind<'b>(&'b self, params: &'b TrackedBuffer, slots: &[u32]) -> Vec<&'b wgpu::Buffer> {
+        slots
+            .iter()
+            .map(|&s| {
+                match s {
+                    slot::PARAMS => params,
+                    slot::DISTANCES => self.distances,
+                    slot::POSITIVES => self.positives,
+                    slot::NEGATIVES => self.negatives,
+                    slot::LIST_COUNTS => self.list_counts,
+                    slot::PAIR_BASE => self.pair_base,
+                    slot::SORTED => self.sorted,
+                    slot::ORDER => self.order,
+                    slot::PAIR_COUNTS => self.pair_counts,
+                    slot::OFFSETS => self.offsets,
+                    slot::BUCKETS | slot::BUCKET_WORDS => self.buckets,
+                    slot::SCRATCH => self.scratch,
+                    _ => self.out,
+                }
+                .buffer()
+            })
+            .collect()
+    }
+}
+
+/// A 2-D grid of 64-wide workgroups covering `invocations` (flattened by the shader).
+fn grid(gpu: &GpuDevice, invocations: u64) -> Result<[u32; 3]> {
+    let limit = gpu.limits.max_compute_workgroups_per_dimension;
+    let (x, y) = grid_2d(invocations.div_ceil(WORKGROUP_SIZE), limit);
+    if y > limit {
+        return Err(Error::DeviceLimit {
+            op: "negative_buckets",
+            what: "max_compute_workgroups_per_dimension",
+            requested: u64::from(y),
+            limit: u64::from(limit),
+        });
+    }
+    Ok([x, y, 1])
+}
+
+impl NegativeBuckets {
+    /// Records the grouping of `anchors` anchors' negatives: the positive sort over rows of
+    /// `width` (in workgroup memory, or pass by pass), then bucket, starts and scatter over
+    /// `span` negatives per anchor. The bucket counters must be zero; the params buffers must
+    /// already hold [`Params`] (sort pass `i`: `k, j` of [`passes`]).
+    pub(crate) fn encode_grouping(
+        &self,
+        gpu: &GpuDevice,
+        encoder: &mut wgpu::CommandEncoder,
+        (anchors, width, span): (u64, u64, u64),
+        b: &BucketBuffers<'_>,
+    ) -> Result<()> {
+        let passes = passes(width as usize).len();
+        let Some(sort_params) = b.sort_params.get(..passes) else {
+            return Err(Error::InvalidParameter {
+                op: "negative_buckets",
+                what: "sort params buffers",
+                value: b.sort_params.len().to_string(),
+                rule: "one per bitonic pass",
+            });
+        };
+        let buffers = b.bind(b.params, GATHER);
+        let groups = grid(gpu, anchors * width)?;
+        self.gather
+            .dispatch(gpu, encoder, "negative_buckets::gather", &buffers, groups)?;
+        if width as usize <= LOCAL_WIDTH {
+            let buffers = b.bind(b.params, SORT);
+            let limit = gpu.limits.max_compute_workgroups_per_dimension;
+            let (x, y) = grid_2d(anchors, limit);
+            self.sort_local.dispatch(
+                gpu,
+                encoder,
+                "negative_buckets::sort_local",
+                &buffers,
+                [x, y, 1],
+            )?;
+        }
+        for params in sort_params {
+            let buffers = b.bind(params, SORT);
+            let groups = grid(gpu, anchors * width / 2)?;
+            self.step
+                .dispatch(gpu, encoder, "negative_buckets::step", &buffers, groups)?;
+        }
+        let per_negative = anchors * span;
+        for (pipeline, label, slots, invocations) in [
+            (
+                &self.bucket,
+                "negative_buckets::bucket",
+                BUCKET,
+                per_negative,
+            ),
+            (&self.starts, "negative_buckets::starts", STARTS, anchors),
+            (
+                &self.scatter,
+                "negative_buckets::scatter",
+                SCATTER,
+                per_negative,
+            ),
+        ] {
+            let buffers = b.bind(b.params, slots);
+            pipeline.dispatch(gpu, encoder, label, &buffers, grid(gpu, invocations)?)?;
+        }
+        Ok(())
+    }
+
+    /// Records `pass` over the pairs `[params.pair_lo, params.pair_hi)`, `pairs` of them.
+    pub(crate) fn encode_pairs(
+        &self,
+        gpu: &GpuDevice,
+        encoder: &mut wgpu::CommandEncoder,
+        pass: PairPass,
+        pairs: u64,
+        b: &BucketBuffers<'_>,
+    ) -> Result<()> {
+        let (pipeline, label, slots) = match pass {
+            PairPass::Count => (&self.count, "negative_buckets::count", COUNT),
+            PairPass::Emit => (&self.emit, "negative_buckets::emit", EMIT),
+        };
+        let buffers = b.bind(b.params, slots);
+        pipeline.dispatch(gpu, encoder, label, &buffers, grid(gpu, pairs)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passes_are_the_bitonic_network() {
+        assert!(passes(LOCAL_WIDTH).is_empty());
+        let wide = passes(2 * LOCAL_WIDTH);
+        assert_eq!(wide.len(), 12 * 13 / 2);
+        assert_eq!(&wide[..3], &[(2, 1), (4, 2), (4, 1)]);
+        assert_eq!(wide.last(), Some(&(4096, 1)));
+        assert_eq!((width(0), width(2), width(3), width(4096)), (2, 2, 4, 4096));
+        assert_eq!((stride(0), stride(41)), (1, 83));
+    }
+
+    #[test]
+    fn no_entry_point_binds_more_than_eight_storage_buffers() {
+        for slots in [GATHER, SORT, BUCKET, STARTS, SCATTER, COUNT, EMIT] {
+            let storage = slots.iter().filter(|&&s| s != slot::PARAMS).count();
+            assert!(storage <= 8, "{slots:?}");
+        }
+    }
+}
