@@ -1,7 +1,7 @@
 // Groups each anchor's negatives into buckets by the positives that keep them, so that every
 // (anchor, positive) pair finds its kept negatives as one contiguous run, by two binary
-// searches: counting a pair costs O(log N) and emitting it O(c log c) for c kept triplets,
-// instead of testing all N negatives.
+// searches: counting a pair costs O(log N) and emitting it O(N / 32 + c) for c kept
+// triplets, instead of testing all N negatives each time.
 //
 // Why it works. A margin rule keeps the triplets whose tm lies in an interval (low, high]:
 //   mode 1 "all":      (-inf, margin]
