@@ -290,20 +290,31 @@ fn sort_local(
     }
 }
 
+const NONE: u32 = 0xFFFFFFFFu;
+
+// The (anchor, negative) that invocation `id` of a per-negative pass handles, or x = NONE
+// past the chunk or the anchor's negatives (`||` short-circuits, so no list_counts read
+// past the chunk).
+fn negative_at(id: u32) -> vec2<u32> {
+    let a = id / params.span;
+    let j = id % params.span;
+    if (id >= params.anchors * params.span || j >= list_counts[2u * a + 1u]) {
+        return vec2<u32>(NONE, 0u);
+    }
+    return vec2<u32>(a, j);
+}
+
 @compute @workgroup_size(64, 1, 1)
 fn bucket(
     @builtin(global_invocation_id) gid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
 ) {
-    let id = flat_id(gid, groups);
-    if (id >= params.anchors * params.span) {
+    let at = negative_at(flat_id(gid, groups));
+    if (at.x == NONE) {
         return;
     }
-    let a = id / params.span;
-    let j = id % params.span;
-    if (j >= list_counts[2u * a + 1u]) {
-        return;
-    }
+    let a = at.x;
+    let j = at.y;
     let row = a * params.refs;
     let b = bucket_of(a, distances[row + negatives[row + j]]);
     scratch[row + j] = b;
@@ -333,15 +344,12 @@ fn scatter(
     @builtin(global_invocation_id) gid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
 ) {
-    let id = flat_id(gid, groups);
-    if (id >= params.anchors * params.span) {
+    let at = negative_at(flat_id(gid, groups));
+    if (at.x == NONE) {
         return;
     }
-    let a = id / params.span;
-    let j = id % params.span;
-    if (j >= list_counts[2u * a + 1u]) {
-        return;
-    }
+    let a = at.x;
+    let j = at.y;
     let row = a * params.refs;
     let slot = atomicAdd(&buckets[a * params.stride + scratch[row + j]], 1u);
     order[row + slot] = negatives[row + j];
