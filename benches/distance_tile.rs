@@ -8,6 +8,7 @@ use criterion::{criterion_main, BenchmarkId, Criterion, Throughput};
 use ndarray::Array2;
 use wgpu_metric_learning::{
     pairwise_distances, BackendChoice, Context, ContextConfig, Distance, DistanceConfig,
+    PairwiseConfig,
 };
 
 fn data(rows: usize, d: usize, seed: f32) -> Array2<f32> {
@@ -46,7 +47,16 @@ fn bench(c: &mut Criterion) {
             &ctx,
             |b, ctx| {
                 b.iter(|| {
-                    pairwise_distances(ctx, queries.view(), refs.view(), &cfg).expect("distances")
+                    pairwise_distances(
+                        ctx,
+                        queries.view(),
+                        refs.view(),
+                        &PairwiseConfig {
+                            distance: cfg,
+                            ..Default::default()
+                        },
+                    )
+                    .expect("distances")
                 })
             },
         );

@@ -58,7 +58,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut bank = MemoryBank::<i64>::new(&ctx, &BankConfig::new(m, DIM))?;
     let fill = embeddings(&mut rng, m, DIM);
     let fill_labels = Array1::from_shape_simple_fn(m, || (rng.next() % c) as i64);
-    bank.enqueue(&ctx, fill.view(), fill_labels.view())?;
+    bank.enqueue(&ctx, &MiningSet::new(&fill, &fill_labels))?;
     let batches: Vec<(Array2<f32>, Array1<i64>)> = (0..=reps)
         .map(|_| {
             let x = embeddings(&mut rng, b, DIM);
@@ -74,14 +74,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut count = 0u64;
     for (i, (x, y)) in batches.iter().enumerate() {
         let t = Instant::now();
-        let done = bank.enqueue(&ctx, x.view(), y.view())?;
+        let done = bank.enqueue(&ctx, &MiningSet::new(x, y))?;
         let enqueued = t.elapsed().as_secs_f64();
         if let Some(kind) = kind {
             let cfg = TripletConfig {
                 self_exclusion: done.self_exclusion,
                 ..TripletConfig::margin_miner(kind)
             };
-            let queries = MiningSet::with_embeddings(y.view(), x.view());
+            let queries = MiningSet::new(x, y);
             count = if func.ends_with("_count") {
                 count_triplets(&ctx, &queries, Some(&bank.refs()), &cfg)?.count
             } else {

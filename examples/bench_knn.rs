@@ -21,7 +21,7 @@ use ndarray::{Array1, Array2};
 use support::{embeddings, flag, peak_rss_mib, summary, Rng};
 use wgpu_metric_learning::{
     accuracy, knn, AccuracyConfig, AccuracyK, BackendChoice, Context, ContextConfig, Distance,
-    DistanceConfig, KnnConfig,
+    DistanceConfig, KnnConfig, MiningSet,
 };
 
 const DIM: usize = 128;
@@ -104,12 +104,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ..Default::default()
             };
             let small = x.slice(ndarray::s![..64, ..]);
-            accuracy(&ctx, small, y.slice(ndarray::s![..64]), None, &cfg)?;
+            accuracy(
+                &ctx,
+                &MiningSet::new(small, y.slice(ndarray::s![..64])),
+                None,
+                &cfg,
+            )?;
             ctx.reset_peak();
             let mut last = None;
             for _ in 0..reps {
                 let t = Instant::now();
-                last = Some(accuracy(&ctx, x.view(), y.view(), None, &cfg)?);
+                last = Some(accuracy(&ctx, &MiningSet::new(&x, &y), None, &cfg)?);
                 times.push(t.elapsed().as_secs_f64());
             }
             let acc = last.ok_or("--reps 0")?;

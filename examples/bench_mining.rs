@@ -50,8 +50,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let labels = Array1::from_shape_simple_fn(b, || (rng.next() % c) as i64);
     let ref_labels = Array1::from_shape_simple_fn(m, || (rng.next() % c) as i64);
     let (emb, ref_emb) = (embeddings(&mut rng, b, 128), embeddings(&mut rng, m, 128));
-    let queries = MiningSet::with_embeddings(labels.view(), emb.view());
-    let refs = MiningSet::with_embeddings(ref_labels.view(), ref_emb.view());
+    let queries = MiningSet::new(&emb, &labels);
+    let refs = MiningSet::new(&ref_emb, &ref_labels);
 
     let base = func.trim_end_matches("_count").trim_end_matches("_stream");
     let rule = match base {

@@ -13,6 +13,7 @@ use std::time::Instant;
 use ndarray::Array2;
 use wgpu_metric_learning::{
     pairwise_distances, BackendChoice, Context, ContextConfig, Distance, DistanceConfig,
+    PairwiseConfig,
 };
 
 fn data(rows: usize, d: usize, seed: f32) -> Array2<f32> {
@@ -56,13 +57,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (q, n, d) in [(512, 4096, 128), (2048, 16384, 128)] {
         let (queries, refs) = (data(q, d, 0.1), data(n, d, 0.7));
         for ctx in &contexts {
-            pairwise_distances(ctx, queries.view(), refs.view(), &cfg)?; // warm-up
+            pairwise_distances(
+                ctx,
+                queries.view(),
+                refs.view(),
+                &PairwiseConfig {
+                    distance: cfg,
+                    ..Default::default()
+                },
+            )?; // warm-up
             ctx.reset_peak();
             let times: Vec<f64> = (0..5)
                 .map(|_| {
                     let t = Instant::now();
-                    pairwise_distances(ctx, queries.view(), refs.view(), &cfg)
-                        .map(|_| t.elapsed().as_secs_f64())
+                    pairwise_distances(
+                        ctx,
+                        queries.view(),
+                        refs.view(),
+                        &PairwiseConfig {
+                            distance: cfg,
+                            ..Default::default()
+                        },
+                    )
+                    .map(|_| t.elapsed().as_secs_f64())
                 })
                 .collect::<Result<_, _>>()?;
             let secs = median(times);

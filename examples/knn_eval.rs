@@ -12,12 +12,12 @@
 mod support;
 
 use std::io::Write;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ndarray::{Array1, Array2};
 use support::{context_from_flags, flag, Rng};
-use wgpu_metric_learning::{accuracy_with_progress, AccuracyConfig, AccuracyK, Progress};
+use wgpu_metric_learning::{accuracy, AccuracyConfig, AccuracyK, Hooks, MiningSet, Progress};
 
 /// Width of the bar in characters.
 const BAR: usize = 40;
@@ -80,16 +80,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (x, y) = clustered(&mut Rng(3), n, classes, d, spread);
     // PML's defaults: every point is a query against all the others, k = the largest class
     // less one, embeddings L2-normalised, Euclidean distance.
-    let cfg = AccuracyConfig {
-        k: AccuracyK::MaxBinCount,
-        ..Default::default()
-    };
-    let bar = Bar {
+    let bar = Arc::new(Bar {
         start: Instant::now(),
         drawn: Mutex::new(None),
+    });
+    let on_progress = Arc::clone(&bar);
+    let cfg = AccuracyConfig {
+        k: AccuracyK::MaxBinCount,
+        hooks: Hooks::new().on_progress(move |p: Progress| on_progress.update(p)),
+        ..Default::default()
     };
-    let update = |p: Progress| bar.update(p);
-    let acc = accuracy_with_progress(&ctx, x.view(), y.view(), None, &cfg, &update)?;
+    let acc = accuracy(&ctx, &MiningSet::new(&x, &y), None, &cfg)?;
     eprintln!();
     let secs = bar.start.elapsed().as_secs_f64();
     let m = &acc.metrics;

@@ -41,14 +41,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         // As PML: the batch goes in first, so it is mined against itself too, never a row
         // against its own slot.
-        let done = bank.enqueue(&ctx, x.view(), y.view())?;
+        let done = bank.enqueue(&ctx, &MiningSet::new(&x, &y))?;
         let enqueued = t.elapsed();
         let cfg = TripletConfig {
             self_exclusion: done.self_exclusion,
             ..TripletConfig::margin_miner(TripletType::Semihard)
         };
         let t = Instant::now();
-        let queries = MiningSet::with_embeddings(y.view(), x.view());
+        let queries = MiningSet::new(&x, &y);
         let triplets = mine_triplets(&ctx, &queries, Some(&bank.refs()), &cfg)?;
         let mined = t.elapsed();
         let mem = ctx.memory();

@@ -35,8 +35,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let centres = Array2::from_shape_simple_fn((classes, d), || rng.normal());
     let (x, y) = batch_around(&mut rng, &centres, b, 0.8);
     // Without references the batch is mined against itself, a row never its own positive.
-    let labels_only = MiningSet::labels(y.view());
-    let with_embeddings = MiningSet::with_embeddings(y.view(), x.view());
+    let labels_only = MiningSet::from_labels(&y);
+    let with_embeddings = MiningSet::new(&x, &y);
     let timed = |what: &str, count: u64, start: Instant| {
         let ms = start.elapsed().as_secs_f64() * 1e3;
         println!("{what:<34} {count:>12} {ms:>9.2} ms");

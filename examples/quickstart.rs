@@ -12,7 +12,7 @@ use std::time::Instant;
 use ndarray::Array2;
 use wgpu_metric_learning::{
     list_adapters, pairwise_distances, BackendChoice, Context, ContextConfig, Distance,
-    DistanceConfig,
+    DistanceConfig, PairwiseConfig,
 };
 
 /// `classes` clusters of embeddings in `d` dimensions: row i belongs to class i % classes.
@@ -64,7 +64,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         normalize: true,
     };
     let start = Instant::now();
-    let d = pairwise_distances(&ctx, queries.view(), refs.view(), &cfg)?;
+    let d = pairwise_distances(
+        &ctx,
+        queries.view(),
+        refs.view(),
+        &PairwiseConfig {
+            distance: cfg,
+            ..Default::default()
+        },
+    )?;
     let secs = start.elapsed().as_secs_f64();
     let same_class = d.values[[0, 10]];
     let other_class = d.values[[0, 11]];

@@ -6,11 +6,17 @@
 // out_stride is that matrix's row length and out_col0 the block's first column. Reference c is
 // row ref_row0 + c of the refs buffer, so a tile can start inside a page.
 //
-// Each workgroup owns a 64 x 64 block of the tile; each of its 16 x 16 invocations owns a 4 x 4
-// register block. The dot products are accumulated over 16-wide slices of the dimension staged
-// in workgroup memory (transposed, so that one vec4 read gives four rows or four columns), which
-// makes every global load feed 64 multiply-adds. Rows are padded by the host to a multiple of 4
-// floats with zeros, so vec4 loads need no tail handling and the zeros change no dot product.
+// Each workgroup owns a BLOCK x BLOCK block of the tile (BLOCK = 64, set from Rust); each of its
+// THREADS x THREADS invocations owns a 4 x 4 register block. The dot products are accumulated
+// over 16-wide slices of the dimension staged in workgroup memory (transposed, so that one vec4
+// read gives four rows or four columns), which makes every global load feed 64 multiply-adds.
+// Rows are padded by the host to a multiple of 4 floats with zeros, so vec4 loads need no tail
+// handling and the zeros change no dot product.
+//
+// Staging writes whole vectors: an invocation loads a 4 x 4 block (four rows, four depths),
+// transposes it in registers and stores four vec4s, one per depth. (A store to one component
+// of a vec4 in workgroup memory may rewrite the whole vector: Apple's compiler does, which
+// would race the other three invocations writing the same vector.)
 //
 // The metric is applied in the epilogue from the dot product and the squared norms (computed
 // beforehand by row_norms.wgsl), exactly as torch.cdist does for large inputs:
@@ -36,14 +42,17 @@ struct Params {
 @group(0) @binding(4) var<storage, read> ref_sq_norms: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
-const BLOCK: u32 = 64u;      // rows and columns per workgroup
-const THREADS: u32 = 16u;    // invocations per side
+// Rows and columns per workgroup: set from Rust (distance_tile::BLOCK), a multiple of 32.
+override BLOCK: u32;
+// Invocations per side; each owns a 4 x 4 register block.
+override THREADS: u32 = BLOCK / 4u;
 const SLAB4: u32 = 4u;       // vec4s of depth staged per step (16 floats)
 const SLAB: u32 = 16u;       // floats of depth staged per step
+override SLAB_VECS: u32 = SLAB * THREADS;
 
-// slab[d * 16 + i] holds rows (or columns) 4i .. 4i + 3 at depth d of the current slice.
-var<workgroup> q_slab: array<vec4<f32>, 256>;
-var<workgroup> r_slab: array<vec4<f32>, 256>;
+// slab[d * THREADS + i] holds rows (or columns) 4i .. 4i + 3 at depth d of the current slice.
+var<workgroup> q_slab: array<vec4<f32>, SLAB_VECS>;
+var<workgroup> r_slab: array<vec4<f32>, SLAB_VECS>;
 
 fn finish(dot_raw: f32, row: u32, col: u32) -> f32 {
     var q2 = query_sq_norms[row];
@@ -69,7 +78,26 @@ fn finish(dot_raw: f32, row: u32, col: u32) -> f32 {
     }
 }
 
-@compute @workgroup_size(16, 16, 1)
+// Loads rows 4g .. 4g + 3 of `side` (0: queries, 1: references) at vec4 `k` of the dimension,
+// zero past the tile's edge or the dimension: row i of the result is row 4g + i.
+fn load_block(side: u32, first: u32, g: u32, k: u32) -> array<vec4<f32>, 4> {
+    var block = array<vec4<f32>, 4>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    for (var i = 0u; i < 4u; i++) {
+        let item = first + 4u * g + i;
+        if (k >= params.dim4) {
+            break;
+        }
+        if (side == 0u && item < params.rows) {
+            block[i] = queries[item * params.dim4 + k];
+        }
+        if (side == 1u && item < params.cols) {
+            block[i] = refs[(params.ref_row0 + item) * params.dim4 + k];
+        }
+    }
+    return block;
+}
+
+@compute @workgroup_size(THREADS, THREADS, 1)
 fn main(
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -80,11 +108,12 @@ fn main(
     let row0 = wid.y * BLOCK;
     let col0 = wid.x * BLOCK;
 
-    // Each invocation stages one vec4 of the query slice and one of the reference slice.
-    let load_item = flat / SLAB4;
-    let load_k = flat % SLAB4;
-    let q_row = row0 + load_item;
-    let r_col = col0 + load_item;
+    // Staging: 4 * THREADS invocations per side, each a 4 x 4 block (row group g, vec4 kq of
+    // the slice); the rest of the workgroup waits at the barrier.
+    let stagers = 4u * THREADS;
+    let side = flat / stagers;
+    let g = flat % THREADS;
+    let kq = (flat % stagers) / THREADS;
 
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);
@@ -92,21 +121,19 @@ fn main(
     var acc3 = vec4<f32>(0.0);
 
     for (var k4 = 0u; k4 < params.dim4; k4 += SLAB4) {
-        let k = k4 + load_k;
-        var qv = vec4<f32>(0.0);
-        var rv = vec4<f32>(0.0);
-        if (q_row < params.rows && k < params.dim4) {
-            qv = queries[q_row * params.dim4 + k];
-        }
-        if (r_col < params.cols && k < params.dim4) {
-            rv = refs[(params.ref_row0 + r_col) * params.dim4 + k];
-        }
-        let slot = load_item / 4u;
-        let lane = load_item % 4u;
-        for (var c = 0u; c < 4u; c++) {
-            let depth = load_k * 4u + c;
-            q_slab[depth * THREADS + slot][lane] = qv[c];
-            r_slab[depth * THREADS + slot][lane] = rv[c];
+        if (side < 2u) {
+            let first = select(col0, row0, side == 0u);
+            let b = load_block(side, first, g, k4 + kq);
+            for (var c = 0u; c < 4u; c++) {
+                // Four rows at depth 4 kq + c of the slice: one whole vector.
+                let v = vec4<f32>(b[0][c], b[1][c], b[2][c], b[3][c]);
+                let at = (kq * 4u + c) * THREADS + g;
+                if (side == 0u) {
+                    q_slab[at] = v;
+                } else {
+                    r_slab[at] = v;
+                }
+            }
         }
         workgroupBarrier();
         for (var depth = 0u; depth < SLAB; depth++) {

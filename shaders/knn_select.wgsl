@@ -39,8 +39,10 @@ struct Params {
 @group(0) @binding(3) var<storage, read> excluded: array<u32>;
 @group(0) @binding(4) var<storage, read_write> best_out: array<vec2<u32>>;
 
-const WORKGROUP_SIZE: u32 = 64u;
-const EMPTY_INDEX: u32 = 0xFFFFFFFEu;
+// Invocations per workgroup, and the index of an empty slot: set from Rust
+// (knn_select::WORKGROUP_SIZE, knn_select::EMPTY_INDEX).
+override WORKGROUP_SIZE: u32;
+override EMPTY_INDEX: u32;
 const EMPTY_KEY: u32 = 0xFFFFFFFFu;
 
 var<workgroup> histogram: array<atomic<u32>, 256>;
@@ -143,7 +145,7 @@ fn taken(el: Element, limit: u32) -> bool {
     return el.key < prefix || (el.key == prefix && el.index <= index_prefix);
 }
 
-@compute @workgroup_size(64, 1, 1)
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(local_invocation_index) lid: u32,
     @builtin(workgroup_id) wid: vec3<u32>,

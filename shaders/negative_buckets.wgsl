@@ -86,12 +86,12 @@ struct Params {
 // (bitmap_words per pair of the dispatch).
 @group(0) @binding(13) var<storage, read_write> scratch: array<u32>;
 
-const WORKGROUP_SIZE: u32 = 64u;
-// Rows up to this wide sort in workgroup memory (8 KiB of f32).
-const LOCAL_WIDTH: u32 = 2048u;
-const LOCAL_THREADS: u32 = 64u;
+// Invocations per workgroup, and the widest row that sorts in workgroup memory (2048 f32,
+// 8 KiB): set from Rust (negative_buckets::WORKGROUP_SIZE, negative_buckets::LOCAL_WIDTH).
+override WORKGROUP_SIZE: u32;
+override LOCAL_WIDTH: u32;
 
-var<workgroup> local_row: array<f32, 2048>;
+var<workgroup> local_row: array<f32, LOCAL_WIDTH>;
 
 fn flat_id(gid: vec3<u32>, groups: vec3<u32>) -> u32 {
     return gid.x + gid.y * groups.x * WORKGROUP_SIZE;
@@ -204,7 +204,7 @@ fn pair_value(a: u32, pair: u32) -> f32 {
     return distances[row + positives[row + pair - pair_base[a]]];
 }
 
-@compute @workgroup_size(64, 1, 1)
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn gather(
     @builtin(global_invocation_id) gid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
@@ -223,7 +223,7 @@ fn gather(
     sorted[id] = v;
 }
 
-@compute @workgroup_size(64, 1, 1)
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn step(
     @builtin(global_invocation_id) gid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
@@ -259,7 +259,7 @@ fn exchange_local(i: u32, j: u32, k: u32) {
     }
 }
 
-@compute @workgroup_size(64, 1, 1)
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn sort_local(
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -273,19 +273,19 @@ fn sort_local(
     let t = lid.x;
     let width = params.width;
     let row = a * width;
-    for (var i = t; i < width; i += LOCAL_THREADS) {
+    for (var i = t; i < width; i += WORKGROUP_SIZE) {
         local_row[i] = sorted[row + i];
     }
     workgroupBarrier();
     for (var k = 2u; k <= width; k <<= 1u) {
         for (var j = k >> 1u; j > 0u; j >>= 1u) {
-            for (var c = t; c < width / 2u; c += LOCAL_THREADS) {
+            for (var c = t; c < width / 2u; c += WORKGROUP_SIZE) {
                 exchange_local((c / j) * 2u * j + c % j, j, k);
             }
             workgroupBarrier();
         }
     }
-    for (var i = t; i < width; i += LOCAL_THREADS) {
+    for (var i = t; i < width; i += WORKGROUP_SIZE) {
         sorted[row + i] = local_row[i];
     }
 }
@@ -304,7 +304,7 @@ fn negative_at(id: u32) -> vec2<u32> {
     return vec2<u32>(a, j);
 }
 
-@compute @workgroup_size(64, 1, 1)
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn bucket(
     @builtin(global_invocation_id) gid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
@@ -321,7 +321,7 @@ fn bucket(
     atomicAdd(&buckets[a * params.stride + b], 1u);
 }
 
-@compute @workgroup_size(64, 1, 1)
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn starts(
     @builtin(global_invocation_id) gid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
@@ -339,7 +339,7 @@ fn starts(
     }
 }
 
-@compute @workgroup_size(64, 1, 1)
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn scatter(
     @builtin(global_invocation_id) gid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
@@ -355,7 +355,7 @@ fn scatter(
     order[row + slot] = negatives[row + j];
 }
 
-@compute @workgroup_size(64, 1, 1)
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn count(
     @builtin(global_invocation_id) gid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
@@ -369,7 +369,7 @@ fn count(
     pair_counts[pair] = run.y - run.x;
 }
 
-@compute @workgroup_size(64, 1, 1)
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn emit(
     @builtin(global_invocation_id) gid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,

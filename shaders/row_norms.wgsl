@@ -15,9 +15,10 @@ struct Params {
 @group(0) @binding(1) var<storage, read> matrix: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> sq_norms: array<f32>;
 
-const WORKGROUP_SIZE: u32 = 256u;
+// Invocations per workgroup: set from Rust (row_norms::WORKGROUP_SIZE).
+override WORKGROUP_SIZE: u32;
 
-@compute @workgroup_size(256, 1, 1)
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(global_invocation_id) gid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,

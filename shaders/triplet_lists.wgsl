@@ -28,12 +28,13 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> negatives: array<u32>;
 @group(0) @binding(6) var<storage, read_write> list_counts: array<u32>;
 
-const WORKGROUP_SIZE: u32 = 64u;
+// Invocations per workgroup: set from Rust (triplet_lists::WORKGROUP_SIZE).
+override WORKGROUP_SIZE: u32;
 
-var<workgroup> scan_pos: array<u32, 64>;
-var<workgroup> scan_neg: array<u32, 64>;
+var<workgroup> scan_pos: array<u32, WORKGROUP_SIZE>;
+var<workgroup> scan_neg: array<u32, WORKGROUP_SIZE>;
 
-@compute @workgroup_size(64, 1, 1)
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(workgroup_id) wid: vec3<u32>,

@@ -52,9 +52,10 @@ struct Params {
 @group(0) @binding(7) var<storage, read> offsets: array<vec2<u32>>;
 @group(0) @binding(8) var<storage, read_write> out: array<u32>;
 
-const WORKGROUP_SIZE: u32 = 64u;
+// Invocations per workgroup: set from Rust (triplet_select::WORKGROUP_SIZE).
+override WORKGROUP_SIZE: u32;
 
-var<workgroup> partial: array<u32, 64>;
+var<workgroup> partial: array<u32, WORKGROUP_SIZE>;
 
 fn keep(ap: f32, an: f32) -> bool {
     let tm = tm_of(ap, an);
@@ -101,7 +102,7 @@ fn tm_of(ap: f32, an: f32) -> f32 {
     return select(an - ap, ap - an, params.inverted != 0u);
 }
 
-@compute @workgroup_size(64, 1, 1)
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn count_scan(
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -136,7 +137,7 @@ fn count_scan(
     }
 }
 
-@compute @workgroup_size(64, 1, 1)
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn emit(
     @builtin(global_invocation_id) gid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,

@@ -5,15 +5,15 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
-use ndarray::{ArrayView1, ArrayView2};
+use ndarray::ArrayView2;
 
 use crate::context::{ComputePath, Context};
-use crate::distance::{Distance, DistanceConfig};
 use crate::error::{Error, Result};
+use crate::hooks::Hooks;
+use crate::inputs::{self, Embeddings, Labelled, MiningSet, Pair, SelfExclusion, NO_SLOT};
 use crate::knn::{self, KnnConfig};
-use crate::mining_set::{Embeddings, SelfExclusion};
-use crate::progress::ProgressFn;
-use crate::validate;
+use crate::metric::{Distance, DistanceConfig};
+use crate::plan::Plan;
 
 const OP: &str = "accuracy";
 
@@ -21,11 +21,11 @@ const OP: &str = "accuracy";
 ///
 /// # Example
 /// ```
-/// use wgpu_metric_learning::{accuracy, AccuracyConfig, AccuracyK, Context};
+/// use wgpu_metric_learning::{accuracy, AccuracyConfig, AccuracyK, Context, MiningSet};
 /// let x = ndarray::array![[0.0f32], [0.1], [0.2], [5.0]];
 /// let y = ndarray::array![0u8, 0, 0, 1];
 /// let cfg = AccuracyConfig { k: AccuracyK::MaxBinCount, ..Default::default() };
-/// let acc = accuracy(&Context::native_cpu(None), x.view(), y.view(), None, &cfg)?;
+/// let acc = accuracy(&Context::native_cpu(None), &MiningSet::new(&x, &y), None, &cfg)?;
 /// assert_eq!(acc.k, 2); // class 0 has three points: two others per query
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
@@ -57,13 +57,19 @@ pub struct AccuracyConfig {
     /// How neighbours are ranked. Default squared Euclidean on the raw embeddings: what
     /// PML's `AccuracyCalculator` gets from its default Faiss `IndexFlatL2`.
     pub distance: DistanceConfig,
-    /// With explicit references: reference `i` is query `i` for `i < q` (PML's
-    /// `ref_includes_query`), so each query skips itself. Without references this is implied.
-    /// Default `false`.
-    pub ref_includes_query: bool,
+    /// Which reference is each query itself, skipped as its neighbour and not counted as
+    /// relevant to it. Default [`SelfExclusion::Auto`]: each query skips itself when the
+    /// references are the queries (`refs = None`), nothing otherwise.
+    /// [`SelfExclusion::SameIndex`] with explicit references is PML's `ref_includes_query`
+    /// (their first `q` rows must then be the queries); a memory bank's enqueue gives
+    /// [`SelfExclusion::QuerySlots`].
+    pub self_exclusion: SelfExclusion,
     /// Average per class first, then over classes (PML's `avg_of_avgs`). Default `false`:
     /// the mean over queries.
     pub avg_of_avgs: bool,
+    /// Progress (query–reference pairs compared by the kNN search) and cancellation.
+    /// Default: none.
+    pub hooks: Hooks,
 }
 
 impl Default for AccuracyConfig {
@@ -74,8 +80,9 @@ impl Default for AccuracyConfig {
                 distance: Distance::SquaredEuclidean,
                 normalize: false,
             },
-            ref_includes_query: false,
+            self_exclusion: SelfExclusion::Auto,
             avg_of_avgs: false,
+            hooks: Hooks::default(),
         }
     }
 }
@@ -84,10 +91,10 @@ impl Default for AccuracyConfig {
 ///
 /// # Example
 /// ```
-/// use wgpu_metric_learning::{accuracy, AccuracyConfig, Context};
+/// use wgpu_metric_learning::{accuracy, AccuracyConfig, Context, MiningSet};
 /// let x = ndarray::array![[0.0f32], [1.0], [2.0]];
 /// let y = ndarray::array![0u32, 1, 2]; // every query is lone
-/// let acc = accuracy(&Context::native_cpu(None), x.view(), y.view(), None, &AccuracyConfig::default())?;
+/// let acc = accuracy(&Context::native_cpu(None), &MiningSet::new(&x, &y), None, &AccuracyConfig::default())?;
 /// assert!(acc.metrics.precision_at_1.is_nan());
 /// assert_eq!(acc.lone_queries, 3);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
@@ -152,10 +159,10 @@ impl AccuracyMetrics {
 ///
 /// # Example
 /// ```
-/// use wgpu_metric_learning::{accuracy, AccuracyConfig, ComputePath, Context};
+/// use wgpu_metric_learning::{accuracy, AccuracyConfig, ComputePath, Context, MiningSet};
 /// let x = ndarray::array![[0.0f32], [0.1], [5.0], [5.1], [0.2]];
 /// let y = ndarray::array![7i64, 7, 9, 9, 9];
-/// let acc = accuracy(&Context::native_cpu(None), x.view(), y.view(), None, &AccuracyConfig::default())?;
+/// let acc = accuracy(&Context::native_cpu(None), &MiningSet::new(&x, &y), None, &AccuracyConfig::default())?;
 /// let labels: Vec<i64> = acc.per_class.iter().map(|(l, _)| *l).collect();
 /// assert_eq!(labels, vec![7, 9]);
 /// assert_eq!(acc.per_class[0].1.precision_at_1, 1.0);
@@ -178,159 +185,72 @@ pub struct Accuracy<L> {
 }
 
 /// PML's `AccuracyCalculator.get_accuracy` for the kNN metrics: ranks the references of each
-/// query `(q, d)` with [`knn`](crate::knn()) and scores the labels of its neighbours. Without `refs`, the
-/// queries are their own references and each query skips itself; with `refs` `(n, d)` and
-/// labels `(n,)`, set `ref_includes_query` when reference `i` is query `i`.
+/// query `(q, d)` with [`knn`](crate::knn()) and scores the labels of its neighbours. Without
+/// `refs` the queries are their own references and each query skips itself; `refs` `(n, d)`
+/// with labels `(n,)` may be a host array or a memory bank's `bank.refs()`.
+/// `cfg.self_exclusion` says which reference is each query (PML's `ref_includes_query` is
+/// [`SelfExclusion::SameIndex`]).
 ///
 /// Lone queries (no reference of their label, besides themselves) are left out, as in PML.
 ///
 /// # Errors
-/// [`Error::Shape`] for label lengths that differ from the rows, or (with
-/// `ref_includes_query`) fewer references than queries; [`Error::InvalidParameter`] for
-/// `Fixed(0)`, a `k` above the references a query can see, or `ref_includes_query` with
-/// references whose first `q` rows or labels are not the queries'; as [`knn`](crate::knn()) otherwise.
+/// As every label-based operation for its inputs ([`Error::Shape`] for label lengths that
+/// differ from the rows, [`Error::InvalidParameter`] for missing embeddings, the
+/// self-exclusion rules of [`SelfExclusion`]); [`Error::InvalidParameter`] for `Fixed(0)`, a
+/// `k` above the references a query can see, or [`SelfExclusion::SameIndex`] with host
+/// references whose first `q` rows or labels are not the queries'; as [`knn`](crate::knn())
+/// otherwise.
 ///
 /// # Example
 /// ```
 /// use ndarray::array;
-/// use wgpu_metric_learning::{accuracy, AccuracyConfig, Context};
+/// use wgpu_metric_learning::{accuracy, AccuracyConfig, Context, MiningSet};
 /// let ctx = Context::native_cpu(None);
 /// let x = array![[0.0f32, 0.0], [0.0, 0.1], [5.0, 5.0], [5.0, 5.1], [9.0, 0.0]];
 /// let y = array![0u32, 0, 1, 1, 2]; // label 2 has a single point: a lone query
-/// let acc = accuracy(&ctx, x.view(), y.view(), None, &AccuracyConfig::default())?;
+/// let acc = accuracy(&ctx, &MiningSet::new(&x, &y), None, &AccuracyConfig::default())?;
 /// assert_eq!(acc.metrics.precision_at_1, 1.0);
 /// assert_eq!(acc.lone_queries, 1);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
 pub fn accuracy<L>(
     ctx: &Context,
-    queries: ArrayView2<'_, f32>,
-    query_labels: ArrayView1<'_, L>,
-    refs: Option<(ArrayView2<'_, f32>, ArrayView1<'_, L>)>,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
     cfg: &AccuracyConfig,
 ) -> Result<Accuracy<L>>
 where
     L: Copy + Eq + Hash + Ord,
 {
-    run(ctx, queries, query_labels, refs, cfg, None)
-}
-
-/// [`accuracy`], calling `progress` as its kNN search advances (as
-/// [`knn_with_progress`](crate::knn_with_progress)); scoring the neighbours afterwards takes a
-/// small fraction of the time.
-///
-/// # Errors
-/// As [`accuracy`].
-///
-/// # Example
-/// ```
-/// use std::sync::Mutex;
-/// use ndarray::{Array1, Array2};
-/// use wgpu_metric_learning::{accuracy_with_progress, AccuracyConfig, Context, Progress};
-/// let ctx = Context::native_cpu(None);
-/// let x = Array2::from_shape_fn((200, 4), |(i, j)| ((i % 5) * 10 + j) as f32);
-/// let y = Array1::from_shape_fn(200, |i| (i % 5) as u32);
-/// let seen = Mutex::new(Vec::new());
-/// let report = |p: Progress| seen.lock().unwrap().push(p.fraction());
-/// let acc = accuracy_with_progress(&ctx, x.view(), y.view(), None, &AccuracyConfig::default(), &report)?;
-/// assert_eq!(acc.metrics.precision_at_1, 1.0);
-/// assert_eq!(seen.lock().unwrap().last(), Some(&1.0));
-/// # Ok::<(), wgpu_metric_learning::Error>(())
-/// ```
-pub fn accuracy_with_progress<L>(
-    ctx: &Context,
-    queries: ArrayView2<'_, f32>,
-    query_labels: ArrayView1<'_, L>,
-    refs: Option<(ArrayView2<'_, f32>, ArrayView1<'_, L>)>,
-    cfg: &AccuracyConfig,
-    progress: ProgressFn<'_>,
-) -> Result<Accuracy<L>>
-where
-    L: Copy + Eq + Hash + Ord,
-{
-    run(ctx, queries, query_labels, refs, cfg, Some(progress))
-}
-
-fn run<L>(
-    ctx: &Context,
-    queries: ArrayView2<'_, f32>,
-    query_labels: ArrayView1<'_, L>,
-    refs: Option<(ArrayView2<'_, f32>, ArrayView1<'_, L>)>,
-    cfg: &AccuracyConfig,
-    progress: Option<ProgressFn<'_>>,
-) -> Result<Accuracy<L>>
-where
-    L: Copy + Eq + Hash + Ord,
-{
-    let q = queries.nrows();
-    let includes = refs.is_none() || cfg.ref_includes_query;
-    let (ref_rows, ref_labels) = refs.unwrap_or((queries, query_labels));
-    check_lengths(queries, query_labels, ref_rows, ref_labels, includes)?;
-    if refs.is_some() && includes {
-        check_prefix(queries, query_labels, ref_rows, ref_labels)?;
-    }
-    let own = usize::from(includes);
-    let mut counts: HashMap<L, usize> = HashMap::new();
-    for &l in ref_labels {
-        *counts.entry(l).or_insert(0) += 1;
-    }
-    // R per query: references of its label, less itself.
-    let relevant: Vec<usize> = query_labels
-        .iter()
-        .map(|l| counts.get(l).copied().unwrap_or(0).saturating_sub(own))
-        .collect();
-    let visible = ref_rows.nrows().saturating_sub(own);
-    let k = match cfg.k {
-        AccuracyK::All => visible,
-        AccuracyK::MaxBinCount => relevant.iter().copied().max().unwrap_or(0),
-        AccuracyK::Fixed(k) if k == 0 || k > visible => {
-            return Err(Error::InvalidParameter {
-                op: OP,
-                what: "k",
-                value: k.to_string(),
-                rule: "1 ≤ k ≤ the references a query can see",
-            })
-        }
-        AccuracyK::Fixed(k) => k,
-    };
-    let lone_queries = relevant.iter().filter(|&&r| r == 0).count();
-    if k == 0 || lone_queries == q {
-        // Nothing to search; the inputs must still be valid.
-        validate::embeddings(OP, "queries", queries)?;
-        validate::embeddings(OP, "refs", ref_rows)?;
-        validate::same_dim(OP, queries, ref_rows)?;
+    let job = prepare(ctx, queries, refs, cfg)?;
+    let lone_queries = job.relevant.iter().filter(|&&r| r == 0).count();
+    let q = job.set.labels.len();
+    if job.k == 0 || lone_queries == q {
+        // Nothing to search.
         return Ok(Accuracy {
             metrics: AccuracyMetrics::NAN,
             per_class: Vec::new(),
             lone_queries,
-            k,
+            k: job.k,
             path: ctx.path(),
         });
     }
-    let found = knn::run(
-        ctx,
-        queries,
-        Embeddings::Host(ref_rows),
-        &KnnConfig {
-            k,
-            distance: cfg.distance,
-            self_exclusion: if includes {
-                SelfExclusion::SameIndex
-            } else {
-                SelfExclusion::None
-            },
-        },
-        progress,
-    )?;
+    let found = knn::run(ctx, &job.pair()?, &job.knn_config(cfg))?;
+    let set = &job.set;
     let mut by_class: BTreeMap<L, Vec<AccuracyMetrics>> = BTreeMap::new();
     for (i, neighbours) in found.indices.rows().into_iter().enumerate() {
-        let r = relevant[i];
+        let r = job.relevant[i];
         if r == 0 {
             continue;
         }
-        let label = query_labels[i];
-        let rel = neighbours.iter().map(|&j| ref_labels[j as usize] == label);
-        by_class.entry(label).or_default().push(score(rel, r));
+        let label = set.labels[i];
+        let rel = neighbours
+            .iter()
+            .map(|&j| set.ref_labels[j as usize] == label);
+        by_class
+            .entry(queries.labels[i])
+            .or_default()
+            .push(score(rel, r));
     }
     let per_class: Vec<(L, AccuracyMetrics)> = by_class
         .iter()
@@ -345,9 +265,129 @@ where
         metrics,
         per_class,
         lone_queries,
-        k,
+        k: job.k,
         path: found.path,
     })
+}
+
+/// How [`accuracy`] would run with these arguments on `ctx`: the plan of its kNN search with
+/// the `k` the labels give. Nothing is searched.
+///
+/// # Errors
+/// As [`accuracy`] for bad inputs; as [`knn_plan`](crate::knn_plan) when not even one query
+/// row fits.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{accuracy_plan, AccuracyConfig, AccuracyK, Context, MiningSet};
+/// let x = ndarray::Array2::<f32>::zeros((2000, 32));
+/// let y = ndarray::Array1::from_shape_fn(2000, |i| i % 20);
+/// let cfg = AccuracyConfig { k: AccuracyK::MaxBinCount, ..Default::default() };
+/// let plan = accuracy_plan(&Context::native_cpu(None), &MiningSet::new(&x, &y), None, &cfg)?;
+/// assert!(plan.bytes > 0);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn accuracy_plan<L>(
+    ctx: &Context,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
+    cfg: &AccuracyConfig,
+) -> Result<Plan>
+where
+    L: Copy + Eq + Hash + Ord,
+{
+    let job = prepare(ctx, queries, refs, cfg)?;
+    let pair = job.pair()?;
+    let knn_cfg = KnnConfig {
+        k: job.k.max(1),
+        ..job.knn_config(cfg)
+    };
+    crate::knn::knn_plan(ctx, Embeddings::Host(pair.queries), pair.refs, &knn_cfg)
+}
+
+/// A validated accuracy call: its inputs, `R` per query and the `k` to search with.
+struct Job<'a> {
+    set: Labelled<'a>,
+    /// Per query, the references relevant to it: of its label, less itself.
+    relevant: Vec<usize>,
+    k: usize,
+}
+
+impl<'a> Job<'a> {
+    /// The kNN inputs: the queries against the references, each skipping its own slot.
+    fn pair(&self) -> Result<Pair<'a>> {
+        match (self.set.queries, self.set.refs) {
+            (Some(queries), Some(refs)) => Ok(Pair {
+                queries,
+                refs,
+                excluded: self.set.self_slots.clone(),
+            }),
+            _ => Err(Error::Internal {
+                op: OP,
+                message: "validated inputs without embeddings".into(),
+            }),
+        }
+    }
+
+    fn knn_config(&self, cfg: &AccuracyConfig) -> KnnConfig {
+        KnnConfig {
+            k: self.k,
+            distance: cfg.distance,
+            self_exclusion: SelfExclusion::Auto,
+            hooks: cfg.hooks.clone(),
+        }
+    }
+}
+
+fn prepare<'s, L>(
+    ctx: &Context,
+    queries: &'s MiningSet<'_, L>,
+    refs: Option<&'s MiningSet<'_, L>>,
+    cfg: &AccuracyConfig,
+) -> Result<Job<'s>>
+where
+    L: Copy + Eq + Hash + Ord,
+{
+    let set = inputs::prepare(OP, ctx, queries, refs, &cfg.self_exclusion, true)?;
+    if let (Some(q), Some(Embeddings::Host(r)), SelfExclusion::SameIndex) =
+        (set.queries, set.refs, &cfg.self_exclusion)
+    {
+        if refs.is_some() {
+            check_prefix(q, &set.labels, r, &set.ref_labels)?;
+        }
+    }
+    let m = set.ref_labels.len();
+    let mut counts: HashMap<u32, usize> = HashMap::new();
+    for &l in &set.ref_labels {
+        *counts.entry(l).or_insert(0) += 1;
+    }
+    // R per query: references of its label, less itself when its own slot has its label.
+    let relevant: Vec<usize> = set
+        .labels
+        .iter()
+        .zip(&set.self_slots)
+        .map(|(l, &slot)| {
+            let own = slot != NO_SLOT && set.ref_labels.get(slot as usize) == Some(l);
+            counts.get(l).copied().unwrap_or(0) - usize::from(own)
+        })
+        .collect();
+    // As knn: a query that excludes a reference sees one fewer.
+    let sees_itself = set.self_slots.iter().any(|&s| (s as usize) < m);
+    let visible = m - usize::from(sees_itself);
+    let k = match cfg.k {
+        AccuracyK::All => visible,
+        AccuracyK::MaxBinCount => relevant.iter().copied().max().unwrap_or(0),
+        AccuracyK::Fixed(k) if k == 0 || k > visible => {
+            return Err(Error::InvalidParameter {
+                op: OP,
+                what: "k",
+                value: k.to_string(),
+                rule: "1 ≤ k ≤ the references a query can see",
+            })
+        }
+        AccuracyK::Fixed(k) => k,
+    };
+    Ok(Job { set, relevant, k })
 }
 
 /// One query's metrics from the relevance of its neighbours (best first) and its `R ≥ 1`.
@@ -379,44 +419,14 @@ fn score(rel: impl Iterator<Item = bool>, r: usize) -> AccuracyMetrics {
     }
 }
 
-fn check_lengths<L>(
+/// With [`SelfExclusion::SameIndex`] (PML's `ref_includes_query`), the first `q` references
+/// must be the queries (labels equal, embeddings equal within `torch.allclose`'s default
+/// tolerances), as PML requires. `SelfExclusion` already checked that there are `q` of them.
+fn check_prefix(
     queries: ArrayView2<'_, f32>,
-    query_labels: ArrayView1<'_, L>,
+    query_labels: &[u32],
     refs: ArrayView2<'_, f32>,
-    ref_labels: ArrayView1<'_, L>,
-    includes: bool,
-) -> Result<()> {
-    let shape = |what, expected: String, got: Vec<usize>| Error::Shape {
-        op: OP,
-        what,
-        expected,
-        got,
-    };
-    if query_labels.len() != queries.nrows() {
-        let expected = format!("({},) to match the queries", queries.nrows());
-        return Err(shape("query_labels", expected, vec![query_labels.len()]));
-    }
-    if ref_labels.len() != refs.nrows() {
-        let expected = format!("({},) to match the references", refs.nrows());
-        return Err(shape("ref_labels", expected, vec![ref_labels.len()]));
-    }
-    if includes && refs.nrows() < queries.nrows() {
-        let expected = format!(
-            "at least {} rows, since they include the queries",
-            queries.nrows()
-        );
-        return Err(shape("refs", expected, vec![refs.nrows(), refs.ncols()]));
-    }
-    Ok(())
-}
-
-/// With `ref_includes_query`, the first `q` references must be the queries (labels equal,
-/// embeddings equal within `torch.allclose`'s default tolerances), as PML requires.
-fn check_prefix<L: PartialEq>(
-    queries: ArrayView2<'_, f32>,
-    query_labels: ArrayView1<'_, L>,
-    refs: ArrayView2<'_, f32>,
-    ref_labels: ArrayView1<'_, L>,
+    ref_labels: &[u32],
 ) -> Result<()> {
     let labels_match = query_labels.iter().zip(ref_labels).all(|(a, b)| a == b);
     let rows_match = queries.ncols() == refs.ncols()
@@ -430,8 +440,8 @@ fn check_prefix<L: PartialEq>(
     }
     Err(Error::InvalidParameter {
         op: OP,
-        what: "ref_includes_query",
-        value: "true".into(),
+        what: "self_exclusion",
+        value: "SameIndex".into(),
         rule: "the first q references (rows and labels) must be the queries",
     })
 }

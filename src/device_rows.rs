@@ -1,5 +1,5 @@
 //! Reference rows resident on a device: embeddings split into pages that each fit one storage
-//! binding, with their squared norms, and the distances of query chunks against them.
+//! binding, with their squared norms.
 //!
 //! The triplet miner uploads host references into one of these once per call; a
 //! [`crate::MemoryBank`] owns one for its whole life, so mining against the bank re-uploads
@@ -8,24 +8,12 @@
 use ndarray::{Array2, ArrayView2};
 
 use crate::context::{Context, GpuDevice};
-use crate::distance::DistanceConfig;
 use crate::error::{Error, Result};
-use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};
+use crate::kernels::distance_tile;
 use crate::kernels::row_norms::{self, RowNorms};
 use crate::memory::TrackedBuffer;
-use crate::oom_retry::{self, RowSink};
-use crate::plan::{plan_rows, DeviceCaps, Footprint};
-use crate::transfer::{self, Staging};
-
-/// Bytes of a buffer of `n` f32/u32 (as [`transfer::create_buffer`] rounds them).
-pub(crate) fn f32s(n: usize) -> u64 {
-    transfer::buffer_size(4 * n as u64)
-}
-
-/// Bytes of a uniform buffer holding one `T`.
-pub(crate) fn uniform_size<T>() -> u64 {
-    transfer::buffer_size(std::mem::size_of::<T>() as u64)
-}
+use crate::plan::DeviceCaps;
+use crate::transfer::{self, encoder, f32s, Staging};
 
 /// One page: `rows` padded embeddings and their squared norms.
 struct Page {
@@ -188,13 +176,21 @@ impl DeviceRows {
 
     /// Page `p`'s embeddings and squared norms, for binding.
     pub(crate) fn page(&self, p: usize) -> Result<(&TrackedBuffer, &TrackedBuffer)> {
-        let page = self.pages.get(p).ok_or(Error::InvalidParameter {
+        let page = self.pages.get(p).ok_or_else(|| Error::Internal {
             op: "device_rows",
-            what: "page",
-            value: p.to_string(),
-            rule: "a page index below the number of pages",
+            message: format!("page {p} of {}", self.pages.len()),
         })?;
         Ok((&page.embeddings, &page.norms))
+    }
+
+    /// Every page in order: `(first row, rows, embeddings, squared norms)`.
+    pub(crate) fn pages(
+        &self,
+    ) -> impl Iterator<Item = (usize, usize, &TrackedBuffer, &TrackedBuffer)> + '_ {
+        self.pages
+            .iter()
+            .enumerate()
+            .map(|(p, page)| (p * self.page_rows, page.rows, &page.embeddings, &page.norms))
     }
 
     /// Writes host rows `x[start .. start + count]` into rows `0 .. count` of the first page
@@ -228,17 +224,9 @@ impl DeviceRows {
         norms.encode(gpu, enc, count as u64, params, embeddings, page_norms)
     }
 
-    /// `Err` unless these rows live on `gpu`'s device (binding them elsewhere is a wgpu fault).
-    pub(crate) fn check_device(&self, op: &'static str, gpu: &GpuDevice) -> Result<()> {
-        if self.device == gpu.serial {
-            return Ok(());
-        }
-        Err(Error::InvalidParameter {
-            op,
-            what: "context",
-            value: gpu.info.name.clone(),
-            rule: "a memory bank can only be used with the context that created it",
-        })
+    /// Whether these rows live on `gpu`'s device (binding them elsewhere is a wgpu fault).
+    pub(crate) fn is_on(&self, gpu: &GpuDevice) -> bool {
+        self.device == gpu.serial
     }
 
     /// Records copies of `count` padded rows (and their norms) from `src` / `src_norms`, row
@@ -318,236 +306,4 @@ impl DeviceRows {
 pub(crate) struct RowsView<'a> {
     pub(crate) rows: &'a DeviceRows,
     pub(crate) len: usize,
-}
-
-pub(crate) fn encoder(gpu: &GpuDevice, label: &'static str) -> wgpu::CommandEncoder {
-    gpu.device
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
-}
-
-/// Buffers of [`DistanceRows`] for up to `rows` queries against `refs` rows in `pages` pages;
-/// the plans of its users count exactly these.
-pub(crate) fn distance_rows_buffers(
-    rows: usize,
-    refs: usize,
-    dim4: usize,
-    pages: usize,
-) -> Vec<u64> {
-    let mut sizes = vec![
-        uniform_size::<row_norms::Params>(),
-        f32s(rows * dim4 * 4), // queries
-        f32s(rows),            // query norms
-        f32s(rows * refs),     // distances
-    ];
-    sizes.extend(std::iter::repeat_n(
-        uniform_size::<distance_tile::Params>(),
-        pages,
-    ));
-    sizes
-}
-
-/// The distances of a chunk of query rows against resident reference rows, as a row-major
-/// `(rows, refs)` device matrix: one distance tile per page, each writing its column block.
-pub(crate) struct DistanceRows {
-    norm_params: TrackedBuffer,
-    queries: TrackedBuffer,
-    query_norms: TrackedBuffer,
-    tile_params: Vec<TrackedBuffer>,
-    /// `(rows, refs)` distances of the last encoded chunk.
-    pub(crate) distances: TrackedBuffer,
-    norms: std::sync::Arc<RowNorms>,
-    tile: std::sync::Arc<DistanceTile>,
-}
-
-impl DistanceRows {
-    /// Buffers for chunks of up to `rows` queries against `refs`.
-    pub(crate) fn new(
-        ctx: &Context,
-        gpu: &GpuDevice,
-        rows: usize,
-        refs: RowsView<'_>,
-    ) -> Result<Self> {
-        let dim4 = refs.rows.dim4;
-        let uniform = |label, size| {
-            let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
-            transfer::create_buffer(ctx, gpu, label, size, usage)
-        };
-        let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
-        let pages = refs.rows.pages_for(refs.len);
-        let mut tile_params = Vec::with_capacity(pages);
-        for _ in 0..pages {
-            tile_params.push(uniform(
-                "distance_rows::tile_params",
-                uniform_size::<distance_tile::Params>(),
-            )?);
-        }
-        Ok(Self {
-            norm_params: uniform(
-                "distance_rows::norm_params",
-                uniform_size::<row_norms::Params>(),
-            )?,
-            queries: transfer::create_buffer(
-                ctx,
-                gpu,
-                "distance_rows::queries",
-                f32s(rows * dim4 * 4),
-                input,
-            )?,
-            query_norms: transfer::output(ctx, gpu, "distance_rows::query_norms", f32s(rows))?,
-            tile_params,
-            distances: transfer::output(
-                ctx,
-                gpu,
-                "distance_rows::distances",
-                f32s(rows * refs.len),
-            )?,
-            norms: gpu.kernel::<RowNorms>()?,
-            tile: gpu.kernel::<DistanceTile>()?,
-        })
-    }
-
-    /// Uploads query rows `r0 .. r0 + rows` and records their distances to every row of
-    /// `refs` into [`Self::distances`].
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "one call site per user, all distinct"
-    )]
-    pub(crate) fn encode(
-        &self,
-        ctx: &Context,
-        gpu: &GpuDevice,
-        enc: &mut wgpu::CommandEncoder,
-        queries: ArrayView2<'_, f32>,
-        r0: usize,
-        rows: usize,
-        refs: RowsView<'_>,
-        cfg: &DistanceConfig,
-    ) -> Result<()> {
-        let store = refs.rows;
-        let (m, dim4) = (refs.len, store.dim4);
-        transfer::write(
-            gpu,
-            &self.queries,
-            0,
-            &transfer::padded_rows(queries, r0, rows, dim4),
-        )?;
-        let params = row_norms::Params {
-            rows: rows as u32,
-            dim4: dim4 as u32,
-            _pad: [0; 2],
-        };
-        transfer::write(gpu, &self.norm_params, 0, &[params])?;
-        transfer::fill_sentinel(ctx, gpu, &self.query_norms, f32s(rows))?;
-        transfer::fill_sentinel(ctx, gpu, &self.distances, f32s(rows * m))?;
-        self.norms.encode(
-            gpu,
-            enc,
-            rows as u64,
-            &self.norm_params,
-            &self.queries,
-            &self.query_norms,
-        )?;
-        for (p, (page, params)) in store.pages.iter().zip(&self.tile_params).enumerate() {
-            let c0 = p * store.page_rows;
-            if c0 >= m {
-                break;
-            }
-            let cols = page.rows.min(m - c0);
-            let tile_params = distance_tile::Params {
-                rows: rows as u32,
-                cols: cols as u32,
-                dim4: dim4 as u32,
-                metric: cfg.distance.code(),
-                normalize: u32::from(cfg.normalizes()),
-                out_stride: m as u32,
-                out_col0: c0 as u32,
-                ref_row0: 0,
-            };
-            transfer::write(gpu, params, 0, &[tile_params])?;
-            let buffers = TileBuffers {
-                params,
-                queries: &self.queries,
-                refs: &page.embeddings,
-                query_sq_norms: &self.query_norms,
-                ref_sq_norms: &page.norms,
-                out: &self.distances,
-            };
-            self.tile
-                .encode(gpu, enc, rows as u64, cols as u64, &buffers)?;
-        }
-        Ok(())
-    }
-}
-
-/// Hands the distances of `queries` `(q, d)` against resident `refs` to `on_block` in
-/// consecutive blocks of whole rows `(row0, (rows, m))`, each at most `max_rows` rows and as
-/// many as the budget allows.
-pub(crate) fn for_each_row_block(
-    ctx: &Context,
-    gpu: &GpuDevice,
-    queries: ArrayView2<'_, f32>,
-    refs: RowsView<'_>,
-    cfg: &DistanceConfig,
-    max_rows: usize,
-    on_block: &mut RowSink<'_>,
-) -> Result<()> {
-    oom_retry::retry_rows(ctx, on_block, |on_block| {
-        row_blocks(ctx, gpu, queries, refs, cfg, max_rows, on_block)
-    })
-}
-
-/// One attempt of [`for_each_row_block`].
-fn row_blocks(
-    ctx: &Context,
-    gpu: &GpuDevice,
-    queries: ArrayView2<'_, f32>,
-    refs: RowsView<'_>,
-    cfg: &DistanceConfig,
-    max_rows: usize,
-    on_block: &mut RowSink<'_>,
-) -> Result<()> {
-    const OP: &str = "distance_rows";
-    let (q, m) = (queries.nrows(), refs.len);
-    refs.rows.check_device(OP, gpu)?;
-    if q == 0 {
-        return Ok(());
-    }
-    let pages = refs.rows.pages_for(m);
-    let dim4 = refs.rows.dim4;
-    let caps = DeviceCaps::from_limits(&gpu.limits);
-    let cost = |rows: usize| {
-        let mut buffers = distance_rows_buffers(rows, m, dim4, pages);
-        buffers.push(f32s(rows * m)); // staging
-        Footprint {
-            bytes: buffers.iter().sum(),
-            largest_buffer: buffers.iter().copied().max().unwrap_or(0),
-            workgroups: (rows as u64).div_ceil(distance_tile::BLOCK),
-            workgroup_storage: distance_tile::WORKGROUP_STORAGE,
-        }
-    };
-    let plan = plan_rows(
-        OP,
-        q.min(max_rows.max(1)),
-        m,
-        oom_retry::planning_budget(ctx),
-        &caps,
-        cost,
-    )?;
-    let chunk = DistanceRows::new(ctx, gpu, plan.rows, refs)?;
-    let staging = Staging::new(ctx, gpu, "distance_rows::staging", f32s(plan.rows * m))?;
-    for r0 in (0..q).step_by(plan.rows) {
-        let rows = plan.rows.min(q - r0);
-        let mut enc = encoder(gpu, OP);
-        chunk.encode(ctx, gpu, &mut enc, queries, r0, rows, refs, cfg)?;
-        staging.copy_from(&mut enc, &chunk.distances, 0, 4 * (rows * m) as u64);
-        transfer::submit_and_wait(gpu, enc)?;
-        staging.read::<f32, _>(gpu, rows * m, |values| {
-            let view = ArrayView2::from_shape((rows, m), values).map_err(|e| Error::Readback {
-                label: "distance_rows::staging",
-                message: e.to_string(),
-            })?;
-            on_block(r0, view)
-        })??;
-    }
-    Ok(())
 }

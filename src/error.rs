@@ -26,7 +26,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// ```
 /// use wgpu_metric_learning::{knn, Context, Error, KnnConfig};
 /// let x = ndarray::array![[0.0f32, f32::NAN]];
-/// match knn(&Context::native_cpu(None), x.view(), x.view(), &KnnConfig { k: 1, ..Default::default() }) {
+/// match knn(&Context::native_cpu(None), &x, &x, &KnnConfig { k: 1, ..Default::default() }) {
 ///     Err(Error::NonFinite { what, row, col, .. }) => assert_eq!((what, row, col), ("queries", 0, 1)),
 ///     other => panic!("expected NonFinite, got {other:?}"),
 /// }
@@ -115,48 +115,80 @@ pub enum Error {
         label: &'static str,
         /// Size of the request in bytes.
         requested: u64,
-        /// The driver's message.
+        /// The driver's message (or what refused: the host, a simulated device).
         message: String,
+        /// wgpu's error, when wgpu refused.
+        #[source]
+        source: Option<wgpu::Error>,
     },
     /// wgpu reported a validation or internal error inside an operation of this crate.
-    #[error("wgpu error during {op}: {message}")]
+    #[error("wgpu error during {op}: {source}")]
     Wgpu {
         /// The operation or object that failed.
         op: &'static str,
-        /// wgpu's description.
-        message: String,
+        /// wgpu's error.
+        #[source]
+        source: wgpu::Error,
+    },
+    /// Waiting for the device to finish a submission failed (timed out, or a wrong
+    /// submission index).
+    #[error("waiting for the device during {op} failed: {source}")]
+    Poll {
+        /// The operation that waited.
+        op: &'static str,
+        /// wgpu's error.
+        #[source]
+        source: wgpu::PollError,
     },
     /// The device was lost (driver reset, `Device::destroy`, removal); make a new context.
-    #[error("the GPU device was lost ({reason}): {message}")]
+    #[error("the GPU device was lost ({reason:?}): {message}")]
     DeviceLost {
-        /// wgpu's reason, formatted.
-        reason: String,
+        /// wgpu's reason.
+        reason: wgpu::DeviceLostReason,
         /// wgpu's message.
         message: String,
     },
     /// Reading a buffer back to the host failed.
-    #[error("reading back {label} failed: {message}")]
+    #[error("reading back {label} failed: {source}")]
     Readback {
         /// Label of the buffer being read.
         label: &'static str,
-        /// What failed.
-        message: String,
+        /// What failed: mapping the buffer or viewing its mapped range.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// No usable adapter was found (or none matched the requested name or index).
     #[error("no usable GPU adapter: {0}")]
     NoAdapter(String),
     /// The adapter refused to create a device.
-    #[error("could not create a device on adapter {adapter}: {message}")]
+    #[error("could not create a device on adapter {adapter}: {source}")]
     RequestDevice {
         /// The adapter's name.
         adapter: String,
-        /// wgpu's message.
-        message: String,
+        /// wgpu's error.
+        #[source]
+        source: wgpu::RequestDeviceError,
     },
     /// The operation needs the wgpu path but the context runs on the native CPU backend.
     #[error("{op} needs a wgpu device, but this context runs on the native CPU backend")]
     NoDevice {
         /// The operation.
         op: &'static str,
+    },
+    /// The call's [`CancelToken`](crate::CancelToken) was cancelled; it stopped at a chunk
+    /// boundary and released everything it had allocated.
+    #[error("{op} was cancelled")]
+    Cancelled {
+        /// The operation.
+        op: &'static str,
+    },
+    /// An invariant of this crate does not hold: a bug. The message says which; please report
+    /// it.
+    #[error("internal error in {op}: {message} (a bug in wgpu-metric-learning)")]
+    Internal {
+        /// The operation.
+        op: &'static str,
+        /// What went wrong.
+        message: String,
     },
 }

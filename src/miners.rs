@@ -11,10 +11,12 @@ use std::hash::Hash;
 use ndarray::{Array2, ArrayView1, ArrayView2};
 
 use crate::context::{ComputePath, Context};
-use crate::device_rows;
-use crate::distance::{for_each_row_block, Distance, DistanceConfig};
+use crate::distance::{for_each_row_block, row_plan};
 use crate::error::{Error, Result};
-use crate::mining_set::{prepare, Embeddings, MiningSet, Prepared, SelfExclusion};
+use crate::hooks::{Hooks, Reporter};
+use crate::inputs::{prepare, Labelled, MiningSet, SelfExclusion};
+use crate::metric::{Distance, DistanceConfig};
+use crate::plan::Plan;
 use crate::triplets::Triplets;
 use crate::validate;
 
@@ -27,7 +29,7 @@ const BLOCK_FLOATS: usize = 1 << 24;
 /// ```
 /// use wgpu_metric_learning::{all_pairs, Context, MiningSet};
 /// let labels = ndarray::array![0, 0, 1];
-/// let set = MiningSet::labels(labels.view());
+/// let set = MiningSet::from_labels(&labels);
 /// let p = all_pairs(&Context::native_cpu(None), &set, None, &Default::default())?;
 /// assert_eq!(p.positives, ndarray::array![[0u32, 1], [1, 0]]);
 /// assert_eq!(p.negatives.nrows(), 4); // (0,2), (1,2), (2,0), (2,1)
@@ -58,14 +60,18 @@ impl Row<'_> {
     }
 }
 
-/// Calls `f` for every anchor in ascending order.
+/// Calls `f` for every anchor in ascending order, reporting each anchor's `m` pairs and
+/// checking for cancellation between blocks of rows.
 fn for_each_row(
+    op: &'static str,
     ctx: &Context,
-    set: &Prepared<'_>,
+    set: &Labelled<'_>,
     distance: &DistanceConfig,
+    hooks: &Hooks,
     f: &mut dyn FnMut(&Row<'_>),
 ) -> Result<()> {
-    let m = set.ref_labels.len();
+    let (b, m) = (set.labels.len(), set.ref_labels.len());
+    let report = Reporter::new(hooks, op, b as u64 * m as u64);
     let (mut positives, mut negatives) = (Vec::with_capacity(m), Vec::with_capacity(m));
     let mut visit = |a: usize, values: Option<ArrayView1<'_, f32>>| {
         set.lists_of(a, &mut positives, &mut negatives);
@@ -76,43 +82,84 @@ fn for_each_row(
             negatives: &negatives,
         });
     };
+    let rows = (BLOCK_FLOATS / m.max(1)).max(1);
     let (Some(queries), Some(refs)) = (set.queries, set.refs) else {
-        for a in 0..set.labels.len() {
-            visit(a, None);
+        for a0 in (0..b).step_by(rows) {
+            report.check()?;
+            let a1 = (a0 + rows).min(b);
+            (a0..a1).for_each(|a| visit(a, None));
+            report.add(((a1 - a0) * m) as u64);
         }
         return Ok(());
     };
-    let rows = (BLOCK_FLOATS / m.max(1)).max(1);
     let mut on_block = |r0: usize, block: ArrayView2<'_, f32>| {
         for (i, row) in block.rows().into_iter().enumerate() {
             visit(r0 + i, Some(row));
         }
         Ok(())
     };
-    match (refs, ctx.gpu()) {
-        (Embeddings::Host(refs), _) => {
-            for_each_row_block(ctx, queries, refs, distance, rows, &mut on_block)
+    for_each_row_block(
+        op,
+        ctx,
+        queries,
+        refs,
+        distance,
+        rows,
+        &report,
+        &mut on_block,
+    )
+}
+
+/// How the pair and batch miners ([`all_pairs`], [`pair_margin_pairs`],
+/// [`multi_similarity_pairs`], [`batch_easy_hard_pairs`], [`batch_hard_triplets`]) would run
+/// with these inputs on `ctx`: they all walk the distance matrix in blocks of whole rows (at
+/// most 64 MiB of distances on the host), and this is the plan of those blocks. Nothing is
+/// computed; the distance a miner uses changes no buffer.
+///
+/// # Errors
+/// As the miners for bad inputs (embeddings needed); [`Error::OverBudget`] /
+/// [`Error::DeviceLimit`] when not even one row fits.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{miners_plan, Context, MiningSet};
+/// let x = ndarray::Array2::<f32>::zeros((512, 64));
+/// let y = ndarray::Array1::from_shape_fn(512, |i| i % 8);
+/// let plan = miners_plan(&Context::native_cpu(None), &MiningSet::new(&x, &y), None)?;
+/// assert_eq!(plan.rows, 512); // one block of rows: 512 × 512 distances fit 64 MiB
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn miners_plan<L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
+) -> Result<Plan> {
+    const OP: &str = "miners_plan";
+    let set = prepare(OP, ctx, queries, refs, &SelfExclusion::Auto, true)?;
+    let m = set.ref_labels.len();
+    match (set.queries, set.refs) {
+        (Some(queries), Some(refs)) => {
+            row_plan(OP, ctx, queries, &refs, (BLOCK_FLOATS / m.max(1)).max(1))
         }
-        (Embeddings::Bank(bank), Some(gpu)) => device_rows::for_each_row_block(
-            ctx,
-            gpu,
-            queries,
-            bank.view,
-            distance,
-            rows,
-            &mut on_block,
-        ),
-        (Embeddings::Bank(_), None) => set.host_refs("mine").map(|_| ()),
+        _ => Err(Error::Internal {
+            op: OP,
+            message: "validated inputs without embeddings".into(),
+        }),
     }
 }
 
 impl Pairs {
     /// Pairs from flat `(a, p)` and `(a, n)` rows, computed on `ctx`'s path.
-    fn new(ctx: &Context, positives: Vec<u32>, negatives: Vec<u32>) -> Result<Self> {
+    fn new(
+        op: &'static str,
+        ctx: &Context,
+        positives: Vec<u32>,
+        negatives: Vec<u32>,
+    ) -> Result<Self> {
         let array = |flat: Vec<u32>| {
-            Array2::from_shape_vec((flat.len() / 2, 2), flat).map_err(|e| Error::Readback {
-                label: "pairs",
-                message: e.to_string(),
+            Array2::from_shape_vec((flat.len() / 2, 2), flat).map_err(|e| Error::Internal {
+                op,
+                message: format!("pairs are not whole (a, b) rows: {e}"),
             })
         };
         Ok(Self {
@@ -134,9 +181,9 @@ impl Pairs {
 /// # Example
 /// ```
 /// use ndarray::array;
-/// use wgpu_metric_learning::{all_pairs, Context, MiningSet, SelfExclusion};
+/// use wgpu_metric_learning::{all_pairs, AllPairsConfig, Context, MiningSet, SelfExclusion};
 /// let labels = array![0, 0, 1];
-/// let p = all_pairs(&Context::native_cpu(None), &MiningSet::labels(labels.view()), None, &SelfExclusion::None)?;
+/// let p = all_pairs(&Context::native_cpu(None), &MiningSet::from_labels(&labels), None, &AllPairsConfig::default())?;
 /// assert_eq!(p.positives, array![[0u32, 1], [1, 0]]);
 /// assert_eq!(p.negatives.nrows(), 4);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
@@ -145,15 +192,39 @@ pub fn all_pairs<L: Hash + Eq + Copy>(
     ctx: &Context,
     queries: &MiningSet<'_, L>,
     refs: Option<&MiningSet<'_, L>>,
-    self_exclusion: &SelfExclusion,
+    cfg: &AllPairsConfig,
 ) -> Result<Pairs> {
-    let set = prepare("all_pairs", ctx, queries, refs, self_exclusion, false)?;
+    const OP: &str = "all_pairs";
+    let set = prepare(OP, ctx, queries, refs, &cfg.self_exclusion, false)?;
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
-    for_each_row(ctx, &set, &DistanceConfig::default(), &mut |row| {
-        pos.extend(row.positives.iter().flat_map(|&p| [row.anchor, p]));
-        neg.extend(row.negatives.iter().flat_map(|&n| [row.anchor, n]));
-    })?;
-    Pairs::new(ctx, pos, neg)
+    for_each_row(
+        OP,
+        ctx,
+        &set,
+        &DistanceConfig::default(),
+        &cfg.hooks,
+        &mut |row| {
+            pos.extend(row.positives.iter().flat_map(|&p| [row.anchor, p]));
+            neg.extend(row.negatives.iter().flat_map(|&n| [row.anchor, n]));
+        },
+    )?;
+    Pairs::new(OP, ctx, pos, neg)
+}
+
+/// Settings of [`all_pairs`]. Every field has a documented default.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{AllPairsConfig, SelfExclusion};
+/// assert_eq!(AllPairsConfig::default().self_exclusion, SelfExclusion::Auto);
+/// ```
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AllPairsConfig {
+    /// Which reference is each anchor itself. Default [`SelfExclusion::Auto`] (its own row
+    /// when the references are the queries).
+    pub self_exclusion: SelfExclusion,
+    /// Progress (anchor–reference pairs) and cancellation. Default: none.
+    pub hooks: Hooks,
 }
 
 /// `PairMarginMiner` settings; defaults are PML's.
@@ -171,8 +242,11 @@ pub struct PairMarginConfig {
     pub neg_margin: f32,
     /// Default: Euclidean on normalised embeddings (PML's default distance).
     pub distance: DistanceConfig,
-    /// Used when references are given. Default [`SelfExclusion::None`].
+    /// Which reference is each anchor itself. Default [`SelfExclusion::Auto`] (its own row
+    /// when the references are the queries).
     pub self_exclusion: SelfExclusion,
+    /// Progress (anchor–reference pairs compared) and cancellation. Default: none.
+    pub hooks: Hooks,
 }
 
 impl Default for PairMarginConfig {
@@ -181,7 +255,8 @@ impl Default for PairMarginConfig {
             pos_margin: 0.2,
             neg_margin: 0.8,
             distance: DistanceConfig::default(),
-            self_exclusion: SelfExclusion::None,
+            self_exclusion: SelfExclusion::Auto,
+            hooks: Hooks::default(),
         }
     }
 }
@@ -199,7 +274,7 @@ impl Default for PairMarginConfig {
 /// use wgpu_metric_learning::{pair_margin_pairs, Context, MiningSet, PairMarginConfig};
 /// let (labels, emb) = (array![0, 0, 1], array![[1.0f32, 0.0], [0.0, 1.0], [1.0, 0.1]]);
 /// let p = pair_margin_pairs(&Context::native_cpu(None),
-///     &MiningSet::with_embeddings(labels.view(), emb.view()), None, &PairMarginConfig::default())?;
+///     &MiningSet::new(&emb, &labels), None, &PairMarginConfig::default())?;
 /// assert_eq!(p.positives, array![[0u32, 1], [1, 0]]);  // far apart although the same class
 /// assert_eq!(p.negatives, array![[0u32, 2], [2, 0]]);  // close although different classes
 /// # Ok::<(), wgpu_metric_learning::Error>(())
@@ -216,7 +291,7 @@ pub fn pair_margin_pairs<L: Hash + Eq + Copy>(
     let set = prepare(OP, ctx, queries, refs, &cfg.self_exclusion, true)?;
     let sim = cfg.distance.distance.is_similarity();
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
-    for_each_row(ctx, &set, &cfg.distance, &mut |row| {
+    for_each_row(OP, ctx, &set, &cfg.distance, &cfg.hooks, &mut |row| {
         for &p in row.positives {
             let v = row.value(p);
             if (sim && v < cfg.pos_margin) || (!sim && v > cfg.pos_margin) {
@@ -230,7 +305,7 @@ pub fn pair_margin_pairs<L: Hash + Eq + Copy>(
             }
         }
     })?;
-    Pairs::new(ctx, pos, neg)
+    Pairs::new(OP, ctx, pos, neg)
 }
 
 /// `MultiSimilarityMiner` settings; defaults are PML's.
@@ -247,8 +322,11 @@ pub struct MultiSimilarityConfig {
     pub epsilon: f32,
     /// Default: cosine similarity (PML's default for this miner).
     pub distance: DistanceConfig,
-    /// Used when references are given. Default [`SelfExclusion::None`].
+    /// Which reference is each anchor itself. Default [`SelfExclusion::Auto`] (its own row
+    /// when the references are the queries).
     pub self_exclusion: SelfExclusion,
+    /// Progress (anchor–reference pairs compared) and cancellation. Default: none.
+    pub hooks: Hooks,
 }
 
 impl Default for MultiSimilarityConfig {
@@ -259,7 +337,8 @@ impl Default for MultiSimilarityConfig {
                 distance: Distance::Cosine,
                 normalize: true,
             },
-            self_exclusion: SelfExclusion::None,
+            self_exclusion: SelfExclusion::Auto,
+            hooks: Hooks::default(),
         }
     }
 }
@@ -287,7 +366,7 @@ fn sorted_by_value(row: &Row<'_>, indices: &[u32]) -> Vec<u32> {
 /// use wgpu_metric_learning::{multi_similarity_pairs, Context, MiningSet, MultiSimilarityConfig};
 /// let (labels, emb) = (array![0, 0, 1], array![[1.0f32, 0.0], [0.0, 1.0], [1.0, 0.1]]);
 /// let p = multi_similarity_pairs(&Context::native_cpu(None),
-///     &MiningSet::with_embeddings(labels.view(), emb.view()), None, &MultiSimilarityConfig::default())?;
+///     &MiningSet::new(&emb, &labels), None, &MultiSimilarityConfig::default())?;
 /// assert_eq!(p.positives, array![[0u32, 1], [1, 0]]);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
@@ -303,7 +382,7 @@ pub fn multi_similarity_pairs<L: Hash + Eq + Copy>(
     let sim = cfg.distance.distance.is_similarity();
     let eps = cfg.epsilon;
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
-    for_each_row(ctx, &set, &cfg.distance, &mut |row| {
+    for_each_row(OP, ctx, &set, &cfg.distance, &cfg.hooks, &mut |row| {
         if row.positives.is_empty() || row.negatives.is_empty() {
             return;
         }
@@ -330,7 +409,7 @@ pub fn multi_similarity_pairs<L: Hash + Eq + Copy>(
             }
         }
     })?;
-    Pairs::new(ctx, pos, neg)
+    Pairs::new(OP, ctx, pos, neg)
 }
 
 /// How `BatchEasyHardMiner` picks an anchor's positive or negative.
@@ -346,7 +425,7 @@ pub fn multi_similarity_pairs<L: Hash + Eq + Copy>(
 ///     distance: DistanceConfig { normalize: false, ..Default::default() },
 ///     ..Default::default()
 /// };
-/// let p = batch_easy_hard_pairs(&Context::native_cpu(None), &MiningSet::with_embeddings(labels.view(), x.view()), None, &cfg)?;
+/// let p = batch_easy_hard_pairs(&Context::native_cpu(None), &MiningSet::new(&x, &labels), None, &cfg)?;
 /// assert_eq!(p.positives.row(0).to_vec(), vec![0, 2]); // anchor 0: farthest positive
 /// assert_eq!(p.negatives.row(0).to_vec(), vec![0, 3]); // its only negative
 /// # Ok::<(), wgpu_metric_learning::Error>(())
@@ -384,8 +463,11 @@ pub struct BatchEasyHardConfig {
     pub allowed_neg_range: Option<(f32, f32)>,
     /// Default: Euclidean on normalised embeddings.
     pub distance: DistanceConfig,
-    /// Used when references are given. Default [`SelfExclusion::None`].
+    /// Which reference is each anchor itself. Default [`SelfExclusion::Auto`] (its own row
+    /// when the references are the queries).
     pub self_exclusion: SelfExclusion,
+    /// Progress (anchor–reference pairs compared) and cancellation. Default: none.
+    pub hooks: Hooks,
 }
 
 impl Default for BatchEasyHardConfig {
@@ -396,7 +478,8 @@ impl Default for BatchEasyHardConfig {
             allowed_pos_range: None,
             allowed_neg_range: None,
             distance: DistanceConfig::default(),
-            self_exclusion: SelfExclusion::None,
+            self_exclusion: SelfExclusion::Auto,
+            hooks: Hooks::default(),
         }
     }
 }
@@ -461,7 +544,7 @@ fn check_range(op: &'static str, what: &'static str, range: Option<(f32, f32)>) 
 /// let x = ndarray::Array2::from_shape_fn((9, 1), |(i, _)| i as f32);
 /// let cfg = BatchEasyHardConfig { pos_strategy: Strategy::Hard, neg_strategy: Strategy::Hard,
 ///     distance: DistanceConfig { normalize: false, ..Default::default() }, ..Default::default() };
-/// let p = batch_easy_hard_pairs(&Context::native_cpu(None), &MiningSet::with_embeddings(labels.view(), x.view()), None, &cfg)?;
+/// let p = batch_easy_hard_pairs(&Context::native_cpu(None), &MiningSet::new(&x, &labels), None, &cfg)?;
 /// assert_eq!(p.positives.column(1).to_vec(), vec![4, 4, 8, 8, 0, 2, 2, 2]);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
@@ -511,7 +594,7 @@ pub fn batch_easy_hard_pairs<L: Hash + Eq + Copy>(
         })
     };
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
-    for_each_row(ctx, &set, &cfg.distance, &mut |row| {
+    for_each_row(OP, ctx, &set, &cfg.distance, &cfg.hooks, &mut |row| {
         let a = row.anchor;
         match (ps, ns) {
             (All, All) => {
@@ -547,7 +630,7 @@ pub fn batch_easy_hard_pairs<L: Hash + Eq + Copy>(
             }
         }
     })?;
-    Pairs::new(ctx, pos, neg)
+    Pairs::new(OP, ctx, pos, neg)
 }
 
 /// `BatchHardMiner` settings.
@@ -561,8 +644,11 @@ pub fn batch_easy_hard_pairs<L: Hash + Eq + Copy>(
 pub struct BatchHardConfig {
     /// Default: Euclidean on normalised embeddings.
     pub distance: DistanceConfig,
-    /// Used when references are given. Default [`SelfExclusion::None`].
+    /// Which reference is each anchor itself. Default [`SelfExclusion::Auto`] (its own row
+    /// when the references are the queries).
     pub self_exclusion: SelfExclusion,
+    /// Progress (anchor–reference pairs compared) and cancellation. Default: none.
+    pub hooks: Hooks,
 }
 
 /// PML `BatchHardMiner`: for every anchor with a positive and a negative, in ascending order,
@@ -578,7 +664,7 @@ pub struct BatchHardConfig {
 /// let labels = array![0, 0, 1, 1, 0, 2, 1, 1, 1];
 /// let x = ndarray::Array2::from_shape_fn((9, 1), |(i, _)| i as f32);
 /// let cfg = BatchHardConfig { distance: DistanceConfig { normalize: false, ..Default::default() }, ..Default::default() };
-/// let t = batch_hard_triplets(&Context::native_cpu(None), &MiningSet::with_embeddings(labels.view(), x.view()), None, &cfg)?;
+/// let t = batch_hard_triplets(&Context::native_cpu(None), &MiningSet::new(&x, &labels), None, &cfg)?;
 /// assert_eq!(t.anchors().to_vec(), vec![0, 1, 2, 3, 4, 6, 7, 8]);
 /// assert_eq!(t.negatives().to_vec(), vec![2, 2, 1, 4, 3, 5, 5, 5]);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
@@ -600,6 +686,7 @@ pub fn batch_hard_triplets<L: Hash + Eq + Copy>(
             allowed_neg_range: None,
             distance: cfg.distance,
             self_exclusion: cfg.self_exclusion.clone(),
+            hooks: cfg.hooks.clone(),
         },
     )?;
     let rows = pairs.positives.nrows();

@@ -86,6 +86,7 @@ mod tests {
             label: "test",
             requested: 1,
             message: "refused".into(),
+            source: None,
         }
     }
 

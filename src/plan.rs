@@ -2,35 +2,62 @@
 //!
 //! An operation describes its working set as a function of its tile `(rows, cols)` (a
 //! [`Footprint`]); [`plan_tiles`] finds the largest tile whose footprint fits the budget that is
-//! still available AND the adapter's limits, or says why even the smallest cannot.
+//! still available AND the adapter's limits, or says why even the smallest cannot. What a user
+//! sees of a plan is a [`Plan`], from the operations' `*_plan` functions.
 
+use crate::context::ComputePath;
 use crate::error::{Error, Result};
 
-/// The device limits that bound a tile; a copy of the relevant fields of `wgpu::Limits`.
+/// How an operation would run on a context, from its `*_plan` function
+/// ([`crate::pairwise_distances_plan`], [`crate::knn_plan`], [`crate::accuracy_plan`],
+/// [`crate::mine_triplets_plan`], [`crate::miners_plan`]): the chunks it takes and the memory
+/// they hold. A plan takes the operation's own arguments, does no work and allocates nothing;
+/// it is planned for the budget the context has available now, as the call would be.
 ///
 /// # Example
 /// ```
-/// use wgpu_metric_learning::DeviceCaps;
-/// let caps = DeviceCaps::from_limits(&wgpu::Limits::default());
-/// assert_eq!(caps.max_workgroups_per_dimension, 65_535);
+/// use wgpu_metric_learning::{knn_plan, Context, KnnConfig};
+/// let ctx = Context::native_cpu(Some(64 << 20));
+/// let x = ndarray::Array2::<f32>::zeros((10_000, 128));
+/// let plan = knn_plan(&ctx, &x, &x, &KnnConfig::default())?;
+/// assert!(plan.min_bytes <= plan.bytes && plan.bytes <= 64 << 20);
+/// println!("{} chunks of {} queries, {} bytes", plan.chunks, plan.rows, plan.bytes);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceCaps {
+pub struct Plan {
+    /// Where the operation runs.
+    pub path: ComputePath,
+    /// Queries (anchors) per chunk.
+    pub rows: usize,
+    /// References per chunk (all of them when they stay resident).
+    pub cols: usize,
+    /// Chunks in all (query chunks × reference ranges).
+    pub chunks: usize,
+    /// Bytes the call holds at once with this plan: device memory on the wgpu path (inputs,
+    /// tiles, outputs, staging), scratch on the native path; outputs returned to the caller
+    /// are not counted. Within the budget available.
+    pub bytes: u64,
+    /// Bytes of the smallest plan: the least budget under which the call runs at all.
+    pub min_bytes: u64,
+}
+
+/// The device limits that bound a tile; a copy of the relevant fields of `wgpu::Limits`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeviceCaps {
     /// Largest buffer the device can create, in bytes.
-    pub max_buffer_size: u64,
+    pub(crate) max_buffer_size: u64,
     /// Largest range that can be bound as one storage buffer, in bytes.
-    pub max_storage_binding: u64,
+    pub(crate) max_storage_binding: u64,
     /// Most workgroups one dispatch may have in any dimension.
-    pub max_workgroups_per_dimension: u32,
+    pub(crate) max_workgroups_per_dimension: u32,
     /// Workgroup (shared) memory per workgroup, in bytes.
-    pub max_workgroup_storage: u32,
+    pub(crate) max_workgroup_storage: u32,
 }
 
 impl DeviceCaps {
     /// The caps of a device granted `limits`.
-    ///
-    /// See the example of [`DeviceCaps`].
-    pub fn from_limits(limits: &wgpu::Limits) -> Self {
+    pub(crate) fn from_limits(limits: &wgpu::Limits) -> Self {
         Self {
             max_buffer_size: limits.max_buffer_size,
             max_storage_binding: limits.max_storage_buffer_binding_size,
@@ -40,9 +67,8 @@ impl DeviceCaps {
     }
 
     /// Caps with no device limit at all: the native CPU path, bounded by the budget alone.
-    ///
-    /// See the example of [`crate::plan_tiles`].
-    pub fn unlimited() -> Self {
+    #[cfg(test)]
+    pub(crate) fn unlimited() -> Self {
         Self {
             max_buffer_size: u64::MAX,
             max_storage_binding: u64::MAX,
@@ -53,45 +79,42 @@ impl DeviceCaps {
 }
 
 /// What one tile of an operation needs from the device.
-///
-/// # Example
-/// ```
-/// use wgpu_metric_learning::Footprint;
-/// // A (64, 1024) f32 distance tile plus its two inputs of 128 floats per row.
-/// let (r, c, d) = (64u64, 1024u64, 128u64);
-/// let f = Footprint { bytes: 4 * (r * c + (r + c) * d), largest_buffer: 4 * r * c, workgroups: c / 16, workgroup_storage: 8192 };
-/// assert_eq!(f.largest_buffer, 256 << 10);
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Footprint {
+pub(crate) struct Footprint {
     /// Total bytes of all buffers alive at once while the tile runs.
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// The largest single buffer, which is also bound whole as one storage binding.
-    pub largest_buffer: u64,
+    pub(crate) largest_buffer: u64,
     /// The largest workgroup count of any dispatch in any dimension.
-    pub workgroups: u64,
+    pub(crate) workgroups: u64,
     /// Workgroup memory one workgroup uses.
-    pub workgroup_storage: u64,
+    pub(crate) workgroup_storage: u64,
 }
 
 /// A chosen tile: `rows` × `cols` items per step, and what it costs.
-///
-/// # Example
-/// ```
-/// use wgpu_metric_learning::{plan_tiles, DeviceCaps, Footprint};
-/// let cost = |r: usize, c: usize| Footprint { bytes: 4 * (r * c) as u64, largest_buffer: 4 * (r * c) as u64, workgroups: 1, workgroup_storage: 0 };
-/// let plan = plan_tiles("demo", 500, 100, 1, 40_000, &DeviceCaps::unlimited(), cost)?;
-/// assert_eq!((plan.rows, plan.cols), (100, 100)); // all columns, then as many rows as fit
-/// # Ok::<(), wgpu_metric_learning::Error>(())
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TilePlan {
+pub(crate) struct TilePlan {
     /// Rows (queries, anchors) per tile.
-    pub rows: usize,
+    pub(crate) rows: usize,
     /// Columns (references) per tile.
-    pub cols: usize,
+    pub(crate) cols: usize,
     /// The tile's footprint.
-    pub footprint: Footprint,
+    pub(crate) footprint: Footprint,
+}
+
+impl TilePlan {
+    /// The public view of this tile plan over `total_rows` × `total_cols` items, whose
+    /// smallest plan needs `min_bytes`.
+    pub(crate) fn public(&self, total_rows: usize, total_cols: usize, min_bytes: u64) -> Plan {
+        Plan {
+            path: ComputePath::Wgpu,
+            rows: self.rows,
+            cols: self.cols,
+            chunks: total_rows.div_ceil(self.rows.max(1)) * total_cols.div_ceil(self.cols.max(1)),
+            bytes: self.footprint.bytes,
+            min_bytes,
+        }
+    }
 }
 
 /// The first limit that `f` breaks, as an error, or `None` if `f` fits.
@@ -168,18 +191,7 @@ fn largest_fitting(lo: usize, hi: usize, fits: impl Fn(usize) -> bool) -> usize 
 /// If even a 1 × 1 tile does not fit: [`Error::OverBudget`] naming the bytes that tile needs
 /// and the budget, or [`Error::DeviceLimit`] naming the limit it breaks.
 ///
-/// # Example
-/// ```
-/// use wgpu_metric_learning::{plan_tiles, DeviceCaps, Footprint};
-/// let cost = |r: usize, c: usize| {
-///     let bytes = 4 * (r * c + r + c) as u64;
-///     Footprint { bytes, largest_buffer: 4 * (r * c) as u64, workgroups: 1, workgroup_storage: 0 }
-/// };
-/// let plan = plan_tiles("demo", 1000, 1000, 64, 1 << 20, &DeviceCaps::unlimited(), cost)?;
-/// assert!(plan.footprint.bytes <= 1 << 20);
-/// # Ok::<(), wgpu_metric_learning::Error>(())
-/// ```
-pub fn plan_tiles(
+pub(crate) fn plan_tiles(
     op: &'static str,
     total_rows: usize,
     total_cols: usize,
@@ -216,15 +228,7 @@ pub fn plan_tiles(
 /// # Errors
 /// As [`plan_tiles`], when a single row does not fit.
 ///
-/// # Example
-/// ```
-/// use wgpu_metric_learning::{plan_rows, DeviceCaps, Footprint};
-/// let cost = |r: usize| Footprint { bytes: 4096 + 1024 * r as u64, ..Default::default() };
-/// let plan = plan_rows("demo", 100, 1000, 64 << 10, &DeviceCaps::unlimited(), cost)?;
-/// assert_eq!(plan.rows, 60);
-/// # Ok::<(), wgpu_metric_learning::Error>(())
-/// ```
-pub fn plan_rows(
+pub(crate) fn plan_rows(
     op: &'static str,
     total_rows: usize,
     cols: usize,

@@ -26,19 +26,17 @@ fn scoped<T>(
     // Scopes pop innermost first.
     let validation = pollster::block_on(validation.pop());
     let oom = pollster::block_on(oom.pop());
-    if let Some(e) = oom {
+    if let Some(source) = oom {
         return Err(Error::OutOfMemory {
             label,
             requested,
-            message: e.to_string(),
+            message: source.to_string(),
+            source: Some(source),
         });
     }
-    if let Some(e) = validation {
+    if let Some(source) = validation {
         gpu.check_lost_after_error()?;
-        return Err(Error::Wgpu {
-            op: label,
-            message: e.to_string(),
-        });
+        return Err(Error::Wgpu { op: label, source });
     }
     Ok(value)
 }
@@ -52,6 +50,22 @@ pub(crate) fn checked<T>(gpu: &GpuDevice, op: &'static str, f: impl FnOnce() -> 
 /// alignment). Footprints use it so that plans count exactly what is allocated.
 pub(crate) fn buffer_size(bytes: u64) -> u64 {
     bytes.max(4).next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT)
+}
+
+/// Bytes of a buffer of `n` f32/u32 (as [`create_buffer`] rounds them).
+pub(crate) fn f32s(n: usize) -> u64 {
+    buffer_size(4 * n as u64)
+}
+
+/// Bytes of a uniform buffer holding one `T`.
+pub(crate) fn uniform_size<T>() -> u64 {
+    buffer_size(std::mem::size_of::<T>() as u64)
+}
+
+/// A command encoder labelled for the operation recording into it.
+pub(crate) fn encoder(gpu: &GpuDevice, label: &'static str) -> wgpu::CommandEncoder {
+    gpu.device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
 }
 
 /// Rows `start .. start + count` of `x` `(n, d)` as a row-major `(count, 4 * dim4)` f32 vector,
@@ -103,6 +117,7 @@ pub(crate) fn create_buffer(
                 label,
                 requested: size,
                 message: format!("simulated: the device holds {device_bytes} bytes"),
+                source: None,
             });
         }
     }
@@ -191,12 +206,12 @@ pub(crate) fn fill_sentinel(
     write(gpu, buffer, 0, &words)
 }
 
-/// Submits `encoder` and blocks until the device has finished it.
 /// Submits `encoder` without waiting: later queue writes apply after its commands.
 pub(crate) fn submit(gpu: &GpuDevice, encoder: wgpu::CommandEncoder) -> Result<()> {
     scoped(gpu, "submit", 0, || gpu.queue.submit([encoder.finish()])).map(|_| ())
 }
 
+/// Submits `encoder` and blocks until the device has finished it.
 pub(crate) fn submit_and_wait(gpu: &GpuDevice, encoder: wgpu::CommandEncoder) -> Result<()> {
     let index = scoped(gpu, "submit", 0, || gpu.queue.submit([encoder.finish()]))?;
     wait(gpu, index)
@@ -210,12 +225,9 @@ fn wait(gpu: &GpuDevice, index: wgpu::SubmissionIndex) -> Result<()> {
             submission_index: Some(index),
             timeout: Some(TIMEOUT),
         })
-        .map_err(|e| match gpu.check_lost_after_error() {
+        .map_err(|source| match gpu.check_lost_after_error() {
             Err(lost) => lost,
-            Ok(()) => Error::Wgpu {
-                op: "poll",
-                message: e.to_string(),
-            },
+            Ok(()) => Error::Poll { op: "wait", source },
         })?;
     gpu.check_alive()
 }
@@ -294,23 +306,23 @@ impl Staging {
         });
         gpu.device
             .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Readback {
-                label: self.label,
-                message: e.to_string(),
+            .map_err(|source| Error::Poll {
+                op: self.label,
+                source,
             })?;
         gpu.check_alive()?;
-        let mapped = rx.recv().map_err(|_| Error::Readback {
-            label: self.label,
-            message: "map callback never ran".into(),
+        let mapped = rx.recv().map_err(|_| Error::Internal {
+            op: self.label,
+            message: "the map callback never ran after a wait".into(),
         })?;
         mapped.map_err(|e| Error::Readback {
             label: self.label,
-            message: e.to_string(),
+            source: Box::new(e),
         })?;
         let result = {
             let view = slice.get_mapped_range().map_err(|e| Error::Readback {
                 label: self.label,
-                message: e.to_string(),
+                source: Box::new(e),
             })?;
             let all: &[T] = bytemuck::cast_slice(&view[..]);
             f(&all[..len])

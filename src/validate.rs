@@ -36,23 +36,6 @@ pub(crate) fn finite(op: &'static str, what: &'static str, x: ArrayView2<'_, f32
     }
 }
 
-/// `refs` must have as many columns as `queries`.
-pub(crate) fn same_dim(
-    op: &'static str,
-    queries: ArrayView2<'_, f32>,
-    refs: ArrayView2<'_, f32>,
-) -> Result<()> {
-    if refs.ncols() != queries.ncols() {
-        return Err(Error::Shape {
-            op,
-            what: "refs",
-            expected: format!("(n, {}) to match queries", queries.ncols()),
-            got: refs.shape().to_vec(),
-        });
-    }
-    Ok(())
-}
-
 /// A scalar parameter (margin, epsilon) must be finite.
 pub(crate) fn finite_param(op: &'static str, what: &'static str, value: f32) -> Result<()> {
     if value.is_finite() {

@@ -3,12 +3,13 @@
 //! typed errors, and a property test on both paths against a brute-force transcription of
 //! PML's definitions.
 
-mod common;
+use crate::common;
 
-use ndarray::{array, Array1, Array2};
+use ndarray::{array, Array1, Array2, ArrayView1, ArrayView2};
 use proptest::prelude::*;
 use wgpu_metric_learning::{
     accuracy, pairwise_distances, AccuracyConfig, AccuracyK, AccuracyMetrics, Context, Error,
+    MiningSet, PairwiseConfig, SelfExclusion,
 };
 
 fn close(a: f64, b: f64) -> bool {
@@ -45,8 +46,13 @@ fn hand_computed_table() {
     let x = array![[0.0f32], [1.0], [3.0], [4.0], [10.0], [20.0]];
     let y = array![0u32, 0, 1, 0, 1, 2];
     for ctx in contexts() {
-        let acc =
-            accuracy(&ctx, x.view(), y.view(), None, &AccuracyConfig::default()).expect("accuracy");
+        let acc = accuracy(
+            &ctx,
+            &MiningSet::new(&x, &y),
+            None,
+            &AccuracyConfig::default(),
+        )
+        .expect("accuracy");
         // Per query (rel of the 5 neighbours; R):
         // 0: 1 0 1 0 0; R 2 → P1 1, RP .5, MAP@R .5, MAP (1 + 2/3)/2, MRR 1
         // 1: same as 0
@@ -69,7 +75,7 @@ fn hand_computed_table() {
             avg_of_avgs: true,
             ..Default::default()
         };
-        let avg = accuracy(&ctx, x.view(), y.view(), None, &cfg).expect("avg_of_avgs");
+        let avg = accuracy(&ctx, &MiningSet::new(&x, &y), None, &cfg).expect("avg_of_avgs");
         let mean: Vec<f64> = a.iter().zip(b).map(|(a, b)| (a + b) / 2.0).collect();
         assert_metrics(
             &avg.metrics,
@@ -81,7 +87,7 @@ fn hand_computed_table() {
             k: AccuracyK::MaxBinCount,
             ..Default::default()
         };
-        let bins = accuracy(&ctx, x.view(), y.view(), None, &cfg).expect("max_bin_count");
+        let bins = accuracy(&ctx, &MiningSet::new(&x, &y), None, &cfg).expect("max_bin_count");
         assert_eq!(bins.k, 2);
         // Over 2 neighbours: MAP .5 .5 0 .25 .5 and MRR 1 1 0 .5 .5 (query 2 finds none).
         assert_metrics(
@@ -101,9 +107,8 @@ fn explicit_references_and_all_lone_queries() {
     for ctx in contexts() {
         let acc = accuracy(
             &ctx,
-            q.view(),
-            ql.view(),
-            Some((r.view(), rl.view())),
+            &MiningSet::new(&q, &ql),
+            Some(&MiningSet::new(&r, &rl)),
             &AccuracyConfig::default(),
         )
         .expect("accuracy");
@@ -121,8 +126,7 @@ fn explicit_references_and_all_lone_queries() {
         // Every label distinct: every query lone, every metric NaN.
         let lone = accuracy(
             &ctx,
-            r.view(),
-            array![1u32, 2, 3, 4].view(),
+            &MiningSet::new(&r, array![1u32, 2, 3, 4].view()),
             None,
             &AccuracyConfig::default(),
         )
@@ -137,7 +141,15 @@ fn bad_inputs_get_typed_errors() {
     let x = array![[0.0f32, 1.0], [1.0, 0.0], [1.0, 1.0]];
     let y = array![0u32, 0, 1];
     for ctx in contexts() {
-        let run = |cfg: &AccuracyConfig, refs| accuracy(&ctx, x.view(), y.view(), refs, cfg);
+        let run = |cfg: &AccuracyConfig,
+                   refs: Option<(ArrayView2<'_, f32>, ArrayView1<'_, u32>)>| {
+            accuracy(
+                &ctx,
+                &MiningSet::new(&x, &y),
+                refs.map(|(e, l)| MiningSet::new(e, l)).as_ref(),
+                cfg,
+            )
+        };
         let fixed = |k| AccuracyConfig {
             k: AccuracyK::Fixed(k),
             ..Default::default()
@@ -155,15 +167,11 @@ fn bad_inputs_get_typed_errors() {
         assert!(matches!(
             accuracy(
                 &ctx,
-                x.view(),
-                short.view(),
+                &MiningSet::new(&x, &short),
                 None,
                 &AccuracyConfig::default()
             ),
-            Err(Error::Shape {
-                what: "query_labels",
-                ..
-            })
+            Err(Error::Shape { what: "labels", .. })
         ));
         assert!(matches!(
             run(&AccuracyConfig::default(), Some((x.view(), short.view()))),
@@ -173,7 +181,7 @@ fn bad_inputs_get_typed_errors() {
             })
         ));
         let includes = AccuracyConfig {
-            ref_includes_query: true,
+            self_exclusion: SelfExclusion::SameIndex,
             ..Default::default()
         };
         let other = array![[0.0f32, 1.0], [1.0, 0.5], [1.0, 1.0], [2.0, 2.0]];
@@ -181,7 +189,7 @@ fn bad_inputs_get_typed_errors() {
         assert!(matches!(
             run(&includes, Some((other.view(), other_labels.view()))),
             Err(Error::InvalidParameter {
-                what: "ref_includes_query",
+                what: "self_exclusion",
                 ..
             })
         ));
@@ -193,7 +201,12 @@ fn bad_inputs_get_typed_errors() {
         let mut nan = x.clone();
         nan[[1, 1]] = f32::NAN;
         assert!(matches!(
-            accuracy(&ctx, nan.view(), y.view(), None, &AccuracyConfig::default()),
+            accuracy(
+                &ctx,
+                &MiningSet::new(&nan, &y),
+                None,
+                &AccuracyConfig::default()
+            ),
             Err(Error::NonFinite { .. })
         ));
     }
@@ -203,9 +216,17 @@ fn bad_inputs_get_typed_errors() {
 fn brute_force(x: &Array2<f32>, y: &Array1<u32>, k_kind: AccuracyK, avg_of_avgs: bool) -> [f64; 5] {
     let native = Context::native_cpu(None);
     let cfg = AccuracyConfig::default();
-    let d = pairwise_distances(&native, x.view(), x.view(), &cfg.distance)
-        .expect("distances")
-        .values;
+    let d = pairwise_distances(
+        &native,
+        x.view(),
+        x.view(),
+        &PairwiseConfig {
+            distance: cfg.distance,
+            ..Default::default()
+        },
+    )
+    .expect("distances")
+    .values;
     let n = y.len();
     let count = |l: u32| y.iter().filter(|&&v| v == l).count() - 1;
     let k = match k_kind {
@@ -276,7 +297,7 @@ proptest! {
         let want = brute_force(&x, &y, k, avg_of_avgs);
         let cfg = AccuracyConfig { k, avg_of_avgs, ..Default::default() };
         for ctx in contexts() {
-            let got = accuracy(&ctx, x.view(), y.view(), None, &cfg).expect("accuracy");
+            let got = accuracy(&ctx, &MiningSet::new(&x, &y), None, &cfg).expect("accuracy");
             assert_metrics(&got.metrics, want, &ctx.device_name());
         }
     }

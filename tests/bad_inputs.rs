@@ -5,17 +5,17 @@
 //! nothing may panic. Non-contiguous and transposed views are accepted and give the answer of
 //! their contiguous copies.
 
-mod common;
+use crate::common;
 
 use ndarray::{array, Array1, Array2, ShapeBuilder};
 use proptest::prelude::*;
 use wgpu_metric_learning::{
     accuracy, all_pairs, batch_easy_hard_pairs, batch_hard_triplets, count_triplets, knn,
     knn_sharded, mine_triplets, multi_similarity_pairs, pair_margin_pairs, pairwise_distances,
-    AccuracyConfig, AccuracyK, AdapterSelector, BackendChoice, BankConfig, BatchEasyHardConfig,
-    Context, ContextConfig, DistanceConfig, Error, KnnConfig, MemoryBank, MiningSet,
-    MultiSimilarityConfig, PairMarginConfig, SelfExclusion, Strategy as Pick, TripletConfig,
-    TripletType,
+    AccuracyConfig, AccuracyK, AdapterSelector, AllPairsConfig, BackendChoice, BankConfig,
+    BatchEasyHardConfig, BatchHardConfig, Context, ContextConfig, DistanceConfig, Error, KnnConfig,
+    MemoryBank, MiningSet, MultiSimilarityConfig, PairMarginConfig, PairwiseConfig, SelfExclusion,
+    Strategy as Pick, TripletConfig, TripletType,
 };
 
 type Check = fn(&Error) -> bool;
@@ -53,8 +53,8 @@ fn labels(n: usize) -> Array1<u32> {
 fn api_rows(ctx: &Context) -> Vec<(u32, Result<(), Error>, Check)> {
     let d = DistanceConfig::default();
     let (q, r, y, ry) = (x(6, 4), x(9, 4), labels(6), labels(9));
-    let set = MiningSet::with_embeddings(y.view(), q.view());
-    let refs = MiningSet::with_embeddings(ry.view(), r.view());
+    let set = MiningSet::new(&q, &y);
+    let refs = MiningSet::new(&r, &ry);
     let knn_k = |k| KnnConfig {
         k,
         ..Default::default()
@@ -81,17 +81,44 @@ fn api_rows(ctx: &Context) -> Vec<(u32, Result<(), Error>, Check)> {
     vec![
         (
             1,
-            pairwise_distances(ctx, x(3, 0).view(), x(3, 0).view(), &d).map(drop),
+            pairwise_distances(
+                ctx,
+                x(3, 0).view(),
+                x(3, 0).view(),
+                &PairwiseConfig {
+                    distance: d,
+                    ..Default::default()
+                },
+            )
+            .map(drop),
             shape,
         ),
         (
             2,
-            pairwise_distances(ctx, q.view(), x(9, 5).view(), &d).map(drop),
+            pairwise_distances(
+                ctx,
+                q.view(),
+                x(9, 5).view(),
+                &PairwiseConfig {
+                    distance: d,
+                    ..Default::default()
+                },
+            )
+            .map(drop),
             shape,
         ),
         (
             3,
-            pairwise_distances(ctx, with(x(6, 4), (2, 3), f32::NAN).view(), r.view(), &d).map(drop),
+            pairwise_distances(
+                ctx,
+                with(x(6, 4), (2, 3), f32::NAN).view(),
+                r.view(),
+                &PairwiseConfig {
+                    distance: d,
+                    ..Default::default()
+                },
+            )
+            .map(drop),
             non_finite,
         ),
         (
@@ -100,14 +127,26 @@ fn api_rows(ctx: &Context) -> Vec<(u32, Result<(), Error>, Check)> {
                 ctx,
                 q.view(),
                 with(x(9, 4), (8, 0), f32::INFINITY).view(),
-                &d,
+                &PairwiseConfig {
+                    distance: d,
+                    ..Default::default()
+                },
             )
             .map(drop),
             non_finite,
         ),
         (
             5,
-            pairwise_distances(ctx, transposed_nan.t(), x(9, 4).view(), &d).map(drop),
+            pairwise_distances(
+                ctx,
+                transposed_nan.t(),
+                x(9, 4).view(),
+                &PairwiseConfig {
+                    distance: d,
+                    ..Default::default()
+                },
+            )
+            .map(drop),
             non_finite,
         ),
         (
@@ -173,26 +212,18 @@ fn api_rows(ctx: &Context) -> Vec<(u32, Result<(), Error>, Check)> {
         ),
         (
             14,
-            mine(
-                &MiningSet::with_embeddings(labels(5).view(), q.view()),
-                None,
-                &semihard,
-            ),
+            mine(&MiningSet::new(&q, labels(5).view()), None, &semihard),
             shape,
         ),
         (15, mine(&set, None, &margin(f32::NAN)), invalid),
         (
             16,
-            mine(&MiningSet::labels(y.view()), None, &semihard),
+            mine(&MiningSet::from_labels(&y), None, &semihard),
             invalid,
         ),
         (
             17,
-            mine(
-                &set,
-                Some(&MiningSet::with_embeddings(ry.view(), x(9, 3).view())),
-                &semihard,
-            ),
+            mine(&set, Some(&MiningSet::new(x(9, 3).view(), &ry)), &semihard),
             shape,
         ),
         (
@@ -223,19 +254,17 @@ fn api_rows(ctx: &Context) -> Vec<(u32, Result<(), Error>, Check)> {
             20,
             mine(
                 &set,
-                Some(&MiningSet::with_embeddings(
-                    ry.view(),
-                    with(x(9, 4), (4, 2), f32::NAN).view(),
-                )),
+                Some(&MiningSet::new(with(x(9, 4), (4, 2), f32::NAN).view(), &ry)),
                 &semihard,
             ),
             non_finite,
         ),
         (
             21,
+            // 9 queries, 6 references: "reference i is query i" cannot hold.
             mine(
-                &set,
-                Some(&refs),
+                &refs,
+                Some(&set),
                 &TripletConfig {
                     self_exclusion: SelfExclusion::SameIndex,
                     ..Default::default()
@@ -247,7 +276,7 @@ fn api_rows(ctx: &Context) -> Vec<(u32, Result<(), Error>, Check)> {
             22,
             count_triplets(
                 ctx,
-                &MiningSet::labels(huge),
+                &MiningSet::from_labels(huge),
                 None,
                 &TripletConfig::default(),
             )
@@ -313,7 +342,7 @@ fn api_rows(ctx: &Context) -> Vec<(u32, Result<(), Error>, Check)> {
         ),
         (
             27,
-            batch_hard_triplets(ctx, &MiningSet::labels(y.view()), None, &Default::default())
+            batch_hard_triplets(ctx, &MiningSet::from_labels(&y), None, &Default::default())
                 .map(drop),
             invalid,
         ),
@@ -321,9 +350,12 @@ fn api_rows(ctx: &Context) -> Vec<(u32, Result<(), Error>, Check)> {
             28,
             all_pairs(
                 ctx,
-                &MiningSet::labels(y.view()),
-                Some(&MiningSet::labels(ry.view())),
-                &SelfExclusion::SameIndex,
+                &MiningSet::from_labels(&ry),
+                Some(&MiningSet::from_labels(&y)),
+                &AllPairsConfig {
+                    self_exclusion: SelfExclusion::SameIndex,
+                    ..Default::default()
+                },
             )
             .map(drop),
             shape,
@@ -341,21 +373,21 @@ fn api_rows(ctx: &Context) -> Vec<(u32, Result<(), Error>, Check)> {
         (
             31,
             bank()
-                .and_then(|mut b| b.enqueue(ctx, r.view(), ry.view()))
+                .and_then(|mut b| b.enqueue(ctx, &MiningSet::new(&r, &ry)))
                 .map(drop),
             invalid,
         ),
         (
             32,
             bank()
-                .and_then(|mut b| b.enqueue(ctx, x(3, 5).view(), labels(3).view()))
+                .and_then(|mut b| b.enqueue(ctx, &MiningSet::new(x(3, 5).view(), labels(3).view())))
                 .map(drop),
             shape,
         ),
         (
             33,
             bank()
-                .and_then(|mut b| b.enqueue(ctx, x(3, 4).view(), labels(2).view()))
+                .and_then(|mut b| b.enqueue(ctx, &MiningSet::new(x(3, 4).view(), labels(2).view())))
                 .map(drop),
             shape,
         ),
@@ -365,8 +397,7 @@ fn api_rows(ctx: &Context) -> Vec<(u32, Result<(), Error>, Check)> {
                 .and_then(|mut b| {
                     b.enqueue(
                         ctx,
-                        with(x(3, 4), (1, 1), f32::NAN).view(),
-                        labels(3).view(),
+                        &MiningSet::new(with(x(3, 4), (1, 1), f32::NAN).view(), labels(3).view()),
                     )
                 })
                 .map(drop),
@@ -378,8 +409,7 @@ fn api_rows(ctx: &Context) -> Vec<(u32, Result<(), Error>, Check)> {
                 .and_then(|mut b| {
                     b.enqueue_masked(
                         ctx,
-                        x(3, 4).view(),
-                        labels(3).view(),
+                        &MiningSet::new(x(3, 4).view(), labels(3).view()),
                         array![true, false].view(),
                     )
                 })
@@ -390,8 +420,7 @@ fn api_rows(ctx: &Context) -> Vec<(u32, Result<(), Error>, Check)> {
             36,
             accuracy(
                 ctx,
-                q.view(),
-                labels(5).view(),
+                &MiningSet::new(&q, labels(5).view()),
                 None,
                 &AccuracyConfig::default(),
             )
@@ -402,8 +431,7 @@ fn api_rows(ctx: &Context) -> Vec<(u32, Result<(), Error>, Check)> {
             37,
             accuracy(
                 ctx,
-                q.view(),
-                y.view(),
+                &MiningSet::new(&q, &y),
                 None,
                 &AccuracyConfig {
                     k: AccuracyK::Fixed(0),
@@ -417,11 +445,10 @@ fn api_rows(ctx: &Context) -> Vec<(u32, Result<(), Error>, Check)> {
             38,
             accuracy(
                 ctx,
-                q.view(),
-                y.view(),
-                Some((shifted.view(), ry.view())),
+                &MiningSet::new(&q, &y),
+                Some(&MiningSet::new(&shifted, &ry)),
                 &AccuracyConfig {
-                    ref_includes_query: true,
+                    self_exclusion: SelfExclusion::SameIndex,
                     ..Default::default()
                 },
             )
@@ -432,9 +459,8 @@ fn api_rows(ctx: &Context) -> Vec<(u32, Result<(), Error>, Check)> {
             39,
             accuracy(
                 ctx,
-                q.view(),
-                y.view(),
-                Some((r.view(), labels(8).view())),
+                &MiningSet::new(&q, &y),
+                Some(&MiningSet::new(&r, labels(8).view())),
                 &AccuracyConfig::default(),
             )
             .map(drop),
@@ -444,8 +470,7 @@ fn api_rows(ctx: &Context) -> Vec<(u32, Result<(), Error>, Check)> {
             40,
             accuracy(
                 ctx,
-                with(x(6, 4), (5, 3), f32::NAN).view(),
-                y.view(),
+                &MiningSet::new(with(x(6, 4), (5, 3), f32::NAN).view(), &y),
                 None,
                 &AccuracyConfig::default(),
             )
@@ -480,6 +505,200 @@ fn every_row_of_the_table_gets_its_typed_error_on_every_path() {
     }
 }
 
+/// The error an operation gives, without the operation's name: equal for the same bad input
+/// whatever the operation.
+fn without_op(e: &Error) -> String {
+    match e {
+        Error::Shape {
+            what,
+            expected,
+            got,
+            ..
+        } => format!("Shape {{ what: {what}, expected: {expected}, got: {got:?} }}"),
+        Error::InvalidParameter {
+            what, value, rule, ..
+        } => format!("InvalidParameter {{ what: {what}, value: {value}, rule: {rule} }}"),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Rows 50–53: one self-exclusion rule. The same bad self-exclusion gives the same error
+/// (variant, input, values) from every operation that takes one, on both paths, with host
+/// references and with a memory bank's.
+#[test]
+fn the_same_bad_self_exclusion_gives_the_same_error_everywhere() {
+    let (q, y) = (x(6, 4), labels(6));
+    let (r, ry) = (x(4, 4), labels(4));
+    let bad = [
+        // 50: one slot too few.
+        SelfExclusion::QuerySlots(vec![0, 1, 2, 3, 0]),
+        // 51: a slot past the 4 references.
+        SelfExclusion::QuerySlots(vec![0, 1, 2, 3, 0, 4]),
+        // 52: reference i is query i, for 6 queries and 4 references.
+        SelfExclusion::SameIndex,
+    ];
+    let mut contexts = vec![Context::native_cpu(None)];
+    contexts.extend(common::gpu_context(None));
+    assert!(contexts.len() == 2 || !common::gpu_required(), "both paths");
+    for ctx in &contexts {
+        eprintln!("self-exclusion errors on {}", ctx.device_name());
+        let mut bank = MemoryBank::<u32>::new(ctx, &BankConfig::new(8, 4)).expect("bank");
+        bank.enqueue(ctx, &MiningSet::new(&r, &ry))
+            .expect("enqueue");
+        let held = ctx.memory().current_bytes;
+        let host = MiningSet::new(&r, &ry);
+        let bank_refs = bank.refs();
+        for refs in [&host, &bank_refs] {
+            let set = MiningSet::new(&q, &y);
+            for rule in &bad {
+                let e = rule.clone();
+                let errors: Vec<(&str, Result<(), Error>)> = vec![
+                    (
+                        "knn",
+                        knn(
+                            ctx,
+                            &q,
+                            refs.embeddings.expect("rows"),
+                            &KnnConfig {
+                                k: 1,
+                                self_exclusion: e.clone(),
+                                ..Default::default()
+                            },
+                        )
+                        .map(drop),
+                    ),
+                    (
+                        "accuracy",
+                        accuracy(
+                            ctx,
+                            &set,
+                            Some(refs),
+                            &AccuracyConfig {
+                                self_exclusion: e.clone(),
+                                ..Default::default()
+                            },
+                        )
+                        .map(drop),
+                    ),
+                    (
+                        "mine_triplets",
+                        mine_triplets(
+                            ctx,
+                            &set,
+                            Some(refs),
+                            &TripletConfig {
+                                self_exclusion: e.clone(),
+                                ..TripletConfig::margin_miner(TripletType::Semihard)
+                            },
+                        )
+                        .map(drop),
+                    ),
+                    (
+                        "count_triplets",
+                        count_triplets(
+                            ctx,
+                            &set,
+                            Some(refs),
+                            &TripletConfig {
+                                self_exclusion: e.clone(),
+                                ..Default::default()
+                            },
+                        )
+                        .map(drop),
+                    ),
+                    (
+                        "all_pairs",
+                        all_pairs(
+                            ctx,
+                            &set,
+                            Some(refs),
+                            &AllPairsConfig {
+                                self_exclusion: e.clone(),
+                                ..Default::default()
+                            },
+                        )
+                        .map(drop),
+                    ),
+                    (
+                        "pair_margin_pairs",
+                        pair_margin_pairs(
+                            ctx,
+                            &set,
+                            Some(refs),
+                            &PairMarginConfig {
+                                self_exclusion: e.clone(),
+                                ..Default::default()
+                            },
+                        )
+                        .map(drop),
+                    ),
+                    (
+                        "multi_similarity_pairs",
+                        multi_similarity_pairs(
+                            ctx,
+                            &set,
+                            Some(refs),
+                            &MultiSimilarityConfig {
+                                self_exclusion: e.clone(),
+                                ..Default::default()
+                            },
+                        )
+                        .map(drop),
+                    ),
+                    (
+                        "batch_easy_hard_pairs",
+                        batch_easy_hard_pairs(
+                            ctx,
+                            &set,
+                            Some(refs),
+                            &BatchEasyHardConfig {
+                                self_exclusion: e.clone(),
+                                ..Default::default()
+                            },
+                        )
+                        .map(drop),
+                    ),
+                    (
+                        "batch_hard_triplets",
+                        batch_hard_triplets(
+                            ctx,
+                            &set,
+                            Some(refs),
+                            &BatchHardConfig {
+                                self_exclusion: e.clone(),
+                                ..Default::default()
+                            },
+                        )
+                        .map(drop),
+                    ),
+                ];
+                let mut seen: Option<String> = None;
+                for (op, got) in errors {
+                    let text = match got {
+                        Err(e) => without_op(&e),
+                        Ok(()) => panic!("{op} with {rule:?} on {}: accepted", ctx.device_name()),
+                    };
+                    match &seen {
+                        None => seen = Some(text),
+                        Some(first) => assert_eq!(
+                            first,
+                            &text,
+                            "{op} with {rule:?} on {}: another error than knn's",
+                            ctx.device_name()
+                        ),
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            ctx.memory().current_bytes,
+            held,
+            "{}: the errors allocated nothing beyond the bank",
+            ctx.device_name()
+        );
+    }
+}
+
 /// Row 13: a memory bank of one wgpu context used with another (on the native path a bank's
 /// rows are a host array, usable with any context).
 #[test]
@@ -489,7 +708,7 @@ fn a_bank_of_another_device_is_refused() {
     };
     let (q, y) = (x(6, 4), labels(6));
     let mut bank = MemoryBank::<u32>::new(&a, &BankConfig::new(8, 4)).expect("bank");
-    bank.enqueue(&a, q.view(), y.view()).expect("enqueue");
+    bank.enqueue(&a, &MiningSet::new(&q, &y)).expect("enqueue");
     let cfg = KnnConfig {
         k: 1,
         ..Default::default()
@@ -499,7 +718,7 @@ fn a_bank_of_another_device_is_refused() {
         matches!(&got, Err(e) if invalid(e)),
         "row 13 (knn): {got:?}"
     );
-    let set = MiningSet::labels(y.view());
+    let set = MiningSet::from_labels(&y);
     let got = mine_triplets(&b, &set, Some(&bank.refs()), &TripletConfig::default());
     assert!(
         matches!(&got, Err(e) if invalid(e)),
@@ -541,7 +760,7 @@ fn budgets_below_one_tile_and_missing_adapters() {
     .flatten()
     {
         let y = labels(50);
-        let set = MiningSet::with_embeddings(y.view(), q.view());
+        let set = MiningSet::new(&q, &y);
         let got = mine_triplets(
             &ctx,
             &set,
@@ -580,28 +799,35 @@ fn strided_and_transposed_views_are_accepted() {
         let every_other = labels(12);
         let y = every_other.slice(ndarray::s![..;2]);
         let d = DistanceConfig::default();
-        let got = pairwise_distances(&ctx, strided, fortran.view(), &d).expect("44: strided");
+        let got = pairwise_distances(
+            &ctx,
+            strided,
+            fortran.view(),
+            &PairwiseConfig {
+                distance: d,
+                ..Default::default()
+            },
+        )
+        .expect("44: strided");
         let want = pairwise_distances(
             &ctx,
             strided.to_owned().view(),
             fortran.as_standard_layout().view(),
-            &d,
+            &PairwiseConfig {
+                distance: d,
+                ..Default::default()
+            },
         )
         .expect("contiguous");
         assert_eq!(got.values, want.values, "row 44");
         let t = x(5, 6);
         let cfg = TripletConfig::margin_miner(TripletType::All);
-        let set = MiningSet::with_embeddings(y, t.t());
+        let set = MiningSet::new(t.t(), y);
         let got = mine_triplets(&ctx, &set, None, &cfg).expect("45: transposed");
         let owned_y = y.to_owned();
         let owned_t = t.t().to_owned();
-        let want = mine_triplets(
-            &ctx,
-            &MiningSet::with_embeddings(owned_y.view(), owned_t.view()),
-            None,
-            &cfg,
-        )
-        .expect("contiguous");
+        let want = mine_triplets(&ctx, &MiningSet::new(&owned_t, &owned_y), None, &cfg)
+            .expect("contiguous");
         assert_eq!(got.indices, want.indices, "row 45");
     }
 }
@@ -738,8 +964,8 @@ proptest! {
         };
         judge(
             "pairwise_distances", emb_defect,
-            pairwise_distances(ctx, c.q.view(), c.r.view(), &dist).map(|p| p.values),
-            || pairwise_distances(&native, c.q.view(), c.r.view(), &dist).map(|p| p.values),
+            pairwise_distances(ctx, c.q.view(), c.r.view(), &PairwiseConfig { distance: dist, ..Default::default() }).map(|p| p.values),
+            || pairwise_distances(&native, c.q.view(), c.r.view(), &PairwiseConfig { distance: dist, ..Default::default() }).map(|p| p.values),
             |g, w| g.dim() == w.dim() && g.iter().zip(w).all(|(a, b)| (a - b).abs() <= 1e-4),
         )?;
         let knn_defect = if defect == Defect::LabelLength { None } else { expected(defect) };
@@ -755,8 +981,8 @@ proptest! {
             Defect::KZero | Defect::KTooLarge => None,
             other => expected(other),
         };
-        let set = MiningSet::with_embeddings(c.y.view(), c.q.view());
-        let refs = MiningSet::with_embeddings(c.ry.view(), c.r.view());
+        let set = MiningSet::new(c.q.view(), c.y.view());
+        let refs = MiningSet::new(c.r.view(), c.ry.view());
         let all = TripletConfig::default();
         judge(
             "mine_triplets", mine_defect,
@@ -785,7 +1011,7 @@ proptest! {
             Defect::KZero | Defect::KTooLarge | Defect::DimMismatch => None,
             other => expected(other),
         };
-        let acc = accuracy(ctx, c.q.view(), c.y.view(), None, &AccuracyConfig::default());
+        let acc = accuracy(ctx, &MiningSet::new(c.q.view(), c.y.view()), None, &AccuracyConfig::default());
         if let Some(check) = acc_defect {
             prop_assert!(matches!(&acc, Err(e) if check(e)), "accuracy: {acc:?}");
         } else {
@@ -794,7 +1020,7 @@ proptest! {
         // A bank of m rows takes the queries when they fit; defects of the batch concern it.
         let mut bank = MemoryBank::<u32>::new(ctx, &BankConfig::new(m.max(b), c.r.ncols().max(1)))
             .map_err(|e| TestCaseError::fail(format!("bank: {e:?}")))?;
-        let enq = bank.enqueue(ctx, c.q.view(), c.y.view());
+        let enq = bank.enqueue(ctx, &MiningSet::new(c.q.view(), c.y.view()));
         let bank_defect = match defect {
             Defect::KZero | Defect::KTooLarge => None,
             other => expected(other),
@@ -823,15 +1049,14 @@ fn empty_inputs_give_empty_answers() {
         let d = pairwise_distances(&ctx, none.view(), r.view(), &Default::default()).expect("47");
         assert_eq!(d.values.dim(), (0, 9), "row 47");
         let (y, ry) = (labels(0), labels(9));
-        let set = MiningSet::with_embeddings(y.view(), none.view());
-        let refs = MiningSet::with_embeddings(ry.view(), r.view());
+        let set = MiningSet::new(&none, &y);
+        let refs = MiningSet::new(&r, &ry);
         let cfg = TripletConfig::margin_miner(TripletType::Semihard);
         let t = mine_triplets(&ctx, &set, Some(&refs), &cfg).expect("48");
         assert_eq!(t.indices.dim(), (0, 3), "row 48");
         let acc = accuracy(
             &ctx,
-            none.view(),
-            y.view(),
+            &MiningSet::new(&none, &y),
             None,
             &AccuracyConfig::default(),
         )

@@ -1,7 +1,7 @@
 //! The `wml` command line on small `.npy` files: each subcommand against the library call it
 //! wraps, the dtypes it accepts, `--stats`, and bad input (one line, non-zero exit, no panic).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -97,7 +97,7 @@ fn triplets_from_labels_of_every_accepted_dtype_match_the_library() {
     let ctx = Context::native_cpu(None);
     let want = mine_triplets(
         &ctx,
-        &MiningSet::labels(labels.view()),
+        &MiningSet::from_labels(&labels),
         None,
         &TripletConfig::default(),
     )
@@ -140,8 +140,8 @@ fn triplet_margin_miner_with_refs_matches_the_library() {
     };
     let want = mine_triplets(
         &Context::native_cpu(None),
-        &MiningSet::with_embeddings(y.view(), x.view()),
-        Some(&MiningSet::with_embeddings(ry, rx)),
+        &MiningSet::new(&x, &y),
+        Some(&MiningSet::new(rx, ry)),
         &cfg,
     )
     .expect("library");
@@ -176,6 +176,7 @@ fn knn_on_both_paths_matches_the_library_and_reports_stats() {
             normalize: false,
         },
         self_exclusion: SelfExclusion::SameIndex,
+        ..Default::default()
     };
     let want = knn(&Context::native_cpu(None), x.view(), x.view(), &cfg).expect("library");
     // The wgpu run uses the backend the environment selects (CI runs the suite on Vulkan, then
@@ -234,9 +235,14 @@ fn accuracy_prints_the_library_metrics_as_json() {
         },
         ..Default::default()
     };
-    let want = accuracy(&Context::native_cpu(None), x.view(), y.view(), None, &cfg)
-        .expect("library")
-        .metrics;
+    let want = accuracy(
+        &Context::native_cpu(None),
+        &MiningSet::new(&x, &y),
+        None,
+        &cfg,
+    )
+    .expect("library")
+    .metrics;
     #[rustfmt::skip]
     let json = ok(&wml(&[
         "accuracy", "--embeddings", arg(&xf), "--labels", arg(&yf), "--k", "max_bin_count",
@@ -267,7 +273,7 @@ fn miners_write_their_documented_files() {
     write_npy(&xf, &x).expect("write");
     write_npy(&yf, &y).expect("write");
     let ctx = Context::native_cpu(None);
-    let set = MiningSet::with_embeddings(y.view(), x.view());
+    let set = MiningSet::new(&x, &y);
     let t = d.join("t.npy");
     #[rustfmt::skip]
     ok(&wml(&["mine", "--miner", "batch-hard", "--labels", arg(&yf), "--embeddings", arg(&xf), "--out", arg(&t)]));

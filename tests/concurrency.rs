@@ -4,15 +4,15 @@
 //! deadlock, and leave nothing allocated. `WML_STRESS_OPS` sets the operations per thread
 //! (default 50).
 
-mod common;
+use crate::common;
 
 use std::sync::Mutex;
 
 use ndarray::{Array1, Array2};
 use wgpu_metric_learning::{
     accuracy, batch_hard_triplets, knn, mine_triplets, pairwise_distances, AccuracyConfig,
-    BankConfig, Context, DistanceConfig, KnnConfig, MemoryBank, MiningSet, TripletConfig,
-    TripletType,
+    BankConfig, Context, DistanceConfig, KnnConfig, MemoryBank, MiningSet, PairwiseConfig,
+    TripletConfig, TripletType,
 };
 
 const THREADS: usize = 8;
@@ -43,11 +43,19 @@ fn input(i: usize) -> (Array2<f32>, Array1<u32>, Array2<f32>) {
 /// Operation `op` of the mix on input `i`, as comparable text (floats by their bits).
 fn run(ctx: &Context, op: usize, i: usize) -> String {
     let (x, y, refs) = input(i);
-    let set = MiningSet::with_embeddings(y.view(), x.view());
+    let set = MiningSet::new(&x, &y);
     match op % 5 {
         0 => {
-            let d = pairwise_distances(ctx, x.view(), refs.view(), &DistanceConfig::default())
-                .expect("distances");
+            let d = pairwise_distances(
+                ctx,
+                x.view(),
+                refs.view(),
+                &PairwiseConfig {
+                    distance: DistanceConfig::default(),
+                    ..Default::default()
+                },
+            )
+            .expect("distances");
             format!("{:?}", d.values.mapv(f32::to_bits))
         }
         1 => {
@@ -68,8 +76,13 @@ fn run(ctx: &Context, op: usize, i: usize) -> String {
             format!("{:?}", t.indices)
         }
         _ => {
-            let acc = accuracy(ctx, x.view(), y.view(), None, &AccuracyConfig::default())
-                .expect("accuracy");
+            let acc = accuracy(
+                ctx,
+                &MiningSet::new(&x, &y),
+                None,
+                &AccuracyConfig::default(),
+            )
+            .expect("accuracy");
             format!("{:?}", acc.metrics)
         }
     }
@@ -162,7 +175,7 @@ fn enqueue_and_mine(ctx: &Context, bank: &Mutex<(MemoryBank<u32>, Model)>, t: us
     let tag = (t * 1000 + n) as f32;
     let x = Array2::from_shape_fn((rows, DIM), |(r, k)| tag + r as f32 + k as f32 * 1e-3);
     let y = Array1::from_shape_fn(rows, |r| ((t + r) % 4) as u32);
-    let done = bank.enqueue(ctx, x.view(), y.view()).expect("enqueue");
+    let done = bank.enqueue(ctx, &MiningSet::new(&x, &y)).expect("enqueue");
     for r in 0..rows {
         let slot = (model.head + r) % BANK;
         let entry = (y[r], x[[r, 0]]);
@@ -176,14 +189,14 @@ fn enqueue_and_mine(ctx: &Context, bank: &Mutex<(MemoryBank<u32>, Model)>, t: us
         self_exclusion: done.self_exclusion.clone(),
         ..Default::default()
     };
-    let batch = MiningSet::labels(y.view());
+    let batch = MiningSet::from_labels(&y);
     let got = mine_triplets(ctx, &batch, Some(&bank.refs()), &cfg).expect("mine the bank");
     let labels = Array1::from_iter(model.slots.iter().map(|s| s.0));
     let native = Context::native_cpu(None);
     let want = mine_triplets(
         &native,
         &batch,
-        Some(&MiningSet::labels(labels.view())),
+        Some(&MiningSet::from_labels(&labels)),
         &cfg,
     )
     .expect("native");

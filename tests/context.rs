@@ -1,13 +1,13 @@
 //! Adapter listing and selection, the automatic path choice, shared devices, device loss.
 
-mod common;
+use crate::common;
 
 use ndarray::Array2;
 use wgpu_metric_learning::{
     accuracy, batch_hard_triplets, count_triplets, knn, list_adapters, mine_triplets,
     pairwise_distances, AccuracyConfig, AdapterSelector, BackendChoice, BankConfig,
     BatchHardConfig, ComputePath, Context, ContextConfig, DistanceConfig, Error, KnnConfig,
-    MemoryBank, MiningSet, TripletConfig, TripletType,
+    MemoryBank, MiningSet, PairwiseConfig, TripletConfig, TripletType,
 };
 
 fn small() -> Array2<f32> {
@@ -58,7 +58,10 @@ fn every_listed_adapter_can_run_a_kernel_by_index() {
             &ctx,
             small().view(),
             small().view(),
-            &DistanceConfig::default(),
+            &PairwiseConfig {
+                distance: DistanceConfig::default(),
+                ..Default::default()
+            },
         )
         .unwrap_or_else(|e| panic!("adapter {}: {e}", a.name));
         assert_eq!(d.path, ComputePath::Wgpu, "ran through wgpu");
@@ -199,7 +202,10 @@ fn a_device_the_application_owns_can_be_shared() {
         &ctx,
         small().view(),
         small().view(),
-        &DistanceConfig::default(),
+        &PairwiseConfig {
+            distance: DistanceConfig::default(),
+            ..Default::default()
+        },
     )
     .expect("runs on the shared device");
     assert_eq!(d.path, ComputePath::Wgpu, "wgpu path");
@@ -219,11 +225,11 @@ fn operations_after_device_loss_return_a_typed_error() {
     let x = small();
     let y = ndarray::array![0u32, 0, 1];
     let mut bank = MemoryBank::<u32>::new(&ctx, &BankConfig::new(8, 5)).expect("bank");
-    bank.enqueue(&ctx, x.view(), y.view())
+    bank.enqueue(&ctx, &MiningSet::new(&x, &y))
         .expect("enqueue before the loss");
     let (device, _) = ctx.wgpu_device().expect("wgpu context");
     device.destroy();
-    let set = MiningSet::with_embeddings(y.view(), x.view());
+    let set = MiningSet::new(&x, &y);
     let knn_cfg = KnnConfig {
         k: 1,
         ..Default::default()
@@ -232,7 +238,16 @@ fn operations_after_device_loss_return_a_typed_error() {
     let outcomes: Vec<(&str, Result<(), Error>)> = vec![
         (
             "pairwise_distances",
-            pairwise_distances(&ctx, x.view(), x.view(), &DistanceConfig::default()).map(drop),
+            pairwise_distances(
+                &ctx,
+                x.view(),
+                x.view(),
+                &PairwiseConfig {
+                    distance: DistanceConfig::default(),
+                    ..Default::default()
+                },
+            )
+            .map(drop),
         ),
         ("knn", knn(&ctx, x.view(), x.view(), &knn_cfg).map(drop)),
         (
@@ -241,7 +256,13 @@ fn operations_after_device_loss_return_a_typed_error() {
         ),
         (
             "accuracy",
-            accuracy(&ctx, x.view(), y.view(), None, &AccuracyConfig::default()).map(drop),
+            accuracy(
+                &ctx,
+                &MiningSet::new(&x, &y),
+                None,
+                &AccuracyConfig::default(),
+            )
+            .map(drop),
         ),
         (
             "mine_triplets",
@@ -259,7 +280,10 @@ fn operations_after_device_loss_return_a_typed_error() {
             "batch_hard_triplets",
             batch_hard_triplets(&ctx, &set, None, &BatchHardConfig::default()).map(drop),
         ),
-        ("enqueue", bank.enqueue(&ctx, x.view(), y.view()).map(drop)),
+        (
+            "enqueue",
+            bank.enqueue(&ctx, &MiningSet::new(&x, &y)).map(drop),
+        ),
         ("snapshot", bank.snapshot(&ctx).map(drop)),
         (
             "a new bank",
@@ -274,6 +298,14 @@ fn operations_after_device_loss_return_a_typed_error() {
     }
     // The process can go on with a fresh context.
     let fresh = common::gpu_context(None).expect("a new context after a loss");
-    pairwise_distances(&fresh, x.view(), x.view(), &DistanceConfig::default())
-        .expect("the new context works");
+    pairwise_distances(
+        &fresh,
+        x.view(),
+        x.view(),
+        &PairwiseConfig {
+            distance: DistanceConfig::default(),
+            ..Default::default()
+        },
+    )
+    .expect("the new context works");
 }

@@ -1,13 +1,14 @@
 //! `distance_tile` (with `row_norms`) on the GPU against the CPU reference, plus the native CPU
 //! path, under tight budgets and lowered device limits, and every typed input error.
 
-mod common;
+use crate::common;
 
 use ndarray::{Array2, ArrayView2};
 use proptest::prelude::*;
 use wgpu_metric_learning::reference::distance_tile::distance_tile;
 use wgpu_metric_learning::{
     pairwise_distances, ComputePath, Context, ContextConfig, Distance, DistanceConfig, Error,
+    PairwiseConfig,
 };
 
 const DISTANCES: [Distance; 4] = [
@@ -53,7 +54,16 @@ fn scale_of(q: ArrayView2<'_, f32>, r: ArrayView2<'_, f32>, cfg: &DistanceConfig
 }
 
 fn check(ctx: &Context, q: &Array2<f32>, r: &Array2<f32>, cfg: &DistanceConfig) {
-    let got = pairwise_distances(ctx, q.view(), r.view(), cfg).expect("pairwise_distances");
+    let got = pairwise_distances(
+        ctx,
+        q.view(),
+        r.view(),
+        &PairwiseConfig {
+            distance: *cfg,
+            ..Default::default()
+        },
+    )
+    .expect("pairwise_distances");
     assert_eq!(got.path, ctx.path(), "the result says which path ran");
     let want = distance_tile(q.view(), r.view(), cfg);
     assert_matches(
@@ -136,11 +146,27 @@ fn distance_tile_edge_cases_on_gpu() {
         );
         check(ctx, &pattern(3, 1, 0.2), &pattern(129, 1, 0.3), &cfg);
         // Empty queries or refs give an empty matrix of the right shape.
-        let got = pairwise_distances(ctx, pattern(0, 6, 0.0).view(), r.view(), &cfg)
-            .expect("empty queries");
+        let got = pairwise_distances(
+            ctx,
+            pattern(0, 6, 0.0).view(),
+            r.view(),
+            &PairwiseConfig {
+                distance: cfg,
+                ..Default::default()
+            },
+        )
+        .expect("empty queries");
         assert_eq!(got.values.shape(), &[0, 8], "(0, n)");
-        let got =
-            pairwise_distances(ctx, q.view(), pattern(0, 6, 0.0).view(), &cfg).expect("empty refs");
+        let got = pairwise_distances(
+            ctx,
+            q.view(),
+            pattern(0, 6, 0.0).view(),
+            &PairwiseConfig {
+                distance: cfg,
+                ..Default::default()
+            },
+        )
+        .expect("empty refs");
         assert_eq!(got.values.shape(), &[5, 0], "(q, 0)");
     }
 }
@@ -154,7 +180,16 @@ fn distance_tile_accepts_transposed_and_strided_views() {
     let qt = pattern(7, 20, 0.3); // (d, q) stored; its transpose is the query matrix
     let r = pattern(40, 7, 0.9);
     let r_strided = r.slice(ndarray::s![..;2, ..]);
-    let got = pairwise_distances(ctx, qt.t(), r_strided, &cfg).expect("any layout");
+    let got = pairwise_distances(
+        ctx,
+        qt.t(),
+        r_strided,
+        &PairwiseConfig {
+            distance: cfg,
+            ..Default::default()
+        },
+    )
+    .expect("any layout");
     let want = distance_tile(qt.t(), r_strided, &cfg);
     assert_matches(got.values.view(), want.view(), 1.0, &cfg);
 }
@@ -191,7 +226,15 @@ fn distance_tile_budget_below_one_tile_is_a_typed_error() {
         return;
     };
     let (q, r) = (pattern(10, 16, 0.4), pattern(10, 16, 0.5));
-    match pairwise_distances(&ctx, q.view(), r.view(), &DistanceConfig::default()) {
+    match pairwise_distances(
+        &ctx,
+        q.view(),
+        r.view(),
+        &PairwiseConfig {
+            distance: DistanceConfig::default(),
+            ..Default::default()
+        },
+    ) {
         Err(Error::OverBudget {
             op,
             required,
@@ -251,7 +294,15 @@ fn distance_tile_typed_errors_for_bad_input() {
         let zero_dim = Array2::<f32>::zeros((4, 0));
         assert!(
             matches!(
-                pairwise_distances(ctx, zero_dim.view(), zero_dim.view(), &cfg),
+                pairwise_distances(
+                    ctx,
+                    zero_dim.view(),
+                    zero_dim.view(),
+                    &PairwiseConfig {
+                        distance: cfg,
+                        ..Default::default()
+                    }
+                ),
                 Err(Error::Shape {
                     what: "queries",
                     ..
@@ -260,7 +311,15 @@ fn distance_tile_typed_errors_for_bad_input() {
             "d = 0 is a shape error"
         );
         let other_dim = pattern(4, 5, 0.0);
-        match pairwise_distances(ctx, good.view(), other_dim.view(), &cfg) {
+        match pairwise_distances(
+            ctx,
+            good.view(),
+            other_dim.view(),
+            &PairwiseConfig {
+                distance: cfg,
+                ..Default::default()
+            },
+        ) {
             Err(Error::Shape { what, got, .. }) => {
                 assert_eq!(
                     (what, got),
@@ -273,7 +332,15 @@ fn distance_tile_typed_errors_for_bad_input() {
         for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
             let mut r = good.clone();
             r[[2, 1]] = bad;
-            match pairwise_distances(ctx, good.view(), r.view(), &cfg) {
+            match pairwise_distances(
+                ctx,
+                good.view(),
+                r.view(),
+                &PairwiseConfig {
+                    distance: cfg,
+                    ..Default::default()
+                },
+            ) {
                 Err(Error::NonFinite { what, row, col, .. }) => {
                     assert_eq!((what, row, col), ("refs", 2, 1), "names where")
                 }
@@ -290,7 +357,10 @@ fn native_cpu_path_reports_itself() {
         &ctx,
         pattern(2, 3, 0.0).view(),
         pattern(2, 3, 1.0).view(),
-        &DistanceConfig::default(),
+        &PairwiseConfig {
+            distance: DistanceConfig::default(),
+            ..Default::default()
+        },
     )
     .expect("runs");
     assert_eq!(

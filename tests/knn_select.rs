@@ -5,14 +5,17 @@
 //! budgets, small bindings, streamed references), memory banks, sharding over two contexts,
 //! a tight budget with 100 000 references, and every typed error.
 
-mod common;
+use crate::common;
+
+use std::sync::{Arc, Mutex};
 
 use ndarray::{s, Array1, Array2};
 use proptest::prelude::*;
 use wgpu_metric_learning::reference::knn_select::knn_select;
 use wgpu_metric_learning::{
-    knn, knn_sharded, knn_with_progress, pairwise_distances, BankConfig, Context, ContextConfig,
-    Distance, DistanceConfig, Error, Knn, KnnConfig, MemoryBank, Progress, SelfExclusion,
+    knn, knn_sharded, pairwise_distances, BankConfig, Context, ContextConfig, Distance,
+    DistanceConfig, Error, Hooks, Knn, KnnConfig, MemoryBank, MiningSet, PairwiseConfig, Progress,
+    SelfExclusion,
 };
 
 const DISTANCES: [Distance; 4] = [
@@ -42,7 +45,7 @@ fn embeddings(n: usize, d: usize, seed: u64, ties: bool) -> Array2<f32> {
 
 fn excluded(cfg: &KnnConfig, q: usize) -> Vec<u32> {
     match &cfg.self_exclusion {
-        SelfExclusion::None => vec![u32::MAX; q],
+        SelfExclusion::Auto | SelfExclusion::None => vec![u32::MAX; q],
         SelfExclusion::SameIndex => (0..q as u32).collect(),
         SelfExclusion::QuerySlots(s) => s.clone(),
     }
@@ -52,9 +55,17 @@ fn excluded(cfg: &KnnConfig, q: usize) -> Vec<u32> {
 /// (same distance kernel or GEMM, so the same scores, and the same tie rule).
 fn check_exact(ctx: &Context, queries: &Array2<f32>, refs: &Array2<f32>, cfg: &KnnConfig) -> Knn {
     let got = knn(ctx, queries.view(), refs.view(), cfg).expect("knn");
-    let dist = pairwise_distances(ctx, queries.view(), refs.view(), &cfg.distance)
-        .expect("distances")
-        .values;
+    let dist = pairwise_distances(
+        ctx,
+        queries.view(),
+        refs.view(),
+        &PairwiseConfig {
+            distance: cfg.distance,
+            ..Default::default()
+        },
+    )
+    .expect("distances")
+    .values;
     let largest = cfg.distance.distance.is_similarity();
     let (idx, val) = knn_select(dist.view(), cfg.k, largest, &excluded(cfg, queries.nrows()));
     assert_eq!(
@@ -115,12 +126,14 @@ fn gpu_with(budget: Option<u64>, binding: Option<u64>) -> Option<Context> {
 fn config_strategy(n: usize, q: usize) -> impl Strategy<Value = KnnConfig> {
     (0usize..4, any::<bool>(), 0usize..3, 0u64..1000).prop_flat_map(
         move |(dist, normalize, excl, seed)| {
+            // SameIndex needs a reference per query (PML's ref_includes_query).
+            let excl = if excl == 1 && q > n { 0 } else { excl };
             let self_exclusion = match excl {
                 0 => SelfExclusion::None,
                 1 => SelfExclusion::SameIndex,
                 _ => SelfExclusion::QuerySlots(
                     (0..q)
-                        .map(|i| ((seed as usize + 3 * i) % (n + 2)) as u32)
+                        .map(|i| ((seed as usize + 3 * i) % n.max(1)) as u32)
                         .collect(),
                 ),
             };
@@ -132,6 +145,7 @@ fn config_strategy(n: usize, q: usize) -> impl Strategy<Value = KnnConfig> {
                     normalize,
                 },
                 self_exclusion: self_exclusion.clone(),
+                ..Default::default()
             })
         },
     )
@@ -182,7 +196,7 @@ proptest! {
     fn native_knn_matches_the_reference((queries, refs, cfg) in case()) {
         let ctx = Context::native_cpu(None);
         let got = knn(&ctx, queries.view(), refs.view(), &cfg).expect("knn");
-        let truth = pairwise_distances(&ctx, queries.view(), refs.view(), &cfg.distance)
+        let truth = pairwise_distances(&ctx, queries.view(), refs.view(), &PairwiseConfig { distance: cfg.distance, ..Default::default() })
             .expect("distances")
             .values;
         check_close(&got, &truth, &cfg, 1e-5);
@@ -272,9 +286,17 @@ fn tight_budget_with_100k_references(ctx: &Context, budget: u64) {
         );
         assert!(m.peak_bytes > 0, "the scratch is counted");
         assert_eq!(m.current_bytes, 0, "everything released");
-        let truth = pairwise_distances(&native, queries.view(), refs.view(), &cfg.distance)
-            .expect("distances")
-            .values;
+        let truth = pairwise_distances(
+            &native,
+            queries.view(),
+            refs.view(),
+            &PairwiseConfig {
+                distance: cfg.distance,
+                ..Default::default()
+            },
+        )
+        .expect("distances")
+        .values;
         check_close(&got, &truth, &cfg, 1e-5);
     }
 }
@@ -296,14 +318,20 @@ fn progress_reports_rise_to_the_total_and_change_nothing() {
                 k: 7,
                 ..Default::default()
             };
-            let seen = std::sync::Mutex::new(Vec::new());
-            let report = |p: Progress| seen.lock().expect("lock").push(p);
-            let with = knn_with_progress(&ctx, queries.view(), refs.view(), &cfg, &report)
-                .expect("knn with progress");
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let log = Arc::clone(&seen);
+            let with_hooks = KnnConfig {
+                hooks: Hooks::new().on_progress(move |p: Progress| {
+                    log.lock().expect("lock").push(p);
+                }),
+                ..cfg.clone()
+            };
+            let with =
+                knn(&ctx, queries.view(), refs.view(), &with_hooks).expect("knn with progress");
             let without = knn(&ctx, queries.view(), refs.view(), &cfg).expect("knn");
             assert_eq!(with.indices, without.indices);
             assert_eq!(with.scores, without.scores);
-            let seen = seen.into_inner().expect("lock");
+            let seen = seen.lock().expect("lock").clone();
             let total = (q * n) as u64;
             assert!(seen.iter().all(|p| p.total == total), "{seen:?}");
             assert!(seen.windows(2).all(|w| w[0].done < w[1].done), "{seen:?}");
@@ -338,9 +366,17 @@ fn sharded_over_two_contexts_gives_the_single_device_answer() {
         assert_eq!(one.scores, two.scores, "same scores");
         // A GPU and the native path side by side: the same answer up to rounding.
         let mixed = knn_sharded(&[&a, &native], queries.view(), refs.view(), &cfg).expect("mixed");
-        let truth = pairwise_distances(&a, queries.view(), refs.view(), &cfg.distance)
-            .expect("distances")
-            .values;
+        let truth = pairwise_distances(
+            &a,
+            queries.view(),
+            refs.view(),
+            &PairwiseConfig {
+                distance: cfg.distance,
+                ..Default::default()
+            },
+        )
+        .expect("distances")
+        .values;
         check_close(&mixed, &truth, &cfg, 1e-5);
     }
 }
@@ -354,7 +390,9 @@ fn knn_against_a_memory_bank_equals_knn_against_its_snapshot() {
         for step in 0..3 {
             let x = embeddings(23, 6, step, true);
             let labels = Array1::from_elem(23, 0u32);
-            let enq = bank.enqueue(ctx, x.view(), labels.view()).expect("enqueue");
+            let enq = bank
+                .enqueue(ctx, &MiningSet::new(&x, &labels))
+                .expect("enqueue");
             let cfg = KnnConfig {
                 k: 12,
                 self_exclusion: enq.self_exclusion.clone(),
@@ -433,7 +471,7 @@ fn bad_inputs_get_typed_errors() {
         assert!(matches!(
             knn(ctx, x.view(), x.view(), &slots),
             Err(Error::Shape {
-                what: "self_exclusion slots",
+                what: "self_exclusion",
                 ..
             })
         ));
@@ -451,7 +489,7 @@ fn bad_inputs_get_typed_errors() {
     // A bank belongs to the context that made it.
     if let Some(gpu) = common::shared_gpu() {
         let mut bank = MemoryBank::<u32>::new(gpu, &BankConfig::new(8, 3)).expect("bank");
-        bank.enqueue(gpu, x.view(), Array1::zeros(5).view())
+        bank.enqueue(gpu, &MiningSet::new(&x, Array1::zeros(5).view()))
             .expect("enqueue");
         let other = gpu_with(None, None).expect("second context");
         for ctx in [&other, &native] {

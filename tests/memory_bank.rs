@@ -3,17 +3,17 @@
 //! reference, every miner against the same miner on host references, device-buffer enqueue,
 //! budgets, lowered limits and every typed error.
 
-mod common;
+use crate::common;
 
 use ndarray::{s, Array1, Array2};
 use proptest::prelude::*;
 use wgpu_metric_learning::reference::triplet_select::triplet_select;
 use wgpu_metric_learning::{
     all_pairs, batch_easy_hard_pairs, batch_hard_triplets, count_triplets, mine_triplets,
-    multi_similarity_pairs, pair_margin_pairs, pairwise_distances, BankConfig, BatchEasyHardConfig,
-    BatchHardConfig, Context, ContextConfig, Distance, DistanceConfig, Embeddings, Error,
-    MemoryBank, MiningSet, MultiSimilarityConfig, PairMarginConfig, SelfExclusion, TripletConfig,
-    TripletRule, TripletType,
+    multi_similarity_pairs, pair_margin_pairs, pairwise_distances, AllPairsConfig, BankConfig,
+    BatchEasyHardConfig, BatchHardConfig, Context, ContextConfig, Distance, DistanceConfig,
+    Embeddings, Error, MemoryBank, MiningSet, MultiSimilarityConfig, PairMarginConfig,
+    PairwiseConfig, SelfExclusion, TripletConfig, TripletRule, TripletType,
 };
 
 /// A plain host ring: what the bank must hold after every step.
@@ -121,7 +121,7 @@ fn run_scenario(ctx: &Context, capacity: usize, dim: usize, page_rows: Option<us
             Op::Enqueue { b, seed } => {
                 let (emb, labels) = batch(*b, dim, *seed);
                 let done = bank
-                    .enqueue(ctx, emb.view(), labels.view())
+                    .enqueue(ctx, &MiningSet::new(&emb, &labels))
                     .expect("enqueue");
                 let want: Vec<u32> = emb
                     .rows()
@@ -137,7 +137,7 @@ fn run_scenario(ctx: &Context, capacity: usize, dim: usize, page_rows: Option<us
                 let (emb, labels) = batch(*b, dim, *seed);
                 let mask: Array1<bool> = (0..*b).map(|i| (mask >> (i % 32)) & 1 == 1).collect();
                 let chosen = mask.iter().filter(|&&m| m).count();
-                let got = bank.enqueue_masked(ctx, emb.view(), labels.view(), mask.view());
+                let got = bank.enqueue_masked(ctx, &MiningSet::new(&emb, &labels), mask.view());
                 if chosen > capacity {
                     assert!(
                         matches!(got, Err(Error::InvalidParameter { .. })),
@@ -161,7 +161,7 @@ fn run_scenario(ctx: &Context, capacity: usize, dim: usize, page_rows: Option<us
             }
             Op::TooLarge => {
                 let (emb, labels) = batch(capacity + 1, dim, 1);
-                let got = bank.enqueue(ctx, emb.view(), labels.view());
+                let got = bank.enqueue(ctx, &MiningSet::new(&emb, &labels));
                 assert!(
                     matches!(
                         got,
@@ -176,7 +176,7 @@ fn run_scenario(ctx: &Context, capacity: usize, dim: usize, page_rows: Option<us
             Op::NonFinite { b } => {
                 let (mut emb, labels) = batch(*b, dim, 2);
                 emb[[b - 1, dim - 1]] = f32::NAN;
-                let got = bank.enqueue(ctx, emb.view(), labels.view());
+                let got = bank.enqueue(ctx, &MiningSet::new(&emb, &labels));
                 match got {
                     Err(Error::NonFinite { row, col, .. }) => {
                         assert_eq!((row, col), (b - 1, dim - 1), "names the value")
@@ -210,7 +210,7 @@ fn check_mining(
         self_exclusion: exclusion.clone(),
         ..TripletConfig::margin_miner(TripletType::Semihard)
     };
-    let queries = MiningSet::with_embeddings(labels.view(), emb.view());
+    let queries = MiningSet::new(emb, labels);
     let refs = bank.refs();
     let got = mine_triplets(ctx, &queries, Some(&refs), &cfg).expect("mine against the bank");
     let snap = bank.snapshot(ctx).expect("snapshot");
@@ -218,9 +218,17 @@ fn check_mining(
         SelfExclusion::QuerySlots(s) => s.clone(),
         _ => vec![u32::MAX; labels.len()],
     };
-    let distances = pairwise_distances(ctx, emb.view(), snap.embeddings.view(), &cfg.distance)
-        .expect("distances")
-        .values;
+    let distances = pairwise_distances(
+        ctx,
+        emb.view(),
+        snap.embeddings.view(),
+        &PairwiseConfig {
+            distance: cfg.distance,
+            ..Default::default()
+        },
+    )
+    .expect("distances")
+    .values;
     let want = triplet_select(
         labels.as_slice().expect("contiguous"),
         snap.labels.as_slice().expect("contiguous"),
@@ -261,7 +269,7 @@ fn filled_bank(
     for seed in 0..3 {
         let (emb, labels) = batch(b, cfg.dim, seed);
         let done = bank
-            .enqueue(ctx, emb.view(), labels.view())
+            .enqueue(ctx, &MiningSet::new(&emb, &labels))
             .expect("enqueue");
         last = Some((emb, labels, done.self_exclusion));
     }
@@ -273,9 +281,9 @@ fn filled_bank(
 fn every_miner_agrees(ctx: &Context, cfg: &BankConfig, b: usize) {
     let (bank, emb, labels, exclusion) = filled_bank(ctx, cfg, b);
     let snap = bank.snapshot(ctx).expect("snapshot");
-    let queries = MiningSet::with_embeddings(labels.view(), emb.view());
+    let queries = MiningSet::new(&emb, &labels);
     let on_bank = bank.refs();
-    let on_host = MiningSet::with_embeddings(snap.labels.view(), snap.embeddings.view());
+    let on_host = MiningSet::new(snap.embeddings.view(), snap.labels.view());
     for refs in [&on_bank, &on_host] {
         assert_eq!(refs.labels.len(), bank.len());
     }
@@ -314,7 +322,16 @@ fn every_miner_agrees(ctx: &Context, cfg: &BankConfig, b: usize) {
         both(&|r| {
             format!(
                 "{:?}",
-                all_pairs(ctx, &queries, Some(r), &exclusion).map(|p| (p.positives, p.negatives))
+                all_pairs(
+                    ctx,
+                    &queries,
+                    Some(r),
+                    &AllPairsConfig {
+                        self_exclusion: exclusion.clone(),
+                        ..Default::default()
+                    },
+                )
+                .map(|p| (p.positives, p.negatives))
             )
         });
         let pm = PairMarginConfig {
@@ -355,6 +372,7 @@ fn every_miner_agrees(ctx: &Context, cfg: &BankConfig, b: usize) {
         let bh = BatchHardConfig {
             distance: d,
             self_exclusion: exclusion.clone(),
+            ..Default::default()
         };
         both(&|r| {
             format!(
@@ -418,7 +436,7 @@ fn memory_bank_peak_bytes_stay_under_a_tight_budget() {
                 self_exclusion: exclusion,
                 ..TripletConfig::margin_miner(TripletType::Semihard)
             };
-            let queries = MiningSet::with_embeddings(labels.view(), emb.view());
+            let queries = MiningSet::new(&emb, &labels);
             let n = count_triplets(ctx, &queries, Some(&bank.refs()), &cfg).expect("count");
             assert!(n.count > 0);
         }
@@ -463,7 +481,7 @@ fn memory_bank_enqueue_buffer_matches_host_enqueue() {
                 .enqueue_buffer(ctx, &source, 16, labels.view())
                 .expect("enqueue from a buffer");
             let b = from_host
-                .enqueue(ctx, emb.view(), labels.view())
+                .enqueue(ctx, &MiningSet::new(&emb, &labels))
                 .expect("enqueue");
             assert_eq!(a, b);
         }
@@ -528,11 +546,11 @@ fn typed_errors(ctx: &Context) {
 
     let mut bank = MemoryBank::<u32>::new(ctx, &BankConfig::new(8, 3)).expect("bank");
     let (emb, labels) = batch(5, 3, 0);
-    bank.enqueue(ctx, emb.view(), labels.view())
+    bank.enqueue(ctx, &MiningSet::new(&emb, &labels))
         .expect("enqueue");
     let before = bank.snapshot(ctx).expect("snapshot");
     let wrong_dim = Array2::<f32>::zeros((2, 4));
-    let got = bank.enqueue(ctx, wrong_dim.view(), labels.slice(s![..2]));
+    let got = bank.enqueue(ctx, &MiningSet::new(&wrong_dim, labels.slice(s![..2])));
     assert!(
         matches!(
             got,
@@ -543,13 +561,13 @@ fn typed_errors(ctx: &Context) {
         ),
         "{got:?}"
     );
-    let got = bank.enqueue(ctx, emb.view(), labels.slice(s![..4]));
+    let got = bank.enqueue(ctx, &MiningSet::new(&emb, labels.slice(s![..4])));
     assert!(
         matches!(got, Err(Error::Shape { what: "labels", .. })),
         "{got:?}"
     );
     let mask = Array1::from_elem(4, true);
-    let got = bank.enqueue_masked(ctx, emb.view(), labels.view(), mask.view());
+    let got = bank.enqueue_masked(ctx, &MiningSet::new(&emb, &labels), mask.view());
     assert!(
         matches!(
             got,
@@ -561,10 +579,10 @@ fn typed_errors(ctx: &Context) {
         "{got:?}"
     );
     let transposed = emb.t().to_owned();
-    let got = bank.enqueue(ctx, transposed.t(), labels.view());
+    let got = bank.enqueue(ctx, &MiningSet::new(transposed.t(), &labels));
     assert!(got.is_ok(), "a transposed view is accepted: {got:?}");
     bank.reset();
-    bank.enqueue(ctx, emb.view(), labels.view())
+    bank.enqueue(ctx, &MiningSet::new(&emb, &labels))
         .expect("enqueue");
     assert_eq!(
         bank.snapshot(ctx).expect("snapshot"),
@@ -588,7 +606,7 @@ fn typed_errors(ctx: &Context) {
         matches!(
             got,
             Err(Error::InvalidParameter {
-                what: "embeddings",
+                what: "queries",
                 ..
             })
         ),
@@ -597,7 +615,7 @@ fn typed_errors(ctx: &Context) {
     );
     let wrong = Array2::<f32>::zeros((2, 5));
     let two = Array1::from_elem(2, 0u32);
-    let q = MiningSet::with_embeddings(two.view(), wrong.view());
+    let q = MiningSet::new(&wrong, &two);
     let got = mine_triplets(
         ctx,
         &q,
@@ -621,11 +639,11 @@ fn memory_bank_typed_errors() {
     // A GPU bank cannot be used with another context, native or wgpu.
     let mut bank = MemoryBank::<u32>::new(gpu, &BankConfig::new(8, 3)).expect("bank");
     let (emb, labels) = batch(4, 3, 0);
-    bank.enqueue(gpu, emb.view(), labels.view())
+    bank.enqueue(gpu, &MiningSet::new(&emb, &labels))
         .expect("enqueue");
     let native = Context::native_cpu(None);
     let other = common::gpu_context(None).expect("a second GPU context");
-    let queries = MiningSet::with_embeddings(labels.view(), emb.view());
+    let queries = MiningSet::new(&emb, &labels);
     let cfg = TripletConfig::margin_miner(TripletType::Semihard);
     for ctx in [&native, &other] {
         let got = mine_triplets(ctx, &queries, Some(&bank.refs()), &cfg);
@@ -639,7 +657,7 @@ fn memory_bank_typed_errors() {
             ),
             "{got:?}"
         );
-        let got = bank.enqueue(ctx, emb.view(), labels.view());
+        let got = bank.enqueue(ctx, &MiningSet::new(&emb, &labels));
         assert!(
             matches!(
                 got,
@@ -670,7 +688,7 @@ fn empty_bank_mines_nothing(ctx: &Context) {
     let mut bank = MemoryBank::<u32>::new(ctx, &BankConfig::new(6, 3)).expect("bank");
     let (emb, labels) = batch(4, 3, 1);
     for round in 0..2 {
-        let queries = MiningSet::with_embeddings(labels.view(), emb.view());
+        let queries = MiningSet::new(&emb, &labels);
         let refs = bank.refs();
         let cfg = TripletConfig::margin_miner(TripletType::All);
         let t = mine_triplets(ctx, &queries, Some(&refs), &cfg).expect("mine");
@@ -685,7 +703,7 @@ fn empty_bank_mines_nothing(ctx: &Context) {
             bank.snapshot(ctx).expect("snapshot").embeddings.dim(),
             (0, 3)
         );
-        bank.enqueue(ctx, emb.view(), labels.view())
+        bank.enqueue(ctx, &MiningSet::new(&emb, &labels))
             .expect("enqueue");
         bank.reset();
         assert!(bank.is_empty() && !bank.is_filled() && bank.head() == 0);

@@ -2,16 +2,16 @@
 //! brute-force emulation of PML's own formulation (masked full matrices, per-row argmin /
 //! argmax) over the distance matrix the same path computes.
 
-mod common;
+use crate::common;
 
 use ndarray::{Array1, Array2};
 use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
 use wgpu_metric_learning::{
     all_pairs, batch_easy_hard_pairs, batch_hard_triplets, multi_similarity_pairs,
-    pair_margin_pairs, pairwise_distances, BatchEasyHardConfig, BatchHardConfig, Context, Distance,
-    DistanceConfig, Error, MiningSet, MultiSimilarityConfig, PairMarginConfig, SelfExclusion,
-    Strategy,
+    pair_margin_pairs, pairwise_distances, AllPairsConfig, BatchEasyHardConfig, BatchHardConfig,
+    Context, Distance, DistanceConfig, Error, MiningSet, MultiSimilarityConfig, PairMarginConfig,
+    PairwiseConfig, SelfExclusion, Strategy,
 };
 
 #[derive(Debug, Clone)]
@@ -23,14 +23,22 @@ struct Case {
 
 impl Case {
     fn set(&self) -> MiningSet<'_, u32> {
-        MiningSet::with_embeddings(self.labels.view(), self.emb.view())
+        MiningSet::new(self.emb.view(), self.labels.view())
     }
 
     /// (distances, is_positive, is_negative) over (b, b), self excluded as in PML.
     fn matrices(&self, ctx: &Context) -> (Array2<f32>, Array2<bool>, Array2<bool>) {
-        let d = pairwise_distances(ctx, self.emb.view(), self.emb.view(), &self.distance)
-            .expect("distances")
-            .values;
+        let d = pairwise_distances(
+            ctx,
+            self.emb.view(),
+            self.emb.view(),
+            &PairwiseConfig {
+                distance: self.distance,
+                ..Default::default()
+            },
+        )
+        .expect("distances")
+        .values;
         let b = self.labels.len();
         let pos =
             Array2::from_shape_fn((b, b), |(i, j)| i != j && self.labels[i] == self.labels[j]);
@@ -276,7 +284,8 @@ fn check_all(
         allowed_pos_range: ranges.0,
         allowed_neg_range: ranges.1,
         distance: c.distance,
-        self_exclusion: SelfExclusion::None,
+        self_exclusion: SelfExclusion::Auto,
+        ..Default::default()
     };
     let got = batch_easy_hard_pairs(ctx, &c.set(), None, &cfg).expect("easy-hard");
     let (wp, wn) = easy_hard_emulated(ctx, c, &cfg);
@@ -361,9 +370,12 @@ fn check_all(
 
     let ap = all_pairs(
         ctx,
-        &MiningSet::labels(c.labels.view()),
+        &MiningSet::from_labels(c.labels.view()),
         None,
-        &SelfExclusion::None,
+        &AllPairsConfig {
+            self_exclusion: SelfExclusion::Auto,
+            ..Default::default()
+        },
     )
     .expect("all pairs");
     assert_eq!(
@@ -405,13 +417,7 @@ fn batch_hard_matches_pml_test_vectors_on_every_path() {
         .into_iter()
         .flatten()
     {
-        let t = batch_hard_triplets(
-            &ctx,
-            &MiningSet::with_embeddings(labels.view(), x.view()),
-            None,
-            &cfg,
-        )
-        .expect("mine");
+        let t = batch_hard_triplets(&ctx, &MiningSet::new(&x, &labels), None, &cfg).expect("mine");
         assert_eq!(
             t.anchors().to_vec(),
             vec![0, 1, 2, 3, 4, 6, 7, 8],
@@ -437,7 +443,7 @@ fn miners_reject_bad_parameters() {
     let ctx = Context::native_cpu(None);
     let labels = Array1::from(vec![0u32, 1]);
     let x = Array2::<f32>::zeros((2, 2));
-    let set = MiningSet::with_embeddings(labels.view(), x.view());
+    let set = MiningSet::new(&x, &labels);
     for (p, n) in [
         (Strategy::Semihard, Strategy::Semihard),
         (Strategy::Semihard, Strategy::All),
@@ -505,12 +511,12 @@ fn miners_reject_bad_parameters() {
         matches!(
             pair_margin_pairs(
                 &ctx,
-                &MiningSet::labels(labels.view()),
+                &MiningSet::from_labels(&labels),
                 None,
                 &PairMarginConfig::default()
             ),
             Err(Error::InvalidParameter {
-                what: "embeddings",
+                what: "queries",
                 ..
             })
         ),

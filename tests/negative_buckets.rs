@@ -5,7 +5,7 @@
 //! workgroup-memory sort. The reference `negative_buckets` itself is checked for the property
 //! the kernel relies on: each positive's kept negatives are one run in bucket order.
 
-mod common;
+use crate::common;
 
 use ndarray::{Array1, Array2};
 use proptest::prelude::*;
@@ -13,7 +13,8 @@ use wgpu_metric_learning::reference::negative_buckets::negative_buckets;
 use wgpu_metric_learning::reference::triplet_select::triplet_select;
 use wgpu_metric_learning::{
     count_triplets, mine_triplets, pairwise_distances, Context, CountMethod, Distance,
-    DistanceConfig, MiningSet, SelfExclusion, TripletConfig, TripletRule, TripletType,
+    DistanceConfig, MiningSet, PairwiseConfig, SelfExclusion, TripletConfig, TripletRule,
+    TripletType,
 };
 
 const KINDS: [TripletType; 4] = [
@@ -39,12 +40,20 @@ fn check(
     refs: &(Array1<u32>, Array2<f32>),
     cfg: &TripletConfig,
 ) {
-    let queries = MiningSet::with_embeddings(labels.view(), emb.view());
-    let ref_set = MiningSet::with_embeddings(refs.0.view(), refs.1.view());
+    let queries = MiningSet::new(emb, labels);
+    let ref_set = MiningSet::new(refs.1.view(), refs.0.view());
     let got = count_triplets(ctx, &queries, Some(&ref_set), cfg).expect("count");
-    let distances = pairwise_distances(ctx, emb.view(), refs.1.view(), &cfg.distance)
-        .expect("distances")
-        .values;
+    let distances = pairwise_distances(
+        ctx,
+        emb.view(),
+        refs.1.view(),
+        &PairwiseConfig {
+            distance: cfg.distance,
+            ..Default::default()
+        },
+    )
+    .expect("distances")
+    .values;
     let slots = match &cfg.self_exclusion {
         SelfExclusion::QuerySlots(s) => s.clone(),
         _ => vec![u32::MAX; labels.len()],

@@ -5,7 +5,7 @@
 //! stream every triplet once, end with nothing allocated, and, when even its smallest tile
 //! cannot fit, return `Error::OutOfMemory` and leave the context usable.
 
-mod common;
+use crate::common;
 
 use std::ops::ControlFlow;
 
@@ -14,7 +14,7 @@ use wgpu_metric_learning::{
     accuracy, batch_hard_triplets, count_triplets, knn, mine_triplets, mine_triplets_streaming,
     multi_similarity_pairs, pairwise_distances, AccuracyConfig, AccuracyK, BankConfig,
     BatchHardConfig, Context, ContextConfig, DistanceConfig, Error, KnnConfig, MemoryBank,
-    MiningSet, MultiSimilarityConfig, TripletConfig, TripletType,
+    MiningSet, MultiSimilarityConfig, PairwiseConfig, TripletConfig, TripletType,
 };
 
 const BUDGET: u64 = 64 << 20;
@@ -70,12 +70,20 @@ fn every_operation_retries_with_smaller_tiles_and_gives_the_same_answer() {
     };
     let (x, y) = clustered(500, 48, 9, 1);
     let (r, ry) = clustered(2000, 48, 9, 2);
-    let set = MiningSet::with_embeddings(y.view(), x.view());
+    let set = MiningSet::new(&x, &y);
 
     same_after_retry("pairwise_distances", &pair, |ctx| {
-        pairwise_distances(ctx, x.view(), r.view(), &DistanceConfig::default())
-            .expect("distances")
-            .values
+        pairwise_distances(
+            ctx,
+            x.view(),
+            r.view(),
+            &PairwiseConfig {
+                distance: DistanceConfig::default(),
+                ..Default::default()
+            },
+        )
+        .expect("distances")
+        .values
     });
     same_after_retry("knn", &pair, |ctx| {
         let cfg = KnnConfig {
@@ -90,7 +98,7 @@ fn every_operation_retries_with_smaller_tiles_and_gives_the_same_answer() {
             k: AccuracyK::MaxBinCount,
             ..Default::default()
         };
-        let acc = accuracy(ctx, r.view(), ry.view(), None, &cfg).expect("accuracy");
+        let acc = accuracy(ctx, &MiningSet::new(&r, &ry), None, &cfg).expect("accuracy");
         format!("{:?}", acc.metrics)
     });
     for kind in [TripletType::All, TripletType::Semihard] {
@@ -137,9 +145,9 @@ fn mining_and_knn_against_a_bank_retry_too() {
     let (q, qy) = clustered(400, 32, 7, 4);
     let run = |ctx: &Context| {
         let mut bank = MemoryBank::<u32>::new(ctx, &BankConfig::new(2000, 32)).expect("bank");
-        bank.enqueue(ctx, x.view(), y.view()).expect("enqueue");
+        bank.enqueue(ctx, &MiningSet::new(&x, &y)).expect("enqueue");
         ctx.reset_peak();
-        let batch = MiningSet::with_embeddings(qy.view(), q.view());
+        let batch = MiningSet::new(&q, &qy);
         let cfg = TripletConfig::margin_miner(TripletType::Hard);
         let mined = mine_triplets(ctx, &batch, Some(&bank.refs()), &cfg).expect("mine");
         let hard = batch_hard_triplets(ctx, &batch, Some(&bank.refs()), &Default::default())
@@ -179,8 +187,8 @@ fn below_the_smallest_tile_it_is_out_of_memory_and_the_context_stays_usable() {
     // Mining keeps its references resident: 20 000 × 64 floats (5 MiB) can never fit 1 MiB.
     let (x, y) = clustered(20, 64, 3, 5);
     let (r, ry) = clustered(20_000, 64, 3, 6);
-    let refs = MiningSet::with_embeddings(ry.view(), r.view());
-    let batch = MiningSet::with_embeddings(y.view(), x.view());
+    let refs = MiningSet::new(&r, &ry);
+    let batch = MiningSet::new(&x, &y);
     let cfg = TripletConfig::margin_miner(TripletType::Hard);
     let got = mine_triplets(&ctx, &batch, Some(&refs), &cfg);
     assert!(
@@ -189,7 +197,7 @@ fn below_the_smallest_tile_it_is_out_of_memory_and_the_context_stays_usable() {
     );
     assert_eq!(ctx.memory().current_bytes, 0, "nothing left allocated");
     // The same context still works for what fits.
-    let refs = MiningSet::with_embeddings(y.view(), x.view());
+    let refs = MiningSet::new(&x, &y);
     let small = mine_triplets(&ctx, &batch, Some(&refs), &cfg).expect("a small problem runs");
     let native = Context::native_cpu(None);
     let want = mine_triplets(&native, &batch, Some(&refs), &cfg).expect("native");

@@ -1,13 +1,15 @@
-//! Every WGSL kernel parses, validates, and translates to SPIR-V, MSL, HLSL and GLSL (compute),
-//! so Metal and DX12 breakage shows up on a machine that has neither; and every file in
-//! `shaders/` is registered in `WGSL_SOURCES` with its wrapper and reference beside it.
+//! Every WGSL kernel parses, validates, and translates to SPIR-V, MSL, HLSL and GLSL (compute)
+//! with its `override` constants set as the crate sets them, so Metal and DX12 breakage shows
+//! up on a machine that has neither; and every file in `shaders/` is registered in
+//! `WGSL_KERNELS` with its wrapper, its reference and its test module beside it.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use naga::back::{glsl, hlsl, msl, spv};
+use naga::back::pipeline_constants::process_overrides;
+use naga::back::{glsl, hlsl, msl, spv, PipelineConstants};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
-use wgpu_metric_learning::WGSL_SOURCES;
+use wgpu_metric_learning::{WgslKernel, WGSL_KERNELS};
 
 fn parse_and_validate(stem: &str, source: &str) -> (naga::Module, naga::valid::ModuleInfo) {
     let module = naga::front::wgsl::parse_str(source)
@@ -26,8 +28,13 @@ fn parse_and_validate(stem: &str, source: &str) -> (naga::Module, naga::valid::M
 
 #[test]
 fn every_shader_validates_and_translates_to_all_four_languages() {
-    assert!(!WGSL_SOURCES.is_empty(), "the registry lists the kernels");
-    for (stem, source) in WGSL_SOURCES {
+    assert!(!WGSL_KERNELS.is_empty(), "the registry lists the kernels");
+    for WgslKernel {
+        stem,
+        source,
+        constants,
+    } in WGSL_KERNELS
+    {
         let (module, info) = parse_and_validate(stem, source);
         let entries: Vec<String> = module
             .entry_points
@@ -36,7 +43,18 @@ fn every_shader_validates_and_translates_to_all_four_languages() {
             .map(|e| e.name.clone())
             .collect();
         assert!(!entries.is_empty(), "{stem}.wgsl has a compute entry point");
+        let constants: PipelineConstants = constants
+            .iter()
+            .map(|&(name, value)| (name.to_string(), value))
+            .collect();
         for entry in entries {
+            let (module, info) = process_overrides(
+                &module,
+                &info,
+                Some((naga::ShaderStage::Compute, &entry)),
+                &constants,
+            )
+            .unwrap_or_else(|e| panic!("{stem}::{entry}: overrides: {e}"));
             translate(stem, &module, &info, entry);
         }
     }
@@ -130,20 +148,28 @@ fn stems_in(dir: &str, ext: &str) -> BTreeSet<String> {
 }
 
 #[test]
-fn every_wgsl_file_is_registered_with_a_wrapper_and_a_reference() {
+fn every_stem_has_its_four_files() {
     let files = stems_in("shaders", "wgsl");
-    let registered: BTreeSet<String> = WGSL_SOURCES.iter().map(|(s, _)| s.to_string()).collect();
+    let registered: BTreeSet<String> = WGSL_KERNELS.iter().map(|k| k.stem.to_string()).collect();
     assert_eq!(
         files, registered,
-        "shaders/*.wgsl and WGSL_SOURCES must list the same kernels"
+        "shaders/*.wgsl and WGSL_KERNELS must list the same kernels"
     );
     let wrappers = stems_in("src/kernels", "rs");
     let references = stems_in("src/reference", "rs");
+    let tests = stems_in("tests", "rs");
+    let root = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/root.rs"))
+        .expect("tests/root.rs");
     for stem in &files {
         assert!(wrappers.contains(stem), "src/kernels/{stem}.rs is missing");
         assert!(
             references.contains(stem),
             "src/reference/{stem}.rs is missing"
+        );
+        assert!(tests.contains(stem), "tests/{stem}.rs is missing");
+        assert!(
+            root.contains(&format!("mod {stem};")),
+            "tests/root.rs does not declare mod {stem}"
         );
     }
 }
@@ -151,7 +177,7 @@ fn every_wgsl_file_is_registered_with_a_wrapper_and_a_reference() {
 #[test]
 fn registered_sources_are_the_files_on_disk() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
-    for (stem, source) in WGSL_SOURCES {
+    for WgslKernel { stem, source, .. } in WGSL_KERNELS {
         let on_disk = std::fs::read_to_string(dir.join(format!("{stem}.wgsl")))
             .unwrap_or_else(|e| panic!("{stem}.wgsl: {e}"));
         assert_eq!(

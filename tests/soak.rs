@@ -6,7 +6,7 @@
 //! In CI it runs for `WML_SOAK_SECS` seconds (default 10) on each path; the full two minutes
 //! run with `cargo test --test soak -- --ignored`.
 
-mod common;
+use crate::common;
 
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
@@ -62,7 +62,7 @@ fn soak(ctx: &Context, duration: Duration) {
             ((r % 6) as f32 * 0.9 + k as f32 * 0.13).cos() + h as f32 * 2e-5
         });
         let y = Array1::from_shape_fn(BATCH, |r| ((r + seed) % 6) as u32);
-        let done = bank.enqueue(ctx, x.view(), y.view()).expect("enqueue");
+        let done = bank.enqueue(ctx, &MiningSet::new(&x, &y)).expect("enqueue");
         for r in 0..BATCH {
             let slot = (head + r) % CAPACITY;
             model_rows.row_mut(slot).assign(&x.row(r));
@@ -71,7 +71,7 @@ fn soak(ctx: &Context, duration: Duration) {
         head = (head + BATCH) % CAPACITY;
         len = (len + BATCH).min(CAPACITY);
 
-        let batch = MiningSet::with_embeddings(y.view(), x.view());
+        let batch = MiningSet::new(&x, &y);
         let cfg = TripletConfig {
             self_exclusion: done.self_exclusion.clone(),
             ..TripletConfig::margin_miner(TripletType::Semihard)

@@ -6,7 +6,7 @@
 //! included; the distances themselves are checked against their own reference in
 //! `tests/distance_tile.rs`.
 
-mod common;
+use crate::common;
 
 use std::ops::ControlFlow;
 
@@ -15,8 +15,8 @@ use proptest::prelude::*;
 use wgpu_metric_learning::reference::triplet_select::triplet_select;
 use wgpu_metric_learning::{
     count_triplets, mine_triplets, mine_triplets_streaming, pairwise_distances, Context,
-    CountMethod, Distance, DistanceConfig, Error, MiningSet, SelfExclusion, TripletConfig,
-    TripletRule, TripletType,
+    CountMethod, Distance, DistanceConfig, Error, MiningSet, PairwiseConfig, SelfExclusion,
+    TripletConfig, TripletRule, TripletType,
 };
 
 /// One mining problem: queries, optional refs (None = the queries themselves), and the config.
@@ -30,13 +30,11 @@ struct Problem {
 
 impl Problem {
     fn queries(&self) -> MiningSet<'_, u32> {
-        MiningSet::with_embeddings(self.labels.view(), self.embeddings.view())
+        MiningSet::new(self.embeddings.view(), self.labels.view())
     }
 
     fn ref_set(&self) -> Option<MiningSet<'_, u32>> {
-        self.refs
-            .as_ref()
-            .map(|(l, e)| MiningSet::with_embeddings(l.view(), e.view()))
+        self.refs.as_ref().map(|(l, e)| MiningSet::new(e, l))
     }
 
     /// The reference answer, from the distances `ctx` itself computes.
@@ -46,18 +44,23 @@ impl Problem {
             None => (self.labels.clone(), self.embeddings.clone()),
         };
         let slots: Vec<u32> = match (&self.refs, &self.cfg.self_exclusion) {
-            (None, _) | (Some(_), SelfExclusion::SameIndex) => {
+            (None, SelfExclusion::Auto) | (_, SelfExclusion::SameIndex) => {
                 (0..self.labels.len() as u32).collect()
             }
-            (Some(_), SelfExclusion::QuerySlots(s)) => s.clone(),
-            (Some(_), SelfExclusion::None) => vec![u32::MAX; self.labels.len()],
+            (_, SelfExclusion::QuerySlots(s)) => s.clone(),
+            (Some(_), SelfExclusion::Auto) | (_, SelfExclusion::None) => {
+                vec![u32::MAX; self.labels.len()]
+            }
         };
         let distances = matches!(self.cfg.rule, TripletRule::Margin { .. }).then(|| {
             pairwise_distances(
                 ctx,
                 self.embeddings.view(),
                 ref_emb.view(),
-                &self.cfg.distance,
+                &PairwiseConfig {
+                    distance: self.cfg.distance,
+                    ..Default::default()
+                },
             )
             .expect("distances")
             .values
@@ -217,7 +220,9 @@ fn problem() -> impl Strategy<Value = Problem> {
                     proptest::collection::vec(0..m as u32, b).prop_map(SelfExclusion::QuerySlots),
                 ]
                 .boxed(),
-                _ => Just(SelfExclusion::None).boxed(),
+                Some(_) => Just(SelfExclusion::None).boxed(),
+                // The references are the queries: each excluded as its own positive.
+                None => Just(SelfExclusion::Auto).boxed(),
             };
             (Just((labels, embeddings, refs, cfg)), exclusion)
         })
@@ -323,8 +328,8 @@ fn triplet_select_budget_below_one_anchor_is_a_typed_error() {
 fn budget_below_one_anchor(ctx: &Context, budget: u64) {
     let (labels, refs) = (cyclic(10, 2), cyclic(1000, 2));
     let (emb, ref_emb) = (grid(10, 4), grid(1000, 4));
-    let queries = MiningSet::with_embeddings(labels.view(), emb.view());
-    let refs = MiningSet::with_embeddings(refs.view(), ref_emb.view());
+    let queries = MiningSet::new(&emb, &labels);
+    let refs = MiningSet::new(&ref_emb, &refs);
     let semihard = TripletConfig {
         rule: TripletRule::margin_miner(TripletType::Semihard),
         ..Default::default()
@@ -360,16 +365,16 @@ fn triplet_count_passes_2_pow_32_without_overflow() {
     let (labels, refs) = (cyclic(128, 2), cyclic(40_000, 2));
     let n = count_triplets(
         ctx,
-        &MiningSet::labels(labels.view()),
-        Some(&MiningSet::labels(refs.view())),
+        &MiningSet::from_labels(&labels),
+        Some(&MiningSet::from_labels(&refs)),
         &TripletConfig::default(),
     )
     .expect("count");
     assert_eq!(n.count, 128 * 20_000 * 20_000, "exact u64 count");
     let native = count_triplets(
         &Context::native_cpu(None),
-        &MiningSet::labels(labels.view()),
-        Some(&MiningSet::labels(refs.view())),
+        &MiningSet::from_labels(&labels),
+        Some(&MiningSet::from_labels(&refs)),
         &TripletConfig::default(),
     )
     .expect("native count");
@@ -389,7 +394,7 @@ fn streaming_stops_when_asked() {
         };
         let mut chunks = 0;
         let got =
-            mine_triplets_streaming(&ctx, &MiningSet::labels(labels.view()), None, &cfg, |_| {
+            mine_triplets_streaming(&ctx, &MiningSet::from_labels(&labels), None, &cfg, |_| {
                 chunks += 1;
                 ControlFlow::Break(())
             })
@@ -409,8 +414,8 @@ fn labels_of_any_hashable_type_give_the_same_triplets() {
     let as_u32 = Array1::from(vec![3u32, 3, 7, 7, 9]);
     let as_i64 = Array1::from(vec![-5i64, -5, 1 << 40, 1 << 40, 0]);
     let cfg = TripletConfig::default();
-    let a = mine_triplets(&ctx, &MiningSet::labels(as_u32.view()), None, &cfg).expect("u32");
-    let b = mine_triplets(&ctx, &MiningSet::labels(as_i64.view()), None, &cfg).expect("i64");
+    let a = mine_triplets(&ctx, &MiningSet::from_labels(&as_u32), None, &cfg).expect("u32");
+    let b = mine_triplets(&ctx, &MiningSet::from_labels(&as_i64), None, &cfg).expect("i64");
     assert_eq!(a.indices, b.indices, "only equality of labels matters");
     assert_eq!(
         a.len(),
@@ -437,27 +442,17 @@ fn triplet_select_typed_errors_for_bad_input() {
     ) -> Result<usize, Error> {
         mine_triplets(ctx, &q, r.as_ref(), cfg).map(|t| t.len())
     }
-    let set = MiningSet::with_embeddings(labels.view(), emb.view());
+    let set = MiningSet::new(&emb, &labels);
     assert!(
         matches!(
-            mine_with(
-                &ctx,
-                MiningSet::with_embeddings(short.view(), emb.view()),
-                None,
-                &margin
-            ),
+            mine_with(&ctx, MiningSet::new(&emb, &short), None, &margin),
             Err(Error::Shape { what: "labels", .. })
         ),
         "label length mismatch"
     );
     assert!(
         matches!(
-            mine_with(
-                &ctx,
-                set,
-                Some(MiningSet::with_embeddings(short.view(), emb.view())),
-                &margin
-            ),
+            mine_with(&ctx, set, Some(MiningSet::new(&emb, &short)), &margin),
             Err(Error::Shape {
                 what: "ref_labels",
                 ..
@@ -467,9 +462,9 @@ fn triplet_select_typed_errors_for_bad_input() {
     );
     assert!(
         matches!(
-            mine_with(&ctx, MiningSet::labels(labels.view()), None, &margin),
+            mine_with(&ctx, MiningSet::from_labels(&labels), None, &margin),
             Err(Error::InvalidParameter {
-                what: "embeddings",
+                what: "queries",
                 ..
             })
         ),
@@ -479,12 +474,7 @@ fn triplet_select_typed_errors_for_bad_input() {
     nan[[1, 2]] = f32::NAN;
     assert!(
         matches!(
-            mine_with(
-                &ctx,
-                MiningSet::with_embeddings(labels.view(), nan.view()),
-                None,
-                &margin
-            ),
+            mine_with(&ctx, MiningSet::new(&nan, &labels), None, &margin),
             Err(Error::NonFinite { row: 1, col: 2, .. })
         ),
         "NaN embedding"
@@ -503,7 +493,7 @@ fn triplet_select_typed_errors_for_bad_input() {
         ),
         "NaN margin"
     );
-    let refs = MiningSet::with_embeddings(labels.view(), emb.view());
+    let refs = MiningSet::new(&emb, &labels);
     let slots = |s: Vec<u32>| TripletConfig {
         self_exclusion: SelfExclusion::QuerySlots(s),
         ..Default::default()
@@ -519,13 +509,14 @@ fn triplet_select_typed_errors_for_bad_input() {
         matches!(
             mine_with(&ctx, set, Some(refs), &slots(vec![0, 1, 2, 4])),
             Err(Error::InvalidParameter {
-                what: "self_exclusion slot",
+                what: "self_exclusion",
                 ..
             })
         ),
         "slot out of range"
     );
-    let other = cyclic(6, 2);
+    // Fewer references than queries: "reference i is query i" cannot hold.
+    let other = cyclic(3, 2);
     let same_index = TripletConfig {
         self_exclusion: SelfExclusion::SameIndex,
         ..Default::default()
@@ -534,13 +525,13 @@ fn triplet_select_typed_errors_for_bad_input() {
         matches!(
             mine_with(
                 &ctx,
-                MiningSet::labels(labels.view()),
-                Some(MiningSet::labels(other.view())),
+                MiningSet::from_labels(&labels),
+                Some(MiningSet::from_labels(&other)),
                 &same_index
             ),
             Err(Error::Shape { .. })
         ),
-        "SameIndex needs as many refs as queries"
+        "SameIndex needs at least as many refs as queries"
     );
 }
 
@@ -602,14 +593,22 @@ fn margin_count_over_2_pow_32_candidates_matches_its_own_distances() {
     };
     let got = count_triplets(
         ctx,
-        &MiningSet::with_embeddings(labels.view(), emb.view()),
-        Some(&MiningSet::with_embeddings(refs.view(), ref_emb.view())),
+        &MiningSet::new(&emb, &labels),
+        Some(&MiningSet::new(&ref_emb, &refs)),
         &cfg,
     )
     .expect("count");
-    let d = pairwise_distances(ctx, emb.view(), ref_emb.view(), &cfg.distance)
-        .expect("distances")
-        .values;
+    let d = pairwise_distances(
+        ctx,
+        emb.view(),
+        ref_emb.view(),
+        &PairwiseConfig {
+            distance: cfg.distance,
+            ..Default::default()
+        },
+    )
+    .expect("distances")
+    .values;
     let mut want = 0u64;
     for a in 0..b {
         for p in (0..m).filter(|&p| refs[p] == labels[a]) {
@@ -639,7 +638,7 @@ fn overflowing_embeddings_give_triplets_or_a_typed_error_never_a_panic() {
                 },
                 ..Default::default()
             };
-            let set = MiningSet::with_embeddings(labels.view(), x.view());
+            let set = MiningSet::new(&x, &labels);
             match mine_triplets(&ctx, &set, None, &cfg) {
                 Ok(t) => assert!(t.indices.iter().all(|&i| i < 6), "indices in range"),
                 Err(Error::InvalidParameter { what, .. }) => assert_eq!(what, "embeddings"),

@@ -2,16 +2,17 @@
 
 use crate::context::{GpuDevice, Kernel};
 use crate::error::{Error, Result};
-use crate::kernels::{Binding, Pipeline};
+use crate::kernels::{fields, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;
 
-pub(crate) const SOURCE: &str = include_str!("../../shaders/distance_tile.wgsl");
-
-/// Rows and columns of the tile one workgroup computes; `BLOCK` in the shader.
+/// Rows and columns of the tile one workgroup computes; `BLOCK` in the shader, set from here.
 pub(crate) const BLOCK: u64 = 64;
 
-/// Workgroup memory the kernel declares: two slabs of 256 `vec4<f32>`.
-pub(crate) const WORKGROUP_STORAGE: u64 = 2 * 256 * 16;
+/// Invocations per side of a workgroup: each computes a 4 × 4 block.
+const THREADS: u32 = (BLOCK / 4) as u32;
+
+/// Workgroup memory: two slabs of 16 depths × `THREADS` `vec4<f32>`.
+pub(crate) const WORKGROUP_STORAGE: u64 = 2 * 16 * THREADS as u64 * 16;
 
 /// The kernel's uniform block, laid out as `Params` in the shader.
 #[repr(C)]
@@ -30,13 +31,36 @@ pub(crate) struct Params {
     pub(crate) ref_row0: u32,
 }
 
+pub(crate) const SPEC: Spec = Spec {
+    kernel: WgslKernel {
+        stem: "distance_tile",
+        source: include_str!("../../shaders/distance_tile.wgsl"),
+        constants: &[("BLOCK", BLOCK as f64)],
+    },
+    entries: &[Entry {
+        name: "main",
+        workgroup_size: [THREADS, THREADS, 1],
+        workgroup_bytes: WORKGROUP_STORAGE,
+        bindings: &[
+            (0, Binding::Uniform, std::mem::size_of::<Params>() as u64),
+            (1, Binding::ReadOnly, 16),
+            (2, Binding::ReadOnly, 16),
+            (3, Binding::ReadOnly, 4),
+            (4, Binding::ReadOnly, 4),
+            (5, Binding::ReadWrite, 4),
+        ],
+    }],
+    params: Layout {
+        size: std::mem::size_of::<Params>(),
+        fields: fields!(Params: rows, cols, dim4, metric, normalize, out_stride, out_col0, ref_row0),
+    },
+};
+
 pub(crate) struct DistanceTile(Pipeline);
 
 impl Kernel for DistanceTile {
     fn build(gpu: &GpuDevice) -> Result<Self> {
-        use Binding::{ReadOnly, ReadWrite, Uniform};
-        let bindings = [Uniform, ReadOnly, ReadOnly, ReadOnly, ReadOnly, ReadWrite];
-        Pipeline::new(gpu, "distance_tile", SOURCE, "main", &bindings).map(Self)
+        Pipeline::new(gpu, &SPEC, "main").map(Self)
     }
 }
 
@@ -83,12 +107,7 @@ impl DistanceTile {
             b.ref_sq_norms.buffer(),
             b.out.buffer(),
         ];
-        self.0.dispatch(
-            gpu,
-            encoder,
-            "distance_tile",
-            &buffers,
-            [x as u32, y as u32, 1],
-        )
+        self.0
+            .dispatch(gpu, encoder, &buffers, [x as u32, y as u32, 1])
     }
 }

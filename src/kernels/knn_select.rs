@@ -3,10 +3,12 @@
 
 use crate::context::{GpuDevice, Kernel};
 use crate::error::Result;
-use crate::kernels::{grid_2d, Binding, Pipeline};
+use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;
 
-pub(crate) const SOURCE: &str = include_str!("../../shaders/knn_select.wgsl");
+/// Invocations per workgroup (one workgroup per row); `WORKGROUP_SIZE` in the shader, set
+/// from here.
+pub(crate) const WORKGROUP_SIZE: u64 = 64;
 
 /// Index of an unfilled slot of a best list; `EMPTY_INDEX` in the shader. Sentinel-filled
 /// output (`u32::MAX`) is distinct from it, so an unwritten slot is still detectable.
@@ -15,8 +17,9 @@ pub(crate) const EMPTY_INDEX: u32 = 0xFFFF_FFFE;
 /// Bytes of one `(key, index)` slot of a best list.
 pub(crate) const SLOT_BYTES: u64 = 8;
 
-/// Workgroup memory the kernel declares: a 256-bin histogram and eight `u32` of state.
-pub(crate) const WORKGROUP_STORAGE: u64 = 256 * 4 + 8 * 4;
+/// Workgroup memory the kernel declares: a 256-bin histogram and nine `u32` of selection
+/// state (three counters, six values written between passes).
+pub(crate) const WORKGROUP_STORAGE: u64 = 256 * 4 + 9 * 4;
 
 /// The kernel's uniform block, laid out as `Params` in the shader.
 #[repr(C)]
@@ -34,6 +37,33 @@ pub(crate) struct Params {
     pub(crate) largest: u32,
     pub(crate) _pad: u32,
 }
+
+pub(crate) const SPEC: Spec = Spec {
+    kernel: WgslKernel {
+        stem: "knn_select",
+        source: include_str!("../../shaders/knn_select.wgsl"),
+        constants: &[
+            ("WORKGROUP_SIZE", WORKGROUP_SIZE as f64),
+            ("EMPTY_INDEX", EMPTY_INDEX as f64),
+        ],
+    },
+    entries: &[Entry {
+        name: "main",
+        workgroup_size: [WORKGROUP_SIZE as u32, 1, 1],
+        workgroup_bytes: WORKGROUP_STORAGE,
+        bindings: &[
+            (0, Binding::Uniform, std::mem::size_of::<Params>() as u64),
+            (1, Binding::ReadOnly, 4),
+            (2, Binding::ReadOnly, SLOT_BYTES),
+            (3, Binding::ReadOnly, 4),
+            (4, Binding::ReadWrite, SLOT_BYTES),
+        ],
+    }],
+    params: Layout {
+        size: std::mem::size_of::<Params>(),
+        fields: fields!(Params: rows, cols, block_stride, k, best_len, col_base, largest, _pad),
+    },
+};
 
 /// The order key of a score: unsigned order is "better first" (smaller distance or, with
 /// `largest`, larger similarity); `-0` and `+0` share a key. The shader's `key_of`.
@@ -79,9 +109,7 @@ pub(crate) struct KnnSelect(Pipeline);
 
 impl Kernel for KnnSelect {
     fn build(gpu: &GpuDevice) -> Result<Self> {
-        use Binding::{ReadOnly, ReadWrite, Uniform};
-        let bindings = [Uniform, ReadOnly, ReadOnly, ReadOnly, ReadWrite];
-        Pipeline::new(gpu, "knn_select", SOURCE, "main", &bindings).map(Self)
+        Pipeline::new(gpu, &SPEC, "main").map(Self)
     }
 }
 
@@ -102,8 +130,7 @@ impl KnnSelect {
             b.excluded.buffer(),
             b.best_out.buffer(),
         ];
-        self.0
-            .dispatch(gpu, encoder, "knn_select", &buffers, [x, y, 1])
+        self.0.dispatch(gpu, encoder, &buffers, [x, y, 1])
     }
 }
 

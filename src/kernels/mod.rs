@@ -1,7 +1,11 @@
 //! WGSL kernels: one file in `shaders/` and one wrapper here per kernel, with the same stem.
 //!
-//! A wrapper owns its pipeline, its bind-group layout and its dispatch arithmetic, nothing
-//! else; buffers come from the crate's `transfer` module and tile sizes from [`crate::plan_tiles`].
+//! A wrapper owns its pipelines, their bind-group layouts and its dispatch arithmetic, nothing
+//! else, and declares them as data, a [`Spec`]: the entry points with their workgroup size,
+//! workgroup memory and bindings, the uniform block's layout, and the values of the shader's
+//! `override` constants (its tunables: workgroup sizes, tile sides, shared markers), which
+//! are set from Rust when the pipelines are built. A unit test (`reflect` below) reflects every
+//! shader with naga and compares it with its spec, so the two cannot drift apart.
 
 pub(crate) mod distance_tile;
 pub(crate) mod knn_select;
@@ -11,34 +15,115 @@ pub(crate) mod triplet_lists;
 pub(crate) mod triplet_select;
 
 use crate::context::GpuDevice;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::transfer::checked;
 
-/// Every WGSL kernel the crate ships, as `(stem, source)`; the stem names `shaders/<stem>.wgsl`.
+/// A WGSL kernel the crate ships: its stem (`shaders/<stem>.wgsl`), its source, and the values
+/// of its pipeline-overridable constants (WGSL `override`s without a default), which the
+/// crate sets when it builds the pipelines; a translation of the source needs them too.
 ///
 /// Useful for validating the kernels offline (the crate's own tests translate each one to
 /// SPIR-V, MSL, HLSL and GLSL with naga).
 ///
 /// # Example
 /// ```
-/// let stems: Vec<_> = wgpu_metric_learning::WGSL_SOURCES.iter().map(|(s, _)| *s).collect();
-/// assert!(stems.contains(&"distance_tile"));
+/// use wgpu_metric_learning::WGSL_KERNELS;
+/// let tile = WGSL_KERNELS.iter().find(|k| k.stem == "distance_tile").expect("shipped");
+/// assert!(tile.source.contains("override BLOCK"));
+/// assert_eq!(tile.constants, &[("BLOCK", 64.0)]);
 /// ```
-pub const WGSL_SOURCES: &[(&str, &str)] = &[
-    ("distance_tile", distance_tile::SOURCE),
-    ("knn_select", knn_select::SOURCE),
-    ("negative_buckets", negative_buckets::SOURCE),
-    ("row_norms", row_norms::SOURCE),
-    ("triplet_lists", triplet_lists::SOURCE),
-    ("triplet_select", triplet_select::SOURCE),
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WgslKernel {
+    /// The file stem: the kernel is `shaders/<stem>.wgsl`.
+    pub stem: &'static str,
+    /// The WGSL source.
+    pub source: &'static str,
+    /// `(name, value)` of every `override` the source declares without a default.
+    pub constants: &'static [(&'static str, f64)],
+}
+
+/// Every WGSL kernel the crate ships, in stem order.
+///
+/// See the example of [`WgslKernel`].
+pub const WGSL_KERNELS: &[WgslKernel] = &[
+    distance_tile::SPEC.kernel,
+    knn_select::SPEC.kernel,
+    negative_buckets::SPEC.kernel,
+    row_norms::SPEC.kernel,
+    triplet_lists::SPEC.kernel,
+    triplet_select::SPEC.kernel,
+];
+
+/// Every wrapper's spec, in the order of [`WGSL_KERNELS`].
+#[cfg(test)]
+pub(crate) const SPECS: &[&Spec] = &[
+    &distance_tile::SPEC,
+    &knn_select::SPEC,
+    &negative_buckets::SPEC,
+    &row_norms::SPEC,
+    &triplet_lists::SPEC,
+    &triplet_select::SPEC,
 ];
 
 /// How a kernel sees one binding.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Binding {
     Uniform,
     ReadOnly,
     ReadWrite,
+}
+
+/// What a wrapper expects of its shader; pipelines are built from it.
+#[derive(Debug)]
+pub(crate) struct Spec {
+    pub(crate) kernel: WgslKernel,
+    pub(crate) entries: &'static [Entry],
+    /// The uniform block, `struct Params` in the shader.
+    #[cfg_attr(not(test), allow(dead_code, reason = "read by the reflection test"))]
+    pub(crate) params: Layout,
+}
+
+/// One compute entry point.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) name: &'static str,
+    #[cfg_attr(not(test), allow(dead_code, reason = "read by the reflection test"))]
+    pub(crate) workgroup_size: [u32; 3],
+    /// Bytes of workgroup memory the entry point uses.
+    #[cfg_attr(not(test), allow(dead_code, reason = "read by the reflection test"))]
+    pub(crate) workgroup_bytes: u64,
+    /// `(@binding, kind, bytes per element)` of every buffer it uses (group 0), in the order
+    /// `dispatch` takes them; a uniform's element is the whole block.
+    pub(crate) bindings: &'static [(u32, Binding, u64)],
+}
+
+/// A `#[repr(C)]` uniform block: its size and `(field, byte offset)`; fields named `_pad…`
+/// are padding, absent from the shader.
+#[derive(Debug)]
+#[cfg_attr(not(test), allow(dead_code, reason = "read by the reflection test"))]
+pub(crate) struct Layout {
+    pub(crate) size: usize,
+    pub(crate) fields: &'static [(&'static str, usize)],
+}
+
+/// `(field, offset)` pairs of a `#[repr(C)]` struct, for a [`Layout`].
+macro_rules! fields {
+    ($ty:ty: $($field:ident),* $(,)?) => {
+        &[$((stringify!($field), std::mem::offset_of!($ty, $field))),*]
+    };
+}
+pub(crate) use fields;
+
+impl Spec {
+    fn entry(&self, name: &str) -> Result<&Entry> {
+        self.entries
+            .iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| Error::Internal {
+                op: self.kernel.stem,
+                message: format!("no entry point {name} in its spec"),
+            })
+    }
 }
 
 /// A compute pipeline with an explicit bind-group layout (auto layouts are slow to query and
@@ -46,38 +131,23 @@ pub(crate) enum Binding {
 pub(crate) struct Pipeline {
     pub(crate) pipeline: wgpu::ComputePipeline,
     pub(crate) layout: wgpu::BindGroupLayout,
+    /// `"<stem>::<entry>"`, for labels and errors.
+    label: String,
     /// The `@binding` number of each buffer [`Pipeline::dispatch`] is given, in order.
     slots: Vec<u32>,
 }
 
 impl Pipeline {
-    /// Compiles `entry` of `source` with `bindings` at group 0, bindings 0.., under an error
-    /// scope so that a bad shader is an `Error::Wgpu` naming the kernel, not a panic.
-    pub(crate) fn new(
-        gpu: &GpuDevice,
-        label: &'static str,
-        source: &'static str,
-        entry: &'static str,
-        bindings: &[Binding],
-    ) -> Result<Self> {
-        let slots: Vec<(u32, Binding)> = (0u32..).zip(bindings.iter().copied()).collect();
-        Self::with_slots(gpu, label, source, entry, &slots)
-    }
-
-    /// As [`Pipeline::new`], for an entry point that uses only some of its module's bindings:
-    /// `(binding number, kind)` of each, in the order `dispatch` gets the buffers. A module
-    /// whose entry points together bind more storage buffers than a stage may (8 by
-    /// default) gives each entry point only its own.
-    pub(crate) fn with_slots(
-        gpu: &GpuDevice,
-        label: &'static str,
-        source: &'static str,
-        entry: &'static str,
-        bindings: &[(u32, Binding)],
-    ) -> Result<Self> {
-        let entries: Vec<wgpu::BindGroupLayoutEntry> = bindings
+    /// Compiles `entry` of `spec`'s kernel with its spec's bindings at group 0 and the spec's
+    /// override constants, under an error scope so that a bad shader is an `Error::Wgpu`
+    /// naming the kernel, not a panic.
+    pub(crate) fn new(gpu: &GpuDevice, spec: &'static Spec, entry: &'static str) -> Result<Self> {
+        let e = spec.entry(entry)?;
+        let label = format!("{}::{}", spec.kernel.stem, entry);
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = e
+            .bindings
             .iter()
-            .map(|&(slot, b)| wgpu::BindGroupLayoutEntry {
+            .map(|&(slot, b, _)| wgpu::BindGroupLayoutEntry {
                 binding: slot,
                 visibility: wgpu::ShaderStages::COMPUTE,
                 ty: wgpu::BindingType::Buffer {
@@ -92,57 +162,69 @@ impl Pipeline {
                 count: None,
             })
             .collect();
-        checked(gpu, label, || {
+        checked(gpu, spec.kernel.stem, || {
             let module = gpu
                 .device
                 .create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(label),
-                    source: wgpu::ShaderSource::Wgsl(source.into()),
+                    label: Some(&label),
+                    source: wgpu::ShaderSource::Wgsl(spec.kernel.source.into()),
                 });
             let layout = gpu
                 .device
                 .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                    label: Some(label),
+                    label: Some(&label),
                     entries: &entries,
                 });
             let pipeline_layout =
                 gpu.device
                     .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                        label: Some(label),
+                        label: Some(&label),
                         bind_group_layouts: &[Some(&layout)],
                         immediate_size: 0,
                     });
             let pipeline = gpu
                 .device
                 .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(label),
+                    label: Some(&label),
                     layout: Some(&pipeline_layout),
                     module: &module,
                     entry_point: Some(entry),
                     compilation_options: wgpu::PipelineCompilationOptions {
+                        constants: spec.kernel.constants,
                         // Every kernel stages before it reads its workgroup memory.
                         zero_initialize_workgroup_memory: false,
-                        ..Default::default()
                     },
                     cache: None,
                 });
             Self {
                 pipeline,
                 layout,
-                slots: bindings.iter().map(|&(slot, _)| slot).collect(),
+                slots: e.bindings.iter().map(|&(slot, _, _)| slot).collect(),
+                label: label.clone(),
             }
         })
     }
 
-    /// Records one dispatch of this pipeline over `buffers` (bound in order) into `encoder`.
+    /// Records one dispatch of this pipeline over `buffers` (bound in the order of its
+    /// entry's bindings) into `encoder`.
     pub(crate) fn dispatch(
         &self,
         gpu: &GpuDevice,
         encoder: &mut wgpu::CommandEncoder,
-        label: &'static str,
         buffers: &[&wgpu::Buffer],
         workgroups: [u32; 3],
     ) -> Result<()> {
+        if buffers.len() != self.slots.len() {
+            return Err(Error::Internal {
+                op: "dispatch",
+                message: format!(
+                    "{}: {} buffers for {} bindings",
+                    self.label,
+                    buffers.len(),
+                    self.slots.len()
+                ),
+            });
+        }
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
             .zip(&self.slots)
@@ -151,14 +233,14 @@ impl Pipeline {
                 resource: b.as_entire_binding(),
             })
             .collect();
-        checked(gpu, label, || {
+        checked(gpu, "dispatch", || {
             let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(label),
+                label: Some(&self.label),
                 layout: &self.layout,
                 entries: &entries,
             });
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some(label),
+                label: Some(&self.label),
                 timestamp_writes: None,
             });
             pass.set_pipeline(&self.pipeline);
@@ -176,6 +258,9 @@ pub(crate) fn grid_2d(groups: u64, max_per_dim: u32) -> (u32, u32) {
     let y = groups.div_ceil(x).max(1);
     (x as u32, y.min(u64::from(u32::MAX)) as u32)
 }
+
+#[cfg(test)]
+mod reflect;
 
 #[cfg(test)]
 mod tests {

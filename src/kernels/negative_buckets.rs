@@ -5,12 +5,10 @@
 
 use crate::context::{GpuDevice, Kernel};
 use crate::error::{Error, Result};
-use crate::kernels::{grid_2d, Binding, Pipeline};
+use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;
 
-pub(crate) const SOURCE: &str = include_str!("../../shaders/negative_buckets.wgsl");
-
-/// Invocations per workgroup; `WORKGROUP_SIZE` in the shader.
+/// Invocations per workgroup; `WORKGROUP_SIZE` in the shader, set from here.
 pub(crate) const WORKGROUP_SIZE: u64 = 64;
 
 /// The kernel's uniform block, laid out as `Params` in the shader.
@@ -42,7 +40,8 @@ pub(crate) struct Params {
 }
 
 /// Rows of sorted positive values up to this wide sort in workgroup memory, in one dispatch
-/// (`LOCAL_WIDTH` in the shader); wider rows take one dispatch per bitonic pass.
+/// (`LOCAL_WIDTH` in the shader, set from here); wider rows take one dispatch per bitonic
+/// pass.
 pub(crate) const LOCAL_WIDTH: usize = 2048;
 
 /// Workgroup memory the kernel declares: one row of [`LOCAL_WIDTH`] values.
@@ -140,94 +139,140 @@ mod slot {
     pub(super) const SCRATCH: u32 = 13;
 }
 
-/// The bindings each entry point uses: no entry point binds more than 8 storage buffers.
-const GATHER: &[u32] = &[
+/// `(binding, kind, element bytes)` of each of the shader's buffers.
+const PARAMS: (u32, Binding, u64) = (
     slot::PARAMS,
-    slot::DISTANCES,
-    slot::POSITIVES,
-    slot::LIST_COUNTS,
-    slot::SORTED,
-];
-const SORT: &[u32] = &[slot::PARAMS, slot::SORTED];
-const BUCKET: &[u32] = &[
-    slot::PARAMS,
-    slot::DISTANCES,
-    slot::NEGATIVES,
-    slot::LIST_COUNTS,
-    slot::SORTED,
-    slot::BUCKETS,
-    slot::SCRATCH,
-];
-const STARTS: &[u32] = &[slot::PARAMS, slot::LIST_COUNTS, slot::BUCKET_WORDS];
-const SCATTER: &[u32] = &[
-    slot::PARAMS,
-    slot::NEGATIVES,
-    slot::LIST_COUNTS,
-    slot::BUCKETS,
-    slot::ORDER,
-    slot::SCRATCH,
-];
-const COUNT: &[u32] = &[
-    slot::PARAMS,
-    slot::DISTANCES,
-    slot::POSITIVES,
-    slot::LIST_COUNTS,
-    slot::PAIR_BASE,
-    slot::ORDER,
-    slot::PAIR_COUNTS,
-];
-const EMIT: &[u32] = &[
-    slot::PARAMS,
-    slot::DISTANCES,
-    slot::POSITIVES,
-    slot::LIST_COUNTS,
-    slot::PAIR_BASE,
-    slot::ORDER,
-    slot::OFFSETS,
-    slot::OUT,
-    slot::SCRATCH,
-];
+    Binding::Uniform,
+    std::mem::size_of::<Params>() as u64,
+);
+const DISTANCES: (u32, Binding, u64) = (slot::DISTANCES, Binding::ReadOnly, 4);
+const POSITIVES: (u32, Binding, u64) = (slot::POSITIVES, Binding::ReadOnly, 4);
+const NEGATIVES: (u32, Binding, u64) = (slot::NEGATIVES, Binding::ReadOnly, 4);
+const LIST_COUNTS: (u32, Binding, u64) = (slot::LIST_COUNTS, Binding::ReadOnly, 4);
+const PAIR_BASE: (u32, Binding, u64) = (slot::PAIR_BASE, Binding::ReadOnly, 4);
+const SORTED: (u32, Binding, u64) = (slot::SORTED, Binding::ReadWrite, 4);
+const BUCKETS: (u32, Binding, u64) = (slot::BUCKETS, Binding::ReadWrite, 4);
+const ORDER: (u32, Binding, u64) = (slot::ORDER, Binding::ReadWrite, 4);
+const PAIR_COUNTS: (u32, Binding, u64) = (slot::PAIR_COUNTS, Binding::ReadWrite, 4);
+const OFFSETS: (u32, Binding, u64) = (slot::OFFSETS, Binding::ReadOnly, 8);
+const OUT: (u32, Binding, u64) = (slot::OUT, Binding::ReadWrite, 4);
+const BUCKET_WORDS: (u32, Binding, u64) = (slot::BUCKET_WORDS, Binding::ReadWrite, 4);
+const SCRATCH: (u32, Binding, u64) = (slot::SCRATCH, Binding::ReadWrite, 4);
 
-/// How the shader declares binding `slot`.
-fn kind(slot: u32) -> Binding {
-    match slot {
-        slot::PARAMS => Binding::Uniform,
-        slot::SORTED
-        | slot::BUCKETS
-        | slot::ORDER
-        | slot::PAIR_COUNTS
-        | slot::OUT
-        | slot::BUCKET_WORDS
-        | slot::SCRATCH => Binding::ReadWrite,
-        _ => Binding::ReadOnly,
+/// An entry point of 64-wide workgroups without workgroup memory.
+const fn entry(name: &'static str, bindings: &'static [(u32, Binding, u64)]) -> Entry {
+    Entry {
+        name,
+        workgroup_size: [WORKGROUP_SIZE as u32, 1, 1],
+        workgroup_bytes: 0,
+        bindings,
     }
+}
+
+/// The bindings each entry point uses: no entry point binds more than 8 storage buffers.
+const SORT: &[(u32, Binding, u64)] = &[PARAMS, SORTED];
+
+pub(crate) const SPEC: Spec = Spec {
+    kernel: WgslKernel {
+        stem: "negative_buckets",
+        source: include_str!("../../shaders/negative_buckets.wgsl"),
+        constants: &[
+            ("WORKGROUP_SIZE", WORKGROUP_SIZE as f64),
+            ("LOCAL_WIDTH", LOCAL_WIDTH as f64),
+        ],
+    },
+    entries: &[
+        entry(
+            "gather",
+            &[PARAMS, DISTANCES, POSITIVES, LIST_COUNTS, SORTED],
+        ),
+        Entry {
+            name: "sort_local",
+            workgroup_size: [WORKGROUP_SIZE as u32, 1, 1],
+            workgroup_bytes: WORKGROUP_STORAGE,
+            bindings: SORT,
+        },
+        entry("step", SORT),
+        entry(
+            "bucket",
+            &[
+                PARAMS,
+                DISTANCES,
+                NEGATIVES,
+                LIST_COUNTS,
+                SORTED,
+                BUCKETS,
+                SCRATCH,
+            ],
+        ),
+        entry("starts", &[PARAMS, LIST_COUNTS, BUCKET_WORDS]),
+        entry(
+            "scatter",
+            &[PARAMS, NEGATIVES, LIST_COUNTS, BUCKETS, ORDER, SCRATCH],
+        ),
+        entry(
+            "count",
+            &[
+                PARAMS,
+                DISTANCES,
+                POSITIVES,
+                LIST_COUNTS,
+                PAIR_BASE,
+                ORDER,
+                PAIR_COUNTS,
+            ],
+        ),
+        entry(
+            "emit",
+            &[
+                PARAMS,
+                DISTANCES,
+                POSITIVES,
+                LIST_COUNTS,
+                PAIR_BASE,
+                ORDER,
+                OFFSETS,
+                OUT,
+                SCRATCH,
+            ],
+        ),
+    ],
+    params: Layout {
+        size: std::mem::size_of::<Params>(),
+        fields: fields!(Params: anchors, refs, width, stride, span, k, j, mode, inverted, margin, pair_lo, pair_hi, start, bitmap_words, _pad),
+    },
+};
+
+/// The bindings of entry point `name`.
+fn bindings_of(name: &str) -> &'static [(u32, Binding, u64)] {
+    SPEC.entries
+        .iter()
+        .find(|e| e.name == name)
+        .map_or(&[], |e| e.bindings)
 }
 
 impl Kernel for NegativeBuckets {
     fn build(gpu: &GpuDevice) -> Result<Self> {
-        let pipeline = |label, entry, slots: &[u32]| {
-            let bindings: Vec<(u32, Binding)> = slots.iter().map(|&s| (s, kind(s))).collect();
-            Pipeline::with_slots(gpu, label, SOURCE, entry, &bindings)
-        };
+        let pipeline = |entry| Pipeline::new(gpu, &SPEC, entry);
         Ok(Self {
-            gather: pipeline("negative_buckets::gather", "gather", GATHER)?,
-            sort_local: pipeline("negative_buckets::sort_local", "sort_local", SORT)?,
-            step: pipeline("negative_buckets::step", "step", SORT)?,
-            bucket: pipeline("negative_buckets::bucket", "bucket", BUCKET)?,
-            starts: pipeline("negative_buckets::starts", "starts", STARTS)?,
-            scatter: pipeline("negative_buckets::scatter", "scatter", SCATTER)?,
-            count: pipeline("negative_buckets::count", "count", COUNT)?,
-            emit: pipeline("negative_buckets::emit", "emit", EMIT)?,
+            gather: pipeline("gather")?,
+            sort_local: pipeline("sort_local")?,
+            step: pipeline("step")?,
+            bucket: pipeline("bucket")?,
+            starts: pipeline("starts")?,
+            scatter: pipeline("scatter")?,
+            count: pipeline("count")?,
+            emit: pipeline("emit")?,
         })
     }
 }
 
 impl BucketBuffers<'_> {
-    /// The buffers of `slots`, in order, with `params` as the uniform block.
-    fn bind<'b>(&'b self, params: &'b TrackedBuffer, slots: &[u32]) -> Vec<&'b wgpu::Buffer> {
-        slots
+    /// The buffers entry point `entry` binds, in order, with `params` as the uniform block.
+    fn bind<'b>(&'b self, params: &'b TrackedBuffer, entry: &str) -> Vec<&'b wgpu::Buffer> {
+        bindings_of(entry)
             .iter()
-            .map(|&s| {
+            .map(|&(s, _, _)| {
                 match s {
                     slot::PARAMS => params,
                     slot::DISTANCES => self.distances,
@@ -285,46 +330,29 @@ impl NegativeBuckets {
                 rule: "one per bitonic pass",
             });
         };
-        let buffers = b.bind(b.params, GATHER);
+        let buffers = b.bind(b.params, "gather");
         let groups = grid(gpu, anchors * width)?;
-        self.gather
-            .dispatch(gpu, encoder, "negative_buckets::gather", &buffers, groups)?;
+        self.gather.dispatch(gpu, encoder, &buffers, groups)?;
         if width as usize <= LOCAL_WIDTH {
-            let buffers = b.bind(b.params, SORT);
+            let buffers = b.bind(b.params, "sort_local");
             let limit = gpu.limits.max_compute_workgroups_per_dimension;
             let (x, y) = grid_2d(anchors, limit);
-            self.sort_local.dispatch(
-                gpu,
-                encoder,
-                "negative_buckets::sort_local",
-                &buffers,
-                [x, y, 1],
-            )?;
+            self.sort_local
+                .dispatch(gpu, encoder, &buffers, [x, y, 1])?;
         }
         for params in sort_params {
-            let buffers = b.bind(params, SORT);
+            let buffers = b.bind(params, "step");
             let groups = grid(gpu, anchors * width / 2)?;
-            self.step
-                .dispatch(gpu, encoder, "negative_buckets::step", &buffers, groups)?;
+            self.step.dispatch(gpu, encoder, &buffers, groups)?;
         }
         let per_negative = anchors * span;
-        for (pipeline, label, slots, invocations) in [
-            (
-                &self.bucket,
-                "negative_buckets::bucket",
-                BUCKET,
-                per_negative,
-            ),
-            (&self.starts, "negative_buckets::starts", STARTS, anchors),
-            (
-                &self.scatter,
-                "negative_buckets::scatter",
-                SCATTER,
-                per_negative,
-            ),
+        for (pipeline, entry, invocations) in [
+            (&self.bucket, "bucket", per_negative),
+            (&self.starts, "starts", anchors),
+            (&self.scatter, "scatter", per_negative),
         ] {
-            let buffers = b.bind(b.params, slots);
-            pipeline.dispatch(gpu, encoder, label, &buffers, grid(gpu, invocations)?)?;
+            let buffers = b.bind(b.params, entry);
+            pipeline.dispatch(gpu, encoder, &buffers, grid(gpu, invocations)?)?;
         }
         Ok(())
     }
@@ -338,12 +366,12 @@ impl NegativeBuckets {
         pairs: u64,
         b: &BucketBuffers<'_>,
     ) -> Result<()> {
-        let (pipeline, label, slots) = match pass {
-            PairPass::Count => (&self.count, "negative_buckets::count", COUNT),
-            PairPass::Emit => (&self.emit, "negative_buckets::emit", EMIT),
+        let (pipeline, entry) = match pass {
+            PairPass::Count => (&self.count, "count"),
+            PairPass::Emit => (&self.emit, "emit"),
         };
-        let buffers = b.bind(b.params, slots);
-        pipeline.dispatch(gpu, encoder, label, &buffers, grid(gpu, pairs)?)
+        let buffers = b.bind(b.params, entry);
+        pipeline.dispatch(gpu, encoder, &buffers, grid(gpu, pairs)?)
     }
 }
 
@@ -364,9 +392,13 @@ mod tests {
 
     #[test]
     fn no_entry_point_binds_more_than_eight_storage_buffers() {
-        for slots in [GATHER, SORT, BUCKET, STARTS, SCATTER, COUNT, EMIT] {
-            let storage = slots.iter().filter(|&&s| s != slot::PARAMS).count();
-            assert!(storage <= 8, "{slots:?}");
+        for e in SPEC.entries {
+            let storage = e
+                .bindings
+                .iter()
+                .filter(|b| b.1 != Binding::Uniform)
+                .count();
+            assert!(storage <= 8, "{}: {storage}", e.name);
         }
     }
 }

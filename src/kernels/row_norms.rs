@@ -2,12 +2,10 @@
 
 use crate::context::{GpuDevice, Kernel};
 use crate::error::Result;
-use crate::kernels::{grid_2d, Binding, Pipeline};
+use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;
 
-pub(crate) const SOURCE: &str = include_str!("../../shaders/row_norms.wgsl");
-
-/// Invocations per workgroup; `WORKGROUP_SIZE` in the shader.
+/// Invocations per workgroup; `WORKGROUP_SIZE` in the shader, set from here.
 pub(crate) const WORKGROUP_SIZE: u64 = 256;
 
 /// The kernel's uniform block, laid out as `Params` in the shader.
@@ -19,19 +17,33 @@ pub(crate) struct Params {
     pub(crate) _pad: [u32; 2],
 }
 
+pub(crate) const SPEC: Spec = Spec {
+    kernel: WgslKernel {
+        stem: "row_norms",
+        source: include_str!("../../shaders/row_norms.wgsl"),
+        constants: &[("WORKGROUP_SIZE", WORKGROUP_SIZE as f64)],
+    },
+    entries: &[Entry {
+        name: "main",
+        workgroup_size: [WORKGROUP_SIZE as u32, 1, 1],
+        workgroup_bytes: 0,
+        bindings: &[
+            (0, Binding::Uniform, std::mem::size_of::<Params>() as u64),
+            (1, Binding::ReadOnly, 16),
+            (2, Binding::ReadWrite, 4),
+        ],
+    }],
+    params: Layout {
+        size: std::mem::size_of::<Params>(),
+        fields: fields!(Params: rows, dim4, _pad),
+    },
+};
+
 pub(crate) struct RowNorms(Pipeline);
 
 impl Kernel for RowNorms {
     fn build(gpu: &GpuDevice) -> Result<Self> {
-        use Binding::{ReadOnly, ReadWrite, Uniform};
-        Pipeline::new(
-            gpu,
-            "row_norms",
-            SOURCE,
-            "main",
-            &[Uniform, ReadOnly, ReadWrite],
-        )
-        .map(Self)
+        Pipeline::new(gpu, &SPEC, "main").map(Self)
     }
 }
 
@@ -55,7 +67,6 @@ impl RowNorms {
         self.0.dispatch(
             gpu,
             encoder,
-            "row_norms",
             &[params.buffer(), matrix.buffer(), sq_norms.buffer()],
             [groups.0, groups.1, 1],
         )

@@ -2,10 +2,12 @@
 
 use crate::context::{GpuDevice, Kernel};
 use crate::error::Result;
-use crate::kernels::{grid_2d, Binding, Pipeline};
+use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;
 
-pub(crate) const SOURCE: &str = include_str!("../../shaders/triplet_lists.wgsl");
+/// Invocations per workgroup (one workgroup per anchor); `WORKGROUP_SIZE` in the shader, set
+/// from here.
+pub(crate) const WORKGROUP_SIZE: u64 = 64;
 
 /// The kernel's uniform block, laid out as `Params` in the shader.
 #[repr(C)]
@@ -15,6 +17,33 @@ pub(crate) struct Params {
     pub(crate) refs: u32,
     pub(crate) _pad: [u32; 2],
 }
+
+pub(crate) const SPEC: Spec = Spec {
+    kernel: WgslKernel {
+        stem: "triplet_lists",
+        source: include_str!("../../shaders/triplet_lists.wgsl"),
+        constants: &[("WORKGROUP_SIZE", WORKGROUP_SIZE as f64)],
+    },
+    entries: &[Entry {
+        name: "main",
+        workgroup_size: [WORKGROUP_SIZE as u32, 1, 1],
+        // The two scans of the segments' positive and negative counts.
+        workgroup_bytes: 2 * WORKGROUP_SIZE * 4,
+        bindings: &[
+            (0, Binding::Uniform, std::mem::size_of::<Params>() as u64),
+            (1, Binding::ReadOnly, 4),
+            (2, Binding::ReadOnly, 4),
+            (3, Binding::ReadOnly, 4),
+            (4, Binding::ReadWrite, 4),
+            (5, Binding::ReadWrite, 4),
+            (6, Binding::ReadWrite, 4),
+        ],
+    }],
+    params: Layout {
+        size: std::mem::size_of::<Params>(),
+        fields: fields!(Params: anchors, refs, _pad),
+    },
+};
 
 /// Buffers in binding order after the uniform.
 pub(crate) struct ListBuffers<'a> {
@@ -31,11 +60,7 @@ pub(crate) struct TripletLists(Pipeline);
 
 impl Kernel for TripletLists {
     fn build(gpu: &GpuDevice) -> Result<Self> {
-        use Binding::{ReadOnly, ReadWrite, Uniform};
-        let bindings = [
-            Uniform, ReadOnly, ReadOnly, ReadOnly, ReadWrite, ReadWrite, ReadWrite,
-        ];
-        Pipeline::new(gpu, "triplet_lists", SOURCE, "main", &bindings).map(Self)
+        Pipeline::new(gpu, &SPEC, "main").map(Self)
     }
 }
 
@@ -62,12 +87,7 @@ impl TripletLists {
             b.negatives.buffer(),
             b.list_counts.buffer(),
         ];
-        self.0.dispatch(
-            gpu,
-            encoder,
-            "triplet_lists",
-            &buffers,
-            [groups.0, groups.1, 1],
-        )
+        self.0
+            .dispatch(gpu, encoder, &buffers, [groups.0, groups.1, 1])
     }
 }

@@ -4,16 +4,14 @@
 
 use crate::context::{GpuDevice, Kernel};
 use crate::error::{Error, Result};
-use crate::kernels::{grid_2d, Binding, Pipeline};
+use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;
 
-pub(crate) const SOURCE: &str = include_str!("../../shaders/triplet_select.wgsl");
-
-/// Invocations per workgroup; `WORKGROUP_SIZE` in the shader.
+/// Invocations per workgroup; `WORKGROUP_SIZE` in the shader, set from here.
 pub(crate) const WORKGROUP_SIZE: u64 = 64;
 
-/// Workgroup memory the kernel declares: a 64-entry u32 reduction.
-pub(crate) const WORKGROUP_STORAGE: u64 = 64 * 4;
+/// Workgroup memory of `count_scan`: a `WORKGROUP_SIZE`-entry u32 reduction.
+pub(crate) const WORKGROUP_STORAGE: u64 = WORKGROUP_SIZE * 4;
 
 /// The kernel's uniform block, laid out as `Params` in the shader.
 #[repr(C)]
@@ -33,6 +31,60 @@ pub(crate) struct Params {
     pub(crate) start: [u32; 2],
     pub(crate) _pad: [u32; 2],
 }
+
+const PARAMS: (u32, Binding, u64) = (0, Binding::Uniform, std::mem::size_of::<Params>() as u64);
+const DISTANCES: (u32, Binding, u64) = (1, Binding::ReadOnly, 4);
+const POSITIVES: (u32, Binding, u64) = (2, Binding::ReadOnly, 4);
+const NEGATIVES: (u32, Binding, u64) = (3, Binding::ReadOnly, 4);
+const LIST_COUNTS: (u32, Binding, u64) = (4, Binding::ReadOnly, 4);
+const PAIR_BASE: (u32, Binding, u64) = (5, Binding::ReadOnly, 4);
+const PAIR_COUNTS: (u32, Binding, u64) = (6, Binding::ReadWrite, 4);
+const OFFSETS: (u32, Binding, u64) = (7, Binding::ReadOnly, 8);
+const OUT: (u32, Binding, u64) = (8, Binding::ReadWrite, 4);
+
+pub(crate) const SPEC: Spec = Spec {
+    kernel: WgslKernel {
+        stem: "triplet_select",
+        source: include_str!("../../shaders/triplet_select.wgsl"),
+        constants: &[("WORKGROUP_SIZE", WORKGROUP_SIZE as f64)],
+    },
+    entries: &[
+        Entry {
+            name: "count_scan",
+            workgroup_size: [WORKGROUP_SIZE as u32, 1, 1],
+            workgroup_bytes: WORKGROUP_STORAGE,
+            bindings: &[
+                PARAMS,
+                DISTANCES,
+                POSITIVES,
+                NEGATIVES,
+                LIST_COUNTS,
+                PAIR_BASE,
+                PAIR_COUNTS,
+            ],
+        },
+        Entry {
+            name: "emit",
+            workgroup_size: [WORKGROUP_SIZE as u32, 1, 1],
+            workgroup_bytes: 0,
+            bindings: &[
+                PARAMS,
+                DISTANCES,
+                POSITIVES,
+                NEGATIVES,
+                LIST_COUNTS,
+                PAIR_BASE,
+                PAIR_COUNTS,
+                OFFSETS,
+                OUT,
+            ],
+        },
+    ],
+    params: Layout {
+        size: std::mem::size_of::<Params>(),
+        fields: fields!(Params: anchors, refs, mode, inverted, margin, pair_lo, pair_hi, _pad0, start, _pad),
+    },
+};
 
 /// Splits a u64 into the shader's (low, high) words.
 pub(crate) fn words(x: u64) -> [u32; 2] {
@@ -78,20 +130,9 @@ pub(crate) struct TripletSelect {
 
 impl Kernel for TripletSelect {
     fn build(gpu: &GpuDevice) -> Result<Self> {
-        use Binding::{ReadOnly, ReadWrite, Uniform};
-        let bindings = [
-            Uniform, ReadOnly, ReadOnly, ReadOnly, ReadOnly, ReadOnly, ReadWrite, ReadOnly,
-            ReadWrite,
-        ];
         Ok(Self {
-            count_scan: Pipeline::new(
-                gpu,
-                "triplet_select::count_scan",
-                SOURCE,
-                "count_scan",
-                &bindings,
-            )?,
-            emit: Pipeline::new(gpu, "triplet_select::emit", SOURCE, "emit", &bindings)?,
+            count_scan: Pipeline::new(gpu, &SPEC, "count_scan")?,
+            emit: Pipeline::new(gpu, &SPEC, "emit")?,
         })
     }
 }
@@ -121,7 +162,7 @@ impl TripletSelect {
                 limit: u64::from(limit),
             });
         }
-        let buffers = [
+        let mut buffers = vec![
             b.params.buffer(),
             b.distances.buffer(),
             b.positives.buffer(),
@@ -129,13 +170,14 @@ impl TripletSelect {
             b.list_counts.buffer(),
             b.pair_base.buffer(),
             b.pair_counts.buffer(),
-            b.offsets.buffer(),
-            b.out.buffer(),
         ];
-        let (pipeline, label) = match pass {
-            Pass::CountScan => (&self.count_scan, "triplet_select::count_scan"),
-            Pass::Emit => (&self.emit, "triplet_select::emit"),
+        let pipeline = match pass {
+            Pass::CountScan => &self.count_scan,
+            Pass::Emit => {
+                buffers.extend([b.offsets.buffer(), b.out.buffer()]);
+                &self.emit
+            }
         };
-        pipeline.dispatch(gpu, encoder, label, &buffers, [x, y, 1])
+        pipeline.dispatch(gpu, encoder, &buffers, [x, y, 1])
     }
 }

@@ -12,17 +12,17 @@ use ndarray::ArrayView2;
 
 use super::{sort_rows, KnnConfig, Neighbours, OP};
 use crate::context::{Context, GpuDevice};
-use crate::device_rows::{encoder, f32s, max_page_rows, rows_bytes, uniform_size, DeviceRows};
+use crate::device_rows::{max_page_rows, rows_bytes, DeviceRows};
 use crate::error::{Error, Result};
+use crate::hooks::Reporter;
+use crate::inputs::Embeddings;
 use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};
 use crate::kernels::knn_select::{self, KnnSelect, SelectBuffers, SLOT_BYTES};
 use crate::kernels::row_norms::{self, RowNorms};
 use crate::memory::TrackedBuffer;
-use crate::mining_set::Embeddings;
 use crate::oom_retry;
-use crate::plan::{plan_tiles, DeviceCaps, Footprint, TilePlan};
-use crate::progress::Reporter;
-use crate::transfer::{self, Staging, SENTINEL_BITS};
+use crate::plan::{plan_tiles, DeviceCaps, Footprint, Plan, TilePlan};
+use crate::transfer::{self, encoder, f32s, uniform_size, Staging, SENTINEL_BITS};
 
 /// Most references per range: bounds the `(rows, cols)` distance block so that rows stay many.
 const MAX_COLS: usize = 16_384;
@@ -36,6 +36,7 @@ enum Source<'a> {
 }
 
 /// Sizes of every buffer one query chunk uses; the plan and the allocations both come from it.
+#[derive(Clone, Copy)]
 struct Layout {
     rows: usize,
     cols: usize,
@@ -83,12 +84,10 @@ impl Layout {
 /// The chunk: as many references per range as fit next to 64 query rows (a distance tile's
 /// side), then as many rows as fit; when not even one range of 64 references fits 64 rows
 /// (large `k`), rows give way first so that ranges stay at least 64 wide.
-fn plan(
+fn chunk(
     q: usize,
     cols: usize,
-    dim4: usize,
-    k: usize,
-    streamed: bool,
+    layout: &Layout,
     budget: u64,
     caps: &DeviceCaps,
 ) -> Result<TilePlan> {
@@ -96,9 +95,7 @@ fn plan(
         Layout {
             rows,
             cols,
-            dim4,
-            k,
-            streamed,
+            ..*layout
         }
         .footprint()
     };
@@ -113,6 +110,87 @@ fn plan(
     } else {
         balanced
     })
+}
+
+/// What a search on the device does: its chunk, and whether host references are uploaded
+/// once (`resident`: the bytes of their pages) or streamed through a chunk buffer.
+pub(super) struct GpuPlan {
+    tile: TilePlan,
+    streamed: bool,
+    resident: u64,
+    /// Bytes of the smallest search: one query row against one streamed reference.
+    min_bytes: u64,
+}
+
+impl GpuPlan {
+    pub(super) fn public(&self, q: usize, n: usize) -> Plan {
+        let mut plan = self.tile.public(q, n, self.min_bytes);
+        plan.bytes += self.resident;
+        plan
+    }
+}
+
+/// Plans a search of `q` queries of `d` floats against `refs`, for `k` neighbours, under the
+/// budget available now. Host references stay resident when they and a chunk of at least 64
+/// rows (or all queries) fit; otherwise streaming keeps the budget for the tiles.
+pub(super) fn plan(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    (q, d): (usize, usize),
+    refs: &Embeddings<'_>,
+    k: usize,
+) -> Result<GpuPlan> {
+    let dim4 = d.div_ceil(4);
+    let caps = DeviceCaps::from_limits(&gpu.limits);
+    let available = oom_retry::planning_budget(ctx);
+    let layout = |streamed| Layout {
+        rows: 1,
+        cols: 1,
+        dim4,
+        k,
+        streamed,
+    };
+    let min_bytes = layout(true).footprint().bytes;
+    match refs {
+        Embeddings::Bank(bank) => {
+            let rows = bank.view.rows;
+            let cols = bank.view.len.min(rows.page_rows()).min(MAX_COLS);
+            let tile = chunk(q, cols, &layout(false), available, &caps)?;
+            Ok(GpuPlan {
+                tile,
+                streamed: false,
+                resident: 0,
+                min_bytes: layout(false).footprint().bytes,
+            })
+        }
+        Embeddings::Host(x) => {
+            let n = x.nrows();
+            let page_rows = max_page_rows(OP, &caps, dim4)?;
+            // The pages, and the norm kernel's parameters that the upload holds per page.
+            let resident = rows_bytes(n, dim4, page_rows)
+                + n.div_ceil(page_rows) as u64 * uniform_size::<row_norms::Params>();
+            let cols = n.min(page_rows).min(MAX_COLS);
+            if let Some(left) = available.checked_sub(resident) {
+                if let Ok(tile) = chunk(q, cols, &layout(false), left, &caps) {
+                    if tile.rows >= q.min(distance_tile::BLOCK as usize) {
+                        return Ok(GpuPlan {
+                            tile,
+                            streamed: false,
+                            resident,
+                            min_bytes,
+                        });
+                    }
+                }
+            }
+            let tile = chunk(q, cols, &layout(true), available, &caps)?;
+            Ok(GpuPlan {
+                tile,
+                streamed: true,
+                resident: 0,
+                min_bytes,
+            })
+        }
+    }
 }
 
 /// See the module documentation; inputs are validated, `q ≥ 1`, `k ≥ 1`.
@@ -130,55 +208,24 @@ pub(super) fn search(
         excluded,
         report,
     };
-    let (q, d) = queries.dim();
-    let dim4 = d.div_ceil(4);
-    let caps = DeviceCaps::from_limits(&gpu.limits);
-    let k = cfg.k;
+    let plan = plan(ctx, gpu, queries.dim(), &refs, cfg.k)?;
     match refs {
         Embeddings::Bank(bank) => {
-            let rows = bank.view.rows;
-            rows.check_device(OP, gpu)?;
-            let cols = bank.view.len.min(rows.page_rows()).min(MAX_COLS);
-            let plan = plan(
-                q,
-                cols,
-                dim4,
-                k,
-                false,
-                oom_retry::planning_budget(ctx),
-                &caps,
-            )?;
             let source = Source::Resident {
-                rows,
+                rows: bank.view.rows,
                 len: bank.view.len,
             };
-            run(ctx, gpu, queries, &source, &plan, &job)
+            run(ctx, gpu, queries, &source, &plan.tile, &job)
         }
-        Embeddings::Host(x) => {
-            let n = x.nrows();
-            let page_rows = max_page_rows(OP, &caps, dim4)?;
-            // The pages, and the norm kernel's parameters that the upload holds per page.
-            let resident = rows_bytes(n, dim4, page_rows)
-                + n.div_ceil(page_rows) as u64 * uniform_size::<row_norms::Params>();
-            let available = oom_retry::planning_budget(ctx);
-            let cols = n.min(page_rows).min(MAX_COLS);
-            // Resident when the references and a chunk of at least 64 rows (or all queries)
-            // fit; otherwise streaming keeps the budget for the tiles.
-            if let Some(left) = available.checked_sub(resident) {
-                if let Ok(plan) = plan(q, cols, dim4, k, false, left, &caps) {
-                    if plan.rows >= q.min(distance_tile::BLOCK as usize) {
-                        let rows = DeviceRows::upload(ctx, gpu, x)?;
-                        let source = Source::Resident {
-                            rows: &rows,
-                            len: n,
-                        };
-                        return run(ctx, gpu, queries, &source, &plan, &job);
-                    }
-                }
-            }
-            let plan = plan(q, cols, dim4, k, true, available, &caps)?;
-            run(ctx, gpu, queries, &Source::Streamed(x), &plan, &job)
+        Embeddings::Host(x) if !plan.streamed => {
+            let rows = DeviceRows::upload(ctx, gpu, x)?;
+            let source = Source::Resident {
+                rows: &rows,
+                len: x.nrows(),
+            };
+            run(ctx, gpu, queries, &source, &plan.tile, &job)
         }
+        Embeddings::Host(x) => run(ctx, gpu, queries, &Source::Streamed(x), &plan.tile, &job),
     }
 }
 
@@ -297,6 +344,7 @@ fn run(
         let mut current = 0;
         let mut start = 0;
         while start < n {
+            job.report.check()?;
             let range = match source {
                 Source::Resident { rows: store, .. } => {
                     let (page, row0) = (start / store.page_rows(), start % store.page_rows());
@@ -312,7 +360,7 @@ fn run(
                 Source::Streamed(x) => {
                     let cols = plan.cols.min(n - start);
                     let Some((store, params)) = &b.stream else {
-                        return Err(Error::Wgpu {
+                        return Err(Error::Internal {
                             op: OP,
                             message: "streamed references without a chunk buffer".into(),
                         });
@@ -400,8 +448,8 @@ fn run(
             v.chunks_exact(2).map(|p| [p[0], p[1]]).collect()
         })?;
         if let Some(bad) = pairs.iter().position(|p| p[1] == SENTINEL_BITS) {
-            return Err(Error::Readback {
-                label: "knn::best",
+            return Err(Error::Internal {
+                op: OP,
                 message: format!("slot {bad} of query chunk {r0} was never written"),
             });
         }

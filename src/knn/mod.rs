@@ -7,13 +7,14 @@ mod native;
 use ndarray::{s, Array2, ArrayView2};
 
 use crate::context::{ComputePath, Context};
-use crate::distance::DistanceConfig;
 use crate::error::{Error, Result};
+use crate::hooks::{Hooks, Reporter};
+use crate::inputs::{self, Embeddings, Pair, SelfExclusion};
 use crate::kernels::knn_select::{key_of, score_of, EMPTY_INDEX};
-use crate::mining_set::{Embeddings, SelfExclusion};
+use crate::metric::DistanceConfig;
+use crate::native::threads;
 use crate::oom_retry;
-use crate::progress::{ProgressFn, Reporter};
-use crate::validate;
+use crate::plan::Plan;
 
 const OP: &str = "knn";
 
@@ -26,6 +27,7 @@ const OP: &str = "knn";
 ///     k: 100,
 ///     distance: DistanceConfig { distance: Distance::Cosine, normalize: true },
 ///     self_exclusion: SelfExclusion::SameIndex, // PML's ref_includes_query
+///     ..Default::default()
 /// };
 /// assert_eq!(KnnConfig::default().k, 10);
 /// ```
@@ -42,8 +44,10 @@ pub struct KnnConfig {
     /// with duplicates cannot leave the query in or a duplicate out):
     /// [`SelfExclusion::SameIndex`] is PML's `ref_includes_query` (reference `i` is query
     /// `i`); [`SelfExclusion::QuerySlots`] names a slot per query (a memory bank). Default
-    /// [`SelfExclusion::None`].
+    /// [`SelfExclusion::Auto`], which excludes nothing here: the references are explicit.
     pub self_exclusion: SelfExclusion,
+    /// Progress (query–reference pairs compared) and cancellation. Default: none.
+    pub hooks: Hooks,
 }
 
 impl Default for KnnConfig {
@@ -51,7 +55,8 @@ impl Default for KnnConfig {
         Self {
             k: 10,
             distance: DistanceConfig::default(),
-            self_exclusion: SelfExclusion::None,
+            self_exclusion: SelfExclusion::Auto,
+            hooks: Hooks::default(),
         }
     }
 }
@@ -64,7 +69,7 @@ impl Default for KnnConfig {
 /// let q = ndarray::array![[1.0f32, 0.0]];
 /// let r = ndarray::array![[0.0f32, 1.0], [1.0, 0.0], [1.0, 0.0]];
 /// let cfg = KnnConfig { k: 3, distance: DistanceConfig { distance: Distance::DotProduct, normalize: false }, ..Default::default() };
-/// let found = knn(&Context::native_cpu(None), q.view(), r.view(), &cfg)?;
+/// let found = knn(&Context::native_cpu(None), &q, &r, &cfg)?;
 /// assert_eq!(found.indices, ndarray::array![[1u32, 2, 0]]); // the tie goes to the lower index
 /// assert_eq!(found.scores, ndarray::array![[1.0f32, 1.0, 0.0]]); // similarities: descending
 /// # Ok::<(), wgpu_metric_learning::Error>(())
@@ -104,12 +109,15 @@ impl Neighbours {
 /// into a running best list (`shaders/knn_select.wgsl`), so the `(q, n)` matrix never exists;
 /// chunk sizes come from the context's remaining budget, and references that do not fit it
 /// are streamed through in chunks. On the native path, blocked GEMM with a per-row selection.
+/// `cfg.hooks` reports the pairs compared and can cancel between chunks.
 ///
 /// # Errors
-/// [`Error::Shape`] if `d = 0` or the dimensions differ, or `QuerySlots` has the wrong length;
-/// [`Error::NonFinite`] for a NaN or infinity; [`Error::InvalidParameter`] if `k = 0` or `k`
-/// exceeds the references a query can see, or for a bank of another context;
-/// [`Error::OverBudget`] if not even one query row fits the budget; device errors.
+/// [`Error::Shape`] if `d = 0` or the dimensions differ, or for a self-exclusion that does
+/// not fit the inputs (see [`SelfExclusion`]); [`Error::NonFinite`] for a NaN or infinity;
+/// [`Error::InvalidParameter`] if `k = 0` or `k` exceeds the references a query can see, for
+/// a self-exclusion slot past the references, a bank as the queries or a bank of another
+/// context; [`Error::OverBudget`] if not even one query row fits the budget;
+/// [`Error::Cancelled`]; device errors.
 ///
 /// # Example
 /// ```
@@ -118,61 +126,60 @@ impl Neighbours {
 /// let ctx = Context::native_cpu(None);
 /// let x = array![[0.0f32, 1.0], [0.1, 1.0], [1.0, 0.0]];
 /// let cfg = KnnConfig { k: 1, self_exclusion: SelfExclusion::SameIndex, ..Default::default() };
-/// let found = knn(&ctx, x.view(), x.view(), &cfg)?;
+/// let found = knn(&ctx, &x, &x, &cfg)?;
 /// assert_eq!(found.indices.column(0).to_vec(), vec![1, 0, 1]);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
-pub fn knn<'r>(
+pub fn knn<'q, 'r>(
     ctx: &Context,
-    queries: ArrayView2<'_, f32>,
+    queries: impl Into<Embeddings<'q>>,
     refs: impl Into<Embeddings<'r>>,
     cfg: &KnnConfig,
 ) -> Result<Knn> {
-    run(ctx, queries, refs.into(), cfg, None)
+    let (queries, refs) = (queries.into(), refs.into());
+    let pair = check(ctx, queries.reborrow(), refs.reborrow(), cfg)?;
+    run(ctx, &pair, cfg)
 }
 
-/// [`knn`], calling `progress` as the search advances: from the worker threads on the native
-/// path (once per finished block), from the calling thread on the wgpu path (once per query
-/// chunk read back). See [`Progress`](crate::Progress) for what is reported.
+/// How [`knn`] would run with these arguments on `ctx`: its query chunks and reference
+/// ranges, whether the references stay resident, and the memory that holds, planned for the
+/// budget available now. Nothing is searched.
 ///
 /// # Errors
-/// As [`knn`].
+/// As [`knn`] for bad inputs; [`Error::OverBudget`] (naming the bytes of the smallest chunk)
+/// or [`Error::DeviceLimit`] when not even one query row fits.
 ///
 /// # Example
 /// ```
-/// use std::sync::atomic::{AtomicU64, Ordering};
-/// use ndarray::Array2;
-/// use wgpu_metric_learning::{knn_with_progress, Context, KnnConfig, Progress};
-/// let ctx = Context::native_cpu(None);
-/// let x = Array2::from_shape_fn((300, 8), |(i, j)| ((i * 7 + j) % 13) as f32);
-/// let last = AtomicU64::new(0);
-/// let report = |p: Progress| last.store(p.done, Ordering::Relaxed);
-/// knn_with_progress(&ctx, x.view(), x.view(), &KnnConfig::default(), &report)?;
-/// assert_eq!(last.load(Ordering::Relaxed), 300 * 300);
+/// use wgpu_metric_learning::{knn_plan, Context, Error, KnnConfig};
+/// let x = ndarray::Array2::<f32>::zeros((1000, 16));
+/// let cfg = KnnConfig { k: 10, ..Default::default() };
+/// let plan = knn_plan(&Context::native_cpu(None), &x, &x, &cfg)?;
+/// // The least budget this search runs in, natively:
+/// let tight = Context::native_cpu(Some(plan.min_bytes));
+/// assert!(knn_plan(&tight, &x, &x, &cfg).is_ok());
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
-pub fn knn_with_progress<'r>(
+pub fn knn_plan<'q, 'r>(
     ctx: &Context,
-    queries: ArrayView2<'_, f32>,
+    queries: impl Into<Embeddings<'q>>,
     refs: impl Into<Embeddings<'r>>,
     cfg: &KnnConfig,
-    progress: ProgressFn<'_>,
-) -> Result<Knn> {
-    run(ctx, queries, refs.into(), cfg, Some(progress))
+) -> Result<Plan> {
+    let (queries, refs) = (queries.into(), refs.into());
+    let pair = check(ctx, queries.reborrow(), refs.reborrow(), cfg)?;
+    let (q, (n, d)) = (pair.queries.nrows(), pair.refs.dim());
+    match ctx.gpu() {
+        None => native::plan(ctx, q, n, cfg.k).map(|p| p.public(q, n)),
+        Some(gpu) => gpu::plan(ctx, gpu, (q, d), &pair.refs, cfg.k).map(|p| p.public(q, n)),
+    }
 }
 
-/// [`knn`] with an optional progress callback.
-pub(crate) fn run(
-    ctx: &Context,
-    queries: ArrayView2<'_, f32>,
-    refs: Embeddings<'_>,
-    cfg: &KnnConfig,
-    progress: Option<ProgressFn<'_>>,
-) -> Result<Knn> {
-    let excluded = check(queries, &refs, cfg)?;
-    let total = queries.nrows() as u64 * refs.dim().0 as u64;
-    let report = Reporter::new(progress, total);
-    let found = search(ctx, queries, refs, cfg, &excluded, &report)?;
+/// [`knn`] over validated inputs.
+pub(crate) fn run(ctx: &Context, pair: &Pair<'_>, cfg: &KnnConfig) -> Result<Knn> {
+    let total = pair.queries.nrows() as u64 * pair.refs.dim().0 as u64;
+    let report = Reporter::new(&cfg.hooks, OP, total);
+    let found = search(ctx, pair.queries, pair.refs, cfg, &pair.excluded, &report)?;
     Ok(Knn {
         indices: found.indices,
         scores: found.scores,
@@ -184,8 +191,12 @@ pub(crate) fn run(
 /// parallel (one thread per context, each under its own budget), and the shards' lists merged
 /// on the host with the same order and tie rule: the answer is the single-device answer.
 ///
+/// Progress reports come from every shard, summed; cancelling stops every shard at its next
+/// chunk.
+///
 /// # Errors
-/// As [`knn`]; [`Error::InvalidParameter`] when `contexts` is empty.
+/// As [`knn`]; [`Error::InvalidParameter`] when `contexts` is empty or `refs` is a memory
+/// bank (its rows live on one device). A shard that panics (a bug) panics the caller.
 ///
 /// # Example
 /// ```
@@ -195,15 +206,15 @@ pub(crate) fn run(
 /// let q = array![[1.0f32, 0.0]];
 /// let r = array![[0.0f32, 1.0], [1.0, 0.1], [1.0, 0.0], [0.5, 0.5]];
 /// let cfg = KnnConfig { k: 3, ..Default::default() };
-/// let one = knn(&a, q.view(), r.view(), &cfg)?;
-/// let two = knn_sharded(&[&a, &b], q.view(), r.view(), &cfg)?;
+/// let one = knn(&a, &q, &r, &cfg)?;
+/// let two = knn_sharded(&[&a, &b], &q, &r, &cfg)?;
 /// assert_eq!(one.indices, two.indices);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
-pub fn knn_sharded(
+pub fn knn_sharded<'q, 'r>(
     contexts: &[&Context],
-    queries: ArrayView2<'_, f32>,
-    refs: ArrayView2<'_, f32>,
+    queries: impl Into<Embeddings<'q>>,
+    refs: impl Into<Embeddings<'r>>,
     cfg: &KnnConfig,
 ) -> Result<Knn> {
     let Some(first) = contexts.first() else {
@@ -214,8 +225,26 @@ pub fn knn_sharded(
             rule: "at least one context is needed",
         });
     };
-    let excluded = check(queries, &Embeddings::Host(refs), cfg)?;
+    let (queries, refs) = (queries.into(), refs.into());
+    let Embeddings::Host(refs) = refs else {
+        return Err(Error::InvalidParameter {
+            op: OP,
+            what: "refs",
+            value: "Embeddings::Bank".into(),
+            rule: "knn_sharded splits host references over its contexts",
+        });
+    };
+    let pair = check(
+        first,
+        queries.reborrow(),
+        Embeddings::Host(refs.view()),
+        cfg,
+    )?;
+    let (queries, excluded) = (pair.queries, &pair.excluded);
     let n = refs.nrows();
+    let total = queries.nrows() as u64 * n as u64;
+    let report = Reporter::new(&cfg.hooks, OP, total);
+    let report = &report;
     let shards = contexts.len().min(n).max(1);
     let bounds: Vec<(usize, usize)> = (0..shards)
         .map(|s| (s * n / shards, (s + 1) * n / shards))
@@ -229,7 +258,7 @@ pub fn knn_sharded(
                     .iter()
                     .map(|&e| match e as usize {
                         i if (start..end).contains(&i) => (i - start) as u32,
-                        _ => u32::MAX,
+                        _ => inputs::NO_SLOT,
                     })
                     .collect();
                 let shard = refs.slice(s![start..end, ..]);
@@ -238,22 +267,15 @@ pub fn knn_sharded(
                     ..cfg.clone()
                 };
                 scope.spawn(move || {
-                    let silent = Reporter::silent();
-                    search(ctx, queries, Embeddings::Host(shard), &cfg, &local, &silent)
+                    search(ctx, queries, Embeddings::Host(shard), &cfg, &local, report)
                 })
             })
             .collect();
         handles
             .into_iter()
             .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(Error::InvalidParameter {
-                        op: OP,
-                        what: "shard",
-                        value: "panicked".into(),
-                        rule: "a shard's search must not panic",
-                    })
-                })
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
             })
             .collect()
     });
@@ -267,50 +289,18 @@ pub fn knn_sharded(
     })
 }
 
-/// Validates every input before any work; returns each query's excluded reference index
-/// (`u32::MAX`: none).
-fn check(queries: ArrayView2<'_, f32>, refs: &Embeddings<'_>, cfg: &KnnConfig) -> Result<Vec<u32>> {
-    validate::embeddings(OP, "queries", queries)?;
-    let (q, d) = queries.dim();
-    let (n, rd) = refs.dim();
-    match refs {
-        Embeddings::Host(r) => {
-            validate::embeddings(OP, "refs", *r)?;
-            validate::same_dim(OP, queries, *r)?;
-        }
-        Embeddings::Bank(_) if rd != d => {
-            return Err(Error::Shape {
-                op: OP,
-                what: "queries",
-                expected: format!("(q, {rd}) to match the memory bank"),
-                got: vec![q, d],
-            })
-        }
-        Embeddings::Bank(_) => {}
-    }
-    // Indices must stay below the kernel's empty marker.
-    if n >= EMPTY_INDEX as usize {
-        return Err(Error::InvalidParameter {
-            op: OP,
-            what: "refs",
-            value: n.to_string(),
-            rule: "at most 4 294 967 293 references (u32 indices)",
-        });
-    }
-    let excluded: Vec<u32> = match &cfg.self_exclusion {
-        SelfExclusion::None => vec![u32::MAX; q],
-        SelfExclusion::SameIndex => (0..q).map(|i| i.min(u32::MAX as usize) as u32).collect(),
-        SelfExclusion::QuerySlots(slots) if slots.len() != q => {
-            return Err(Error::Shape {
-                op: OP,
-                what: "self_exclusion slots",
-                expected: format!("({q},) to match queries"),
-                got: vec![slots.len()],
-            })
-        }
-        SelfExclusion::QuerySlots(slots) => slots.clone(),
-    };
-    let sees_itself = excluded.iter().any(|&e| (e as usize) < n);
+/// Validates every input before any work: the inputs and self-exclusion as every operation
+/// does, then `k` against the references a query can see.
+fn check<'a>(
+    ctx: &Context,
+    queries: Embeddings<'a>,
+    refs: Embeddings<'a>,
+    cfg: &KnnConfig,
+) -> Result<Pair<'a>> {
+    let pair = inputs::prepare_pair(OP, ctx, queries, refs, Some(&cfg.self_exclusion))?;
+    let n = pair.refs.dim().0;
+    // Every slot indexes the references, so one reference is hidden from each excluding query.
+    let sees_itself = pair.excluded.iter().any(|&e| (e as usize) < n);
     let visible = n - usize::from(sees_itself);
     if cfg.k == 0 || cfg.k > visible {
         return Err(Error::InvalidParameter {
@@ -324,7 +314,7 @@ fn check(queries: ArrayView2<'_, f32>, refs: &Embeddings<'_>, cfg: &KnnConfig) -
             },
         });
     }
-    Ok(excluded)
+    Ok(pair)
 }
 
 /// One device's (or the CPU's) search over validated inputs; rows may come back padded when
@@ -347,12 +337,7 @@ fn search(
             report.restart();
             gpu::search(ctx, gpu, queries, refs, cfg, excluded, report)
         }),
-        (Embeddings::Bank(_), None) => Err(Error::InvalidParameter {
-            op: OP,
-            what: "context",
-            value: ctx.device_name(),
-            rule: "a memory bank can only be used with the context that created it",
-        }),
+        (Embeddings::Bank(_), None) => Err(inputs::foreign_bank(OP, ctx.device_name())),
     }
 }
 
@@ -366,7 +351,7 @@ pub(crate) fn sort_rows(
     row0: usize,
 ) {
     let rows = pairs.len() / k.max(1);
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = threads();
     let per = rows.div_ceil(threads).max(1);
     let indices = out.indices.slice_mut(s![row0..row0 + rows, ..]);
     let scores = out.scores.slice_mut(s![row0..row0 + rows, ..]);

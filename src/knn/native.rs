@@ -8,13 +8,15 @@ use std::ops::Range;
 use ndarray::{s, Array2, ArrayView2};
 
 use super::{sort_rows, KnnConfig, Neighbours};
-use crate::context::Context;
-use crate::distance::Distance;
+use crate::context::{ComputePath, Context};
+use crate::distance::native::{finish, Norms};
 use crate::error::{Error, Result};
+use crate::hooks::Reporter;
 use crate::kernels::knn_select::{key_of, score_of, EMPTY_INDEX};
 use crate::memory::HostReservation;
-use crate::native::{finish, par_items, threads, Norms};
-use crate::progress::Reporter;
+use crate::metric::Distance;
+use crate::native::{par_items, threads};
+use crate::plan::Plan;
 
 /// Query rows per block: enough for the GEMM to amortise packing a reference block.
 const QUERY_BLOCK: usize = 256;
@@ -214,8 +216,81 @@ fn search_block(
     pairs
 }
 
+/// How a native search splits its work: query rows per block, reference shards per block
+/// (when there are too few query blocks to keep every thread busy), and the scratch that
+/// holds.
+pub(super) struct NativePlan {
+    rows: usize,
+    shards: usize,
+    /// Bytes of scratch, reserved against the budget while the search runs.
+    scratch: u64,
+    /// The scratch of the smallest plan (one query row per block).
+    min_scratch: u64,
+}
+
+impl NativePlan {
+    pub(super) fn public(&self, q: usize, n: usize) -> Plan {
+        Plan {
+            path: ComputePath::NativeCpu,
+            rows: self.rows,
+            cols: n.div_ceil(self.shards),
+            chunks: q.div_ceil(self.rows) * self.shards,
+            bytes: self.scratch,
+            min_bytes: self.min_scratch,
+        }
+    }
+}
+
+/// Per thread a block of dot products and its rows' candidate lists; with shards, the lists
+/// they hand back (with one, those are the output itself, which is not counted). Query blocks
+/// shrink until they fit what the budget has available.
+pub(super) fn plan(ctx: &Context, q: usize, n: usize, k: usize) -> Result<NativePlan> {
+    let threads = threads() as u64;
+    let nb = REF_BLOCK.min(n).max(1);
+    let shards_for = |qb: usize| {
+        let q_blocks = q.div_ceil(qb).max(1) as u64;
+        match q_blocks >= 2 * threads {
+            true => 1,
+            false => ((2 * threads).div_ceil(q_blocks) as usize)
+                .min(n.div_ceil(MIN_SHARD))
+                .max(1),
+        }
+    };
+    let scratch_for = |qb: usize| {
+        let per_thread = 4 * (qb * nb) as u64 + 8 * (qb * Candidates::capacity(k)) as u64;
+        let shards = shards_for(qb);
+        let lists = if shards > 1 {
+            8 * (q * k * shards) as u64
+        } else {
+            0
+        };
+        threads * per_thread + lists
+    };
+    let mut qb = QUERY_BLOCK.min(q).max(1);
+    while qb > 1 && scratch_for(qb) > ctx.tracker().available() {
+        qb = qb.div_ceil(2);
+    }
+    let (scratch, min_scratch) = (scratch_for(qb), scratch_for(1));
+    let budget = ctx.memory().budget_bytes;
+    if scratch > budget {
+        // Not even one query row per thread fits the budget: no plan can.
+        return Err(Error::OverBudget {
+            op: super::OP,
+            required: scratch,
+            budget,
+        });
+    }
+    Ok(NativePlan {
+        rows: qb,
+        shards: shards_for(qb),
+        scratch,
+        min_scratch,
+    })
+}
+
 /// `queries` `(q, d)` against host `refs` `(n, d)`, validated; `excluded[i]` is row `i`'s own
-/// reference index or `u32::MAX`.
+/// reference index or `u32::MAX`. Each finished block is reported; once cancelled, the
+/// remaining blocks are skipped and the search returns [`Error::Cancelled`].
 pub(crate) fn search(
     ctx: &Context,
     queries: ArrayView2<'_, f32>,
@@ -226,54 +301,23 @@ pub(crate) fn search(
 ) -> Result<Neighbours> {
     let (q, n, k) = (queries.nrows(), refs.nrows(), cfg.k);
     let largest = cfg.distance.distance.is_similarity();
-    let threads = threads() as u64;
     let nb = REF_BLOCK.min(n).max(1);
-    // Too few query blocks to keep every thread busy: split the references into shards as
-    // well, each shard's lists merged per row at the end.
-    let shards_for = |qb: usize| {
-        let q_blocks = q.div_ceil(qb) as u64;
-        match q_blocks >= 2 * threads {
-            true => 1,
-            false => ((2 * threads).div_ceil(q_blocks) as usize).min(n.div_ceil(MIN_SHARD)),
-        }
-    };
-    // Per thread a block of dot products and its rows' candidate lists; with shards, the
-    // lists they hand back (with one, those are the output itself, which is not counted).
-    // Counted like device memory; query blocks shrink until they fit.
-    let scratch_for = |qb: usize, shards: usize| {
-        let per_thread = 4 * (qb * nb) as u64 + 8 * (qb * Candidates::capacity(k)) as u64;
-        let lists = if shards > 1 {
-            8 * (q * k * shards) as u64
-        } else {
-            0
-        };
-        threads * per_thread + lists
-    };
-    let mut qb = QUERY_BLOCK.min(q);
-    while qb > 1 && scratch_for(qb, shards_for(qb)) > ctx.tracker().available() {
-        qb = qb.div_ceil(2);
-    }
-    let (shards, q_blocks) = (shards_for(qb).max(1), q.div_ceil(qb));
-    let scratch = scratch_for(qb, shards);
-    let budget = ctx.memory().budget_bytes;
-    if scratch > budget {
-        // Not even one query row per thread fits the budget: no plan can.
-        return Err(Error::OverBudget {
-            op: super::OP,
-            required: scratch,
-            budget,
-        });
-    }
-    let _reserved = HostReservation::new("knn::native scratch", scratch, ctx.tracker())?;
+    let plan = plan(ctx, q, n, k)?;
+    let (qb, shards) = (plan.rows, plan.shards);
+    let q_blocks = q.div_ceil(qb);
+    let _reserved = HostReservation::new("knn::native scratch", plan.scratch, ctx.tracker())?;
     let norms = (
         Norms::new(queries, &cfg.distance),
         Norms::new(refs, &cfg.distance),
     );
     let shard_of = |s: usize| s * n / shards..(s + 1) * n / shards;
-    let mut parts = par_items(
+    let parts = par_items(
         q_blocks * shards,
         || Array2::<f32>::zeros((qb, nb)),
         |item, block| {
+            if report.cancelled() {
+                return Vec::new();
+            }
             let (b, shard) = (item / shards, item % shards);
             let (rows, shard) = (b * qb..(b * qb + qb).min(q), shard_of(shard));
             let pairs = rows.len() as u64 * shard.len() as u64;
@@ -292,6 +336,8 @@ pub(crate) fn search(
             found
         },
     );
+    report.check()?;
+    let mut parts = parts;
     let mut out = Neighbours::empty(q, k);
     for (b, block) in parts.chunks_mut(shards).enumerate() {
         let mut pairs = if shards == 1 {

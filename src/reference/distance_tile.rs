@@ -2,7 +2,7 @@
 
 use ndarray::{Array2, ArrayView2};
 
-use crate::distance::{Distance, DistanceConfig};
+use crate::metric::{Distance, DistanceConfig};
 use crate::reference::row_norms::row_norms;
 
 /// The distance matrix `(q, n)` between `queries` `(q, d)` and `refs` `(n, d)`.

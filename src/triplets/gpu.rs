@@ -1,6 +1,6 @@
 //! The wgpu path of triplet mining.
 //!
-//! Per chunk of anchors (sized by [`plan`] to the budget): the distance tile (margin rules),
+//! Per chunk of anchors (sized by [`super::plan`] to the budget): the distance tile (margin rules),
 //! then `triplet_lists` gives every anchor its ascending positive and negative references.
 //! Every valid triplet is then `P_a × N_a`: the host reads the two lists back and expands
 //! them, which moves `O(b·m)` bytes instead of the `O(b·m²)` triplets. Margin rules count the
@@ -14,217 +14,21 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::plan::{plan_call, Layout};
+use super::{Problem, TripletRule, Writer, OP};
 use crate::context::{Context, GpuDevice};
-use crate::device_rows::{
-    distance_rows_buffers, encoder, f32s, max_page_rows, rows_bytes, uniform_size, DeviceRows,
-    DistanceRows, RowsView,
-};
+use crate::device_rows::{DeviceRows, RowsView};
+use crate::distance::gpu::DistanceRows;
 use crate::error::{Error, Result};
-use crate::kernels::distance_tile;
+use crate::hooks::Reporter;
+use crate::inputs::Embeddings;
 use crate::kernels::negative_buckets::{self, BucketBuffers, NegativeBuckets, PairPass};
 use crate::kernels::triplet_lists::{self, ListBuffers, TripletLists};
 use crate::kernels::triplet_select::{self, words, Pass, SelectBuffers, TripletSelect};
 use crate::memory::TrackedBuffer;
-use crate::mining_set::Embeddings;
 use crate::oom_retry;
-use crate::plan::{plan_rows, DeviceCaps, Footprint};
-use crate::transfer::{self, Staging};
-use crate::triplets::{list_sizes, CountMethod, Problem, TripletRule, Writer, OP};
-
-/// Sizes of every buffer one anchor chunk uses; the plan's footprint and the allocations both
-/// come from here, so the plan counts exactly what is allocated.
-#[derive(Debug, Clone, Copy)]
-struct Layout {
-    anchors: usize,
-    refs: usize,
-    /// `vec4`s per embedding row; 0 for label-only rules (no distances).
-    dim4: usize,
-    /// Pages of resident reference rows (one distance tile each).
-    pages: usize,
-    /// Margin rule: per-pair counts on the device.
-    counts: bool,
-    /// Counts and emits through `negative_buckets` ([`groups_negatives`]): the call's most
-    /// positives per anchor, else `None`.
-    grouped: Option<usize>,
-    /// Negatives per output window of `emit`; 0 when the device emits nothing.
-    out: usize,
-    /// Every valid triplet, collected or streamed: both lists are read back.
-    host_lists: bool,
-}
-
-/// `size` if `used`, else a 4-byte placeholder (a binding must have a buffer behind it).
-fn or_dummy(used: bool, size: u64) -> u64 {
-    if used {
-        size
-    } else {
-        f32s(0)
-    }
-}
-
-impl Layout {
-    fn matrix(&self) -> u64 {
-        f32s(self.anchors * self.refs)
-    }
-    fn pair_counts(&self) -> u64 {
-        or_dummy(self.counts, self.matrix())
-    }
-    /// Row length of the sorted positive values (0 when not grouping).
-    fn sort_width(&self) -> usize {
-        self.grouped.map_or(0, negative_buckets::width)
-    }
-    fn sorted(&self) -> u64 {
-        or_dummy(
-            self.grouped.is_some(),
-            f32s(self.anchors * self.sort_width()),
-        )
-    }
-    fn buckets(&self) -> u64 {
-        let stride = self.grouped.map_or(0, negative_buckets::stride);
-        or_dummy(self.grouped.is_some(), f32s(self.anchors * stride))
-    }
-    fn order(&self) -> u64 {
-        or_dummy(self.grouped.is_some(), self.matrix())
-    }
-    /// Each negative's bucket while grouping, then the emit's per-pair bitmaps.
-    fn scratch(&self) -> u64 {
-        self.order()
-    }
-    /// Pairs one emit dispatch may cover: as many bitmaps as `scratch` holds.
-    fn bitmap_pairs(&self) -> usize {
-        self.anchors * self.refs / negative_buckets::bitmap_words(self.refs)
-    }
-    /// Uniform buffers of the grouping: one per bitonic pass of the positive sort.
-    fn sort_params(&self) -> usize {
-        negative_buckets::passes(self.sort_width()).len()
-    }
-    /// Reads back the pair counts, the positives (when emitting), or both lists.
-    fn staging(&self) -> u64 {
-        match (self.host_lists, self.counts) {
-            (true, _) => 2 * self.matrix(),
-            (false, true) => self.matrix(),
-            (false, false) => f32s(0),
-        }
-    }
-    fn offsets(&self) -> u64 {
-        // One `vec2<u32>` per pair and one past the last; at least one, since the shader's
-        // element is 8 bytes.
-        transfer::buffer_size(
-            8 * if self.out > 0 {
-                self.anchors * self.refs + 1
-            } else {
-                1
-            } as u64,
-        )
-    }
-    fn out(&self) -> u64 {
-        f32s(self.out)
-    }
-
-    fn footprint(&self) -> Footprint {
-        // The resident reference rows were allocated before planning; not counted here.
-        let mut buffers = vec![
-            uniform_size::<triplet_lists::Params>(),
-            uniform_size::<triplet_select::Params>(),
-            uniform_size::<negative_buckets::Params>(),
-            f32s(self.refs),    // ref labels
-            f32s(self.anchors), // anchor labels
-            f32s(self.anchors), // self slots
-            self.matrix(),      // positives
-            self.matrix(),      // negatives
-            self.pair_counts(),
-            self.sorted(),
-            self.buckets(),
-            self.order(),
-            self.scratch(),
-            self.staging(),
-            f32s(2 * self.anchors), // list counts
-            f32s(2 * self.anchors), // list-count staging
-            f32s(self.anchors + 1), // pair base
-            self.offsets(),
-            self.out(),
-            self.out(), // output staging
-        ];
-        buffers.extend(std::iter::repeat_n(
-            uniform_size::<negative_buckets::Params>(),
-            self.sort_params(),
-        ));
-        if self.dim4 > 0 {
-            buffers.extend(distance_rows_buffers(
-                self.anchors,
-                self.refs,
-                self.dim4,
-                self.pages,
-            ));
-        }
-        Footprint {
-            bytes: buffers.iter().sum(),
-            largest_buffer: buffers.iter().copied().max().unwrap_or(0),
-            // triplet_lists runs one workgroup per anchor (tiles need fewer); the grouping
-            // folds anchors × (sort width or negatives) invocations into a 2-D grid, whose
-            // side is the square root.
-            workgroups: (self.anchors as u64).max(if self.grouped.is_some() {
-                let groups = (self.anchors * self.sort_width().max(self.refs)) as u64;
-                groups.div_ceil(negative_buckets::WORKGROUP_SIZE).isqrt() + 1
-            } else {
-                0
-            }),
-            workgroup_storage: distance_tile::WORKGROUP_STORAGE
-                .max(triplet_select::WORKGROUP_STORAGE)
-                .max(if self.grouped.is_some() {
-                    negative_buckets::WORKGROUP_STORAGE
-                } else {
-                    0
-                }),
-        }
-    }
-}
-
-/// Anchors per chunk and negatives per output window: windows as large as asked (halved down
-/// to one pair's worst case, `m`, if needed), then as many anchors as fit beside them.
-/// `refs`: `(dim4, pages)` of the resident reference rows, if the rule reads distances.
-fn plan(
-    problem: &Problem<'_>,
-    refs: Option<(usize, usize)>,
-    emit: bool,
-    budget: u64,
-    caps: &DeviceCaps,
-) -> Result<Layout> {
-    let (b, m) = (problem.set.labels.len(), problem.set.ref_labels.len());
-    let margin = matches!(problem.rule, TripletRule::Margin { .. });
-    let base = Layout {
-        anchors: 1,
-        refs: m,
-        dim4: refs.map_or(0, |r| r.0),
-        pages: refs.map_or(0, |r| r.1),
-        counts: margin,
-        grouped: groups_negatives(problem, emit),
-        out: 0,
-        host_lists: emit && !margin,
-    };
-    let min_out = if emit && margin { m } else { 0 };
-    let mut out = if emit && margin { problem.chunk } else { 0 };
-    loop {
-        let cost = |anchors| {
-            Layout {
-                anchors,
-                out,
-                ..base
-            }
-            .footprint()
-        };
-        match plan_rows(OP, b, m, budget, caps, cost) {
-            Ok(p) => {
-                return Ok(Layout {
-                    anchors: p.rows,
-                    out,
-                    ..base
-                })
-            }
-            Err(_) if out > min_out => out = (out / 2).max(min_out),
-            Err(e) => return Err(e),
-        }
-    }
-}
+use crate::plan::DeviceCaps;
+use crate::transfer::{self, encoder, f32s, uniform_size, Staging};
 
 /// Every device buffer of a mining call besides the resident reference rows.
 struct Buffers {
@@ -310,11 +114,9 @@ impl Buffers {
 
     /// The chunk's distances; only margin rules select, and they always have them.
     fn distances(&self) -> Result<&TrackedBuffer> {
-        let distance = self.distance.as_ref().ok_or(Error::InvalidParameter {
+        let distance = self.distance.as_ref().ok_or_else(|| Error::Internal {
             op: OP,
-            what: "embeddings",
-            value: "None".into(),
-            rule: "this miner compares distances and needs embeddings",
+            message: "a margin rule without distances passed validation".into(),
         })?;
         Ok(&distance.distances)
     }
@@ -387,50 +189,6 @@ impl ChunkLists {
     }
 }
 
-/// Costs in scan checks (one (pair, negative) test of `triplet_select`), measured on lavapipe
-/// at (128, 4096) and (1000, 1000), 100 classes: a scan pair also pays its workgroup's
-/// reduction (`SCAN_PAIR`); grouping pays per compare-exchange of the positive sort
-/// (`SORT_OP`), per negative (`NEGATIVE`, plus two binary-search steps per doubling of the
-/// positives), and about a dozen dispatches per chunk (`GROUPING_DISPATCHES`, ~50 µs each).
-const SCAN_PAIR: u64 = 600;
-const SORT_OP: u64 = 7;
-const NEGATIVE: u64 = 4;
-const GROUPING_DISPATCHES: u64 = 12 * 8_000;
-
-/// The call's most positives per anchor if a margin rule groups the negatives
-/// (`negative_buckets`) rather than testing every (pair, negative): decided once per call
-/// from the class sizes by the cost model above, counting the emit's second scan (or its
-/// bitmap pass) when `emit`. Anything but one or two positives per anchor favours grouping.
-fn groups_negatives(problem: &Problem<'_>, emit: bool) -> Option<usize> {
-    if !matches!(problem.rule, TripletRule::Margin { .. }) {
-        return None;
-    }
-    let (mut scan, mut pairs, mut negatives, mut bitmaps) = (0, 0, 0, 0);
-    let (mut most_pos, mut most_neg) = (0, 0);
-    for (p, n) in list_sizes(&problem.set) {
-        scan += p * (n + SCAN_PAIR) + if emit { p * n } else { 0 };
-        pairs += p;
-        negatives += n;
-        bitmaps += if emit { p * n.div_ceil(32) * 2 } else { 0 };
-        most_pos = most_pos.max(p);
-        most_neg = most_neg.max(n);
-    }
-    let grouped = match problem.count_method {
-        CountMethod::Scan => false,
-        CountMethod::Sorted => true,
-        CountMethod::Auto => {
-            let width = negative_buckets::width(most_pos as usize) as u64;
-            let log = |x: u64| u64::from(x.max(2).ilog2()) + 1;
-            let anchors = problem.set.labels.len() as u64;
-            let sort = anchors * width / 2 * (log(width) * (log(width) - 1) / 2) * SORT_OP;
-            let per_negative = negatives * (NEGATIVE + 2 * log(width));
-            let per_pair = pairs * 4 * log(most_neg);
-            sort + per_negative + per_pair + bitmaps + GROUPING_DISPATCHES <= scan
-        }
-    };
-    grouped.then_some(most_pos as usize)
-}
-
 /// A per-pair entry point of either kernel.
 #[derive(Clone, Copy)]
 enum PairKernel {
@@ -462,38 +220,7 @@ impl<'p, 'd> Miner<'p, 'd> {
     ) -> Result<Self> {
         let m = problem.set.ref_labels.len();
         let caps = DeviceCaps::from_limits(&gpu.limits);
-        // Host references are uploaded once, before the chunks are planned into what is left;
-        // the plan is checked first, so a budget too small for both allocates nothing.
-        let (shape, upload_bytes) = match problem.set.refs {
-            None => (None, 0),
-            Some(Embeddings::Host(r)) => {
-                let dim4 = r.ncols().div_ceil(4);
-                let page_rows = max_page_rows(OP, &caps, dim4)?;
-                let shape = (dim4, m.div_ceil(page_rows));
-                (Some(shape), rows_bytes(m, dim4, page_rows))
-            }
-            Some(Embeddings::Bank(bank)) => {
-                bank.view.rows.check_device(OP, gpu)?;
-                let rows = bank.view.rows;
-                (Some((rows.dim4(), rows.pages_for(m))), 0)
-            }
-        };
-        let available = oom_retry::planning_budget(ctx);
-        let layout = plan(
-            problem,
-            shape,
-            emit,
-            available.saturating_sub(upload_bytes),
-            &caps,
-        )
-        .map_err(|e| match e {
-            Error::OverBudget { op, required, .. } if upload_bytes > 0 => Error::OverBudget {
-                op,
-                required: required + upload_bytes,
-                budget: available,
-            },
-            other => other,
-        })?;
+        let layout = plan_call(problem, emit, oom_retry::planning_budget(ctx), &caps)?.layout;
         let refs = match problem.set.refs {
             None => None,
             Some(Embeddings::Host(r)) => Some(Resident::Uploaded(DeviceRows::upload(ctx, gpu, r)?)),
@@ -810,18 +537,21 @@ impl<'p, 'd> Miner<'p, 'd> {
 }
 
 /// Mines `problem` on `gpu`, into `writer` (returning 0) or only counting (returning the
-/// count).
+/// count); reports each anchor chunk's `rows × m` pairs and checks for cancellation before
+/// each.
 pub(super) fn mine(
     ctx: &Context,
     gpu: &GpuDevice,
     problem: &Problem<'_>,
     mut writer: Option<&mut Writer<'_>>,
+    report: &Reporter<'_>,
 ) -> Result<u64> {
     let b = problem.set.labels.len();
     let m = problem.set.ref_labels.len();
     let mut miner = Miner::new(ctx, gpu, problem, writer.is_some())?;
     let mut counted = 0u64;
     for a0 in (0..b).step_by(miner.layout.anchors) {
+        report.check()?;
         let rows = miner.layout.anchors.min(b - a0);
         let lists = miner.lists(a0, rows, writer.is_some())?;
         if problem.rule == TripletRule::AllValid {
@@ -848,6 +578,7 @@ pub(super) fn mine(
                 None => counted += counts.iter().map(|&c| u64::from(c)).sum::<u64>(),
             }
         }
+        report.add((rows * m) as u64);
         if writer.as_ref().is_some_and(|w| w.stopped()) {
             break;
         }

@@ -7,14 +7,17 @@ use std::ops::ControlFlow;
 use ndarray::{Array2, ArrayView1, ArrayView2};
 
 use crate::context::{ComputePath, Context};
-use crate::distance::DistanceConfig;
 use crate::error::{Error, Result};
-use crate::mining_set::{self, MiningSet, Prepared, SelfExclusion};
+use crate::hooks::{Hooks, Reporter};
+use crate::inputs::{self, Labelled, MiningSet, SelfExclusion};
+use crate::metric::DistanceConfig;
 use crate::oom_retry;
+use crate::plan::{DeviceCaps, Plan};
 use crate::validate;
 
 mod gpu;
 mod native;
+mod plan;
 mod sink;
 
 pub(crate) use sink::{Sink, Writer};
@@ -160,8 +163,10 @@ pub struct TripletConfig {
     pub rule: TripletRule,
     /// Distance for margin rules. Default: Euclidean on normalised embeddings (PML `LpDistance()`).
     pub distance: DistanceConfig,
-    /// Self-exclusion when references are given. Default [`SelfExclusion::None`]; without
-    /// references it is always [`SelfExclusion::SameIndex`] (PML's default).
+    /// Which reference is each anchor itself, never its own positive. Default
+    /// [`SelfExclusion::Auto`]: the anchor's own row when the references are the queries
+    /// (`refs = None`, PML's default), nothing otherwise; a memory bank's enqueue gives
+    /// [`SelfExclusion::QuerySlots`].
     pub self_exclusion: SelfExclusion,
     /// Most triplets per chunk handed to a streaming callback (raised to the number of
     /// references if smaller: one pair can yield that many). Default `1 << 22`.
@@ -169,6 +174,8 @@ pub struct TripletConfig {
     /// How margin rules count each (anchor, positive) pair's triplets. Default
     /// [`CountMethod::Auto`]. The result is the same either way.
     pub count_method: CountMethod,
+    /// Progress (anchor–reference pairs mined) and cancellation. Default: none.
+    pub hooks: Hooks,
 }
 
 /// How margin rules find the kept triplets of each (anchor, positive) pair (to count them,
@@ -180,7 +187,7 @@ pub struct TripletConfig {
 /// use wgpu_metric_learning::{count_triplets, Context, CountMethod, MiningSet, TripletConfig, TripletType};
 /// let labels = ndarray::array![0, 0, 1, 1, 0];
 /// let x = ndarray::array![[0.0f32, 1.0], [0.2, 1.0], [1.0, 0.3], [0.9, 0.5], [0.5, 0.5]];
-/// let set = MiningSet::with_embeddings(labels.view(), x.view());
+/// let set = MiningSet::new(&x, &labels);
 /// let ctx = Context::native_cpu(None);
 /// let count = |count_method| {
 ///     let cfg = TripletConfig { count_method, ..TripletConfig::margin_miner(TripletType::Semihard) };
@@ -212,9 +219,10 @@ impl Default for TripletConfig {
         Self {
             rule: TripletRule::AllValid,
             distance: DistanceConfig::default(),
-            self_exclusion: SelfExclusion::None,
+            self_exclusion: SelfExclusion::Auto,
             max_chunk_triplets: 1 << 22,
             count_method: CountMethod::Auto,
+            hooks: Hooks::default(),
         }
     }
 }
@@ -242,7 +250,7 @@ impl TripletConfig {
 /// ```
 /// use wgpu_metric_learning::{mine_triplets, Context, MiningSet, TripletConfig};
 /// let labels = ndarray::array![0, 1, 0];
-/// let t = mine_triplets(&Context::native_cpu(None), &MiningSet::labels(labels.view()), None, &TripletConfig::default())?;
+/// let t = mine_triplets(&Context::native_cpu(None), &MiningSet::from_labels(&labels), None, &TripletConfig::default())?;
 /// assert_eq!(t.len(), 2);
 /// assert_eq!(t.anchors().to_vec(), vec![0, 2]);
 /// assert_eq!(t.positives().to_vec(), vec![2, 0]);
@@ -302,7 +310,7 @@ impl Triplets {
 /// use wgpu_metric_learning::{count_triplets, Context, MiningSet, TripletConfig};
 /// // 60 000 labels in 10 classes: about 3.2·10¹⁴ triplets, counted without producing them.
 /// let labels = ndarray::Array1::from_shape_fn(60_000, |i| i % 10);
-/// let n = count_triplets(&Context::native_cpu(None), &MiningSet::labels(labels.view()), None, &TripletConfig::default())?;
+/// let n = count_triplets(&Context::native_cpu(None), &MiningSet::from_labels(&labels), None, &TripletConfig::default())?;
 /// assert_eq!(n.count, 60_000 * 5_999 * 54_000);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
@@ -316,7 +324,7 @@ pub struct TripletCount {
 
 /// A validated triplet problem.
 pub(crate) struct Problem<'a> {
-    pub(crate) set: Prepared<'a>,
+    pub(crate) set: Labelled<'a>,
     pub(crate) rule: TripletRule,
     pub(crate) distance: DistanceConfig,
     /// Triplets per emitted chunk, at least the number of references.
@@ -338,7 +346,7 @@ fn prepare<'s, L: Hash + Eq + Copy>(
             true
         }
     };
-    let set = mining_set::prepare(
+    let set = inputs::prepare(
         op,
         ctx,
         queries,
@@ -380,7 +388,7 @@ pub(crate) const OP: &str = "mine_triplets";
 /// use wgpu_metric_learning::{mine_triplets, Context, MiningSet, TripletConfig};
 /// let ctx = Context::native_cpu(None);
 /// let labels = array![0, 0, 1];
-/// let t = mine_triplets(&ctx, &MiningSet::labels(labels.view()), None, &TripletConfig::default())?;
+/// let t = mine_triplets(&ctx, &MiningSet::from_labels(&labels), None, &TripletConfig::default())?;
 /// assert_eq!(t.indices, array![[0u32, 1, 2], [1, 0, 2]]);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
@@ -392,16 +400,9 @@ pub fn mine_triplets<L: Hash + Eq + Copy>(
 ) -> Result<Triplets> {
     let problem = prepare(OP, ctx, queries, refs, cfg)?;
     let mut flat: Vec<u32> = Vec::new();
-    run(
-        ctx,
-        &problem,
-        Some(Writer::new(Sink::Collect(&mut flat), problem.chunk)),
-    )?;
-    let rows = flat.len() / 3;
-    let indices = Array2::from_shape_vec((rows, 3), flat).map_err(|e| Error::Readback {
-        label: "mine_triplets::indices",
-        message: e.to_string(),
-    })?;
+    let writer = Writer::new(Sink::Collect(&mut flat), problem.chunk);
+    run(ctx, &problem, Some(writer), &cfg.hooks)?;
+    let indices = triplet_rows(OP, flat)?;
     Ok(Triplets {
         indices,
         path: ctx.path(),
@@ -423,7 +424,7 @@ pub fn mine_triplets<L: Hash + Eq + Copy>(
 /// let ctx = Context::native_cpu(None);
 /// let labels = array![0, 0, 1, 1];
 /// let mut seen = 0;
-/// let n = mine_triplets_streaming(&ctx, &MiningSet::labels(labels.view()), None,
+/// let n = mine_triplets_streaming(&ctx, &MiningSet::from_labels(&labels), None,
 ///     &TripletConfig::default(), |chunk| { seen += chunk.nrows(); ControlFlow::Continue(()) })?;
 /// assert_eq!((n.count, seen), (8, 8));
 /// # Ok::<(), wgpu_metric_learning::Error>(())
@@ -437,7 +438,7 @@ pub fn mine_triplets_streaming<L: Hash + Eq + Copy>(
 ) -> Result<TripletCount> {
     let problem = prepare(OP, ctx, queries, refs, cfg)?;
     let writer = Writer::new(Sink::Stream(&mut on_chunk), problem.chunk);
-    let count = run(ctx, &problem, Some(writer))?;
+    let count = run(ctx, &problem, Some(writer), &cfg.hooks)?;
     Ok(TripletCount {
         count,
         path: ctx.path(),
@@ -456,7 +457,7 @@ pub fn mine_triplets_streaming<L: Hash + Eq + Copy>(
 /// use wgpu_metric_learning::{count_triplets, Context, MiningSet, TripletConfig};
 /// let ctx = Context::native_cpu(None);
 /// let labels = array![0, 0, 1, 1, 2];
-/// let n = count_triplets(&ctx, &MiningSet::labels(labels.view()), None, &TripletConfig::default())?;
+/// let n = count_triplets(&ctx, &MiningSet::from_labels(&labels), None, &TripletConfig::default())?;
 /// assert_eq!(n.count, 4 * 3);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
@@ -467,28 +468,82 @@ pub fn count_triplets<L: Hash + Eq + Copy>(
     cfg: &TripletConfig,
 ) -> Result<TripletCount> {
     let problem = prepare(OP, ctx, queries, refs, cfg)?;
-    let count = run(ctx, &problem, None)?;
+    let count = run(ctx, &problem, None, &cfg.hooks)?;
     Ok(TripletCount {
         count,
         path: ctx.path(),
     })
 }
 
+/// How [`mine_triplets`] (or [`mine_triplets_streaming`]) would run with these arguments on
+/// `ctx`: anchors per chunk and the memory a chunk holds with the call's outputs, planned for
+/// the budget available now from the inputs' class sizes. Nothing is mined;
+/// [`count_triplets`] needs at most as much.
+///
+/// # Errors
+/// As [`mine_triplets`] for bad inputs; [`Error::OverBudget`] (naming the bytes of one
+/// anchor's working set) or [`Error::DeviceLimit`] when not even one anchor fits.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{mine_triplets_plan, Context, MiningSet, TripletConfig};
+/// let labels = ndarray::Array1::from_shape_fn(4096, |i| i % 100);
+/// let ctx = Context::native_cpu(Some(64 << 20));
+/// let plan = mine_triplets_plan(&ctx, &MiningSet::from_labels(&labels), None, &TripletConfig::default())?;
+/// assert!(plan.bytes <= 64 << 20);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn mine_triplets_plan<L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
+    cfg: &TripletConfig,
+) -> Result<Plan> {
+    let problem = prepare(OP, ctx, queries, refs, cfg)?;
+    let b = problem.set.labels.len();
+    match ctx.gpu() {
+        None => native::plan(ctx, &problem).map(|p| p.public(&problem)),
+        Some(gpu) => {
+            let caps = DeviceCaps::from_limits(&gpu.limits);
+            let budget = oom_retry::planning_budget(ctx);
+            plan::plan_call(&problem, true, budget, &caps).map(|p| p.public(b))
+        }
+    }
+}
+
+/// Collected `(a, p, n)` rows as a `(t, 3)` array.
+pub(crate) fn triplet_rows(op: &'static str, flat: Vec<u32>) -> Result<Array2<u32>> {
+    let rows = flat.len() / 3;
+    Array2::from_shape_vec((rows, 3), flat).map_err(|e| Error::Internal {
+        op,
+        message: format!("triplets are not whole (a, p, n) rows: {e}"),
+    })
+}
+
 /// Mines `problem` into `writer` (or only counts when `None`); returns the number of
 /// triplets found (delivered, if a streaming callback stopped early).
-pub(crate) fn run(ctx: &Context, problem: &Problem<'_>, writer: Option<Writer<'_>>) -> Result<u64> {
-    if problem.set.labels.is_empty() || problem.set.ref_labels.is_empty() {
+pub(crate) fn run(
+    ctx: &Context,
+    problem: &Problem<'_>,
+    writer: Option<Writer<'_>>,
+    hooks: &Hooks,
+) -> Result<u64> {
+    let (b, m) = (problem.set.labels.len(), problem.set.ref_labels.len());
+    let report = Reporter::new(hooks, OP, b as u64 * m as u64);
+    report.check()?;
+    if b == 0 || m == 0 {
         return Ok(0);
     }
     let mut writer = writer;
     let all_valid = problem.rule == TripletRule::AllValid;
     if all_valid && writer.is_none() {
         // Pure label arithmetic: counting needs no device.
+        report.add(b as u64 * m as u64);
         return Ok(all_valid_count(&problem.set));
     }
     let Some(gpu) = ctx.gpu() else {
         // The native path sizes its own output (it counts every anchor first).
-        return native::triplets(ctx, problem, writer);
+        return native::triplets(ctx, problem, writer, &report);
     };
     if let (true, Some(w)) = (all_valid, writer.as_mut()) {
         w.reserve(all_valid_count(&problem.set));
@@ -500,20 +555,21 @@ pub(crate) fn run(ctx: &Context, problem: &Problem<'_>, writer: Option<Writer<'_
         if let (Some(w), Some(mark)) = (writer.as_mut(), start) {
             w.rewind(mark);
         }
-        gpu::mine(ctx, gpu, problem, writer.as_mut())
+        report.restart();
+        gpu::mine(ctx, gpu, problem, writer.as_mut(), &report)
     })?;
     Ok(writer.map_or(counted, Writer::finish))
 }
 
 /// The number of valid triplets, `Σ_a |P_a|·|N_a|`, from class sizes alone (`O(b + m)`).
-pub(crate) fn all_valid_count(set: &Prepared<'_>) -> u64 {
+pub(crate) fn all_valid_count(set: &Labelled<'_>) -> u64 {
     list_sizes(set).map(|(p, n)| p * n).sum()
 }
 
 /// Per anchor, `(|P_a|, |N_a|)`: its positive and negative reference counts, from class sizes
 /// alone (`O(b + m)`).
 pub(crate) fn list_sizes<'s, 'a>(
-    set: &'s Prepared<'a>,
+    set: &'s Labelled<'a>,
 ) -> impl Iterator<Item = (u64, u64)> + use<'s, 'a> {
     let classes = set
         .labels

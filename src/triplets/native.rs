@@ -11,11 +11,14 @@ use std::sync::Mutex;
 use ndarray::{s, Array2, ArrayView1, ArrayView2};
 
 use super::{list_sizes, CountMethod, Problem, TripletRule, Writer, OP};
-use crate::context::Context;
+use crate::context::{ComputePath, Context};
+use crate::distance::native::{distances_into, Norms};
 use crate::error::{Error, Result};
+use crate::hooks::Reporter;
 use crate::host_alloc::zeroed_u32;
 use crate::memory::HostReservation;
-use crate::native::{distances_into, par_items, threads, Norms};
+use crate::native::{par_items, threads};
+use crate::plan::Plan;
 
 /// Anchors per block at most: enough rows for the GEMM of a distance block.
 const ANCHOR_BLOCK: usize = 256;
@@ -25,57 +28,98 @@ const BLOCKS_PER_THREAD: usize = 4;
 /// negatives' values (two binary searches per positive) rather than testing every pair.
 const SORT_FROM_POSITIVES: usize = 16;
 
+/// How the native path splits a call: anchors per block and the scratch every thread holds.
+pub(super) struct NativePlan {
+    rows: usize,
+    /// Bytes of scratch over all threads, reserved against the budget while mining.
+    scratch: u64,
+    /// The scratch of one-anchor blocks.
+    min_scratch: u64,
+}
+
+impl NativePlan {
+    pub(super) fn public(&self, problem: &Problem<'_>) -> Plan {
+        Plan {
+            path: ComputePath::NativeCpu,
+            rows: self.rows,
+            cols: problem.set.ref_labels.len(),
+            chunks: problem.set.labels.len().div_ceil(self.rows),
+            bytes: self.scratch,
+            min_bytes: self.min_scratch,
+        }
+    }
+}
+
+/// Plans blocks of anchors: a few per thread, and for margin rules at most what the budget
+/// available allows for one `(rows, m)` block of distances per thread.
+pub(super) fn plan(ctx: &Context, problem: &Problem<'_>) -> Result<NativePlan> {
+    let (b, m) = (
+        problem.set.labels.len(),
+        problem.set.ref_labels.len() as u64,
+    );
+    let threads = threads();
+    // An `Anchor`'s five lists of up to `m` elements, and a distance row of `m` floats.
+    let margin = matches!(problem.rule, TripletRule::Margin { .. });
+    let (lists, per_row) = (20 * m, if margin { 4 * m } else { 0 });
+    let required = threads as u64 * (lists + per_row);
+    let budget = ctx.tracker().stats().budget_bytes;
+    if required > budget {
+        return Err(Error::OverBudget {
+            op: OP,
+            required,
+            budget,
+        });
+    }
+    let room = (ctx.tracker().available() / threads as u64).saturating_sub(lists);
+    let fits = room.checked_div(per_row).unwrap_or(u64::MAX);
+    let rows = ANCHOR_BLOCK
+        .min(b.div_ceil(BLOCKS_PER_THREAD * threads))
+        .min(usize::try_from(fits).unwrap_or(usize::MAX))
+        .max(1);
+    Ok(NativePlan {
+        rows,
+        scratch: threads as u64 * (lists + rows as u64 * per_row),
+        min_scratch: required,
+    })
+}
+
 /// What every worker shares: the problem, its block size and, for margin rules, the
 /// embeddings and the references' norms.
-struct Plan<'p, 'a> {
+struct Blocks<'p, 'a> {
     problem: &'p Problem<'a>,
+    report: &'p Reporter<'p>,
     embeddings: Option<(ArrayView2<'a, f32>, ArrayView2<'a, f32>, Norms)>,
     /// Anchors per block.
     rows: usize,
     similarity: bool,
 }
 
-impl<'p, 'a> Plan<'p, 'a> {
-    /// Plans blocks of anchors: a few per thread, and for margin rules at most what the
-    /// budget allows for one `(rows, m)` block of distances per thread. Each thread's
-    /// scratch (its lists and distance block) is reserved in the returned reservation.
-    fn new(ctx: &Context, problem: &'p Problem<'a>) -> Result<(Self, HostReservation)> {
-        let (b, m) = (
-            problem.set.labels.len(),
-            problem.set.ref_labels.len() as u64,
-        );
+impl<'p, 'a> Blocks<'p, 'a> {
+    /// Plans the call ([`plan`]) and reserves every thread's scratch (its lists and distance
+    /// block) in the returned reservation.
+    fn new(
+        ctx: &Context,
+        problem: &'p Problem<'a>,
+        report: &'p Reporter<'p>,
+    ) -> Result<(Self, HostReservation)> {
         let refs = problem.set.host_refs(OP)?;
-        let threads = threads();
+        let planned = plan(ctx, problem)?;
+        let reservation = HostReservation::new(
+            "mine_triplets::native scratch",
+            planned.scratch,
+            ctx.tracker(),
+        )?;
         // Only margin rules look at distances.
         let embeddings = match problem.rule {
             TripletRule::AllValid => None,
             TripletRule::Margin { .. } => problem.set.queries.zip(refs),
         };
-        // An `Anchor`'s five lists of up to `m` elements, and a distance row of `m` floats.
-        let (lists, per_row) = (20 * m, if embeddings.is_some() { 4 * m } else { 0 });
-        let required = threads as u64 * (lists + per_row);
-        let budget = ctx.tracker().stats().budget_bytes;
-        if required > budget {
-            return Err(Error::OverBudget {
-                op: OP,
-                required,
-                budget,
-            });
-        }
-        let room = (ctx.tracker().available() / threads as u64).saturating_sub(lists);
-        let fits = room.checked_div(per_row).unwrap_or(u64::MAX);
-        let rows = ANCHOR_BLOCK
-            .min(b.div_ceil(BLOCKS_PER_THREAD * threads))
-            .min(usize::try_from(fits).unwrap_or(usize::MAX))
-            .max(1);
-        let scratch = threads as u64 * (lists + rows as u64 * per_row);
-        let reservation =
-            HostReservation::new("mine_triplets::native scratch", scratch, ctx.tracker())?;
         let embeddings = embeddings.map(|(q, r)| (q, r, Norms::new(r, &problem.distance)));
         let plan = Self {
             problem,
+            report,
             embeddings,
-            rows,
+            rows: planned.rows,
             similarity: problem.distance.distance.is_similarity(),
         };
         Ok((plan, reservation))
@@ -112,27 +156,40 @@ impl<'p, 'a> Plan<'p, 'a> {
     }
 
     /// Runs `each(anchor, row)` for every anchor of every block on every thread (a worker's
-    /// `Anchor` lists reused), returning per block what `each` returned, in order.
+    /// `Anchor` lists reused), returning per block what `each` returned, in order. Blocks
+    /// are reported when `reports` (the call's last pass); once the call is cancelled the
+    /// remaining blocks are skipped and [`Error::Cancelled`] returned.
     fn per_anchor<T: Send>(
         &self,
+        reports: bool,
         each: impl Fn(&mut Anchor, usize, Option<ArrayView1<'_, f32>>) -> T + Sync,
-    ) -> Vec<Vec<T>> {
-        par_items(
+    ) -> Result<Vec<Vec<T>>> {
+        let m = self.problem.set.ref_labels.len() as u64;
+        let done = par_items(
             self.blocks(),
             || (Anchor::default(), self.scratch()),
             |block, (anchor, scratch)| {
+                if self.report.cancelled() {
+                    return Vec::new();
+                }
                 let anchors = self.anchors(block);
                 let dist = self.distances(&anchors, scratch);
-                anchors
+                let out = anchors
                     .clone()
                     .map(|a| {
                         let row = dist.as_ref().map(|d| d.row(a - anchors.start));
                         anchor.load(self, a, row);
                         each(anchor, a, row)
                     })
-                    .collect()
+                    .collect();
+                if reports {
+                    self.report.add(anchors.len() as u64 * m);
+                }
+                out
             },
-        )
+        );
+        self.report.check()?;
+        Ok(done)
     }
 }
 
@@ -150,7 +207,7 @@ struct Anchor {
 }
 
 impl Anchor {
-    fn load(&mut self, plan: &Plan<'_, '_>, a: usize, row: Option<ArrayView1<'_, f32>>) {
+    fn load(&mut self, plan: &Blocks<'_, '_>, a: usize, row: Option<ArrayView1<'_, f32>>) {
         plan.problem
             .set
             .lists_of(a, &mut self.positives, &mut self.negatives);
@@ -162,7 +219,7 @@ impl Anchor {
     }
 
     /// How many triplets the loaded anchor has.
-    fn count(&mut self, plan: &Plan<'_, '_>, row: Option<ArrayView1<'_, f32>>) -> u64 {
+    fn count(&mut self, plan: &Blocks<'_, '_>, row: Option<ArrayView1<'_, f32>>) -> u64 {
         let Some(row) = row else {
             return (self.positives.len() * self.negatives.len()) as u64;
         };
@@ -200,7 +257,7 @@ impl Anchor {
     /// until `f` returns `false`.
     fn emit(
         &mut self,
-        plan: &Plan<'_, '_>,
+        plan: &Blocks<'_, '_>,
         row: Option<ArrayView1<'_, f32>>,
         mut f: impl FnMut(u32, &[u32]) -> bool,
     ) {
@@ -241,19 +298,23 @@ pub(crate) fn triplets(
     ctx: &Context,
     problem: &Problem<'_>,
     writer: Option<Writer<'_>>,
+    report: &Reporter<'_>,
 ) -> Result<u64> {
-    let (plan, _reserved) = Plan::new(ctx, problem)?;
+    let (plan, _reserved) = Blocks::new(ctx, problem, report)?;
     let Some(mut writer) = writer else {
-        let counts = plan.per_anchor(|anchor, _, row| anchor.count(&plan, row));
+        let counts = plan.per_anchor(true, |anchor, _, row| anchor.count(&plan, row))?;
         return Ok(counts.iter().flatten().sum());
     };
     if let Some(all) = writer.collect_target() {
         return collect(&plan, all);
     }
     // Streaming keeps the order on the calling thread: memory stays bounded by one chunk.
+    let m = problem.set.ref_labels.len() as u64;
     let (mut anchor, mut scratch) = (Anchor::default(), plan.scratch());
     for block in 0..plan.blocks() {
+        report.check()?;
         let anchors = plan.anchors(block);
+        report.add(anchors.len() as u64 * m);
         let dist = plan.distances(&anchors, &mut scratch);
         for a in anchors.clone() {
             let row = dist.as_ref().map(|d| d.row(a - anchors.start));
@@ -272,13 +333,15 @@ pub(crate) fn triplets(
 
 /// Counts every anchor's triplets, sizes `all` once, then fills each block's part of it from
 /// the threads.
-fn collect(plan: &Plan<'_, '_>, all: &mut Vec<u32>) -> Result<u64> {
+fn collect(plan: &Blocks<'_, '_>, all: &mut Vec<u32>) -> Result<u64> {
     let counts: Vec<Vec<u64>> = match plan.problem.rule {
         TripletRule::AllValid => {
             let sizes: Vec<u64> = list_sizes(&plan.problem.set).map(|(p, n)| p * n).collect();
             sizes.chunks(plan.rows).map(<[u64]>::to_vec).collect()
         }
-        TripletRule::Margin { .. } => plan.per_anchor(|anchor, _, row| anchor.count(plan, row)),
+        TripletRule::Margin { .. } => {
+            plan.per_anchor(false, |anchor, _, row| anchor.count(plan, row))?
+        }
     };
     let total: u64 = counts.iter().flatten().sum();
     let mut out = usize::try_from(3 * total)
@@ -288,6 +351,7 @@ fn collect(plan: &Plan<'_, '_>, all: &mut Vec<u32>) -> Result<u64> {
             label: "mine_triplets::indices (host)",
             requested: 12 * total,
             message: "the host could not allocate the triplets; stream them instead".into(),
+            source: None,
         })?;
     // Each block's part of the output, taken by whichever thread takes the block.
     let mut parts = Vec::with_capacity(counts.len());
@@ -313,7 +377,7 @@ fn collect(plan: &Plan<'_, '_>, all: &mut Vec<u32>) -> Result<u64> {
     // Whether an anchor emitted other than it counted: only possible with non-finite
     // distances (embeddings whose norms overflow f32), which the two passes may order apart.
     let disagreed = AtomicBool::new(false);
-    plan.per_anchor(|anchor, a, row| {
+    plan.per_anchor(true, |anchor, a, row| {
         let block = a / plan.rows;
         let mut at = offsets[block][a % plan.rows];
         let end = at + 3 * counts[block][a % plan.rows] as usize;
@@ -333,7 +397,7 @@ fn collect(plan: &Plan<'_, '_>, all: &mut Vec<u32>) -> Result<u64> {
         if at != end {
             disagreed.store(true, Ordering::Relaxed);
         }
-    });
+    })?;
     drop(parts);
     if disagreed.into_inner() {
         return Err(Error::InvalidParameter {

@@ -9,13 +9,13 @@ use wgpu_metric_learning::{
     accuracy as accuracy_op, batch_easy_hard_pairs, batch_hard_triplets, count_triplets,
     knn as knn_op, mine_triplets, multi_similarity_pairs, pair_margin_pairs, AccuracyConfig,
     BackendChoice, BatchEasyHardConfig, BatchHardConfig, ComputePath, Context, ContextConfig,
-    Distance, DistanceConfig, KnnConfig, MiningSet, MultiSimilarityConfig, PairMarginConfig, Pairs,
-    SelfExclusion, Strategy, TripletConfig, TripletRule, TripletType,
+    Distance, DistanceConfig, Error, Hooks, KnnConfig, MiningSet, MultiSimilarityConfig,
+    PairMarginConfig, Pairs, SelfExclusion, Strategy, TripletConfig, TripletRule, TripletType,
 };
 
 use crate::npy::{self, problem};
 use crate::{
-    AccuracyArgs, BackendArg, Common, DistanceArg, KnnArgs, Metric, MineArgs, MinerArg,
+    AccuracyArgs, BackendArg, Common, DistanceArg, Failure, KnnArgs, Metric, MineArgs, MinerArg,
     StrategyArg, TripletsArgs, TypeArg,
 };
 
@@ -39,23 +39,26 @@ fn context(common: &Common) -> Result<Context, String> {
 }
 
 /// Runs `op` on `ctx`, printing the `--stats` line when asked; a library error is prefixed
-/// with the inputs it concerns.
+/// with the inputs it concerns, a cancellation (Ctrl-C) reported as such.
 fn timed<T>(
     name: &str,
     ctx: &Context,
     common: &Common,
     inputs: &[(&str, &Path)],
     op: impl FnOnce() -> wgpu_metric_learning::Result<T>,
-) -> Result<T, String> {
+) -> Result<T, Failure> {
     let start = Instant::now();
     let out = op();
     let seconds = start.elapsed().as_secs_f64();
     let out = out.map_err(|e| {
+        if let Error::Cancelled { .. } = e {
+            return Failure::Cancelled;
+        }
         let files: Vec<String> = inputs
             .iter()
             .map(|(flag, path)| format!("--{flag} {}", path.display()))
             .collect();
-        format!("{name} ({}): {e}", files.join(", "))
+        Failure::Message(format!("{name} ({}): {e}", files.join(", ")))
     })?;
     if common.stats {
         let mem = ctx.memory();
@@ -127,8 +130,8 @@ impl Side {
 
     fn set(&self) -> MiningSet<'_, i64> {
         match &self.embeddings {
-            Some(e) => MiningSet::with_embeddings(self.labels.view(), e.view()),
-            None => MiningSet::labels(self.labels.view()),
+            Some(e) => MiningSet::new(e, &self.labels),
+            None => MiningSet::from_labels(&self.labels),
         }
     }
 }
@@ -141,7 +144,7 @@ fn given<'a>(inputs: &[(&'a str, Option<&'a Path>)]) -> Vec<(&'a str, &'a Path)>
         .collect()
 }
 
-pub(crate) fn triplets(a: &TripletsArgs) -> Result<(), String> {
+pub(crate) fn triplets(a: &TripletsArgs, hooks: &Hooks) -> Result<(), Failure> {
     let margin_flags = a.kind.is_some() || a.margin.is_some() || a.metric.distance.is_some();
     if a.embeddings.is_none() && (margin_flags || a.metric.no_normalize) {
         return Err(
@@ -177,6 +180,7 @@ pub(crate) fn triplets(a: &TripletsArgs) -> Result<(), String> {
     let cfg = TripletConfig {
         rule,
         distance: distance_config(&a.metric, Distance::Euclidean),
+        hooks: hooks.clone(),
         ..Default::default()
     };
     let ctx = context(&a.common)?;
@@ -198,10 +202,10 @@ pub(crate) fn triplets(a: &TripletsArgs) -> Result<(), String> {
         mine_triplets(&ctx, &queries, ref_set.as_ref(), &cfg)
     })?;
     let out = a.out.as_deref().ok_or("--out is required")?;
-    npy::write(out, &npy::indices(&t.indices))
+    Ok(npy::write(out, &npy::indices(&t.indices))?)
 }
 
-pub(crate) fn mine(a: &MineArgs) -> Result<(), String> {
+pub(crate) fn mine(a: &MineArgs, hooks: &Hooks) -> Result<(), Failure> {
     let batch = Side::read(&a.labels, Some(&a.embeddings))?;
     let refs = match (&a.ref_labels, &a.ref_embeddings) {
         (Some(l), Some(e)) => Some(Side::read(l, Some(e))?),
@@ -217,7 +221,8 @@ pub(crate) fn mine(a: &MineArgs) -> Result<(), String> {
     let (queries, ref_set) = (batch.set(), refs.as_ref().map(Side::set));
     let refs = ref_set.as_ref();
     let distance = |default| distance_config(&a.metric, default);
-    let exclusion = SelfExclusion::None;
+    // Without references each query is excluded as its own positive; with them, nothing.
+    let exclusion = SelfExclusion::Auto;
     let strategy = |s: Option<StrategyArg>, default| match s {
         None => default,
         Some(StrategyArg::Hard) => Strategy::Hard,
@@ -230,12 +235,13 @@ pub(crate) fn mine(a: &MineArgs) -> Result<(), String> {
             let cfg = BatchHardConfig {
                 distance: distance(Distance::Euclidean),
                 self_exclusion: exclusion,
+                hooks: hooks.clone(),
             };
             let t = timed("mine batch-hard", &ctx, &a.common, &inputs, || {
                 batch_hard_triplets(&ctx, &queries, refs, &cfg)
             })?;
             let out = a.out.as_deref().ok_or("batch-hard writes --out")?;
-            return npy::write(out, &npy::indices(&t.indices));
+            return Ok(npy::write(out, &npy::indices(&t.indices))?);
         }
         MinerArg::BatchEasyHard => {
             let defaults = BatchEasyHardConfig::default();
@@ -246,6 +252,7 @@ pub(crate) fn mine(a: &MineArgs) -> Result<(), String> {
                 allowed_neg_range: a.allowed_neg_range,
                 distance: distance(Distance::Euclidean),
                 self_exclusion: exclusion,
+                hooks: hooks.clone(),
             };
             timed("mine batch-easy-hard", &ctx, &a.common, &inputs, || {
                 batch_easy_hard_pairs(&ctx, &queries, refs, &cfg)
@@ -258,6 +265,7 @@ pub(crate) fn mine(a: &MineArgs) -> Result<(), String> {
                     .unwrap_or(MultiSimilarityConfig::default().epsilon),
                 distance: distance(Distance::Cosine),
                 self_exclusion: exclusion,
+                hooks: hooks.clone(),
             };
             timed("mine multi-similarity", &ctx, &a.common, &inputs, || {
                 multi_similarity_pairs(&ctx, &queries, refs, &cfg)
@@ -270,6 +278,7 @@ pub(crate) fn mine(a: &MineArgs) -> Result<(), String> {
                 neg_margin: a.neg_margin.unwrap_or(defaults.neg_margin),
                 distance: distance(Distance::Euclidean),
                 self_exclusion: exclusion,
+                hooks: hooks.clone(),
             };
             timed("mine pair-margin", &ctx, &a.common, &inputs, || {
                 pair_margin_pairs(&ctx, &queries, refs, &cfg)
@@ -280,10 +289,10 @@ pub(crate) fn mine(a: &MineArgs) -> Result<(), String> {
         return Err("pair miners write --out-positives and --out-negatives".into());
     };
     npy::write(pos, &npy::indices(&pairs.positives))?;
-    npy::write(neg, &npy::indices(&pairs.negatives))
+    Ok(npy::write(neg, &npy::indices(&pairs.negatives))?)
 }
 
-pub(crate) fn knn(a: &KnnArgs) -> Result<(), String> {
+pub(crate) fn knn(a: &KnnArgs, hooks: &Hooks) -> Result<(), Failure> {
     let queries = npy::read_embeddings(&a.queries)?;
     let refs = a.refs.as_deref().map(npy::read_embeddings).transpose()?;
     let cfg = KnnConfig {
@@ -293,6 +302,7 @@ pub(crate) fn knn(a: &KnnArgs) -> Result<(), String> {
             None => SelfExclusion::SameIndex,
             Some(_) => SelfExclusion::None,
         },
+        hooks: hooks.clone(),
     };
     let ctx = context(&a.common)?;
     let inputs = given(&[("queries", Some(&a.queries)), ("refs", a.refs.as_deref())]);
@@ -301,10 +311,10 @@ pub(crate) fn knn(a: &KnnArgs) -> Result<(), String> {
         knn_op(&ctx, queries.view(), r.view(), &cfg)
     })?;
     npy::write(&a.out_indices, &npy::indices(&found.indices))?;
-    npy::write(&a.out_scores, &found.scores)
+    Ok(npy::write(&a.out_scores, &found.scores)?)
 }
 
-pub(crate) fn accuracy(a: &AccuracyArgs) -> Result<(), String> {
+pub(crate) fn accuracy(a: &AccuracyArgs, hooks: &Hooks) -> Result<(), Failure> {
     let x = npy::read_embeddings(&a.embeddings)?;
     let y = npy::read_labels(&a.labels)?;
     let refs = match (&a.refs, &a.ref_labels) {
@@ -315,13 +325,18 @@ pub(crate) fn accuracy(a: &AccuracyArgs) -> Result<(), String> {
         return Err(problem(
             &a.embeddings,
             "--ref-includes-query needs --refs and --ref-labels (without them it is implied)",
-        ));
+        )
+        .into());
     }
     let cfg = AccuracyConfig {
         k: a.k,
         distance: distance_config(&a.metric, Distance::SquaredEuclidean),
-        ref_includes_query: a.ref_includes_query,
+        self_exclusion: match a.ref_includes_query {
+            true => SelfExclusion::SameIndex,
+            false => SelfExclusion::Auto,
+        },
         avg_of_avgs: a.avg_of_avgs,
+        hooks: hooks.clone(),
     };
     let ctx = context(&a.common)?;
     let inputs = given(&[
@@ -330,9 +345,9 @@ pub(crate) fn accuracy(a: &AccuracyArgs) -> Result<(), String> {
         ("refs", a.refs.as_deref()),
         ("ref-labels", a.ref_labels.as_deref()),
     ]);
-    let r = refs.as_ref().map(|(e, l)| (e.view(), l.view()));
+    let r = refs.as_ref().map(|(e, l)| MiningSet::new(e, l));
     let acc = timed("accuracy", &ctx, &a.common, &inputs, || {
-        accuracy_op(&ctx, x.view(), y.view(), r, &cfg)
+        accuracy_op(&ctx, &MiningSet::new(&x, &y), r.as_ref(), &cfg)
     })?;
     let m = &acc.metrics;
     println!(

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use wgpu_metric_learning::{CancelToken, Hooks};
 
 /// The GPU core of metric learning on .npy files: triplet mining, PML's miners, kNN and
 /// retrieval accuracy, on any GPU through wgpu or on the native CPU path.
@@ -16,7 +17,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// int64 or uint32 arrays of shape (n,). Outputs: indices are int64, scores float32. As in
 /// PML, embeddings are L2-normalised by default for every distance; --no-normalize uses the
 /// raw vectors (Faiss's convention). Errors print one line naming the file and the problem
-/// and exit with status 1 (2 for a malformed command line).
+/// and exit with status 1 (2 for a malformed command line); Ctrl-C stops the operation at its
+/// next chunk, writes nothing and exits with status 130.
 #[derive(Parser)]
 #[command(name = "wml", version, about, long_about, max_term_width = 100)]
 struct Cli {
@@ -301,23 +303,87 @@ fn parse_accuracy_k(s: &str) -> Result<wgpu_metric_learning::AccuracyK, String> 
     }
 }
 
+/// Why a subcommand did not finish.
+pub(crate) enum Failure {
+    /// Bad input, or a library error: one line naming the file and the problem.
+    Message(String),
+    /// Ctrl-C: the operation stopped at a chunk boundary.
+    Cancelled,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Failure::Message(message)
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Self {
+        Failure::Message(message.into())
+    }
+}
+
+/// The exit status of a process stopped by SIGINT, by the shells' convention.
+const INTERRUPTED: u8 = 130;
+
+/// A token that Ctrl-C cancels: the running operation stops at its next chunk, releases what
+/// it allocated and returns; a second Ctrl-C exits at once.
+fn cancel_on_ctrl_c() -> CancelToken {
+    let token = CancelToken::new();
+    let on_signal = token.clone();
+    let handler = ctrlc::set_handler(move || {
+        if on_signal.is_cancelled() {
+            std::process::exit(i32::from(INTERRUPTED));
+        }
+        on_signal.cancel();
+    });
+    if let Err(e) = handler {
+        // Without the handler Ctrl-C still ends the process, only less politely.
+        eprintln!("wml: warning: Ctrl-C will not stop cleanly: {e}");
+    }
+    token
+}
+
+/// Keeps Mesa's Vulkan device-selection layer from probing a Wayland display that does not
+/// exist: without `XDG_RUNTIME_DIR` it prints "error: XDG_RUNTIME_DIR is invalid or not set in
+/// the environment." on every run, although nothing failed. The layer only orders devices,
+/// which the library does itself; a user who steers it (`MESA_VK_DEVICE_SELECT`, or
+/// `NODEVICE_SELECT` either way) is left alone. Called first in `main`, before any thread.
+fn quiet_device_select_layer() {
+    let runtime_dir_ok =
+        std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| std::path::Path::new(&d).is_absolute());
+    let steered = ["NODEVICE_SELECT", "MESA_VK_DEVICE_SELECT"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some());
+    if !runtime_dir_ok && !steered {
+        // The process has one thread so far: nothing reads the environment meanwhile.
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
+}
+
 fn main() -> ExitCode {
+    quiet_device_select_layer();
     // A panic would be a bug; still, the user gets one line, not a backtrace.
     std::panic::set_hook(Box::new(|info| {
         eprintln!("wml: internal error: {info}");
     }));
     let cli = Cli::parse();
+    let hooks = Hooks::new().cancel_with(&cancel_on_ctrl_c());
     let done = match cli.command {
-        Command::Triplets(a) => commands::triplets(&a),
-        Command::Mine(a) => commands::mine(&a),
-        Command::Knn(a) => commands::knn(&a),
-        Command::Accuracy(a) => commands::accuracy(&a),
+        Command::Triplets(a) => commands::triplets(&a, &hooks),
+        Command::Mine(a) => commands::mine(&a, &hooks),
+        Command::Knn(a) => commands::knn(&a, &hooks),
+        Command::Accuracy(a) => commands::accuracy(&a, &hooks),
     };
     match done {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
+        Err(Failure::Message(message)) => {
             eprintln!("wml: {message}");
             ExitCode::FAILURE
+        }
+        Err(Failure::Cancelled) => {
+            eprintln!("wml: cancelled (Ctrl-C); no output was written");
+            ExitCode::from(INTERRUPTED)
         }
     }
 }

@@ -7,19 +7,18 @@
 //! one host array); labels are kept on the host, where every miner needs them, and uploaded as
 //! `u32` ids per mining call (4 bytes per row, against `4·d` for the embeddings).
 
+mod gpu;
+
 use std::hash::Hash;
 
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2, Axis};
 
-use crate::context::{Context, GpuDevice};
-use crate::device_rows::{encoder, f32s, max_page_rows, rows_bytes, DeviceRows, RowsView};
+use crate::context::Context;
+use crate::device_rows::{max_page_rows, rows_bytes, DeviceRows, RowsView};
 use crate::error::{Error, Result};
-use crate::kernels::row_norms::{self, RowNorms};
-use crate::memory::{HostReservation, TrackedBuffer};
-use crate::mining_set::{Embeddings, MiningSet, SelfExclusion};
+use crate::inputs::{self, BankRows, Embeddings, MiningSet, SelfExclusion, Side};
+use crate::memory::HostReservation;
 use crate::plan::DeviceCaps;
-use crate::transfer::{self, Staging};
-use crate::validate;
 
 /// Shape of a [`MemoryBank`].
 ///
@@ -82,15 +81,6 @@ pub struct BankSnapshot<L> {
     pub labels: Array1<L>,
 }
 
-/// The filled rows of a [`MemoryBank`] on its device, as [`Embeddings::Bank`] hands them to
-/// the miners. Made only by [`MemoryBank::refs`].
-///
-/// See the example of [`MemoryBank::rows`].
-#[derive(Clone, Copy, Debug)]
-pub struct BankRows<'a> {
-    pub(crate) view: RowsView<'a>,
-}
-
 #[derive(Debug)]
 enum Storage {
     Device(DeviceRows),
@@ -115,11 +105,11 @@ enum Storage {
 /// let mut bank = MemoryBank::<i64>::new(&ctx, &BankConfig::new(4, 2))?;
 /// let x = array![[1.0f32, 0.0], [0.9, 0.1], [0.0, 1.0]];
 /// let y = array![0i64, 0, 1];
-/// let enq = bank.enqueue(&ctx, x.view(), y.view())?;
+/// let batch = MiningSet::new(&x, &y);
+/// let enq = bank.enqueue(&ctx, &batch)?;
 /// assert_eq!((enq.slots.clone(), bank.len()), (vec![0, 1, 2], 3));
 /// // Every valid triplet; a margin rule needs only `..TripletConfig::margin_miner(kind)`.
 /// let cfg = TripletConfig { self_exclusion: enq.self_exclusion, ..Default::default() };
-/// let batch = MiningSet::with_embeddings(y.view(), x.view());
 /// let t = mine_triplets(&ctx, &batch, Some(&bank.refs()), &cfg)?;
 /// assert_eq!(t.indices, array![[0u32, 1, 2], [1, 0, 2]]);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
@@ -137,17 +127,6 @@ pub struct MemoryBank<L> {
 
 const NEW: &str = "MemoryBank::new";
 const ENQUEUE: &str = "MemoryBank::enqueue";
-
-fn gpu_of<'c>(ctx: &'c Context, op: &'static str, rows: &DeviceRows) -> Result<&'c GpuDevice> {
-    let gpu = ctx.gpu().ok_or_else(|| Error::InvalidParameter {
-        op,
-        what: "context",
-        value: ctx.device_name(),
-        rule: "a memory bank can only be used with the context that created it",
-    })?;
-    rows.check_device(op, gpu)?;
-    Ok(gpu)
-}
 
 impl<L: Hash + Eq + Copy> MemoryBank<L> {
     /// An empty bank of `cfg.capacity` rows on `ctx`'s device (or host, on the native path),
@@ -267,13 +246,13 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
     ///
     /// # Example
     /// ```
-    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank};
+    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank, MiningSet};
     /// let ctx = Context::native_cpu(None);
     /// let mut bank = MemoryBank::<u32>::new(&ctx, &BankConfig::new(3, 1))?;
     /// let x = ndarray::array![[1.0f32], [2.0]];
-    /// bank.enqueue(&ctx, x.view(), ndarray::array![0u32, 1].view())?;
+    /// bank.enqueue(&ctx, &MiningSet::new(&x, ndarray::array![0u32, 1].view()))?;
     /// assert_eq!((bank.len(), bank.head(), bank.is_filled()), (2, 2, false));
-    /// let enq = bank.enqueue(&ctx, x.view(), ndarray::array![2u32, 3].view())?;
+    /// let enq = bank.enqueue(&ctx, &MiningSet::new(&x, ndarray::array![2u32, 3].view()))?;
     /// assert_eq!(enq.slots, vec![2, 0]); // wrapped around
     /// assert_eq!((bank.len(), bank.head(), bank.is_filled()), (3, 1, true));
     /// # Ok::<(), wgpu_metric_learning::Error>(())
@@ -286,7 +265,7 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
     ///
     /// # Example
     /// ```
-    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank};
+    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank, MiningSet};
     /// let bank = MemoryBank::<u32>::new(&Context::native_cpu(None), &BankConfig::new(100, 8))?;
     /// assert_eq!(bank.page_rows(), 100); // one page: host memory has no binding limit
     /// # Ok::<(), wgpu_metric_learning::Error>(())
@@ -298,23 +277,27 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
         }
     }
 
-    /// Writes `embeddings` `(b, dim)` with `labels` `(b,)` at slots `head .. head + b` modulo
-    /// the capacity, wrapping across the end and across pages; only the batch's bytes move.
-    /// An empty batch changes nothing (PML would mark the bank filled).
+    /// Writes the batch's embeddings `(b, dim)` with its labels `(b,)` at slots
+    /// `head .. head + b` modulo the capacity, wrapping across the end and across pages; only
+    /// the batch's bytes move. An empty batch changes nothing (PML would mark the bank
+    /// filled).
     ///
     /// # Errors
     /// [`Error::Shape`] for a wrong `dim` or a label count that differs from `b`;
-    /// [`Error::InvalidParameter`] for `b > capacity` (PML asserts) or another context;
-    /// [`Error::NonFinite`] for NaN/inf rows. The bank is unchanged after any error.
+    /// [`Error::InvalidParameter`] for a batch without embeddings, `b > capacity` (PML
+    /// asserts) or another context; [`Error::NonFinite`] for NaN/inf rows. The bank is
+    /// unchanged after any error.
     ///
     /// # Example
     /// ```
     /// use ndarray::array;
-    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank};
+    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank, MiningSet};
     /// let ctx = Context::native_cpu(None);
     /// let mut bank = MemoryBank::<u32>::new(&ctx, &BankConfig::new(3, 1))?;
-    /// bank.enqueue(&ctx, array![[1.0f32], [2.0]].view(), array![7u32, 8].view())?;
-    /// let e = bank.enqueue(&ctx, array![[3.0f32], [4.0]].view(), array![9u32, 9].view())?;
+    /// let (x, y) = (array![[1.0f32], [2.0]], array![7u32, 8]);
+    /// bank.enqueue(&ctx, &MiningSet::new(&x, &y))?;
+    /// let (x, y) = (array![[3.0f32], [4.0]], array![9u32, 9]);
+    /// let e = bank.enqueue(&ctx, &MiningSet::new(&x, &y))?;
     /// assert_eq!(e.slots, vec![2, 0]);
     /// assert!(bank.is_filled());
     /// let snap = bank.snapshot(&ctx)?;
@@ -322,14 +305,19 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
     /// assert_eq!(snap.labels, array![9u32, 8, 9]);
     /// # Ok::<(), wgpu_metric_learning::Error>(())
     /// ```
-    pub fn enqueue(
+    pub fn enqueue(&mut self, ctx: &Context, batch: &MiningSet<'_, L>) -> Result<Enqueued> {
+        let (embeddings, labels) = self.check_batch(ctx, batch)?;
+        self.check_len(labels.len())?;
+        self.write(ctx, embeddings, labels)
+    }
+
+    /// Writes validated rows and labels at the head.
+    fn write(
         &mut self,
         ctx: &Context,
         embeddings: ArrayView2<'_, f32>,
         labels: ArrayView1<'_, L>,
     ) -> Result<Enqueued> {
-        self.check_batch(embeddings, labels.len())?;
-        validate::finite(ENQUEUE, "embeddings", embeddings)?;
         let b = labels.len();
         match &mut self.storage {
             Storage::Host { rows, .. } => {
@@ -337,25 +325,14 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
                     rows.row_mut((self.head + i) % self.capacity).assign(&row);
                 }
             }
-            Storage::Device(rows) if b > 0 => {
-                let gpu = gpu_of(ctx, ENQUEUE, rows)?;
-                let dim4 = rows.dim4();
-                // Staged a page at a time, so the scratch always fits one binding.
-                let chunk = rows.page_rows().min(b);
-                let scratch = Scratch::new(ctx, gpu, chunk, dim4)?;
-                for c0 in (0..b).step_by(chunk) {
-                    let n = chunk.min(b - c0);
-                    let padded = transfer::padded_rows(embeddings, c0, n, dim4);
-                    transfer::write(gpu, &scratch.rows, 0, &padded)?;
-                    let mut enc = encoder(gpu, ENQUEUE);
-                    scratch.encode_norms(ctx, gpu, &mut enc, n)?;
-                    let head = (self.head + c0) % self.capacity;
-                    Self::encode_ring_copy(rows, &mut enc, &scratch, head, n, self.capacity);
-                    transfer::submit_and_wait(gpu, enc)?;
-                }
-            }
             Storage::Device(rows) => {
-                gpu_of(ctx, ENQUEUE, rows)?;
+                let gpu = gpu::gpu_of(ctx, ENQUEUE, rows)?;
+                let ring = gpu::Ring {
+                    rows,
+                    head: self.head,
+                    capacity: self.capacity,
+                };
+                gpu::enqueue_host(ctx, gpu, &ring, embeddings)?;
             }
         }
         Ok(self.advance(labels.iter().copied(), (0..b).collect()))
@@ -371,11 +348,11 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
     /// # Example
     /// ```
     /// use ndarray::array;
-    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank, SelfExclusion};
+    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank, MiningSet, SelfExclusion};
     /// let ctx = Context::native_cpu(None);
     /// let mut bank = MemoryBank::<u32>::new(&ctx, &BankConfig::new(8, 1))?;
-    /// let x = array![[1.0f32], [2.0], [3.0]];
-    /// let e = bank.enqueue_masked(&ctx, x.view(), array![0u32, 1, 2].view(), array![true, false, true].view())?;
+    /// let (x, y) = (array![[1.0f32], [2.0], [3.0]], array![0u32, 1, 2]);
+    /// let e = bank.enqueue_masked(&ctx, &MiningSet::new(&x, &y), array![true, false, true].view())?;
     /// assert_eq!((e.slots, e.query_rows), (vec![0, 1], vec![1]));
     /// assert_eq!(e.self_exclusion, SelfExclusion::None);
     /// # Ok::<(), wgpu_metric_learning::Error>(())
@@ -383,10 +360,10 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
     pub fn enqueue_masked(
         &mut self,
         ctx: &Context,
-        embeddings: ArrayView2<'_, f32>,
-        labels: ArrayView1<'_, L>,
+        batch: &MiningSet<'_, L>,
         mask: ArrayView1<'_, bool>,
     ) -> Result<Enqueued> {
+        let (embeddings, labels) = self.check_batch(ctx, batch)?;
         if mask.len() != labels.len() {
             return Err(Error::Shape {
                 op: ENQUEUE,
@@ -395,11 +372,11 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
                 got: mask.shape().to_vec(),
             });
         }
-        self.check_shape(embeddings, labels.len())?;
         let (chosen, rest): (Vec<usize>, Vec<usize>) = (0..mask.len()).partition(|&i| mask[i]);
+        self.check_len(chosen.len())?;
         let rows = embeddings.select(Axis(0), &chosen);
         let chosen_labels: Array1<L> = chosen.iter().map(|&i| labels[i]).collect();
-        let mut done = self.enqueue(ctx, rows.view(), chosen_labels.view())?;
+        let mut done = self.write(ctx, rows.view(), chosen_labels.view())?;
         done.query_rows = rest;
         done.self_exclusion = SelfExclusion::None;
         Ok(done)
@@ -471,60 +448,13 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
                 format!("{} bytes from offset {offset} of {}", bytes, source.size()),
             ));
         }
-        let gpu = gpu_of(ctx, ENQUEUE, rows)?;
-        if b == 0 {
-            return Ok(self.advance(std::iter::empty(), Vec::new()));
-        }
-        let dim4 = rows.dim4();
-        let chunk = rows.page_rows().min(b);
-        let scratch = Scratch::new(ctx, gpu, chunk, dim4)?;
-        let (dense, padded) = (4 * self.dim as u64, 16 * dim4 as u64);
-        // Source rows c0 .. c0 + n into scratch rows 0 .. n, and their norms.
-        let stage = |enc: &mut wgpu::CommandEncoder, c0: usize, n: usize| -> Result<()> {
-            let at = offset + c0 as u64 * dense;
-            transfer::checked(gpu, ENQUEUE, || {
-                if dense == padded {
-                    enc.copy_buffer_to_buffer(
-                        source,
-                        at,
-                        scratch.rows.buffer(),
-                        0,
-                        n as u64 * dense,
-                    );
-                } else {
-                    // Scratch rows are zero-padded to vec4s: one copy per row.
-                    for i in 0..n as u64 {
-                        let (from, to) = (at + i * dense, i * padded);
-                        enc.copy_buffer_to_buffer(source, from, scratch.rows.buffer(), to, dense);
-                    }
-                }
-            })?;
-            scratch.encode_norms(ctx, gpu, enc, n)
+        let gpu = gpu::gpu_of(ctx, ENQUEUE, rows)?;
+        let ring = gpu::Ring {
+            rows,
+            head: self.head,
+            capacity: self.capacity,
         };
-        // First every chunk is checked, so a bad row anywhere leaves the bank untouched.
-        let staging = Staging::new(ctx, gpu, "MemoryBank::enqueue::norms", f32s(chunk))?;
-        for c0 in (0..b).step_by(chunk) {
-            let n = chunk.min(b - c0);
-            let mut enc = encoder(gpu, ENQUEUE);
-            stage(&mut enc, c0, n)?;
-            staging.copy_from(&mut enc, &scratch.norms, 0, 4 * n as u64);
-            transfer::submit_and_wait(gpu, enc)?;
-            let bad = staging.read::<f32, _>(gpu, n, |v| v.iter().position(|x| !x.is_finite()))?;
-            if let Some(row) = bad {
-                return Err(scratch.non_finite(ctx, gpu, row, c0 + row, self.dim)?);
-            }
-        }
-        for c0 in (0..b).step_by(chunk) {
-            let n = chunk.min(b - c0);
-            let mut enc = encoder(gpu, ENQUEUE);
-            // A single chunk is still staged from the check.
-            if b > chunk {
-                stage(&mut enc, c0, n)?;
-            }
-            let head = (self.head + c0) % self.capacity;
-            Self::encode_ring_copy(rows, &mut enc, &scratch, head, n, self.capacity);
-            transfer::submit_and_wait(gpu, enc)?;
-        }
+        gpu::enqueue_buffer(ctx, gpu, &ring, source, offset, b)?;
         Ok(self.advance(labels.iter().copied(), (0..b).collect()))
     }
 
@@ -534,11 +464,12 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
     /// # Example
     /// ```
     /// use ndarray::array;
-    /// use wgpu_metric_learning::{knn, BankConfig, Context, KnnConfig, MemoryBank};
+    /// use wgpu_metric_learning::{knn, BankConfig, Context, KnnConfig, MemoryBank, MiningSet};
     /// let ctx = Context::native_cpu(None);
     /// let mut bank = MemoryBank::<u32>::new(&ctx, &BankConfig::new(8, 2))?;
-    /// bank.enqueue(&ctx, array![[1.0f32, 0.0], [0.0, 1.0]].view(), array![0u32, 1].view())?;
-    /// let found = knn(&ctx, array![[0.1f32, 1.0]].view(), bank.rows(), &KnnConfig { k: 1, ..Default::default() })?;
+    /// let (x, y) = (array![[1.0f32, 0.0], [0.0, 1.0]], array![0u32, 1]);
+    /// bank.enqueue(&ctx, &MiningSet::new(&x, &y))?;
+    /// let found = knn(&ctx, &array![[0.1f32, 1.0]], bank.rows(), &KnnConfig { k: 1, ..Default::default() })?;
     /// assert_eq!(found.indices[[0, 0]], 1);
     /// # Ok::<(), wgpu_metric_learning::Error>(())
     /// ```
@@ -570,10 +501,10 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
     ///
     /// # Example
     /// ```
-    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank};
+    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank, MiningSet};
     /// let ctx = Context::native_cpu(None);
     /// let mut bank = MemoryBank::<i32>::new(&ctx, &BankConfig::new(8, 2))?;
-    /// bank.enqueue(&ctx, ndarray::array![[1.0f32, 2.0]].view(), ndarray::array![5].view())?;
+    /// bank.enqueue(&ctx, &MiningSet::new(ndarray::array![[1.0f32, 2.0]].view(), ndarray::array![5].view()))?;
     /// let snap = bank.snapshot(&ctx)?;
     /// assert_eq!(snap.embeddings, ndarray::array![[1.0f32, 2.0]]);
     /// assert_eq!(snap.labels, ndarray::array![5]);
@@ -583,7 +514,7 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
         let embeddings = match &self.storage {
             Storage::Host { rows, .. } => rows.slice(s![..self.len(), ..]).to_owned(),
             Storage::Device(rows) => {
-                let gpu = gpu_of(ctx, "MemoryBank::snapshot", rows)?;
+                let gpu = gpu::gpu_of(ctx, "MemoryBank::snapshot", rows)?;
                 rows.read(ctx, gpu, self.len())?
             }
         };
@@ -597,10 +528,10 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
     ///
     /// # Example
     /// ```
-    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank};
+    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank, MiningSet};
     /// let ctx = Context::native_cpu(None);
     /// let mut bank = MemoryBank::<u32>::new(&ctx, &BankConfig::new(4, 1))?;
-    /// bank.enqueue(&ctx, ndarray::array![[1.0f32]].view(), ndarray::array![0u32].view())?;
+    /// bank.enqueue(&ctx, &MiningSet::new(ndarray::array![[1.0f32]].view(), ndarray::array![0u32].view()))?;
     /// bank.reset();
     /// assert!(bank.is_empty() && bank.head() == 0 && !bank.is_filled());
     /// assert_eq!((bank.capacity(), bank.dim()), (4, 1));
@@ -624,43 +555,45 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
         Ok(())
     }
 
-    fn check_batch(&self, embeddings: ArrayView2<'_, f32>, labels: usize) -> Result<()> {
-        self.check_shape(embeddings, labels)?;
-        self.check_len(labels)
-    }
-
-    fn check_shape(&self, embeddings: ArrayView2<'_, f32>, labels: usize) -> Result<()> {
-        if embeddings.ncols() != self.dim {
+    /// The batch's embeddings and labels, validated as every operation validates its queries,
+    /// and of the bank's dimension.
+    fn check_batch<'b>(
+        &self,
+        ctx: &Context,
+        batch: &'b MiningSet<'_, L>,
+    ) -> Result<(ArrayView2<'b, f32>, ArrayView1<'b, L>)> {
+        let Some(embeddings) = &batch.embeddings else {
+            return Err(Error::InvalidParameter {
+                op: ENQUEUE,
+                what: "embeddings",
+                value: "None".into(),
+                rule: "a memory bank stores embeddings: the batch needs them",
+            });
+        };
+        let (b, d) = inputs::check_embeddings(ENQUEUE, ctx, Side::Queries, embeddings)?;
+        let Embeddings::Host(embeddings) = embeddings else {
+            return Err(Error::Internal {
+                op: ENQUEUE,
+                message: "device queries passed validation".into(),
+            });
+        };
+        if d != self.dim {
             return Err(Error::Shape {
                 op: ENQUEUE,
                 what: "embeddings",
                 expected: format!("(b, {}) to match the bank", self.dim),
-                got: embeddings.shape().to_vec(),
+                got: vec![b, d],
             });
         }
-        if labels != embeddings.nrows() {
+        if batch.labels.len() != b {
             return Err(Error::Shape {
                 op: ENQUEUE,
                 what: "labels",
-                expected: format!("({},) to match embeddings", embeddings.nrows()),
-                got: vec![labels],
+                expected: format!("({b},) to match embeddings"),
+                got: vec![batch.labels.len()],
             });
         }
-        Ok(())
-    }
-
-    /// Copies scratch rows `0 .. b` to slots `head ..` modulo `capacity`: at most two runs.
-    fn encode_ring_copy(
-        rows: &DeviceRows,
-        enc: &mut wgpu::CommandEncoder,
-        scratch: &Scratch,
-        head: usize,
-        b: usize,
-        capacity: usize,
-    ) {
-        let first = b.min(capacity - head);
-        rows.copy_in(enc, &scratch.rows, &scratch.norms, 0, head, first);
-        rows.copy_in(enc, &scratch.rows, &scratch.norms, first, 0, b - first);
+        Ok((embeddings.view(), batch.labels.view()))
     }
 
     /// Records the labels of rows written at `head ..` and moves the head (PML's
@@ -684,99 +617,5 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
             slots,
             query_rows,
         }
-    }
-}
-
-/// A batch on its way into the bank, up to `capacity` rows at a time: padded rows and their
-/// squared norms.
-struct Scratch {
-    params: TrackedBuffer,
-    rows: TrackedBuffer,
-    norms: TrackedBuffer,
-    dim4: usize,
-}
-
-impl Scratch {
-    fn new(ctx: &Context, gpu: &GpuDevice, capacity: usize, dim4: usize) -> Result<Self> {
-        let usage = wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_DST
-            | wgpu::BufferUsages::COPY_SRC;
-        let uniform = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
-        Ok(Self {
-            params: transfer::create_buffer(
-                ctx,
-                gpu,
-                "MemoryBank::enqueue::params",
-                f32s(4),
-                uniform,
-            )?,
-            // Fresh buffers are zeroed by wgpu, which the vec4 padding relies on.
-            rows: transfer::create_buffer(
-                ctx,
-                gpu,
-                "MemoryBank::enqueue::rows",
-                f32s(capacity * dim4 * 4),
-                usage,
-            )?,
-            norms: transfer::output(ctx, gpu, "MemoryBank::enqueue::norms", f32s(capacity))?,
-            dim4,
-        })
-    }
-
-    /// Records the squared norms of scratch rows `0 .. n` (sentinel-filled first when the
-    /// context asks, as every kernel output).
-    fn encode_norms(
-        &self,
-        ctx: &Context,
-        gpu: &GpuDevice,
-        enc: &mut wgpu::CommandEncoder,
-        n: usize,
-    ) -> Result<()> {
-        transfer::fill_sentinel(ctx, gpu, &self.norms, f32s(n))?;
-        let params = row_norms::Params {
-            rows: n as u32,
-            dim4: self.dim4 as u32,
-            _pad: [0; 2],
-        };
-        transfer::write(gpu, &self.params, 0, &[params])?;
-        let kernel = gpu.kernel::<RowNorms>()?;
-        kernel.encode(gpu, enc, n as u64, &self.params, &self.rows, &self.norms)
-    }
-
-    /// The error for scratch row `row` (batch row `batch_row`), whose squared norm is not
-    /// finite, naming its first non-finite value (or the norm, when every value is finite).
-    fn non_finite(
-        &self,
-        ctx: &Context,
-        gpu: &GpuDevice,
-        row: usize,
-        batch_row: usize,
-        dim: usize,
-    ) -> Result<Error> {
-        let width = 4 * self.dim4;
-        let staging = Staging::new(ctx, gpu, "MemoryBank::enqueue::row", f32s(width))?;
-        let mut enc = encoder(gpu, ENQUEUE);
-        let bytes = 4 * width as u64;
-        staging.copy_range(&mut enc, &self.rows, row as u64 * bytes, bytes);
-        transfer::submit_and_wait(gpu, enc)?;
-        let found = staging.read::<f32, _>(gpu, width, |values| {
-            values[..dim]
-                .iter()
-                .enumerate()
-                .find(|(_, v)| !v.is_finite())
-                .map(|(col, &v)| (col, v))
-        })?;
-        let (col, value) = found.unwrap_or((0, f32::INFINITY));
-        Ok(Error::NonFinite {
-            op: ENQUEUE,
-            what: if found.is_some() {
-                "embeddings"
-            } else {
-                "embeddings (squared norm overflows f32)"
-            },
-            row: batch_row,
-            col,
-            value,
-        })
     }
 }

@@ -1,0 +1,240 @@
+//! Adapter discovery and choice: listing what wgpu finds, ranking it, and reading how much
+//! memory a device reports (the default budget).
+
+use crate::error::{Error, Result};
+
+/// Which adapter a wgpu context uses.
+///
+/// # Example
+/// ```no_run
+/// use wgpu_metric_learning::{AdapterSelector, BackendChoice, Context, ContextConfig};
+/// // One context per GPU on a multi-GPU machine.
+/// let second = Context::new(&ContextConfig {
+///     backend: BackendChoice::Wgpu,
+///     adapter: AdapterSelector::Index(1),
+///     ..Default::default()
+/// })?;
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum AdapterSelector {
+    /// The best one: hardware before software (discrete, integrated, virtual, other, CPU), then
+    /// Vulkan/Metal/DX12 before GL. If `WGPU_ADAPTER_NAME` is set, the first adapter whose name
+    /// contains it (case-insensitive) instead.
+    #[default]
+    Best,
+    /// The adapter at this position of [`list_adapters`] (same backends filter).
+    Index(usize),
+    /// The first adapter whose name contains this text, case-insensitive.
+    NameContains(String),
+}
+
+/// One adapter as seen by [`list_adapters`].
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::list_adapters;
+/// for a in list_adapters(None) {
+///     println!("{}: {} ({:?}), software: {}", a.index, a.name, a.backend, a.is_software());
+/// }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterSummary {
+    /// Position in the list; pass it as [`AdapterSelector::Index`].
+    pub index: usize,
+    /// The adapter's name, e.g. `"llvmpipe (LLVM 15.0.6, 256 bits)"`.
+    pub name: String,
+    /// Its wgpu backend.
+    pub backend: wgpu::Backend,
+    /// Discrete, integrated, virtual, CPU (software) or other.
+    pub device_type: wgpu::DeviceType,
+    /// Driver name and version, as reported.
+    pub driver: String,
+}
+
+impl AdapterSummary {
+    /// Whether this is a software rasteriser (lavapipe, llvmpipe, WARP, SwiftShader).
+    ///
+    /// See the example of [`AdapterSummary`].
+    pub fn is_software(&self) -> bool {
+        self.device_type == wgpu::DeviceType::Cpu
+    }
+}
+
+/// Lists every adapter wgpu finds for `backends` (`None`: `WGPU_BACKEND`, else all), in a stable
+/// order, so that a multi-GPU user can make one [`Context`](crate::Context) per device with
+/// [`AdapterSelector::Index`].
+///
+/// # Example
+/// ```
+/// for a in wgpu_metric_learning::list_adapters(None) {
+///     println!("{}: {} ({:?}, {:?})", a.index, a.name, a.backend, a.device_type);
+/// }
+/// ```
+pub fn list_adapters(backends: Option<wgpu::Backends>) -> Vec<AdapterSummary> {
+    let instance = make_instance();
+    enumerate(&instance, backends)
+        .iter()
+        .enumerate()
+        .map(|(index, a)| summarize(index, &a.get_info()))
+        .collect()
+}
+
+fn summarize(index: usize, info: &wgpu::AdapterInfo) -> AdapterSummary {
+    AdapterSummary {
+        index,
+        name: info.name.clone(),
+        backend: info.backend,
+        device_type: info.device_type,
+        driver: format!("{} {}", info.driver, info.driver_info)
+            .trim()
+            .to_string(),
+    }
+}
+
+pub(crate) fn make_instance() -> wgpu::Instance {
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+}
+
+pub(crate) fn enumerate(
+    instance: &wgpu::Instance,
+    backends: Option<wgpu::Backends>,
+) -> Vec<wgpu::Adapter> {
+    let backends = backends
+        .or_else(wgpu::Backends::from_env)
+        .unwrap_or(wgpu::Backends::all());
+    pollster::block_on(instance.enumerate_adapters(backends))
+}
+
+/// Lower is better: hardware before software, native APIs before GL.
+fn adapter_rank(device_type: wgpu::DeviceType, backend: wgpu::Backend) -> (u8, u8) {
+    let device = match device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    };
+    let api = match backend {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
+        _ => 1,
+    };
+    (device, api)
+}
+
+pub(crate) fn select_adapter(
+    adapters: Vec<wgpu::Adapter>,
+    selector: &AdapterSelector,
+) -> Result<wgpu::Adapter> {
+    let by_name = |adapters: Vec<wgpu::Adapter>, needle: &str| {
+        let needle = needle.to_lowercase();
+        let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+        adapters
+            .into_iter()
+            .find(|a| a.get_info().name.to_lowercase().contains(&needle))
+            .ok_or_else(|| {
+                Error::NoAdapter(format!(
+                    "no adapter name contains {needle:?}; found {names:?}"
+                ))
+            })
+    };
+    match selector {
+        AdapterSelector::Index(i) => {
+            let n = adapters.len();
+            adapters
+                .into_iter()
+                .nth(*i)
+                .ok_or_else(|| Error::NoAdapter(format!("adapter index {i} requested, {n} found")))
+        }
+        AdapterSelector::NameContains(name) => by_name(adapters, name),
+        AdapterSelector::Best => match std::env::var("WGPU_ADAPTER_NAME") {
+            Ok(name) if !name.is_empty() => by_name(adapters, &name),
+            _ => adapters
+                .into_iter()
+                .min_by_key(|a| {
+                    let info = a.get_info();
+                    adapter_rank(info.device_type, info.backend)
+                })
+                .ok_or_else(|| Error::NoAdapter("wgpu found no adapter".into())),
+        },
+    }
+}
+
+/// The device memory the adapter reports, where the driver tells it: the largest
+/// device-local heap on Vulkan, Metal's `recommendedMaxWorkingSetSize`; `None` elsewhere (DX12,
+/// GL, where [`crate::DEFAULT_BUDGET_BYTES`] applies).
+pub(crate) fn reported_device_memory(adapter: &wgpu::Adapter) -> Option<u64> {
+    match adapter.get_info().backend {
+        wgpu::Backend::Vulkan => vulkan_device_memory(adapter),
+        wgpu::Backend::Metal => metal_working_set(adapter),
+        _ => None,
+    }
+}
+
+/// The largest device-local heap. wgpu-core 30 builds its Vulkan backend only on these
+/// targets (on Apple ones only through MoltenVK, which this crate does not enable).
+#[cfg(any(
+    windows,
+    target_os = "linux",
+    target_os = "android",
+    target_os = "freebsd"
+))]
+fn vulkan_device_memory(adapter: &wgpu::Adapter) -> Option<u64> {
+    // SAFETY: we only read immutable physical-device properties through the instance that owns
+    // the adapter, and keep no handle past this call.
+    let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }?;
+    let props = unsafe {
+        hal.shared_instance()
+            .raw_instance()
+            .get_physical_device_memory_properties(hal.raw_physical_device())
+    };
+    props
+        .memory_heaps_as_slice()
+        .iter()
+        .filter(|h| h.flags.contains(ash::vk::MemoryHeapFlags::DEVICE_LOCAL))
+        .map(|h| h.size)
+        .max()
+}
+
+#[cfg(not(any(
+    windows,
+    target_os = "linux",
+    target_os = "android",
+    target_os = "freebsd"
+)))]
+fn vulkan_device_memory(_adapter: &wgpu::Adapter) -> Option<u64> {
+    None
+}
+
+/// Metal's own estimate of how much memory the device can use without hurting performance
+/// (unified memory on Apple silicon: a share of system memory).
+#[cfg(target_vendor = "apple")]
+fn metal_working_set(adapter: &wgpu::Adapter) -> Option<u64> {
+    use objc2_metal::MTLDevice;
+    // SAFETY: a read-only property of the adapter's device; no handle is kept.
+    let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Metal>() }?;
+    let bytes = hal.raw_device().recommendedMaxWorkingSetSize();
+    (bytes > 0).then_some(bytes)
+}
+
+#[cfg(not(target_vendor = "apple"))]
+fn metal_working_set(_adapter: &wgpu::Adapter) -> Option<u64> {
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hardware_ranks_before_software_and_native_before_gl() {
+        use wgpu::{Backend as B, DeviceType as D};
+        let discrete_gl = adapter_rank(D::DiscreteGpu, B::Gl);
+        let integrated_vk = adapter_rank(D::IntegratedGpu, B::Vulkan);
+        let lavapipe = adapter_rank(D::Cpu, B::Vulkan);
+        let llvmpipe_gl = adapter_rank(D::Cpu, B::Gl);
+        assert!(discrete_gl < integrated_vk, "device type comes first");
+        assert!(integrated_vk < lavapipe, "any GPU beats a software adapter");
+        assert!(lavapipe < llvmpipe_gl, "Vulkan beats GL at equal type");
+    }
+}

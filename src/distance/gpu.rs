@@ -1,0 +1,497 @@
+//! The wgpu path of pairwise distances: 2-D tiles of host queries against host references,
+//! and blocks of whole rows of host queries against resident rows (a memory bank's pages, or
+//! the triplet miner's uploaded references) through [`DistanceRows`].
+
+use ndarray::{s, Array2, ArrayView2};
+
+use crate::context::{Context, GpuDevice};
+use crate::device_rows::RowsView;
+use crate::error::{Error, Result};
+use crate::hooks::Reporter;
+use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};
+use crate::kernels::row_norms::{self, RowNorms};
+use crate::memory::TrackedBuffer;
+use crate::metric::DistanceConfig;
+use crate::oom_retry::{self, RowSink};
+use crate::plan::{plan_rows, plan_tiles, DeviceCaps, Footprint, TilePlan};
+use crate::transfer::{self, encoder, f32s, uniform_size, Staging};
+
+/// Everything alive while one `(rows, cols)` tile runs; mirrors the allocations of [`tiles`].
+pub(crate) fn tile_footprint(rows: usize, cols: usize, dim4: usize) -> Footprint {
+    let buffers = [
+        uniform_size::<row_norms::Params>(),
+        uniform_size::<row_norms::Params>(),
+        uniform_size::<distance_tile::Params>(),
+        f32s(rows * dim4 * 4),
+        f32s(cols * dim4 * 4),
+        f32s(rows),
+        f32s(cols),
+        f32s(rows * cols),
+        f32s(rows * cols),
+    ];
+    let (x, y) = DistanceTile::workgroups(rows as u64, cols as u64);
+    Footprint {
+        bytes: buffers.iter().sum(),
+        largest_buffer: buffers.iter().copied().max().unwrap_or(0),
+        workgroups: x.max(y),
+        workgroup_storage: distance_tile::WORKGROUP_STORAGE,
+    }
+}
+
+/// The tile for `(q, n, d)` on a device with `caps` and `budget` bytes available.
+pub(crate) fn tile_plan(
+    op: &'static str,
+    (q, n, d): (usize, usize, usize),
+    budget: u64,
+    caps: &DeviceCaps,
+) -> Result<TilePlan> {
+    let dim4 = d.div_ceil(4);
+    let preferred = distance_tile::BLOCK as usize;
+    plan_tiles(op, q, n, preferred, budget, caps, |r, c| {
+        tile_footprint(r, c, dim4)
+    })
+}
+
+/// Receives one tile `(r0, c0, values)` of the distance matrix.
+type TileSink<'s> = dyn FnMut(usize, usize, ArrayView2<'_, f32>) -> Result<()> + 's;
+
+/// Computes the distance matrix tile by tile, row tiles outermost, and hands each tile
+/// `(r0, c0, values)` to `on_tile`. Tiles are at most `max_rows` rows; the refs stay resident
+/// when one column tile covers them (they are re-uploaded per row tile otherwise). Checks for
+/// cancellation before each tile and reports it when delivered.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the call's inputs, its hooks and its sink, each distinct"
+)]
+pub(crate) fn tiles(
+    op: &'static str,
+    ctx: &Context,
+    gpu: &GpuDevice,
+    queries: ArrayView2<'_, f32>,
+    refs: ArrayView2<'_, f32>,
+    cfg: &DistanceConfig,
+    max_rows: usize,
+    report: &Reporter<'_>,
+    on_tile: &mut TileSink<'_>,
+) -> Result<()> {
+    let (q, n, d) = (queries.nrows(), refs.nrows(), queries.ncols());
+    let dim4 = d.div_ceil(4);
+    let caps = DeviceCaps::from_limits(&gpu.limits);
+    let rows = q.min(max_rows.max(1));
+    let plan = tile_plan(op, (rows, n, d), oom_retry::planning_budget(ctx), &caps)?;
+    let norms = gpu.kernel::<RowNorms>()?;
+    let tile = gpu.kernel::<DistanceTile>()?;
+
+    let zero_norms = row_norms::Params {
+        rows: 0,
+        dim4: dim4 as u32,
+        _pad: [0; 2],
+    };
+    let q_params = transfer::uniform(
+        ctx,
+        gpu,
+        "pairwise_distances::query_norm_params",
+        &zero_norms,
+    )?;
+    let r_params = transfer::uniform(ctx, gpu, "pairwise_distances::ref_norm_params", &zero_norms)?;
+    let mut tile_params = distance_tile::Params {
+        rows: 0,
+        cols: 0,
+        dim4: dim4 as u32,
+        metric: cfg.distance.code(),
+        normalize: u32::from(cfg.normalizes()),
+        out_stride: 0,
+        out_col0: 0,
+        ref_row0: 0,
+    };
+    let t_params = transfer::uniform(ctx, gpu, "pairwise_distances::tile_params", &tile_params)?;
+    let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+    let q_buf = transfer::create_buffer(
+        ctx,
+        gpu,
+        "pairwise_distances::queries",
+        f32s(plan.rows * dim4 * 4),
+        input,
+    )?;
+    let r_buf = transfer::create_buffer(
+        ctx,
+        gpu,
+        "pairwise_distances::refs",
+        f32s(plan.cols * dim4 * 4),
+        input,
+    )?;
+    let q_norms = transfer::output(ctx, gpu, "pairwise_distances::query_norms", f32s(plan.rows))?;
+    let r_norms = transfer::output(ctx, gpu, "pairwise_distances::ref_norms", f32s(plan.cols))?;
+    let out_bytes = f32s(plan.rows * plan.cols);
+    let out = transfer::output(ctx, gpu, "pairwise_distances::out", out_bytes)?;
+    let staging = Staging::new(ctx, gpu, "pairwise_distances::staging", out_bytes)?;
+
+    let refs_resident = plan.cols >= n;
+    for r0 in (0..q).step_by(plan.rows) {
+        let rows = plan.rows.min(q - r0);
+        transfer::write(
+            gpu,
+            &q_buf,
+            0,
+            &transfer::padded_rows(queries, r0, rows, dim4),
+        )?;
+        let params = row_norms::Params {
+            rows: rows as u32,
+            ..zero_norms
+        };
+        transfer::write(gpu, &q_params, 0, &[params])?;
+        for c0 in (0..n).step_by(plan.cols) {
+            report.check()?;
+            let cols = plan.cols.min(n - c0);
+            if r0 == 0 || !refs_resident {
+                transfer::write(gpu, &r_buf, 0, &transfer::padded_rows(refs, c0, cols, dim4))?;
+                let params = row_norms::Params {
+                    rows: cols as u32,
+                    ..zero_norms
+                };
+                transfer::write(gpu, &r_params, 0, &[params])?;
+            }
+            tile_params.rows = rows as u32;
+            tile_params.cols = cols as u32;
+            tile_params.out_stride = cols as u32;
+            transfer::write(gpu, &t_params, 0, &[tile_params])?;
+            for (buffer, bytes) in [(&q_norms, f32s(rows)), (&r_norms, f32s(cols))] {
+                transfer::fill_sentinel(ctx, gpu, buffer, bytes)?;
+            }
+            transfer::fill_sentinel(ctx, gpu, &out, f32s(rows * cols))?;
+
+            let mut encoder = encoder(gpu, op);
+            norms.encode(gpu, &mut encoder, rows as u64, &q_params, &q_buf, &q_norms)?;
+            norms.encode(gpu, &mut encoder, cols as u64, &r_params, &r_buf, &r_norms)?;
+            let buffers = TileBuffers {
+                params: &t_params,
+                queries: &q_buf,
+                refs: &r_buf,
+                query_sq_norms: &q_norms,
+                ref_sq_norms: &r_norms,
+                out: &out,
+            };
+            tile.encode(gpu, &mut encoder, rows as u64, cols as u64, &buffers)?;
+            staging.copy_from(&mut encoder, &out, 0, 4 * (rows * cols) as u64);
+            transfer::submit_and_wait(gpu, encoder)?;
+            staging.read::<f32, _>(gpu, rows * cols, |values| {
+                on_tile(r0, c0, shaped(op, (rows, cols), values)?)
+            })??;
+            report.add((rows * cols) as u64);
+        }
+    }
+    Ok(())
+}
+
+/// The whole matrix `(q, n)` of host queries against host references.
+pub(crate) fn matrix(
+    op: &'static str,
+    ctx: &Context,
+    gpu: &GpuDevice,
+    queries: ArrayView2<'_, f32>,
+    refs: ArrayView2<'_, f32>,
+    cfg: &DistanceConfig,
+    report: &Reporter<'_>,
+) -> Result<Array2<f32>> {
+    let mut values = Array2::zeros((queries.nrows(), refs.nrows()));
+    let mut on_tile = |r0: usize, c0: usize, tile: ArrayView2<'_, f32>| {
+        let (rows, cols) = tile.dim();
+        values
+            .slice_mut(s![r0..r0 + rows, c0..c0 + cols])
+            .assign(&tile);
+        Ok(())
+    };
+    tiles(
+        op,
+        ctx,
+        gpu,
+        queries,
+        refs,
+        cfg,
+        usize::MAX,
+        report,
+        &mut on_tile,
+    )?;
+    Ok(values)
+}
+
+/// `values` as a `(rows, cols)` view; they were read back with exactly that many elements.
+pub(crate) fn shaped<'v>(
+    op: &'static str,
+    (rows, cols): (usize, usize),
+    values: &'v [f32],
+) -> Result<ArrayView2<'v, f32>> {
+    ArrayView2::from_shape((rows, cols), values).map_err(|e| Error::Internal {
+        op,
+        message: format!(
+            "{} values read back for a ({rows}, {cols}) block: {e}",
+            values.len()
+        ),
+    })
+}
+
+/// Host references as row blocks of the whole matrix: tiles come row tile by row tile, and a
+/// block is complete at its last column tile.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the call's inputs, its hooks and its sink, each distinct"
+)]
+pub(crate) fn host_row_blocks(
+    op: &'static str,
+    ctx: &Context,
+    gpu: &GpuDevice,
+    queries: ArrayView2<'_, f32>,
+    refs: ArrayView2<'_, f32>,
+    cfg: &DistanceConfig,
+    max_rows: usize,
+    report: &Reporter<'_>,
+    on_block: &mut RowSink<'_>,
+) -> Result<()> {
+    let n = refs.nrows();
+    let mut block = Array2::zeros((0, n));
+    let mut on_tile = |r0: usize, c0: usize, tile: ArrayView2<'_, f32>| {
+        let (rows, cols) = tile.dim();
+        if c0 == 0 {
+            block = Array2::zeros((rows, n));
+        }
+        block.slice_mut(s![.., c0..c0 + cols]).assign(&tile);
+        if c0 + cols == n {
+            on_block(r0, block.view())?;
+        }
+        Ok(())
+    };
+    tiles(
+        op,
+        ctx,
+        gpu,
+        queries,
+        refs,
+        cfg,
+        max_rows,
+        report,
+        &mut on_tile,
+    )
+}
+
+/// Buffers of [`DistanceRows`] for up to `rows` queries against `refs` rows in `pages` pages;
+/// the plans of its users count exactly these.
+pub(crate) fn distance_rows_buffers(
+    rows: usize,
+    refs: usize,
+    dim4: usize,
+    pages: usize,
+) -> Vec<u64> {
+    let mut sizes = vec![
+        uniform_size::<row_norms::Params>(),
+        f32s(rows * dim4 * 4), // queries
+        f32s(rows),            // query norms
+        f32s(rows * refs),     // distances
+    ];
+    sizes.extend(std::iter::repeat_n(
+        uniform_size::<distance_tile::Params>(),
+        pages,
+    ));
+    sizes
+}
+
+/// The distances of a chunk of query rows against resident reference rows, as a row-major
+/// `(rows, refs)` device matrix: one distance tile per page, each writing its column block.
+pub(crate) struct DistanceRows {
+    norm_params: TrackedBuffer,
+    queries: TrackedBuffer,
+    query_norms: TrackedBuffer,
+    tile_params: Vec<TrackedBuffer>,
+    /// `(rows, refs)` distances of the last encoded chunk.
+    pub(crate) distances: TrackedBuffer,
+    norms: std::sync::Arc<RowNorms>,
+    tile: std::sync::Arc<DistanceTile>,
+}
+
+impl DistanceRows {
+    /// Buffers for chunks of up to `rows` queries against `refs`.
+    pub(crate) fn new(
+        ctx: &Context,
+        gpu: &GpuDevice,
+        rows: usize,
+        refs: RowsView<'_>,
+    ) -> Result<Self> {
+        let dim4 = refs.rows.dim4();
+        let uniform = |label, size| {
+            let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
+            transfer::create_buffer(ctx, gpu, label, size, usage)
+        };
+        let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+        let pages = refs.rows.pages_for(refs.len);
+        let mut tile_params = Vec::with_capacity(pages);
+        for _ in 0..pages {
+            tile_params.push(uniform(
+                "distance_rows::tile_params",
+                uniform_size::<distance_tile::Params>(),
+            )?);
+        }
+        Ok(Self {
+            norm_params: uniform(
+                "distance_rows::norm_params",
+                uniform_size::<row_norms::Params>(),
+            )?,
+            queries: transfer::create_buffer(
+                ctx,
+                gpu,
+                "distance_rows::queries",
+                f32s(rows * dim4 * 4),
+                input,
+            )?,
+            query_norms: transfer::output(ctx, gpu, "distance_rows::query_norms", f32s(rows))?,
+            tile_params,
+            distances: transfer::output(
+                ctx,
+                gpu,
+                "distance_rows::distances",
+                f32s(rows * refs.len),
+            )?,
+            norms: gpu.kernel::<RowNorms>()?,
+            tile: gpu.kernel::<DistanceTile>()?,
+        })
+    }
+
+    /// Uploads query rows `r0 .. r0 + rows` and records their distances to every row of
+    /// `refs` into [`Self::distances`].
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call site per user, all distinct"
+    )]
+    pub(crate) fn encode(
+        &self,
+        ctx: &Context,
+        gpu: &GpuDevice,
+        enc: &mut wgpu::CommandEncoder,
+        queries: ArrayView2<'_, f32>,
+        r0: usize,
+        rows: usize,
+        refs: RowsView<'_>,
+        cfg: &DistanceConfig,
+    ) -> Result<()> {
+        let store = refs.rows;
+        let (m, dim4) = (refs.len, store.dim4());
+        transfer::write(
+            gpu,
+            &self.queries,
+            0,
+            &transfer::padded_rows(queries, r0, rows, dim4),
+        )?;
+        let params = row_norms::Params {
+            rows: rows as u32,
+            dim4: dim4 as u32,
+            _pad: [0; 2],
+        };
+        transfer::write(gpu, &self.norm_params, 0, &[params])?;
+        transfer::fill_sentinel(ctx, gpu, &self.query_norms, f32s(rows))?;
+        transfer::fill_sentinel(ctx, gpu, &self.distances, f32s(rows * m))?;
+        self.norms.encode(
+            gpu,
+            enc,
+            rows as u64,
+            &self.norm_params,
+            &self.queries,
+            &self.query_norms,
+        )?;
+        for ((c0, page_rows, embeddings, norms), params) in store.pages().zip(&self.tile_params) {
+            if c0 >= m {
+                break;
+            }
+            let cols = page_rows.min(m - c0);
+            let tile_params = distance_tile::Params {
+                rows: rows as u32,
+                cols: cols as u32,
+                dim4: dim4 as u32,
+                metric: cfg.distance.code(),
+                normalize: u32::from(cfg.normalizes()),
+                out_stride: m as u32,
+                out_col0: c0 as u32,
+                ref_row0: 0,
+            };
+            transfer::write(gpu, params, 0, &[tile_params])?;
+            let buffers = TileBuffers {
+                params,
+                queries: &self.queries,
+                refs: embeddings,
+                query_sq_norms: &self.query_norms,
+                ref_sq_norms: norms,
+                out: &self.distances,
+            };
+            self.tile
+                .encode(gpu, enc, rows as u64, cols as u64, &buffers)?;
+        }
+        Ok(())
+    }
+}
+
+/// What one block of `rows` query rows against `refs` holds: [`DistanceRows`] and its staging.
+fn row_block_cost(rows: usize, refs: RowsView<'_>) -> Footprint {
+    let m = refs.len;
+    let pages = refs.rows.pages_for(m);
+    let mut buffers = distance_rows_buffers(rows, m, refs.rows.dim4(), pages);
+    buffers.push(f32s(rows * m)); // staging
+    Footprint {
+        bytes: buffers.iter().sum(),
+        largest_buffer: buffers.iter().copied().max().unwrap_or(0),
+        workgroups: (rows as u64).div_ceil(distance_tile::BLOCK),
+        workgroup_storage: distance_tile::WORKGROUP_STORAGE,
+    }
+}
+
+/// Rows per block of `q` query rows (at most `max_rows`) against resident `refs`, and the
+/// bytes of a one-row block.
+pub(crate) fn row_block_plan(
+    op: &'static str,
+    (q, max_rows): (usize, usize),
+    refs: RowsView<'_>,
+    budget: u64,
+    caps: &DeviceCaps,
+) -> Result<(TilePlan, u64)> {
+    let cost = |rows: usize| row_block_cost(rows, refs);
+    let plan = plan_rows(op, q.min(max_rows.max(1)), refs.len, budget, caps, cost)?;
+    Ok((plan, cost(1).bytes))
+}
+
+/// The distances of `queries` `(q, d)` against resident `refs`, handed to `on_block` in
+/// consecutive blocks of whole rows `(row0, (rows, m))`, each at most `max_rows` rows and as
+/// many as the budget allows. One attempt: the caller retries after an out-of-memory.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the call's inputs, its hooks and its sink, each distinct"
+)]
+pub(crate) fn row_blocks(
+    op: &'static str,
+    ctx: &Context,
+    gpu: &GpuDevice,
+    queries: ArrayView2<'_, f32>,
+    refs: RowsView<'_>,
+    cfg: &DistanceConfig,
+    max_rows: usize,
+    report: &Reporter<'_>,
+    on_block: &mut RowSink<'_>,
+) -> Result<()> {
+    let (q, m) = (queries.nrows(), refs.len);
+    if q == 0 {
+        return Ok(());
+    }
+    let caps = DeviceCaps::from_limits(&gpu.limits);
+    let budget = oom_retry::planning_budget(ctx);
+    let (plan, _) = row_block_plan(op, (q, max_rows), refs, budget, &caps)?;
+    let chunk = DistanceRows::new(ctx, gpu, plan.rows, refs)?;
+    let staging = Staging::new(ctx, gpu, "distance_rows::staging", f32s(plan.rows * m))?;
+    for r0 in (0..q).step_by(plan.rows) {
+        report.check()?;
+        let rows = plan.rows.min(q - r0);
+        let mut enc = encoder(gpu, op);
+        chunk.encode(ctx, gpu, &mut enc, queries, r0, rows, refs, cfg)?;
+        staging.copy_from(&mut enc, &chunk.distances, 0, 4 * (rows * m) as u64);
+        transfer::submit_and_wait(gpu, enc)?;
+        staging.read::<f32, _>(gpu, rows * m, |values| {
+            on_block(r0, shaped(op, (rows, m), values)?)
+        })??;
+        report.add((rows * m) as u64);
+    }
+    Ok(())
+}

@@ -1,0 +1,563 @@
+//! The inputs of every operation: where embeddings live ([`Embeddings`]), labelled sets
+//! ([`MiningSet`]), and which reference is each query itself ([`SelfExclusion`]). They are
+//! resolved and validated here, once, for every operation, so that the same bad input gives
+//! the same typed error everywhere.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+use ndarray::{Array2, ArrayView1, ArrayView2};
+
+use crate::context::Context;
+use crate::device_rows::RowsView;
+use crate::error::{Error, Result};
+use crate::kernels::knn_select::EMPTY_INDEX;
+use crate::validate;
+
+/// Where embeddings `(n, d)` live.
+///
+/// Every operation takes its queries and references as `impl Into<Embeddings>` (a `&Array2`
+/// or an `ArrayView2` converts) or inside a [`MiningSet`].
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{BankConfig, Context, Embeddings, MemoryBank};
+/// let x = ndarray::Array2::<f32>::zeros((5, 3));
+/// assert_eq!(Embeddings::from(&x).dim(), (5, 3));
+/// let ctx = Context::native_cpu(None);
+/// let bank = MemoryBank::<u32>::new(&ctx, &BankConfig::new(10, 3))?;
+/// assert_eq!(bank.rows().dim(), (0, 3)); // its filled rows
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Embeddings<'a> {
+    /// A host array (any layout; non-contiguous views are copied as they are uploaded).
+    Host(ArrayView2<'a, f32>),
+    /// The filled rows of a [`crate::MemoryBank`], resident on its device: only usable as
+    /// references, with the context that created the bank.
+    Bank(BankRows<'a>),
+}
+
+impl<'a> From<ArrayView2<'a, f32>> for Embeddings<'a> {
+    fn from(x: ArrayView2<'a, f32>) -> Self {
+        Embeddings::Host(x)
+    }
+}
+
+impl<'a> From<&'a Array2<f32>> for Embeddings<'a> {
+    fn from(x: &'a Array2<f32>) -> Self {
+        Embeddings::Host(x.view())
+    }
+}
+
+impl Embeddings<'_> {
+    /// The same embeddings for a shorter lifetime (array views are invariant in theirs), so
+    /// that queries and references of different lifetimes can meet in one call.
+    pub(crate) fn reborrow(&self) -> Embeddings<'_> {
+        match self {
+            Embeddings::Host(x) => Embeddings::Host(x.view()),
+            Embeddings::Bank(b) => Embeddings::Bank(BankRows {
+                view: RowsView {
+                    rows: b.view.rows,
+                    len: b.view.len,
+                },
+            }),
+        }
+    }
+
+    /// `(n, d)`.
+    ///
+    /// See the example of [`Embeddings`].
+    pub fn dim(&self) -> (usize, usize) {
+        match self {
+            Embeddings::Host(x) => x.dim(),
+            Embeddings::Bank(b) => (b.view.len, b.view.rows.dim()),
+        }
+    }
+}
+
+/// The filled rows of a [`crate::MemoryBank`] on its device, as [`Embeddings::Bank`] hands them
+/// to the operations. Made only by [`crate::MemoryBank::rows`].
+///
+/// See the example of [`crate::MemoryBank::rows`].
+#[derive(Clone, Copy, Debug)]
+pub struct BankRows<'a> {
+    pub(crate) view: RowsView<'a>,
+}
+
+/// Embeddings `(b, d)` (optional for rules that need labels only) and their labels `(b,)`:
+/// one side of the label-based operations (the miners, [`crate::accuracy`], the bank's
+/// enqueue).
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::MiningSet;
+/// let (x, y) = (array![[1.0f32, 0.0], [0.0, 1.0]], array![0i64, 1]);
+/// let batch = MiningSet::new(&x, &y);
+/// assert_eq!(batch.len(), 2);
+/// let labels_only = MiningSet::from_labels(&y);
+/// assert!(labels_only.embeddings.is_none());
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct MiningSet<'a, L> {
+    /// Embeddings, one row per label, or `None` for label-only rules.
+    pub embeddings: Option<Embeddings<'a>>,
+    /// Class labels, one per row; any hashable type (`i64` as in PyTorch, `u32`, …).
+    pub labels: ArrayView1<'a, L>,
+}
+
+impl<'a, L> MiningSet<'a, L> {
+    /// Embeddings `(b, d)` and their labels `(b,)`.
+    ///
+    /// See the example of [`MiningSet`].
+    pub fn new(
+        embeddings: impl Into<Embeddings<'a>>,
+        labels: impl Into<ArrayView1<'a, L>>,
+    ) -> Self {
+        Self {
+            embeddings: Some(embeddings.into()),
+            labels: labels.into(),
+        }
+    }
+
+    /// Labels `(b,)` only, for the rules that need no distances (every valid triplet, all
+    /// pairs).
+    ///
+    /// See the example of [`MiningSet`].
+    pub fn from_labels(labels: impl Into<ArrayView1<'a, L>>) -> Self {
+        Self {
+            embeddings: None,
+            labels: labels.into(),
+        }
+    }
+
+    /// Rows: the number of labels.
+    ///
+    /// See the example of [`MiningSet`].
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Whether the set has no rows.
+    ///
+    /// See the example of [`MiningSet`].
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+}
+
+impl<L> MiningSet<'_, L> {
+    /// The same set for a shorter lifetime.
+    pub(crate) fn reborrow(&self) -> MiningSet<'_, L> {
+        MiningSet {
+            embeddings: self.embeddings.as_ref().map(Embeddings::reborrow),
+            labels: self.labels.view(),
+        }
+    }
+}
+
+/// Which reference is each query itself, never to be its own positive or neighbour:
+/// explicit, not by object identity as in PML. One rule for every operation.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{count_triplets, Context, MiningSet, SelfExclusion, TripletConfig};
+/// let ctx = Context::native_cpu(None);
+/// let labels = ndarray::array![0, 0, 1];
+/// let set = MiningSet::from_labels(&labels);
+/// let count = |refs, self_exclusion| {
+///     let cfg = TripletConfig { self_exclusion, ..Default::default() };
+///     count_triplets(&ctx, &set, refs, &cfg).map(|c| c.count)
+/// };
+/// assert_eq!(count(None, SelfExclusion::Auto)?, 2); // refs are the queries: SameIndex
+/// assert_eq!(count(Some(&set), SelfExclusion::Auto)?, 6); // other refs: nothing excluded
+/// assert_eq!(count(Some(&set), SelfExclusion::SameIndex)?, 2);
+/// assert_eq!(count(Some(&set), SelfExclusion::QuerySlots(vec![1, 0, 2]))?, 2);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum SelfExclusion {
+    /// [`SelfExclusion::SameIndex`] when the references are the queries (`refs = None` in the
+    /// label-based operations, PML's default), [`SelfExclusion::None`] when they are given
+    /// (always for [`crate::knn`], whose references are explicit). The default.
+    #[default]
+    Auto,
+    /// The references are unrelated to the queries: nothing is excluded.
+    None,
+    /// Reference `i` is query `i` (PML's `ref_includes_query`: the references start with the
+    /// queries). Needs at least as many references as queries.
+    SameIndex,
+    /// Query `a` is stored at reference slot `slots[a]` (a memory bank's
+    /// [`crate::Enqueued::self_exclusion`]). Needs one slot per query, each a reference index.
+    QuerySlots(Vec<u32>),
+}
+
+/// Most rows of either side: indices are `u32`, and the kernels reserve the two largest
+/// values as markers (no slot, empty list entry).
+pub(crate) const MAX_ROWS: usize = EMPTY_INDEX as usize - 1;
+
+/// Per-query value meaning "no reference is this query".
+pub(crate) const NO_SLOT: u32 = u32::MAX;
+
+/// Resolves `rule` for `q` queries against `m` references (`refs_are_queries`: the call was
+/// given no references, so `m = q`): per query, the reference index it may not use, or
+/// [`NO_SLOT`]. The one place where self-exclusion is checked.
+pub(crate) fn self_slots(
+    op: &'static str,
+    rule: &SelfExclusion,
+    q: usize,
+    m: usize,
+    refs_are_queries: bool,
+) -> Result<Vec<u32>> {
+    let rule = match rule {
+        SelfExclusion::Auto if refs_are_queries => &SelfExclusion::SameIndex,
+        SelfExclusion::Auto => &SelfExclusion::None,
+        other => other,
+    };
+    match rule {
+        SelfExclusion::Auto | SelfExclusion::None => Ok(vec![NO_SLOT; q]),
+        SelfExclusion::SameIndex if m < q => Err(Error::Shape {
+            op,
+            what: "refs",
+            expected: format!(
+                "at least {q} rows: SelfExclusion::SameIndex makes reference i query i"
+            ),
+            got: vec![m],
+        }),
+        // Both sides are at most MAX_ROWS rows (checked first), so indices fit a u32.
+        SelfExclusion::SameIndex => Ok((0..q as u32).collect()),
+        SelfExclusion::QuerySlots(slots) if slots.len() != q => Err(Error::Shape {
+            op,
+            what: "self_exclusion",
+            expected: format!("({q},): one slot per query"),
+            got: vec![slots.len()],
+        }),
+        SelfExclusion::QuerySlots(slots) => match slots.iter().find(|&&s| s as usize >= m) {
+            Some(bad) => Err(Error::InvalidParameter {
+                op,
+                what: "self_exclusion",
+                value: bad.to_string(),
+                rule: "every slot must index the references (below their number of rows)",
+            }),
+            None => Ok(slots.clone()),
+        },
+    }
+}
+
+/// Which side of a call an input is on; names the inputs in errors the same way everywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Queries,
+    References,
+}
+
+impl Side {
+    fn embeddings(self) -> &'static str {
+        match self {
+            Side::Queries => "queries",
+            Side::References => "refs",
+        }
+    }
+
+    fn labels(self) -> &'static str {
+        match self {
+            Side::Queries => "labels",
+            Side::References => "ref_labels",
+        }
+    }
+}
+
+/// Checks one side's embeddings: `d ≥ 1` and finite for host arrays; a bank only as the
+/// references, and only with the context that holds it; at most [`MAX_ROWS`] rows.
+/// Returns `(n, d)`.
+pub(crate) fn check_embeddings(
+    op: &'static str,
+    ctx: &Context,
+    side: Side,
+    x: &Embeddings<'_>,
+) -> Result<(usize, usize)> {
+    let what = side.embeddings();
+    match (x, side) {
+        (Embeddings::Host(x), _) => validate::embeddings(op, what, *x)?,
+        (Embeddings::Bank(_), Side::Queries) => {
+            return Err(Error::InvalidParameter {
+                op,
+                what,
+                value: "Embeddings::Bank".into(),
+                rule: "a memory bank can only be the references; pass the queries as a host array",
+            })
+        }
+        // Bank rows were validated as they were enqueued.
+        (Embeddings::Bank(bank), Side::References) => match ctx.gpu() {
+            Some(gpu) if bank.view.rows.is_on(gpu) => {}
+            _ => return Err(foreign_bank(op, ctx.device_name())),
+        },
+    }
+    let (n, d) = x.dim();
+    if n > MAX_ROWS {
+        return Err(Error::InvalidParameter {
+            op,
+            what,
+            value: n.to_string(),
+            rule: "at most 4 294 967 293 rows (indices are u32)",
+        });
+    }
+    Ok((n, d))
+}
+
+/// The error for a memory bank used with another context than its own.
+pub(crate) fn foreign_bank(op: &'static str, device: String) -> Error {
+    Error::InvalidParameter {
+        op,
+        what: "context",
+        value: device,
+        rule: "a memory bank can only be used with the context that created it",
+    }
+}
+
+/// `refs` must have the queries' `d`.
+fn same_dim(op: &'static str, d: usize, (m, rd): (usize, usize)) -> Result<()> {
+    if rd != d {
+        return Err(Error::Shape {
+            op,
+            what: "refs",
+            expected: format!("(m, {d}) to match the queries"),
+            got: vec![m, rd],
+        });
+    }
+    Ok(())
+}
+
+/// Validated inputs of an unlabelled operation (kNN, distances): host queries, references
+/// where they live, and each query's excluded reference ([`NO_SLOT`]: none).
+pub(crate) struct Pair<'a> {
+    pub(crate) queries: ArrayView2<'a, f32>,
+    pub(crate) refs: Embeddings<'a>,
+    pub(crate) excluded: Vec<u32>,
+}
+
+/// Validates an unlabelled call: both sides' embeddings, equal `d`, and `self_exclusion`
+/// (`None` for operations without one).
+pub(crate) fn prepare_pair<'a>(
+    op: &'static str,
+    ctx: &Context,
+    queries: Embeddings<'a>,
+    refs: Embeddings<'a>,
+    self_exclusion: Option<&SelfExclusion>,
+) -> Result<Pair<'a>> {
+    let (q, d) = check_embeddings(op, ctx, Side::Queries, &queries)?;
+    let shape = check_embeddings(op, ctx, Side::References, &refs)?;
+    same_dim(op, d, shape)?;
+    let excluded = match self_exclusion {
+        Some(rule) => self_slots(op, rule, q, shape.0, false)?,
+        None => vec![NO_SLOT; q],
+    };
+    let Embeddings::Host(queries) = queries else {
+        return Err(Error::Internal {
+            op,
+            message: "device queries passed validation".into(),
+        });
+    };
+    Ok(Pair {
+        queries,
+        refs,
+        excluded,
+    })
+}
+
+/// Validated inputs of a label-based operation: labels as dense `u32` ids, self-exclusion as
+/// explicit slots, and the embeddings when the operation needs them.
+pub(crate) struct Labelled<'a> {
+    pub(crate) labels: Vec<u32>,
+    pub(crate) ref_labels: Vec<u32>,
+    /// Per query, the reference slot never to use as its positive or neighbour ([`NO_SLOT`]:
+    /// none).
+    pub(crate) self_slots: Vec<u32>,
+    /// Query embeddings, when the operation needs them.
+    pub(crate) queries: Option<ArrayView2<'a, f32>>,
+    /// Reference embeddings, when the operation needs them.
+    pub(crate) refs: Option<Embeddings<'a>>,
+}
+
+impl<'a> Labelled<'a> {
+    /// The reference embeddings as a host array. Bank rows only exist on a device, and
+    /// [`prepare`] lets them through only for a context on that device, so the host paths
+    /// never see them; this is the typed error if one ever did.
+    pub(crate) fn host_refs(&self, op: &'static str) -> Result<Option<ArrayView2<'a, f32>>> {
+        match self.refs {
+            None => Ok(None),
+            Some(Embeddings::Host(r)) => Ok(Some(r)),
+            Some(Embeddings::Bank(_)) => Err(Error::Internal {
+                op,
+                message: "a device bank reached the native path".into(),
+            }),
+        }
+    }
+
+    /// Anchor `a`'s ascending positive references (same label, not its own slot) and negative
+    /// references (other label), into the given vectors (cleared first, reused by callers).
+    /// The host twin of `shaders/triplet_lists.wgsl`, shared by the native path and the miners.
+    pub(crate) fn lists_of(&self, a: usize, positives: &mut Vec<u32>, negatives: &mut Vec<u32>) {
+        let (label, me) = (self.labels[a], self.self_slots[a]);
+        positives.clear();
+        negatives.clear();
+        for (r, &other) in self.ref_labels.iter().enumerate() {
+            if other != label {
+                negatives.push(r as u32);
+            } else if r as u32 != me {
+                positives.push(r as u32);
+            }
+        }
+    }
+}
+
+/// Dense `u32` ids of both sides' labels, in order of first appearance.
+fn dense_labels<L: Hash + Eq + Copy>(
+    labels: ArrayView1<'_, L>,
+    refs: ArrayView1<'_, L>,
+) -> (Vec<u32>, Vec<u32>) {
+    let mut ids: HashMap<L, u32> = HashMap::new();
+    let mut id = |l: &L| {
+        let next = ids.len() as u32;
+        *ids.entry(*l).or_insert(next)
+    };
+    let a: Vec<u32> = labels.iter().map(&mut id).collect();
+    let r: Vec<u32> = refs.iter().map(&mut id).collect();
+    (a, r)
+}
+
+/// Checks one labelled side: its embeddings (when present) and one label per row.
+fn check_set<L>(
+    op: &'static str,
+    ctx: &Context,
+    side: Side,
+    set: &MiningSet<'_, L>,
+) -> Result<Option<(usize, usize)>> {
+    let shape = match &set.embeddings {
+        None => None,
+        Some(e) => Some(check_embeddings(op, ctx, side, e)?),
+    };
+    let rows = shape.map_or(set.labels.len(), |s| s.0);
+    if set.labels.len() != rows {
+        return Err(Error::Shape {
+            op,
+            what: side.labels(),
+            expected: format!("({rows},) to match {}", side.embeddings()),
+            got: set.labels.shape().to_vec(),
+        });
+    }
+    if rows > MAX_ROWS {
+        return Err(Error::InvalidParameter {
+            op,
+            what: side.labels(),
+            value: rows.to_string(),
+            rule: "at most 4 294 967 293 rows (indices are u32)",
+        });
+    }
+    Ok(shape)
+}
+
+/// Validates a label-based call: both sides, equal `d`, embeddings where `needs_embeddings`,
+/// and `self_exclusion`. Without `refs` the references are the queries.
+pub(crate) fn prepare<'s, L: Hash + Eq + Copy>(
+    op: &'static str,
+    ctx: &Context,
+    queries: &'s MiningSet<'_, L>,
+    refs: Option<&'s MiningSet<'_, L>>,
+    self_exclusion: &SelfExclusion,
+    needs_embeddings: bool,
+) -> Result<Labelled<'s>> {
+    // One lifetime for both sides from here on (array views are invariant in theirs).
+    let queries = queries.reborrow();
+    let refs = refs.map(MiningSet::reborrow);
+    let query_shape = check_set(op, ctx, Side::Queries, &queries)?;
+    let ref_shape = match &refs {
+        Some(r) => check_set(op, ctx, Side::References, r)?,
+        None => query_shape,
+    };
+    let ref_set = refs.as_ref().unwrap_or(&queries);
+    if needs_embeddings {
+        let missing = if query_shape.is_none() {
+            Some(Side::Queries)
+        } else if ref_shape.is_none() {
+            Some(Side::References)
+        } else {
+            None
+        };
+        if let Some(side) = missing {
+            return Err(Error::InvalidParameter {
+                op,
+                what: side.embeddings(),
+                value: "None".into(),
+                rule: "this operation compares distances and needs embeddings",
+            });
+        }
+    }
+    if let (Some((_, d)), Some(shape)) = (query_shape, ref_shape) {
+        same_dim(op, d, shape)?;
+    }
+    let (b, m) = (queries.labels.len(), ref_set.labels.len());
+    let self_slots = self_slots(op, self_exclusion, b, m, refs.is_none())?;
+    let (labels, ref_labels) = dense_labels(queries.labels, ref_set.labels);
+    Ok(Labelled {
+        labels,
+        ref_labels,
+        self_slots,
+        queries: match queries.embeddings {
+            Some(Embeddings::Host(q)) if needs_embeddings => Some(q),
+            _ => None,
+        },
+        refs: ref_set.embeddings.filter(|_| needs_embeddings),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_excludes_only_when_the_references_are_the_queries() {
+        let slots = |rule, refs_are_queries| self_slots("t", rule, 3, 3, refs_are_queries);
+        assert_eq!(slots(&SelfExclusion::Auto, true).ok(), Some(vec![0, 1, 2]));
+        assert_eq!(
+            slots(&SelfExclusion::Auto, false).ok(),
+            Some(vec![NO_SLOT; 3])
+        );
+        assert_eq!(
+            slots(&SelfExclusion::None, true).ok(),
+            Some(vec![NO_SLOT; 3])
+        );
+    }
+
+    #[test]
+    fn one_rule_for_bad_slots() {
+        let same_index = self_slots("t", &SelfExclusion::SameIndex, 4, 3, false);
+        assert!(
+            matches!(same_index, Err(Error::Shape { what: "refs", .. })),
+            "SameIndex needs m >= q: {same_index:?}"
+        );
+        let short = self_slots("t", &SelfExclusion::QuerySlots(vec![0]), 2, 5, false);
+        assert!(
+            matches!(
+                short,
+                Err(Error::Shape {
+                    what: "self_exclusion",
+                    ..
+                })
+            ),
+            "{short:?}"
+        );
+        let past = self_slots("t", &SelfExclusion::QuerySlots(vec![0, 5]), 2, 5, false);
+        assert!(
+            matches!(past, Err(Error::InvalidParameter { what: "self_exclusion", ref value, .. }) if value == "5"),
+            "{past:?}"
+        );
+        // SameIndex with more references than queries is PML's ref_includes_query.
+        assert_eq!(
+            self_slots("t", &SelfExclusion::SameIndex, 2, 5, false).ok(),
+            Some(vec![0, 1])
+        );
+    }
+}

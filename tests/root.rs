@@ -1,0 +1,28 @@
+//! The integration tests, as one binary (wgpu's `tests/root.rs` habit): one link instead of
+//! one per file, and one executable to carry to a machine with a GPU. Every kernel stem has
+//! its module here (`tests/<stem>.rs`); `shaders::every_stem_has_its_four_files` checks that.
+//!
+//! GPU tests share one context per binary (`common::shared_gpu`); under `WML_REQUIRE_GPU=1` a
+//! missing adapter fails them instead of skipping.
+
+mod common;
+
+mod accuracy;
+mod bad_inputs;
+mod cancel;
+#[cfg(feature = "cli")]
+mod cli;
+mod concurrency;
+mod context;
+mod distance_tile;
+mod knn_select;
+mod memory_bank;
+mod miners;
+mod modules;
+mod negative_buckets;
+mod oom_retry;
+mod row_norms;
+mod shaders;
+mod soak;
+mod triplet_lists;
+mod triplet_select;
