@@ -33,9 +33,12 @@ fn contexts() -> Vec<(&'static str, Context)> {
 fn bench(c: &mut Criterion) {
     let (q, n, d) = (512, 4096, 128);
     let (queries, refs) = (data(q, d, 0.1), data(n, d, 0.7));
-    let cfg = DistanceConfig {
-        distance: Distance::Cosine,
-        normalize: true,
+    let cfg = PairwiseConfig {
+        distance: DistanceConfig {
+            distance: Distance::Cosine,
+            normalize: true,
+        },
+        ..Default::default()
     };
     let mut group = c.benchmark_group("distance_tile");
     group.sample_size(10);
@@ -47,16 +50,7 @@ fn bench(c: &mut Criterion) {
             &ctx,
             |b, ctx| {
                 b.iter(|| {
-                    pairwise_distances(
-                        ctx,
-                        queries.view(),
-                        refs.view(),
-                        &PairwiseConfig {
-                            distance: cfg,
-                            ..Default::default()
-                        },
-                    )
-                    .expect("distances")
+                    pairwise_distances(ctx, queries.view(), refs.view(), &cfg).expect("distances")
                 })
             },
         );

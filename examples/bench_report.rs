@@ -48,38 +48,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(ctx) => contexts.push(ctx),
         Err(e) => eprintln!("no wgpu adapter: {e}"),
     }
-    let cfg = DistanceConfig {
-        distance: Distance::Cosine,
-        normalize: true,
+    let cfg = PairwiseConfig {
+        distance: DistanceConfig {
+            distance: Distance::Cosine,
+            normalize: true,
+        },
+        ..Default::default()
     };
     println!("| path | device | q × n × d | median ms | GFLOP/s | peak MiB | budget MiB |");
     println!("|---|---|---|---|---|---|---|");
     for (q, n, d) in [(512, 4096, 128), (2048, 16384, 128)] {
         let (queries, refs) = (data(q, d, 0.1), data(n, d, 0.7));
         for ctx in &contexts {
-            pairwise_distances(
-                ctx,
-                queries.view(),
-                refs.view(),
-                &PairwiseConfig {
-                    distance: cfg,
-                    ..Default::default()
-                },
-            )?; // warm-up
+            pairwise_distances(ctx, queries.view(), refs.view(), &cfg)?; // warm-up
             ctx.reset_peak();
             let times: Vec<f64> = (0..5)
                 .map(|_| {
                     let t = Instant::now();
-                    pairwise_distances(
-                        ctx,
-                        queries.view(),
-                        refs.view(),
-                        &PairwiseConfig {
-                            distance: cfg,
-                            ..Default::default()
-                        },
-                    )
-                    .map(|_| t.elapsed().as_secs_f64())
+                    pairwise_distances(ctx, queries.view(), refs.view(), &cfg)
+                        .map(|_| t.elapsed().as_secs_f64())
                 })
                 .collect::<Result<_, _>>()?;
             let secs = median(times);

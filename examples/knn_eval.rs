@@ -1,6 +1,6 @@
 //! Retrieval evaluation as PML's `AccuracyCalculator` does it: a synthetic clustered set, its
 //! exact kNN with `k = max_bin_count`, and precision@1, R-precision, MAP@R, MAP and MRR, with
-//! a progress bar fed by the library's progress callback (`accuracy_with_progress`).
+//! a progress bar fed by the library's progress callback (`AccuracyConfig::hooks`).
 //!
 //! ```sh
 //! cargo run --release --example knn_eval -- --points 20000 --classes 100 --dim 128

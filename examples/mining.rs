@@ -36,7 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (x, y) = batch_around(&mut rng, &centres, b, 0.8);
     // Without references the batch is mined against itself, a row never its own positive.
     let labels_only = MiningSet::from_labels(&y);
-    let with_embeddings = MiningSet::new(&x, &y);
+    let batch = MiningSet::new(&x, &y);
     let timed = |what: &str, count: u64, start: Instant| {
         let ms = start.elapsed().as_secs_f64() * 1e3;
         println!("{what:<34} {count:>12} {ms:>9.2} ms");
@@ -52,14 +52,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for kind in [TripletType::Hard, TripletType::Semihard, TripletType::Easy] {
         let cfg = TripletConfig::margin_miner(kind);
         let t = Instant::now();
-        let mined = mine_triplets(&ctx, &with_embeddings, None, &cfg)?;
+        let mined = mine_triplets(&ctx, &batch, None, &cfg)?;
         timed(&format!("margin miner {kind:?}"), mined.len() as u64, t);
     }
 
     // Counting allocates no output at all: the size of a mining problem before paying for it.
     let cfg = TripletConfig::margin_miner(TripletType::All);
     let t = Instant::now();
-    let counted = count_triplets(&ctx, &with_embeddings, None, &cfg)?;
+    let counted = count_triplets(&ctx, &batch, None, &cfg)?;
     timed("margin miner All (tm > 0), count", counted.count, t);
 
     // Streaming: chunks of at most 100 000 rows, in order; memory stays bounded by the chunk
@@ -83,15 +83,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     assert_eq!(rows, all.len(), "streaming delivers the same triplets");
 
     let t = Instant::now();
-    let hardest = batch_hard_triplets(&ctx, &with_embeddings, None, &BatchHardConfig::default())?;
+    let hardest = batch_hard_triplets(&ctx, &batch, None, &BatchHardConfig::default())?;
     timed("batch hard (one per anchor)", hardest.len() as u64, t);
     let t = Instant::now();
-    let ms = multi_similarity_pairs(
-        &ctx,
-        &with_embeddings,
-        None,
-        &MultiSimilarityConfig::default(),
-    )?;
+    let ms = multi_similarity_pairs(&ctx, &batch, None, &MultiSimilarityConfig::default())?;
     let pairs = (ms.positives.nrows() + ms.negatives.nrows()) as u64;
     timed("multi-similarity pairs (pos + neg)", pairs, t);
 

@@ -11,7 +11,7 @@ use std::hash::Hash;
 use ndarray::{Array2, ArrayView1, ArrayView2};
 
 use crate::context::{ComputePath, Context};
-use crate::distance::{for_each_row_block, row_plan};
+use crate::distance::{for_each_row_block, row_plan, Job};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::inputs::{prepare, Labelled, MiningSet, SelfExclusion};
@@ -98,16 +98,15 @@ fn for_each_row(
         }
         Ok(())
     };
-    for_each_row_block(
+    let job = Job {
         op,
         ctx,
         queries,
-        refs,
-        distance,
-        rows,
-        &report,
-        &mut on_block,
-    )
+        cfg: distance,
+        max_rows: rows,
+        report: &report,
+    };
+    for_each_row_block(&job, refs, &mut on_block)
 }
 
 /// How the pair and batch miners ([`all_pairs`], [`pair_margin_pairs`],

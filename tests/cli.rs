@@ -410,3 +410,83 @@ fn bad_input_exits_with_one_line_naming_the_file() {
     ]);
     assert_eq!(budget.status.code(), Some(2));
 }
+
+/// Runs `wml` with `XDG_RUNTIME_DIR` unset (a container, ssh without a session), as users
+/// meet it: a successful run must print nothing on stderr, although Mesa's Vulkan layer would
+/// complain that it cannot reach a Wayland display.
+#[test]
+fn a_successful_run_prints_no_error_line_without_a_runtime_dir() {
+    let d = dir("quiet");
+    let (x, _) = clustered();
+    let q = d.join("q.npy");
+    write_npy(&q, &x).expect("write");
+    let (i, s) = (d.join("i.npy"), d.join("s.npy"));
+    let out = Command::new(env!("CARGO_BIN_EXE_wml"))
+        .args(["knn", "--queries", arg(&q), "-k", "2"])
+        .args(["--out-indices", arg(&i), "--out-scores", arg(&s)])
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("NODEVICE_SELECT")
+        .output()
+        .expect("run wml");
+    ok(&out);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "",
+        "nothing on stderr after a successful run"
+    );
+}
+
+/// Ctrl-C (SIGINT) in the middle of a search: `wml` stops at the next chunk, says so in one
+/// line, exits with status 130 and writes no output.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_wml_cleanly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let d = dir("sigint");
+    // 30 000 × 30 000 × 64: about a second of work natively, in 118 blocks of queries.
+    let x = Array2::from_shape_fn((30_000, 64), |(i, k)| ((i * 31 + k * 7) % 97) as f32);
+    let q = d.join("q.npy");
+    write_npy(&q, &x).expect("write");
+    let (i, s) = (d.join("i.npy"), d.join("s.npy"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wml"))
+        .args([
+            "knn",
+            "--backend",
+            "cpu",
+            "--progress",
+            "--queries",
+            arg(&q),
+            "-k",
+            "5",
+        ])
+        .args(["--out-indices", arg(&i), "--out-scores", arg(&s)])
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn wml");
+    let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+    // The first progress line: the search is under way.
+    let mut first = String::new();
+    err.read_line(&mut first).expect("a progress line");
+    assert!(
+        first.starts_with("wml: ") && first.contains('%'),
+        "{first:?}"
+    );
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(kill.success(), "signal sent");
+    let status = child.wait().expect("wml exits");
+    let mut rest = String::new();
+    for line in err.lines() {
+        rest.push_str(&line.expect("utf-8"));
+        rest.push('\n');
+    }
+    let last = rest.lines().last().unwrap_or_default();
+    assert_eq!(status.code(), Some(130), "exit status; stderr: {rest}");
+    assert_eq!(last, "wml: cancelled (Ctrl-C); no output was written");
+    assert!(!rest.contains("100%"), "stopped before the end: {rest}");
+    assert!(!i.exists() && !s.exists(), "no output file");
+}

@@ -21,6 +21,7 @@ mod miners;
 mod modules;
 mod negative_buckets;
 mod oom_retry;
+mod plans;
 mod row_norms;
 mod shaders;
 mod soak;

@@ -4,7 +4,7 @@
 //! iteration (no leak, not one byte), and at the end the bank must equal its host model.
 //!
 //! In CI it runs for `WML_SOAK_SECS` seconds (default 10) on each path; the full two minutes
-//! run with `cargo test --test soak -- --ignored`.
+//! run with `cargo test --test root soak -- --ignored`.
 
 use crate::common;
 

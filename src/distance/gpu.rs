@@ -4,10 +4,10 @@
 
 use ndarray::{s, Array2, ArrayView2};
 
+use super::Job;
 use crate::context::{Context, GpuDevice};
 use crate::device_rows::RowsView;
 use crate::error::{Error, Result};
-use crate::hooks::Reporter;
 use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};
 use crate::kernels::row_norms::{self, RowNorms};
 use crate::memory::TrackedBuffer;
@@ -55,25 +55,25 @@ pub(crate) fn tile_plan(
 /// Receives one tile `(r0, c0, values)` of the distance matrix.
 type TileSink<'s> = dyn FnMut(usize, usize, ArrayView2<'_, f32>) -> Result<()> + 's;
 
-/// Computes the distance matrix tile by tile, row tiles outermost, and hands each tile
-/// `(r0, c0, values)` to `on_tile`. Tiles are at most `max_rows` rows; the refs stay resident
-/// when one column tile covers them (they are re-uploaded per row tile otherwise). Checks for
-/// cancellation before each tile and reports it when delivered.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the call's inputs, its hooks and its sink, each distinct"
-)]
+/// Computes the distance matrix of the job's queries against host `refs` tile by tile, row
+/// tiles outermost, and hands each tile `(r0, c0, values)` to `on_tile`. Tiles are at most
+/// `job.max_rows` rows; the refs stay resident when one column tile covers them (they are
+/// re-uploaded per row tile otherwise). Checks for cancellation before each tile and reports
+/// it when delivered.
 pub(crate) fn tiles(
-    op: &'static str,
-    ctx: &Context,
+    job: &Job<'_>,
     gpu: &GpuDevice,
-    queries: ArrayView2<'_, f32>,
     refs: ArrayView2<'_, f32>,
-    cfg: &DistanceConfig,
-    max_rows: usize,
-    report: &Reporter<'_>,
     on_tile: &mut TileSink<'_>,
 ) -> Result<()> {
+    let Job {
+        op,
+        ctx,
+        queries,
+        cfg,
+        max_rows,
+        report,
+    } = *job;
     let (q, n, d) = (queries.nrows(), refs.nrows(), queries.ncols());
     let dim4 = d.div_ceil(4);
     let caps = DeviceCaps::from_limits(&gpu.limits);
@@ -183,17 +183,13 @@ pub(crate) fn tiles(
     Ok(())
 }
 
-/// The whole matrix `(q, n)` of host queries against host references.
+/// The whole matrix `(q, n)` of the job's queries against host references.
 pub(crate) fn matrix(
-    op: &'static str,
-    ctx: &Context,
+    job: &Job<'_>,
     gpu: &GpuDevice,
-    queries: ArrayView2<'_, f32>,
     refs: ArrayView2<'_, f32>,
-    cfg: &DistanceConfig,
-    report: &Reporter<'_>,
 ) -> Result<Array2<f32>> {
-    let mut values = Array2::zeros((queries.nrows(), refs.nrows()));
+    let mut values = Array2::zeros((job.queries.nrows(), refs.nrows()));
     let mut on_tile = |r0: usize, c0: usize, tile: ArrayView2<'_, f32>| {
         let (rows, cols) = tile.dim();
         values
@@ -201,17 +197,7 @@ pub(crate) fn matrix(
             .assign(&tile);
         Ok(())
     };
-    tiles(
-        op,
-        ctx,
-        gpu,
-        queries,
-        refs,
-        cfg,
-        usize::MAX,
-        report,
-        &mut on_tile,
-    )?;
+    tiles(job, gpu, refs, &mut on_tile)?;
     Ok(values)
 }
 
@@ -232,19 +218,10 @@ pub(crate) fn shaped<'v>(
 
 /// Host references as row blocks of the whole matrix: tiles come row tile by row tile, and a
 /// block is complete at its last column tile.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the call's inputs, its hooks and its sink, each distinct"
-)]
 pub(crate) fn host_row_blocks(
-    op: &'static str,
-    ctx: &Context,
+    job: &Job<'_>,
     gpu: &GpuDevice,
-    queries: ArrayView2<'_, f32>,
     refs: ArrayView2<'_, f32>,
-    cfg: &DistanceConfig,
-    max_rows: usize,
-    report: &Reporter<'_>,
     on_block: &mut RowSink<'_>,
 ) -> Result<()> {
     let n = refs.nrows();
@@ -260,17 +237,7 @@ pub(crate) fn host_row_blocks(
         }
         Ok(())
     };
-    tiles(
-        op,
-        ctx,
-        gpu,
-        queries,
-        refs,
-        cfg,
-        max_rows,
-        report,
-        &mut on_tile,
-    )
+    tiles(job, gpu, refs, &mut on_tile)
 }
 
 /// Buffers of [`DistanceRows`] for up to `rows` queries against `refs` rows in `pages` pages;
@@ -454,24 +421,23 @@ pub(crate) fn row_block_plan(
     Ok((plan, cost(1).bytes))
 }
 
-/// The distances of `queries` `(q, d)` against resident `refs`, handed to `on_block` in
-/// consecutive blocks of whole rows `(row0, (rows, m))`, each at most `max_rows` rows and as
-/// many as the budget allows. One attempt: the caller retries after an out-of-memory.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the call's inputs, its hooks and its sink, each distinct"
-)]
+/// The distances of the job's queries `(q, d)` against resident `refs`, handed to `on_block`
+/// in consecutive blocks of whole rows `(row0, (rows, m))`, each at most `job.max_rows` rows
+/// and as many as the budget allows. One attempt: the caller retries after an out-of-memory.
 pub(crate) fn row_blocks(
-    op: &'static str,
-    ctx: &Context,
+    job: &Job<'_>,
     gpu: &GpuDevice,
-    queries: ArrayView2<'_, f32>,
     refs: RowsView<'_>,
-    cfg: &DistanceConfig,
-    max_rows: usize,
-    report: &Reporter<'_>,
     on_block: &mut RowSink<'_>,
 ) -> Result<()> {
+    let Job {
+        op,
+        ctx,
+        queries,
+        cfg,
+        max_rows,
+        report,
+    } = *job;
     let (q, m) = (queries.nrows(), refs.len);
     if q == 0 {
         return Ok(());

@@ -16,6 +16,19 @@ use crate::plan::{DeviceCaps, Plan};
 
 const OP: &str = "pairwise_distances";
 
+/// One distance computation over validated host queries: whose call it is, where it runs,
+/// how rows compare, how many rows a block may have, and whom to tell of its progress.
+#[derive(Clone, Copy)]
+pub(crate) struct Job<'j> {
+    pub(crate) op: &'static str,
+    pub(crate) ctx: &'j Context,
+    pub(crate) queries: ArrayView2<'j, f32>,
+    pub(crate) cfg: &'j DistanceConfig,
+    /// Most rows per block handed over (`usize::MAX`: as many as fit).
+    pub(crate) max_rows: usize,
+    pub(crate) report: &'j Reporter<'j>,
+}
+
 /// Settings of [`pairwise_distances`]. Every field has a documented default.
 ///
 /// # Example
@@ -92,6 +105,14 @@ pub fn pairwise_distances<'q, 'r>(
     let pair = inputs::prepare_pair(OP, ctx, queries.reborrow(), refs.reborrow(), None)?;
     let (q, n) = (pair.queries.nrows(), pair.refs.dim().0);
     let report = Reporter::new(&cfg.hooks, OP, q as u64 * n as u64);
+    let job = Job {
+        op: OP,
+        ctx,
+        queries: pair.queries,
+        cfg: &cfg.distance,
+        max_rows: usize::MAX,
+        report: &report,
+    };
     let values = match (ctx.gpu(), pair.refs) {
         (_, _) if q == 0 || n == 0 => Array2::zeros((q, n)),
         (None, Embeddings::Host(r)) => {
@@ -99,7 +120,7 @@ pub fn pairwise_distances<'q, 'r>(
         }
         (Some(gpu), Embeddings::Host(r)) => oom_retry::retry(ctx, || {
             report.restart();
-            gpu::matrix(OP, ctx, gpu, pair.queries, r, &cfg.distance, &report)
+            gpu::matrix(&job, gpu, r)
         })?,
         (_, refs) => {
             let mut values = Array2::zeros((q, n));
@@ -108,17 +129,7 @@ pub fn pairwise_distances<'q, 'r>(
                 values.slice_mut(s![r0..r0 + rows, ..]).assign(&block);
                 Ok(())
             };
-            let cfg = &cfg.distance;
-            for_each_row_block(
-                OP,
-                ctx,
-                pair.queries,
-                refs,
-                cfg,
-                usize::MAX,
-                &report,
-                &mut on_block,
-            )?;
+            for_each_row_block(&job, refs, &mut on_block)?;
             values
         }
     };
@@ -194,26 +205,25 @@ pub(crate) fn row_plan(
     }
 }
 
-/// Hands the distances of `queries` `(q, d)` against `refs` `(n, d)` (validated) to
+/// Hands the distances of the job's queries `(q, d)` against `refs` `(n, d)` (validated) to
 /// `on_block` in consecutive blocks of whole rows `(row0, (rows, n))`, each at most
-/// `max_rows` rows, on whichever path `ctx` runs; host memory stays bounded by one block
-/// whatever `q`. After a device out-of-memory the blocks resume where they were.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the call's inputs, its hooks and its sink, each distinct"
-)]
+/// `job.max_rows` rows, on whichever path the context runs; host memory stays bounded by one
+/// block whatever `q`. After a device out-of-memory the blocks resume where they were.
 pub(crate) fn for_each_row_block(
-    op: &'static str,
-    ctx: &Context,
-    queries: ArrayView2<'_, f32>,
+    job: &Job<'_>,
     refs: Embeddings<'_>,
-    cfg: &DistanceConfig,
-    max_rows: usize,
-    report: &Reporter<'_>,
     on_block: &mut RowSink<'_>,
 ) -> Result<()> {
+    let Job {
+        op,
+        ctx,
+        queries,
+        cfg,
+        report,
+        ..
+    } = *job;
     let (q, n) = (queries.nrows(), refs.dim().0);
-    let max_rows = max_rows.max(1);
+    let max_rows = job.max_rows.max(1);
     if q == 0 {
         return Ok(());
     }
@@ -235,13 +245,11 @@ pub(crate) fn for_each_row_block(
         }
         (Some(gpu), Embeddings::Host(refs)) => oom_retry::retry_rows(ctx, on_block, |on_block| {
             report.restart();
-            gpu::host_row_blocks(op, ctx, gpu, queries, refs, cfg, max_rows, report, on_block)
+            gpu::host_row_blocks(job, gpu, refs, on_block)
         }),
         (Some(gpu), Embeddings::Bank(bank)) => oom_retry::retry_rows(ctx, on_block, |on_block| {
             report.restart();
-            gpu::row_blocks(
-                op, ctx, gpu, queries, bank.view, cfg, max_rows, report, on_block,
-            )
+            gpu::row_blocks(job, gpu, bank.view, on_block)
         }),
         (None, Embeddings::Bank(_)) => Err(Error::Internal {
             op,

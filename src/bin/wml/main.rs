@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use wgpu_metric_learning::{CancelToken, Hooks};
+use wgpu_metric_learning::{CancelToken, Hooks, Progress};
 
 /// The GPU core of metric learning on .npy files: triplet mining, PML's miners, kNN and
 /// retrieval accuracy, on any GPU through wgpu or on the native CPU path.
@@ -65,6 +65,39 @@ struct Common {
     /// I/O), peak device bytes, the budget, the adapter and the path that ran.
     #[arg(long)]
     stats: bool,
+    /// Print the operation's progress on stderr, one line per whole percent:
+    /// `wml: 37% (pairs done of total)`.
+    #[arg(long)]
+    progress: bool,
+}
+
+impl Command {
+    fn common(&self) -> &Common {
+        match self {
+            Command::Triplets(a) => &a.common,
+            Command::Mine(a) => &a.common,
+            Command::Knn(a) => &a.common,
+            Command::Accuracy(a) => &a.common,
+        }
+    }
+}
+
+/// The hooks every operation runs with: Ctrl-C cancels; `--progress` prints a line per whole
+/// percent.
+fn hooks(common: &Common) -> Hooks {
+    let hooks = Hooks::new().cancel_with(&cancel_on_ctrl_c());
+    if !common.progress {
+        return hooks;
+    }
+    let shown = std::sync::Mutex::new(None);
+    hooks.on_progress(move |p: Progress| {
+        let percent = (100.0 * p.fraction()).floor() as u64;
+        let mut last = shown.lock().unwrap_or_else(|e| e.into_inner());
+        if *last != Some(percent) {
+            *last = Some(percent);
+            eprintln!("wml: {percent}% ({} of {})", p.done, p.total);
+        }
+    })
 }
 
 /// How embeddings are compared.
@@ -368,7 +401,7 @@ fn main() -> ExitCode {
         eprintln!("wml: internal error: {info}");
     }));
     let cli = Cli::parse();
-    let hooks = Hooks::new().cancel_with(&cancel_on_ctrl_c());
+    let hooks = hooks(cli.command.common());
     let done = match cli.command {
         Command::Triplets(a) => commands::triplets(&a, &hooks),
         Command::Mine(a) => commands::mine(&a, &hooks),

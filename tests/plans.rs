@@ -1,0 +1,148 @@
+//! The `*_plan` queries tell the truth: on both paths, the call then holds no more than the
+//! plan's `bytes` (within the budget), and a context whose budget is the plan's `min_bytes`
+//! runs the call while one byte less refuses it with `OverBudget`.
+
+use crate::common;
+
+use ndarray::{Array1, Array2};
+use wgpu_metric_learning::{
+    accuracy, accuracy_plan, knn, knn_plan, mine_triplets, mine_triplets_plan, miners_plan,
+    pair_margin_pairs, pairwise_distances, pairwise_distances_plan, AccuracyConfig, AccuracyK,
+    BackendChoice, ComputePath, Context, ContextConfig, Error, KnnConfig, MiningSet,
+    PairMarginConfig, Plan, Result, TripletConfig, TripletType,
+};
+
+fn data(rows: usize, d: usize, classes: usize) -> (Array2<f32>, Array1<u32>) {
+    let x = Array2::from_shape_fn((rows, d), |(i, k)| {
+        ((i as f32 * 0.37 + k as f32 * 1.13).sin() * 3.0).fract()
+    });
+    let y = Array1::from_shape_fn(rows, |i| (i % classes) as u32);
+    (x, y)
+}
+
+/// A context on `path` with `budget` bytes (the GPU one with sentinels, as every GPU test).
+fn context(path: ComputePath, budget: u64) -> Option<Context> {
+    match path {
+        ComputePath::NativeCpu => Some(Context::native_cpu(Some(budget))),
+        ComputePath::Wgpu => common::gpu_context_with(ContextConfig {
+            backend: BackendChoice::Wgpu,
+            budget_bytes: Some(budget),
+            ..Default::default()
+        }),
+    }
+}
+
+/// Plans on a context of `budget`, runs, and checks the peak against the plan; then runs on
+/// contexts of exactly `min_bytes` and one byte less.
+fn check<T>(
+    what: &str,
+    path: ComputePath,
+    budget: u64,
+    plan: impl Fn(&Context) -> Result<Plan>,
+    run: impl Fn(&Context) -> Result<T>,
+) {
+    let Some(ctx) = context(path, budget) else {
+        return;
+    };
+    let p = plan(&ctx).unwrap_or_else(|e| panic!("{what} on {path:?}: plan: {e}"));
+    assert_eq!(p.path, path, "{what}: the plan says where it runs");
+    assert!(
+        p.min_bytes <= p.bytes && p.bytes <= budget,
+        "{what} on {path:?}: {p:?}"
+    );
+    assert!(p.rows >= 1 && p.chunks >= 1, "{what} on {path:?}: {p:?}");
+    ctx.reset_peak();
+    run(&ctx).unwrap_or_else(|e| panic!("{what} on {path:?}: {e}"));
+    let peak = ctx.memory().peak_bytes;
+    assert!(
+        peak <= p.bytes,
+        "{what} on {path:?}: peak {peak} above the plan's {p:?}"
+    );
+    let Some(tight) = context(path, p.min_bytes) else {
+        return;
+    };
+    run(&tight)
+        .unwrap_or_else(|e| panic!("{what} on {path:?} with min_bytes {}: {e}", p.min_bytes));
+    if p.min_bytes > 0 {
+        let Some(short) = context(path, p.min_bytes - 1) else {
+            return;
+        };
+        match run(&short) {
+            Err(Error::OverBudget { required, .. }) => {
+                assert!(required > p.min_bytes - 1, "{what}: names what it needs")
+            }
+            Err(e) => panic!("{what} on {path:?} one byte short: expected OverBudget, got {e}"),
+            Ok(_) => panic!("{what} on {path:?} one byte short of min_bytes ran"),
+        }
+    }
+}
+
+#[test]
+fn plans_bound_what_the_calls_hold_and_name_their_least_budget() {
+    let (x, y) = data(90, 12, 6);
+    let (r, ry) = data(70, 12, 6);
+    let set = MiningSet::new(&x, &y);
+    let refs = MiningSet::new(&r, &ry);
+    let knn_cfg = KnnConfig {
+        k: 4,
+        ..Default::default()
+    };
+    let semihard = TripletConfig::margin_miner(TripletType::Semihard);
+    let acc = AccuracyConfig {
+        k: AccuracyK::MaxBinCount,
+        ..Default::default()
+    };
+    for path in [ComputePath::NativeCpu, ComputePath::Wgpu] {
+        let budget = 8 << 20;
+        check(
+            "pairwise_distances",
+            path,
+            budget,
+            |ctx| pairwise_distances_plan(ctx, &x, &r, &Default::default()),
+            |ctx| pairwise_distances(ctx, &x, &r, &Default::default()),
+        );
+        check(
+            "knn",
+            path,
+            budget,
+            |ctx| knn_plan(ctx, &x, &r, &knn_cfg),
+            |ctx| knn(ctx, &x, &r, &knn_cfg),
+        );
+        check(
+            "accuracy",
+            path,
+            budget,
+            |ctx| accuracy_plan(ctx, &set, Some(&refs), &acc),
+            |ctx| accuracy(ctx, &set, Some(&refs), &acc),
+        );
+        check(
+            "mine_triplets",
+            path,
+            budget,
+            |ctx| mine_triplets_plan(ctx, &set, Some(&refs), &semihard),
+            |ctx| mine_triplets(ctx, &set, Some(&refs), &semihard),
+        );
+        check(
+            "pair_margin_pairs",
+            path,
+            budget,
+            |ctx| miners_plan(ctx, &set, Some(&refs)),
+            |ctx| pair_margin_pairs(ctx, &set, Some(&refs), &PairMarginConfig::default()),
+        );
+    }
+}
+
+#[test]
+fn a_plan_under_a_smaller_budget_takes_more_chunks() {
+    let (x, _) = data(2000, 32, 10);
+    let cfg = KnnConfig::default();
+    for path in [ComputePath::NativeCpu, ComputePath::Wgpu] {
+        let (Some(roomy), Some(tight)) = (context(path, 256 << 20), context(path, 1 << 20)) else {
+            continue;
+        };
+        let a = knn_plan(&roomy, &x, &x, &cfg).expect("roomy");
+        let b = knn_plan(&tight, &x, &x, &cfg).expect("tight");
+        assert!(b.bytes <= 1 << 20, "{path:?}: {b:?}");
+        assert!(b.chunks > a.chunks, "{path:?}: {a:?} then {b:?}");
+    }
+}
