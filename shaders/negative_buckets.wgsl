@@ -380,9 +380,13 @@ fn emit(
         return;
     }
     // Inside the window offsets differ by less than 2^32 (the window fits a buffer), so the
-    // low words suffice.
+    // low words suffice. The pair's slice of `out` is [at, end): its count, from the count
+    // pass. Writes stop at its end even if this pass finds more kept negatives than that one
+    // counted (a compiler may contract the rule's arithmetic differently in two pipelines),
+    // so a pair can never write into the next pair's slots.
     var at = offsets[pair].x - params.start.x;
     let c = offsets[pair + 1u].x - offsets[pair].x;
+    let end = at + c;
     if (c == 0u) {
         return;
     }
@@ -401,7 +405,7 @@ fn emit(
     }
     for (var w = 0u; w < words; w++) {
         var bits = scratch[bitmap + w];
-        while (bits != 0u) {
+        while (bits != 0u && at < end) {
             out[at] = 32u * w + countTrailingZeros(bits);
             at += 1u;
             bits &= bits - 1u;

@@ -18,8 +18,8 @@
 // pair after grouping the negatives; the host picks one of the two per call.)
 // `emit`: one invocation per pair of the window [pair_lo, pair_hi) walks the negatives in
 // ascending order and writes the kept n from offsets[pair] - start, where offsets is the
-// exclusive prefix sum of the counts (64-bit, from the host) and start the window's first
-// offset; the host, which knows each pair's (a, p), expands them to (a, p, n) rows, so only a
+// exclusive prefix sum of the counts (64-bit, from the host, one past the last pair included)
+// and start the window's first offset, never past offsets[pair + 1] - start; the host, which knows each pair's (a, p), expands them to (a, p, n) rows, so only a
 // third of the triplet bytes are written and read back. Ascending n at prefix-sum offsets is
 // PML's lexicographic (a, p, n) order. Emitting serially per pair needs no workgroup scan:
 // measured on lavapipe it is 2-6x faster than a workgroup-per-pair scan, and a GPU is busy
@@ -143,7 +143,17 @@ fn emit(
     @builtin(num_workgroups) groups: vec3<u32>,
 ) {
     let pair = params.pair_lo + gid.x + gid.y * groups.x * WORKGROUP_SIZE;
-    if (pair >= params.pair_hi || pair_counts[pair] == 0u) {
+    if (pair >= params.pair_hi) {
+        return;
+    }
+    // Inside the window offsets differ by less than 2^32 (the window fits a buffer), so the
+    // low words suffice. The pair's slice of `out` is [k, end): its count, from the count
+    // pass. Writes stop at its end even if this pass keeps more negatives than that one
+    // counted (a compiler may contract the rule's arithmetic differently in two pipelines),
+    // so a pair can never write into the next pair's slots.
+    var k = offsets[pair].x - params.start.x;
+    let end = offsets[pair + 1u].x - params.start.x;
+    if (k == end) {
         return;
     }
     let a = anchor_of(pair);
@@ -154,9 +164,7 @@ fn emit(
     if (params.mode != 0u) {
         ap = distances[row + p];
     }
-    // Inside the window the distance to `start` fits in 32 bits (the window fits a buffer).
-    var k = offsets[pair].x - params.start.x;
-    for (var j = 0u; j < n_neg; j++) {
+    for (var j = 0u; j < n_neg && k < end; j++) {
         if (kept(row, j, ap)) {
             out[k] = negatives[row + j];
             k += 1u;

@@ -7,7 +7,8 @@
 
 use ndarray::{Array2, ArrayView2};
 
-use crate::context::{Context, GpuDevice};
+use crate::context::Context;
+use crate::device::GpuDevice;
 use crate::error::{Error, Result};
 use crate::kernels::distance_tile;
 use crate::kernels::row_norms::{self, RowNorms};

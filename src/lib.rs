@@ -3,6 +3,7 @@
 mod accuracy;
 mod bank;
 mod context;
+mod device;
 mod device_rows;
 mod distance;
 mod error;

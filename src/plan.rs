@@ -42,6 +42,13 @@ pub struct Plan {
     pub min_bytes: u64,
 }
 
+/// The largest buffer the crate binds: 2³¹ − 1 bytes. The kernels index their buffers with
+/// `u32` arithmetic (`row * stride + column` and the like), which every in-bounds element of a
+/// buffer this size keeps below 2³¹: no product wraps, even where a backend indexes with
+/// signed 32-bit integers (HLSL, GLSL). Metal reports `maxBufferLength` (many GiB) as its
+/// binding limit, so without this cap a chunk could grow past what `u32` indices reach.
+pub(crate) const MAX_BINDING_BYTES: u64 = (1 << 31) - 1;
+
 /// The device limits that bound a tile; a copy of the relevant fields of `wgpu::Limits`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct DeviceCaps {
@@ -56,11 +63,14 @@ pub(crate) struct DeviceCaps {
 }
 
 impl DeviceCaps {
-    /// The caps of a device granted `limits`.
+    /// The caps of a device granted `limits`, with buffers and bindings capped at
+    /// [`MAX_BINDING_BYTES`].
     pub(crate) fn from_limits(limits: &wgpu::Limits) -> Self {
         Self {
-            max_buffer_size: limits.max_buffer_size,
-            max_storage_binding: limits.max_storage_buffer_binding_size,
+            max_buffer_size: limits.max_buffer_size.min(MAX_BINDING_BYTES),
+            max_storage_binding: limits
+                .max_storage_buffer_binding_size
+                .min(MAX_BINDING_BYTES),
             max_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
             max_workgroup_storage: limits.max_compute_workgroup_storage_size,
         }
@@ -261,6 +271,25 @@ mod tests {
             workgroups: r.div_ceil(64).max(c.div_ceil(64)),
             workgroup_storage: 8192,
         }
+    }
+
+    #[test]
+    fn bindings_are_capped_where_u32_indices_stay_exact() {
+        let metal_like = wgpu::Limits {
+            max_buffer_size: 64 << 30,
+            max_storage_buffer_binding_size: 64 << 30,
+            ..wgpu::Limits::default()
+        };
+        let caps = DeviceCaps::from_limits(&metal_like);
+        assert_eq!(
+            caps.max_storage_binding, MAX_BINDING_BYTES,
+            "binding capped"
+        );
+        assert_eq!(caps.max_buffer_size, MAX_BINDING_BYTES, "buffer capped");
+        // Every f32 element index of such a binding fits an i32.
+        assert!(MAX_BINDING_BYTES / 4 <= i32::MAX as u64);
+        let small = DeviceCaps::from_limits(&wgpu::Limits::default());
+        assert_eq!(small.max_storage_binding, 128 << 20, "smaller limits kept");
     }
 
     #[test]

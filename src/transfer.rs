@@ -5,46 +5,14 @@ use std::time::Duration;
 
 use bytemuck::Pod;
 
-use crate::context::{Context, GpuDevice};
+use crate::context::Context;
+use crate::device::{scoped, GpuDevice};
 use crate::error::{Error, Result};
 use crate::memory::TrackedBuffer;
 
 /// Bit pattern written into output buffers before a kernel runs when the context asks for
 /// sentinels: a quiet NaN as `f32`, `u32::MAX`-like as an index; no kernel writes it.
 pub(crate) const SENTINEL_BITS: u32 = 0xFFFF_FFFF;
-
-/// Runs `f` inside out-of-memory and validation error scopes and maps what they caught.
-fn scoped<T>(
-    gpu: &GpuDevice,
-    label: &'static str,
-    requested: u64,
-    f: impl FnOnce() -> T,
-) -> Result<T> {
-    let oom = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-    let validation = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let value = f();
-    // Scopes pop innermost first.
-    let validation = pollster::block_on(validation.pop());
-    let oom = pollster::block_on(oom.pop());
-    if let Some(source) = oom {
-        return Err(Error::OutOfMemory {
-            label,
-            requested,
-            message: source.to_string(),
-            source: Some(source),
-        });
-    }
-    if let Some(source) = validation {
-        gpu.check_lost_after_error()?;
-        return Err(Error::Wgpu { op: label, source });
-    }
-    Ok(value)
-}
-
-/// Runs `f` (pipeline or bind-group creation, encoding) under a validation scope.
-pub(crate) fn checked<T>(gpu: &GpuDevice, op: &'static str, f: impl FnOnce() -> T) -> Result<T> {
-    scoped(gpu, op, 0, f)
-}
 
 /// The size a buffer of `bytes` bytes really gets: at least 4, a multiple of 4 (wgpu's copy
 /// alignment). Footprints use it so that plans count exactly what is allocated.

@@ -197,7 +197,8 @@ fn a_device_the_application_owns_can_be_shared() {
             budget_bytes: Some(1 << 20),
             ..Default::default()
         },
-    );
+    )
+    .expect("the kernels fit the adapter's limits");
     let d = pairwise_distances(
         &ctx,
         small().view(),
@@ -308,4 +309,33 @@ fn operations_after_device_loss_return_a_typed_error() {
         },
     )
     .expect("the new context works");
+}
+
+/// A device whose limits fall short of the kernels' (GLES 3.1 may offer 4 storage buffers per
+/// stage; the kernels bind up to 8) is refused when the context is made, with the limit named,
+/// rather than at the first call.
+#[test]
+fn a_device_below_the_kernels_limits_is_refused_with_the_limit_named() {
+    let Some(probe) = common::shared_gpu() else {
+        return;
+    };
+    let limits = wgpu::Limits {
+        max_storage_buffers_per_shader_stage: 4,
+        ..probe.limits().cloned().expect("wgpu context has limits")
+    };
+    let got = Context::new(&ContextConfig {
+        backend: BackendChoice::Wgpu,
+        limits: Some(limits),
+        ..Default::default()
+    });
+    match got {
+        Err(Error::DeviceLimit {
+            what: "max_storage_buffers_per_shader_stage",
+            requested,
+            limit: 4,
+            ..
+        }) => assert!(requested > 4, "names the need: {requested}"),
+        Err(e) => panic!("expected DeviceLimit, got {e}"),
+        Ok(ctx) => panic!("made a context on {}", ctx.device_name()),
+    }
 }

@@ -3,7 +3,8 @@
 
 use ndarray::ArrayView2;
 
-use crate::context::{Context, GpuDevice};
+use crate::context::Context;
+use crate::device::{checked, GpuDevice};
 use crate::device_rows::DeviceRows;
 use crate::error::{Error, Result};
 use crate::inputs::foreign_bank;
@@ -94,7 +95,7 @@ pub(super) fn enqueue_buffer(
     // Source rows c0 .. c0 + n into scratch rows 0 .. n, and their norms.
     let stage = |enc: &mut wgpu::CommandEncoder, c0: usize, n: usize| -> Result<()> {
         let at = offset + c0 as u64 * dense;
-        transfer::checked(gpu, ENQUEUE, || {
+        checked(gpu, ENQUEUE, || {
             if dense == padded {
                 enc.copy_buffer_to_buffer(source, at, scratch.rows.buffer(), 0, n as u64 * dense);
             } else {

@@ -2,13 +2,13 @@
 
 mod adapter;
 
-use std::any::{Any, TypeId};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 pub use adapter::{list_adapters, AdapterSelector, AdapterSummary};
 
+use crate::device::GpuDevice;
 use crate::error::{Error, Result};
+use crate::kernels;
 use crate::memory::{MemoryStats, MemoryTracker};
 use adapter::{enumerate, make_instance, reported_device_memory, select_adapter};
 
@@ -120,96 +120,6 @@ enum Engine {
     },
 }
 
-/// A wgpu device and queue with everything the kernels need to know about them.
-#[derive(Debug)]
-pub(crate) struct GpuDevice {
-    pub(crate) device: wgpu::Device,
-    pub(crate) queue: wgpu::Queue,
-    pub(crate) info: wgpu::AdapterInfo,
-    pub(crate) limits: wgpu::Limits,
-    lost: Arc<Mutex<Option<(wgpu::DeviceLostReason, String)>>>,
-    kernels: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
-    /// Unique per `GpuDevice` in the process. `wgpu::Device` equality compares ids that are
-    /// only unique within one instance, and every context has its own instance.
-    pub(crate) serial: u64,
-}
-
-/// A compiled kernel: pipeline and bind-group layout, built once per device.
-pub(crate) trait Kernel: Any + Send + Sync + Sized {
-    fn build(gpu: &GpuDevice) -> Result<Self>;
-}
-
-impl GpuDevice {
-    fn new(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo, own: bool) -> Self {
-        let lost = Arc::new(Mutex::new(None));
-        if own {
-            // The default handler panics; ours logs. Errors inside our operations are caught by
-            // error scopes before they get here, so this only sees stray ones.
-            device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
-                log::error!("wgpu uncaptured error: {e}");
-            }));
-            let flag = Arc::clone(&lost);
-            device.set_device_lost_callback(move |reason, message| {
-                log::warn!("wgpu device lost ({reason:?}): {message}");
-                if let Ok(mut slot) = flag.lock() {
-                    *slot = Some((reason, message));
-                }
-            });
-        }
-        let limits = device.limits();
-        Self {
-            device,
-            queue,
-            info,
-            limits,
-            lost,
-            kernels: Mutex::new(HashMap::new()),
-            serial: {
-                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            },
-        }
-    }
-
-    /// After wgpu reported an error: `Err(DeviceLost)` if that is why. A destroyed device is
-    /// only marked invalid at once; its lost callback runs at the next poll, so poll first.
-    pub(crate) fn check_lost_after_error(&self) -> Result<()> {
-        let _ = self.device.poll(wgpu::PollType::Poll);
-        self.check_alive()
-    }
-
-    /// `Err(DeviceLost)` once the device-lost callback has fired.
-    pub(crate) fn check_alive(&self) -> Result<()> {
-        match self.lost.lock().ok().and_then(|g| g.clone()) {
-            Some((reason, message)) => Err(Error::DeviceLost { reason, message }),
-            None => Ok(()),
-        }
-    }
-
-    /// The compiled kernel `K`, built on first use and cached for the device's lifetime.
-    pub(crate) fn kernel<K: Kernel>(&self) -> Result<Arc<K>> {
-        let key = TypeId::of::<K>();
-        if let Some(k) = self.cached::<K>(key) {
-            return Ok(k);
-        }
-        // Built outside the lock: pipeline creation can take milliseconds, and two threads
-        // racing here merely build it twice.
-        let built: Arc<K> = Arc::new(K::build(self)?);
-        if let Ok(mut map) = self.kernels.lock() {
-            let entry = map.entry(key).or_insert_with(|| built.clone());
-            if let Ok(k) = Arc::clone(entry).downcast::<K>() {
-                return Ok(k);
-            }
-        }
-        Ok(built)
-    }
-
-    fn cached<K: Kernel>(&self, key: TypeId) -> Option<Arc<K>> {
-        let map = self.kernels.lock().ok()?;
-        Arc::clone(map.get(&key)?).downcast::<K>().ok()
-    }
-}
-
 /// Where operations run and under which memory budget.
 ///
 /// Make one with [`Context::new`] (adapter chosen by [`ContextConfig`]), [`Context::from_wgpu`]
@@ -238,8 +148,12 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::NoAdapter`] when [`BackendChoice::Wgpu`] finds no (matching) adapter, or when an
-    /// explicit [`AdapterSelector`] matches none; [`Error::RequestDevice`] when the adapter
-    /// refuses the device (e.g. limits above what it supports).
+    /// explicit [`AdapterSelector`] matches none; [`Error::DeviceLimit`] when the device's
+    /// limits fall short of what the kernels use (4 storage buffers per stage or 128
+    /// invocations per workgroup, as a GLES 3.1 device may offer: the kernels use up to 8 and
+    /// 256; [`BackendChoice::Auto`] then takes the native CPU path instead);
+    /// [`Error::RequestDevice`] when the adapter refuses the device (e.g. limits above what it
+    /// supports).
     ///
     /// # Example
     /// ```no_run
@@ -272,6 +186,16 @@ impl Context {
             return Ok(Self::native_cpu_with(config, Some(info.name)));
         }
         let required_limits = config.limits.clone().unwrap_or_else(|| adapter.limits());
+        if let Err(e) = kernels::check_limits("Context::new", &required_limits) {
+            if config.backend == BackendChoice::Auto && config.limits.is_none() {
+                log::info!(
+                    "{} cannot run the kernels ({e}); using the native CPU path",
+                    info.name
+                );
+                return Ok(Self::native_cpu_with(config, Some(info.name)));
+            }
+            return Err(e);
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("wgpu-metric-learning"),
             required_features: wgpu::Features::empty(),
@@ -301,27 +225,33 @@ impl Context {
     /// operations still capture their errors with error scopes. The budget is
     /// `config.budget_bytes` or [`DEFAULT_BUDGET_BYTES`]; `config.backend` and `adapter` are ignored.
     ///
+    /// # Errors
+    /// [`Error::DeviceLimit`] when the device's limits fall short of what the kernels use
+    /// (WebGPU's default limits are enough).
+    ///
     /// # Example
     /// ```no_run
     /// # fn app_device() -> (wgpu::Device, wgpu::Queue, wgpu::AdapterInfo) { unimplemented!() }
     /// use wgpu_metric_learning::{Context, ContextConfig};
     /// let (device, queue, info) = app_device();
-    /// let ctx = Context::from_wgpu(device, queue, info, &ContextConfig::default());
+    /// let ctx = Context::from_wgpu(device, queue, info, &ContextConfig::default())?;
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
     /// ```
     pub fn from_wgpu(
         device: wgpu::Device,
         queue: wgpu::Queue,
         adapter_info: wgpu::AdapterInfo,
         config: &ContextConfig,
-    ) -> Self {
-        Self {
+    ) -> Result<Self> {
+        kernels::check_limits("Context::from_wgpu", &device.limits())?;
+        Ok(Self {
             engine: Engine::Gpu(Box::new(GpuDevice::new(device, queue, adapter_info, false))),
             memory: Arc::new(MemoryTracker::new(
                 config.budget_bytes.unwrap_or(DEFAULT_BUDGET_BYTES),
             )),
             sentinel: config.fill_outputs_with_sentinel,
             simulated_device_bytes: config.simulated_device_bytes,
-        }
+        })
     }
 
     /// A context on the native CPU path, with `budget_bytes` (default

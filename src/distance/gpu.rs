@@ -5,7 +5,8 @@
 use ndarray::{s, Array2, ArrayView2};
 
 use super::Job;
-use crate::context::{Context, GpuDevice};
+use crate::context::Context;
+use crate::device::GpuDevice;
 use crate::device_rows::RowsView;
 use crate::error::{Error, Result};
 use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};

@@ -1,6 +1,6 @@
 //! Wrapper of `shaders/distance_tile.wgsl`: one `(rows, cols)` tile of a distance matrix.
 
-use crate::context::{GpuDevice, Kernel};
+use crate::device::{GpuDevice, Kernel};
 use crate::error::{Error, Result};
 use crate::kernels::{fields, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;

@@ -1,7 +1,7 @@
 //! Wrapper of `shaders/knn_select.wgsl`: per query row, the k best of its running list and one
 //! block of scores, by radix selection.
 
-use crate::context::{GpuDevice, Kernel};
+use crate::device::{GpuDevice, Kernel};
 use crate::error::Result;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;

@@ -14,9 +14,9 @@ pub(crate) mod row_norms;
 pub(crate) mod triplet_lists;
 pub(crate) mod triplet_select;
 
-use crate::context::GpuDevice;
+use crate::device::checked;
+use crate::device::GpuDevice;
 use crate::error::{Error, Result};
-use crate::transfer::checked;
 
 /// A WGSL kernel the crate ships: its stem (`shaders/<stem>.wgsl`), its source, and the values
 /// of its pipeline-overridable constants (WGSL `override`s without a default), which the
@@ -55,7 +55,6 @@ pub const WGSL_KERNELS: &[WgslKernel] = &[
 ];
 
 /// Every wrapper's spec, in the order of [`WGSL_KERNELS`].
-#[cfg(test)]
 pub(crate) const SPECS: &[&Spec] = &[
     &distance_tile::SPEC,
     &knn_select::SPEC,
@@ -64,6 +63,72 @@ pub(crate) const SPECS: &[&Spec] = &[
     &triplet_lists::SPEC,
     &triplet_select::SPEC,
 ];
+
+/// `Err(DeviceLimit)` naming the first limit of a device granted `limits` that one of the
+/// shipped kernels' entry points exceeds: storage buffers per stage, invocations per
+/// workgroup, workgroup size per dimension, workgroup memory. A GLES 3.1 device may offer 4
+/// storage buffers and 128 invocations where the kernels use up to 8 and 256: better one
+/// error naming the limit when the context is made than a validation error at the first call.
+pub(crate) fn check_limits(op: &'static str, limits: &wgpu::Limits) -> Result<()> {
+    // The most any entry point needs of each limit.
+    let mut need = [0u64; 7];
+    for e in SPECS.iter().flat_map(|spec| spec.entries) {
+        let storage = e
+            .bindings
+            .iter()
+            .filter(|b| b.1 != Binding::Uniform)
+            .count() as u64;
+        let uniforms = e.bindings.len() as u64 - storage;
+        let [x, y, z] = e.workgroup_size.map(u64::from);
+        let this = [storage, uniforms, x * y * z, x, y, z, e.workgroup_bytes];
+        for (n, t) in need.iter_mut().zip(this) {
+            *n = (*n).max(t);
+        }
+    }
+    let limit = [
+        (
+            "max_storage_buffers_per_shader_stage",
+            limits.max_storage_buffers_per_shader_stage,
+        ),
+        (
+            "max_uniform_buffers_per_shader_stage",
+            limits.max_uniform_buffers_per_shader_stage,
+        ),
+        (
+            "max_compute_invocations_per_workgroup",
+            limits.max_compute_invocations_per_workgroup,
+        ),
+        (
+            "max_compute_workgroup_size_x",
+            limits.max_compute_workgroup_size_x,
+        ),
+        (
+            "max_compute_workgroup_size_y",
+            limits.max_compute_workgroup_size_y,
+        ),
+        (
+            "max_compute_workgroup_size_z",
+            limits.max_compute_workgroup_size_z,
+        ),
+        (
+            "max_compute_workgroup_storage_size",
+            limits.max_compute_workgroup_storage_size,
+        ),
+    ];
+    match need
+        .into_iter()
+        .zip(limit)
+        .find(|&(n, (_, l))| n > u64::from(l))
+    {
+        Some((requested, (what, l))) => Err(Error::DeviceLimit {
+            op,
+            what,
+            requested,
+            limit: u64::from(l),
+        }),
+        None => Ok(()),
+    }
+}
 
 /// How a kernel sees one binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,10 +152,8 @@ pub(crate) struct Spec {
 #[derive(Debug)]
 pub(crate) struct Entry {
     pub(crate) name: &'static str,
-    #[cfg_attr(not(test), allow(dead_code, reason = "read by the reflection test"))]
     pub(crate) workgroup_size: [u32; 3],
     /// Bytes of workgroup memory the entry point uses.
-    #[cfg_attr(not(test), allow(dead_code, reason = "read by the reflection test"))]
     pub(crate) workgroup_bytes: u64,
     /// `(@binding, kind, bytes per element)` of every buffer it uses (group 0), in the order
     /// `dispatch` takes them; a uniform's element is the whole block.
@@ -265,6 +328,39 @@ mod reflect;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kernels_fit_webgpu_default_limits_but_not_gles_downlevel_ones() {
+        assert!(
+            check_limits("t", &wgpu::Limits::default()).is_ok(),
+            "WebGPU defaults"
+        );
+        let gles = wgpu::Limits::downlevel_defaults();
+        match check_limits("t", &gles) {
+            Err(Error::DeviceLimit {
+                what,
+                requested,
+                limit,
+                ..
+            }) => {
+                assert!(requested > limit, "{what}: {requested} > {limit}");
+            }
+            other => panic!("GLES 3.1 downlevel limits: {other:?}"),
+        }
+        let four = wgpu::Limits {
+            max_storage_buffers_per_shader_stage: 4,
+            ..wgpu::Limits::default()
+        };
+        assert!(matches!(
+            check_limits("t", &four),
+            Err(Error::DeviceLimit {
+                what: "max_storage_buffers_per_shader_stage",
+                requested: 8,
+                limit: 4,
+                ..
+            })
+        ));
+    }
 
     #[test]
     fn grid_2d_covers_every_group_within_the_limit() {

@@ -3,7 +3,7 @@
 //! negatives), so that each (anchor, positive) pair counts and emits its kept negatives
 //! without testing every one.
 
-use crate::context::{GpuDevice, Kernel};
+use crate::device::{GpuDevice, Kernel};
 use crate::error::{Error, Result};
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;

@@ -8,7 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use naga::back::pipeline_constants::process_overrides;
 use naga::back::PipelineConstants;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
-use naga::{AddressSpace, ShaderStage, StorageAccess, TypeInner};
+use naga::valid::{FunctionInfo, ModuleInfo};
+use naga::{AddressSpace, Block, ShaderStage, Statement, StorageAccess, TypeInner};
 
 use super::{Binding, Spec, SPECS, WGSL_KERNELS};
 
@@ -189,6 +190,118 @@ fn params_mismatches(spec: &Spec, module: &naga::Module) -> Vec<String> {
         ));
     }
     found
+}
+
+/// Stores through a pointer to one component of a vector (or one column of a matrix) in
+/// workgroup memory, as `"function: store"` lines. WGSL lets such a store rewrite the whole
+/// vector, and Apple's compiler does: invocations writing different components of one vector
+/// then race, and tiles come out partly zero on Metal. Stage whole vectors instead.
+fn component_stores(module: &naga::Module, info: &ModuleInfo) -> Vec<String> {
+    fn visit(
+        block: &Block,
+        f: &FunctionInfo,
+        module: &naga::Module,
+        name: &str,
+        out: &mut Vec<String>,
+    ) {
+        for statement in block.iter() {
+            match statement {
+                Statement::Store { pointer, .. } => {
+                    let ty = f[*pointer].ty.inner_with(&module.types);
+                    if let TypeInner::ValuePointer {
+                        space: AddressSpace::WorkGroup,
+                        ..
+                    } = ty
+                    {
+                        out.push(format!(
+                            "{name}: a store to one component of a workgroup vector"
+                        ));
+                    }
+                }
+                Statement::Block(b) => visit(b, f, module, name, out),
+                Statement::If { accept, reject, .. } => {
+                    visit(accept, f, module, name, out);
+                    visit(reject, f, module, name, out);
+                }
+                Statement::Switch { cases, .. } => {
+                    for case in cases {
+                        visit(&case.body, f, module, name, out);
+                    }
+                }
+                Statement::Loop {
+                    body, continuing, ..
+                } => {
+                    visit(body, f, module, name, out);
+                    visit(continuing, f, module, name, out);
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (handle, function) in module.functions.iter() {
+        let name = function.name.as_deref().unwrap_or("?");
+        visit(&function.body, &info[handle], module, name, &mut out);
+    }
+    for (i, ep) in module.entry_points.iter().enumerate() {
+        visit(
+            &ep.function.body,
+            info.get_entry_point(i),
+            module,
+            &ep.name,
+            &mut out,
+        );
+    }
+    out
+}
+
+#[test]
+fn no_shader_stores_one_component_of_a_workgroup_vector() {
+    for spec in SPECS {
+        let source = spec.kernel.source;
+        let module = naga::front::wgsl::parse_str(source).expect("parses");
+        let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
+            .validate(&module)
+            .expect("validates");
+        let found = component_stores(&module, &info);
+        assert!(found.is_empty(), "{}: {found:?}", spec.kernel.stem);
+    }
+}
+
+#[test]
+fn a_component_store_to_a_workgroup_vector_is_found() {
+    let shader = |store: &str| {
+        format!(
+            "var<workgroup> slab: array<vec4<f32>, 4>;\n\
+             var<private> own: vec4<f32>;\n\
+             @compute @workgroup_size(4)\n\
+             fn main(@builtin(local_invocation_index) i: u32) {{\n    {store}\n}}\n"
+        )
+    };
+    let stores = |store: &str| {
+        let source = shader(store);
+        let module = naga::front::wgsl::parse_str(&source).expect("parses");
+        let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
+            .validate(&module)
+            .expect("validates");
+        component_stores(&module, &info).len()
+    };
+    assert_eq!(
+        stores("slab[0][i] = 1.0;"),
+        1,
+        "one lane of a shared vector"
+    );
+    assert_eq!(
+        stores("if (i == 0u) { slab[1].y = 1.0; }"),
+        1,
+        "a swizzle, nested"
+    );
+    assert_eq!(stores("slab[i] = vec4<f32>(1.0);"), 0, "a whole vector");
+    assert_eq!(
+        stores("own[i] = 1.0;"),
+        0,
+        "a component of a private vector"
+    );
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Wrapper of `shaders/row_norms.wgsl`: squared L2 norm of every row of a padded matrix.
 
-use crate::context::{GpuDevice, Kernel};
+use crate::device::{GpuDevice, Kernel};
 use crate::error::Result;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;

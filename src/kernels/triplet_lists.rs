@@ -1,6 +1,6 @@
 //! Wrapper of `shaders/triplet_lists.wgsl`: each anchor's ascending positive and negative lists.
 
-use crate::context::{GpuDevice, Kernel};
+use crate::device::{GpuDevice, Kernel};
 use crate::error::Result;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;

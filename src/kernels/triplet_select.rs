@@ -2,7 +2,7 @@
 //! workgroup per pair scanning the negatives), then the triplets themselves (`emit`, an
 //! invocation per pair).
 
-use crate::context::{GpuDevice, Kernel};
+use crate::device::{GpuDevice, Kernel};
 use crate::error::{Error, Result};
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;
@@ -74,7 +74,6 @@ pub(crate) const SPEC: Spec = Spec {
                 NEGATIVES,
                 LIST_COUNTS,
                 PAIR_BASE,
-                PAIR_COUNTS,
                 OFFSETS,
                 OUT,
             ],
@@ -169,11 +168,14 @@ impl TripletSelect {
             b.negatives.buffer(),
             b.list_counts.buffer(),
             b.pair_base.buffer(),
-            b.pair_counts.buffer(),
         ];
         let pipeline = match pass {
-            Pass::CountScan => &self.count_scan,
+            Pass::CountScan => {
+                buffers.push(b.pair_counts.buffer());
+                &self.count_scan
+            }
             Pass::Emit => {
+                // Each pair's slice of `out` comes from the offsets, its own bound.
                 buffers.extend([b.offsets.buffer(), b.out.buffer()]);
                 &self.emit
             }

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use ndarray::ArrayView2;
 
 use super::{sort_rows, KnnConfig, Neighbours, OP};
-use crate::context::{Context, GpuDevice};
+use crate::context::Context;
+use crate::device::GpuDevice;
 use crate::device_rows::{max_page_rows, rows_bytes, DeviceRows};
 use crate::error::{Error, Result};
 use crate::hooks::Reporter;

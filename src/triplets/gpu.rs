@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 use super::plan::{plan_call, Layout};
 use super::{Problem, TripletRule, Writer, OP};
-use crate::context::{Context, GpuDevice};
+use crate::context::Context;
+use crate::device::GpuDevice;
 use crate::device_rows::{DeviceRows, RowsView};
 use crate::distance::gpu::DistanceRows;
 use crate::error::{Error, Result};

@@ -15,6 +15,8 @@ use crate::oom_retry;
 use crate::plan::{DeviceCaps, Plan};
 use crate::validate;
 
+#[cfg(test)]
+mod bounds;
 mod gpu;
 mod native;
 mod plan;

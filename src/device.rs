@@ -1,0 +1,137 @@
+//! A wgpu device and queue as the kernels see them: its limits, its compiled kernels, whether
+//! it was lost, and the error scopes that turn wgpu's failures into [`Error`] variants. Below
+//! the context (which makes one) and the kernels (which compile on one).
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+
+/// A wgpu device and queue with everything the kernels need to know about them.
+#[derive(Debug)]
+pub(crate) struct GpuDevice {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) info: wgpu::AdapterInfo,
+    pub(crate) limits: wgpu::Limits,
+    lost: Arc<Mutex<Option<(wgpu::DeviceLostReason, String)>>>,
+    kernels: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+    /// Unique per `GpuDevice` in the process. `wgpu::Device` equality compares ids that are
+    /// only unique within one instance, and every context has its own instance.
+    pub(crate) serial: u64,
+}
+
+/// A compiled kernel: pipeline and bind-group layout, built once per device.
+pub(crate) trait Kernel: Any + Send + Sync + Sized {
+    fn build(gpu: &GpuDevice) -> Result<Self>;
+}
+
+impl GpuDevice {
+    pub(crate) fn new(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        info: wgpu::AdapterInfo,
+        own: bool,
+    ) -> Self {
+        let lost = Arc::new(Mutex::new(None));
+        if own {
+            // The default handler panics; ours logs. Errors inside our operations are caught by
+            // error scopes before they get here, so this only sees stray ones.
+            device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
+                log::error!("wgpu uncaptured error: {e}");
+            }));
+            let flag = Arc::clone(&lost);
+            device.set_device_lost_callback(move |reason, message| {
+                log::warn!("wgpu device lost ({reason:?}): {message}");
+                if let Ok(mut slot) = flag.lock() {
+                    *slot = Some((reason, message));
+                }
+            });
+        }
+        let limits = device.limits();
+        Self {
+            device,
+            queue,
+            info,
+            limits,
+            lost,
+            kernels: Mutex::new(HashMap::new()),
+            serial: {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
+        }
+    }
+
+    /// After wgpu reported an error: `Err(DeviceLost)` if that is why. A destroyed device is
+    /// only marked invalid at once; its lost callback runs at the next poll, so poll first.
+    pub(crate) fn check_lost_after_error(&self) -> Result<()> {
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        self.check_alive()
+    }
+
+    /// `Err(DeviceLost)` once the device-lost callback has fired.
+    pub(crate) fn check_alive(&self) -> Result<()> {
+        match self.lost.lock().ok().and_then(|g| g.clone()) {
+            Some((reason, message)) => Err(Error::DeviceLost { reason, message }),
+            None => Ok(()),
+        }
+    }
+
+    /// The compiled kernel `K`, built on first use and cached for the device's lifetime.
+    pub(crate) fn kernel<K: Kernel>(&self) -> Result<Arc<K>> {
+        let key = TypeId::of::<K>();
+        if let Some(k) = self.cached::<K>(key) {
+            return Ok(k);
+        }
+        // Built outside the lock: pipeline creation can take milliseconds, and two threads
+        // racing here merely build it twice.
+        let built: Arc<K> = Arc::new(K::build(self)?);
+        if let Ok(mut map) = self.kernels.lock() {
+            let entry = map.entry(key).or_insert_with(|| built.clone());
+            if let Ok(k) = Arc::clone(entry).downcast::<K>() {
+                return Ok(k);
+            }
+        }
+        Ok(built)
+    }
+
+    fn cached<K: Kernel>(&self, key: TypeId) -> Option<Arc<K>> {
+        let map = self.kernels.lock().ok()?;
+        Arc::clone(map.get(&key)?).downcast::<K>().ok()
+    }
+}
+
+/// Runs `f` inside out-of-memory and validation error scopes and maps what they caught.
+pub(crate) fn scoped<T>(
+    gpu: &GpuDevice,
+    label: &'static str,
+    requested: u64,
+    f: impl FnOnce() -> T,
+) -> Result<T> {
+    let oom = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let validation = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let value = f();
+    // Scopes pop innermost first.
+    let validation = pollster::block_on(validation.pop());
+    let oom = pollster::block_on(oom.pop());
+    if let Some(source) = oom {
+        return Err(Error::OutOfMemory {
+            label,
+            requested,
+            message: source.to_string(),
+            source: Some(source),
+        });
+    }
+    if let Some(source) = validation {
+        gpu.check_lost_after_error()?;
+        return Err(Error::Wgpu { op: label, source });
+    }
+    Ok(value)
+}
+
+/// Runs `f` (pipeline or bind-group creation, encoding) under a validation scope.
+pub(crate) fn checked<T>(gpu: &GpuDevice, op: &'static str, f: impl FnOnce() -> T) -> Result<T> {
+    scoped(gpu, op, 0, f)
+}
