@@ -78,23 +78,22 @@ fn finish(dot_raw: f32, row: u32, col: u32) -> f32 {
     }
 }
 
-// Loads rows 4g .. 4g + 3 of `side` (0: queries, 1: references) at vec4 `k` of the dimension,
-// zero past the tile's edge or the dimension: row i of the result is row 4g + i.
-fn load_block(side: u32, first: u32, g: u32, k: u32) -> array<vec4<f32>, 4> {
-    var block = array<vec4<f32>, 4>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-    for (var i = 0u; i < 4u; i++) {
-        let item = first + 4u * g + i;
-        if (k >= params.dim4) {
-            break;
-        }
-        if (side == 0u && item < params.rows) {
-            block[i] = queries[item * params.dim4 + k];
-        }
-        if (side == 1u && item < params.cols) {
-            block[i] = refs[(params.ref_row0 + item) * params.dim4 + k];
-        }
+// Row `item` of `side` (0: queries, 1: references) at vec4 `k` of the dimension, zero past
+// the tile's edge or the dimension.
+fn load(side: u32, item: u32, k: u32) -> vec4<f32> {
+    if (k >= params.dim4) {
+        return vec4<f32>(0.0);
     }
-    return block;
+    if (side == 0u) {
+        if (item < params.rows) {
+            return queries[item * params.dim4 + k];
+        }
+        return vec4<f32>(0.0);
+    }
+    if (item < params.cols) {
+        return refs[(params.ref_row0 + item) * params.dim4 + k];
+    }
+    return vec4<f32>(0.0);
 }
 
 @compute @workgroup_size(THREADS, THREADS, 1)
@@ -108,12 +107,13 @@ fn main(
     let row0 = wid.y * BLOCK;
     let col0 = wid.x * BLOCK;
 
-    // Staging: 4 * THREADS invocations per side, each a 4 x 4 block (row group g, vec4 kq of
-    // the slice); the rest of the workgroup waits at the barrier.
+    // Staging: 4 * THREADS invocations per side, each a 4 x 4 block: rows 4g .. 4g + 3 at vec4
+    // kq of the slice. Four neighbouring invocations read the four vec4s of the same rows, so
+    // a row's 64 bytes are read together; the rest of the workgroup waits at the barrier.
     let stagers = 4u * THREADS;
     let side = flat / stagers;
-    let g = flat % THREADS;
-    let kq = (flat % stagers) / THREADS;
+    let kq = flat % 4u;
+    let g = (flat / 4u) % THREADS;
 
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);
@@ -122,17 +122,27 @@ fn main(
 
     for (var k4 = 0u; k4 < params.dim4; k4 += SLAB4) {
         if (side < 2u) {
-            let first = select(col0, row0, side == 0u);
-            let b = load_block(side, first, g, k4 + kq);
-            for (var c = 0u; c < 4u; c++) {
-                // Four rows at depth 4 kq + c of the slice: one whole vector.
-                let v = vec4<f32>(b[0][c], b[1][c], b[2][c], b[3][c]);
-                let at = (kq * 4u + c) * THREADS + g;
-                if (side == 0u) {
-                    q_slab[at] = v;
-                } else {
-                    r_slab[at] = v;
-                }
+            let first = select(col0, row0, side == 0u) + 4u * g;
+            let b0 = load(side, first, k4 + kq);
+            let b1 = load(side, first + 1u, k4 + kq);
+            let b2 = load(side, first + 2u, k4 + kq);
+            let b3 = load(side, first + 3u, k4 + kq);
+            // The 4 x 4 block transposed: for each depth 4 kq + c, the four rows as one vector.
+            let at = kq * 4u * THREADS + g;
+            let t0 = vec4<f32>(b0.x, b1.x, b2.x, b3.x);
+            let t1 = vec4<f32>(b0.y, b1.y, b2.y, b3.y);
+            let t2 = vec4<f32>(b0.z, b1.z, b2.z, b3.z);
+            let t3 = vec4<f32>(b0.w, b1.w, b2.w, b3.w);
+            if (side == 0u) {
+                q_slab[at] = t0;
+                q_slab[at + THREADS] = t1;
+                q_slab[at + 2u * THREADS] = t2;
+                q_slab[at + 3u * THREADS] = t3;
+            } else {
+                r_slab[at] = t0;
+                r_slab[at + THREADS] = t1;
+                r_slab[at + 2u * THREADS] = t2;
+                r_slab[at + 3u * THREADS] = t3;
             }
         }
         workgroupBarrier();

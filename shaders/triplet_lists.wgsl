@@ -5,9 +5,10 @@
 //   negatives[a * refs + j] = j-th ref r (ascending) with ref_labels[r] != anchor_labels[a]
 //   list_counts[2a] = number of positives, list_counts[2a + 1] = number of negatives
 //
-// One workgroup per anchor (y folded into x past 65 535). Each of its 64 invocations owns a
-// contiguous segment of the references: it counts its segment's positives and negatives, one
-// workgroup scan of those 64 counts gives every segment its first slot, and each invocation
+// One workgroup per anchor (y folded into x past 65 535). Each of its WORKGROUP_SIZE (64, set
+// from Rust) invocations owns a contiguous segment of the references: it counts its segment's
+// positives and negatives, one workgroup scan of those counts gives every segment its first
+// slot, and each invocation
 // then writes its segment in order. Lists therefore come out ascending (which keeps the final
 // triplets in PML's lexicographic (a, p, n) order) with a fixed number of barriers per anchor,
 // whatever the number of references.
@@ -66,7 +67,7 @@ fn main(
     scan_pos[t] = n_pos;
     scan_neg[t] = n_neg;
     workgroupBarrier();
-    // Hillis-Steele inclusive scan over the 64 segment counts.
+    // Hillis-Steele inclusive scan over the WORKGROUP_SIZE segment counts.
     for (var offset = 1u; offset < WORKGROUP_SIZE; offset <<= 1u) {
         var add_pos = 0u;
         var add_neg = 0u;

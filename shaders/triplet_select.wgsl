@@ -13,8 +13,8 @@
 //   mode 3 "semihard": tm <= margin and tm > 0
 //   mode 4 "easy":     tm > margin
 // Counts (margin rules; mode 0 needs no count, the host knows n_neg): `count_scan`, a
-// workgroup per pair; its 64 invocations stride over the negatives and reduce the kept flags
-// to pair_counts[pair]: O(n_neg) per pair. (negative_buckets.wgsl counts in O(log n_neg) per
+// workgroup per pair; its WORKGROUP_SIZE (64) invocations stride over the negatives and reduce
+// the kept flags to pair_counts[pair]: O(n_neg) per pair. (negative_buckets.wgsl counts in O(log n_neg) per
 // pair after grouping the negatives; the host picks one of the two per call.)
 // `emit`: one invocation per pair of the window [pair_lo, pair_hi) walks the negatives in
 // ascending order and writes the kept n from offsets[pair] - start, where offsets is the

@@ -186,8 +186,8 @@ pub struct Accuracy<L> {
 
 /// PML's `AccuracyCalculator.get_accuracy` for the kNN metrics: ranks the references of each
 /// query `(q, d)` with [`knn`](crate::knn()) and scores the labels of its neighbours. Without
-/// `refs` the queries are their own references and each query skips itself; `refs` `(n, d)`
-/// with labels `(n,)` may be a host array or a memory bank's `bank.refs()`.
+/// `refs` the queries are their own references (and, by default, each query skips itself);
+/// `refs` `(n, d)` with labels `(n,)` may be a host array or a memory bank's `bank.refs()`.
 /// `cfg.self_exclusion` says which reference is each query (PML's `ref_includes_query` is
 /// [`SelfExclusion::SameIndex`]).
 ///
@@ -224,9 +224,8 @@ where
 {
     let job = prepare(ctx, queries, refs, cfg)?;
     let lone_queries = job.relevant.iter().filter(|&&r| r == 0).count();
-    let q = job.set.labels.len();
-    if job.k == 0 || lone_queries == q {
-        // Nothing to search.
+    if job.nothing_to_search() {
+        cfg.hooks.check(OP)?;
         return Ok(Accuracy {
             metrics: AccuracyMetrics::NAN,
             per_class: Vec::new(),
@@ -297,12 +296,24 @@ where
     L: Copy + Eq + Hash + Ord,
 {
     let job = prepare(ctx, queries, refs, cfg)?;
+    if job.nothing_to_search() {
+        // The call returns at once: no chunk, no memory.
+        return Ok(Plan {
+            path: ctx.path(),
+            rows: job.set.labels.len(),
+            cols: job.set.ref_labels.len(),
+            chunks: 0,
+            bytes: 0,
+            min_bytes: 0,
+        });
+    }
     let pair = job.pair()?;
-    let knn_cfg = KnnConfig {
-        k: job.k.max(1),
-        ..job.knn_config(cfg)
-    };
-    crate::knn::knn_plan(ctx, Embeddings::Host(pair.queries), pair.refs, &knn_cfg)
+    crate::knn::knn_plan(
+        ctx,
+        Embeddings::Host(pair.queries),
+        pair.refs,
+        &job.knn_config(cfg),
+    )
 }
 
 /// A validated accuracy call: its inputs, `R` per query and the `k` to search with.
@@ -314,6 +325,12 @@ struct Job<'a> {
 }
 
 impl<'a> Job<'a> {
+    /// Whether the call has nothing to search: `k = 0` (no references a query can see), or
+    /// every query lone.
+    fn nothing_to_search(&self) -> bool {
+        self.k == 0 || self.relevant.iter().all(|&r| r == 0)
+    }
+
     /// The kNN inputs: the queries against the references, each skipping its own slot.
     fn pair(&self) -> Result<Pair<'a>> {
         match (self.set.queries, self.set.refs) {

@@ -71,6 +71,13 @@ impl GpuDevice {
         self.check_alive()
     }
 
+    /// Waits until the device has finished everything submitted so far (errors ignored: the
+    /// caller is already returning one). A call that stops early (cancelled) settles before it
+    /// returns, so the buffers it releases are no longer in use.
+    pub(crate) fn settle(&self) {
+        let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
+    }
+
     /// `Err(DeviceLost)` once the device-lost callback has fired.
     pub(crate) fn check_alive(&self) -> Result<()> {
         match self.lost.lock().ok().and_then(|g| g.clone()) {
@@ -120,7 +127,7 @@ pub(crate) fn scoped<T>(
         return Err(Error::OutOfMemory {
             label,
             requested,
-            message: source.to_string(),
+            message: "the driver refused it".into(),
             source: Some(source),
         });
     }

@@ -6,6 +6,9 @@
 //! [`Error::BudgetExceeded`] (it does not fit *now*, given what is already allocated) and
 //! [`Error::OutOfMemory`] (the driver refused) tells a caller whether shrinking, waiting or
 //! freeing is the right reaction.
+//!
+//! An error caused by wgpu keeps wgpu's error as its [`source`](std::error::Error::source),
+//! and its message does not repeat it: print the chain (as `wml` does) to see both.
 
 /// Shorthand for `std::result::Result<T, wgpu_metric_learning::Error>`.
 ///
@@ -115,14 +118,14 @@ pub enum Error {
         label: &'static str,
         /// Size of the request in bytes.
         requested: u64,
-        /// The driver's message (or what refused: the host, a simulated device).
+        /// What refused: the driver (its error is the source), the host, a simulated device.
         message: String,
         /// wgpu's error, when wgpu refused.
         #[source]
         source: Option<wgpu::Error>,
     },
     /// wgpu reported a validation or internal error inside an operation of this crate.
-    #[error("wgpu error during {op}: {source}")]
+    #[error("wgpu error during {op}")]
     Wgpu {
         /// The operation or object that failed.
         op: &'static str,
@@ -132,7 +135,7 @@ pub enum Error {
     },
     /// Waiting for the device to finish a submission failed (timed out, or a wrong
     /// submission index).
-    #[error("waiting for the device during {op} failed: {source}")]
+    #[error("waiting for the device during {op} failed")]
     Poll {
         /// The operation that waited.
         op: &'static str,
@@ -149,7 +152,7 @@ pub enum Error {
         message: String,
     },
     /// Reading a buffer back to the host failed.
-    #[error("reading back {label} failed: {source}")]
+    #[error("reading back {label} failed")]
     Readback {
         /// Label of the buffer being read.
         label: &'static str,
@@ -161,7 +164,7 @@ pub enum Error {
     #[error("no usable GPU adapter: {0}")]
     NoAdapter(String),
     /// The adapter refused to create a device.
-    #[error("could not create a device on adapter {adapter}: {source}")]
+    #[error("could not create a device on adapter {adapter}")]
     RequestDevice {
         /// The adapter's name.
         adapter: String,

@@ -177,6 +177,8 @@ pub(crate) struct Reporter<'a> {
     /// Pairs done by this attempt, and the most ever reported. Held while the callback
     /// runs, so that reports never overtake each other.
     done: Mutex<(u64, u64)>,
+    /// A part's reporter forwards what it newly reports to the whole's.
+    whole: Option<&'a Reporter<'a>>,
 }
 
 impl<'a> Reporter<'a> {
@@ -186,6 +188,20 @@ impl<'a> Reporter<'a> {
             op,
             total,
             done: Mutex::new((0, 0)),
+            whole: None,
+        }
+    }
+
+    /// A reporter for one part of this call (a shard) doing `total` of its pairs: it restarts
+    /// on its own after an out-of-memory, and forwards to this one only progress beyond what
+    /// it reported before, so one part's retry never takes back another part's work.
+    pub(crate) fn part(&'a self, total: u64) -> Reporter<'a> {
+        Reporter {
+            hooks: self.hooks,
+            op: self.op,
+            total,
+            done: Mutex::new((0, 0)),
+            whole: Some(self),
         }
     }
 
@@ -212,19 +228,25 @@ impl<'a> Reporter<'a> {
     /// Records `pairs` more pairs done; reports only progress beyond what was reported
     /// before (a retried call catches up silently).
     pub(crate) fn add(&self, pairs: u64) {
-        let Some(callback) = &self.hooks.progress else {
+        if self.hooks.progress.is_none() {
             return;
-        };
+        }
         // A poisoned lock means an earlier callback panicked; its count is still right.
         let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
         let (attempt, reported) = &mut *done;
         *attempt = (*attempt + pairs).min(self.total);
-        if *attempt > *reported {
-            *reported = *attempt;
-            callback(Progress {
+        if *attempt <= *reported {
+            return;
+        }
+        let new = *attempt - *reported;
+        *reported = *attempt;
+        match (self.whole, &self.hooks.progress) {
+            (Some(whole), _) => whole.add(new),
+            (None, Some(callback)) => callback(Progress {
                 done: *reported,
                 total: self.total,
-            });
+            }),
+            (None, None) => {}
         }
     }
 
@@ -251,6 +273,21 @@ mod tests {
         r.add(3);
         r.add(9);
         assert_eq!(*seen.lock().expect("log"), vec![4, 6, 10]);
+    }
+
+    #[test]
+    fn a_part_that_restarts_takes_back_nothing_of_the_others() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        let hooks = Hooks::new().on_progress(move |p| log.lock().expect("log").push(p.done));
+        let whole = Reporter::new(&hooks, "t", 10);
+        let (a, b) = (whole.part(5), whole.part(5));
+        a.add(3);
+        b.add(5);
+        b.restart(); // b retries after an out-of-memory: its 5 are not reported again
+        b.add(5);
+        a.add(2);
+        assert_eq!(*seen.lock().expect("log"), vec![3, 8, 10]);
     }
 
     #[test]

@@ -178,6 +178,7 @@ impl<L> MiningSet<'_, L> {
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum SelfExclusion {
     /// [`SelfExclusion::SameIndex`] when the references are the queries (`refs = None` in the
     /// label-based operations, PML's default), [`SelfExclusion::None`] when they are given
@@ -251,19 +252,22 @@ pub(crate) fn self_slots(
 pub(crate) enum Side {
     Queries,
     References,
+    /// A batch entering a memory bank: host rows, like queries.
+    Batch,
 }
 
 impl Side {
-    fn embeddings(self) -> &'static str {
+    pub(crate) fn embeddings(self) -> &'static str {
         match self {
             Side::Queries => "queries",
             Side::References => "refs",
+            Side::Batch => "embeddings",
         }
     }
 
     fn labels(self) -> &'static str {
         match self {
-            Side::Queries => "labels",
+            Side::Queries | Side::Batch => "labels",
             Side::References => "ref_labels",
         }
     }
@@ -281,12 +285,12 @@ pub(crate) fn check_embeddings(
     let what = side.embeddings();
     match (x, side) {
         (Embeddings::Host(x), _) => validate::embeddings(op, what, *x)?,
-        (Embeddings::Bank(_), Side::Queries) => {
+        (Embeddings::Bank(_), Side::Queries | Side::Batch) => {
             return Err(Error::InvalidParameter {
                 op,
                 what,
                 value: "Embeddings::Bank".into(),
-                rule: "a memory bank can only be the references; pass the queries as a host array",
+                rule: "a memory bank can only be the references; pass host rows here",
             })
         }
         // Bank rows were validated as they were enqueued.

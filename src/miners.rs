@@ -109,22 +109,46 @@ fn for_each_row(
     for_each_row_block(&job, refs, &mut on_block)
 }
 
-/// How the pair and batch miners ([`all_pairs`], [`pair_margin_pairs`],
+mod sealed {
+    /// Only this crate's miner configs implement [`super::MinerConfig`].
+    pub trait Sealed {}
+}
+
+/// The config of one of the pair and batch miners ([`AllPairsConfig`], [`PairMarginConfig`],
+/// [`MultiSimilarityConfig`], [`BatchEasyHardConfig`], [`BatchHardConfig`]): what
+/// [`miners_plan`] needs to plan the miner's call. Sealed; its methods are the crate's.
+pub trait MinerConfig: sealed::Sealed {
+    /// The miner's name in errors.
+    #[doc(hidden)]
+    fn op(&self) -> &'static str;
+    /// The self-exclusion the miner resolves.
+    #[doc(hidden)]
+    fn self_exclusion(&self) -> &SelfExclusion;
+    /// The distance it compares by, or `None` when it needs labels only.
+    #[doc(hidden)]
+    fn distance(&self) -> Option<&DistanceConfig>;
+    /// `Err` for settings the miner refuses, before any input is looked at.
+    #[doc(hidden)]
+    fn check(&self) -> Result<()>;
+}
+
+/// How a pair or batch miner ([`all_pairs`], [`pair_margin_pairs`],
 /// [`multi_similarity_pairs`], [`batch_easy_hard_pairs`], [`batch_hard_triplets`]) would run
-/// with these inputs on `ctx`: they all walk the distance matrix in blocks of whole rows (at
-/// most 64 MiB of distances on the host), and this is the plan of those blocks. Nothing is
-/// computed; the distance a miner uses changes no buffer.
+/// with these arguments on `ctx`: the miners walk the distance matrix in blocks of whole rows
+/// (at most 64 MiB of distances on the host), and this is the plan of those blocks (all pairs,
+/// from labels alone, holds nothing). Nothing is computed.
 ///
 /// # Errors
-/// As the miners for bad inputs (embeddings needed); [`Error::OverBudget`] /
+/// As the miner `cfg` belongs to, for bad inputs and settings; [`Error::OverBudget`] /
 /// [`Error::DeviceLimit`] when not even one row fits.
 ///
 /// # Example
 /// ```
-/// use wgpu_metric_learning::{miners_plan, Context, MiningSet};
+/// use wgpu_metric_learning::{miners_plan, Context, MiningSet, PairMarginConfig};
 /// let x = ndarray::Array2::<f32>::zeros((512, 64));
 /// let y = ndarray::Array1::from_shape_fn(512, |i| i % 8);
-/// let plan = miners_plan(&Context::native_cpu(None), &MiningSet::new(&x, &y), None)?;
+/// let cfg = PairMarginConfig::default();
+/// let plan = miners_plan(&Context::native_cpu(None), &MiningSet::new(&x, &y), None, &cfg)?;
 /// assert_eq!(plan.rows, 512); // one block of rows: 512 × 512 distances fit 64 MiB
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
@@ -132,19 +156,42 @@ pub fn miners_plan<L: Hash + Eq + Copy>(
     ctx: &Context,
     queries: &MiningSet<'_, L>,
     refs: Option<&MiningSet<'_, L>>,
+    cfg: &impl MinerConfig,
 ) -> Result<Plan> {
-    const OP: &str = "miners_plan";
-    let set = prepare(OP, ctx, queries, refs, &SelfExclusion::Auto, true)?;
-    let m = set.ref_labels.len();
+    let set = prepare_miner(ctx, queries, refs, cfg)?;
+    let (b, m) = (set.labels.len(), set.ref_labels.len());
+    let rows = (BLOCK_FLOATS / m.max(1)).max(1);
     match (set.queries, set.refs) {
-        (Some(queries), Some(refs)) => {
-            row_plan(OP, ctx, queries, &refs, (BLOCK_FLOATS / m.max(1)).max(1))
-        }
-        _ => Err(Error::Internal {
-            op: OP,
-            message: "validated inputs without embeddings".into(),
+        (Some(queries), Some(refs)) => row_plan(cfg.op(), ctx, queries, &refs, rows),
+        // Labels only: rows of lists on the host, nothing held.
+        _ => Ok(Plan {
+            path: ctx.path(),
+            rows: b.min(rows).max(1),
+            cols: m,
+            chunks: b.div_ceil(rows),
+            bytes: 0,
+            min_bytes: 0,
         }),
     }
+}
+
+/// A miner's validated inputs: its settings first, then its inputs and self-exclusion.
+fn prepare_miner<'s, L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &'s MiningSet<'_, L>,
+    refs: Option<&'s MiningSet<'_, L>>,
+    cfg: &impl MinerConfig,
+) -> Result<Labelled<'s>> {
+    cfg.check()?;
+    let needs_embeddings = cfg.distance().is_some();
+    prepare(
+        cfg.op(),
+        ctx,
+        queries,
+        refs,
+        cfg.self_exclusion(),
+        needs_embeddings,
+    )
 }
 
 impl Pairs {
@@ -171,8 +218,8 @@ impl Pairs {
 
 /// Every positive and negative pair (PML `get_all_pairs_indices`), row-major: positives
 /// `(a, p)` with equal labels (never the anchor's own slot), negatives `(a, n)` with different
-/// labels. `refs = None` means the references are the queries, each excluded as its own
-/// positive.
+/// labels. `refs = None` means the references are the queries; `cfg.self_exclusion` says which
+/// reference is each anchor itself (by default its own row when `refs` is `None`).
 ///
 /// # Errors
 /// As [`crate::mine_triplets`] for labels and self-exclusion.
@@ -194,7 +241,7 @@ pub fn all_pairs<L: Hash + Eq + Copy>(
     cfg: &AllPairsConfig,
 ) -> Result<Pairs> {
     const OP: &str = "all_pairs";
-    let set = prepare(OP, ctx, queries, refs, &cfg.self_exclusion, false)?;
+    let set = prepare_miner(ctx, queries, refs, cfg)?;
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
     for_each_row(
         OP,
@@ -285,9 +332,7 @@ pub fn pair_margin_pairs<L: Hash + Eq + Copy>(
     cfg: &PairMarginConfig,
 ) -> Result<Pairs> {
     const OP: &str = "pair_margin_pairs";
-    validate::finite_param(OP, "pos_margin", cfg.pos_margin)?;
-    validate::finite_param(OP, "neg_margin", cfg.neg_margin)?;
-    let set = prepare(OP, ctx, queries, refs, &cfg.self_exclusion, true)?;
+    let set = prepare_miner(ctx, queries, refs, cfg)?;
     let sim = cfg.distance.distance.is_similarity();
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
     for_each_row(OP, ctx, &set, &cfg.distance, &cfg.hooks, &mut |row| {
@@ -376,8 +421,7 @@ pub fn multi_similarity_pairs<L: Hash + Eq + Copy>(
     cfg: &MultiSimilarityConfig,
 ) -> Result<Pairs> {
     const OP: &str = "multi_similarity_pairs";
-    validate::finite_param(OP, "epsilon", cfg.epsilon)?;
-    let set = prepare(OP, ctx, queries, refs, &cfg.self_exclusion, true)?;
+    let set = prepare_miner(ctx, queries, refs, cfg)?;
     let sim = cfg.distance.distance.is_similarity();
     let eps = cfg.epsilon;
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
@@ -556,25 +600,7 @@ pub fn batch_easy_hard_pairs<L: Hash + Eq + Copy>(
     const OP: &str = "batch_easy_hard_pairs";
     use Strategy::{All, Easy, Semihard};
     let (ps, ns) = (cfg.pos_strategy, cfg.neg_strategy);
-    if ps == Semihard && ns == Semihard {
-        return Err(Error::InvalidParameter {
-            op: OP,
-            what: "strategies",
-            value: "semihard, semihard".into(),
-            rule: "positives and negatives cannot both be semihard",
-        });
-    }
-    if (ps == Semihard && ns == All) || (ps == All && ns == Semihard) {
-        return Err(Error::InvalidParameter {
-            op: OP,
-            what: "strategies",
-            value: format!("{ps:?}, {ns:?}"),
-            rule: "semihard cannot be combined with all",
-        });
-    }
-    check_range(OP, "allowed_pos_range", cfg.allowed_pos_range)?;
-    check_range(OP, "allowed_neg_range", cfg.allowed_neg_range)?;
-    let set = prepare(OP, ctx, queries, refs, &cfg.self_exclusion, true)?;
+    let set = prepare_miner(ctx, queries, refs, cfg)?;
     let sim = cfg.distance.distance.is_similarity();
     // `closer(x, y)`: value x is closer than y.
     let closer = move |x: f32, y: f32| if sim { x > y } else { x < y };
@@ -698,4 +724,105 @@ pub fn batch_hard_triplets<L: Hash + Eq + Copy>(
         indices,
         path: pairs.path,
     })
+}
+
+impl sealed::Sealed for AllPairsConfig {}
+impl MinerConfig for AllPairsConfig {
+    fn op(&self) -> &'static str {
+        "all_pairs"
+    }
+    fn self_exclusion(&self) -> &SelfExclusion {
+        &self.self_exclusion
+    }
+    fn distance(&self) -> Option<&DistanceConfig> {
+        None
+    }
+    fn check(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl sealed::Sealed for PairMarginConfig {}
+impl MinerConfig for PairMarginConfig {
+    fn op(&self) -> &'static str {
+        "pair_margin_pairs"
+    }
+    fn self_exclusion(&self) -> &SelfExclusion {
+        &self.self_exclusion
+    }
+    fn distance(&self) -> Option<&DistanceConfig> {
+        Some(&self.distance)
+    }
+    fn check(&self) -> Result<()> {
+        validate::finite_param(self.op(), "pos_margin", self.pos_margin)?;
+        validate::finite_param(self.op(), "neg_margin", self.neg_margin)
+    }
+}
+
+impl sealed::Sealed for MultiSimilarityConfig {}
+impl MinerConfig for MultiSimilarityConfig {
+    fn op(&self) -> &'static str {
+        "multi_similarity_pairs"
+    }
+    fn self_exclusion(&self) -> &SelfExclusion {
+        &self.self_exclusion
+    }
+    fn distance(&self) -> Option<&DistanceConfig> {
+        Some(&self.distance)
+    }
+    fn check(&self) -> Result<()> {
+        validate::finite_param(self.op(), "epsilon", self.epsilon)
+    }
+}
+
+impl sealed::Sealed for BatchEasyHardConfig {}
+impl MinerConfig for BatchEasyHardConfig {
+    fn op(&self) -> &'static str {
+        "batch_easy_hard_pairs"
+    }
+    fn self_exclusion(&self) -> &SelfExclusion {
+        &self.self_exclusion
+    }
+    fn distance(&self) -> Option<&DistanceConfig> {
+        Some(&self.distance)
+    }
+    fn check(&self) -> Result<()> {
+        use Strategy::{All, Semihard};
+        let op = self.op();
+        let (ps, ns) = (self.pos_strategy, self.neg_strategy);
+        if ps == Semihard && ns == Semihard {
+            return Err(Error::InvalidParameter {
+                op,
+                what: "strategies",
+                value: "semihard, semihard".into(),
+                rule: "positives and negatives cannot both be semihard",
+            });
+        }
+        if (ps == Semihard && ns == All) || (ps == All && ns == Semihard) {
+            return Err(Error::InvalidParameter {
+                op,
+                what: "strategies",
+                value: format!("{ps:?}, {ns:?}"),
+                rule: "semihard cannot be combined with all",
+            });
+        }
+        check_range(op, "allowed_pos_range", self.allowed_pos_range)?;
+        check_range(op, "allowed_neg_range", self.allowed_neg_range)
+    }
+}
+
+impl sealed::Sealed for BatchHardConfig {}
+impl MinerConfig for BatchHardConfig {
+    fn op(&self) -> &'static str {
+        "batch_hard_triplets"
+    }
+    fn self_exclusion(&self) -> &SelfExclusion {
+        &self.self_exclusion
+    }
+    fn distance(&self) -> Option<&DistanceConfig> {
+        Some(&self.distance)
+    }
+    fn check(&self) -> Result<()> {
+        Ok(())
+    }
 }

@@ -48,6 +48,7 @@ fn excluded(cfg: &KnnConfig, q: usize) -> Vec<u32> {
         SelfExclusion::Auto | SelfExclusion::None => vec![u32::MAX; q],
         SelfExclusion::SameIndex => (0..q as u32).collect(),
         SelfExclusion::QuerySlots(s) => s.clone(),
+        other => panic!("no reference model for {other:?}"),
     }
 }
 

@@ -126,7 +126,7 @@ fn plans_bound_what_the_calls_hold_and_name_their_least_budget() {
             "pair_margin_pairs",
             path,
             budget,
-            |ctx| miners_plan(ctx, &set, Some(&refs)),
+            |ctx| miners_plan(ctx, &set, Some(&refs), &PairMarginConfig::default()),
             |ctx| pair_margin_pairs(ctx, &set, Some(&refs), &PairMarginConfig::default()),
         );
     }

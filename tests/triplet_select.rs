@@ -51,6 +51,7 @@ impl Problem {
             (Some(_), SelfExclusion::Auto) | (_, SelfExclusion::None) => {
                 vec![u32::MAX; self.labels.len()]
             }
+            (_, other) => panic!("no reference model for {other:?}"),
         };
         let distances = matches!(self.cfg.rule, TripletRule::Margin { .. }).then(|| {
             pairwise_distances(
@@ -641,7 +642,7 @@ fn overflowing_embeddings_give_triplets_or_a_typed_error_never_a_panic() {
             let set = MiningSet::new(&x, &labels);
             match mine_triplets(&ctx, &set, None, &cfg) {
                 Ok(t) => assert!(t.indices.iter().all(|&i| i < 6), "indices in range"),
-                Err(Error::InvalidParameter { what, .. }) => assert_eq!(what, "embeddings"),
+                Err(Error::InvalidParameter { what, .. }) => assert_eq!(what, "distances"),
                 Err(e) => panic!("unexpected error {e}"),
             }
         }

@@ -213,17 +213,20 @@ impl Scratch {
                 .find(|(_, v)| !v.is_finite())
                 .map(|(col, &v)| (col, v))
         })?;
-        let (col, value) = found.unwrap_or((0, f32::INFINITY));
-        Ok(Error::NonFinite {
-            op: ENQUEUE,
-            what: if found.is_some() {
-                "embeddings"
-            } else {
-                "embeddings (squared norm overflows f32)"
+        Ok(match found {
+            Some((col, value)) => Error::NonFinite {
+                op: ENQUEUE,
+                what: "embeddings",
+                row: batch_row,
+                col,
+                value,
             },
-            row: batch_row,
-            col,
-            value,
+            None => Error::InvalidParameter {
+                op: ENQUEUE,
+                what: "embeddings",
+                value: format!("row {batch_row}"),
+                rule: "its squared norm must be finite (every value below ~1.8e19)",
+            },
         })
     }
 }

@@ -156,12 +156,12 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
                 });
             }
         }
-        if cfg.capacity >= u32::MAX as usize {
+        if cfg.capacity > inputs::MAX_ROWS {
             return Err(Error::InvalidParameter {
                 op: NEW,
                 what: "capacity",
                 value: cfg.capacity.to_string(),
-                rule: "at most 2^32 - 2 rows (slots are u32)",
+                rule: "at most 4 294 967 293 rows (slots are u32 indices)",
             });
         }
         let budget = ctx.memory().budget_bytes;
@@ -570,7 +570,7 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
                 rule: "a memory bank stores embeddings: the batch needs them",
             });
         };
-        let (b, d) = inputs::check_embeddings(ENQUEUE, ctx, Side::Queries, embeddings)?;
+        let (b, d) = inputs::check_embeddings(ENQUEUE, ctx, Side::Batch, embeddings)?;
         let Embeddings::Host(embeddings) = embeddings else {
             return Err(Error::Internal {
                 op: ENQUEUE,

@@ -83,9 +83,10 @@ pub(crate) fn pairwise_distances(
     let mut out = Array2::<f32>::zeros((q, n));
     let per = q.div_ceil(threads()).max(1);
     std::thread::scope(|scope| {
+        let mut workers = Vec::new();
         for (t, mut rows) in out.axis_chunks_iter_mut(Axis(0), per).enumerate() {
             let ref_norms = &ref_norms;
-            scope.spawn(move || {
+            workers.push(scope.spawn(move || {
                 let r0 = t * per;
                 for b0 in (0..rows.nrows()).step_by(BLOCK_ROWS) {
                     if report.cancelled() {
@@ -96,7 +97,13 @@ pub(crate) fn pairwise_distances(
                     distances_into(block, refs, ref_norms, cfg, rows.slice_mut(s![b0..b1, ..]));
                     report.add(((b1 - b0) * n) as u64);
                 }
-            });
+            }));
+        }
+        // A worker only panics on a bug: its panic is passed on, with its message.
+        for w in workers {
+            if let Err(panic) = w.join() {
+                std::panic::resume_unwind(panic);
+            }
         }
     });
     report.check()?;

@@ -11,6 +11,13 @@ pub(crate) const BLOCK: u64 = 64;
 /// Invocations per side of a workgroup: each computes a 4 × 4 block.
 const THREADS: u32 = (BLOCK / 4) as u32;
 
+// The shader stages each slab with 4 · THREADS invocations per side: the workgroup
+// (THREADS² invocations) must hold both sides' stagers, and BLOCK must split into 4 × 4 blocks.
+const _: () = assert!(
+    BLOCK.is_multiple_of(4) && THREADS >= 8,
+    "BLOCK: a multiple of 4, at least 32"
+);
+
 /// Workgroup memory: two slabs of 16 depths × `THREADS` `vec4<f32>`.
 pub(crate) const WORKGROUP_STORAGE: u64 = 2 * 16 * THREADS as u64 * 16;
 

@@ -323,11 +323,12 @@ impl NegativeBuckets {
     ) -> Result<()> {
         let passes = passes(width as usize).len();
         let Some(sort_params) = b.sort_params.get(..passes) else {
-            return Err(Error::InvalidParameter {
+            return Err(Error::Internal {
                 op: "negative_buckets",
-                what: "sort params buffers",
-                value: b.sort_params.len().to_string(),
-                rule: "one per bitonic pass",
+                message: format!(
+                    "{} sort params buffers for {passes} bitonic passes",
+                    b.sort_params.len()
+                ),
             });
         };
         let buffers = b.bind(b.params, "gather");

@@ -345,7 +345,11 @@ fn run(
         let mut current = 0;
         let mut start = 0;
         while start < n {
-            job.report.check()?;
+            if let Err(cancelled) = job.report.check() {
+                // Earlier ranges of this chunk may still be running.
+                gpu.settle();
+                return Err(cancelled);
+            }
             let range = match source {
                 Source::Resident { rows: store, .. } => {
                     let (page, row0) = (start / store.page_rows(), start % store.page_rows());

@@ -267,7 +267,8 @@ pub fn knn_sharded<'q, 'r>(
                     ..cfg.clone()
                 };
                 scope.spawn(move || {
-                    search(ctx, queries, Embeddings::Host(shard), &cfg, &local, report)
+                    let part = report.part(queries.nrows() as u64 * shard.nrows() as u64);
+                    search(ctx, queries, Embeddings::Host(shard), &cfg, &local, &part)
                 })
             })
             .collect();
@@ -376,13 +377,20 @@ pub(crate) fn sort_rows(
     }
     std::thread::scope(|scope| {
         let mut rest = (pairs, indices, scores);
+        let mut workers = Vec::new();
         while !rest.0.is_empty() {
             let take = per.min(rest.0.len() / k);
             let (p, p_rest) = rest.0.split_at_mut(take * k);
             let (i, i_rest) = rest.1.split_at(ndarray::Axis(0), take);
             let (v, v_rest) = rest.2.split_at(ndarray::Axis(0), take);
-            scope.spawn(move || sort_block(p, i, v));
+            workers.push(scope.spawn(move || sort_block(p, i, v)));
             rest = (p_rest, i_rest, v_rest);
+        }
+        // A worker only panics on a bug: its panic is passed on, with its message.
+        for w in workers {
+            if let Err(panic) = w.join() {
+                std::panic::resume_unwind(panic);
+            }
         }
     });
 }

@@ -27,6 +27,8 @@ const REF_BLOCK: usize = 1024;
 const MIN_SHARD: usize = 64;
 /// Scores tested together against the bound: one vector compare for 16 rejections.
 const LANES: usize = 16;
+/// The label of a search's scratch reservation.
+const SCRATCH: &str = "knn::native scratch";
 
 /// One row's candidates: every element that could still be among its best `k`, re-selected
 /// down to `k` whenever the list reaches its capacity (Faiss's reservoir). The bound is then
@@ -271,13 +273,22 @@ pub(super) fn plan(ctx: &Context, q: usize, n: usize, k: usize) -> Result<Native
         qb = qb.div_ceil(2);
     }
     let (scratch, min_scratch) = (scratch_for(qb), scratch_for(1));
-    let budget = ctx.memory().budget_bytes;
-    if scratch > budget {
+    let memory = ctx.memory();
+    if scratch > memory.budget_bytes {
         // Not even one query row per thread fits the budget: no plan can.
         return Err(Error::OverBudget {
             op: super::OP,
             required: scratch,
-            budget,
+            budget: memory.budget_bytes,
+        });
+    }
+    if scratch > ctx.tracker().available() {
+        // It would fit the budget, but not beside what is held now.
+        return Err(Error::BudgetExceeded {
+            label: SCRATCH,
+            requested: scratch,
+            in_use: memory.current_bytes,
+            budget: memory.budget_bytes,
         });
     }
     Ok(NativePlan {
@@ -305,7 +316,7 @@ pub(crate) fn search(
     let plan = plan(ctx, q, n, k)?;
     let (qb, shards) = (plan.rows, plan.shards);
     let q_blocks = q.div_ceil(qb);
-    let _reserved = HostReservation::new("knn::native scratch", plan.scratch, ctx.tracker())?;
+    let _reserved = HostReservation::new(SCRATCH, plan.scratch, ctx.tracker())?;
     let norms = (
         Norms::new(queries, &cfg.distance),
         Norms::new(refs, &cfg.distance),

@@ -502,6 +502,7 @@ impl<'p, 'd> Miner<'p, 'd> {
         };
         writer.reserve(at);
         for (pairs, span) in windows.into_iter().filter(|(_, s)| !s.is_empty()) {
+            writer.check()?;
             let len = (span.end - span.start) as usize;
             self.select_params.start = words(span.start);
             self.bucket_params.start = words(span.start);

@@ -368,9 +368,10 @@ fn prepare<'s, L: Hash + Eq + Copy>(
 
 pub(crate) const OP: &str = "mine_triplets";
 
-/// Mines triplets of `queries` `(b,)` against `refs` `(m,)` (`None`: the queries themselves,
-/// each query excluded as its own positive), returning all of them in lexicographic
-/// `(a, p, n)` order, as PML does.
+/// Mines triplets of `queries` `(b,)` against `refs` `(m,)` (`None`: the queries themselves),
+/// returning all of them in lexicographic `(a, p, n)` order, as PML does. `cfg.self_exclusion`
+/// says which reference is each anchor itself, never its own positive (by default its own row
+/// when `refs` is `None`, nothing otherwise).
 ///
 /// On the wgpu path anchors are processed in chunks sized to the budget; for each chunk the
 /// distance tile, the per-anchor positive/negative lists, the per-pair counts (prefix-summed
@@ -379,10 +380,13 @@ pub(crate) const OP: &str = "mine_triplets";
 /// [`count_triplets`].
 ///
 /// # Errors
-/// [`Error::Shape`] when labels and embeddings disagree in length, `d` is 0 or differs, or the
-/// self-exclusion slots are not one per query; [`Error::NonFinite`] for NaN/inf embeddings;
-/// [`Error::InvalidParameter`] for a non-finite margin or a margin rule without embeddings;
-/// [`Error::OverBudget`] / [`Error::DeviceLimit`] when one anchor's working set cannot fit.
+/// [`Error::Shape`] when labels and embeddings disagree in length, `d` is 0 or differs, the
+/// self-exclusion slots are not one per query, or [`SelfExclusion::SameIndex`] has fewer
+/// references than queries; [`Error::NonFinite`] for NaN/inf embeddings;
+/// [`Error::InvalidParameter`] for a non-finite margin, a margin rule without embeddings, a
+/// self-exclusion slot past the references, a memory bank as the queries or a bank of another
+/// context; [`Error::OverBudget`] / [`Error::DeviceLimit`] when one anchor's working set
+/// cannot fit; [`Error::Cancelled`]; device errors.
 ///
 /// # Example
 /// ```
@@ -402,7 +406,7 @@ pub fn mine_triplets<L: Hash + Eq + Copy>(
 ) -> Result<Triplets> {
     let problem = prepare(OP, ctx, queries, refs, cfg)?;
     let mut flat: Vec<u32> = Vec::new();
-    let writer = Writer::new(Sink::Collect(&mut flat), problem.chunk);
+    let writer = Writer::new(Sink::Collect(&mut flat), problem.chunk, &cfg.hooks, OP);
     run(ctx, &problem, Some(writer), &cfg.hooks)?;
     let indices = triplet_rows(OP, flat)?;
     Ok(Triplets {
@@ -439,7 +443,7 @@ pub fn mine_triplets_streaming<L: Hash + Eq + Copy>(
     mut on_chunk: impl FnMut(ArrayView2<'_, u32>) -> ControlFlow<()>,
 ) -> Result<TripletCount> {
     let problem = prepare(OP, ctx, queries, refs, cfg)?;
-    let writer = Writer::new(Sink::Stream(&mut on_chunk), problem.chunk);
+    let writer = Writer::new(Sink::Stream(&mut on_chunk), problem.chunk, &cfg.hooks, OP);
     let count = run(ctx, &problem, Some(writer), &cfg.hooks)?;
     Ok(TripletCount {
         count,
@@ -560,7 +564,7 @@ pub(crate) fn run(
         report.restart();
         gpu::mine(ctx, gpu, problem, writer.as_mut(), &report)
     })?;
-    Ok(writer.map_or(counted, Writer::finish))
+    writer.map_or(Ok(counted), Writer::finish)
 }
 
 /// The number of valid triplets, `Σ_a |P_a|·|N_a|`, from class sizes alone (`O(b + m)`).

@@ -20,6 +20,8 @@ use crate::memory::HostReservation;
 use crate::native::{par_items, threads};
 use crate::plan::Plan;
 
+/// The label of a call's scratch reservation.
+const SCRATCH: &str = "mine_triplets::native scratch";
 /// Anchors per block at most: enough rows for the GEMM of a distance block.
 const ANCHOR_BLOCK: usize = 256;
 /// Blocks per thread aimed at, so that uneven anchors still balance.
@@ -76,9 +78,19 @@ pub(super) fn plan(ctx: &Context, problem: &Problem<'_>) -> Result<NativePlan> {
         .min(b.div_ceil(BLOCKS_PER_THREAD * threads))
         .min(usize::try_from(fits).unwrap_or(usize::MAX))
         .max(1);
+    let scratch = threads as u64 * (lists + rows as u64 * per_row);
+    if scratch > ctx.tracker().available() {
+        // It would fit the budget, but not beside what is held now.
+        return Err(Error::BudgetExceeded {
+            label: SCRATCH,
+            requested: scratch,
+            in_use: ctx.memory().current_bytes,
+            budget,
+        });
+    }
     Ok(NativePlan {
         rows,
-        scratch: threads as u64 * (lists + rows as u64 * per_row),
+        scratch,
         min_scratch: required,
     })
 }
@@ -104,11 +116,7 @@ impl<'p, 'a> Blocks<'p, 'a> {
     ) -> Result<(Self, HostReservation)> {
         let refs = problem.set.host_refs(OP)?;
         let planned = plan(ctx, problem)?;
-        let reservation = HostReservation::new(
-            "mine_triplets::native scratch",
-            planned.scratch,
-            ctx.tracker(),
-        )?;
+        let reservation = HostReservation::new(SCRATCH, planned.scratch, ctx.tracker())?;
         // Only margin rules look at distances.
         let embeddings = match problem.rule {
             TripletRule::AllValid => None,
@@ -314,7 +322,6 @@ pub(crate) fn triplets(
     for block in 0..plan.blocks() {
         report.check()?;
         let anchors = plan.anchors(block);
-        report.add(anchors.len() as u64 * m);
         let dist = plan.distances(&anchors, &mut scratch);
         for a in anchors.clone() {
             let row = dist.as_ref().map(|d| d.row(a - anchors.start));
@@ -324,11 +331,12 @@ pub(crate) fn triplets(
                 !writer.stopped()
             });
             if writer.stopped() {
-                return Ok(writer.finish());
+                return writer.finish();
             }
         }
+        report.add(anchors.len() as u64 * m);
     }
-    Ok(writer.finish())
+    writer.finish()
 }
 
 /// Counts every anchor's triplets, sizes `all` once, then fills each block's part of it from
@@ -402,9 +410,10 @@ fn collect(plan: &Blocks<'_, '_>, all: &mut Vec<u32>) -> Result<u64> {
     if disagreed.into_inner() {
         return Err(Error::InvalidParameter {
             op: OP,
-            what: "embeddings",
-            value: "values whose distances overflow f32".into(),
-            rule: "distances must be finite for margin rules",
+            what: "distances",
+            value: "not finite".into(),
+            rule:
+                "margin rules need finite distances: embeddings whose norms overflow f32 give none",
         });
     }
     if all.is_empty() {

@@ -4,6 +4,9 @@ use std::ops::ControlFlow;
 
 use ndarray::ArrayView2;
 
+use crate::error::Result;
+use crate::hooks::Hooks;
+
 /// A streaming callback: receives consecutive chunks `(t, 3)`; `Break` stops mining.
 pub(crate) type Callback<'s> = &'s mut dyn FnMut(ArrayView2<'_, u32>) -> ControlFlow<()>;
 
@@ -15,10 +18,14 @@ pub(crate) enum Sink<'s> {
 
 /// Writes triplets to a [`Sink`] in blocks that share `(a, p)`: straight into the vector when
 /// collecting (no intermediate copy), in chunks of exactly `chunk` rows (the last one shorter)
-/// when streaming, through one reused buffer.
+/// when streaming, through one reused buffer. A stream stops, before handing over its next
+/// chunk, once the call is cancelled.
 pub(crate) struct Writer<'s> {
     sink: Sink<'s>,
     chunk: usize,
+    /// The call's hooks (their cancellation) and name.
+    hooks: Hooks,
+    op: &'static str,
     pending: Vec<u32>,
     delivered: u64,
     stopped: bool,
@@ -43,10 +50,12 @@ fn append_rows(rows: &mut Vec<u32>, a: u32, p: u32, negatives: &[u32]) {
 }
 
 impl<'s> Writer<'s> {
-    pub(crate) fn new(sink: Sink<'s>, chunk: usize) -> Self {
+    pub(crate) fn new(sink: Sink<'s>, chunk: usize, hooks: &Hooks, op: &'static str) -> Self {
         Self {
             sink,
             chunk: chunk.max(1),
+            hooks: hooks.clone(),
+            op,
             pending: Vec::new(),
             delivered: 0,
             stopped: false,
@@ -97,7 +106,12 @@ impl<'s> Writer<'s> {
         }
     }
 
-    /// Whether the callback asked to stop.
+    /// `Err(Cancelled)` once the call is cancelled: checked between output windows.
+    pub(crate) fn check(&self) -> Result<()> {
+        self.hooks.check(self.op)
+    }
+
+    /// Whether the callback asked to stop, or the call was cancelled.
     pub(crate) fn stopped(&self) -> bool {
         self.stopped
     }
@@ -135,6 +149,10 @@ impl<'s> Writer<'s> {
         if self.pending.is_empty() || self.stopped {
             return;
         }
+        if self.hooks.check(self.op).is_err() {
+            self.stopped = true;
+            return;
+        }
         if let Ok(rows) = ArrayView2::from_shape((self.pending.len() / 3, 3), &self.pending[..]) {
             self.delivered += rows.nrows() as u64;
             self.stopped = callback(rows).is_break();
@@ -142,10 +160,12 @@ impl<'s> Writer<'s> {
         self.pending.clear();
     }
 
-    /// Delivers what is pending and returns the number of triplets delivered.
-    pub(crate) fn finish(mut self) -> u64 {
+    /// Delivers what is pending and returns the number of triplets delivered, or
+    /// `Err(Cancelled)` if the call was cancelled.
+    pub(crate) fn finish(mut self) -> Result<u64> {
         self.flush();
-        self.delivered
+        self.hooks.check(self.op)?;
+        Ok(self.delivered)
     }
 }
 
@@ -167,7 +187,7 @@ mod tests {
             seen.extend(rows.iter().copied());
             ControlFlow::Continue(())
         };
-        let mut w = Writer::new(Sink::Stream(&mut callback), 3);
+        let mut w = Writer::new(Sink::Stream(&mut callback), 3, &Hooks::new(), "t");
         let start = w.mark();
         // A first attempt gets through two anchors (three chunks delivered, one row pending)…
         w.block(0, 9, &[0, 1, 2, 3, 4]);
@@ -175,7 +195,7 @@ mod tests {
         // …then fails; the retry starts over.
         w.rewind(start);
         write_all(&mut w);
-        assert_eq!(w.finish(), 20);
+        assert_eq!(w.finish().ok(), Some(20));
         let mut want = Vec::new();
         for a in 0..4 {
             for n in 0..5 {
@@ -186,14 +206,35 @@ mod tests {
     }
 
     #[test]
+    fn a_cancelled_stream_hands_over_no_further_chunk() {
+        let token = crate::hooks::CancelToken::new();
+        let hooks = Hooks::new().cancel_with(&token);
+        let mut chunks = 0;
+        let mut callback = |_: ArrayView2<'_, u32>| {
+            chunks += 1;
+            ControlFlow::Continue(())
+        };
+        let mut w = Writer::new(Sink::Stream(&mut callback), 3, &hooks, "t");
+        w.block(0, 9, &[0, 1, 2, 3]); // one chunk of 3 delivered, one row pending
+        token.cancel();
+        w.block(1, 9, &[0, 1, 2, 3]);
+        assert!(w.stopped(), "the writer stops");
+        assert!(matches!(
+            w.finish(),
+            Err(crate::Error::Cancelled { op: "t" })
+        ));
+        assert_eq!(chunks, 1, "nothing after the cancellation");
+    }
+
+    #[test]
     fn a_rewound_collection_is_cut_back() {
         let mut all = vec![7, 7, 7];
-        let mut w = Writer::new(Sink::Collect(&mut all), 3);
+        let mut w = Writer::new(Sink::Collect(&mut all), 3, &Hooks::new(), "t");
         let start = w.mark();
         w.block(0, 9, &[0, 1]);
         w.rewind(start);
         write_all(&mut w);
-        assert_eq!(w.finish(), 20);
+        assert_eq!(w.finish().ok(), Some(20));
         assert_eq!(all.len(), 3 + 60);
         assert_eq!(&all[..6], &[7, 7, 7, 0, 9, 0]);
     }

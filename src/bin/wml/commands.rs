@@ -35,7 +35,18 @@ fn context(common: &Common) -> Result<Context, String> {
         budget_bytes: common.budget,
         ..Default::default()
     })
-    .map_err(|e| format!("--backend: {e}"))
+    .map_err(|e| format!("--backend: {}", with_causes(&e)))
+}
+
+/// An error and its causes (a wgpu error keeps wgpu's as its source), on one line.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        message = format!("{message}: {c}");
+        cause = c.source();
+    }
+    message.replace('\n', " ")
 }
 
 /// Runs `op` on `ctx`, printing the `--stats` line when asked; a library error is prefixed
@@ -58,7 +69,11 @@ fn timed<T>(
             .iter()
             .map(|(flag, path)| format!("--{flag} {}", path.display()))
             .collect();
-        Failure::Message(format!("{name} ({}): {e}", files.join(", ")))
+        Failure::Message(format!(
+            "{name} ({}): {}",
+            files.join(", "),
+            with_causes(&e)
+        ))
     })?;
     if common.stats {
         let mem = ctx.memory();
