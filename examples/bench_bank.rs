@@ -16,7 +16,7 @@ mod support;
 use std::time::Instant;
 
 use ndarray::{Array1, Array2};
-use support::{embeddings, flag, peak_rss_mib, summary, Rng};
+use support::{embeddings, flag, peak_rss_mib, summary, traffic, Rng};
 use wgpu_metric_learning::{
     count_triplets, mine_triplets, BackendChoice, BankConfig, Context, ContextConfig, MemoryBank,
     MiningSet, TripletConfig, TripletType,
@@ -70,6 +70,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
 
     ctx.reset_peak();
+    let mut before = ctx.transfers();
     let (mut steps, mut enqueues) = (Vec::new(), Vec::new());
     let mut count = 0u64;
     for (i, (x, y)) in batches.iter().enumerate() {
@@ -89,16 +90,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
         }
         // Step 0 is the warm-up (pipelines compile on first use).
-        if i > 0 {
+        if i == 0 {
+            before = ctx.transfers();
+        } else {
             steps.push(t.elapsed().as_secs_f64());
             enqueues.push(enqueued);
         }
     }
+    let moved = traffic(&ctx, before, steps.len());
     let (median, min, max) = summary(&mut steps);
     let (enqueue_median, _, _) = summary(&mut enqueues);
     let mem = ctx.memory();
     println!(
-        "RESULT {{\"impl\": \"wml\", \"path\": \"{}\", \"device\": \"{}\", \"func\": \"{func}\", \"B\": {b}, \"M\": {m}, \"C\": {c}, \"count\": {count}, \"median_s\": {median:.4}, \"min_s\": {min:.4}, \"max_s\": {max:.4}, \"enqueue_median_s\": {enqueue_median:.7}, \"peak_device_mib\": {:.1}, \"budget_mib\": {}, \"peak_rss_mb\": {:.1}}}",
+        "RESULT {{\"impl\": \"wml\", \"path\": \"{}\", \"device\": \"{}\", \"func\": \"{func}\", \"B\": {b}, \"M\": {m}, \"C\": {c}, \"count\": {count}, \"median_s\": {median:.4}, \"min_s\": {min:.4}, \"max_s\": {max:.4}, \"enqueue_median_s\": {enqueue_median:.7}, {moved}, \"peak_device_mib\": {:.1}, \"budget_mib\": {}, \"peak_rss_mb\": {:.1}}}",
         match backend {
             BackendChoice::NativeCpu => "cpu",
             _ => "wgpu",

@@ -18,7 +18,7 @@ mod support;
 use std::time::Instant;
 
 use ndarray::{Array1, Array2};
-use support::{embeddings, flag, peak_rss_mib, summary, Rng};
+use support::{embeddings, flag, peak_rss_mib, summary, traffic, Rng};
 use wgpu_metric_learning::{
     accuracy, knn, AccuracyConfig, AccuracyK, BackendChoice, Context, ContextConfig, Distance,
     DistanceConfig, KnnConfig, MiningSet,
@@ -45,6 +45,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let mut rng = Rng(0xC0FFEE);
     let mut times = Vec::new();
+    // The context's traffic counters after the case's warm-up.
+    let before;
     let extra = match func.as_str() {
         "knn" => {
             let (q, n, k): (usize, usize, usize) = (
@@ -73,6 +75,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 &warm,
             )?;
             ctx.reset_peak();
+            before = ctx.transfers();
             let mut found = None;
             for _ in 0..reps {
                 let t = Instant::now();
@@ -111,6 +114,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 &cfg,
             )?;
             ctx.reset_peak();
+            before = ctx.transfers();
             let mut last = None;
             for _ in 0..reps {
                 let t = Instant::now();
@@ -128,11 +132,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         other => return Err(format!("unknown --func {other}").into()),
     };
+    let moved = traffic(&ctx, before, reps);
+    let driver = ctx
+        .adapter_info()
+        .map_or_else(String::new, |i| format!("{} {}", i.driver, i.driver_info));
     let (median, min, max) = summary(&mut times);
     let mem = ctx.memory();
     println!(
-        "RESULT {{\"impl\": \"wml\", \"path\": \"{path}\", \"device\": \"{}\", \"func\": \"{func}\", {extra}, \"median_s\": {median:.4}, \"min_s\": {min:.4}, \"max_s\": {max:.4}, \"peak_device_mib\": {:.1}, \"budget_mib\": {}, \"peak_rss_mb\": {:.1}}}",
+        "RESULT {{\"impl\": \"wml\", \"path\": \"{path}\", \"device\": \"{}\", \"driver\": \"{}\", \"func\": \"{func}\", {extra}, {moved}, \"median_s\": {median:.4}, \"min_s\": {min:.4}, \"max_s\": {max:.4}, \"peak_device_mib\": {:.1}, \"budget_mib\": {}, \"peak_rss_mb\": {:.1}}}",
         ctx.device_name(),
+        driver.trim().replace('"', "'"),
         mem.peak_bytes as f64 / (1 << 20) as f64,
         mem.budget_bytes >> 20,
         peak_rss_mib()

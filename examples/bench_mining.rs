@@ -20,7 +20,7 @@ use std::ops::ControlFlow;
 use std::time::Instant;
 
 use ndarray::Array1;
-use support::{embeddings, flag, peak_rss_mib, summary, Rng};
+use support::{embeddings, flag, peak_rss_mib, summary, traffic, Rng};
 use wgpu_metric_learning::{
     count_triplets, mine_triplets, mine_triplets_streaming, BackendChoice, Context, ContextConfig,
     CountMethod, MiningSet, TripletConfig, TripletRule, TripletType,
@@ -88,16 +88,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut count = run()?; // warm-up: compiles pipelines
     ctx.reset_peak();
+    let before = ctx.transfers();
     let mut times = Vec::with_capacity(reps);
     for _ in 0..reps {
         let t = Instant::now();
         count = run()?;
         times.push(t.elapsed().as_secs_f64());
     }
+    let moved = traffic(&ctx, before, reps);
     let (median, min, max) = summary(&mut times);
     let mem = ctx.memory();
     println!(
-        "RESULT {{\"impl\": \"wml\", \"path\": \"{}\", \"device\": \"{}\", \"func\": \"{func}\", \"B\": {b}, \"M\": {m}, \"C\": {c}, \"count\": {count}, \"median_s\": {:.4}, \"min_s\": {:.4}, \"max_s\": {:.4}, \"peak_device_mib\": {:.1}, \"budget_mib\": {}, \"peak_rss_mb\": {:.1}}}",
+        "RESULT {{\"impl\": \"wml\", \"path\": \"{}\", \"device\": \"{}\", \"func\": \"{func}\", \"B\": {b}, \"M\": {m}, \"C\": {c}, \"count\": {count}, \"median_s\": {:.4}, \"min_s\": {:.4}, \"max_s\": {:.4}, {moved}, \"peak_device_mib\": {:.1}, \"budget_mib\": {}, \"peak_rss_mb\": {:.1}}}",
         match backend { BackendChoice::NativeCpu => "cpu", _ => "wgpu" },
         ctx.device_name(),
         median,

@@ -1,6 +1,6 @@
 //! Prints the benchmark rows of `BENCHMARKS.md` for the distance tile: median time over
-//! repeated runs (after one warm-up that also compiles the pipelines), GFLOP/s (2·q·n·d) and
-//! peak tracked device memory, on the native CPU path and on the wgpu path (any adapter,
+//! repeated runs (after one warm-up that also compiles the pipelines), GFLOP/s (2·q·n·d),
+//! peak tracked device memory and the host's blocking waits per call, on the native CPU path and on the wgpu path (any adapter,
 //! lavapipe included).
 //!
 //! ```sh
@@ -21,6 +21,9 @@ fn data(rows: usize, d: usize, seed: f32) -> Array2<f32> {
         ((i as f32 * 0.61 + k as f32 * 1.37 + seed).sin() * 7.0).fract()
     })
 }
+
+/// Timed runs per case, after one warm-up.
+const REPS: usize = 5;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -55,14 +58,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         ..Default::default()
     };
-    println!("| path | device | q × n × d | median ms | GFLOP/s | peak MiB | budget MiB |");
-    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| path | device | q × n × d | median ms | GFLOP/s | peak MiB | budget MiB | host waits per op |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     for (q, n, d) in [(512, 4096, 128), (2048, 16384, 128)] {
         let (queries, refs) = (data(q, d, 0.1), data(n, d, 0.7));
         for ctx in &contexts {
             pairwise_distances(ctx, queries.view(), refs.view(), &cfg)?; // warm-up
             ctx.reset_peak();
-            let times: Vec<f64> = (0..5)
+            let before = ctx.transfers();
+            let times: Vec<f64> = (0..REPS)
                 .map(|_| {
                     let t = Instant::now();
                     pairwise_distances(ctx, queries.view(), refs.view(), &cfg)
@@ -71,14 +77,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .collect::<Result<_, _>>()?;
             let secs = median(times);
             let mem = ctx.memory();
+            let waits = ctx.transfers().host_waits - before.host_waits;
             println!(
-                "| {:?} | {} | {q} × {n} × {d} | {:.1} | {:.1} | {:.1} | {:.0} |",
+                "| {:?} | {} | {q} × {n} × {d} | {:.1} | {:.1} | {:.1} | {:.0} | {:.1} |",
                 ctx.path(),
                 ctx.device_name(),
                 secs * 1e3,
                 2.0 * (q * n * d) as f64 / secs / 1e9,
                 mem.peak_bytes as f64 / (1 << 20) as f64,
                 mem.budget_bytes as f64 / (1 << 20) as f64,
+                waits as f64 / REPS as f64,
             );
         }
     }

@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::hooks::Hooks;
 use crate::inputs::{self, Embeddings, Labelled, MiningSet, Pair, SelfExclusion, NO_SLOT};
 use crate::knn::{self, KnnConfig};
+use crate::memory::Transfers;
 use crate::metric::{Distance, DistanceConfig};
 use crate::plan::Plan;
 
@@ -182,6 +183,8 @@ pub struct Accuracy<L> {
     pub k: usize,
     /// Where the kNN ran.
     pub path: ComputePath,
+    /// Host–device traffic of the call (its kNN search's; zero on the native path).
+    pub transfers: Transfers,
 }
 
 /// PML's `AccuracyCalculator.get_accuracy` for the kNN metrics: ranks the references of each
@@ -232,6 +235,7 @@ where
             lone_queries,
             k: job.k,
             path: ctx.path(),
+            transfers: Transfers::default(),
         });
     }
     let found = knn::run(ctx, &job.pair()?, &job.knn_config(cfg))?;
@@ -266,6 +270,7 @@ where
         lone_queries,
         k: job.k,
         path: found.path,
+        transfers: found.transfers,
     })
 }
 

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
+use crate::memory::{MemoryTracker, TransferCounter};
 
 /// A wgpu device and queue with everything the kernels need to know about them.
 #[derive(Debug)]
@@ -20,6 +21,21 @@ pub(crate) struct GpuDevice {
     /// Unique per `GpuDevice` in the process. `wgpu::Device` equality compares ids that are
     /// only unique within one instance, and every context has its own instance.
     pub(crate) serial: u64,
+    /// The context's budget accounting: every buffer made on this device goes through it.
+    pub(crate) memory: Arc<MemoryTracker>,
+    /// Fill every output with the sentinel before kernels write it.
+    pub(crate) fill_sentinel: bool,
+    /// Fault injection: the device pretends to hold only this many bytes.
+    pub(crate) simulated_device_bytes: Option<u64>,
+    /// Submissions, waits and bytes moved, over the device's life.
+    pub(crate) transfers: TransferCounter,
+}
+
+/// How a [`GpuDevice`] accounts for what it does: the context's settings.
+pub(crate) struct Accounting {
+    pub(crate) memory: Arc<MemoryTracker>,
+    pub(crate) fill_sentinel: bool,
+    pub(crate) simulated_device_bytes: Option<u64>,
 }
 
 /// A compiled kernel: pipeline and bind-group layout, built once per device.
@@ -33,6 +49,7 @@ impl GpuDevice {
         queue: wgpu::Queue,
         info: wgpu::AdapterInfo,
         own: bool,
+        accounting: Accounting,
     ) -> Self {
         let lost = Arc::new(Mutex::new(None));
         if own {
@@ -61,6 +78,10 @@ impl GpuDevice {
                 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
                 NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             },
+            memory: accounting.memory,
+            fill_sentinel: accounting.fill_sentinel,
+            simulated_device_bytes: accounting.simulated_device_bytes,
+            transfers: TransferCounter::default(),
         }
     }
 

@@ -7,14 +7,13 @@
 
 use ndarray::{Array2, ArrayView2};
 
-use crate::context::Context;
 use crate::device::GpuDevice;
 use crate::error::{Error, Result};
 use crate::kernels::distance_tile;
 use crate::kernels::row_norms::{self, RowNorms};
 use crate::memory::TrackedBuffer;
 use crate::plan::DeviceCaps;
-use crate::transfer::{self, encoder, f32s, Staging};
+use crate::transfer::{self, f32s, Recorder, Staging};
 
 /// One page: `rows` padded embeddings and their squared norms.
 struct Page {
@@ -79,7 +78,6 @@ pub(crate) fn rows_bytes(capacity: usize, dim4: usize, page_rows: usize) -> u64 
 impl DeviceRows {
     /// Allocates `capacity` zeroed rows of `dim` floats in pages of `page_rows`.
     pub(crate) fn new(
-        ctx: &Context,
         gpu: &GpuDevice,
         capacity: usize,
         dim: usize,
@@ -95,13 +93,12 @@ impl DeviceRows {
             let rows = page_rows.min(capacity - start);
             pages.push(Page {
                 embeddings: transfer::create_buffer(
-                    ctx,
                     gpu,
                     "device_rows::embeddings",
                     f32s(rows * dim4 * 4),
                     usage,
                 )?,
-                norms: transfer::create_buffer(ctx, gpu, "device_rows::norms", f32s(rows), usage)?,
+                norms: transfer::create_buffer(gpu, "device_rows::norms", f32s(rows), usage)?,
                 rows,
             });
         }
@@ -116,20 +113,21 @@ impl DeviceRows {
     }
 
     /// Uploads `x` `(n, d)` (validated) into pages as large as the device allows, and computes
-    /// the squared norms of every page.
-    pub(crate) fn upload(ctx: &Context, gpu: &GpuDevice, x: ArrayView2<'_, f32>) -> Result<Self> {
+    /// the squared norms of every page: one submission, no wait (later work on the queue runs
+    /// after it).
+    pub(crate) fn upload(gpu: &GpuDevice, x: ArrayView2<'_, f32>) -> Result<Self> {
         let (n, dim) = x.dim();
         let dim4 = dim.div_ceil(4);
         let caps = DeviceCaps::from_limits(&gpu.limits);
-        let rows = Self::new(ctx, gpu, n, dim, max_page_rows("upload", &caps, dim4)?)?;
+        let rows = Self::new(gpu, n, dim, max_page_rows("upload", &caps, dim4)?)?;
         let norms = gpu.kernel::<RowNorms>()?;
+        let mut rec = Recorder::new(gpu, "device_rows::upload");
         let mut params = Vec::with_capacity(rows.pages.len());
         for (p, page) in rows.pages.iter().enumerate() {
             let start = p * rows.page_rows;
             let padded = transfer::padded_rows(x, start, page.rows, dim4);
-            transfer::write(gpu, &page.embeddings, 0, &padded)?;
+            rec.upload(&page.embeddings, 0, &padded)?;
             params.push(transfer::uniform(
-                ctx,
                 gpu,
                 "device_rows::norm_params",
                 &row_norms::Params {
@@ -139,19 +137,17 @@ impl DeviceRows {
                 },
             )?);
         }
-        let mut enc = encoder(gpu, "device_rows::upload_norms");
         for (page, params) in rows.pages.iter().zip(&params) {
-            transfer::fill_sentinel(ctx, gpu, &page.norms, f32s(page.rows))?;
+            rec.sentinel(&page.norms, f32s(page.rows))?;
             norms.encode(
-                gpu,
-                &mut enc,
+                &mut rec,
                 page.rows as u64,
                 params,
                 &page.embeddings,
                 &page.norms,
             )?;
         }
-        transfer::submit_and_wait(gpu, enc)?;
+        rec.submit()?;
         Ok(rows)
     }
 
@@ -195,17 +191,11 @@ impl DeviceRows {
     }
 
     /// Writes host rows `x[start .. start + count]` into rows `0 .. count` of the first page
-    /// (queued before the next submit) and records their squared norms into `enc`; `params`
-    /// is the norm kernel's uniform buffer, rewritten here.
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "a streaming chunk needs its source range and the norm kernel's buffers"
-    )]
+    /// and records their squared norms into `rec`; `params` is the norm kernel's uniform
+    /// buffer, rewritten here.
     pub(crate) fn fill(
         &self,
-        ctx: &Context,
-        gpu: &GpuDevice,
-        enc: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder<'_>,
         norms: &RowNorms,
         params: &TrackedBuffer,
         x: ArrayView2<'_, f32>,
@@ -214,15 +204,15 @@ impl DeviceRows {
     ) -> Result<()> {
         let (embeddings, page_norms) = self.page(0)?;
         let padded = transfer::padded_rows(x, start, count, self.dim4);
-        transfer::write(gpu, embeddings, 0, &padded)?;
+        rec.upload(embeddings, 0, &padded)?;
         let p = row_norms::Params {
             rows: count as u32,
             dim4: self.dim4 as u32,
             _pad: [0; 2],
         };
-        transfer::write(gpu, params, 0, &[p])?;
-        transfer::fill_sentinel(ctx, gpu, page_norms, f32s(count))?;
-        norms.encode(gpu, enc, count as u64, params, embeddings, page_norms)
+        rec.upload(params, 0, &[p])?;
+        rec.sentinel(page_norms, f32s(count))?;
+        norms.encode(rec, count as u64, params, embeddings, page_norms)
     }
 
     /// Whether these rows live on `gpu`'s device (binding them elsewhere is a wgpu fault).
@@ -234,7 +224,7 @@ impl DeviceRows {
     /// `src_row` on, into rows `dst_row ..` (which must not pass the capacity), split at pages.
     pub(crate) fn copy_in(
         &self,
-        enc: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder<'_>,
         src: &TrackedBuffer,
         src_norms: &TrackedBuffer,
         src_row: usize,
@@ -251,17 +241,17 @@ impl DeviceRows {
             };
             let n = (page.rows - within).min(count - done);
             let from = (src_row + done) as u64;
-            enc.copy_buffer_to_buffer(
-                src.buffer(),
+            rec.copy(
+                src,
                 from * row_bytes,
-                page.embeddings.buffer(),
+                &page.embeddings,
                 within as u64 * row_bytes,
                 n as u64 * row_bytes,
             );
-            enc.copy_buffer_to_buffer(
-                src_norms.buffer(),
+            rec.copy(
+                src_norms,
                 from * 4,
-                page.norms.buffer(),
+                &page.norms,
                 within as u64 * 4,
                 n as u64 * 4,
             );
@@ -270,8 +260,8 @@ impl DeviceRows {
     }
 
     /// The first `len` rows `(len, dim)` read back to the host, page by page through one
-    /// staging buffer of at most one page.
-    pub(crate) fn read(&self, ctx: &Context, gpu: &GpuDevice, len: usize) -> Result<Array2<f32>> {
+    /// staging buffer of at most one page (one wait per page).
+    pub(crate) fn read(&self, gpu: &GpuDevice, len: usize) -> Result<Array2<f32>> {
         let width = 4 * self.dim4;
         let mut out = Array2::zeros((len, self.dim));
         let used = self.pages_for(len);
@@ -279,7 +269,6 @@ impl DeviceRows {
             return Ok(out);
         }
         let staging = Staging::new(
-            ctx,
             gpu,
             "device_rows::read",
             f32s(self.page_rows.min(len) * width),
@@ -287,16 +276,19 @@ impl DeviceRows {
         for (p, page) in self.pages[..used].iter().enumerate() {
             let start = p * self.page_rows;
             let rows = page.rows.min(len - start);
-            let mut enc = encoder(gpu, "device_rows::read");
-            staging.copy_from(&mut enc, &page.embeddings, 0, 4 * (rows * width) as u64);
-            transfer::submit_and_wait(gpu, enc)?;
-            staging.read::<f32, _>(gpu, rows * width, |values| {
-                for (i, row) in values.chunks_exact(width).enumerate() {
-                    for (o, v) in out.row_mut(start + i).iter_mut().zip(row) {
-                        *o = *v;
+            let bytes = 4 * (rows * width) as u64;
+            let mut rec = Recorder::new(gpu, "device_rows::read");
+            rec.read_back(&page.embeddings, 0, &staging, 0, bytes);
+            let done = rec.submit()?;
+            staging
+                .map(&done, bytes)
+                .read::<f32, _>(gpu, rows * width, |values| {
+                    for (i, row) in values.chunks_exact(width).enumerate() {
+                        for (o, v) in out.row_mut(start + i).iter_mut().zip(row) {
+                            *o = *v;
+                        }
                     }
-                }
-            })?;
+                })?;
         }
         Ok(out)
     }

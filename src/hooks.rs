@@ -7,7 +7,7 @@
 //! allocated released.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
@@ -213,16 +213,6 @@ impl<'a> Reporter<'a> {
     /// Whether the call was cancelled (for workers that cannot return an error themselves).
     pub(crate) fn cancelled(&self) -> bool {
         self.check().is_err()
-    }
-
-    /// Reports what `finished` (a running total kept by device callbacks) holds beyond
-    /// `seen`, the total reported before; returns the new total.
-    pub(crate) fn catch_up(&self, finished: &AtomicU64, seen: u64) -> u64 {
-        let now = finished.load(Ordering::Relaxed);
-        if now > seen {
-            self.add(now - seen);
-        }
-        now.max(seen)
     }
 
     /// Records `pairs` more pairs done; reports only progress beyond what was reported

@@ -37,7 +37,7 @@ pub use hooks::{CancelToken, Hooks, Progress};
 pub use inputs::{BankRows, Embeddings, MiningSet, SelfExclusion};
 pub use kernels::{WgslKernel, WGSL_KERNELS};
 pub use knn::{knn, knn_plan, knn_sharded, Knn, KnnConfig};
-pub use memory::MemoryStats;
+pub use memory::{MemoryStats, Transfers};
 pub use metric::{Distance, DistanceConfig};
 pub use miners::{
     all_pairs, batch_easy_hard_pairs, batch_hard_triplets, miners_plan, multi_similarity_pairs,

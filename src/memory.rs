@@ -28,6 +28,66 @@ pub struct MemoryStats {
     pub budget_bytes: u64,
 }
 
+/// Host–device traffic of a call (or of a context's life): the times the host blocked on the
+/// device, the submissions, and the bytes moved each way. Zero on the native CPU path.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{knn, Context, KnnConfig};
+/// let x = ndarray::Array2::<f32>::ones((100, 8));
+/// let found = knn(&Context::native_cpu(None), &x, &x, &KnnConfig::default())?;
+/// assert_eq!(found.transfers.host_waits, 0); // no device, no wait
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Transfers {
+    /// Blocking waits for the device (each `poll` that waits for a submission).
+    pub host_waits: u64,
+    /// Command-buffer submissions.
+    pub submissions: u64,
+    /// Bytes written from the host to device buffers.
+    pub bytes_up: u64,
+    /// Bytes read back from the device to the host.
+    pub bytes_down: u64,
+}
+
+impl Transfers {
+    pub(crate) fn add(&mut self, other: Transfers) {
+        self.host_waits += other.host_waits;
+        self.submissions += other.submissions;
+        self.bytes_up += other.bytes_up;
+        self.bytes_down += other.bytes_down;
+    }
+}
+
+/// A context's running totals, shared by every thread using it.
+#[derive(Debug, Default)]
+pub(crate) struct TransferCounter {
+    host_waits: AtomicU64,
+    submissions: AtomicU64,
+    bytes_up: AtomicU64,
+    bytes_down: AtomicU64,
+}
+
+impl TransferCounter {
+    /// Adds `t` to the totals.
+    pub(crate) fn add(&self, t: Transfers) {
+        self.host_waits.fetch_add(t.host_waits, Ordering::Relaxed);
+        self.submissions.fetch_add(t.submissions, Ordering::Relaxed);
+        self.bytes_up.fetch_add(t.bytes_up, Ordering::Relaxed);
+        self.bytes_down.fetch_add(t.bytes_down, Ordering::Relaxed);
+    }
+
+    pub(crate) fn totals(&self) -> Transfers {
+        Transfers {
+            host_waits: self.host_waits.load(Ordering::Relaxed),
+            submissions: self.submissions.load(Ordering::Relaxed),
+            bytes_up: self.bytes_up.load(Ordering::Relaxed),
+            bytes_down: self.bytes_down.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// Tracks current and peak bytes against a fixed budget; shared by all buffers of a context.
 #[derive(Debug)]
 pub(crate) struct MemoryTracker {
@@ -104,16 +164,24 @@ pub(crate) struct TrackedBuffer {
     buffer: wgpu::Buffer,
     size: u64,
     tracker: Arc<MemoryTracker>,
+    /// Unique in the process: a recording tells the buffers it touched apart by it.
+    id: u64,
 }
 
 impl TrackedBuffer {
     /// Wraps a buffer whose `size` bytes were already reserved in `tracker`.
     pub(crate) fn new(buffer: wgpu::Buffer, size: u64, tracker: Arc<MemoryTracker>) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
         Self {
             buffer,
             size,
             tracker,
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
         }
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     pub(crate) fn buffer(&self) -> &wgpu::Buffer {

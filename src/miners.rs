@@ -15,8 +15,10 @@ use crate::distance::{for_each_row_block, row_plan, Job};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::inputs::{prepare, Labelled, MiningSet, SelfExclusion};
+use crate::memory::Transfers;
 use crate::metric::{Distance, DistanceConfig};
 use crate::plan::Plan;
+use crate::transfer;
 use crate::triplets::Triplets;
 use crate::validate;
 
@@ -43,6 +45,8 @@ pub struct Pairs {
     pub negatives: Array2<u32>,
     /// Where the distances were computed.
     pub path: ComputePath,
+    /// Host–device traffic of the call (zero on the native path).
+    pub transfers: Transfers,
 }
 
 /// One anchor's view of the references: its distance row (if the miner uses distances) and
@@ -63,6 +67,19 @@ impl Row<'_> {
 /// Calls `f` for every anchor in ascending order, reporting each anchor's `m` pairs and
 /// checking for cancellation between blocks of rows.
 fn for_each_row(
+    op: &'static str,
+    ctx: &Context,
+    set: &Labelled<'_>,
+    distance: &DistanceConfig,
+    hooks: &Hooks,
+    f: &mut dyn FnMut(&Row<'_>),
+) -> Result<Transfers> {
+    let (visited, transfers) = transfer::measure(|| visit_rows(op, ctx, set, distance, hooks, f));
+    visited.map(|()| transfers)
+}
+
+/// [`for_each_row`] without the traffic count.
+fn visit_rows(
     op: &'static str,
     ctx: &Context,
     set: &Labelled<'_>,
@@ -201,6 +218,7 @@ impl Pairs {
         ctx: &Context,
         positives: Vec<u32>,
         negatives: Vec<u32>,
+        transfers: Transfers,
     ) -> Result<Self> {
         let array = |flat: Vec<u32>| {
             Array2::from_shape_vec((flat.len() / 2, 2), flat).map_err(|e| Error::Internal {
@@ -212,6 +230,7 @@ impl Pairs {
             positives: array(positives)?,
             negatives: array(negatives)?,
             path: ctx.path(),
+            transfers,
         })
     }
 }
@@ -243,7 +262,7 @@ pub fn all_pairs<L: Hash + Eq + Copy>(
     const OP: &str = "all_pairs";
     let set = prepare_miner(ctx, queries, refs, cfg)?;
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
-    for_each_row(
+    let transfers = for_each_row(
         OP,
         ctx,
         &set,
@@ -254,7 +273,7 @@ pub fn all_pairs<L: Hash + Eq + Copy>(
             neg.extend(row.negatives.iter().flat_map(|&n| [row.anchor, n]));
         },
     )?;
-    Pairs::new(OP, ctx, pos, neg)
+    Pairs::new(OP, ctx, pos, neg, transfers)
 }
 
 /// Settings of [`all_pairs`]. Every field has a documented default.
@@ -335,7 +354,7 @@ pub fn pair_margin_pairs<L: Hash + Eq + Copy>(
     let set = prepare_miner(ctx, queries, refs, cfg)?;
     let sim = cfg.distance.distance.is_similarity();
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
-    for_each_row(OP, ctx, &set, &cfg.distance, &cfg.hooks, &mut |row| {
+    let transfers = for_each_row(OP, ctx, &set, &cfg.distance, &cfg.hooks, &mut |row| {
         for &p in row.positives {
             let v = row.value(p);
             if (sim && v < cfg.pos_margin) || (!sim && v > cfg.pos_margin) {
@@ -349,7 +368,7 @@ pub fn pair_margin_pairs<L: Hash + Eq + Copy>(
             }
         }
     })?;
-    Pairs::new(OP, ctx, pos, neg)
+    Pairs::new(OP, ctx, pos, neg, transfers)
 }
 
 /// `MultiSimilarityMiner` settings; defaults are PML's.
@@ -425,7 +444,7 @@ pub fn multi_similarity_pairs<L: Hash + Eq + Copy>(
     let sim = cfg.distance.distance.is_similarity();
     let eps = cfg.epsilon;
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
-    for_each_row(OP, ctx, &set, &cfg.distance, &cfg.hooks, &mut |row| {
+    let transfers = for_each_row(OP, ctx, &set, &cfg.distance, &cfg.hooks, &mut |row| {
         if row.positives.is_empty() || row.negatives.is_empty() {
             return;
         }
@@ -452,7 +471,7 @@ pub fn multi_similarity_pairs<L: Hash + Eq + Copy>(
             }
         }
     })?;
-    Pairs::new(OP, ctx, pos, neg)
+    Pairs::new(OP, ctx, pos, neg, transfers)
 }
 
 /// How `BatchEasyHardMiner` picks an anchor's positive or negative.
@@ -619,7 +638,7 @@ pub fn batch_easy_hard_pairs<L: Hash + Eq + Copy>(
         })
     };
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
-    for_each_row(OP, ctx, &set, &cfg.distance, &cfg.hooks, &mut |row| {
+    let transfers = for_each_row(OP, ctx, &set, &cfg.distance, &cfg.hooks, &mut |row| {
         let a = row.anchor;
         match (ps, ns) {
             (All, All) => {
@@ -655,7 +674,7 @@ pub fn batch_easy_hard_pairs<L: Hash + Eq + Copy>(
             }
         }
     })?;
-    Pairs::new(OP, ctx, pos, neg)
+    Pairs::new(OP, ctx, pos, neg, transfers)
 }
 
 /// `BatchHardMiner` settings.
@@ -723,6 +742,7 @@ pub fn batch_hard_triplets<L: Hash + Eq + Copy>(
     Ok(Triplets {
         indices,
         path: pairs.path,
+        transfers: pairs.transfers,
     })
 }
 

@@ -6,8 +6,8 @@ use ndarray::Array2;
 use wgpu_metric_learning::{
     accuracy, batch_hard_triplets, count_triplets, knn, list_adapters, mine_triplets,
     pairwise_distances, AccuracyConfig, AdapterSelector, BackendChoice, BankConfig,
-    BatchHardConfig, ComputePath, Context, ContextConfig, DistanceConfig, Error, KnnConfig,
-    MemoryBank, MiningSet, PairwiseConfig, TripletConfig, TripletType,
+    BatchHardConfig, ComputePath, Context, ContextConfig, Distance, DistanceConfig, Error,
+    KnnConfig, MemoryBank, MiningSet, PairwiseConfig, TripletConfig, TripletType,
 };
 
 fn small() -> Array2<f32> {
@@ -59,14 +59,19 @@ fn every_listed_adapter_can_run_a_kernel_by_index() {
             small().view(),
             small().view(),
             &PairwiseConfig {
-                distance: DistanceConfig::default(),
+                // Squared and raw: a self-distance is `|x|² + |x|² − 2 x·x`, a few ulps of
+                // |x|² on any device (a square root would amplify them to ~1e-3).
+                distance: DistanceConfig {
+                    distance: Distance::SquaredEuclidean,
+                    normalize: false,
+                },
                 ..Default::default()
             },
         )
         .unwrap_or_else(|e| panic!("adapter {}: {e}", a.name));
         assert_eq!(d.path, ComputePath::Wgpu, "ran through wgpu");
         assert!(
-            d.values[[1, 1]].abs() < 1e-3,
+            d.values[[1, 1]].abs() < 1e-4,
             "self-distance ≈ 0 on {}",
             a.name
         );

@@ -235,9 +235,14 @@ fn k_equal_to_n_and_k_one_with_duplicates() {
 fn self_exclusion_is_by_index_even_among_identical_rows() {
     let native = Context::native_cpu(None);
     let x = Array2::from_elem((6, 3), 1.0f32);
+    // Raw rows of ones: every distance is exactly 0 on any device, a true tie.
     let cfg = KnnConfig {
         k: 5,
         self_exclusion: SelfExclusion::SameIndex,
+        distance: DistanceConfig {
+            distance: Distance::SquaredEuclidean,
+            normalize: false,
+        },
         ..Default::default()
     };
     let contexts: Vec<&Context> = common::shared_gpu().into_iter().chain([&native]).collect();

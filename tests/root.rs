@@ -25,5 +25,6 @@ mod plans;
 mod row_norms;
 mod shaders;
 mod soak;
+mod transfers;
 mod triplet_lists;
 mod triplet_select;

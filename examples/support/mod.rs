@@ -3,7 +3,22 @@
 #![allow(dead_code, reason = "each example uses a different subset")]
 
 use ndarray::{Array1, Array2};
-use wgpu_metric_learning::{BackendChoice, Context, ContextConfig};
+use wgpu_metric_learning::{BackendChoice, Context, ContextConfig, Transfers};
+
+/// The host–device traffic of each of `ops` operations since `before` (the context's
+/// counters), as JSON fields: `"host_waits": …, "submissions": …, "bytes_up": …,
+/// "bytes_down": …` (per operation; zero on the native path).
+pub(crate) fn traffic(ctx: &Context, before: Transfers, ops: usize) -> String {
+    let now = ctx.transfers();
+    let per = |a: u64, b: u64| (a - b) as f64 / ops.max(1) as f64;
+    format!(
+        "\"host_waits\": {:.1}, \"submissions\": {:.1}, \"bytes_up\": {:.0}, \"bytes_down\": {:.0}",
+        per(now.host_waits, before.host_waits),
+        per(now.submissions, before.submissions),
+        per(now.bytes_up, before.bytes_up),
+        per(now.bytes_down, before.bytes_down),
+    )
+}
 
 /// A small deterministic generator (SplitMix64), enough for benchmark inputs.
 pub(crate) struct Rng(pub(crate) u64);

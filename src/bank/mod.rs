@@ -17,8 +17,9 @@ use crate::context::Context;
 use crate::device_rows::{max_page_rows, rows_bytes, DeviceRows, RowsView};
 use crate::error::{Error, Result};
 use crate::inputs::{self, BankRows, Embeddings, MiningSet, SelfExclusion, Side};
-use crate::memory::HostReservation;
+use crate::memory::{HostReservation, Transfers};
 use crate::plan::DeviceCaps;
+use crate::transfer;
 
 /// Shape of a [`MemoryBank`].
 ///
@@ -68,6 +69,8 @@ pub struct Enqueued {
     /// one, where PML keeps the self pair), none after a masked one (the queries were not
     /// enqueued; PML does the same).
     pub self_exclusion: SelfExclusion,
+    /// Host–device traffic of the enqueue (zero for a native bank).
+    pub transfers: Transfers,
 }
 
 /// The bank's filled rows in slot order, copied to the host.
@@ -179,7 +182,7 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
                         budget,
                     });
                 }
-                Storage::Device(DeviceRows::new(ctx, gpu, cfg.capacity, cfg.dim, page_rows)?)
+                Storage::Device(DeviceRows::new(gpu, cfg.capacity, cfg.dim, page_rows)?)
             }
             None => {
                 let required = 4 * (cfg.capacity as u64).saturating_mul(cfg.dim as u64);
@@ -319,6 +322,7 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
         labels: ArrayView1<'_, L>,
     ) -> Result<Enqueued> {
         let b = labels.len();
+        let mut transfers = Transfers::default();
         match &mut self.storage {
             Storage::Host { rows, .. } => {
                 for (i, row) in embeddings.rows().into_iter().enumerate() {
@@ -332,10 +336,12 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
                     head: self.head,
                     capacity: self.capacity,
                 };
-                gpu::enqueue_host(ctx, gpu, &ring, embeddings)?;
+                let (done, moved) = transfer::measure(|| gpu::enqueue_host(gpu, &ring, embeddings));
+                done?;
+                transfers = moved;
             }
         }
-        Ok(self.advance(labels.iter().copied(), (0..b).collect()))
+        Ok(self.advance(labels.iter().copied(), (0..b).collect(), transfers))
     }
 
     /// MoCo-style: enqueues the rows where `mask` is `true` and returns the others as the
@@ -454,8 +460,10 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
             head: self.head,
             capacity: self.capacity,
         };
-        gpu::enqueue_buffer(ctx, gpu, &ring, source, offset, b)?;
-        Ok(self.advance(labels.iter().copied(), (0..b).collect()))
+        let (done, transfers) =
+            transfer::measure(|| gpu::enqueue_buffer(gpu, &ring, source, offset, b));
+        done?;
+        Ok(self.advance(labels.iter().copied(), (0..b).collect(), transfers))
     }
 
     /// The filled rows `(len, dim)` as references for [`crate::knn`], where they live
@@ -515,7 +523,7 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
             Storage::Host { rows, .. } => rows.slice(s![..self.len(), ..]).to_owned(),
             Storage::Device(rows) => {
                 let gpu = gpu::gpu_of(ctx, "MemoryBank::snapshot", rows)?;
-                rows.read(ctx, gpu, self.len())?
+                rows.read(gpu, self.len())?
             }
         };
         Ok(BankSnapshot {
@@ -598,7 +606,12 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
 
     /// Records the labels of rows written at `head ..` and moves the head (PML's
     /// `add_to_memory`, with its "filled once the head wraps or reaches the end" rule).
-    fn advance(&mut self, labels: impl Iterator<Item = L>, query_rows: Vec<usize>) -> Enqueued {
+    fn advance(
+        &mut self,
+        labels: impl Iterator<Item = L>,
+        query_rows: Vec<usize>,
+        transfers: Transfers,
+    ) -> Enqueued {
         let mut slots = Vec::new();
         for label in labels {
             let slot = self.head;
@@ -616,6 +629,7 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
             self_exclusion: SelfExclusion::QuerySlots(slots.clone()),
             slots,
             query_rows,
+            transfers,
         }
     }
 }

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 pub use adapter::{list_adapters, AdapterSelector, AdapterSummary};
 
-use crate::device::GpuDevice;
+use crate::device::{Accounting, GpuDevice};
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::memory::{MemoryStats, MemoryTracker};
+use crate::memory::{MemoryStats, MemoryTracker, Transfers};
 use adapter::{enumerate, make_instance, reported_device_memory, select_adapter};
 
 /// Budget used when the adapter does not report its memory (DX12, GL, shared devices); Vulkan
@@ -137,8 +137,6 @@ enum Engine {
 pub struct Context {
     engine: Engine,
     memory: Arc<MemoryTracker>,
-    sentinel: bool,
-    simulated_device_bytes: Option<u64>,
 }
 
 impl Context {
@@ -211,12 +209,7 @@ impl Context {
         let budget = config.budget_bytes.unwrap_or_else(|| {
             reported_device_memory(&adapter).map_or(DEFAULT_BUDGET_BYTES, |heap| heap / 2)
         });
-        Ok(Self {
-            engine: Engine::Gpu(Box::new(GpuDevice::new(device, queue, info, true))),
-            memory: Arc::new(MemoryTracker::new(budget)),
-            sentinel: config.fill_outputs_with_sentinel,
-            simulated_device_bytes: config.simulated_device_bytes,
-        })
+        Ok(Self::on_device(device, queue, info, true, config, budget))
     }
 
     /// Wraps a device and queue that the caller already has, so an application with its own
@@ -244,14 +237,37 @@ impl Context {
         config: &ContextConfig,
     ) -> Result<Self> {
         kernels::check_limits("Context::from_wgpu", &device.limits())?;
-        Ok(Self {
-            engine: Engine::Gpu(Box::new(GpuDevice::new(device, queue, adapter_info, false))),
-            memory: Arc::new(MemoryTracker::new(
-                config.budget_bytes.unwrap_or(DEFAULT_BUDGET_BYTES),
-            )),
-            sentinel: config.fill_outputs_with_sentinel,
+        let budget = config.budget_bytes.unwrap_or(DEFAULT_BUDGET_BYTES);
+        Ok(Self::on_device(
+            device,
+            queue,
+            adapter_info,
+            false,
+            config,
+            budget,
+        ))
+    }
+
+    /// A context on a device, `own` when the library made it (and installs its handlers).
+    fn on_device(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        info: wgpu::AdapterInfo,
+        own: bool,
+        config: &ContextConfig,
+        budget: u64,
+    ) -> Self {
+        let memory = Arc::new(MemoryTracker::new(budget));
+        let accounting = Accounting {
+            memory: Arc::clone(&memory),
+            fill_sentinel: config.fill_outputs_with_sentinel,
             simulated_device_bytes: config.simulated_device_bytes,
-        })
+        };
+        let gpu = GpuDevice::new(device, queue, info, own, accounting);
+        Self {
+            engine: Engine::Gpu(Box::new(gpu)),
+            memory,
+        }
     }
 
     /// A context on the native CPU path, with `budget_bytes` (default
@@ -276,8 +292,6 @@ impl Context {
             memory: Arc::new(MemoryTracker::new(
                 config.budget_bytes.unwrap_or(DEFAULT_CPU_BUDGET_BYTES),
             )),
-            sentinel: config.fill_outputs_with_sentinel,
-            simulated_device_bytes: config.simulated_device_bytes,
         }
     }
 
@@ -362,6 +376,19 @@ impl Context {
         self.memory.stats()
     }
 
+    /// Host–device traffic over the context's life: blocking waits, submissions, bytes moved
+    /// each way (zero on the native path). Every result also carries its own call's.
+    ///
+    /// # Example
+    /// ```
+    /// use wgpu_metric_learning::{Context, Transfers};
+    /// assert_eq!(Context::native_cpu(None).transfers(), Transfers::default());
+    /// ```
+    pub fn transfers(&self) -> Transfers {
+        self.gpu()
+            .map_or_else(Transfers::default, |g| g.transfers.totals())
+    }
+
     /// Restarts peak tracking from the current bytes (e.g. before measuring one operation).
     ///
     /// See the example of [`Context::memory`].
@@ -378,15 +405,6 @@ impl Context {
 
     pub(crate) fn tracker(&self) -> &Arc<MemoryTracker> {
         &self.memory
-    }
-
-    pub(crate) fn fills_sentinel(&self) -> bool {
-        self.sentinel
-    }
-
-    /// The injected device size of [`ContextConfig::simulated_device_bytes`].
-    pub(crate) fn simulated_device_bytes(&self) -> Option<u64> {
-        self.simulated_device_bytes
     }
 }
 

@@ -5,7 +5,6 @@
 use ndarray::{s, Array2, ArrayView2};
 
 use super::Job;
-use crate::context::Context;
 use crate::device::GpuDevice;
 use crate::device_rows::RowsView;
 use crate::error::{Error, Result};
@@ -15,11 +14,12 @@ use crate::memory::TrackedBuffer;
 use crate::metric::DistanceConfig;
 use crate::oom_retry::{self, RowSink};
 use crate::plan::{plan_rows, plan_tiles, DeviceCaps, Footprint, TilePlan};
-use crate::transfer::{self, encoder, f32s, uniform_size, Staging};
+use crate::transfer::{self, f32s, uniform_size, Readback, Recorder, Staging};
 
-/// Everything alive while one `(rows, cols)` tile runs; mirrors the allocations of [`tiles`].
-pub(crate) fn tile_footprint(rows: usize, cols: usize, dim4: usize) -> Footprint {
-    let buffers = [
+/// Everything alive while one `(rows, cols)` tile runs with `stagings` readback buffers;
+/// mirrors the allocations of [`tiles`].
+pub(crate) fn tile_footprint(rows: usize, cols: usize, dim4: usize, stagings: usize) -> Footprint {
+    let mut buffers = vec![
         uniform_size::<row_norms::Params>(),
         uniform_size::<row_norms::Params>(),
         uniform_size::<distance_tile::Params>(),
@@ -27,9 +27,9 @@ pub(crate) fn tile_footprint(rows: usize, cols: usize, dim4: usize) -> Footprint
         f32s(cols * dim4 * 4),
         f32s(rows),
         f32s(cols),
-        f32s(rows * cols),
-        f32s(rows * cols),
+        f32s(rows * cols), // out
     ];
+    buffers.extend(std::iter::repeat_n(f32s(rows * cols), stagings));
     let (x, y) = DistanceTile::workgroups(rows as u64, cols as u64);
     Footprint {
         bytes: buffers.iter().sum(),
@@ -39,17 +39,42 @@ pub(crate) fn tile_footprint(rows: usize, cols: usize, dim4: usize) -> Footprint
     }
 }
 
+/// A tile (or block) plan and the staging buffers it reads back through.
+pub(crate) struct Staged {
+    pub(crate) tile: TilePlan,
+    pub(crate) stagings: usize,
+}
+
+/// Two staging buffers (a tile is read while the next one computes) when the budget allows
+/// tiles as large as with one; one when a second would make them smaller, since under a
+/// tight budget larger tiles win more than overlap does. `plan(stagings)` plans the tiles.
+fn staged(plan: impl Fn(usize) -> Result<TilePlan>) -> Result<Staged> {
+    let single = plan(1)?;
+    match plan(2) {
+        Ok(double) if double.rows * double.cols >= single.rows * single.cols => Ok(Staged {
+            tile: double,
+            stagings: 2,
+        }),
+        _ => Ok(Staged {
+            tile: single,
+            stagings: 1,
+        }),
+    }
+}
+
 /// The tile for `(q, n, d)` on a device with `caps` and `budget` bytes available.
 pub(crate) fn tile_plan(
     op: &'static str,
     (q, n, d): (usize, usize, usize),
     budget: u64,
     caps: &DeviceCaps,
-) -> Result<TilePlan> {
+) -> Result<Staged> {
     let dim4 = d.div_ceil(4);
     let preferred = distance_tile::BLOCK as usize;
-    plan_tiles(op, q, n, preferred, budget, caps, |r, c| {
-        tile_footprint(r, c, dim4)
+    staged(|stagings| {
+        plan_tiles(op, q, n, preferred, budget, caps, |r, c| {
+            tile_footprint(r, c, dim4, stagings)
+        })
     })
 }
 
@@ -79,7 +104,10 @@ pub(crate) fn tiles(
     let dim4 = d.div_ceil(4);
     let caps = DeviceCaps::from_limits(&gpu.limits);
     let rows = q.min(max_rows.max(1));
-    let plan = tile_plan(op, (rows, n, d), oom_retry::planning_budget(ctx), &caps)?;
+    let Staged {
+        tile: plan,
+        stagings,
+    } = tile_plan(op, (rows, n, d), oom_retry::planning_budget(ctx), &caps)?;
     let norms = gpu.kernel::<RowNorms>()?;
     let tile = gpu.kernel::<DistanceTile>()?;
 
@@ -88,14 +116,9 @@ pub(crate) fn tiles(
         dim4: dim4 as u32,
         _pad: [0; 2],
     };
-    let q_params = transfer::uniform(
-        ctx,
-        gpu,
-        "pairwise_distances::query_norm_params",
-        &zero_norms,
-    )?;
-    let r_params = transfer::uniform(ctx, gpu, "pairwise_distances::ref_norm_params", &zero_norms)?;
-    let mut tile_params = distance_tile::Params {
+    let q_params = transfer::uniform(gpu, "pairwise_distances::query_norm_params", &zero_norms)?;
+    let r_params = transfer::uniform(gpu, "pairwise_distances::ref_norm_params", &zero_norms)?;
+    let tile_params = distance_tile::Params {
         rows: 0,
         cols: 0,
         dim4: dim4 as u32,
@@ -105,83 +128,86 @@ pub(crate) fn tiles(
         out_col0: 0,
         ref_row0: 0,
     };
-    let t_params = transfer::uniform(ctx, gpu, "pairwise_distances::tile_params", &tile_params)?;
+    let t_params = transfer::uniform(gpu, "pairwise_distances::tile_params", &tile_params)?;
     let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
     let q_buf = transfer::create_buffer(
-        ctx,
         gpu,
         "pairwise_distances::queries",
         f32s(plan.rows * dim4 * 4),
         input,
     )?;
     let r_buf = transfer::create_buffer(
-        ctx,
         gpu,
         "pairwise_distances::refs",
         f32s(plan.cols * dim4 * 4),
         input,
     )?;
-    let q_norms = transfer::output(ctx, gpu, "pairwise_distances::query_norms", f32s(plan.rows))?;
-    let r_norms = transfer::output(ctx, gpu, "pairwise_distances::ref_norms", f32s(plan.cols))?;
+    let q_norms = transfer::output(gpu, "pairwise_distances::query_norms", f32s(plan.rows))?;
+    let r_norms = transfer::output(gpu, "pairwise_distances::ref_norms", f32s(plan.cols))?;
     let out_bytes = f32s(plan.rows * plan.cols);
-    let out = transfer::output(ctx, gpu, "pairwise_distances::out", out_bytes)?;
-    let staging = Staging::new(ctx, gpu, "pairwise_distances::staging", out_bytes)?;
+    let out = transfer::output(gpu, "pairwise_distances::out", out_bytes)?;
+    let staging = Staging::many(gpu, "pairwise_distances::staging", out_bytes, stagings)?;
 
+    // Row tiles outermost; each tile is one submission, read while the next one runs.
     let refs_resident = plan.cols >= n;
-    for r0 in (0..q).step_by(plan.rows) {
-        let rows = plan.rows.min(q - r0);
-        transfer::write(
-            gpu,
-            &q_buf,
-            0,
-            &transfer::padded_rows(queries, r0, rows, dim4),
-        )?;
-        let params = row_norms::Params {
-            rows: rows as u32,
-            ..zero_norms
-        };
-        transfer::write(gpu, &q_params, 0, &[params])?;
-        for c0 in (0..n).step_by(plan.cols) {
-            report.check()?;
-            let cols = plan.cols.min(n - c0);
-            if r0 == 0 || !refs_resident {
-                transfer::write(gpu, &r_buf, 0, &transfer::padded_rows(refs, c0, cols, dim4))?;
-                let params = row_norms::Params {
-                    rows: cols as u32,
-                    ..zero_norms
-                };
-                transfer::write(gpu, &r_params, 0, &[params])?;
-            }
-            tile_params.rows = rows as u32;
-            tile_params.cols = cols as u32;
-            tile_params.out_stride = cols as u32;
-            transfer::write(gpu, &t_params, 0, &[tile_params])?;
-            for (buffer, bytes) in [(&q_norms, f32s(rows)), (&r_norms, f32s(cols))] {
-                transfer::fill_sentinel(ctx, gpu, buffer, bytes)?;
-            }
-            transfer::fill_sentinel(ctx, gpu, &out, f32s(rows * cols))?;
-
-            let mut encoder = encoder(gpu, op);
-            norms.encode(gpu, &mut encoder, rows as u64, &q_params, &q_buf, &q_norms)?;
-            norms.encode(gpu, &mut encoder, cols as u64, &r_params, &r_buf, &r_norms)?;
-            let buffers = TileBuffers {
-                params: &t_params,
-                queries: &q_buf,
-                refs: &r_buf,
-                query_sq_norms: &q_norms,
-                ref_sq_norms: &r_norms,
-                out: &out,
+    let tiles = (0..q).step_by(plan.rows).flat_map(|r0| {
+        (0..n)
+            .step_by(plan.cols)
+            .map(move |c0| (r0, c0, plan.rows.min(q - r0), plan.cols.min(n - c0)))
+    });
+    let record = |&(r0, c0, rows, cols): &(usize, usize, usize, usize), st: &Staging| {
+        report.check()?;
+        let mut rec = Recorder::new(gpu, op);
+        if c0 == 0 {
+            let padded = transfer::padded_rows(queries, r0, rows, dim4);
+            rec.upload(&q_buf, 0, &padded)?;
+            let params = row_norms::Params {
+                rows: rows as u32,
+                ..zero_norms
             };
-            tile.encode(gpu, &mut encoder, rows as u64, cols as u64, &buffers)?;
-            staging.copy_from(&mut encoder, &out, 0, 4 * (rows * cols) as u64);
-            transfer::submit_and_wait(gpu, encoder)?;
-            staging.read::<f32, _>(gpu, rows * cols, |values| {
-                on_tile(r0, c0, shaped(op, (rows, cols), values)?)
-            })??;
-            report.add((rows * cols) as u64);
+            rec.upload(&q_params, 0, &[params])?;
         }
-    }
-    Ok(())
+        if r0 == 0 || !refs_resident {
+            rec.upload(&r_buf, 0, &transfer::padded_rows(refs, c0, cols, dim4))?;
+            let params = row_norms::Params {
+                rows: cols as u32,
+                ..zero_norms
+            };
+            rec.upload(&r_params, 0, &[params])?;
+        }
+        let params = distance_tile::Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            out_stride: cols as u32,
+            ..tile_params
+        };
+        rec.upload(&t_params, 0, &[params])?;
+        rec.sentinel(&q_norms, f32s(rows))?;
+        rec.sentinel(&r_norms, f32s(cols))?;
+        rec.sentinel(&out, f32s(rows * cols))?;
+        norms.encode(&mut rec, rows as u64, &q_params, &q_buf, &q_norms)?;
+        norms.encode(&mut rec, cols as u64, &r_params, &r_buf, &r_norms)?;
+        let buffers = TileBuffers {
+            params: &t_params,
+            queries: &q_buf,
+            refs: &r_buf,
+            query_sq_norms: &q_norms,
+            ref_sq_norms: &r_norms,
+            out: &out,
+        };
+        tile.encode(&mut rec, rows as u64, cols as u64, &buffers)?;
+        let bytes = 4 * (rows * cols) as u64;
+        rec.read_back(&out, 0, st, 0, bytes);
+        Ok((rec.submit()?, bytes))
+    };
+    let deliver = |(r0, c0, rows, cols), readback: Readback<'_>| {
+        readback.read::<f32, _>(gpu, rows * cols, |values| {
+            on_tile(r0, c0, shaped(op, (rows, cols), values)?)
+        })??;
+        report.add((rows * cols) as u64);
+        Ok(())
+    };
+    transfer::pipelined(gpu, &staging, tiles, record, deliver)
 }
 
 /// The whole matrix `(q, n)` of the job's queries against host references.
@@ -277,16 +303,11 @@ pub(crate) struct DistanceRows {
 
 impl DistanceRows {
     /// Buffers for chunks of up to `rows` queries against `refs`.
-    pub(crate) fn new(
-        ctx: &Context,
-        gpu: &GpuDevice,
-        rows: usize,
-        refs: RowsView<'_>,
-    ) -> Result<Self> {
+    pub(crate) fn new(gpu: &GpuDevice, rows: usize, refs: RowsView<'_>) -> Result<Self> {
         let dim4 = refs.rows.dim4();
         let uniform = |label, size| {
             let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
-            transfer::create_buffer(ctx, gpu, label, size, usage)
+            transfer::create_buffer(gpu, label, size, usage)
         };
         let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
         let pages = refs.rows.pages_for(refs.len);
@@ -303,20 +324,14 @@ impl DistanceRows {
                 uniform_size::<row_norms::Params>(),
             )?,
             queries: transfer::create_buffer(
-                ctx,
                 gpu,
                 "distance_rows::queries",
                 f32s(rows * dim4 * 4),
                 input,
             )?,
-            query_norms: transfer::output(ctx, gpu, "distance_rows::query_norms", f32s(rows))?,
+            query_norms: transfer::output(gpu, "distance_rows::query_norms", f32s(rows))?,
             tile_params,
-            distances: transfer::output(
-                ctx,
-                gpu,
-                "distance_rows::distances",
-                f32s(rows * refs.len),
-            )?,
+            distances: transfer::output(gpu, "distance_rows::distances", f32s(rows * refs.len))?,
             norms: gpu.kernel::<RowNorms>()?,
             tile: gpu.kernel::<DistanceTile>()?,
         })
@@ -324,15 +339,9 @@ impl DistanceRows {
 
     /// Uploads query rows `r0 .. r0 + rows` and records their distances to every row of
     /// `refs` into [`Self::distances`].
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "one call site per user, all distinct"
-    )]
     pub(crate) fn encode(
         &self,
-        ctx: &Context,
-        gpu: &GpuDevice,
-        enc: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder<'_>,
         queries: ArrayView2<'_, f32>,
         r0: usize,
         rows: usize,
@@ -341,8 +350,7 @@ impl DistanceRows {
     ) -> Result<()> {
         let store = refs.rows;
         let (m, dim4) = (refs.len, store.dim4());
-        transfer::write(
-            gpu,
+        rec.upload(
             &self.queries,
             0,
             &transfer::padded_rows(queries, r0, rows, dim4),
@@ -352,12 +360,11 @@ impl DistanceRows {
             dim4: dim4 as u32,
             _pad: [0; 2],
         };
-        transfer::write(gpu, &self.norm_params, 0, &[params])?;
-        transfer::fill_sentinel(ctx, gpu, &self.query_norms, f32s(rows))?;
-        transfer::fill_sentinel(ctx, gpu, &self.distances, f32s(rows * m))?;
+        rec.upload(&self.norm_params, 0, &[params])?;
+        rec.sentinel(&self.query_norms, f32s(rows))?;
+        rec.sentinel(&self.distances, f32s(rows * m))?;
         self.norms.encode(
-            gpu,
-            enc,
+            rec,
             rows as u64,
             &self.norm_params,
             &self.queries,
@@ -378,7 +385,7 @@ impl DistanceRows {
                 out_col0: c0 as u32,
                 ref_row0: 0,
             };
-            transfer::write(gpu, params, 0, &[tile_params])?;
+            rec.upload(params, 0, &[tile_params])?;
             let buffers = TileBuffers {
                 params,
                 queries: &self.queries,
@@ -387,19 +394,19 @@ impl DistanceRows {
                 ref_sq_norms: norms,
                 out: &self.distances,
             };
-            self.tile
-                .encode(gpu, enc, rows as u64, cols as u64, &buffers)?;
+            self.tile.encode(rec, rows as u64, cols as u64, &buffers)?;
         }
         Ok(())
     }
 }
 
-/// What one block of `rows` query rows against `refs` holds: [`DistanceRows`] and its staging.
-fn row_block_cost(rows: usize, refs: RowsView<'_>) -> Footprint {
+/// What one block of `rows` query rows against `refs` holds: [`DistanceRows`] and its
+/// `stagings` readback buffers.
+fn row_block_cost(rows: usize, refs: RowsView<'_>, stagings: usize) -> Footprint {
     let m = refs.len;
     let pages = refs.rows.pages_for(m);
     let mut buffers = distance_rows_buffers(rows, m, refs.rows.dim4(), pages);
-    buffers.push(f32s(rows * m)); // staging
+    buffers.extend(std::iter::repeat_n(f32s(rows * m), stagings));
     Footprint {
         bytes: buffers.iter().sum(),
         largest_buffer: buffers.iter().copied().max().unwrap_or(0),
@@ -409,17 +416,19 @@ fn row_block_cost(rows: usize, refs: RowsView<'_>) -> Footprint {
 }
 
 /// Rows per block of `q` query rows (at most `max_rows`) against resident `refs`, and the
-/// bytes of a one-row block.
+/// bytes of the smallest block (one row, one staging buffer).
 pub(crate) fn row_block_plan(
     op: &'static str,
     (q, max_rows): (usize, usize),
     refs: RowsView<'_>,
     budget: u64,
     caps: &DeviceCaps,
-) -> Result<(TilePlan, u64)> {
-    let cost = |rows: usize| row_block_cost(rows, refs);
-    let plan = plan_rows(op, q.min(max_rows.max(1)), refs.len, budget, caps, cost)?;
-    Ok((plan, cost(1).bytes))
+) -> Result<(Staged, u64)> {
+    let plan = staged(|stagings| {
+        let cost = |rows: usize| row_block_cost(rows, refs, stagings);
+        plan_rows(op, q.min(max_rows.max(1)), refs.len, budget, caps, cost)
+    })?;
+    Ok((plan, row_block_cost(1, refs, 1).bytes))
 }
 
 /// The distances of the job's queries `(q, d)` against resident `refs`, handed to `on_block`
@@ -445,20 +454,32 @@ pub(crate) fn row_blocks(
     }
     let caps = DeviceCaps::from_limits(&gpu.limits);
     let budget = oom_retry::planning_budget(ctx);
-    let (plan, _) = row_block_plan(op, (q, max_rows), refs, budget, &caps)?;
-    let chunk = DistanceRows::new(ctx, gpu, plan.rows, refs)?;
-    let staging = Staging::new(ctx, gpu, "distance_rows::staging", f32s(plan.rows * m))?;
-    for r0 in (0..q).step_by(plan.rows) {
+    let (
+        Staged {
+            tile: plan,
+            stagings,
+        },
+        _,
+    ) = row_block_plan(op, (q, max_rows), refs, budget, &caps)?;
+    let chunk = DistanceRows::new(gpu, plan.rows, refs)?;
+    let staging = Staging::many(gpu, "distance_rows::staging", f32s(plan.rows * m), stagings)?;
+    let blocks = (0..q)
+        .step_by(plan.rows)
+        .map(|r0| (r0, plan.rows.min(q - r0)));
+    let record = |&(r0, rows): &(usize, usize), st: &Staging| {
         report.check()?;
-        let rows = plan.rows.min(q - r0);
-        let mut enc = encoder(gpu, op);
-        chunk.encode(ctx, gpu, &mut enc, queries, r0, rows, refs, cfg)?;
-        staging.copy_from(&mut enc, &chunk.distances, 0, 4 * (rows * m) as u64);
-        transfer::submit_and_wait(gpu, enc)?;
-        staging.read::<f32, _>(gpu, rows * m, |values| {
+        let mut rec = Recorder::new(gpu, op);
+        chunk.encode(&mut rec, queries, r0, rows, refs, cfg)?;
+        let bytes = 4 * (rows * m) as u64;
+        rec.read_back(&chunk.distances, 0, st, 0, bytes);
+        Ok((rec.submit()?, bytes))
+    };
+    let deliver = |(r0, rows), readback: Readback<'_>| {
+        readback.read::<f32, _>(gpu, rows * m, |values| {
             on_block(r0, shaped(op, (rows, m), values)?)
         })??;
         report.add((rows * m) as u64);
-    }
-    Ok(())
+        Ok(())
+    };
+    transfer::pipelined(gpu, &staging, blocks, record, deliver)
 }

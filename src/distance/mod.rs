@@ -10,9 +10,11 @@ use crate::context::{ComputePath, Context};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::inputs::{self, Embeddings};
+use crate::memory::Transfers;
 use crate::metric::DistanceConfig;
 use crate::oom_retry::{self, RowSink};
 use crate::plan::{DeviceCaps, Plan};
+use crate::transfer;
 
 const OP: &str = "pairwise_distances";
 
@@ -66,6 +68,8 @@ pub struct PairwiseDistances {
     pub values: Array2<f32>,
     /// Where it was computed.
     pub path: ComputePath,
+    /// Host–device traffic of the call (zero on the native path).
+    pub transfers: Transfers,
 }
 
 /// Distances between every query `(q, d)` and every reference `(n, d)` → `(q, n)`.
@@ -113,15 +117,15 @@ pub fn pairwise_distances<'q, 'r>(
         max_rows: usize::MAX,
         report: &report,
     };
-    let values = match (ctx.gpu(), pair.refs) {
-        (_, _) if q == 0 || n == 0 => Array2::zeros((q, n)),
+    let (values, transfers) = transfer::measure(|| match (ctx.gpu(), pair.refs) {
+        (_, _) if q == 0 || n == 0 => Ok(Array2::zeros((q, n))),
         (None, Embeddings::Host(r)) => {
-            native::pairwise_distances(pair.queries, r, &cfg.distance, &report)?
+            native::pairwise_distances(pair.queries, r, &cfg.distance, &report)
         }
         (Some(gpu), Embeddings::Host(r)) => oom_retry::retry(ctx, || {
             report.restart();
             gpu::matrix(&job, gpu, r)
-        })?,
+        }),
         (_, refs) => {
             let mut values = Array2::zeros((q, n));
             let mut on_block = |r0: usize, block: ArrayView2<'_, f32>| {
@@ -130,12 +134,13 @@ pub fn pairwise_distances<'q, 'r>(
                 Ok(())
             };
             for_each_row_block(&job, refs, &mut on_block)?;
-            values
+            Ok(values)
         }
-    };
+    });
     Ok(PairwiseDistances {
-        values,
+        values: values?,
         path: ctx.path(),
+        transfers,
     })
 }
 
@@ -194,13 +199,13 @@ pub(crate) fn row_plan(
     let caps = DeviceCaps::from_limits(&gpu.limits);
     match refs {
         Embeddings::Host(_) => {
-            let tile = gpu::tile_plan(op, (q.min(max_rows.max(1)), n, d), budget, &caps)?;
-            let min = gpu::tile_footprint(1, 1, d.div_ceil(4)).bytes;
-            Ok(tile.public(q, n, min))
+            let plan = gpu::tile_plan(op, (q.min(max_rows.max(1)), n, d), budget, &caps)?;
+            let min = gpu::tile_footprint(1, 1, d.div_ceil(4), 1).bytes;
+            Ok(plan.tile.public(q, n, min))
         }
         Embeddings::Bank(bank) => {
             let (plan, min) = gpu::row_block_plan(op, (q, max_rows), bank.view, budget, &caps)?;
-            Ok(plan.public(q, n, min))
+            Ok(plan.tile.public(q, n, min))
         }
     }
 }

@@ -4,6 +4,7 @@ use crate::device::{GpuDevice, Kernel};
 use crate::error::{Error, Result};
 use crate::kernels::{fields, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;
+use crate::transfer::Recorder;
 
 /// Rows and columns of the tile one workgroup computes; `BLOCK` in the shader, set from here.
 pub(crate) const BLOCK: u64 = 64;
@@ -90,14 +91,13 @@ impl DistanceTile {
     /// Records the tile `out[r * out_stride + out_col0 + c] = metric(queries[r], refs[c])`.
     pub(crate) fn encode(
         &self,
-        gpu: &GpuDevice,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder<'_>,
         rows: u64,
         cols: u64,
         b: &TileBuffers<'_>,
     ) -> Result<()> {
         let (x, y) = Self::workgroups(rows, cols);
-        let limit = u64::from(gpu.limits.max_compute_workgroups_per_dimension);
+        let limit = u64::from(rec.gpu().limits.max_compute_workgroups_per_dimension);
         if x.max(y) > limit {
             return Err(Error::DeviceLimit {
                 op: "distance_tile",
@@ -107,14 +107,13 @@ impl DistanceTile {
             });
         }
         let buffers = [
-            b.params.buffer(),
-            b.queries.buffer(),
-            b.refs.buffer(),
-            b.query_sq_norms.buffer(),
-            b.ref_sq_norms.buffer(),
-            b.out.buffer(),
+            b.params,
+            b.queries,
+            b.refs,
+            b.query_sq_norms,
+            b.ref_sq_norms,
+            b.out,
         ];
-        self.0
-            .dispatch(gpu, encoder, &buffers, [x as u32, y as u32, 1])
+        self.0.dispatch(rec, &buffers, [x as u32, y as u32, 1])
     }
 }

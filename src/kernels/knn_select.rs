@@ -5,6 +5,7 @@ use crate::device::{GpuDevice, Kernel};
 use crate::error::Result;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;
+use crate::transfer::Recorder;
 
 /// Invocations per workgroup (one workgroup per row); `WORKGROUP_SIZE` in the shader, set
 /// from here.
@@ -117,20 +118,13 @@ impl KnnSelect {
     /// Records the selection for `rows` rows (one workgroup each, folded into a 2-D grid).
     pub(crate) fn encode(
         &self,
-        gpu: &GpuDevice,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder<'_>,
         rows: u64,
         b: &SelectBuffers<'_>,
     ) -> Result<()> {
-        let (x, y) = grid_2d(rows, gpu.limits.max_compute_workgroups_per_dimension);
-        let buffers = [
-            b.params.buffer(),
-            b.block.buffer(),
-            b.best_in.buffer(),
-            b.excluded.buffer(),
-            b.best_out.buffer(),
-        ];
-        self.0.dispatch(gpu, encoder, &buffers, [x, y, 1])
+        let (x, y) = grid_2d(rows, rec.gpu().limits.max_compute_workgroups_per_dimension);
+        let buffers = [b.params, b.block, b.best_in, b.excluded, b.best_out];
+        self.0.dispatch(rec, &buffers, [x, y, 1])
     }
 }
 

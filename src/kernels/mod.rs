@@ -14,9 +14,10 @@ pub(crate) mod row_norms;
 pub(crate) mod triplet_lists;
 pub(crate) mod triplet_select;
 
-use crate::device::checked;
-use crate::device::GpuDevice;
+use crate::device::{checked, GpuDevice};
 use crate::error::{Error, Result};
+use crate::memory::TrackedBuffer;
+use crate::transfer::Recorder;
 
 /// A WGSL kernel the crate ships: its stem (`shaders/<stem>.wgsl`), its source, and the values
 /// of its pipeline-overridable constants (WGSL `override`s without a default), which the
@@ -269,12 +270,11 @@ impl Pipeline {
     }
 
     /// Records one dispatch of this pipeline over `buffers` (bound in the order of its
-    /// entry's bindings) into `encoder`.
+    /// entry's bindings) into `rec`.
     pub(crate) fn dispatch(
         &self,
-        gpu: &GpuDevice,
-        encoder: &mut wgpu::CommandEncoder,
-        buffers: &[&wgpu::Buffer],
+        rec: &mut Recorder<'_>,
+        buffers: &[&TrackedBuffer],
         workgroups: [u32; 3],
     ) -> Result<()> {
         if buffers.len() != self.slots.len() {
@@ -293,23 +293,19 @@ impl Pipeline {
             .zip(&self.slots)
             .map(|(b, &slot)| wgpu::BindGroupEntry {
                 binding: slot,
-                resource: b.as_entire_binding(),
+                resource: b.buffer().as_entire_binding(),
             })
             .collect();
-        checked(gpu, "dispatch", || {
-            let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        let gpu = rec.gpu();
+        let group = checked(gpu, "bind group", || {
+            gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&self.label),
                 layout: &self.layout,
                 entries: &entries,
-            });
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some(&self.label),
-                timestamp_writes: None,
-            });
-            pass.set_pipeline(&self.pipeline);
-            pass.set_bind_group(0, &group, &[]);
-            pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
-        })
+            })
+        })?;
+        rec.dispatch(&self.label, &self.pipeline, &group, buffers, workgroups);
+        Ok(())
     }
 }
 

@@ -7,6 +7,7 @@ use crate::device::{GpuDevice, Kernel};
 use crate::error::{Error, Result};
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;
+use crate::transfer::Recorder;
 
 /// Invocations per workgroup; `WORKGROUP_SIZE` in the shader, set from here.
 pub(crate) const WORKGROUP_SIZE: u64 = 64;
@@ -269,26 +270,23 @@ impl Kernel for NegativeBuckets {
 
 impl BucketBuffers<'_> {
     /// The buffers entry point `entry` binds, in order, with `params` as the uniform block.
-    fn bind<'b>(&'b self, params: &'b TrackedBuffer, entry: &str) -> Vec<&'b wgpu::Buffer> {
+    fn bind<'b>(&'b self, params: &'b TrackedBuffer, entry: &str) -> Vec<&'b TrackedBuffer> {
         bindings_of(entry)
             .iter()
-            .map(|&(s, _, _)| {
-                match s {
-                    slot::PARAMS => params,
-                    slot::DISTANCES => self.distances,
-                    slot::POSITIVES => self.positives,
-                    slot::NEGATIVES => self.negatives,
-                    slot::LIST_COUNTS => self.list_counts,
-                    slot::PAIR_BASE => self.pair_base,
-                    slot::SORTED => self.sorted,
-                    slot::ORDER => self.order,
-                    slot::PAIR_COUNTS => self.pair_counts,
-                    slot::OFFSETS => self.offsets,
-                    slot::BUCKETS | slot::BUCKET_WORDS => self.buckets,
-                    slot::SCRATCH => self.scratch,
-                    _ => self.out,
-                }
-                .buffer()
+            .map(|&(s, _, _)| match s {
+                slot::PARAMS => params,
+                slot::DISTANCES => self.distances,
+                slot::POSITIVES => self.positives,
+                slot::NEGATIVES => self.negatives,
+                slot::LIST_COUNTS => self.list_counts,
+                slot::PAIR_BASE => self.pair_base,
+                slot::SORTED => self.sorted,
+                slot::ORDER => self.order,
+                slot::PAIR_COUNTS => self.pair_counts,
+                slot::OFFSETS => self.offsets,
+                slot::BUCKETS | slot::BUCKET_WORDS => self.buckets,
+                slot::SCRATCH => self.scratch,
+                _ => self.out,
             })
             .collect()
     }
@@ -316,8 +314,7 @@ impl NegativeBuckets {
     /// already hold [`Params`] (sort pass `i`: `k, j` of [`passes`]).
     pub(crate) fn encode_grouping(
         &self,
-        gpu: &GpuDevice,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder<'_>,
         (anchors, width, span): (u64, u64, u64),
         b: &BucketBuffers<'_>,
     ) -> Result<()> {
@@ -332,19 +329,18 @@ impl NegativeBuckets {
             });
         };
         let buffers = b.bind(b.params, "gather");
-        let groups = grid(gpu, anchors * width)?;
-        self.gather.dispatch(gpu, encoder, &buffers, groups)?;
+        let groups = grid(rec.gpu(), anchors * width)?;
+        self.gather.dispatch(rec, &buffers, groups)?;
         if width as usize <= LOCAL_WIDTH {
             let buffers = b.bind(b.params, "sort_local");
-            let limit = gpu.limits.max_compute_workgroups_per_dimension;
+            let limit = rec.gpu().limits.max_compute_workgroups_per_dimension;
             let (x, y) = grid_2d(anchors, limit);
-            self.sort_local
-                .dispatch(gpu, encoder, &buffers, [x, y, 1])?;
+            self.sort_local.dispatch(rec, &buffers, [x, y, 1])?;
         }
         for params in sort_params {
             let buffers = b.bind(params, "step");
-            let groups = grid(gpu, anchors * width / 2)?;
-            self.step.dispatch(gpu, encoder, &buffers, groups)?;
+            let groups = grid(rec.gpu(), anchors * width / 2)?;
+            self.step.dispatch(rec, &buffers, groups)?;
         }
         let per_negative = anchors * span;
         for (pipeline, entry, invocations) in [
@@ -353,7 +349,7 @@ impl NegativeBuckets {
             (&self.scatter, "scatter", per_negative),
         ] {
             let buffers = b.bind(b.params, entry);
-            pipeline.dispatch(gpu, encoder, &buffers, grid(gpu, invocations)?)?;
+            pipeline.dispatch(rec, &buffers, grid(rec.gpu(), invocations)?)?;
         }
         Ok(())
     }
@@ -361,8 +357,7 @@ impl NegativeBuckets {
     /// Records `pass` over the pairs `[params.pair_lo, params.pair_hi)`, `pairs` of them.
     pub(crate) fn encode_pairs(
         &self,
-        gpu: &GpuDevice,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder<'_>,
         pass: PairPass,
         pairs: u64,
         b: &BucketBuffers<'_>,
@@ -372,7 +367,7 @@ impl NegativeBuckets {
             PairPass::Emit => (&self.emit, "emit"),
         };
         let buffers = b.bind(b.params, entry);
-        pipeline.dispatch(gpu, encoder, &buffers, grid(gpu, pairs)?)
+        pipeline.dispatch(rec, &buffers, grid(rec.gpu(), pairs)?)
     }
 }
 

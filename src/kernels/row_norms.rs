@@ -4,6 +4,7 @@ use crate::device::{GpuDevice, Kernel};
 use crate::error::Result;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;
+use crate::transfer::Recorder;
 
 /// Invocations per workgroup; `WORKGROUP_SIZE` in the shader, set from here.
 pub(crate) const WORKGROUP_SIZE: u64 = 256;
@@ -56,19 +57,14 @@ impl RowNorms {
     /// Records `sq_norms[r] = |matrix[r]|^2` for the `rows` rows named in `params`.
     pub(crate) fn encode(
         &self,
-        gpu: &GpuDevice,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder<'_>,
         rows: u64,
         params: &TrackedBuffer,
         matrix: &TrackedBuffer,
         sq_norms: &TrackedBuffer,
     ) -> Result<()> {
-        let groups = Self::workgroups(rows, gpu.limits.max_compute_workgroups_per_dimension);
-        self.0.dispatch(
-            gpu,
-            encoder,
-            &[params.buffer(), matrix.buffer(), sq_norms.buffer()],
-            [groups.0, groups.1, 1],
-        )
+        let groups = Self::workgroups(rows, rec.gpu().limits.max_compute_workgroups_per_dimension);
+        self.0
+            .dispatch(rec, &[params, matrix, sq_norms], [groups.0, groups.1, 1])
     }
 }

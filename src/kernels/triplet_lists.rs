@@ -4,6 +4,7 @@ use crate::device::{GpuDevice, Kernel};
 use crate::error::Result;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;
+use crate::transfer::Recorder;
 
 /// Invocations per workgroup (one workgroup per anchor); `WORKGROUP_SIZE` in the shader, set
 /// from here.
@@ -72,22 +73,23 @@ impl TripletLists {
 
     pub(crate) fn encode(
         &self,
-        gpu: &GpuDevice,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder<'_>,
         anchors: u64,
         b: &ListBuffers<'_>,
     ) -> Result<()> {
-        let groups = Self::workgroups(anchors, gpu.limits.max_compute_workgroups_per_dimension);
+        let groups = Self::workgroups(
+            anchors,
+            rec.gpu().limits.max_compute_workgroups_per_dimension,
+        );
         let buffers = [
-            b.params.buffer(),
-            b.anchor_labels.buffer(),
-            b.ref_labels.buffer(),
-            b.self_slots.buffer(),
-            b.positives.buffer(),
-            b.negatives.buffer(),
-            b.list_counts.buffer(),
+            b.params,
+            b.anchor_labels,
+            b.ref_labels,
+            b.self_slots,
+            b.positives,
+            b.negatives,
+            b.list_counts,
         ];
-        self.0
-            .dispatch(gpu, encoder, &buffers, [groups.0, groups.1, 1])
+        self.0.dispatch(rec, &buffers, [groups.0, groups.1, 1])
     }
 }

@@ -6,6 +6,7 @@ use crate::device::{GpuDevice, Kernel};
 use crate::error::{Error, Result};
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;
+use crate::transfer::Recorder;
 
 /// Invocations per workgroup; `WORKGROUP_SIZE` in the shader, set from here.
 pub(crate) const WORKGROUP_SIZE: u64 = 64;
@@ -145,13 +146,12 @@ impl TripletSelect {
     /// Records `pass` over the pairs `[params.pair_lo, params.pair_hi)`, `pairs` of them.
     pub(crate) fn encode(
         &self,
-        gpu: &GpuDevice,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder<'_>,
         pass: Pass,
         pairs: u64,
         b: &SelectBuffers<'_>,
     ) -> Result<()> {
-        let limit = gpu.limits.max_compute_workgroups_per_dimension;
+        let limit = rec.gpu().limits.max_compute_workgroups_per_dimension;
         let (x, y) = Self::workgroups(pass, pairs, limit);
         if y > limit {
             return Err(Error::DeviceLimit {
@@ -162,24 +162,24 @@ impl TripletSelect {
             });
         }
         let mut buffers = vec![
-            b.params.buffer(),
-            b.distances.buffer(),
-            b.positives.buffer(),
-            b.negatives.buffer(),
-            b.list_counts.buffer(),
-            b.pair_base.buffer(),
+            b.params,
+            b.distances,
+            b.positives,
+            b.negatives,
+            b.list_counts,
+            b.pair_base,
         ];
         let pipeline = match pass {
             Pass::CountScan => {
-                buffers.push(b.pair_counts.buffer());
+                buffers.push(b.pair_counts);
                 &self.count_scan
             }
             Pass::Emit => {
                 // Each pair's slice of `out` comes from the offsets, its own bound.
-                buffers.extend([b.offsets.buffer(), b.out.buffer()]);
+                buffers.extend([b.offsets, b.out]);
                 &self.emit
             }
         };
-        pipeline.dispatch(gpu, encoder, &buffers, [x, y, 1])
+        pipeline.dispatch(rec, &buffers, [x, y, 1])
     }
 }

@@ -1,12 +1,14 @@
 //! The wgpu path of [`super::knn`]: per query chunk, distance tiles against consecutive
 //! reference ranges, each merged into the chunk's running best lists by `knn_select`.
 //!
+//! A query chunk is recorded as one submission (each range has its own parameter buffers, up
+//! to [`PARAM_SLOTS`]; past that, and when streamed rows are rewritten, the recording is
+//! flushed without waiting) and its lists are read while the next chunk runs: one host wait
+//! per query chunk.
+//!
 //! References are read where they are: a memory bank's resident pages, host references
 //! uploaded once when they fit the budget next to the tiles, or else streamed through one
 //! chunk buffer per reference range (re-uploaded for every query chunk).
-
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 use ndarray::ArrayView2;
 
@@ -23,7 +25,7 @@ use crate::kernels::row_norms::{self, RowNorms};
 use crate::memory::TrackedBuffer;
 use crate::oom_retry;
 use crate::plan::{plan_tiles, DeviceCaps, Footprint, Plan, TilePlan};
-use crate::transfer::{self, encoder, f32s, uniform_size, Staging, SENTINEL_BITS};
+use crate::transfer::{self, f32s, uniform_size, Readback, Recorder, Staging, SENTINEL_BITS};
 
 /// Most references per range: bounds the `(rows, cols)` distance block so that rows stay many.
 const MAX_COLS: usize = 16_384;
@@ -36,6 +38,10 @@ enum Source<'a> {
     Streamed(ArrayView2<'a, f32>),
 }
 
+/// Parameter buffers per kind (tile, select) that one chunk's ranges cycle through: a chunk
+/// of up to this many ranges is one submission.
+const PARAM_SLOTS: usize = 64;
+
 /// Sizes of every buffer one query chunk uses; the plan and the allocations both come from it.
 #[derive(Clone, Copy)]
 struct Layout {
@@ -44,24 +50,34 @@ struct Layout {
     dim4: usize,
     k: usize,
     streamed: bool,
+    /// References, and the pages they lie in (ranges never cross a page).
+    refs: usize,
+    pages: usize,
 }
 
 impl Layout {
+    /// Parameter slots: one per range of a chunk, at most [`PARAM_SLOTS`]. Ranges of `cols`
+    /// over `pages` pages number at most `ceil(refs / cols) + pages - 1`.
+    fn slots(&self) -> usize {
+        (self.refs.div_ceil(self.cols.max(1)) + self.pages.saturating_sub(1)).clamp(1, PARAM_SLOTS)
+    }
+
     fn buffers(&self) -> Vec<u64> {
         let (r, c, k) = (self.rows, self.cols, self.k);
         let best = transfer::buffer_size(r as u64 * k as u64 * SLOT_BYTES);
         let mut sizes = vec![
             uniform_size::<row_norms::Params>(),
-            uniform_size::<distance_tile::Params>(),
-            uniform_size::<knn_select::Params>(),
             f32s(r * self.dim4 * 4), // queries
             f32s(r),                 // query norms
             f32s(r),                 // excluded
             f32s(r * c),             // distance block
             best,                    // running lists, ping
             best,                    // and pong
-            best,                    // staging
+            best,                    // staging, twice: a chunk is read while the next runs
+            best,
         ];
+        let params = uniform_size::<distance_tile::Params>() + uniform_size::<knn_select::Params>();
+        sizes.extend(std::iter::repeat_n(params, self.slots()));
         if self.streamed {
             sizes.push(uniform_size::<row_norms::Params>());
             sizes.extend([f32s(c * self.dim4 * 4), f32s(c)]);
@@ -117,6 +133,8 @@ fn chunk(
 /// once (`resident`: the bytes of their pages) or streamed through a chunk buffer.
 pub(super) struct GpuPlan {
     tile: TilePlan,
+    /// The layout the chunk was planned with (rows and columns are the tile's).
+    layout: Layout,
     streamed: bool,
     resident: u64,
     /// Bytes of the smallest search: one query row against one streamed reference.
@@ -144,38 +162,52 @@ pub(super) fn plan(
     let dim4 = d.div_ceil(4);
     let caps = DeviceCaps::from_limits(&gpu.limits);
     let available = oom_retry::planning_budget(ctx);
-    let layout = |streamed| Layout {
+    let layout = |streamed, refs, pages| Layout {
         rows: 1,
         cols: 1,
         dim4,
         k,
         streamed,
+        refs,
+        pages,
     };
-    let min_bytes = layout(true).footprint().bytes;
+    let planned = |tile: TilePlan, layout: Layout| Layout {
+        rows: tile.rows,
+        cols: tile.cols,
+        ..layout
+    };
     match refs {
         Embeddings::Bank(bank) => {
             let rows = bank.view.rows;
-            let cols = bank.view.len.min(rows.page_rows()).min(MAX_COLS);
-            let tile = chunk(q, cols, &layout(false), available, &caps)?;
+            let n = bank.view.len;
+            let cols = n.min(rows.page_rows()).min(MAX_COLS);
+            let base = layout(false, n, rows.pages_for(n));
+            let tile = chunk(q, cols, &base, available, &caps)?;
             Ok(GpuPlan {
                 tile,
+                layout: planned(tile, base),
                 streamed: false,
                 resident: 0,
-                min_bytes: layout(false).footprint().bytes,
+                min_bytes: base.footprint().bytes,
             })
         }
         Embeddings::Host(x) => {
             let n = x.nrows();
             let page_rows = max_page_rows(OP, &caps, dim4)?;
+            let streamed = layout(true, n, 1);
+            let min_bytes = streamed.footprint().bytes;
             // The pages, and the norm kernel's parameters that the upload holds per page.
-            let resident = rows_bytes(n, dim4, page_rows)
-                + n.div_ceil(page_rows) as u64 * uniform_size::<row_norms::Params>();
+            let pages = n.div_ceil(page_rows);
+            let resident =
+                rows_bytes(n, dim4, page_rows) + pages as u64 * uniform_size::<row_norms::Params>();
             let cols = n.min(page_rows).min(MAX_COLS);
             if let Some(left) = available.checked_sub(resident) {
-                if let Ok(tile) = chunk(q, cols, &layout(false), left, &caps) {
+                let base = layout(false, n, pages);
+                if let Ok(tile) = chunk(q, cols, &base, left, &caps) {
                     if tile.rows >= q.min(distance_tile::BLOCK as usize) {
                         return Ok(GpuPlan {
                             tile,
+                            layout: planned(tile, base),
                             streamed: false,
                             resident,
                             min_bytes,
@@ -183,9 +215,10 @@ pub(super) fn plan(
                     }
                 }
             }
-            let tile = chunk(q, cols, &layout(true), available, &caps)?;
+            let tile = chunk(q, cols, &streamed, available, &caps)?;
             Ok(GpuPlan {
                 tile,
+                layout: planned(tile, streamed),
                 streamed: true,
                 resident: 0,
                 min_bytes,
@@ -216,47 +249,47 @@ pub(super) fn search(
                 rows: bank.view.rows,
                 len: bank.view.len,
             };
-            run(ctx, gpu, queries, &source, &plan.tile, &job)
+            run(gpu, queries, &source, &plan.layout, &job)
         }
         Embeddings::Host(x) if !plan.streamed => {
-            let rows = DeviceRows::upload(ctx, gpu, x)?;
+            let rows = DeviceRows::upload(gpu, x)?;
             let source = Source::Resident {
                 rows: &rows,
                 len: x.nrows(),
             };
-            run(ctx, gpu, queries, &source, &plan.tile, &job)
+            run(gpu, queries, &source, &plan.layout, &job)
         }
-        Embeddings::Host(x) => run(ctx, gpu, queries, &Source::Streamed(x), &plan.tile, &job),
+        Embeddings::Host(x) => run(gpu, queries, &Source::Streamed(x), &plan.layout, &job),
     }
 }
 
 /// The buffers of one search, allocated once and reused by every query chunk.
 struct Buffers {
     norm_params: TrackedBuffer,
-    tile_params: TrackedBuffer,
-    select_params: TrackedBuffer,
+    /// Per range slot: the distance tile's and the selection's parameters.
+    params: Vec<(TrackedBuffer, TrackedBuffer)>,
     /// The chunk's query rows and their norms (one page).
     queries: DeviceRows,
     excluded: TrackedBuffer,
     block: TrackedBuffer,
     best: [TrackedBuffer; 2],
-    staging: Staging,
+    staging: Vec<Staging>,
     /// Streaming only: the chunk's rows (one page) and its norm parameters.
     stream: Option<(DeviceRows, TrackedBuffer)>,
 }
 
 impl Buffers {
-    fn new(ctx: &Context, gpu: &GpuDevice, layout: &Layout, d: usize) -> Result<Self> {
+    fn new(gpu: &GpuDevice, layout: &Layout, d: usize) -> Result<Self> {
         let (r, c, k) = (layout.rows, layout.cols, layout.k);
         let uniform = |label, size| {
             let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
-            transfer::create_buffer(ctx, gpu, label, size, usage)
+            transfer::create_buffer(gpu, label, size, usage)
         };
         let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
         let best_bytes = r as u64 * k as u64 * SLOT_BYTES;
         let stream = if layout.streamed {
             Some((
-                DeviceRows::new(ctx, gpu, c, d, c)?,
+                DeviceRows::new(gpu, c, d, c)?,
                 uniform(
                     "knn::stream_norm_params",
                     uniform_size::<row_norms::Params>(),
@@ -265,18 +298,24 @@ impl Buffers {
         } else {
             None
         };
+        let mut params = Vec::with_capacity(layout.slots());
+        for _ in 0..layout.slots() {
+            params.push((
+                uniform("knn::tile_params", uniform_size::<distance_tile::Params>())?,
+                uniform("knn::select_params", uniform_size::<knn_select::Params>())?,
+            ));
+        }
         Ok(Self {
             norm_params: uniform("knn::norm_params", uniform_size::<row_norms::Params>())?,
-            tile_params: uniform("knn::tile_params", uniform_size::<distance_tile::Params>())?,
-            select_params: uniform("knn::select_params", uniform_size::<knn_select::Params>())?,
-            queries: DeviceRows::new(ctx, gpu, r, d, r)?,
-            excluded: transfer::create_buffer(ctx, gpu, "knn::excluded", f32s(r), input)?,
-            block: transfer::output(ctx, gpu, "knn::block", f32s(r * c))?,
+            params,
+            queries: DeviceRows::new(gpu, r, d, r)?,
+            excluded: transfer::create_buffer(gpu, "knn::excluded", f32s(r), input)?,
+            block: transfer::output(gpu, "knn::block", f32s(r * c))?,
             best: [
-                transfer::output(ctx, gpu, "knn::best", best_bytes)?,
-                transfer::output(ctx, gpu, "knn::best", best_bytes)?,
+                transfer::output(gpu, "knn::best", best_bytes)?,
+                transfer::output(gpu, "knn::best", best_bytes)?,
             ],
-            staging: Staging::new(ctx, gpu, "knn::staging", best_bytes)?,
+            staging: Staging::many(gpu, "knn::staging", best_bytes, 2)?,
             stream,
         })
     }
@@ -289,35 +328,58 @@ struct Job<'a> {
     report: &'a Reporter<'a>,
 }
 
-/// One reference range: global first index, rows, and where its rows are bound.
-struct Range<'a> {
+/// One reference range: global first index, rows, and where its rows lie (a page of the
+/// resident rows, at `row0`; streamed ranges are filled into page 0 of the chunk buffer).
+#[derive(Clone, Copy)]
+struct Range {
     start: usize,
     cols: usize,
-    rows: &'a DeviceRows,
     page: usize,
     row0: usize,
 }
 
+/// The ranges of `n` references at most `cols` wide, split where `source`'s pages end; the
+/// same for every query chunk.
+fn ranges(source: &Source<'_>, n: usize, cols: usize) -> Vec<Range> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < n {
+        let range = match source {
+            Source::Resident { rows: store, .. } => {
+                let (page, row0) = (start / store.page_rows(), start % store.page_rows());
+                let in_page = store.page_rows() - row0;
+                Range {
+                    start,
+                    cols: cols.min(n - start).min(in_page),
+                    page,
+                    row0,
+                }
+            }
+            Source::Streamed(_) => Range {
+                start,
+                cols: cols.min(n - start),
+                page: 0,
+                row0: 0,
+            },
+        };
+        out.push(range);
+        start += range.cols.max(1);
+    }
+    out
+}
+
 fn run(
-    ctx: &Context,
     gpu: &GpuDevice,
     queries: ArrayView2<'_, f32>,
     source: &Source<'_>,
-    plan: &TilePlan,
+    layout: &Layout,
     job: &Job<'_>,
 ) -> Result<Neighbours> {
     let (cfg, excluded) = (job.cfg, job.excluded);
     let (q, d) = queries.dim();
     let (k, dim4) = (cfg.k, d.div_ceil(4));
     let largest = cfg.distance.distance.is_similarity();
-    let layout = Layout {
-        rows: plan.rows,
-        cols: plan.cols,
-        dim4,
-        k,
-        streamed: matches!(source, Source::Streamed(_)),
-    };
-    let b = Buffers::new(ctx, gpu, &layout, d)?;
+    let b = Buffers::new(gpu, layout, d)?;
     let norms = gpu.kernel::<RowNorms>()?;
     let tile = gpu.kernel::<DistanceTile>()?;
     let select = gpu.kernel::<KnnSelect>()?;
@@ -325,62 +387,36 @@ fn run(
         Source::Resident { len, .. } => *len,
         Source::Streamed(x) => x.nrows(),
     };
+    let ranges = ranges(source, n, layout.cols);
     let mut out = Neighbours::empty(q, k);
-    let (finished, mut seen) = (Arc::new(AtomicU64::new(0)), 0);
-    for r0 in (0..q).step_by(plan.rows) {
-        let rows = plan.rows.min(q - r0);
-        transfer::write(gpu, &b.excluded, 0, &excluded[r0..r0 + rows])?;
-        let mut enc = encoder(gpu, OP);
-        b.queries.fill(
-            ctx,
-            gpu,
-            &mut enc,
-            &norms,
-            &b.norm_params,
-            queries,
-            r0,
-            rows,
-        )?;
+    let chunks = (0..q)
+        .step_by(layout.rows)
+        .map(|r0| (r0, layout.rows.min(q - r0)));
+    let record = |&(r0, rows): &(usize, usize), st: &Staging| {
+        job.report.check()?;
+        let mut rec = Recorder::new(gpu, OP);
+        rec.upload(&b.excluded, 0, &excluded[r0..r0 + rows])?;
+        b.queries
+            .fill(&mut rec, &norms, &b.norm_params, queries, r0, rows)?;
         let (query_rows, query_norms) = b.queries.page(0)?;
+        let best_bytes = rows as u64 * k as u64 * SLOT_BYTES;
         let mut current = 0;
-        let mut start = 0;
-        while start < n {
-            if let Err(cancelled) = job.report.check() {
-                // Earlier ranges of this chunk may still be running.
-                gpu.settle();
-                return Err(cancelled);
-            }
-            let range = match source {
-                Source::Resident { rows: store, .. } => {
-                    let (page, row0) = (start / store.page_rows(), start % store.page_rows());
-                    let in_page = store.page_rows() - row0;
-                    Range {
-                        start,
-                        cols: plan.cols.min(n - start).min(in_page),
-                        rows: store,
-                        page,
-                        row0,
-                    }
-                }
+        for (i, range) in ranges.iter().enumerate() {
+            let (page_rows, page_norms) = match source {
+                Source::Resident { rows: store, .. } => store.page(range.page)?,
                 Source::Streamed(x) => {
-                    let cols = plan.cols.min(n - start);
                     let Some((store, params)) = &b.stream else {
                         return Err(Error::Internal {
                             op: OP,
                             message: "streamed references without a chunk buffer".into(),
                         });
                     };
-                    store.fill(ctx, gpu, &mut enc, &norms, params, *x, start, cols)?;
-                    Range {
-                        start,
-                        cols,
-                        rows: store,
-                        page: 0,
-                        row0: 0,
-                    }
+                    store.fill(&mut rec, &norms, params, *x, range.start, range.cols)?;
+                    store.page(0)?
                 }
             };
-            let tile_params = distance_tile::Params {
+            let (tile_params, select_params) = &b.params[i % b.params.len()];
+            let params = distance_tile::Params {
                 rows: rows as u32,
                 cols: range.cols as u32,
                 dim4: dim4 as u32,
@@ -390,16 +426,14 @@ fn run(
                 out_col0: 0,
                 ref_row0: range.row0 as u32,
             };
-            transfer::write(gpu, &b.tile_params, 0, &[tile_params])?;
-            transfer::fill_sentinel(ctx, gpu, &b.block, f32s(rows * range.cols))?;
-            let (page_rows, page_norms) = range.rows.page(range.page)?;
+            rec.upload(tile_params, 0, &[params])?;
+            rec.sentinel(&b.block, f32s(rows * range.cols))?;
             tile.encode(
-                gpu,
-                &mut enc,
+                &mut rec,
                 rows as u64,
                 range.cols as u64,
                 &TileBuffers {
-                    params: &b.tile_params,
+                    params: tile_params,
                     queries: query_rows,
                     refs: page_rows,
                     query_sq_norms: query_norms,
@@ -407,49 +441,36 @@ fn run(
                     out: &b.block,
                 },
             )?;
-            let select_params = knn_select::Params {
+            let params = knn_select::Params {
                 rows: rows as u32,
                 cols: range.cols as u32,
                 block_stride: range.cols as u32,
                 k: k as u32,
-                best_len: if start == 0 { 0 } else { k as u32 },
+                best_len: if i == 0 { 0 } else { k as u32 },
                 col_base: range.start as u32,
                 largest: u32::from(largest),
                 _pad: 0,
             };
-            transfer::write(gpu, &b.select_params, 0, &[select_params])?;
-            let best_bytes = rows as u64 * k as u64 * SLOT_BYTES;
-            transfer::fill_sentinel(ctx, gpu, &b.best[1 - current], best_bytes)?;
+            rec.upload(select_params, 0, &[params])?;
+            rec.sentinel(&b.best[1 - current], best_bytes)?;
             select.encode(
-                gpu,
-                &mut enc,
+                &mut rec,
                 rows as u64,
                 &SelectBuffers {
-                    params: &b.select_params,
+                    params: select_params,
                     block: &b.block,
                     best_in: &b.best[current],
                     excluded: &b.excluded,
                     best_out: &b.best[1 - current],
                 },
             )?;
-            // Parameters are rewritten for the next range: this range's commands go first.
-            transfer::submit(gpu, std::mem::replace(&mut enc, encoder(gpu, OP)))?;
-            // Counted when the device has finished the range: wgpu runs the callback from a
-            // later submit or poll, so the report trails the device by about one range.
-            let pairs = rows as u64 * range.cols as u64;
-            let finished_now = Arc::clone(&finished);
-            gpu.queue.on_submitted_work_done(move || {
-                finished_now.fetch_add(pairs, Ordering::Relaxed);
-            });
-            seen = job.report.catch_up(&finished, seen);
             current = 1 - current;
-            start += range.cols;
         }
-        let best_bytes = rows as u64 * k as u64 * SLOT_BYTES;
-        b.staging
-            .copy_from(&mut enc, &b.best[current], 0, best_bytes);
-        transfer::submit_and_wait(gpu, enc)?;
-        let mut pairs: Vec<[u32; 2]> = b.staging.read::<u32, _>(gpu, 2 * rows * k, |v| {
+        rec.read_back(&b.best[current], 0, st, 0, best_bytes);
+        Ok((rec.submit()?, best_bytes))
+    };
+    let deliver = |(r0, rows): (usize, usize), readback: Readback<'_>| {
+        let mut pairs: Vec<[u32; 2]> = readback.read::<u32, _>(gpu, 2 * rows * k, |v| {
             v.chunks_exact(2).map(|p| [p[0], p[1]]).collect()
         })?;
         if let Some(bad) = pairs.iter().position(|p| p[1] == SENTINEL_BITS) {
@@ -459,8 +480,9 @@ fn run(
             });
         }
         sort_rows(&mut pairs, k, largest, &mut out, r0);
-        // The wait above ran every callback of the chunk.
-        seen = job.report.catch_up(&finished, seen);
-    }
+        job.report.add(rows as u64 * n as u64);
+        Ok(())
+    };
+    transfer::pipelined(gpu, &b.staging, chunks, record, deliver)?;
     Ok(out)
 }

@@ -11,10 +11,12 @@ use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::inputs::{self, Embeddings, Pair, SelfExclusion};
 use crate::kernels::knn_select::{key_of, score_of, EMPTY_INDEX};
+use crate::memory::Transfers;
 use crate::metric::DistanceConfig;
 use crate::native::threads;
 use crate::oom_retry;
 use crate::plan::Plan;
+use crate::transfer;
 
 const OP: &str = "knn";
 
@@ -83,6 +85,8 @@ pub struct Knn {
     pub scores: Array2<f32>,
     /// Where it ran (for [`knn_sharded`]: the first context's path).
     pub path: ComputePath,
+    /// Host–device traffic of the call, summed over shards (zero on the native path).
+    pub transfers: Transfers,
 }
 
 /// Per query, sorted best-first neighbour lists padded with [`EMPTY_INDEX`] (a shard may hold
@@ -179,11 +183,14 @@ pub fn knn_plan<'q, 'r>(
 pub(crate) fn run(ctx: &Context, pair: &Pair<'_>, cfg: &KnnConfig) -> Result<Knn> {
     let total = pair.queries.nrows() as u64 * pair.refs.dim().0 as u64;
     let report = Reporter::new(&cfg.hooks, OP, total);
-    let found = search(ctx, pair.queries, pair.refs, cfg, &pair.excluded, &report)?;
+    let (found, transfers) =
+        transfer::measure(|| search(ctx, pair.queries, pair.refs, cfg, &pair.excluded, &report));
+    let found = found?;
     Ok(Knn {
         indices: found.indices,
         scores: found.scores,
         path: ctx.path(),
+        transfers,
     })
 }
 
@@ -249,7 +256,7 @@ pub fn knn_sharded<'q, 'r>(
     let bounds: Vec<(usize, usize)> = (0..shards)
         .map(|s| (s * n / shards, (s + 1) * n / shards))
         .collect();
-    let results: Vec<Result<Neighbours>> = std::thread::scope(|scope| {
+    let results: Vec<(Result<Neighbours>, Transfers)> = std::thread::scope(|scope| {
         let handles: Vec<_> = bounds
             .iter()
             .zip(contexts)
@@ -268,7 +275,9 @@ pub fn knn_sharded<'q, 'r>(
                 };
                 scope.spawn(move || {
                     let part = report.part(queries.nrows() as u64 * shard.nrows() as u64);
-                    search(ctx, queries, Embeddings::Host(shard), &cfg, &local, &part)
+                    transfer::measure(|| {
+                        search(ctx, queries, Embeddings::Host(shard), &cfg, &local, &part)
+                    })
                 })
             })
             .collect();
@@ -280,13 +289,23 @@ pub fn knn_sharded<'q, 'r>(
             })
             .collect()
     });
-    let parts = results.into_iter().collect::<Result<Vec<_>>>()?;
+    // Each shard counted its traffic on its own thread.
+    let mut transfers = Transfers::default();
+    for (_, t) in &results {
+        transfers.add(*t);
+    }
+    transfer::absorb(transfers);
+    let parts = results
+        .into_iter()
+        .map(|(found, _)| found)
+        .collect::<Result<Vec<_>>>()?;
     let largest = cfg.distance.distance.is_similarity();
     let found = merge(&parts, &bounds, queries.nrows(), cfg.k, largest);
     Ok(Knn {
         indices: found.indices,
         scores: found.scores,
         path: first.path(),
+        transfers,
     })
 }
 

@@ -9,7 +9,7 @@ use crate::device::GpuDevice;
 use crate::kernels::negative_buckets::{self, BucketBuffers, NegativeBuckets, PairPass};
 use crate::kernels::triplet_select::{self, Pass, SelectBuffers, TripletSelect};
 use crate::memory::TrackedBuffer;
-use crate::transfer::{self, encoder, f32s, Staging, SENTINEL_BITS};
+use crate::transfer::{self, f32s, Recorder, Staging, SENTINEL_BITS};
 
 /// A wgpu context with sentinel-filled outputs, or `None` (with a notice) when there is no
 /// adapter and `WML_REQUIRE_GPU=1` does not demand one.
@@ -53,18 +53,17 @@ struct Case {
 const REFS: usize = 5;
 
 impl Case {
-    fn new(ctx: &Context, gpu: &GpuDevice) -> Self {
+    fn new(gpu: &GpuDevice) -> Self {
         let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
         let filled = |label, data: &[u32]| {
-            let b = transfer::create_buffer(ctx, gpu, label, f32s(data.len()), input)
-                .expect("input buffer");
+            let b =
+                transfer::create_buffer(gpu, label, f32s(data.len()), input).expect("input buffer");
             transfer::write(gpu, &b, 0, data).expect("write");
             b
         };
         let row: [f32; REFS] = [0.1, 0.2, 0.3, 0.4, 0.5];
         let distances: Vec<u32> = row.iter().chain(&row).map(|v| v.to_bits()).collect();
         let params_select = transfer::uniform(
-            ctx,
             gpu,
             "bounds::select_params",
             &triplet_select::Params {
@@ -82,7 +81,6 @@ impl Case {
         )
         .expect("params");
         let params_buckets = transfer::uniform(
-            ctx,
             gpu,
             "bounds::bucket_params",
             &negative_buckets::Params {
@@ -97,8 +95,8 @@ impl Case {
             },
         )
         .expect("params");
-        let out = transfer::output(ctx, gpu, "bounds::out", f32s(4)).expect("out");
-        transfer::fill_sentinel(ctx, gpu, &out, f32s(4)).expect("sentinel");
+        let out = transfer::output(gpu, "bounds::out", f32s(4)).expect("out");
+        transfer::write(gpu, &out, 0, &[SENTINEL_BITS; 4]).expect("sentinel");
         Self {
             params_select,
             params_buckets,
@@ -111,18 +109,19 @@ impl Case {
             // Exclusive prefix sums as (low, high) words: pair 0 claims 3, pair 1 none.
             offsets: filled("bounds::offsets", &[0, 0, 3, 0, 3, 0]),
             out,
-            scratch: transfer::output(ctx, gpu, "bounds::scratch", f32s(2)).expect("scratch"),
+            scratch: transfer::output(gpu, "bounds::scratch", f32s(2)).expect("scratch"),
             unused: filled("bounds::unused", &[0]),
         }
     }
 
     /// `out` as the device left it.
-    fn read_out(&self, ctx: &Context, gpu: &GpuDevice, enc: wgpu::CommandEncoder) -> Vec<u32> {
-        let mut enc = enc;
-        let staging = Staging::new(ctx, gpu, "bounds::staging", f32s(4)).expect("staging");
-        staging.copy_from(&mut enc, &self.out, 0, 16);
-        transfer::submit_and_wait(gpu, enc).expect("submit");
+    fn read_out(&self, mut rec: Recorder<'_>) -> Vec<u32> {
+        let gpu = rec.gpu();
+        let staging = Staging::new(gpu, "bounds::staging", f32s(4)).expect("staging");
+        rec.read_back(&self.out, 0, &staging, 0, 16);
+        let done = rec.submit().expect("submit");
         staging
+            .map(&done, 16)
             .read::<u32, _>(gpu, 4, <[u32]>::to_vec)
             .expect("read")
     }
@@ -134,9 +133,9 @@ fn triplet_select_emit_stays_in_its_pairs_slice() {
         return;
     };
     let gpu = ctx.gpu().expect("wgpu context");
-    let case = Case::new(&ctx, gpu);
+    let case = Case::new(gpu);
     let kernel = gpu.kernel::<TripletSelect>().expect("kernel");
-    let mut enc = encoder(gpu, "bounds");
+    let mut rec = Recorder::new(gpu, "bounds");
     let buffers = SelectBuffers {
         params: &case.params_select,
         distances: &case.distances,
@@ -149,9 +148,9 @@ fn triplet_select_emit_stays_in_its_pairs_slice() {
         out: &case.out,
     };
     kernel
-        .encode(gpu, &mut enc, Pass::Emit, 2, &buffers)
+        .encode(&mut rec, Pass::Emit, 2, &buffers)
         .expect("encode");
-    let out = case.read_out(&ctx, gpu, enc);
+    let out = case.read_out(rec);
     assert_eq!(
         out,
         vec![1, 2, 3, SENTINEL_BITS],
@@ -165,9 +164,9 @@ fn negative_buckets_emit_stays_in_its_pairs_slice() {
         return;
     };
     let gpu = ctx.gpu().expect("wgpu context");
-    let case = Case::new(&ctx, gpu);
+    let case = Case::new(gpu);
     let kernel = gpu.kernel::<NegativeBuckets>().expect("kernel");
-    let mut enc = encoder(gpu, "bounds");
+    let mut rec = Recorder::new(gpu, "bounds");
     let buffers = BucketBuffers {
         params: &case.params_buckets,
         sort_params: &[],
@@ -185,9 +184,9 @@ fn negative_buckets_emit_stays_in_its_pairs_slice() {
         scratch: &case.scratch,
     };
     kernel
-        .encode_pairs(gpu, &mut enc, PairPass::Emit, 2, &buffers)
+        .encode_pairs(&mut rec, PairPass::Emit, 2, &buffers)
         .expect("encode");
-    let out = case.read_out(&ctx, gpu, enc);
+    let out = case.read_out(rec);
     assert_eq!(
         out,
         vec![1, 2, 3, SENTINEL_BITS],

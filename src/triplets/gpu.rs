@@ -3,10 +3,15 @@
 //! Per chunk of anchors (sized by [`super::plan`] to the budget): the distance tile (margin rules),
 //! then `triplet_lists` gives every anchor its ascending positive and negative references.
 //! Every valid triplet is then `P_a × N_a`: the host reads the two lists back and expands
-//! them, which moves `O(b·m)` bytes instead of the `O(b·m²)` triplets. Margin rules count the
-//! kept triplets of each (anchor, positive) pair on the device, prefix-sum the counts on the
-//! host as `u64`, and let the device write the kept negatives of each pair at its offset, in
-//! windows of whole pairs that fit the output buffer; the host adds `(a, p)` to each negative.
+//! them, which moves `O(b·m)` bytes instead of the `O(b·m²)` triplets (one submission, one
+//! wait). Margin rules count the kept triplets of each (anchor, positive) pair on the device
+//! and read the counts back (one submission: distances, lists, grouping, counts; one wait),
+//! prefix-sum them on the host as `u64`, and let the device write the kept negatives of each
+//! pair at its offset, in windows of whole pairs that fit the output buffer (one submission
+//! and one wait per window; one window unless the chunk's triplets outgrow the buffer); the
+//! host adds `(a, p)` to each negative. The host knows each anchor's list sizes and positives
+//! from the labels ([`LabelLists`]), so nothing waits for the lists themselves; their sizes
+//! come back with the counts and are checked against the host's.
 //! Counting and emitting either test every (pair, negative) (`triplet_select`) or first
 //! group each anchor's negatives by the positives that keep them (`negative_buckets`), so
 //! that a pair's kept negatives are one run found by binary search.
@@ -29,7 +34,7 @@ use crate::kernels::triplet_select::{self, words, Pass, SelectBuffers, TripletSe
 use crate::memory::TrackedBuffer;
 use crate::oom_retry;
 use crate::plan::DeviceCaps;
-use crate::transfer::{self, encoder, f32s, uniform_size, Staging};
+use crate::transfer::{self, f32s, uniform_size, Readback, Recorder, Staging, Submitted};
 
 /// Every device buffer of a mining call besides the resident reference rows.
 struct Buffers {
@@ -59,14 +64,14 @@ struct Buffers {
 }
 
 impl Buffers {
-    fn new(ctx: &Context, gpu: &GpuDevice, l: &Layout, refs: Option<RowsView<'_>>) -> Result<Self> {
+    fn new(gpu: &GpuDevice, l: &Layout, refs: Option<RowsView<'_>>) -> Result<Self> {
         let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
-        let make = |label, size| transfer::create_buffer(ctx, gpu, label, size, input);
-        let output = |label, size| transfer::output(ctx, gpu, label, size);
-        let staging = |label, size| Staging::new(ctx, gpu, label, size);
+        let make = |label, size| transfer::create_buffer(gpu, label, size, input);
+        let output = |label, size| transfer::output(gpu, label, size);
+        let staging = |label, size| Staging::new(gpu, label, size);
         let uniform = |label, size| {
             let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
-            transfer::create_buffer(ctx, gpu, label, size, usage)
+            transfer::create_buffer(gpu, label, size, usage)
         };
         Ok(Self {
             lists_params: uniform(
@@ -85,7 +90,7 @@ impl Buffers {
             anchor_labels: make("mine_triplets::anchor_labels", f32s(l.anchors))?,
             self_slots: make("mine_triplets::self_slots", f32s(l.anchors))?,
             distance: match refs {
-                Some(view) => Some(DistanceRows::new(ctx, gpu, l.anchors, view)?),
+                Some(view) => Some(DistanceRows::new(gpu, l.anchors, view)?),
                 None => None,
             },
             positives: output("mine_triplets::positives", l.matrix())?,
@@ -173,8 +178,59 @@ impl Resident<'_> {
     }
 }
 
-/// One chunk's lists as read back: per anchor `[n_pos, n_neg]`, and the lists themselves
-/// (row `a` of each `(anchors, m)` matrix starts at `a·m`) when the host needs them.
+/// Each anchor's positives and list sizes as the labels give them: what `triplet_lists`
+/// computes on the device (same rule as its reference), known on the host before the device
+/// runs, so that a chunk's passes are sized without reading its lists back.
+struct LabelLists {
+    /// Per label, its ascending reference slots.
+    members: Vec<Vec<u32>>,
+    refs: u32,
+}
+
+impl LabelLists {
+    fn new(labels: &[u32], ref_labels: &[u32]) -> Self {
+        let classes = labels
+            .iter()
+            .chain(ref_labels)
+            .max()
+            .map_or(0, |&l| l as usize + 1);
+        let mut members = vec![Vec::new(); classes];
+        for (r, &l) in ref_labels.iter().enumerate() {
+            members[l as usize].push(r as u32);
+        }
+        Self {
+            members,
+            refs: ref_labels.len() as u32,
+        }
+    }
+
+    /// The class of `label`, and where `me` (the anchor's own slot) stands in it, if there.
+    fn class(&self, label: u32, me: u32) -> (&[u32], Option<usize>) {
+        let members = self
+            .members
+            .get(label as usize)
+            .map_or(&[][..], Vec::as_slice);
+        (members, members.binary_search(&me).ok())
+    }
+
+    /// `(positives, negatives)` of an anchor with `label` whose own slot is `me`.
+    fn sizes(&self, label: u32, me: u32) -> (u32, u32) {
+        let (members, own) = self.class(label, me);
+        let same = members.len() as u32;
+        (same - u32::from(own.is_some()), self.refs - same)
+    }
+
+    /// The `i`-th positive of an anchor with `label` and own slot `me`.
+    fn positive(&self, label: u32, me: u32, i: usize) -> u32 {
+        let (members, own) = self.class(label, me);
+        let skip = own.is_some_and(|j| j <= i);
+        members[i + usize::from(skip)]
+    }
+}
+
+/// One chunk's lists: per anchor `[n_pos, n_neg]` (from the labels), and, for all-valid
+/// rules, the lists themselves as read back (row `a` of each `(anchors, m)` matrix starts at
+/// `a·m`).
 struct ChunkLists {
     counts: Vec<u32>,
     positives: Vec<u32>,
@@ -199,12 +255,12 @@ enum PairKernel {
 
 /// The kernels, buffers and plan of one mining call.
 struct Miner<'p, 'd> {
-    ctx: &'p Context,
     gpu: &'p GpuDevice,
     problem: &'p Problem<'d>,
     layout: Layout,
     refs: Option<Resident<'d>>,
     buf: Buffers,
+    labels: LabelLists,
     lists: Arc<TripletLists>,
     select: Arc<TripletSelect>,
     buckets: Arc<NegativeBuckets>,
@@ -224,14 +280,14 @@ impl<'p, 'd> Miner<'p, 'd> {
         let layout = plan_call(problem, emit, oom_retry::planning_budget(ctx), &caps)?.layout;
         let refs = match problem.set.refs {
             None => None,
-            Some(Embeddings::Host(r)) => Some(Resident::Uploaded(DeviceRows::upload(ctx, gpu, r)?)),
+            Some(Embeddings::Host(r)) => Some(Resident::Uploaded(DeviceRows::upload(gpu, r)?)),
             Some(Embeddings::Bank(bank)) => Some(Resident::Bank(bank.view.rows)),
         };
         let view = refs.as_ref().map(|r| RowsView {
             rows: r.rows(),
             len: m,
         });
-        let buf = Buffers::new(ctx, gpu, &layout, view)?;
+        let buf = Buffers::new(gpu, &layout, view)?;
         transfer::write(gpu, &buf.ref_labels, 0, &problem.set.ref_labels)?;
         let select_params = triplet_select::Params {
             anchors: 0,
@@ -246,12 +302,12 @@ impl<'p, 'd> Miner<'p, 'd> {
             _pad: [0; 2],
         };
         Ok(Self {
-            ctx,
             gpu,
             problem,
             layout,
             refs,
             buf,
+            labels: LabelLists::new(&problem.set.labels, &problem.set.ref_labels),
             lists: gpu.kernel::<TripletLists>()?,
             select: gpu.kernel::<TripletSelect>()?,
             buckets: gpu.kernel::<NegativeBuckets>()?,
@@ -267,28 +323,40 @@ impl<'p, 'd> Miner<'p, 'd> {
         })
     }
 
-    /// Distances (margin rules) and lists of anchors `a0 .. a0 + rows`, with the lists read
-    /// back as far as the host needs them.
-    fn lists(&mut self, a0: usize, rows: usize, emitting: bool) -> Result<ChunkLists> {
-        let (ctx, gpu, buf, m) = (self.ctx, self.gpu, &self.buf, self.layout.refs);
+    /// `[n_pos, n_neg]` per anchor of `a0 .. a0 + rows`, from the labels.
+    fn list_sizes(&self, a0: usize, rows: usize) -> Vec<u32> {
+        let set = &self.problem.set;
+        (a0..a0 + rows)
+            .flat_map(|a| {
+                let (p, n) = self.labels.sizes(set.labels[a], set.self_slots[a]);
+                [p, n]
+            })
+            .collect()
+    }
+
+    /// The `i`-th positive of anchor `a`.
+    fn positive(&self, a: usize, i: usize) -> u32 {
+        let set = &self.problem.set;
+        self.labels.positive(set.labels[a], set.self_slots[a], i)
+    }
+
+    /// Records the distances (margin rules) and lists of anchors `a0 .. a0 + rows`, and the
+    /// copy of their sizes into the list-count staging.
+    fn record_lists(&self, rec: &mut Recorder<'_>, a0: usize, rows: usize) -> Result<()> {
+        let (buf, m) = (&self.buf, self.layout.refs);
         let set = &self.problem.set;
         let span = a0..a0 + rows;
-        transfer::write(gpu, &buf.anchor_labels, 0, &set.labels[span.clone()])?;
-        transfer::write(gpu, &buf.self_slots, 0, &set.self_slots[span])?;
+        rec.upload(&buf.anchor_labels, 0, &set.labels[span.clone()])?;
+        rec.upload(&buf.self_slots, 0, &set.self_slots[span])?;
         let params = triplet_lists::Params {
             anchors: rows as u32,
             refs: m as u32,
             _pad: [0; 2],
         };
-        transfer::write(gpu, &buf.lists_params, 0, &[params])?;
-        for (buffer, bytes) in [
-            (&buf.positives, f32s(rows * m)),
-            (&buf.negatives, f32s(rows * m)),
-            (&buf.list_counts, f32s(2 * rows)),
-        ] {
-            transfer::fill_sentinel(ctx, gpu, buffer, bytes)?;
-        }
-        let mut enc = encoder(gpu, "mine_triplets::lists");
+        rec.upload(&buf.lists_params, 0, &[params])?;
+        rec.sentinel(&buf.positives, f32s(rows * m))?;
+        rec.sentinel(&buf.negatives, f32s(rows * m))?;
+        rec.sentinel(&buf.list_counts, f32s(2 * rows))?;
         if let (Some(distance), Some(queries), Some(refs)) =
             (&buf.distance, set.queries, &self.refs)
         {
@@ -296,8 +364,7 @@ impl<'p, 'd> Miner<'p, 'd> {
                 rows: refs.rows(),
                 len: m,
             };
-            let cfg = &self.problem.distance;
-            distance.encode(ctx, gpu, &mut enc, queries, a0, rows, view, cfg)?;
+            distance.encode(rec, queries, a0, rows, view, &self.problem.distance)?;
         }
         let lb = ListBuffers {
             params: &buf.lists_params,
@@ -308,35 +375,66 @@ impl<'p, 'd> Miner<'p, 'd> {
             negatives: &buf.negatives,
             list_counts: &buf.list_counts,
         };
-        self.lists.encode(gpu, &mut enc, rows as u64, &lb)?;
-        buf.list_count_staging
-            .copy_from(&mut enc, &buf.list_counts, 0, 8 * rows as u64);
-        // The host needs each pair's positive to expand emitted negatives, and both lists to
-        // expand every valid triplet itself.
+        self.lists.encode(rec, rows as u64, &lb)?;
+        rec.read_back(
+            &buf.list_counts,
+            0,
+            &buf.list_count_staging,
+            0,
+            8 * rows as u64,
+        );
+        Ok(())
+    }
+
+    /// Starts reading back the list sizes of a chunk of `rows` anchors after `done`.
+    fn map_list_sizes(&self, done: &Submitted, rows: usize) -> Readback<'_> {
+        self.buf.list_count_staging.map(done, 8 * rows as u64)
+    }
+
+    /// Checks the list sizes the device found against the labels'.
+    fn check_list_sizes(&self, sizes: Readback<'_>, a0: usize, expected: &[u32]) -> Result<()> {
+        let found = sizes.read::<u32, _>(self.gpu, expected.len(), |v| v == expected)?;
+        if found {
+            Ok(())
+        } else {
+            Err(Error::Internal {
+                op: OP,
+                message: format!(
+                    "the device's list sizes of anchors {a0}.. differ from the labels'"
+                ),
+            })
+        }
+    }
+
+    /// All-valid rules: the lists of anchors `a0 .. a0 + rows`, both read back when the host
+    /// expands them (one submission, one wait); only their sizes when counting.
+    fn all_valid_lists(&self, a0: usize, rows: usize, emitting: bool) -> Result<ChunkLists> {
+        let (gpu, buf, m) = (self.gpu, &self.buf, self.layout.refs);
+        let counts = self.list_sizes(a0, rows);
+        if !emitting {
+            // Counting needs nothing from the device: P_a × N_a.
+            return Ok(ChunkLists {
+                counts,
+                positives: Vec::new(),
+                negatives: Vec::new(),
+            });
+        }
+        let mut rec = Recorder::new(gpu, "mine_triplets::lists");
+        self.record_lists(&mut rec, a0, rows)?;
         let list_bytes = 4 * (rows * m) as u64;
-        if emitting {
+        rec.read_back(&buf.positives, 0, &buf.staging, 0, list_bytes);
+        rec.read_back(&buf.negatives, 0, &buf.staging, list_bytes, list_bytes);
+        let done = rec.submit()?;
+        // Both readbacks are mapped before either is read: one wait serves both.
+        let sizes = self.map_list_sizes(&done, rows);
+        let (positives, negatives) =
             buf.staging
-                .copy_from(&mut enc, &buf.positives, 0, list_bytes);
-        }
-        if self.layout.host_lists {
-            buf.staging
-                .copy_from(&mut enc, &buf.negatives, list_bytes, list_bytes);
-        }
-        transfer::submit_and_wait(gpu, enc)?;
-        let counts = buf
-            .list_count_staging
-            .read::<u32, _>(gpu, 2 * rows, <[u32]>::to_vec)?;
-        let (positives, negatives) = match (emitting, self.layout.host_lists) {
-            (false, _) => (Vec::new(), Vec::new()),
-            (true, false) => (
-                buf.staging.read::<u32, _>(gpu, rows * m, <[u32]>::to_vec)?,
-                Vec::new(),
-            ),
-            (true, true) => buf.staging.read::<u32, _>(gpu, 2 * rows * m, |both| {
-                let (p, n) = both.split_at(rows * m);
-                (p.to_vec(), n.to_vec())
-            })?,
-        };
+                .map(&done, 2 * list_bytes)
+                .read::<u32, _>(gpu, 2 * rows * m, |both| {
+                    let (p, n) = both.split_at(rows * m);
+                    (p.to_vec(), n.to_vec())
+                })?;
+        self.check_list_sizes(sizes, a0, &counts)?;
         Ok(ChunkLists {
             counts,
             positives,
@@ -344,11 +442,16 @@ impl<'p, 'd> Miner<'p, 'd> {
         })
     }
 
-    /// Runs `pass` over `pairs`, split into dispatches that fit a 2-D grid of the device
-    /// (`limit²` workgroups), each with its own `[pair_lo, pair_hi)` in the uniform block.
-    fn dispatch_pairs(&mut self, pass: PairKernel, pairs: Range<u32>) -> Result<()> {
-        let gpu = self.gpu;
-        let limit = u64::from(gpu.limits.max_compute_workgroups_per_dimension);
+    /// Records `pass` over `pairs`, split into dispatches that fit a 2-D grid of the device
+    /// (`limit²` workgroups), each with its own `[pair_lo, pair_hi)` in the uniform block (a
+    /// rewrite the recorder orders with a flush, not a wait).
+    fn record_pairs(
+        &mut self,
+        rec: &mut Recorder<'_>,
+        pass: PairKernel,
+        pairs: Range<u32>,
+    ) -> Result<()> {
+        let limit = u64::from(self.gpu.limits.max_compute_workgroups_per_dimension);
         let per_workgroup = match pass {
             PairKernel::Select(p) => p.pairs_per_workgroup(),
             PairKernel::Buckets(_) => negative_buckets::WORKGROUP_SIZE,
@@ -362,37 +465,38 @@ impl<'p, 'd> Miner<'p, 'd> {
         while lo < pairs.end {
             let hi = lo.saturating_add(step).min(pairs.end);
             let n = u64::from(hi - lo);
-            let mut enc = encoder(gpu, "mine_triplets::pairs");
             match pass {
                 PairKernel::Select(p) => {
                     self.select_params.pair_lo = lo;
                     self.select_params.pair_hi = hi;
-                    transfer::write(gpu, &self.buf.select_params, 0, &[self.select_params])?;
-                    self.select
-                        .encode(gpu, &mut enc, p, n, &self.buf.select()?)?;
+                    rec.upload(&self.buf.select_params, 0, &[self.select_params])?;
+                    self.select.encode(rec, p, n, &self.buf.select()?)?;
                 }
                 PairKernel::Buckets(p) => {
                     self.bucket_params.pair_lo = lo;
                     self.bucket_params.pair_hi = hi;
-                    transfer::write(gpu, &self.buf.bucket_params, 0, &[self.bucket_params])?;
-                    self.buckets
-                        .encode_pairs(gpu, &mut enc, p, n, &self.buf.buckets()?)?;
+                    rec.upload(&self.buf.bucket_params, 0, &[self.bucket_params])?;
+                    self.buckets.encode_pairs(rec, p, n, &self.buf.buckets()?)?;
                 }
             }
-            transfer::submit_and_wait(gpu, enc)?;
             lo = hi;
         }
         Ok(())
     }
 
-    /// Groups each anchor's negatives by the positives that keep them (`negative_buckets`:
-    /// the positive values sorted in rows of the call's width, then a counting sort of the
-    /// negatives into `order`).
-    fn group_negatives(&mut self, rows: usize, lists: &ChunkLists, most_pos: usize) -> Result<()> {
+    /// Records the grouping of each anchor's negatives by the positives that keep them
+    /// (`negative_buckets`: the positive values sorted in rows of the call's width, then a
+    /// counting sort of the negatives into `order`).
+    fn record_grouping(
+        &mut self,
+        rec: &mut Recorder<'_>,
+        rows: usize,
+        lists: &ChunkLists,
+        most_pos: usize,
+    ) -> Result<()> {
         let most_neg = (0..rows).map(|a| lists.negatives_of(a)).max().unwrap_or(0);
         let width = negative_buckets::width(most_pos);
         let stride = negative_buckets::stride(most_pos);
-        let gpu = self.gpu;
         self.bucket_params = negative_buckets::Params {
             anchors: rows as u32,
             width: width as u32,
@@ -400,7 +504,7 @@ impl<'p, 'd> Miner<'p, 'd> {
             span: most_neg,
             ..self.bucket_params
         };
-        transfer::write(gpu, &self.buf.bucket_params, 0, &[self.bucket_params])?;
+        rec.upload(&self.buf.bucket_params, 0, &[self.bucket_params])?;
         let passes = negative_buckets::passes(width);
         for (buffer, &(k, j)) in self.buf.sort_params.iter().zip(&passes) {
             let pass = negative_buckets::Params {
@@ -408,29 +512,28 @@ impl<'p, 'd> Miner<'p, 'd> {
                 j,
                 ..self.bucket_params
             };
-            transfer::write(gpu, buffer, 0, &[pass])?;
+            rec.upload(buffer, 0, &[pass])?;
         }
-        transfer::fill_sentinel(self.ctx, gpu, &self.buf.sorted, f32s(rows * width))?;
-        transfer::fill_sentinel(
-            self.ctx,
-            gpu,
-            &self.buf.order,
-            f32s(rows * self.layout.refs),
-        )?;
-        let mut enc = encoder(gpu, "mine_triplets::group");
+        rec.sentinel(&self.buf.sorted, f32s(rows * width))?;
+        rec.sentinel(&self.buf.order, f32s(rows * self.layout.refs))?;
         // The counters must start at zero (the sentinel would be a wrong count).
-        enc.clear_buffer(self.buf.buckets.buffer(), 0, Some(f32s(rows * stride)));
+        rec.clear(&self.buf.buckets, f32s(rows * stride));
         self.buckets.encode_grouping(
-            gpu,
-            &mut enc,
+            rec,
             (rows as u64, width as u64, u64::from(most_neg)),
             &self.buf.buckets()?,
-        )?;
-        transfer::submit_and_wait(gpu, enc)
+        )
     }
 
-    /// Kept triplets of every pair of the chunk, in pair order; uploads `pair_base`.
-    fn pair_counts(&mut self, rows: usize, lists: &ChunkLists) -> Result<(Vec<u32>, Vec<u32>)> {
+    /// Margin rules: kept triplets of every pair of anchors `a0 .. a0 + rows`, in pair order,
+    /// and the pairs' first indices per anchor. Distances, lists, grouping and counts are one
+    /// recording; the counts come back with the one wait.
+    fn pair_counts(
+        &mut self,
+        a0: usize,
+        rows: usize,
+        lists: &ChunkLists,
+    ) -> Result<(Vec<u32>, Vec<u32>)> {
         let mut pair_base = Vec::with_capacity(rows + 1);
         let mut pairs = 0u32;
         for a in 0..rows {
@@ -439,43 +542,46 @@ impl<'p, 'd> Miner<'p, 'd> {
         }
         pair_base.push(pairs);
         if pairs == 0 {
+            // No pair, no triplet: nothing to run.
             return Ok((pair_base, Vec::new()));
         }
         let gpu = self.gpu;
-        transfer::write(gpu, &self.buf.pair_base, 0, &pair_base)?;
+        let mut rec = Recorder::new(gpu, "mine_triplets::count");
+        self.record_lists(&mut rec, a0, rows)?;
+        rec.upload(&self.buf.pair_base, 0, &pair_base)?;
         self.select_params.anchors = rows as u32;
         let pass = match self.layout.grouped {
             Some(most_pos) => {
-                self.group_negatives(rows, lists, most_pos)?;
+                self.record_grouping(&mut rec, rows, lists, most_pos)?;
                 PairKernel::Buckets(PairPass::Count)
             }
             None => PairKernel::Select(Pass::CountScan),
         };
-        let sentinel_bytes = f32s(pairs as usize);
-        transfer::fill_sentinel(self.ctx, gpu, &self.buf.pair_counts, sentinel_bytes)?;
-        self.dispatch_pairs(pass, 0..pairs)?;
-        let mut enc = encoder(gpu, "mine_triplets::count_readback");
-        self.buf
-            .staging
-            .copy_from(&mut enc, &self.buf.pair_counts, 0, 4 * u64::from(pairs));
-        transfer::submit_and_wait(gpu, enc)?;
-        let counts = self
-            .buf
-            .staging
-            .read::<u32, _>(gpu, pairs as usize, <[u32]>::to_vec)?;
+        rec.sentinel(&self.buf.pair_counts, f32s(pairs as usize))?;
+        self.record_pairs(&mut rec, pass, 0..pairs)?;
+        let bytes = 4 * u64::from(pairs);
+        rec.read_back(&self.buf.pair_counts, 0, &self.buf.staging, 0, bytes);
+        let done = rec.submit()?;
+        let sizes = self.map_list_sizes(&done, rows);
+        let counts = self.buf.staging.map(&done, bytes).read::<u32, _>(
+            gpu,
+            pairs as usize,
+            <[u32]>::to_vec,
+        )?;
+        self.check_list_sizes(sizes, a0, &lists.counts)?;
         Ok((pair_base, counts))
     }
 
-    /// Emits the kept triplets of the chunk's pairs into `writer`, window by window.
+    /// Emits the kept triplets of the chunk's pairs into `writer`, window by window (one
+    /// submission and one wait each).
     fn emit(
         &mut self,
         a0: usize,
-        lists: &ChunkLists,
         pair_base: &[u32],
         counts: &[u32],
         writer: &mut Writer<'_>,
     ) -> Result<()> {
-        let (gpu, m) = (self.gpu, self.layout.refs);
+        let gpu = self.gpu;
         // Exclusive prefix sums of the counts (u64) place each pair's negatives; windows of
         // whole pairs, each at most `layout.out` negatives, cut the output to the buffer.
         let mut offsets = Vec::with_capacity(counts.len());
@@ -495,25 +601,28 @@ impl<'p, 'd> Miner<'p, 'd> {
         }
         // One past the last pair: `negative_buckets` reads each pair's count as the difference.
         offsets.push(words(at));
-        transfer::write(gpu, &self.buf.offsets, 0, &offsets)?;
         let pass = match self.layout.grouped {
             Some(_) => PairKernel::Buckets(PairPass::Emit),
             None => PairKernel::Select(Pass::Emit),
         };
         writer.reserve(at);
+        let mut first = true;
         for (pairs, span) in windows.into_iter().filter(|(_, s)| !s.is_empty()) {
             writer.check()?;
             let len = (span.end - span.start) as usize;
             self.select_params.start = words(span.start);
             self.bucket_params.start = words(span.start);
-            transfer::fill_sentinel(self.ctx, gpu, &self.buf.out, f32s(len))?;
-            self.dispatch_pairs(pass, pairs.clone())?;
-            let mut enc = encoder(gpu, "mine_triplets::emit_readback");
-            self.buf
-                .out_staging
-                .copy_from(&mut enc, &self.buf.out, 0, 4 * len as u64);
-            transfer::submit_and_wait(gpu, enc)?;
-            self.buf.out_staging.read::<u32, _>(gpu, len, |negatives| {
+            let mut rec = Recorder::new(gpu, "mine_triplets::emit");
+            if std::mem::take(&mut first) {
+                rec.upload(&self.buf.offsets, 0, &offsets)?;
+            }
+            rec.sentinel(&self.buf.out, f32s(len))?;
+            self.record_pairs(&mut rec, pass, pairs.clone())?;
+            let bytes = 4 * len as u64;
+            rec.read_back(&self.buf.out, 0, &self.buf.out_staging, 0, bytes);
+            let done = rec.submit()?;
+            let readback = self.buf.out_staging.map(&done, bytes);
+            readback.read::<u32, _>(gpu, len, |negatives| {
                 // Pair k of the window owns the next counts[k] negatives.
                 let mut rest = negatives;
                 let mut a = pair_base
@@ -527,7 +636,7 @@ impl<'p, 'd> Miner<'p, 'd> {
                     let (head, tail) = rest.split_at(c.min(rest.len()));
                     rest = tail;
                     let i = (pair - pair_base[a]) as usize;
-                    writer.block((a0 + a) as u32, lists.positives[a * m + i], head);
+                    writer.block((a0 + a) as u32, self.positive(a0 + a, i), head);
                 }
             })?;
             if writer.stopped() {
@@ -555,8 +664,8 @@ pub(super) fn mine(
     for a0 in (0..b).step_by(miner.layout.anchors) {
         report.check()?;
         let rows = miner.layout.anchors.min(b - a0);
-        let lists = miner.lists(a0, rows, writer.is_some())?;
         if problem.rule == TripletRule::AllValid {
+            let lists = miner.all_valid_lists(a0, rows, writer.is_some())?;
             // Every valid triplet is P_a × N_a: expand the lists on the host.
             for a in 0..rows {
                 let (np, nn) = (
@@ -574,9 +683,14 @@ pub(super) fn mine(
                 }
             }
         } else {
-            let (pair_base, counts) = miner.pair_counts(rows, &lists)?;
+            let lists = ChunkLists {
+                counts: miner.list_sizes(a0, rows),
+                positives: Vec::new(),
+                negatives: Vec::new(),
+            };
+            let (pair_base, counts) = miner.pair_counts(a0, rows, &lists)?;
             match writer.as_mut() {
-                Some(w) => miner.emit(a0, &lists, &pair_base, &counts, w)?,
+                Some(w) => miner.emit(a0, &pair_base, &counts, w)?,
                 None => counted += counts.iter().map(|&c| u64::from(c)).sum::<u64>(),
             }
         }

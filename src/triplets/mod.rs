@@ -10,9 +10,11 @@ use crate::context::{ComputePath, Context};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::inputs::{self, Labelled, MiningSet, SelfExclusion};
+use crate::memory::Transfers;
 use crate::metric::DistanceConfig;
 use crate::oom_retry;
 use crate::plan::{DeviceCaps, Plan};
+use crate::transfer;
 use crate::validate;
 
 #[cfg(test)]
@@ -266,6 +268,8 @@ pub struct Triplets {
     pub indices: Array2<u32>,
     /// Where they were mined.
     pub path: ComputePath,
+    /// Host–device traffic of the call (zero on the native path).
+    pub transfers: Transfers,
 }
 
 impl Triplets {
@@ -322,6 +326,8 @@ pub struct TripletCount {
     pub count: u64,
     /// Where they were counted.
     pub path: ComputePath,
+    /// Host–device traffic of the call (zero on the native path).
+    pub transfers: Transfers,
 }
 
 /// A validated triplet problem.
@@ -407,11 +413,13 @@ pub fn mine_triplets<L: Hash + Eq + Copy>(
     let problem = prepare(OP, ctx, queries, refs, cfg)?;
     let mut flat: Vec<u32> = Vec::new();
     let writer = Writer::new(Sink::Collect(&mut flat), problem.chunk, &cfg.hooks, OP);
-    run(ctx, &problem, Some(writer), &cfg.hooks)?;
+    let (mined, transfers) = transfer::measure(|| run(ctx, &problem, Some(writer), &cfg.hooks));
+    mined?;
     let indices = triplet_rows(OP, flat)?;
     Ok(Triplets {
         indices,
         path: ctx.path(),
+        transfers,
     })
 }
 
@@ -444,10 +452,11 @@ pub fn mine_triplets_streaming<L: Hash + Eq + Copy>(
 ) -> Result<TripletCount> {
     let problem = prepare(OP, ctx, queries, refs, cfg)?;
     let writer = Writer::new(Sink::Stream(&mut on_chunk), problem.chunk, &cfg.hooks, OP);
-    let count = run(ctx, &problem, Some(writer), &cfg.hooks)?;
+    let (count, transfers) = transfer::measure(|| run(ctx, &problem, Some(writer), &cfg.hooks));
     Ok(TripletCount {
-        count,
+        count: count?,
         path: ctx.path(),
+        transfers,
     })
 }
 
@@ -474,10 +483,11 @@ pub fn count_triplets<L: Hash + Eq + Copy>(
     cfg: &TripletConfig,
 ) -> Result<TripletCount> {
     let problem = prepare(OP, ctx, queries, refs, cfg)?;
-    let count = run(ctx, &problem, None, &cfg.hooks)?;
+    let (count, transfers) = transfer::measure(|| run(ctx, &problem, None, &cfg.hooks));
     Ok(TripletCount {
-        count,
+        count: count?,
         path: ctx.path(),
+        transfers,
     })
 }
 

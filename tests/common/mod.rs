@@ -15,9 +15,24 @@ pub(crate) fn gpu_required() -> bool {
 /// printed notice when there is no adapter. Panics when `WML_REQUIRE_GPU=1` and none is found,
 /// so CI cannot pass by skipping.
 pub(crate) fn gpu_context_with(config: ContextConfig) -> Option<Context> {
+    open_gpu(ContextConfig {
+        fill_outputs_with_sentinel: true,
+        ..config
+    })
+}
+
+/// As [`gpu_context`], without sentinels: outputs are not pre-filled, as in production (for
+/// tests that count submissions and bytes).
+pub(crate) fn gpu_context_as_shipped(budget: Option<u64>) -> Option<Context> {
+    open_gpu(ContextConfig {
+        budget_bytes: budget,
+        ..Default::default()
+    })
+}
+
+fn open_gpu(config: ContextConfig) -> Option<Context> {
     let config = ContextConfig {
         backend: BackendChoice::Wgpu,
-        fill_outputs_with_sentinel: true,
         ..config
     };
     match Context::new(&config) {

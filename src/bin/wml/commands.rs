@@ -24,6 +24,7 @@ fn context(common: &Common) -> Result<Context, String> {
     let (backend, backends) = match common.backend {
         BackendArg::Auto => (BackendChoice::Auto, None),
         BackendArg::Cpu => (BackendChoice::NativeCpu, None),
+        BackendArg::Wgpu => (BackendChoice::Wgpu, None),
         BackendArg::Vulkan => (BackendChoice::Wgpu, Some(wgpu::Backends::VULKAN)),
         BackendArg::Metal => (BackendChoice::Wgpu, Some(wgpu::Backends::METAL)),
         BackendArg::Dx12 => (BackendChoice::Wgpu, Some(wgpu::Backends::DX12)),
@@ -58,9 +59,11 @@ fn timed<T>(
     inputs: &[(&str, &Path)],
     op: impl FnOnce() -> wgpu_metric_learning::Result<T>,
 ) -> Result<T, Failure> {
+    let before = ctx.transfers();
     let start = Instant::now();
     let out = op();
     let seconds = start.elapsed().as_secs_f64();
+    let after = ctx.transfers();
     let out = out.map_err(|e| {
         if let Error::Cancelled { .. } = e {
             return Failure::Cancelled;
@@ -82,9 +85,13 @@ fn timed<T>(
             ComputePath::NativeCpu => "native-cpu",
         };
         eprintln!(
-            "{{\"op\": \"{name}\", \"seconds\": {seconds:.6}, \"peak_device_bytes\": {}, \"budget_bytes\": {}, \"adapter\": {}, \"path\": \"{path}\"}}",
+            "{{\"op\": \"{name}\", \"seconds\": {seconds:.6}, \"peak_device_bytes\": {}, \"budget_bytes\": {}, \"host_waits\": {}, \"submissions\": {}, \"bytes_up\": {}, \"bytes_down\": {}, \"adapter\": {}, \"path\": \"{path}\"}}",
             mem.peak_bytes,
             mem.budget_bytes,
+            after.host_waits - before.host_waits,
+            after.submissions - before.submissions,
+            after.bytes_up - before.bytes_up,
+            after.bytes_down - before.bytes_down,
             json_string(&ctx.device_name())
         );
     }

@@ -52,8 +52,9 @@ enum Command {
 #[derive(Args)]
 struct Common {
     /// What runs the operation: auto picks a hardware GPU through wgpu, else the native CPU
-    /// path (software rasterisers are ~10x slower than it); vulkan, metal, dx12 and gl force
-    /// wgpu on that backend; cpu forces the native CPU path.
+    /// path (software rasterisers are ~10x slower than it); wgpu forces wgpu on the best
+    /// adapter of any backend (a software one too; WGPU_BACKEND narrows it); vulkan, metal,
+    /// dx12 and gl force wgpu on that backend; cpu forces the native CPU path.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     backend: BackendArg,
     /// Memory budget of the operation (device buffers, or the native path's scratch), in
@@ -62,7 +63,8 @@ struct Common {
     #[arg(long, value_parser = parse_bytes)]
     budget: Option<u64>,
     /// Print one JSON line on stderr: the operation's own seconds (no process start or file
-    /// I/O), peak device bytes, the budget, the adapter and the path that ran.
+    /// I/O), peak device bytes, the budget, the host's blocking waits for the device, its
+    /// submissions, the bytes moved each way, the adapter and the path that ran.
     #[arg(long)]
     stats: bool,
     /// Print the operation's progress on stderr, one line per whole percent:
@@ -253,6 +255,7 @@ struct AccuracyArgs {
 #[derive(Clone, Copy, ValueEnum)]
 enum BackendArg {
     Auto,
+    Wgpu,
     Vulkan,
     Metal,
     Dx12,

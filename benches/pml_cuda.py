@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""pytorch-metric-learning on CUDA, for the GPU report's side-by-side ratios.
+
+Times the cases `benches/gpu-report.sh` runs on our side, on the same GPU, with the tensors
+already on the device (PML's natural use; our times include the host uploads and readbacks,
+so the ratios are conservative for us). Prints one JSON line per case:
+
+  knn_k<k>        CustomKNN(CosineSimilarity(), batch_size=B)(q, k, ref): Q x N x 128, the
+                  faster of B = None and 1024 (None holds the whole Q x N matrix)
+  miner_<type>    TripletMarginMiner(margin=0.2, type_of_triplets=<type>)(emb, labels, ref,
+                  ref_labels), default LpDistance (normalised), labels uniform over C classes
+  lmu             lmu.get_all_triplets_indices(labels, ref_labels)
+
+Usage: pml_cuda.py --Q 10000 --N 100000 --mining 128,4096,100,semihard 1000,1000,100,hard
+Exits 0 with a note on stderr when torch, CUDA or PML is missing (the report then has no
+ratios).
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+
+def timed(fn, reps):
+    """Median seconds of `reps` calls after one warm-up, synchronising the device around each."""
+    import torch
+
+    out = fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--Q", type=int, default=10_000)
+    p.add_argument("--N", type=int, default=100_000)
+    p.add_argument("--k", default="10,100")
+    p.add_argument("--mining", nargs="*", default=[], help="B,M,C,type (type: all|hard|semihard|easy|lmu)")
+    p.add_argument("--reps", type=int, default=5)
+    a = p.parse_args()
+    try:
+        import torch
+        from pytorch_metric_learning import miners
+        from pytorch_metric_learning.distances import CosineSimilarity
+        from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+        from pytorch_metric_learning.utils.inference import CustomKNN
+    except ImportError as e:
+        print(f"pml_cuda: no PML comparison ({e})", file=sys.stderr)
+        return
+    if not torch.cuda.is_available():
+        print("pml_cuda: no PML comparison (torch sees no CUDA device)", file=sys.stderr)
+        return
+    dev = torch.device("cuda")
+    name = torch.cuda.get_device_name(0)
+    g = torch.Generator(device=dev).manual_seed(0)
+    d = 128
+    q = torch.nn.functional.normalize(torch.randn(a.Q, d, device=dev, generator=g), dim=1)
+    ref = torch.nn.functional.normalize(torch.randn(a.N, d, device=dev, generator=g), dim=1)
+    for k in (int(s) for s in a.k.split(",")):
+        best = None
+        for batch in (None, 1024):
+            knn = CustomKNN(CosineSimilarity(), batch_size=batch)
+            try:
+                secs, _ = timed(lambda: knn(q, k, ref), a.reps)
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                continue
+            if best is None or secs < best[0]:
+                best = (secs, batch)
+        if best is not None:
+            print(json.dumps({"impl": "pml-cuda", "device": name, "func": "knn", "Q": a.Q, "N": a.N,
+                              "k": k, "batch_size": best[1], "median_s": best[0],
+                              "gflops": 2 * a.Q * a.N * d / best[0] / 1e9}), flush=True)
+    for case in a.mining:
+        b, m, c, kind = case.split(",")
+        b, m, c = int(b), int(m), int(c)
+        emb = torch.randn(b, d, device=dev, generator=g)
+        r = torch.randn(m, d, device=dev, generator=g)
+        labels = torch.randint(0, c, (b,), device=dev, generator=g)
+        ref_labels = torch.randint(0, c, (m,), device=dev, generator=g)
+        try:
+            if kind == "lmu":
+                secs, out = timed(lambda: lmu.get_all_triplets_indices(labels, ref_labels), a.reps)
+                func = "lmu"
+            else:
+                miner = miners.TripletMarginMiner(margin=0.2, type_of_triplets=kind)
+                secs, out = timed(lambda: miner(emb, labels, r, ref_labels), a.reps)
+                func = f"miner_{kind}"
+        except torch.cuda.OutOfMemoryError as e:
+            print(json.dumps({"impl": "pml-cuda", "device": name, "func": f"miner_{kind}", "B": b, "M": m,
+                              "C": c, "error": f"CUDA out of memory: {str(e)[:120]}"}), flush=True)
+            torch.cuda.empty_cache()
+            continue
+        print(json.dumps({"impl": "pml-cuda", "device": name, "func": func, "B": b, "M": m, "C": c,
+                          "count": int(out[0].numel()), "median_s": secs}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
