@@ -11,7 +11,9 @@
 // many elements equal to T are needed; if more elements equal T than are needed, the same
 // select over their indices finds the largest index to take. It stops early as soon as a whole
 // bin is taken. Elements worse than the running list's worst key can never enter (k better ones
-// exist already), so a full running list filters them out of every pass.
+// exist already), so a full running list filters them out of every pass. Each pass's bin is
+// found by a parallel scan of the histogram (every invocation sums a slice), not by one
+// invocation walking 256 bins while the others wait.
 //
 // Output: the k selected (key, index) pairs of the row in no particular order (the host sorts the
 // final lists), and when fewer than k elements exist the remaining slots hold EMPTY_INDEX.
@@ -46,6 +48,9 @@ override EMPTY_INDEX: u32;
 const EMPTY_KEY: u32 = 0xFFFFFFFFu;
 
 var<workgroup> histogram: array<atomic<u32>, 256>;
+// Per-invocation sums of the histogram's slices, scanned by `choose` (WORKGROUP_SIZE divides
+// 256, checked in Rust).
+var<workgroup> partial: array<u32, 256>;
 var<workgroup> threshold: atomic<u32>;
 var<workgroup> running: atomic<u32>;
 var<workgroup> written: atomic<u32>;
@@ -93,26 +98,53 @@ fn element(row: u32, e: u32, skip: u32) -> Element {
     return Element(key_of(block[row * params.block_stride + j]), index, index != skip);
 }
 
-// Invocation 0 picks the bin where the cumulative count reaches `want` and updates the state.
-fn choose(shift: u32, by_index: bool) {
-    var below = 0u;
-    var bin = 256u;
+// Every invocation calls this (it holds barriers): the invocations sum the histogram in
+// slices of 256 / WORKGROUP_SIZE bins, scan the sums in parallel, and the one whose slice
+// holds the bin where the cumulative count reaches `want` picks it and updates the state.
+fn choose(lid: u32, shift: u32, by_index: bool) {
+    let per = 256u / WORKGROUP_SIZE;
+    let first = lid * per;
+    // Read before the barriers below; only the invocation that picks writes it, after them.
+    let wanted = want;
+    var sum = 0u;
+    for (var i = 0u; i < per; i++) {
+        sum += atomicLoad(&histogram[first + i]);
+    }
+    partial[lid] = sum;
+    workgroupBarrier();
+    // Inclusive scan of the slice sums (Hillis-Steele: log2(WORKGROUP_SIZE) steps).
+    for (var offset = 1u; offset < WORKGROUP_SIZE; offset <<= 1u) {
+        var add = 0u;
+        if (lid >= offset) {
+            add = partial[lid - offset];
+        }
+        workgroupBarrier();
+        partial[lid] += add;
+        workgroupBarrier();
+    }
+    let inclusive = partial[lid];
+    if (lid == WORKGROUP_SIZE - 1u && inclusive < wanted) {
+        // Fewer elements than wanted (only in the first pass): take every one.
+        mode = 1u;
+        return;
+    }
+    var below = inclusive - sum;
+    if (below >= wanted || inclusive < wanted) {
+        return;
+    }
+    // The bin is in this invocation's slice.
+    var bin = first;
     var count = 0u;
-    for (var b = 0u; b < 256u; b++) {
-        let h = atomicLoad(&histogram[b]);
-        if (below + h >= want) {
-            bin = b;
+    for (var i = 0u; i < per; i++) {
+        let h = atomicLoad(&histogram[first + i]);
+        if (below + h >= wanted) {
+            bin = first + i;
             count = h;
             break;
         }
         below += h;
     }
-    if (bin == 256u) {
-        // Fewer elements than wanted (only in the first pass): take every one.
-        mode = 1u;
-        return;
-    }
-    want -= below;
+    want = wanted - below;
     if (by_index) {
         index_prefix |= bin << shift;
         index_mask |= 0xFFu << shift;
@@ -197,23 +229,42 @@ fn main(
             atomicStore(&histogram[b], 0u);
         }
         workgroupBarrier();
+        // Each invocation counts runs of one bin in a register and adds a run at once: the top
+        // digit of keys of one row is nearly constant (scores of similar magnitude), and one
+        // atomic per element would all hit the same bin.
+        var run_bin = 256u;
+        var run = 0u;
         for (var e = lid; e < count; e += WORKGROUP_SIZE) {
             let el = element(row, e, skip);
             if (!el.valid || el.key > limit) {
                 continue;
             }
+            var bin = 256u;
             if (by_index) {
                 if (el.key == prefix && (el.index & index_mask) == index_prefix) {
-                    atomicAdd(&histogram[(el.index >> shift) & 0xFFu], 1u);
+                    bin = (el.index >> shift) & 0xFFu;
                 }
             } else if ((el.key & mask) == prefix) {
-                atomicAdd(&histogram[(el.key >> shift) & 0xFFu], 1u);
+                bin = (el.key >> shift) & 0xFFu;
+            }
+            if (bin == 256u) {
+                continue;
+            }
+            if (bin == run_bin) {
+                run += 1u;
+            } else {
+                if (run > 0u) {
+                    atomicAdd(&histogram[run_bin], run);
+                }
+                run_bin = bin;
+                run = 1u;
             }
         }
-        workgroupBarrier();
-        if (lid == 0u) {
-            choose(shift, by_index);
+        if (run > 0u) {
+            atomicAdd(&histogram[run_bin], run);
         }
+        workgroupBarrier();
+        choose(lid, shift, by_index);
         workgroupBarrier();
     }
 

@@ -99,6 +99,17 @@ impl GpuDevice {
         let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
     }
 
+    /// `result`, after settling if it is an error: a call that fails or is cancelled with work
+    /// in flight returns only once the device is done with the buffers it then releases (so
+    /// the budget accounting never frees bytes the device still uses, and a retry never
+    /// allocates on top of them).
+    pub(crate) fn settled<T>(&self, result: Result<T>) -> Result<T> {
+        if result.is_err() {
+            self.settle();
+        }
+        result
+    }
+
     /// `Err(DeviceLost)` once the device-lost callback has fired.
     pub(crate) fn check_alive(&self) -> Result<()> {
         match self.lost.lock().ok().and_then(|g| g.clone()) {

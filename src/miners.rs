@@ -74,56 +74,46 @@ fn for_each_row(
     hooks: &Hooks,
     f: &mut dyn FnMut(&Row<'_>),
 ) -> Result<Transfers> {
-    let (visited, transfers) = transfer::measure(|| visit_rows(op, ctx, set, distance, hooks, f));
+    let (visited, transfers) = transfer::measure(|| -> Result<()> {
+        let (b, m) = (set.labels.len(), set.ref_labels.len());
+        let report = Reporter::new(hooks, op, b as u64 * m as u64);
+        let (mut positives, mut negatives) = (Vec::with_capacity(m), Vec::with_capacity(m));
+        let mut visit = |a: usize, values: Option<ArrayView1<'_, f32>>| {
+            set.lists_of(a, &mut positives, &mut negatives);
+            f(&Row {
+                anchor: a as u32,
+                values,
+                positives: &positives,
+                negatives: &negatives,
+            });
+        };
+        let rows = (BLOCK_FLOATS / m.max(1)).max(1);
+        let (Some(queries), Some(refs)) = (set.queries, set.refs) else {
+            for a0 in (0..b).step_by(rows) {
+                report.check()?;
+                let a1 = (a0 + rows).min(b);
+                (a0..a1).for_each(|a| visit(a, None));
+                report.add(((a1 - a0) * m) as u64);
+            }
+            return Ok(());
+        };
+        let mut on_block = |r0: usize, block: ArrayView2<'_, f32>| {
+            for (i, row) in block.rows().into_iter().enumerate() {
+                visit(r0 + i, Some(row));
+            }
+            Ok(())
+        };
+        let job = Job {
+            op,
+            ctx,
+            queries,
+            cfg: distance,
+            max_rows: rows,
+            report: &report,
+        };
+        for_each_row_block(&job, refs, &mut on_block)
+    });
     visited.map(|()| transfers)
-}
-
-/// [`for_each_row`] without the traffic count.
-fn visit_rows(
-    op: &'static str,
-    ctx: &Context,
-    set: &Labelled<'_>,
-    distance: &DistanceConfig,
-    hooks: &Hooks,
-    f: &mut dyn FnMut(&Row<'_>),
-) -> Result<()> {
-    let (b, m) = (set.labels.len(), set.ref_labels.len());
-    let report = Reporter::new(hooks, op, b as u64 * m as u64);
-    let (mut positives, mut negatives) = (Vec::with_capacity(m), Vec::with_capacity(m));
-    let mut visit = |a: usize, values: Option<ArrayView1<'_, f32>>| {
-        set.lists_of(a, &mut positives, &mut negatives);
-        f(&Row {
-            anchor: a as u32,
-            values,
-            positives: &positives,
-            negatives: &negatives,
-        });
-    };
-    let rows = (BLOCK_FLOATS / m.max(1)).max(1);
-    let (Some(queries), Some(refs)) = (set.queries, set.refs) else {
-        for a0 in (0..b).step_by(rows) {
-            report.check()?;
-            let a1 = (a0 + rows).min(b);
-            (a0..a1).for_each(|a| visit(a, None));
-            report.add(((a1 - a0) * m) as u64);
-        }
-        return Ok(());
-    };
-    let mut on_block = |r0: usize, block: ArrayView2<'_, f32>| {
-        for (i, row) in block.rows().into_iter().enumerate() {
-            visit(r0 + i, Some(row));
-        }
-        Ok(())
-    };
-    let job = Job {
-        op,
-        ctx,
-        queries,
-        cfg: distance,
-        max_rows: rows,
-        report: &report,
-    };
-    for_each_row_block(&job, refs, &mut on_block)
 }
 
 mod sealed {

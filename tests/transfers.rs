@@ -162,10 +162,9 @@ fn every_result_counts_its_own_call_and_the_native_path_moves_nothing() {
         let sharded = knn_sharded(&[ctx, ctx], &x, &x, &cfg).expect("sharded");
         check("knn_sharded", before, sharded.transfers);
         if on_gpu {
-            assert!(
-                sharded.transfers.host_waits >= 2,
-                "one wait per shard at least"
-            );
+            // Each shard waits for its lists unless the other shard's poll ran its callback
+            // first (both shards share this device), so at least one wait in all.
+            assert!(sharded.transfers.host_waits >= 1, "{:?}", sharded.transfers);
         }
         let mut bank = MemoryBank::<u32>::new(ctx, &BankConfig::new(64, 12)).expect("bank");
         let before = ctx.transfers();

@@ -336,7 +336,8 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
                     head: self.head,
                     capacity: self.capacity,
                 };
-                let (done, moved) = transfer::measure(|| gpu::enqueue_host(gpu, &ring, embeddings));
+                let (done, moved) =
+                    transfer::measure(|| gpu.settled(gpu::enqueue_host(gpu, &ring, embeddings)));
                 done?;
                 transfers = moved;
             }
@@ -461,7 +462,7 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
             capacity: self.capacity,
         };
         let (done, transfers) =
-            transfer::measure(|| gpu::enqueue_buffer(gpu, &ring, source, offset, b));
+            transfer::measure(|| gpu.settled(gpu::enqueue_buffer(gpu, &ring, source, offset, b)));
         done?;
         Ok(self.advance(labels.iter().copied(), (0..b).collect(), transfers))
     }

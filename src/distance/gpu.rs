@@ -45,11 +45,21 @@ pub(crate) struct Staged {
     pub(crate) stagings: usize,
 }
 
-/// Two staging buffers (a tile is read while the next one computes) when the budget allows
-/// tiles as large as with one; one when a second would make them smaller, since under a
-/// tight budget larger tiles win more than overlap does. `plan(stagings)` plans the tiles.
-fn staged(plan: impl Fn(usize) -> Result<TilePlan>) -> Result<Staged> {
+/// Two staging buffers (a tile is read while the next one computes) when there is a next
+/// tile and the budget allows tiles as large as with one; one when a single tile covers all
+/// `(rows, cols)`, or when a second buffer would make tiles smaller (under a tight budget
+/// larger tiles win more than overlap does). `plan(stagings)` plans the tiles.
+fn staged(
+    (rows, cols): (usize, usize),
+    plan: impl Fn(usize) -> Result<TilePlan>,
+) -> Result<Staged> {
     let single = plan(1)?;
+    if single.rows >= rows && single.cols >= cols {
+        return Ok(Staged {
+            tile: single,
+            stagings: 1,
+        });
+    }
     match plan(2) {
         Ok(double) if double.rows * double.cols >= single.rows * single.cols => Ok(Staged {
             tile: double,
@@ -62,17 +72,20 @@ fn staged(plan: impl Fn(usize) -> Result<TilePlan>) -> Result<Staged> {
     }
 }
 
-/// The tile for `(q, n, d)` on a device with `caps` and `budget` bytes available.
+/// The tile for `(q, n, d)`, at most `max_rows` rows, on a device with `caps` and `budget`
+/// bytes available.
 pub(crate) fn tile_plan(
     op: &'static str,
     (q, n, d): (usize, usize, usize),
+    max_rows: usize,
     budget: u64,
     caps: &DeviceCaps,
 ) -> Result<Staged> {
     let dim4 = d.div_ceil(4);
     let preferred = distance_tile::BLOCK as usize;
-    staged(|stagings| {
-        plan_tiles(op, q, n, preferred, budget, caps, |r, c| {
+    let rows = q.min(max_rows.max(1));
+    staged((q, n), |stagings| {
+        plan_tiles(op, rows, n, preferred, budget, caps, |r, c| {
             tile_footprint(r, c, dim4, stagings)
         })
     })
@@ -103,11 +116,16 @@ pub(crate) fn tiles(
     let (q, n, d) = (queries.nrows(), refs.nrows(), queries.ncols());
     let dim4 = d.div_ceil(4);
     let caps = DeviceCaps::from_limits(&gpu.limits);
-    let rows = q.min(max_rows.max(1));
     let Staged {
         tile: plan,
         stagings,
-    } = tile_plan(op, (rows, n, d), oom_retry::planning_budget(ctx), &caps)?;
+    } = tile_plan(
+        op,
+        (q, n, d),
+        max_rows,
+        oom_retry::planning_budget(ctx),
+        &caps,
+    )?;
     let norms = gpu.kernel::<RowNorms>()?;
     let tile = gpu.kernel::<DistanceTile>()?;
 
@@ -424,7 +442,7 @@ pub(crate) fn row_block_plan(
     budget: u64,
     caps: &DeviceCaps,
 ) -> Result<(Staged, u64)> {
-    let plan = staged(|stagings| {
+    let plan = staged((q, refs.len), |stagings| {
         let cost = |rows: usize| row_block_cost(rows, refs, stagings);
         plan_rows(op, q.min(max_rows.max(1)), refs.len, budget, caps, cost)
     })?;

@@ -199,7 +199,7 @@ pub(crate) fn row_plan(
     let caps = DeviceCaps::from_limits(&gpu.limits);
     match refs {
         Embeddings::Host(_) => {
-            let plan = gpu::tile_plan(op, (q.min(max_rows.max(1)), n, d), budget, &caps)?;
+            let plan = gpu::tile_plan(op, (q, n, d), max_rows, budget, &caps)?;
             let min = gpu::tile_footprint(1, 1, d.div_ceil(4), 1).bytes;
             Ok(plan.tile.public(q, n, min))
         }

@@ -18,9 +18,14 @@ pub(crate) const EMPTY_INDEX: u32 = 0xFFFF_FFFE;
 /// Bytes of one `(key, index)` slot of a best list.
 pub(crate) const SLOT_BYTES: u64 = 8;
 
-/// Workgroup memory the kernel declares: a 256-bin histogram and nine `u32` of selection
-/// state (three counters, six values written between passes).
-pub(crate) const WORKGROUP_STORAGE: u64 = 256 * 4 + 9 * 4;
+/// Workgroup memory the kernel declares: a 256-bin histogram, 256 slots for the scan of its
+/// slice sums, and nine `u32` of selection state (three counters, six values written between
+/// passes).
+pub(crate) const WORKGROUP_STORAGE: u64 = 256 * 4 + 256 * 4 + 9 * 4;
+
+// Each invocation sums an equal slice of the 256 bins, and the scan holds one slot per
+// invocation.
+const _: () = assert!(WORKGROUP_SIZE <= 256 && 256 % WORKGROUP_SIZE == 0);
 
 /// The kernel's uniform block, laid out as `Params` in the shader.
 #[repr(C)]

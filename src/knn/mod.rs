@@ -355,7 +355,7 @@ fn search(
         (Embeddings::Host(r), None) => native::search(ctx, queries, r, cfg, excluded, report),
         (refs, Some(gpu)) => oom_retry::retry(ctx, || {
             report.restart();
-            gpu::search(ctx, gpu, queries, refs, cfg, excluded, report)
+            gpu.settled(gpu::search(ctx, gpu, queries, refs, cfg, excluded, report))
         }),
         (Embeddings::Bank(_), None) => Err(inputs::foreign_bank(OP, ctx.device_name())),
     }

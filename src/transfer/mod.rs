@@ -40,12 +40,19 @@ fn count(gpu: &GpuDevice, t: Transfers) {
 /// Runs `f` and returns its result with the traffic it caused on this thread. Calls nest (an
 /// accuracy call's kNN is part of the accuracy call's traffic).
 pub(crate) fn measure<T>(f: impl FnOnce() -> T) -> (T, Transfers) {
-    let outer = CALL.with(|c| c.replace(Transfers::default()));
+    /// Gives the enclosing call its count back, with this one's added, also when `f` panics.
+    struct Enclosing(Transfers);
+    impl Drop for Enclosing {
+        fn drop(&mut self) {
+            let mut total = self.0;
+            total.add(CALL.with(Cell::get));
+            CALL.with(|c| c.set(total));
+        }
+    }
+    let enclosing = Enclosing(CALL.with(|c| c.replace(Transfers::default())));
     let out = f();
-    let inner = CALL.with(|c| c.get());
-    let mut total = outer;
-    total.add(inner);
-    CALL.with(|c| c.set(total));
+    let inner = CALL.with(Cell::get);
+    drop(enclosing);
     (out, inner)
 }
 
@@ -77,7 +84,6 @@ pub(crate) fn f32s(n: usize) -> u64 {
 pub(crate) fn uniform_size<T>() -> u64 {
     buffer_size(std::mem::size_of::<T>() as u64)
 }
-
 
 /// Rows `start .. start + count` of `x` `(n, d)` as a row-major `(count, 4 * dim4)` f32 vector,
 /// each row zero-padded from `d` to `4 * dim4` so kernels can read it as `vec4`s. Works for
@@ -150,7 +156,8 @@ pub(crate) fn create_buffer(
 }
 
 /// Writes `data` into `buffer` at byte `offset`, queued: it lands before the next submission
-/// runs. Outside a recording only (setup); a [`Recorder`] orders its own uploads.
+/// runs. Directly only outside a recording (setup); a [`Recorder`] orders its own uploads
+/// and writes through here.
 pub(crate) fn write<T: Pod>(
     gpu: &GpuDevice,
     buffer: &TrackedBuffer,

@@ -59,25 +59,14 @@ impl<'a> Recorder<'a> {
         offset: u64,
         data: &[T],
     ) -> Result<()> {
-        let bytes: &[u8] = bytemuck::cast_slice(data);
-        if bytes.is_empty() {
+        if data.is_empty() {
             return Ok(());
         }
         if self.touched.contains(&buffer.id()) {
             self.flush()?;
         }
         self.touched.insert(buffer.id());
-        scoped(self.gpu, "write_buffer", bytes.len() as u64, || {
-            self.gpu.queue.write_buffer(buffer.buffer(), offset, bytes)
-        })?;
-        count(
-            self.gpu,
-            Transfers {
-                bytes_up: bytes.len() as u64,
-                ..Transfers::default()
-            },
-        );
-        Ok(())
+        super::write(self.gpu, buffer, offset, data)
     }
 
     /// Fills the first `bytes` bytes of `buffer` with the sentinel if the context asks for
@@ -298,7 +287,8 @@ impl Readback<'_> {
     ) -> Result<R> {
         let label = self.staging.label;
         let want = (elements * std::mem::size_of::<T>()) as u64;
-        if want > self.bytes {
+        // `len` is what was mapped: the bytes asked for, rounded up, within the buffer.
+        if want > self.bytes.min(self.len) {
             return Err(Error::Internal {
                 op: label,
                 message: format!("{want} bytes read of a {}-byte readback", self.bytes),

@@ -572,7 +572,7 @@ pub(crate) fn run(
             w.rewind(mark);
         }
         report.restart();
-        gpu::mine(ctx, gpu, problem, writer.as_mut(), &report)
+        gpu.settled(gpu::mine(ctx, gpu, problem, writer.as_mut(), &report))
     })?;
     writer.map_or(Ok(counted), Writer::finish)
 }
