@@ -184,7 +184,10 @@ pub(crate) fn tiles(
                 ..zero_norms
             };
             rec.upload(&q_params, 0, &[params])?;
+            rec.sentinel(&q_norms, f32s(rows))?;
+            norms.encode(&mut rec, rows as u64, &q_params, &q_buf, &q_norms)?;
         }
+        // Norms are computed where their rows are uploaded; they stay valid as long as those.
         if r0 == 0 || !refs_resident {
             rec.upload(&r_buf, 0, &transfer::padded_rows(refs, c0, cols, dim4))?;
             let params = row_norms::Params {
@@ -192,6 +195,8 @@ pub(crate) fn tiles(
                 ..zero_norms
             };
             rec.upload(&r_params, 0, &[params])?;
+            rec.sentinel(&r_norms, f32s(cols))?;
+            norms.encode(&mut rec, cols as u64, &r_params, &r_buf, &r_norms)?;
         }
         let params = distance_tile::Params {
             rows: rows as u32,
@@ -200,11 +205,7 @@ pub(crate) fn tiles(
             ..tile_params
         };
         rec.upload(&t_params, 0, &[params])?;
-        rec.sentinel(&q_norms, f32s(rows))?;
-        rec.sentinel(&r_norms, f32s(cols))?;
         rec.sentinel(&out, f32s(rows * cols))?;
-        norms.encode(&mut rec, rows as u64, &q_params, &q_buf, &q_norms)?;
-        norms.encode(&mut rec, cols as u64, &r_params, &r_buf, &r_norms)?;
         let buffers = TileBuffers {
             params: &t_params,
             queries: &q_buf,

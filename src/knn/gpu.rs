@@ -76,8 +76,12 @@ impl Layout {
             best,                    // staging, twice: a chunk is read while the next runs
             best,
         ];
-        let params = uniform_size::<distance_tile::Params>() + uniform_size::<knn_select::Params>();
-        sizes.extend(std::iter::repeat_n(params, self.slots()));
+        for _ in 0..self.slots() {
+            sizes.extend([
+                uniform_size::<distance_tile::Params>(),
+                uniform_size::<knn_select::Params>(),
+            ]);
+        }
         if self.streamed {
             sizes.push(uniform_size::<row_norms::Params>());
             sizes.extend([f32s(c * self.dim4 * 4), f32s(c)]);

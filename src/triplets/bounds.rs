@@ -114,16 +114,22 @@ impl Case {
         }
     }
 
-    /// `out` as the device left it.
-    fn read_out(&self, mut rec: Recorder<'_>) -> Vec<u32> {
+    /// Runs what `rec` recorded and checks `out`: pair 0's first 3 negatives, then still the
+    /// sentinel in the fourth slot.
+    fn assert_pair_0_stops_at_its_3_slots(&self, mut rec: Recorder<'_>) {
         let gpu = rec.gpu();
         let staging = Staging::new(gpu, "bounds::staging", f32s(4)).expect("staging");
         rec.read_back(&self.out, 0, &staging, 0, 16);
         let done = rec.submit().expect("submit");
-        staging
+        let out = staging
             .map(&done, 16)
             .read::<u32, _>(gpu, 4, <[u32]>::to_vec)
-            .expect("read")
+            .expect("read");
+        assert_eq!(
+            out,
+            vec![1, 2, 3, SENTINEL_BITS],
+            "pair 0 stops at its 3 slots"
+        );
     }
 }
 
@@ -150,12 +156,7 @@ fn triplet_select_emit_stays_in_its_pairs_slice() {
     kernel
         .encode(&mut rec, Pass::Emit, 2, &buffers)
         .expect("encode");
-    let out = case.read_out(rec);
-    assert_eq!(
-        out,
-        vec![1, 2, 3, SENTINEL_BITS],
-        "pair 0 stops at its 3 slots"
-    );
+    case.assert_pair_0_stops_at_its_3_slots(rec);
 }
 
 #[test]
@@ -186,10 +187,5 @@ fn negative_buckets_emit_stays_in_its_pairs_slice() {
     kernel
         .encode_pairs(&mut rec, PairPass::Emit, 2, &buffers)
         .expect("encode");
-    let out = case.read_out(rec);
-    assert_eq!(
-        out,
-        vec![1, 2, 3, SENTINEL_BITS],
-        "pair 0 stops at its 3 slots"
-    );
+    case.assert_pair_0_stops_at_its_3_slots(rec);
 }

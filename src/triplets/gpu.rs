@@ -20,7 +20,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::plan::{plan_call, Layout};
-use super::{Problem, TripletRule, Writer, OP};
+use super::{list_sizes, Problem, TripletRule, Writer, OP};
 use crate::context::Context;
 use crate::device::GpuDevice;
 use crate::device_rows::{DeviceRows, RowsView};
@@ -178,71 +178,32 @@ impl Resident<'_> {
     }
 }
 
-/// Each anchor's positives and list sizes as the labels give them: what `triplet_lists`
-/// computes on the device (same rule as its reference), known on the host before the device
-/// runs, so that a chunk's passes are sized without reading its lists back.
+/// Each anchor's positives as the labels give them: what `triplet_lists` computes on the
+/// device (same rule as its reference), known on the host, so that emitted negatives are
+/// paired with their positives without reading the lists back.
 struct LabelLists {
     /// Per label, its ascending reference slots.
     members: Vec<Vec<u32>>,
-    refs: u32,
 }
 
 impl LabelLists {
-    fn new(labels: &[u32], ref_labels: &[u32]) -> Self {
-        let classes = labels
-            .iter()
-            .chain(ref_labels)
-            .max()
-            .map_or(0, |&l| l as usize + 1);
+    fn new(ref_labels: &[u32]) -> Self {
+        let classes = ref_labels.iter().max().map_or(0, |&l| l as usize + 1);
         let mut members = vec![Vec::new(); classes];
         for (r, &l) in ref_labels.iter().enumerate() {
             members[l as usize].push(r as u32);
         }
-        Self {
-            members,
-            refs: ref_labels.len() as u32,
-        }
+        Self { members }
     }
 
-    /// The class of `label`, and where `me` (the anchor's own slot) stands in it, if there.
-    fn class(&self, label: u32, me: u32) -> (&[u32], Option<usize>) {
+    /// The `i`-th positive of an anchor with `label` whose own slot is `me` (skipped).
+    fn positive(&self, label: u32, me: u32, i: usize) -> u32 {
         let members = self
             .members
             .get(label as usize)
             .map_or(&[][..], Vec::as_slice);
-        (members, members.binary_search(&me).ok())
-    }
-
-    /// `(positives, negatives)` of an anchor with `label` whose own slot is `me`.
-    fn sizes(&self, label: u32, me: u32) -> (u32, u32) {
-        let (members, own) = self.class(label, me);
-        let same = members.len() as u32;
-        (same - u32::from(own.is_some()), self.refs - same)
-    }
-
-    /// The `i`-th positive of an anchor with `label` and own slot `me`.
-    fn positive(&self, label: u32, me: u32, i: usize) -> u32 {
-        let (members, own) = self.class(label, me);
-        let skip = own.is_some_and(|j| j <= i);
+        let skip = members.binary_search(&me).is_ok_and(|j| j <= i);
         members[i + usize::from(skip)]
-    }
-}
-
-/// One chunk's lists: per anchor `[n_pos, n_neg]` (from the labels), and, for all-valid
-/// rules, the lists themselves as read back (row `a` of each `(anchors, m)` matrix starts at
-/// `a·m`).
-struct ChunkLists {
-    counts: Vec<u32>,
-    positives: Vec<u32>,
-    negatives: Vec<u32>,
-}
-
-impl ChunkLists {
-    fn positives_of(&self, a: usize) -> u32 {
-        self.counts[2 * a]
-    }
-    fn negatives_of(&self, a: usize) -> u32 {
-        self.counts[2 * a + 1]
     }
 }
 
@@ -261,6 +222,8 @@ struct Miner<'p, 'd> {
     refs: Option<Resident<'d>>,
     buf: Buffers,
     labels: LabelLists,
+    /// `[n_pos, n_neg]` per anchor of the call, from the class sizes ([`list_sizes`]).
+    sizes: Vec<u32>,
     lists: Arc<TripletLists>,
     select: Arc<TripletSelect>,
     buckets: Arc<NegativeBuckets>,
@@ -307,7 +270,11 @@ impl<'p, 'd> Miner<'p, 'd> {
             layout,
             refs,
             buf,
-            labels: LabelLists::new(&problem.set.labels, &problem.set.ref_labels),
+            labels: LabelLists::new(&problem.set.ref_labels),
+            // Each at most `m`, which fits a u32.
+            sizes: list_sizes(&problem.set)
+                .flat_map(|(p, n)| [p as u32, n as u32])
+                .collect(),
             lists: gpu.kernel::<TripletLists>()?,
             select: gpu.kernel::<TripletSelect>()?,
             buckets: gpu.kernel::<NegativeBuckets>()?,
@@ -323,15 +290,9 @@ impl<'p, 'd> Miner<'p, 'd> {
         })
     }
 
-    /// `[n_pos, n_neg]` per anchor of `a0 .. a0 + rows`, from the labels.
-    fn list_sizes(&self, a0: usize, rows: usize) -> Vec<u32> {
-        let set = &self.problem.set;
-        (a0..a0 + rows)
-            .flat_map(|a| {
-                let (p, n) = self.labels.sizes(set.labels[a], set.self_slots[a]);
-                [p, n]
-            })
-            .collect()
+    /// `[n_pos, n_neg]` per anchor of `a0 .. a0 + rows`.
+    fn sizes(&self, a0: usize, rows: usize) -> &[u32] {
+        &self.sizes[2 * a0..2 * (a0 + rows)]
     }
 
     /// The `i`-th positive of anchor `a`.
@@ -406,19 +367,10 @@ impl<'p, 'd> Miner<'p, 'd> {
         }
     }
 
-    /// All-valid rules: the lists of anchors `a0 .. a0 + rows`, both read back when the host
-    /// expands them (one submission, one wait); only their sizes when counting.
-    fn all_valid_lists(&self, a0: usize, rows: usize, emitting: bool) -> Result<ChunkLists> {
+    /// All-valid rules: both lists of anchors `a0 .. a0 + rows`, `(anchors, m)` each, read back
+    /// for the host to expand (one submission, one wait).
+    fn all_valid_lists(&self, a0: usize, rows: usize) -> Result<(Vec<u32>, Vec<u32>)> {
         let (gpu, buf, m) = (self.gpu, &self.buf, self.layout.refs);
-        let counts = self.list_sizes(a0, rows);
-        if !emitting {
-            // Counting needs nothing from the device: P_a × N_a.
-            return Ok(ChunkLists {
-                counts,
-                positives: Vec::new(),
-                negatives: Vec::new(),
-            });
-        }
         let mut rec = Recorder::new(gpu, "mine_triplets::lists");
         self.record_lists(&mut rec, a0, rows)?;
         let list_bytes = 4 * (rows * m) as u64;
@@ -427,19 +379,15 @@ impl<'p, 'd> Miner<'p, 'd> {
         let done = rec.submit()?;
         // Both readbacks are mapped before either is read: one wait serves both.
         let sizes = self.map_list_sizes(&done, rows);
-        let (positives, negatives) =
+        let lists =
             buf.staging
                 .map(&done, 2 * list_bytes)
                 .read::<u32, _>(gpu, 2 * rows * m, |both| {
                     let (p, n) = both.split_at(rows * m);
                     (p.to_vec(), n.to_vec())
                 })?;
-        self.check_list_sizes(sizes, a0, &counts)?;
-        Ok(ChunkLists {
-            counts,
-            positives,
-            negatives,
-        })
+        self.check_list_sizes(sizes, a0, self.sizes(a0, rows))?;
+        Ok(lists)
     }
 
     /// Records `pass` over `pairs`, split into dispatches that fit a 2-D grid of the device
@@ -490,11 +438,11 @@ impl<'p, 'd> Miner<'p, 'd> {
     fn record_grouping(
         &mut self,
         rec: &mut Recorder<'_>,
-        rows: usize,
-        lists: &ChunkLists,
+        (a0, rows): (usize, usize),
         most_pos: usize,
     ) -> Result<()> {
-        let most_neg = (0..rows).map(|a| lists.negatives_of(a)).max().unwrap_or(0);
+        let sizes = self.sizes(a0, rows);
+        let most_neg = sizes.iter().skip(1).step_by(2).copied().max().unwrap_or(0);
         let width = negative_buckets::width(most_pos);
         let stride = negative_buckets::stride(most_pos);
         self.bucket_params = negative_buckets::Params {
@@ -528,17 +476,12 @@ impl<'p, 'd> Miner<'p, 'd> {
     /// Margin rules: kept triplets of every pair of anchors `a0 .. a0 + rows`, in pair order,
     /// and the pairs' first indices per anchor. Distances, lists, grouping and counts are one
     /// recording; the counts come back with the one wait.
-    fn pair_counts(
-        &mut self,
-        a0: usize,
-        rows: usize,
-        lists: &ChunkLists,
-    ) -> Result<(Vec<u32>, Vec<u32>)> {
+    fn pair_counts(&mut self, a0: usize, rows: usize) -> Result<(Vec<u32>, Vec<u32>)> {
         let mut pair_base = Vec::with_capacity(rows + 1);
         let mut pairs = 0u32;
-        for a in 0..rows {
+        for &p in self.sizes(a0, rows).iter().step_by(2) {
             pair_base.push(pairs);
-            pairs += lists.positives_of(a);
+            pairs += p;
         }
         pair_base.push(pairs);
         if pairs == 0 {
@@ -552,7 +495,7 @@ impl<'p, 'd> Miner<'p, 'd> {
         self.select_params.anchors = rows as u32;
         let pass = match self.layout.grouped {
             Some(most_pos) => {
-                self.record_grouping(&mut rec, rows, lists, most_pos)?;
+                self.record_grouping(&mut rec, (a0, rows), most_pos)?;
                 PairKernel::Buckets(PairPass::Count)
             }
             None => PairKernel::Select(Pass::CountScan),
@@ -568,7 +511,7 @@ impl<'p, 'd> Miner<'p, 'd> {
             pairs as usize,
             <[u32]>::to_vec,
         )?;
-        self.check_list_sizes(sizes, a0, &lists.counts)?;
+        self.check_list_sizes(sizes, a0, self.sizes(a0, rows))?;
         Ok((pair_base, counts))
     }
 
@@ -664,34 +607,32 @@ pub(super) fn mine(
     for a0 in (0..b).step_by(miner.layout.anchors) {
         report.check()?;
         let rows = miner.layout.anchors.min(b - a0);
-        if problem.rule == TripletRule::AllValid {
-            let lists = miner.all_valid_lists(a0, rows, writer.is_some())?;
-            // Every valid triplet is P_a × N_a: expand the lists on the host.
-            for a in 0..rows {
-                let (np, nn) = (
-                    lists.positives_of(a) as usize,
-                    lists.negatives_of(a) as usize,
-                );
-                let Some(w) = writer.as_mut() else {
-                    counted += (np * nn) as u64;
-                    continue;
-                };
-                let row = a * m;
-                let negatives = &lists.negatives[row..row + nn];
-                for &p in &lists.positives[row..row + np] {
-                    w.block((a0 + a) as u32, p, negatives);
+        match (problem.rule, writer.as_mut()) {
+            (TripletRule::AllValid, Some(w)) => {
+                // Every valid triplet is P_a × N_a: expand the lists on the host.
+                let (positives, negatives) = miner.all_valid_lists(a0, rows)?;
+                for (a, size) in miner.sizes(a0, rows).chunks_exact(2).enumerate() {
+                    let row = a * m;
+                    let negatives = &negatives[row..row + size[1] as usize];
+                    for &p in &positives[row..row + size[0] as usize] {
+                        w.block((a0 + a) as u32, p, negatives);
+                    }
                 }
             }
-        } else {
-            let lists = ChunkLists {
-                counts: miner.list_sizes(a0, rows),
-                positives: Vec::new(),
-                negatives: Vec::new(),
-            };
-            let (pair_base, counts) = miner.pair_counts(a0, rows, &lists)?;
-            match writer.as_mut() {
-                Some(w) => miner.emit(a0, &pair_base, &counts, w)?,
-                None => counted += counts.iter().map(|&c| u64::from(c)).sum::<u64>(),
+            (TripletRule::AllValid, None) => {
+                // Label arithmetic (the caller counts without a device; kept for completeness).
+                let sizes = miner.sizes(a0, rows);
+                counted += sizes
+                    .chunks_exact(2)
+                    .map(|s| u64::from(s[0]) * u64::from(s[1]))
+                    .sum::<u64>();
+            }
+            (_, w) => {
+                let (pair_base, counts) = miner.pair_counts(a0, rows)?;
+                match w {
+                    Some(w) => miner.emit(a0, &pair_base, &counts, w)?,
+                    None => counted += counts.iter().map(|&c| u64::from(c)).sum::<u64>(),
+                }
             }
         }
         report.add((rows * m) as u64);
