@@ -10,7 +10,9 @@ use ndarray::ArrayView2;
 use crate::context::{ComputePath, Context};
 use crate::error::{Error, Result};
 use crate::hooks::Hooks;
-use crate::inputs::{self, Embeddings, Labelled, MiningSet, Pair, SelfExclusion, NO_SLOT};
+use crate::inputs::{
+    self, Embeddings, Imports, Labelled, MiningSet, Pair, Rows, SelfExclusion, NO_SLOT,
+};
 use crate::knn::{self, KnnConfig};
 use crate::memory::Transfers;
 use crate::metric::{Distance, DistanceConfig};
@@ -225,7 +227,8 @@ pub fn accuracy<L>(
 where
     L: Copy + Eq + Hash + Ord,
 {
-    let job = prepare(ctx, queries, refs, cfg)?;
+    let mut imports = Imports::call();
+    let job = prepare(ctx, queries, refs, cfg, &mut imports)?;
     let lone_queries = job.relevant.iter().filter(|&&r| r == 0).count();
     if job.nothing_to_search() {
         cfg.hooks.check(OP)?;
@@ -235,10 +238,12 @@ where
             lone_queries,
             k: job.k,
             path: ctx.path(),
-            transfers: Transfers::default(),
+            transfers: job.set.imported,
         });
     }
     let found = knn::run(ctx, &job.pair()?, &job.knn_config(cfg))?;
+    let mut transfers = found.transfers;
+    transfers.add(job.set.imported);
     let set = &job.set;
     let mut by_class: BTreeMap<L, Vec<AccuracyMetrics>> = BTreeMap::new();
     for (i, neighbours) in found.indices.rows().into_iter().enumerate() {
@@ -270,7 +275,7 @@ where
         lone_queries,
         k: job.k,
         path: found.path,
-        transfers: found.transfers,
+        transfers,
     })
 }
 
@@ -300,7 +305,8 @@ pub fn accuracy_plan<L>(
 where
     L: Copy + Eq + Hash + Ord,
 {
-    let job = prepare(ctx, queries, refs, cfg)?;
+    let mut imports = Imports::plan();
+    let job = prepare(ctx, queries, refs, cfg, &mut imports)?;
     if job.nothing_to_search() {
         // The call returns at once: no chunk, no memory.
         return Ok(Plan {
@@ -313,12 +319,13 @@ where
         });
     }
     let pair = job.pair()?;
-    crate::knn::knn_plan(
+    let plan = crate::knn::knn_plan(
         ctx,
-        Embeddings::Host(pair.queries),
+        inputs::embeddings_of(pair.queries),
         pair.refs,
         &job.knn_config(cfg),
-    )
+    )?;
+    Ok(plan.with_imports(imports.bytes))
 }
 
 /// A validated accuracy call: its inputs, `R` per query and the `k` to search with.
@@ -366,12 +373,14 @@ fn prepare<'s, L>(
     queries: &'s MiningSet<'_, L>,
     refs: Option<&'s MiningSet<'_, L>>,
     cfg: &AccuracyConfig,
+    imports: &'s mut Imports,
 ) -> Result<Job<'s>>
 where
     L: Copy + Eq + Hash + Ord,
 {
-    let set = inputs::prepare(OP, ctx, queries, refs, &cfg.self_exclusion, true)?;
-    if let (Some(q), Some(Embeddings::Host(r)), SelfExclusion::SameIndex) =
+    let set = inputs::prepare(OP, ctx, queries, refs, &cfg.self_exclusion, true, imports)?;
+    // Host rows only: rows on a device are not read back to check them.
+    if let (Some(Rows::Host(q)), Some(Embeddings::Host(r)), SelfExclusion::SameIndex) =
         (set.queries, set.refs, &cfg.self_exclusion)
     {
         if refs.is_some() {

@@ -7,13 +7,14 @@
 
 use ndarray::{Array2, ArrayView2};
 
-use crate::device::GpuDevice;
+use crate::device::{checked, GpuDevice};
+use crate::device_embeddings::DeviceEmbeddings;
 use crate::error::{Error, Result};
 use crate::kernels::distance_tile;
 use crate::kernels::row_norms::{self, RowNorms};
 use crate::memory::TrackedBuffer;
 use crate::plan::DeviceCaps;
-use crate::transfer::{self, f32s, Recorder, Staging};
+use crate::transfer::{self, f32s, uniform_size, Recorder, Staging};
 
 /// One page: `rows` padded embeddings and their squared norms.
 struct Page {
@@ -168,7 +169,7 @@ impl DeviceRows {
 
     /// Pages holding the first `len` rows.
     pub(crate) fn pages_for(&self, len: usize) -> usize {
-        len.div_ceil(self.page_rows).min(self.pages.len())
+        len.min(self.capacity).div_ceil(self.page_rows)
     }
 
     /// Page `p`'s embeddings and squared norms, for binding.
@@ -190,19 +191,26 @@ impl DeviceRows {
             .map(|(p, page)| (p * self.page_rows, page.rows, &page.embeddings, &page.norms))
     }
 
-    /// Writes host rows `x[start .. start + count]` into rows `0 .. count` of the first page
-    /// and records their squared norms into `rec`; `params` is the norm kernel's uniform
-    /// buffer, rewritten here.
+    /// Writes rows `x[start .. start + count]` into rows `0 .. count` of the first page with
+    /// their squared norms: host rows are uploaded and their norms recorded into `rec`
+    /// (`params` is the norm kernel's uniform buffer, rewritten here); resident rows are
+    /// copied on the device, norms included.
     pub(crate) fn fill(
         &self,
         rec: &mut Recorder<'_>,
         norms: &RowNorms,
         params: &TrackedBuffer,
-        x: ArrayView2<'_, f32>,
+        x: Rows<'_>,
         start: usize,
         count: usize,
     ) -> Result<()> {
         let (embeddings, page_norms) = self.page(0)?;
+        let x = match x {
+            Rows::Host(x) => x,
+            Rows::Resident(src) => {
+                return src.rows.copy_out(rec, start, count, embeddings, page_norms);
+            }
+        };
         let padded = transfer::padded_rows(x, start, count, self.dim4);
         rec.upload(embeddings, 0, &padded)?;
         let p = row_norms::Params {
@@ -259,6 +267,192 @@ impl DeviceRows {
         }
     }
 
+    /// Records copies of rows `src_row .. src_row + count` (and their norms), split at pages,
+    /// into rows `0 .. count` of `dst` / `dst_norms` (laid out as these rows).
+    pub(crate) fn copy_out(
+        &self,
+        rec: &mut Recorder<'_>,
+        src_row: usize,
+        count: usize,
+        dst: &TrackedBuffer,
+        dst_norms: &TrackedBuffer,
+    ) -> Result<()> {
+        let row_bytes = 16 * self.dim4 as u64;
+        let mut done = 0;
+        while done < count {
+            let row = src_row + done;
+            let (p, within) = (row / self.page_rows, row % self.page_rows);
+            let page = self.pages.get(p).ok_or_else(|| Error::Internal {
+                op: "device_rows::copy_out",
+                message: format!("row {row} past {} pages", self.pages.len()),
+            })?;
+            let n = (page.rows - within).min(count - done);
+            let to = done as u64;
+            rec.copy(
+                &page.embeddings,
+                within as u64 * row_bytes,
+                dst,
+                to * row_bytes,
+                n as u64 * row_bytes,
+            );
+            rec.copy(
+                &page.norms,
+                within as u64 * 4,
+                dst_norms,
+                to * 4,
+                n as u64 * 4,
+            );
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// `(n, d)` rows sized as [`Self::import`] would make them, with nothing allocated: for
+    /// plans, which read only their shape.
+    pub(crate) fn unallocated(
+        op: &'static str,
+        gpu: &GpuDevice,
+        (n, dim): (usize, usize),
+    ) -> Result<Self> {
+        let dim4 = dim.div_ceil(4);
+        let caps = DeviceCaps::from_limits(&gpu.limits);
+        Ok(Self {
+            device: gpu.serial,
+            dim,
+            dim4,
+            page_rows: max_page_rows(op, &caps, dim4)?,
+            capacity: n,
+            pages: Vec::new(),
+        })
+    }
+
+    /// Device bytes of an import of these rows: the pages, and while importing, the norm
+    /// parameters of every page and the staging buffer the norms are checked through.
+    pub(crate) fn import_bytes(&self) -> u64 {
+        let pages = self.capacity.div_ceil(self.page_rows) as u64;
+        rows_bytes(self.capacity, self.dim4, self.page_rows)
+            + pages * uniform_size::<row_norms::Params>()
+            + f32s(self.capacity)
+    }
+
+    /// Copies embeddings `x` (validated) from their buffer into rows of the kernels' layout
+    /// (pages of zero-padded `vec4` rows) and computes their squared norms, all on the device;
+    /// then reads the norms back (4 bytes per row, one wait) to reject a non-finite row before
+    /// any work uses it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParameter`] when `x`'s buffer is not usable on this device (another
+    /// device's, or destroyed); [`Error::NonFinite`] naming the first non-finite value (or
+    /// [`Error::InvalidParameter`] for a row whose squared norm overflows); budget and device
+    /// errors.
+    pub(crate) fn import(
+        gpu: &GpuDevice,
+        op: &'static str,
+        what: &'static str,
+        x: &DeviceEmbeddings<'_>,
+    ) -> Result<Self> {
+        let (n, dim) = x.dim();
+        let dim4 = dim.div_ceil(4);
+        let caps = DeviceCaps::from_limits(&gpu.limits);
+        let rows = Self::new(gpu, n, dim, max_page_rows(op, &caps, dim4)?)?;
+        let Some(first) = rows.pages.first() else {
+            return Ok(rows);
+        };
+        probe(gpu, op, what, x, &first.embeddings)?;
+        let norms = gpu.kernel::<RowNorms>()?;
+        let staging = Staging::new(gpu, "device_rows::import_norms", f32s(n))?;
+        let stride = 4 * x.row_stride() as u64;
+        let (dense, padded) = (4 * dim as u64, 16 * dim4 as u64);
+        let contiguous = stride == dense && dense == padded;
+        let mut rec = Recorder::new(gpu, op);
+        let mut params = Vec::with_capacity(rows.pages.len());
+        for (start, count, embeddings, page_norms) in rows.pages() {
+            let from = x.offset() + start as u64 * stride;
+            if contiguous {
+                rec.copy_from_foreign(x.buffer(), from, embeddings, 0, count as u64 * dense);
+            } else {
+                // Rows are zero-padded to vec4s (fresh buffers are zeroed): one copy per row.
+                for i in 0..count as u64 {
+                    rec.copy_from_foreign(
+                        x.buffer(),
+                        from + i * stride,
+                        embeddings,
+                        i * padded,
+                        dense,
+                    );
+                }
+            }
+            params.push(transfer::uniform(
+                gpu,
+                "device_rows::import_params",
+                &row_norms::Params {
+                    rows: count as u32,
+                    dim4: dim4 as u32,
+                    _pad: [0; 2],
+                },
+            )?);
+            let page_params = params.last().ok_or_else(|| Error::Internal {
+                op,
+                message: "no parameters for a page".into(),
+            })?;
+            rec.sentinel(page_norms, f32s(count))?;
+            norms.encode(&mut rec, count as u64, page_params, embeddings, page_norms)?;
+            rec.read_back(page_norms, 0, &staging, 4 * start as u64, 4 * count as u64);
+        }
+        let done = rec.submit()?;
+        let bad = staging
+            .map(&done, f32s(n).min(4 * n as u64))
+            .read::<f32, _>(gpu, n, |v| v.iter().position(|s| !s.is_finite()))?;
+        match bad {
+            None => Ok(rows),
+            Some(row) => Err(rows.non_finite(gpu, op, what, row)?),
+        }
+    }
+
+    /// The error for row `row`, whose squared norm is not finite: its first non-finite value,
+    /// or the overflowing norm when every value is finite.
+    fn non_finite(
+        &self,
+        gpu: &GpuDevice,
+        op: &'static str,
+        what: &'static str,
+        row: usize,
+    ) -> Result<Error> {
+        let (p, within) = (row / self.page_rows, row % self.page_rows);
+        let (embeddings, _) = self.page(p)?;
+        let width = 4 * self.dim4;
+        let bytes = 4 * width as u64;
+        let staging = Staging::new(gpu, "device_rows::import_row", bytes)?;
+        let mut rec = Recorder::new(gpu, op);
+        rec.read_back(embeddings, within as u64 * bytes, &staging, 0, bytes);
+        let done = rec.submit()?;
+        let dim = self.dim;
+        let found = staging
+            .map(&done, bytes)
+            .read::<f32, _>(gpu, width, |values| {
+                values[..dim]
+                    .iter()
+                    .enumerate()
+                    .find(|(_, v)| !v.is_finite())
+                    .map(|(col, &v)| (col, v))
+            })?;
+        Ok(match found {
+            Some((col, value)) => Error::NonFinite {
+                op,
+                what,
+                row,
+                col,
+                value,
+            },
+            None => Error::InvalidParameter {
+                op,
+                what,
+                value: format!("row {row}"),
+                rule: "its squared norm must be finite (every value below ~1.8e19)",
+            },
+        })
+    }
+
     /// The first `len` rows `(len, dim)` read back to the host, page by page through one
     /// staging buffer of at most one page (one wait per page).
     pub(crate) fn read(&self, gpu: &GpuDevice, len: usize) -> Result<Array2<f32>> {
@@ -294,9 +488,83 @@ impl DeviceRows {
     }
 }
 
+/// Checks, without submitting anything, that `x`'s buffer can be read on `gpu`'s device: a
+/// copy of its first word is recorded and validated, and dropped.
+fn probe(
+    gpu: &GpuDevice,
+    op: &'static str,
+    what: &'static str,
+    x: &DeviceEmbeddings<'_>,
+    into: &TrackedBuffer,
+) -> Result<()> {
+    let recorded = checked(gpu, op, || {
+        let mut encoder = gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(op) });
+        encoder.copy_buffer_to_buffer(x.buffer(), x.offset(), into.buffer(), 0, 4);
+        encoder.finish()
+    });
+    match recorded {
+        Ok(_) => Ok(()),
+        Err(Error::Wgpu { source, .. }) => {
+            log::debug!("{op}: {what} unusable on {}: {source}", gpu.info.name);
+            Err(Error::InvalidParameter {
+                op,
+                what,
+                value: format!("{:?}", x.buffer()),
+                rule: "the buffer must belong to the context's device (and not be destroyed)",
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// The first `len` rows of a [`DeviceRows`], as mining sees them.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RowsView<'a> {
     pub(crate) rows: &'a DeviceRows,
     pub(crate) len: usize,
+}
+
+/// One side's rows after validation, where the kernels read them: a host array (uploaded
+/// chunk by chunk) or rows resident on the device (a bank's, or imported from a buffer).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Rows<'a> {
+    Host(ArrayView2<'a, f32>),
+    Resident(RowsView<'a>),
+}
+
+impl<'a> Rows<'a> {
+    /// `(n, d)`.
+    pub(crate) fn dim(&self) -> (usize, usize) {
+        match self {
+            Rows::Host(x) => x.dim(),
+            Rows::Resident(v) => (v.len, v.rows.dim()),
+        }
+    }
+
+    /// The same rows for a shorter lifetime (array views are invariant in theirs).
+    pub(crate) fn reborrow(&self) -> Rows<'_> {
+        match self {
+            Rows::Host(x) => Rows::Host(x.view()),
+            Rows::Resident(v) => Rows::Resident(*v),
+        }
+    }
+
+    /// Rows.
+    pub(crate) fn nrows(&self) -> usize {
+        self.dim().0
+    }
+
+    /// The host array: resident rows only exist on a device, whose context never takes a
+    /// host-only path; this is the typed error if one ever did.
+    pub(crate) fn host(&self, op: &'static str) -> Result<ArrayView2<'a, f32>> {
+        match self {
+            Rows::Host(x) => Ok(*x),
+            Rows::Resident(_) => Err(Error::Internal {
+                op,
+                message: "device-resident rows reached a host-only path".into(),
+            }),
+        }
+    }
 }

@@ -185,6 +185,32 @@ pub enum Error {
         /// The operation.
         op: &'static str,
     },
+    /// Reading or writing a file failed (a bank checkpoint).
+    #[error("{op}: {path:?}")]
+    Io {
+        /// The operation.
+        op: &'static str,
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file is not a whole checkpoint of the kind asked for: foreign, truncated, damaged,
+    /// or of another shape or label type. Nothing was loaded.
+    #[error(
+        "{path:?} is not a usable bank checkpoint: its {what} should be {expected}, found {found}"
+    )]
+    Checkpoint {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What does not match (`"magic"`, `"size"`, `"checksum"`, `"label type"`, `"shape"`, …).
+        what: &'static str,
+        /// What was expected.
+        expected: String,
+        /// What the file holds.
+        found: String,
+    },
     /// An invariant of this crate does not hold: a bug. The message says which; please report
     /// it.
     #[error("internal error in {op}: {message} (a bug in wgpu-metric-learning)")]

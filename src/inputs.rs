@@ -9,15 +9,20 @@ use std::hash::Hash;
 use ndarray::{Array2, ArrayView1, ArrayView2};
 
 use crate::context::Context;
-use crate::device_rows::RowsView;
+use crate::device_embeddings::DeviceEmbeddings;
+pub(crate) use crate::device_rows::Rows;
+use crate::device_rows::{DeviceRows, RowsView};
 use crate::error::{Error, Result};
 use crate::kernels::knn_select::EMPTY_INDEX;
+use crate::memory::Transfers;
+use crate::oom_retry;
+use crate::transfer;
 use crate::validate;
 
 /// Where embeddings `(n, d)` live.
 ///
-/// Every operation takes its queries and references as `impl Into<Embeddings>` (a `&Array2`
-/// or an `ArrayView2` converts) or inside a [`MiningSet`].
+/// Every operation takes its queries and references as `impl Into<Embeddings>` (a `&Array2`,
+/// an `ArrayView2` or a [`DeviceEmbeddings`] converts) or inside a [`MiningSet`].
 ///
 /// # Example
 /// ```
@@ -34,9 +39,18 @@ use crate::validate;
 pub enum Embeddings<'a> {
     /// A host array (any layout; non-contiguous views are copied as they are uploaded).
     Host(ArrayView2<'a, f32>),
-    /// The filled rows of a [`crate::MemoryBank`], resident on its device: only usable as
-    /// references, with the context that created the bank.
+    /// The filled rows of a [`crate::MemoryBank`], resident on its device: usable as queries
+    /// or references with the context that created the bank (not as a batch to enqueue).
     Bank(BankRows<'a>),
+    /// Rows in a `wgpu::Buffer` of the context's device (a training step's embeddings): read
+    /// there, never copied to the host.
+    Device(DeviceEmbeddings<'a>),
+}
+
+impl<'a> From<DeviceEmbeddings<'a>> for Embeddings<'a> {
+    fn from(x: DeviceEmbeddings<'a>) -> Self {
+        Embeddings::Device(x)
+    }
 }
 
 impl<'a> From<ArrayView2<'a, f32>> for Embeddings<'a> {
@@ -63,6 +77,7 @@ impl Embeddings<'_> {
                     len: b.view.len,
                 },
             }),
+            Embeddings::Device(x) => Embeddings::Device(*x),
         }
     }
 
@@ -73,6 +88,7 @@ impl Embeddings<'_> {
         match self {
             Embeddings::Host(x) => x.dim(),
             Embeddings::Bank(b) => (b.view.len, b.view.rows.dim()),
+            Embeddings::Device(x) => x.dim(),
         }
     }
 }
@@ -273,9 +289,10 @@ impl Side {
     }
 }
 
-/// Checks one side's embeddings: `d ≥ 1` and finite for host arrays; a bank only as the
-/// references, and only with the context that holds it; at most [`MAX_ROWS`] rows.
-/// Returns `(n, d)`.
+/// Checks one side's embeddings: `d ≥ 1` and finite for host arrays; a bank only with the
+/// context that holds it, and not as a batch to enqueue; a device buffer only on a wgpu
+/// context, with its extent inside the buffer (its values are checked as it is imported); at
+/// most [`MAX_ROWS`] rows. Returns `(n, d)`.
 pub(crate) fn check_embeddings(
     op: &'static str,
     ctx: &Context,
@@ -285,19 +302,20 @@ pub(crate) fn check_embeddings(
     let what = side.embeddings();
     match (x, side) {
         (Embeddings::Host(x), _) => validate::embeddings(op, what, *x)?,
-        (Embeddings::Bank(_), Side::Queries | Side::Batch) => {
+        (Embeddings::Bank(_), Side::Batch) => {
             return Err(Error::InvalidParameter {
                 op,
                 what,
                 value: "Embeddings::Bank".into(),
-                rule: "a memory bank can only be the references; pass host rows here",
+                rule: "a memory bank's rows cannot be enqueued; pass host or device rows",
             })
         }
         // Bank rows were validated as they were enqueued.
-        (Embeddings::Bank(bank), Side::References) => match ctx.gpu() {
+        (Embeddings::Bank(bank), _) => match ctx.gpu() {
             Some(gpu) if bank.view.rows.is_on(gpu) => {}
             _ => return Err(foreign_bank(op, ctx.device_name())),
         },
+        (Embeddings::Device(x), _) => check_device(op, ctx, what, x)?,
     }
     let (n, d) = x.dim();
     if n > MAX_ROWS {
@@ -309,6 +327,175 @@ pub(crate) fn check_embeddings(
         });
     }
     Ok((n, d))
+}
+
+/// What can be checked of embeddings in a device buffer before touching the device.
+fn check_device(
+    op: &'static str,
+    ctx: &Context,
+    what: &'static str,
+    x: &DeviceEmbeddings<'_>,
+) -> Result<()> {
+    let invalid = |rule: &'static str, value: String| Error::InvalidParameter {
+        op,
+        what,
+        value,
+        rule,
+    };
+    if ctx.gpu().is_none() {
+        return Err(invalid(
+            "embeddings in a wgpu::Buffer need a wgpu context on the buffer's device",
+            format!("a buffer on {}", ctx.device_name()),
+        ));
+    }
+    let (rows, cols) = x.dim();
+    if cols == 0 {
+        return Err(Error::Shape {
+            op,
+            what,
+            expected: "(n, d) with d >= 1".into(),
+            got: vec![rows, cols],
+        });
+    }
+    if x.row_stride() < cols {
+        return Err(invalid(
+            "the row stride must be at least the number of columns",
+            format!("row stride {} for {cols} columns", x.row_stride()),
+        ));
+    }
+    if !x.offset().is_multiple_of(4) {
+        return Err(invalid(
+            "the offset must be a multiple of 4 bytes",
+            format!("offset {}", x.offset()),
+        ));
+    }
+    if !x.buffer().usage().contains(wgpu::BufferUsages::COPY_SRC) {
+        return Err(invalid(
+            "the buffer needs COPY_SRC usage",
+            format!("{:?}", x.buffer().usage()),
+        ));
+    }
+    let size = x.buffer().size();
+    match x.extent().and_then(|e| e.checked_add(x.offset())) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(invalid(
+            "the rows must lie inside the buffer",
+            format!(
+                "({rows}, {cols}) rows {} floats apart from byte {} of a {size}-byte buffer",
+                x.row_stride(),
+                x.offset()
+            ),
+        )),
+    }
+}
+
+/// `e` (validated, imported) as the rows the kernels read.
+fn rows_of<'a>(op: &'static str, e: Embeddings<'a>) -> Result<Rows<'a>> {
+    match e {
+        Embeddings::Host(x) => Ok(Rows::Host(x)),
+        Embeddings::Bank(b) => Ok(Rows::Resident(b.view)),
+        Embeddings::Device(_) => Err(unimported(op)),
+    }
+}
+
+/// Rows as [`Embeddings`] again (for code written for the reference side).
+pub(crate) fn embeddings_of(rows: Rows<'_>) -> Embeddings<'_> {
+    match rows {
+        Rows::Host(x) => Embeddings::Host(x),
+        Rows::Resident(view) => Embeddings::Bank(BankRows { view }),
+    }
+}
+
+/// The error for device-buffer embeddings that reached the kernels without being imported.
+pub(crate) fn unimported(op: &'static str) -> Error {
+    Error::Internal {
+        op,
+        message: "device-buffer embeddings were not imported".into(),
+    }
+}
+
+/// Device-buffer embeddings imported for one call: their rows in the kernels' layout, alive
+/// as long as the call. For a plan, the same rows unallocated (their shape only), with the
+/// planning budget lowered by the bytes the import would take.
+pub(crate) struct Imports {
+    plan: bool,
+    queries: Option<DeviceRows>,
+    refs: Option<DeviceRows>,
+    /// Bytes the imports take (or would take, for a plan).
+    pub(crate) bytes: u64,
+    _cap: Option<oom_retry::CapGuard>,
+}
+
+impl Imports {
+    /// For a call: device buffers are imported.
+    pub(crate) fn call() -> Self {
+        Self {
+            plan: false,
+            queries: None,
+            refs: None,
+            bytes: 0,
+            _cap: None,
+        }
+    }
+
+    /// For a plan: nothing is allocated.
+    pub(crate) fn plan() -> Self {
+        Self {
+            plan: true,
+            ..Self::call()
+        }
+    }
+
+    /// Imports (or, for a plan, sizes) the device-buffer sides among `queries` and `refs`
+    /// (validated) and returns both sides with those as resident rows.
+    fn resolve<'a>(
+        &'a mut self,
+        op: &'static str,
+        ctx: &Context,
+        queries: Option<Embeddings<'a>>,
+        refs: Option<Embeddings<'a>>,
+    ) -> Result<(Option<Embeddings<'a>>, Option<Embeddings<'a>>)> {
+        let sides = [(queries, Side::Queries), (refs, Side::References)];
+        for (e, side) in &sides {
+            let (Some(Embeddings::Device(x)), Some(gpu)) = (e, ctx.gpu()) else {
+                continue;
+            };
+            let rows = if self.plan {
+                DeviceRows::unallocated(op, gpu, x.dim())?
+            } else {
+                DeviceRows::import(gpu, op, side.embeddings(), x)?
+            };
+            self.bytes += rows.import_bytes();
+            match side {
+                Side::Queries => self.queries = Some(rows),
+                _ => self.refs = Some(rows),
+            }
+        }
+        if self.plan && self.bytes > 0 {
+            let available = oom_retry::planning_budget(ctx);
+            let Some(left) = available.checked_sub(self.bytes) else {
+                return Err(Error::BudgetExceeded {
+                    label: "device embeddings (imported)",
+                    requested: self.bytes,
+                    in_use: ctx.memory().current_bytes,
+                    budget: ctx.memory().budget_bytes,
+                });
+            };
+            self._cap = Some(oom_retry::CapGuard::new(left));
+        }
+        let this: &'a Imports = self;
+        let resident = |e: Option<Embeddings<'a>>, slot: &'a Option<DeviceRows>| match (e, slot) {
+            (Some(Embeddings::Device(x)), Some(rows)) => Some(Embeddings::Bank(BankRows {
+                view: RowsView {
+                    rows,
+                    len: x.dim().0,
+                },
+            })),
+            (e, _) => e,
+        };
+        let [(queries, _), (refs, _)] = sides;
+        Ok((resident(queries, &this.queries), resident(refs, &this.refs)))
+    }
 }
 
 /// The error for a memory bank used with another context than its own.
@@ -334,22 +521,24 @@ fn same_dim(op: &'static str, d: usize, (m, rd): (usize, usize)) -> Result<()> {
     Ok(())
 }
 
-/// Validated inputs of an unlabelled operation (kNN, distances): host queries, references
-/// where they live, and each query's excluded reference ([`NO_SLOT`]: none).
+/// Validated inputs of an unlabelled operation (kNN, distances): queries and references where
+/// the kernels read them, and each query's excluded reference ([`NO_SLOT`]: none).
 pub(crate) struct Pair<'a> {
-    pub(crate) queries: ArrayView2<'a, f32>,
+    pub(crate) queries: Rows<'a>,
+    /// Host rows or resident rows ([`Embeddings::Bank`]), never a device buffer.
     pub(crate) refs: Embeddings<'a>,
     pub(crate) excluded: Vec<u32>,
 }
 
 /// Validates an unlabelled call: both sides' embeddings, equal `d`, and `self_exclusion`
-/// (`None` for operations without one).
+/// (`None` for operations without one); then imports device-buffer sides into `imports`.
 pub(crate) fn prepare_pair<'a>(
     op: &'static str,
     ctx: &Context,
     queries: Embeddings<'a>,
     refs: Embeddings<'a>,
     self_exclusion: Option<&SelfExclusion>,
+    imports: &'a mut Imports,
 ) -> Result<Pair<'a>> {
     let (q, d) = check_embeddings(op, ctx, Side::Queries, &queries)?;
     let shape = check_embeddings(op, ctx, Side::References, &refs)?;
@@ -358,14 +547,11 @@ pub(crate) fn prepare_pair<'a>(
         Some(rule) => self_slots(op, rule, q, shape.0, false)?,
         None => vec![NO_SLOT; q],
     };
-    let Embeddings::Host(queries) = queries else {
-        return Err(Error::Internal {
-            op,
-            message: "device queries passed validation".into(),
-        });
+    let (Some(queries), Some(refs)) = imports.resolve(op, ctx, Some(queries), Some(refs))? else {
+        return Err(unimported(op));
     };
     Ok(Pair {
-        queries,
+        queries: rows_of(op, queries)?,
         refs,
         excluded,
     })
@@ -380,9 +566,12 @@ pub(crate) struct Labelled<'a> {
     /// none).
     pub(crate) self_slots: Vec<u32>,
     /// Query embeddings, when the operation needs them.
-    pub(crate) queries: Option<ArrayView2<'a, f32>>,
-    /// Reference embeddings, when the operation needs them.
+    pub(crate) queries: Option<Rows<'a>>,
+    /// Reference embeddings, when the operation needs them: host or resident rows
+    /// ([`Embeddings::Bank`]), never a device buffer.
     pub(crate) refs: Option<Embeddings<'a>>,
+    /// Host–device traffic of importing device-buffer embeddings (part of the call's).
+    pub(crate) imported: Transfers,
 }
 
 impl<'a> Labelled<'a> {
@@ -393,9 +582,9 @@ impl<'a> Labelled<'a> {
         match self.refs {
             None => Ok(None),
             Some(Embeddings::Host(r)) => Ok(Some(r)),
-            Some(Embeddings::Bank(_)) => Err(Error::Internal {
+            Some(Embeddings::Bank(_) | Embeddings::Device(_)) => Err(Error::Internal {
                 op,
-                message: "a device bank reached the native path".into(),
+                message: "device-resident rows reached the native path".into(),
             }),
         }
     }
@@ -464,7 +653,8 @@ fn check_set<L>(
 }
 
 /// Validates a label-based call: both sides, equal `d`, embeddings where `needs_embeddings`,
-/// and `self_exclusion`. Without `refs` the references are the queries.
+/// and `self_exclusion`; then imports device-buffer sides into `imports`. Without `refs` the
+/// references are the queries.
 pub(crate) fn prepare<'s, L: Hash + Eq + Copy>(
     op: &'static str,
     ctx: &Context,
@@ -472,6 +662,7 @@ pub(crate) fn prepare<'s, L: Hash + Eq + Copy>(
     refs: Option<&'s MiningSet<'_, L>>,
     self_exclusion: &SelfExclusion,
     needs_embeddings: bool,
+    imports: &'s mut Imports,
 ) -> Result<Labelled<'s>> {
     // One lifetime for both sides from here on (array views are invariant in theirs).
     let queries = queries.reborrow();
@@ -505,15 +696,26 @@ pub(crate) fn prepare<'s, L: Hash + Eq + Copy>(
     let (b, m) = (queries.labels.len(), ref_set.labels.len());
     let self_slots = self_slots(op, self_exclusion, b, m, refs.is_none())?;
     let (labels, ref_labels) = dense_labels(queries.labels, ref_set.labels);
+    let ((query_rows, ref_rows), imported) = if needs_embeddings {
+        // The references are the queries when not given: one import serves both.
+        let (resolved, imported) = transfer::measure(|| match refs {
+            Some(r) => imports.resolve(op, ctx, queries.embeddings, r.embeddings),
+            None => {
+                let (q, _) = imports.resolve(op, ctx, queries.embeddings, None)?;
+                Ok((q, q))
+            }
+        });
+        (resolved?, imported)
+    } else {
+        ((None, None), Transfers::default())
+    };
     Ok(Labelled {
         labels,
         ref_labels,
         self_slots,
-        queries: match queries.embeddings {
-            Some(Embeddings::Host(q)) if needs_embeddings => Some(q),
-            _ => None,
-        },
-        refs: ref_set.embeddings.filter(|_| needs_embeddings),
+        queries: query_rows.map(|q| rows_of(op, q)).transpose()?,
+        refs: ref_rows,
+        imported,
     })
 }
 

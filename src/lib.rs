@@ -4,6 +4,7 @@ mod accuracy;
 mod bank;
 mod context;
 mod device;
+mod device_embeddings;
 mod device_rows;
 mod distance;
 mod error;
@@ -24,11 +25,12 @@ mod triplets;
 mod validate;
 
 pub use accuracy::{accuracy, accuracy_plan, Accuracy, AccuracyConfig, AccuracyK, AccuracyMetrics};
-pub use bank::{BankConfig, BankSnapshot, Enqueued, MemoryBank};
+pub use bank::{BankConfig, BankSnapshot, CheckpointLabel, Enqueued, MemoryBank, Saved};
 pub use context::{
     list_adapters, AdapterSelector, AdapterSummary, BackendChoice, ComputePath, Context,
     ContextConfig, DEFAULT_BUDGET_BYTES, DEFAULT_CPU_BUDGET_BYTES,
 };
+pub use device_embeddings::DeviceEmbeddings;
 pub use distance::{
     pairwise_distances, pairwise_distances_plan, PairwiseConfig, PairwiseDistances,
 };

@@ -14,7 +14,7 @@ use crate::context::{ComputePath, Context};
 use crate::distance::{for_each_row_block, row_plan, Job};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
-use crate::inputs::{prepare, Labelled, MiningSet, SelfExclusion};
+use crate::inputs::{prepare, Imports, Labelled, MiningSet, SelfExclusion};
 use crate::memory::Transfers;
 use crate::metric::{Distance, DistanceConfig};
 use crate::plan::Plan;
@@ -106,13 +106,15 @@ fn for_each_row(
         let job = Job {
             op,
             ctx,
-            queries,
+            queries: queries.reborrow(),
             cfg: distance,
             max_rows: rows,
             report: &report,
         };
         for_each_row_block(&job, refs, &mut on_block)
     });
+    let mut transfers = transfers;
+    transfers.add(set.imported);
     visited.map(|()| transfers)
 }
 
@@ -165,11 +167,14 @@ pub fn miners_plan<L: Hash + Eq + Copy>(
     refs: Option<&MiningSet<'_, L>>,
     cfg: &impl MinerConfig,
 ) -> Result<Plan> {
-    let set = prepare_miner(ctx, queries, refs, cfg)?;
+    let mut imports = Imports::plan();
+    let set = prepare_miner(ctx, queries, refs, cfg, &mut imports)?;
     let (b, m) = (set.labels.len(), set.ref_labels.len());
     let rows = (BLOCK_FLOATS / m.max(1)).max(1);
     match (set.queries, set.refs) {
-        (Some(queries), Some(refs)) => row_plan(cfg.op(), ctx, queries, &refs, rows),
+        (Some(queries), Some(refs)) => {
+            Ok(row_plan(cfg.op(), ctx, queries, &refs, rows)?.with_imports(imports.bytes))
+        }
         // Labels only: rows of lists on the host, nothing held.
         _ => Ok(Plan {
             path: ctx.path(),
@@ -188,6 +193,7 @@ fn prepare_miner<'s, L: Hash + Eq + Copy>(
     queries: &'s MiningSet<'_, L>,
     refs: Option<&'s MiningSet<'_, L>>,
     cfg: &impl MinerConfig,
+    imports: &'s mut Imports,
 ) -> Result<Labelled<'s>> {
     cfg.check()?;
     let needs_embeddings = cfg.distance().is_some();
@@ -198,6 +204,7 @@ fn prepare_miner<'s, L: Hash + Eq + Copy>(
         refs,
         cfg.self_exclusion(),
         needs_embeddings,
+        imports,
     )
 }
 
@@ -250,7 +257,8 @@ pub fn all_pairs<L: Hash + Eq + Copy>(
     cfg: &AllPairsConfig,
 ) -> Result<Pairs> {
     const OP: &str = "all_pairs";
-    let set = prepare_miner(ctx, queries, refs, cfg)?;
+    let mut imports = Imports::call();
+    let set = prepare_miner(ctx, queries, refs, cfg, &mut imports)?;
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
     let transfers = for_each_row(
         OP,
@@ -341,7 +349,8 @@ pub fn pair_margin_pairs<L: Hash + Eq + Copy>(
     cfg: &PairMarginConfig,
 ) -> Result<Pairs> {
     const OP: &str = "pair_margin_pairs";
-    let set = prepare_miner(ctx, queries, refs, cfg)?;
+    let mut imports = Imports::call();
+    let set = prepare_miner(ctx, queries, refs, cfg, &mut imports)?;
     let sim = cfg.distance.distance.is_similarity();
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
     let transfers = for_each_row(OP, ctx, &set, &cfg.distance, &cfg.hooks, &mut |row| {
@@ -430,7 +439,8 @@ pub fn multi_similarity_pairs<L: Hash + Eq + Copy>(
     cfg: &MultiSimilarityConfig,
 ) -> Result<Pairs> {
     const OP: &str = "multi_similarity_pairs";
-    let set = prepare_miner(ctx, queries, refs, cfg)?;
+    let mut imports = Imports::call();
+    let set = prepare_miner(ctx, queries, refs, cfg, &mut imports)?;
     let sim = cfg.distance.distance.is_similarity();
     let eps = cfg.epsilon;
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
@@ -609,7 +619,8 @@ pub fn batch_easy_hard_pairs<L: Hash + Eq + Copy>(
     const OP: &str = "batch_easy_hard_pairs";
     use Strategy::{All, Easy, Semihard};
     let (ps, ns) = (cfg.pos_strategy, cfg.neg_strategy);
-    let set = prepare_miner(ctx, queries, refs, cfg)?;
+    let mut imports = Imports::call();
+    let set = prepare_miner(ctx, queries, refs, cfg, &mut imports)?;
     let sim = cfg.distance.distance.is_similarity();
     // `closer(x, y)`: value x is closer than y.
     let closer = move |x: f32, y: f32| if sim { x > y } else { x < y };

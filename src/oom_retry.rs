@@ -23,6 +23,25 @@ pub(crate) fn planning_budget(ctx: &Context) -> u64 {
     ctx.tracker().available().min(CAP.with(Cell::get))
 }
 
+/// Lowers the calling thread's planning budget to at most `cap` while it lives (a plan that
+/// sets aside what its call would allocate before tiling: imported device rows).
+pub(crate) struct CapGuard {
+    outer: u64,
+}
+
+impl CapGuard {
+    pub(crate) fn new(cap: u64) -> Self {
+        let outer = CAP.with(|c| c.replace(cap.min(c.get())));
+        Self { outer }
+    }
+}
+
+impl Drop for CapGuard {
+    fn drop(&mut self) {
+        CAP.with(|c| c.set(self.outer));
+    }
+}
+
 /// Runs `attempt` until it does not fail with [`Error::OutOfMemory`], halving the planning
 /// budget after each failure. `attempt` must make a retry safe (rewind what it delivered);
 /// every buffer of a failed attempt has been dropped, and so released, before the next one.

@@ -62,6 +62,18 @@ pub(crate) struct DeviceCaps {
     pub(crate) max_workgroup_storage: u32,
 }
 
+impl Plan {
+    /// The plan with `bytes` more held for the whole call at each size (imported device
+    /// embeddings).
+    pub(crate) fn with_imports(self, bytes: u64) -> Self {
+        Self {
+            bytes: self.bytes + bytes,
+            min_bytes: self.min_bytes + bytes,
+            ..self
+        }
+    }
+}
+
 impl DeviceCaps {
     /// The caps of a device granted `limits`, with buffers and bindings capped at
     /// [`MAX_BINDING_BYTES`].

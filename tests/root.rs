@@ -10,10 +10,12 @@ mod common;
 mod accuracy;
 mod bad_inputs;
 mod cancel;
+mod checkpoint;
 #[cfg(feature = "cli")]
 mod cli;
 mod concurrency;
 mod context;
+mod device_inputs;
 mod distance_tile;
 mod knn_select;
 mod memory_bank;

@@ -1,16 +1,17 @@
-//! The device side of a memory bank: staging a batch (from the host or a device buffer),
-//! computing its squared norms, checking them, and copying it into the ring of pages.
+//! The device side of a memory bank: staging a batch (host rows, or device rows imported and
+//! checked) with its squared norms, and copying it into the ring of pages.
 
 use ndarray::ArrayView2;
 
 use crate::context::Context;
 use crate::device::GpuDevice;
+use crate::device_embeddings::DeviceEmbeddings;
 use crate::device_rows::DeviceRows;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::inputs::foreign_bank;
 use crate::kernels::row_norms::{self, RowNorms};
 use crate::memory::TrackedBuffer;
-use crate::transfer::{self, f32s, Readback, Recorder, Staging};
+use crate::transfer::{self, f32s, Recorder};
 
 use super::ENQUEUE;
 
@@ -73,69 +74,52 @@ pub(super) fn enqueue_host(
     rec.submit_and_wait()
 }
 
-/// Writes `b` rows of `dim` f32 from `source` at byte `offset` (checked by the caller) into
-/// the ring at its head. Every chunk's squared norms are checked first, so a non-finite row
-/// anywhere leaves the bank untouched: one wait per chunk for the check (each chunk's norms
-/// read while the next is staged), and one for the copy.
-pub(super) fn enqueue_buffer(
+/// Writes device embeddings `x` (validated; only rows `chosen` when given, in that order)
+/// into the ring at its head: they are imported first (copied into the kernels' layout and
+/// checked, one wait), so a non-finite row anywhere leaves the bank untouched; then copied
+/// into the ring (one wait, after which the import is released).
+pub(super) fn enqueue_device(
     gpu: &GpuDevice,
     ring: &Ring<'_>,
-    source: &wgpu::Buffer,
-    offset: u64,
-    b: usize,
+    x: &DeviceEmbeddings<'_>,
+    chosen: Option<&[usize]>,
 ) -> Result<()> {
-    if b == 0 {
+    let imported = DeviceRows::import(gpu, ENQUEUE, "embeddings", x)?;
+    let rows: Vec<usize> = match chosen {
+        Some(c) => c.to_vec(),
+        None => (0..x.dim().0).collect(),
+    };
+    if rows.is_empty() {
         return Ok(());
     }
-    let (rows, dim) = (ring.rows, ring.rows.dim());
-    let dim4 = rows.dim4();
-    let chunk = rows.page_rows().min(b);
-    let scratch = Scratch::new(gpu, chunk, dim4)?;
-    let (dense, padded) = (4 * dim as u64, 16 * dim4 as u64);
-    // Source rows c0 .. c0 + n into scratch rows 0 .. n, and their norms.
-    let stage = |rec: &mut Recorder<'_>, c0: usize, n: usize| -> Result<()> {
-        let at = offset + c0 as u64 * dense;
-        if dense == padded {
-            rec.copy_from_foreign(source, at, &scratch.rows, 0, n as u64 * dense);
-        } else {
-            // Scratch rows are zero-padded to vec4s: one copy per row.
-            for i in 0..n as u64 {
-                let (from, to) = (at + i * dense, i * padded);
-                rec.copy_from_foreign(source, from, &scratch.rows, to, dense);
-            }
-        }
-        scratch.encode_norms(rec, n)
-    };
-    let chunks = || (0..b).step_by(chunk).map(move |c0| (c0, chunk.min(b - c0)));
-    // First every chunk is checked, so a bad row anywhere leaves the bank untouched.
-    let staging = Staging::many(gpu, "MemoryBank::enqueue::norms", f32s(chunk), 2)?;
-    let record = |&(c0, n): &(usize, usize), st: &Staging| {
-        let mut rec = Recorder::new(gpu, ENQUEUE);
-        stage(&mut rec, c0, n)?;
-        let bytes = 4 * n as u64;
-        rec.read_back(&scratch.norms, 0, st, 0, bytes);
-        Ok((rec.submit()?, bytes))
-    };
-    let deliver = |(c0, n): (usize, usize), readback: Readback<'_>| {
-        let bad = readback.read::<f32, _>(gpu, n, |v| v.iter().position(|x| !x.is_finite()))?;
-        match bad {
-            None => Ok(()),
-            Some(row) => {
-                // The next chunk may have been staged since: stage this one again.
-                let mut rec = Recorder::new(gpu, ENQUEUE);
-                stage(&mut rec, c0, n)?;
-                Err(scratch.non_finite(rec, row, c0 + row, dim)?)
-            }
-        }
-    };
-    transfer::pipelined(gpu, &staging, chunks(), record, deliver)?;
+    let (embeddings, norms) = imported.page(0)?;
     let mut rec = Recorder::new(gpu, ENQUEUE);
-    for (c0, n) in chunks() {
-        // A single chunk is still staged from the check.
-        if b > chunk {
-            stage(&mut rec, c0, n)?;
+    // Runs of consecutive rows, each split where the ring wraps and where pages end.
+    let mut done = 0;
+    while done < rows.len() {
+        let start = rows[done];
+        let mut run = 1;
+        while done + run < rows.len() && rows[done + run] == start + run {
+            run += 1;
         }
-        ring.encode_copy(&mut rec, &scratch, c0, n);
+        let mut copied = 0;
+        while copied < run {
+            let src = start + copied;
+            let (page, within) = (src / imported.page_rows(), src % imported.page_rows());
+            let (page_rows, page_norms) = if page == 0 {
+                (embeddings, norms)
+            } else {
+                imported.page(page)?
+            };
+            let slot = (ring.head + done + copied) % ring.capacity;
+            let n = (run - copied)
+                .min(imported.page_rows() - within)
+                .min(ring.capacity - slot);
+            ring.rows
+                .copy_in(&mut rec, page_rows, page_norms, within, slot, n);
+            copied += n;
+        }
+        done += run;
     }
     rec.submit_and_wait()
 }
@@ -181,47 +165,5 @@ impl Scratch {
         rec.upload(&self.params, 0, &[params])?;
         let kernel = rec.gpu().kernel::<RowNorms>()?;
         kernel.encode(rec, n as u64, &self.params, &self.rows, &self.norms)
-    }
-
-    /// The error for scratch row `row` (batch row `batch_row`), whose squared norm is not
-    /// finite, naming its first non-finite value (or the norm, when every value is finite).
-    /// `rec` has staged the row's chunk.
-    fn non_finite(
-        &self,
-        mut rec: Recorder<'_>,
-        row: usize,
-        batch_row: usize,
-        dim: usize,
-    ) -> Result<Error> {
-        let gpu = rec.gpu();
-        let width = 4 * self.dim4;
-        let staging = Staging::new(gpu, "MemoryBank::enqueue::row", f32s(width))?;
-        let bytes = 4 * width as u64;
-        rec.read_back(&self.rows, row as u64 * bytes, &staging, 0, bytes);
-        let done = rec.submit()?;
-        let found = staging
-            .map(&done, bytes)
-            .read::<f32, _>(gpu, width, |values| {
-                values[..dim]
-                    .iter()
-                    .enumerate()
-                    .find(|(_, v)| !v.is_finite())
-                    .map(|(col, &v)| (col, v))
-            })?;
-        Ok(match found {
-            Some((col, value)) => Error::NonFinite {
-                op: ENQUEUE,
-                what: "embeddings",
-                row: batch_row,
-                col,
-                value,
-            },
-            None => Error::InvalidParameter {
-                op: ENQUEUE,
-                what: "embeddings",
-                value: format!("row {batch_row}"),
-                rule: "its squared norm must be finite (every value below ~1.8e19)",
-            },
-        })
     }
 }

@@ -7,19 +7,25 @@
 //! one host array); labels are kept on the host, where every miner needs them, and uploaded as
 //! `u32` ids per mining call (4 bytes per row, against `4·d` for the embeddings).
 
+mod checkpoint;
 mod gpu;
 
-use std::hash::Hash;
+pub use checkpoint::CheckpointLabel;
 
-use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2, Axis};
+use std::hash::Hash;
+use std::path::Path;
+
+use ndarray::{s, Array1, Array2, ArrayView1, Axis, CowArray};
 
 use crate::context::Context;
+use crate::device_embeddings::DeviceEmbeddings;
 use crate::device_rows::{max_page_rows, rows_bytes, DeviceRows, RowsView};
 use crate::error::{Error, Result};
 use crate::inputs::{self, BankRows, Embeddings, MiningSet, SelfExclusion, Side};
 use crate::memory::{HostReservation, Transfers};
 use crate::plan::DeviceCaps;
 use crate::transfer;
+use crate::validate;
 
 /// Shape of a [`MemoryBank`].
 ///
@@ -84,6 +90,17 @@ pub struct BankSnapshot<L> {
     pub labels: Array1<L>,
 }
 
+/// What [`MemoryBank::save`] wrote.
+///
+/// See the example of [`MemoryBank::save`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Saved {
+    /// Bytes of the checkpoint file.
+    pub bytes: u64,
+    /// Host–device traffic of reading the rows back (zero for a native bank).
+    pub transfers: Transfers,
+}
+
 #[derive(Debug)]
 enum Storage {
     Device(DeviceRows),
@@ -130,6 +147,94 @@ pub struct MemoryBank<L> {
 
 const NEW: &str = "MemoryBank::new";
 const ENQUEUE: &str = "MemoryBank::enqueue";
+const SAVE: &str = "MemoryBank::save";
+const LOAD: &str = "MemoryBank::load";
+
+impl<L: Hash + Eq + CheckpointLabel> MemoryBank<L> {
+    /// Writes the bank (its filled rows, labels, head and filled flag) to `path` atomically:
+    /// into a temporary file beside it, flushed to disk, then renamed over `path`, so that a
+    /// crash at any moment leaves either the previous file or the new one, whole. The bank is
+    /// read, not changed; on the GPU its rows are read back page by page.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file cannot be written (nothing is left under either name);
+    /// [`Error::InvalidParameter`] for another context; device errors.
+    ///
+    /// # Example
+    /// ```
+    /// use ndarray::array;
+    /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank, MiningSet};
+    /// let ctx = Context::native_cpu(None);
+    /// let cfg = BankConfig::new(4, 2);
+    /// let mut bank = MemoryBank::<i64>::new(&ctx, &cfg)?;
+    /// bank.enqueue(&ctx, &MiningSet::new(&array![[1.0f32, 2.0], [3.0, 4.0]], &array![7i64, 8]))?;
+    /// let path = std::env::temp_dir().join(format!("wml-doc-{}.bank", std::process::id()));
+    /// let saved = bank.save(&ctx, &path)?;
+    /// assert_eq!(saved.bytes, 56 + 2 * 8 + 2 * 2 * 4 + 8);
+    /// let back = MemoryBank::<i64>::load(&ctx, &path, &cfg)?;
+    /// assert_eq!((back.len(), back.head(), back.is_filled()), (2, 2, false));
+    /// assert_eq!(back.snapshot(&ctx)?, bank.snapshot(&ctx)?);
+    /// # std::fs::remove_file(&path).ok();
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
+    pub fn save(&self, ctx: &Context, path: impl AsRef<Path>) -> Result<Saved> {
+        let len = self.len();
+        let (rows, transfers) = transfer::measure(|| -> Result<_> {
+            Ok(match &self.storage {
+                Storage::Host { rows, .. } => CowArray::from(rows.slice(s![..len, ..])),
+                Storage::Device(rows) => {
+                    let gpu = gpu::gpu_of(ctx, SAVE, rows)?;
+                    CowArray::from(rows.read(gpu, len)?)
+                }
+            })
+        });
+        let rows = rows?;
+        let header = checkpoint::Header {
+            capacity: self.capacity,
+            dim: self.dim,
+            len,
+            head: self.head,
+            filled: self.filled,
+        };
+        let bytes = checkpoint::save(SAVE, path.as_ref(), &header, &self.labels, rows.view())?;
+        Ok(Saved { bytes, transfers })
+    }
+
+    /// A bank of `cfg`'s shape on `ctx`, restored from a checkpoint written by
+    /// [`Self::save`] with the same capacity, dimension and label type: the same rows, labels,
+    /// head and filled flag (the page size may differ). A new bank is returned only when the
+    /// whole file was read and checked.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file cannot be read; [`Error::Checkpoint`] for a file that is
+    /// not a checkpoint, is truncated, extended or damaged (checksum), or holds another
+    /// capacity, dimension or label type; [`Error::NonFinite`] for non-finite rows; the errors
+    /// of [`Self::new`].
+    ///
+    /// # Example
+    /// ```
+    /// use wgpu_metric_learning::{BankConfig, Context, Error, MemoryBank};
+    /// let ctx = Context::native_cpu(None);
+    /// let path = std::env::temp_dir().join(format!("wml-doc-foreign-{}.bank", std::process::id()));
+    /// std::fs::write(&path, b"not a bank")?;
+    /// let loaded = MemoryBank::<u32>::load(&ctx, &path, &BankConfig::new(4, 2));
+    /// assert!(matches!(loaded, Err(Error::Checkpoint { what: "size", .. })));
+    /// # std::fs::remove_file(&path).ok();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn load(ctx: &Context, path: impl AsRef<Path>, cfg: &BankConfig) -> Result<Self> {
+        let path = path.as_ref();
+        let loaded = checkpoint::load::<L>(LOAD, path, (cfg.capacity, cfg.dim))?;
+        validate::finite(LOAD, "embeddings", loaded.rows.view())?;
+        let mut bank = Self::new(ctx, cfg)?;
+        let rows = Embeddings::Host(loaded.rows.view());
+        bank.write(ctx, rows, None, ArrayView1::from(&loaded.labels[..]))?;
+        bank.labels = loaded.labels;
+        bank.head = loaded.header.head;
+        bank.filled = loaded.header.filled;
+        Ok(bank)
+    }
+}
 
 impl<L: Hash + Eq + Copy> MemoryBank<L> {
     /// An empty bank of `cfg.capacity` rows on `ctx`'s device (or host, on the native path),
@@ -311,35 +416,51 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
     pub fn enqueue(&mut self, ctx: &Context, batch: &MiningSet<'_, L>) -> Result<Enqueued> {
         let (embeddings, labels) = self.check_batch(ctx, batch)?;
         self.check_len(labels.len())?;
-        self.write(ctx, embeddings, labels)
+        self.write(ctx, embeddings, None, labels)
     }
 
-    /// Writes validated rows and labels at the head.
+    /// Writes validated rows (only rows `chosen` of device embeddings, when given) and their
+    /// labels at the head.
     fn write(
         &mut self,
         ctx: &Context,
-        embeddings: ArrayView2<'_, f32>,
+        embeddings: Embeddings<'_>,
+        chosen: Option<&[usize]>,
         labels: ArrayView1<'_, L>,
     ) -> Result<Enqueued> {
         let b = labels.len();
         let mut transfers = Transfers::default();
-        match &mut self.storage {
-            Storage::Host { rows, .. } => {
+        match (&mut self.storage, embeddings) {
+            (Storage::Host { rows, .. }, Embeddings::Host(embeddings)) => {
                 for (i, row) in embeddings.rows().into_iter().enumerate() {
                     rows.row_mut((self.head + i) % self.capacity).assign(&row);
                 }
             }
-            Storage::Device(rows) => {
+            (Storage::Device(rows), embeddings) => {
                 let gpu = gpu::gpu_of(ctx, ENQUEUE, rows)?;
                 let ring = gpu::Ring {
                     rows,
                     head: self.head,
                     capacity: self.capacity,
                 };
-                let (done, moved) =
-                    transfer::measure(|| gpu.settled(gpu::enqueue_host(gpu, &ring, embeddings)));
+                let (done, moved) = transfer::measure(|| {
+                    gpu.settled(match embeddings {
+                        Embeddings::Host(x) => gpu::enqueue_host(gpu, &ring, x),
+                        Embeddings::Device(x) => gpu::enqueue_device(gpu, &ring, &x, chosen),
+                        Embeddings::Bank(_) => Err(Error::Internal {
+                            op: ENQUEUE,
+                            message: "bank rows passed validation as a batch".into(),
+                        }),
+                    })
+                });
                 done?;
                 transfers = moved;
+            }
+            (Storage::Host { .. }, _) => {
+                return Err(Error::Internal {
+                    op: ENQUEUE,
+                    message: "device rows passed validation for a native bank".into(),
+                })
             }
         }
         Ok(self.advance(labels.iter().copied(), (0..b).collect(), transfers))
@@ -381,23 +502,35 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
         }
         let (chosen, rest): (Vec<usize>, Vec<usize>) = (0..mask.len()).partition(|&i| mask[i]);
         self.check_len(chosen.len())?;
-        let rows = embeddings.select(Axis(0), &chosen);
         let chosen_labels: Array1<L> = chosen.iter().map(|&i| labels[i]).collect();
-        let mut done = self.write(ctx, rows.view(), chosen_labels.view())?;
+        let mut done = match embeddings {
+            Embeddings::Host(x) => {
+                let rows = x.select(Axis(0), &chosen);
+                self.write(
+                    ctx,
+                    Embeddings::Host(rows.view()),
+                    None,
+                    chosen_labels.view(),
+                )?
+            }
+            device => self.write(ctx, device, Some(&chosen), chosen_labels.view())?,
+        };
         done.query_rows = rest;
         done.self_exclusion = SelfExclusion::None;
         Ok(done)
     }
 
-    /// Enqueues `b = labels.len()` rows of `dim` f32, row-major at byte `offset` of `source`, a
+    /// Enqueues `b = labels.len()` dense rows of `dim` f32 at byte `offset` of `source`, a
     /// buffer of the bank's own device with `COPY_SRC` usage: no host round trip of the rows.
-    /// Non-finite rows are detected on the device (a row whose squared norm is not finite,
-    /// which also catches values beyond ~1.8e19) and rejected before the bank is touched.
+    /// Shorthand for [`Self::enqueue`] of a [`DeviceEmbeddings`] (which also takes a row
+    /// stride). Non-finite rows are detected on the device (a row whose squared norm is not
+    /// finite, which also catches values beyond ~1.8e19) and rejected before the bank is
+    /// touched.
     ///
     /// # Errors
-    /// As [`Self::enqueue`], plus [`Error::InvalidParameter`] on the native path, for an
-    /// offset that is not a multiple of 4, a source without `COPY_SRC` or too small for the
-    /// rows.
+    /// As [`Self::enqueue`], plus [`Error::InvalidParameter`] (`what: "embeddings"`) on the
+    /// native path, for an offset that is not a multiple of 4, a source without `COPY_SRC`,
+    /// too small for the rows, or of another device.
     ///
     /// # Example
     /// ```no_run
@@ -420,51 +553,8 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
         offset: u64,
         labels: ArrayView1<'_, L>,
     ) -> Result<Enqueued> {
-        let b = labels.len();
-        let Storage::Device(rows) = &self.storage else {
-            return Err(Error::InvalidParameter {
-                op: ENQUEUE,
-                what: "source",
-                value: "wgpu::Buffer".into(),
-                rule: "a native-CPU bank takes host arrays (use enqueue)",
-            });
-        };
-        self.check_len(b)?;
-        let bytes = 4 * (b as u64) * (self.dim as u64);
-        let invalid = |rule: &'static str, value: String| Error::InvalidParameter {
-            op: ENQUEUE,
-            what: "source",
-            value,
-            rule,
-        };
-        if !offset.is_multiple_of(4) {
-            return Err(invalid(
-                "offset must be a multiple of 4",
-                offset.to_string(),
-            ));
-        }
-        if !source.usage().contains(wgpu::BufferUsages::COPY_SRC) {
-            return Err(invalid(
-                "the source buffer needs COPY_SRC usage",
-                format!("{:?}", source.usage()),
-            ));
-        }
-        if offset.saturating_add(bytes) > source.size() {
-            return Err(invalid(
-                "offset + 4·b·dim bytes must lie inside the source buffer",
-                format!("{} bytes from offset {offset} of {}", bytes, source.size()),
-            ));
-        }
-        let gpu = gpu::gpu_of(ctx, ENQUEUE, rows)?;
-        let ring = gpu::Ring {
-            rows,
-            head: self.head,
-            capacity: self.capacity,
-        };
-        let (done, transfers) =
-            transfer::measure(|| gpu.settled(gpu::enqueue_buffer(gpu, &ring, source, offset, b)));
-        done?;
-        Ok(self.advance(labels.iter().copied(), (0..b).collect(), transfers))
+        let rows = DeviceEmbeddings::new(source, offset, (labels.len(), self.dim));
+        self.enqueue(ctx, &MiningSet::new(rows, labels))
     }
 
     /// The filled rows `(len, dim)` as references for [`crate::knn`], where they live
@@ -570,7 +660,7 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
         &self,
         ctx: &Context,
         batch: &'b MiningSet<'_, L>,
-    ) -> Result<(ArrayView2<'b, f32>, ArrayView1<'b, L>)> {
+    ) -> Result<(Embeddings<'b>, ArrayView1<'b, L>)> {
         let Some(embeddings) = &batch.embeddings else {
             return Err(Error::InvalidParameter {
                 op: ENQUEUE,
@@ -580,12 +670,6 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
             });
         };
         let (b, d) = inputs::check_embeddings(ENQUEUE, ctx, Side::Batch, embeddings)?;
-        let Embeddings::Host(embeddings) = embeddings else {
-            return Err(Error::Internal {
-                op: ENQUEUE,
-                message: "device queries passed validation".into(),
-            });
-        };
         if d != self.dim {
             return Err(Error::Shape {
                 op: ENQUEUE,
@@ -602,7 +686,7 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
                 got: vec![batch.labels.len()],
             });
         }
-        Ok((embeddings.view(), batch.labels.view()))
+        Ok((embeddings.reborrow(), batch.labels.view()))
     }
 
     /// Records the labels of rows written at `head ..` and moves the head (PML's

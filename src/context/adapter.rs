@@ -72,8 +72,7 @@ impl AdapterSummary {
 /// }
 /// ```
 pub fn list_adapters(backends: Option<wgpu::Backends>) -> Vec<AdapterSummary> {
-    let instance = make_instance();
-    enumerate(&instance, backends)
+    enumerate(backends)
         .iter()
         .enumerate()
         .map(|(index, a)| summarize(index, &a.get_info()))
@@ -92,18 +91,38 @@ fn summarize(index: usize, info: &wgpu::AdapterInfo) -> AdapterSummary {
     }
 }
 
-pub(crate) fn make_instance() -> wgpu::Instance {
-    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
-}
-
-pub(crate) fn enumerate(
-    instance: &wgpu::Instance,
-    backends: Option<wgpu::Backends>,
-) -> Vec<wgpu::Adapter> {
+/// The adapters of `backends` (default: `WGPU_BACKEND`, else all), Vulkan, Metal and DX12
+/// from one instance shared by every context this crate creates, GL from an instance of its
+/// own per call.
+///
+/// One instance, because wgpu names resources by ids unique only within their instance: a
+/// buffer of another context's device would otherwise resolve to an unrelated buffer of this
+/// one, where a shared instance lets wgpu see that it belongs to another device (a typed
+/// error, see [`crate::DeviceEmbeddings`]). Not for GL: its instance holds one EGL display
+/// whose context threads would contend for.
+pub(crate) fn enumerate(backends: Option<wgpu::Backends>) -> Vec<wgpu::Adapter> {
+    static SHARED: std::sync::OnceLock<wgpu::Instance> = std::sync::OnceLock::new();
     let backends = backends
         .or_else(wgpu::Backends::from_env)
         .unwrap_or(wgpu::Backends::all());
-    pollster::block_on(instance.enumerate_adapters(backends))
+    let instance = |backends| {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        desc.backends = backends;
+        wgpu::Instance::new(desc)
+    };
+    let native = backends - wgpu::Backends::GL;
+    let mut adapters = Vec::new();
+    if !native.is_empty() {
+        let shared = SHARED.get_or_init(|| instance(wgpu::Backends::all() - wgpu::Backends::GL));
+        adapters.extend(pollster::block_on(shared.enumerate_adapters(native)));
+    }
+    if backends.contains(wgpu::Backends::GL) {
+        let gl = instance(wgpu::Backends::GL);
+        adapters.extend(pollster::block_on(
+            gl.enumerate_adapters(wgpu::Backends::GL),
+        ));
+    }
+    adapters
 }
 
 /// Lower is better: hardware before software, native APIs before GL.

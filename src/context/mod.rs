@@ -10,7 +10,7 @@ use crate::device::{Accounting, GpuDevice};
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::memory::{MemoryStats, MemoryTracker, Transfers};
-use adapter::{enumerate, make_instance, reported_device_memory, select_adapter};
+use adapter::{enumerate, reported_device_memory, select_adapter};
 
 /// Budget used when the adapter does not report its memory (DX12, GL, shared devices); Vulkan
 /// and Metal contexts default to half of what the driver reports instead.
@@ -164,8 +164,7 @@ impl Context {
         if config.backend == BackendChoice::NativeCpu {
             return Ok(Self::native_cpu_with(config, None));
         }
-        let instance = make_instance();
-        let adapters = enumerate(&instance, config.wgpu_backends);
+        let adapters = enumerate(config.wgpu_backends);
         let explicit = config.adapter != AdapterSelector::Best;
         let adapter = match select_adapter(adapters, &config.adapter) {
             Ok(a) => a,

@@ -8,6 +8,7 @@ use super::Job;
 use crate::device::GpuDevice;
 use crate::device_rows::RowsView;
 use crate::error::{Error, Result};
+use crate::inputs::Rows;
 use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};
 use crate::kernels::row_norms::{self, RowNorms};
 use crate::memory::TrackedBuffer;
@@ -113,7 +114,8 @@ pub(crate) fn tiles(
         max_rows,
         report,
     } = *job;
-    let (q, n, d) = (queries.nrows(), refs.nrows(), queries.ncols());
+    let (q, d) = queries.dim();
+    let n = refs.nrows();
     let dim4 = d.div_ceil(4);
     let caps = DeviceCaps::from_limits(&gpu.limits);
     let Staged {
@@ -177,15 +179,15 @@ pub(crate) fn tiles(
         report.check()?;
         let mut rec = Recorder::new(gpu, op);
         if c0 == 0 {
-            let padded = transfer::padded_rows(queries, r0, rows, dim4);
-            rec.upload(&q_buf, 0, &padded)?;
-            let params = row_norms::Params {
-                rows: rows as u32,
-                ..zero_norms
-            };
-            rec.upload(&q_params, 0, &[params])?;
-            rec.sentinel(&q_norms, f32s(rows))?;
-            norms.encode(&mut rec, rows as u64, &q_params, &q_buf, &q_norms)?;
+            stage_queries(
+                &mut rec,
+                &norms,
+                &q_params,
+                queries,
+                r0,
+                rows,
+                (&q_buf, &q_norms),
+            )?;
         }
         // Norms are computed where their rows are uploaded; they stay valid as long as those.
         if r0 == 0 || !refs_resident {
@@ -356,12 +358,12 @@ impl DistanceRows {
         })
     }
 
-    /// Uploads query rows `r0 .. r0 + rows` and records their distances to every row of
+    /// Stages query rows `r0 .. r0 + rows` and records their distances to every row of
     /// `refs` into [`Self::distances`].
     pub(crate) fn encode(
         &self,
         rec: &mut Recorder<'_>,
-        queries: ArrayView2<'_, f32>,
+        queries: Rows<'_>,
         r0: usize,
         rows: usize,
         refs: RowsView<'_>,
@@ -369,26 +371,16 @@ impl DistanceRows {
     ) -> Result<()> {
         let store = refs.rows;
         let (m, dim4) = (refs.len, store.dim4());
-        rec.upload(
-            &self.queries,
-            0,
-            &transfer::padded_rows(queries, r0, rows, dim4),
-        )?;
-        let params = row_norms::Params {
-            rows: rows as u32,
-            dim4: dim4 as u32,
-            _pad: [0; 2],
-        };
-        rec.upload(&self.norm_params, 0, &[params])?;
-        rec.sentinel(&self.query_norms, f32s(rows))?;
-        rec.sentinel(&self.distances, f32s(rows * m))?;
-        self.norms.encode(
+        stage_queries(
             rec,
-            rows as u64,
+            &self.norms,
             &self.norm_params,
-            &self.queries,
-            &self.query_norms,
+            queries,
+            r0,
+            rows,
+            (&self.queries, &self.query_norms),
         )?;
+        rec.sentinel(&self.distances, f32s(rows * m))?;
         for ((c0, page_rows, embeddings, norms), params) in store.pages().zip(&self.tile_params) {
             if c0 >= m {
                 break;
@@ -417,6 +409,34 @@ impl DistanceRows {
         }
         Ok(())
     }
+}
+
+/// Records query rows `r0 .. r0 + rows` into `to` (rows and squared norms): host rows are
+/// uploaded and their norms computed (`params`: the norm kernel's uniform buffer, rewritten);
+/// resident rows are copied with their norms.
+fn stage_queries(
+    rec: &mut Recorder<'_>,
+    norms: &RowNorms,
+    params: &TrackedBuffer,
+    queries: Rows<'_>,
+    r0: usize,
+    rows: usize,
+    (to, to_norms): (&TrackedBuffer, &TrackedBuffer),
+) -> Result<()> {
+    let x = match queries {
+        Rows::Resident(src) => return src.rows.copy_out(rec, r0, rows, to, to_norms),
+        Rows::Host(x) => x,
+    };
+    let dim4 = x.ncols().div_ceil(4);
+    rec.upload(to, 0, &transfer::padded_rows(x, r0, rows, dim4))?;
+    let p = row_norms::Params {
+        rows: rows as u32,
+        dim4: dim4 as u32,
+        _pad: [0; 2],
+    };
+    rec.upload(params, 0, &[p])?;
+    rec.sentinel(to_norms, f32s(rows))?;
+    norms.encode(rec, rows as u64, params, to, to_norms)
 }
 
 /// What one block of `rows` query rows against `refs` holds: [`DistanceRows`] and its

@@ -9,7 +9,7 @@ use ndarray::{s, Array2, ArrayView2};
 use crate::context::{ComputePath, Context};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
-use crate::inputs::{self, Embeddings};
+use crate::inputs::{self, Embeddings, Imports, Rows};
 use crate::memory::Transfers;
 use crate::metric::DistanceConfig;
 use crate::oom_retry::{self, RowSink};
@@ -18,13 +18,13 @@ use crate::transfer;
 
 const OP: &str = "pairwise_distances";
 
-/// One distance computation over validated host queries: whose call it is, where it runs,
+/// One distance computation over validated queries: whose call it is, where it runs,
 /// how rows compare, how many rows a block may have, and whom to tell of its progress.
 #[derive(Clone, Copy)]
 pub(crate) struct Job<'j> {
     pub(crate) op: &'static str,
     pub(crate) ctx: &'j Context,
-    pub(crate) queries: ArrayView2<'j, f32>,
+    pub(crate) queries: Rows<'j>,
     pub(crate) cfg: &'j DistanceConfig,
     /// Most rows per block handed over (`usize::MAX`: as many as fit).
     pub(crate) max_rows: usize,
@@ -106,7 +106,18 @@ pub fn pairwise_distances<'q, 'r>(
     cfg: &PairwiseConfig,
 ) -> Result<PairwiseDistances> {
     let (queries, refs) = (queries.into(), refs.into());
-    let pair = inputs::prepare_pair(OP, ctx, queries.reborrow(), refs.reborrow(), None)?;
+    let mut imports = Imports::call();
+    let (pair, imported) = transfer::measure(|| {
+        inputs::prepare_pair(
+            OP,
+            ctx,
+            queries.reborrow(),
+            refs.reborrow(),
+            None,
+            &mut imports,
+        )
+    });
+    let pair = pair?;
     let (q, n) = (pair.queries.nrows(), pair.refs.dim().0);
     let report = Reporter::new(&cfg.hooks, OP, q as u64 * n as u64);
     let job = Job {
@@ -120,7 +131,7 @@ pub fn pairwise_distances<'q, 'r>(
     let (values, transfers) = transfer::measure(|| match (ctx.gpu(), pair.refs) {
         (_, _) if q == 0 || n == 0 => Ok(Array2::zeros((q, n))),
         (None, Embeddings::Host(r)) => {
-            native::pairwise_distances(pair.queries, r, &cfg.distance, &report)
+            native::pairwise_distances(pair.queries.host(OP)?, r, &cfg.distance, &report)
         }
         (Some(gpu), Embeddings::Host(r)) => oom_retry::retry(ctx, || {
             report.restart();
@@ -137,6 +148,8 @@ pub fn pairwise_distances<'q, 'r>(
             Ok(values)
         }
     });
+    let mut transfers = transfers;
+    transfers.add(imported);
     Ok(PairwiseDistances {
         values: values?,
         path: ctx.path(),
@@ -167,10 +180,19 @@ pub fn pairwise_distances_plan<'q, 'r>(
     cfg: &PairwiseConfig,
 ) -> Result<Plan> {
     let (queries, refs) = (queries.into(), refs.into());
-    let pair = inputs::prepare_pair(OP, ctx, queries.reborrow(), refs.reborrow(), None)?;
+    let mut imports = Imports::plan();
+    let pair = inputs::prepare_pair(
+        OP,
+        ctx,
+        queries.reborrow(),
+        refs.reborrow(),
+        None,
+        &mut imports,
+    )?;
     // The distance changes no buffer; `cfg` is taken for the operation's call shape.
     let PairwiseConfig { .. } = cfg;
-    row_plan(OP, ctx, pair.queries, &pair.refs, usize::MAX)
+    let plan = row_plan(OP, ctx, pair.queries, &pair.refs, usize::MAX)?;
+    Ok(plan.with_imports(imports.bytes))
 }
 
 /// The plan of [`for_each_row_block`] (and of [`pairwise_distances`], whose whole matrix is
@@ -178,7 +200,7 @@ pub fn pairwise_distances_plan<'q, 'r>(
 pub(crate) fn row_plan(
     op: &'static str,
     ctx: &Context,
-    queries: ArrayView2<'_, f32>,
+    queries: Rows<'_>,
     refs: &Embeddings<'_>,
     max_rows: usize,
 ) -> Result<Plan> {
@@ -207,6 +229,7 @@ pub(crate) fn row_plan(
             let (plan, min) = gpu::row_block_plan(op, (q, max_rows), bank.view, budget, &caps)?;
             Ok(plan.tile.public(q, n, min))
         }
+        Embeddings::Device(_) => Err(inputs::unimported(op)),
     }
 }
 
@@ -234,6 +257,7 @@ pub(crate) fn for_each_row_block(
     }
     match (ctx.gpu(), refs) {
         (None, Embeddings::Host(refs)) => {
+            let queries = queries.host(op)?;
             for r0 in (0..q).step_by(max_rows) {
                 let rows = max_rows.min(q - r0);
                 let block = queries.slice(s![r0..r0 + rows, ..]);
@@ -260,5 +284,6 @@ pub(crate) fn for_each_row_block(
             op,
             message: "a device bank reached the native path".into(),
         }),
+        (_, Embeddings::Device(_)) => Err(inputs::unimported(op)),
     }
 }

@@ -18,7 +18,7 @@ use crate::device::GpuDevice;
 use crate::device_rows::{max_page_rows, rows_bytes, DeviceRows};
 use crate::error::{Error, Result};
 use crate::hooks::Reporter;
-use crate::inputs::Embeddings;
+use crate::inputs::{self, Embeddings, Rows};
 use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};
 use crate::kernels::knn_select::{self, KnnSelect, SelectBuffers, SLOT_BYTES};
 use crate::kernels::row_norms::{self, RowNorms};
@@ -228,6 +228,7 @@ pub(super) fn plan(
                 min_bytes,
             })
         }
+        Embeddings::Device(_) => Err(inputs::unimported(OP)),
     }
 }
 
@@ -235,7 +236,7 @@ pub(super) fn plan(
 pub(super) fn search(
     ctx: &Context,
     gpu: &GpuDevice,
-    queries: ArrayView2<'_, f32>,
+    queries: Rows<'_>,
     refs: Embeddings<'_>,
     cfg: &KnnConfig,
     excluded: &[u32],
@@ -264,6 +265,7 @@ pub(super) fn search(
             run(gpu, queries, &source, &plan.layout, &job)
         }
         Embeddings::Host(x) => run(gpu, queries, &Source::Streamed(x), &plan.layout, &job),
+        Embeddings::Device(_) => Err(inputs::unimported(OP)),
     }
 }
 
@@ -374,7 +376,7 @@ fn ranges(source: &Source<'_>, n: usize, cols: usize) -> Vec<Range> {
 
 fn run(
     gpu: &GpuDevice,
-    queries: ArrayView2<'_, f32>,
+    queries: Rows<'_>,
     source: &Source<'_>,
     layout: &Layout,
     job: &Job<'_>,
@@ -415,7 +417,14 @@ fn run(
                             message: "streamed references without a chunk buffer".into(),
                         });
                     };
-                    store.fill(&mut rec, &norms, params, *x, range.start, range.cols)?;
+                    store.fill(
+                        &mut rec,
+                        &norms,
+                        params,
+                        Rows::Host(*x),
+                        range.start,
+                        range.cols,
+                    )?;
                     store.page(0)?
                 }
             };

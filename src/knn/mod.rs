@@ -4,12 +4,12 @@
 mod gpu;
 mod native;
 
-use ndarray::{s, Array2, ArrayView2};
+use ndarray::{s, Array2};
 
 use crate::context::{ComputePath, Context};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
-use crate::inputs::{self, Embeddings, Pair, SelfExclusion};
+use crate::inputs::{self, Embeddings, Imports, Pair, Rows, SelfExclusion};
 use crate::kernels::knn_select::{key_of, score_of, EMPTY_INDEX};
 use crate::memory::Transfers;
 use crate::metric::DistanceConfig;
@@ -141,8 +141,12 @@ pub fn knn<'q, 'r>(
     cfg: &KnnConfig,
 ) -> Result<Knn> {
     let (queries, refs) = (queries.into(), refs.into());
-    let pair = check(ctx, queries.reborrow(), refs.reborrow(), cfg)?;
-    run(ctx, &pair, cfg)
+    let mut imports = Imports::call();
+    let (pair, imported) =
+        transfer::measure(|| check(ctx, queries.reborrow(), refs.reborrow(), cfg, &mut imports));
+    let mut found = run(ctx, &pair?, cfg)?;
+    found.transfers.add(imported);
+    Ok(found)
 }
 
 /// How [`knn`] would run with these arguments on `ctx`: its query chunks and reference
@@ -171,12 +175,14 @@ pub fn knn_plan<'q, 'r>(
     cfg: &KnnConfig,
 ) -> Result<Plan> {
     let (queries, refs) = (queries.into(), refs.into());
-    let pair = check(ctx, queries.reborrow(), refs.reborrow(), cfg)?;
+    let mut imports = Imports::plan();
+    let pair = check(ctx, queries.reborrow(), refs.reborrow(), cfg, &mut imports)?;
     let (q, (n, d)) = (pair.queries.nrows(), pair.refs.dim());
-    match ctx.gpu() {
+    let plan = match ctx.gpu() {
         None => native::plan(ctx, q, n, cfg.k).map(|p| p.public(q, n)),
         Some(gpu) => gpu::plan(ctx, gpu, (q, d), &pair.refs, cfg.k).map(|p| p.public(q, n)),
-    }
+    };
+    Ok(plan?.with_imports(imports.bytes))
 }
 
 /// [`knn`] over validated inputs.
@@ -233,19 +239,22 @@ pub fn knn_sharded<'q, 'r>(
         });
     };
     let (queries, refs) = (queries.into(), refs.into());
-    let Embeddings::Host(refs) = refs else {
+    let (Embeddings::Host(queries), Embeddings::Host(refs)) = (queries, refs) else {
         return Err(Error::InvalidParameter {
             op: OP,
             what: "refs",
-            value: "Embeddings::Bank".into(),
-            rule: "knn_sharded splits host references over its contexts",
+            value: "device-resident embeddings".into(),
+            rule:
+                "knn_sharded takes host queries and references (it splits them over its contexts)",
         });
     };
+    let mut imports = Imports::call();
     let pair = check(
         first,
-        queries.reborrow(),
+        Embeddings::Host(queries.view()),
         Embeddings::Host(refs.view()),
         cfg,
+        &mut imports,
     )?;
     let (queries, excluded) = (pair.queries, &pair.excluded);
     let n = refs.nrows();
@@ -316,8 +325,9 @@ fn check<'a>(
     queries: Embeddings<'a>,
     refs: Embeddings<'a>,
     cfg: &KnnConfig,
+    imports: &'a mut Imports,
 ) -> Result<Pair<'a>> {
-    let pair = inputs::prepare_pair(OP, ctx, queries, refs, Some(&cfg.self_exclusion))?;
+    let pair = inputs::prepare_pair(OP, ctx, queries, refs, Some(&cfg.self_exclusion), imports)?;
     let n = pair.refs.dim().0;
     // Every slot indexes the references, so one reference is hidden from each excluding query.
     let sees_itself = pair.excluded.iter().any(|&e| (e as usize) < n);
@@ -341,7 +351,7 @@ fn check<'a>(
 /// `k` exceeds what a row can see (shards only).
 fn search(
     ctx: &Context,
-    queries: ArrayView2<'_, f32>,
+    queries: Rows<'_>,
     refs: Embeddings<'_>,
     cfg: &KnnConfig,
     excluded: &[u32],
@@ -352,12 +362,15 @@ fn search(
         return Ok(Neighbours::empty(q, k));
     }
     match (refs, ctx.gpu()) {
-        (Embeddings::Host(r), None) => native::search(ctx, queries, r, cfg, excluded, report),
+        (Embeddings::Host(r), None) => {
+            native::search(ctx, queries.host(OP)?, r, cfg, excluded, report)
+        }
         (refs, Some(gpu)) => oom_retry::retry(ctx, || {
             report.restart();
             gpu.settled(gpu::search(ctx, gpu, queries, refs, cfg, excluded, report))
         }),
         (Embeddings::Bank(_), None) => Err(inputs::foreign_bank(OP, ctx.device_name())),
+        (Embeddings::Device(_), None) => Err(inputs::unimported(OP)),
     }
 }
 

@@ -27,7 +27,7 @@ use crate::device_rows::{DeviceRows, RowsView};
 use crate::distance::gpu::DistanceRows;
 use crate::error::{Error, Result};
 use crate::hooks::Reporter;
-use crate::inputs::Embeddings;
+use crate::inputs::{self, Embeddings};
 use crate::kernels::negative_buckets::{self, BucketBuffers, NegativeBuckets, PairPass};
 use crate::kernels::triplet_lists::{self, ListBuffers, TripletLists};
 use crate::kernels::triplet_select::{self, words, Pass, SelectBuffers, TripletSelect};
@@ -245,6 +245,7 @@ impl<'p, 'd> Miner<'p, 'd> {
             None => None,
             Some(Embeddings::Host(r)) => Some(Resident::Uploaded(DeviceRows::upload(gpu, r)?)),
             Some(Embeddings::Bank(bank)) => Some(Resident::Bank(bank.view.rows)),
+            Some(Embeddings::Device(_)) => return Err(inputs::unimported(OP)),
         };
         let view = refs.as_ref().map(|r| RowsView {
             rows: r.rows(),

@@ -9,7 +9,7 @@ use ndarray::{Array2, ArrayView1, ArrayView2};
 use crate::context::{ComputePath, Context};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
-use crate::inputs::{self, Labelled, MiningSet, SelfExclusion};
+use crate::inputs::{self, Imports, Labelled, MiningSet, SelfExclusion};
 use crate::memory::Transfers;
 use crate::metric::DistanceConfig;
 use crate::oom_retry;
@@ -346,6 +346,7 @@ fn prepare<'s, L: Hash + Eq + Copy>(
     queries: &'s MiningSet<'_, L>,
     refs: Option<&'s MiningSet<'_, L>>,
     cfg: &TripletConfig,
+    imports: &'s mut Imports,
 ) -> Result<Problem<'s>> {
     let needs_embeddings = match cfg.rule {
         TripletRule::AllValid => false,
@@ -361,6 +362,7 @@ fn prepare<'s, L: Hash + Eq + Copy>(
         refs,
         &cfg.self_exclusion,
         needs_embeddings,
+        imports,
     )?;
     let chunk = cfg.max_chunk_triplets.max(set.ref_labels.len()).max(1);
     Ok(Problem {
@@ -410,10 +412,12 @@ pub fn mine_triplets<L: Hash + Eq + Copy>(
     refs: Option<&MiningSet<'_, L>>,
     cfg: &TripletConfig,
 ) -> Result<Triplets> {
-    let problem = prepare(OP, ctx, queries, refs, cfg)?;
+    let mut imports = Imports::call();
+    let problem = prepare(OP, ctx, queries, refs, cfg, &mut imports)?;
     let mut flat: Vec<u32> = Vec::new();
     let writer = Writer::new(Sink::Collect(&mut flat), problem.chunk, &cfg.hooks, OP);
-    let (mined, transfers) = transfer::measure(|| run(ctx, &problem, Some(writer), &cfg.hooks));
+    let (mined, mut transfers) = transfer::measure(|| run(ctx, &problem, Some(writer), &cfg.hooks));
+    transfers.add(problem.set.imported);
     mined?;
     let indices = triplet_rows(OP, flat)?;
     Ok(Triplets {
@@ -450,9 +454,11 @@ pub fn mine_triplets_streaming<L: Hash + Eq + Copy>(
     cfg: &TripletConfig,
     mut on_chunk: impl FnMut(ArrayView2<'_, u32>) -> ControlFlow<()>,
 ) -> Result<TripletCount> {
-    let problem = prepare(OP, ctx, queries, refs, cfg)?;
+    let mut imports = Imports::call();
+    let problem = prepare(OP, ctx, queries, refs, cfg, &mut imports)?;
     let writer = Writer::new(Sink::Stream(&mut on_chunk), problem.chunk, &cfg.hooks, OP);
-    let (count, transfers) = transfer::measure(|| run(ctx, &problem, Some(writer), &cfg.hooks));
+    let (count, mut transfers) = transfer::measure(|| run(ctx, &problem, Some(writer), &cfg.hooks));
+    transfers.add(problem.set.imported);
     Ok(TripletCount {
         count: count?,
         path: ctx.path(),
@@ -482,8 +488,10 @@ pub fn count_triplets<L: Hash + Eq + Copy>(
     refs: Option<&MiningSet<'_, L>>,
     cfg: &TripletConfig,
 ) -> Result<TripletCount> {
-    let problem = prepare(OP, ctx, queries, refs, cfg)?;
-    let (count, transfers) = transfer::measure(|| run(ctx, &problem, None, &cfg.hooks));
+    let mut imports = Imports::call();
+    let problem = prepare(OP, ctx, queries, refs, cfg, &mut imports)?;
+    let (count, mut transfers) = transfer::measure(|| run(ctx, &problem, None, &cfg.hooks));
+    transfers.add(problem.set.imported);
     Ok(TripletCount {
         count: count?,
         path: ctx.path(),
@@ -515,16 +523,18 @@ pub fn mine_triplets_plan<L: Hash + Eq + Copy>(
     refs: Option<&MiningSet<'_, L>>,
     cfg: &TripletConfig,
 ) -> Result<Plan> {
-    let problem = prepare(OP, ctx, queries, refs, cfg)?;
+    let mut imports = Imports::plan();
+    let problem = prepare(OP, ctx, queries, refs, cfg, &mut imports)?;
     let b = problem.set.labels.len();
-    match ctx.gpu() {
+    let plan = match ctx.gpu() {
         None => native::plan(ctx, &problem).map(|p| p.public(&problem)),
         Some(gpu) => {
             let caps = DeviceCaps::from_limits(&gpu.limits);
             let budget = oom_retry::planning_budget(ctx);
             plan::plan_call(&problem, true, budget, &caps).map(|p| p.public(b))
         }
-    }
+    };
+    Ok(plan?.with_imports(imports.bytes))
 }
 
 /// Collected `(a, p, n)` rows as a `(t, 3)` array.

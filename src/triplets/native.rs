@@ -120,7 +120,10 @@ impl<'p, 'a> Blocks<'p, 'a> {
         // Only margin rules look at distances.
         let embeddings = match problem.rule {
             TripletRule::AllValid => None,
-            TripletRule::Margin { .. } => problem.set.queries.zip(refs),
+            TripletRule::Margin { .. } => match problem.set.queries {
+                Some(q) => Some(q.host(OP)?).zip(refs),
+                None => None,
+            },
         };
         let embeddings = embeddings.map(|(q, r)| (q, r, Norms::new(r, &problem.distance)));
         let plan = Self {

@@ -6,7 +6,7 @@ use super::{list_sizes, CountMethod, Problem, TripletRule, OP};
 use crate::device_rows::{max_page_rows, rows_bytes};
 use crate::distance::gpu::distance_rows_buffers;
 use crate::error::{Error, Result};
-use crate::inputs::Embeddings;
+use crate::inputs::{self, Embeddings};
 use crate::kernels::distance_tile;
 use crate::kernels::negative_buckets;
 use crate::kernels::triplet_lists;
@@ -299,6 +299,7 @@ pub(super) fn plan_call(
             let rows = bank.view.rows;
             (Some((rows.dim4(), rows.pages_for(m))), 0)
         }
+        Some(Embeddings::Device(_)) => return Err(inputs::unimported(OP)),
     };
     let layout =
         plan_layout(problem, refs, emit, available.saturating_sub(upload), caps).map_err(|e| {
@@ -344,6 +345,7 @@ mod tests {
                 self_slots: vec![NO_SLOT; b],
                 queries: None,
                 refs: None,
+                imported: Default::default(),
             },
             rule,
             distance: DistanceConfig::default(),
