@@ -205,22 +205,15 @@ impl DeviceRows {
         count: usize,
     ) -> Result<()> {
         let (embeddings, page_norms) = self.page(0)?;
-        let x = match x {
-            Rows::Host(x) => x,
-            Rows::Resident(src) => {
-                return src.rows.copy_out(rec, start, count, embeddings, page_norms);
-            }
-        };
-        let padded = transfer::padded_rows(x, start, count, self.dim4);
-        rec.upload(embeddings, 0, &padded)?;
-        let p = row_norms::Params {
-            rows: count as u32,
-            dim4: self.dim4 as u32,
-            _pad: [0; 2],
-        };
-        rec.upload(params, 0, &[p])?;
-        rec.sentinel(page_norms, f32s(count))?;
-        norms.encode(rec, count as u64, params, embeddings, page_norms)
+        stage(
+            rec,
+            norms,
+            params,
+            x,
+            start,
+            count,
+            (embeddings, page_norms),
+        )
     }
 
     /// Whether these rows live on `gpu`'s device (binding them elsewhere is a wgpu fault).
@@ -486,6 +479,35 @@ impl DeviceRows {
         }
         Ok(out)
     }
+}
+
+/// Records rows `x[start .. start + count]` into rows `0 .. count` of `to` with their squared
+/// norms into `to_norms` (laid out as device rows: zero-padded `vec4`s): host rows are uploaded
+/// and their norms computed (`params`: the norm kernel's uniform buffer, rewritten here);
+/// resident rows are copied on the device, norms included.
+pub(crate) fn stage(
+    rec: &mut Recorder<'_>,
+    norms: &RowNorms,
+    params: &TrackedBuffer,
+    x: Rows<'_>,
+    start: usize,
+    count: usize,
+    (to, to_norms): (&TrackedBuffer, &TrackedBuffer),
+) -> Result<()> {
+    let x = match x {
+        Rows::Resident(src) => return src.rows.copy_out(rec, start, count, to, to_norms),
+        Rows::Host(x) => x,
+    };
+    let dim4 = x.ncols().div_ceil(4);
+    rec.upload(to, 0, &transfer::padded_rows(x, start, count, dim4))?;
+    let p = row_norms::Params {
+        rows: count as u32,
+        dim4: dim4 as u32,
+        _pad: [0; 2],
+    };
+    rec.upload(params, 0, &[p])?;
+    rec.sentinel(to_norms, f32s(count))?;
+    norms.encode(rec, count as u64, params, to, to_norms)
 }
 
 /// Checks, without submitting anything, that `x`'s buffer can be read on `gpu`'s device: a

@@ -6,7 +6,7 @@ use ndarray::{s, Array2, ArrayView2};
 
 use super::Job;
 use crate::device::GpuDevice;
-use crate::device_rows::RowsView;
+use crate::device_rows::{stage, RowsView};
 use crate::error::{Error, Result};
 use crate::inputs::Rows;
 use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};
@@ -179,7 +179,7 @@ pub(crate) fn tiles(
         report.check()?;
         let mut rec = Recorder::new(gpu, op);
         if c0 == 0 {
-            stage_queries(
+            stage(
                 &mut rec,
                 &norms,
                 &q_params,
@@ -371,7 +371,7 @@ impl DistanceRows {
     ) -> Result<()> {
         let store = refs.rows;
         let (m, dim4) = (refs.len, store.dim4());
-        stage_queries(
+        stage(
             rec,
             &self.norms,
             &self.norm_params,
@@ -409,34 +409,6 @@ impl DistanceRows {
         }
         Ok(())
     }
-}
-
-/// Records query rows `r0 .. r0 + rows` into `to` (rows and squared norms): host rows are
-/// uploaded and their norms computed (`params`: the norm kernel's uniform buffer, rewritten);
-/// resident rows are copied with their norms.
-fn stage_queries(
-    rec: &mut Recorder<'_>,
-    norms: &RowNorms,
-    params: &TrackedBuffer,
-    queries: Rows<'_>,
-    r0: usize,
-    rows: usize,
-    (to, to_norms): (&TrackedBuffer, &TrackedBuffer),
-) -> Result<()> {
-    let x = match queries {
-        Rows::Resident(src) => return src.rows.copy_out(rec, r0, rows, to, to_norms),
-        Rows::Host(x) => x,
-    };
-    let dim4 = x.ncols().div_ceil(4);
-    rec.upload(to, 0, &transfer::padded_rows(x, r0, rows, dim4))?;
-    let p = row_norms::Params {
-        rows: rows as u32,
-        dim4: dim4 as u32,
-        _pad: [0; 2],
-    };
-    rec.upload(params, 0, &[p])?;
-    rec.sentinel(to_norms, f32s(rows))?;
-    norms.encode(rec, rows as u64, params, to, to_norms)
 }
 
 /// What one block of `rows` query rows against `refs` holds: [`DistanceRows`] and its
