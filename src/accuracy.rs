@@ -10,9 +10,7 @@ use ndarray::ArrayView2;
 use crate::context::{ComputePath, Context};
 use crate::error::{Error, Result};
 use crate::hooks::Hooks;
-use crate::inputs::{
-    self, Embeddings, Imports, Labelled, MiningSet, Pair, Rows, SelfExclusion, NO_SLOT,
-};
+use crate::inputs::{self, Embeddings, Imports, Labelled, MiningSet, Pair, SelfExclusion, NO_SLOT};
 use crate::knn::{self, KnnConfig};
 use crate::memory::Transfers;
 use crate::metric::{Distance, DistanceConfig};
@@ -185,7 +183,8 @@ pub struct Accuracy<L> {
     pub k: usize,
     /// Where the kNN ran.
     pub path: ComputePath,
-    /// Host–device traffic of the call (its kNN search's; zero on the native path).
+    /// Host–device traffic of the call (its kNN search's, and importing device embeddings;
+    /// zero on the native path).
     pub transfers: Transfers,
 }
 
@@ -325,7 +324,7 @@ where
         pair.refs,
         &job.knn_config(cfg),
     )?;
-    Ok(plan.with_imports(imports.bytes))
+    Ok(plan.with_imports(imports.footprint()))
 }
 
 /// A validated accuracy call: its inputs, `R` per query and the `k` to search with.
@@ -378,15 +377,40 @@ fn prepare<'s, L>(
 where
     L: Copy + Eq + Hash + Ord,
 {
-    let set = inputs::prepare(OP, ctx, queries, refs, &cfg.self_exclusion, true, imports)?;
-    // Host rows only: rows on a device are not read back to check them.
-    if let (Some(Rows::Host(q)), Some(Embeddings::Host(r)), SelfExclusion::SameIndex) =
-        (set.queries, set.refs, &cfg.self_exclusion)
-    {
-        if refs.is_some() {
-            check_prefix(q, &set.labels, r, &set.ref_labels)?;
+    // R per query and k come from the labels: checked before any device work, and the
+    // embeddings are imported only when there is something to search.
+    let mut planned = (Vec::new(), 0);
+    let check = |set: &Labelled<'_>| -> Result<bool> {
+        // Host rows only: rows on a device are not read back to check them.
+        if let (Some(Embeddings::Host(q)), Some(r), SelfExclusion::SameIndex) =
+            (queries.embeddings, refs, &cfg.self_exclusion)
+        {
+            if let Some(Embeddings::Host(r)) = r.embeddings {
+                check_prefix(q, &set.labels, r, &set.ref_labels)?;
+            }
         }
-    }
+        let (relevant, k) = relevant_and_k(set, cfg)?;
+        let searches = k > 0 && relevant.iter().any(|&r| r > 0);
+        planned = (relevant, k);
+        Ok(searches)
+    };
+    let set = inputs::prepare(
+        OP,
+        ctx,
+        queries,
+        refs,
+        &cfg.self_exclusion,
+        true,
+        check,
+        imports,
+    )?;
+    let (relevant, k) = planned;
+    Ok(Job { set, relevant, k })
+}
+
+/// Per query, the references relevant to it (of its label, less itself), and the `k` to
+/// search with.
+fn relevant_and_k(set: &Labelled<'_>, cfg: &AccuracyConfig) -> Result<(Vec<usize>, usize)> {
     let m = set.ref_labels.len();
     let mut counts: HashMap<u32, usize> = HashMap::new();
     for &l in &set.ref_labels {
@@ -418,7 +442,7 @@ where
         }
         AccuracyK::Fixed(k) => k,
     };
-    Ok(Job { set, relevant, k })
+    Ok((relevant, k))
 }
 
 /// One query's metrics from the relevance of its neighbours (best first) and its `R ≥ 1`.

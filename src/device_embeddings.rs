@@ -9,6 +9,17 @@
 /// budget) and check there that every value is finite: one host wait and 4 bytes per row of
 /// squared norms read back, none of the embeddings' bytes. Labels stay on the host.
 ///
+/// # Errors
+/// Every operation given device embeddings (queries, references or a bank's batch) fails,
+/// before any device work, with [`crate::Error::InvalidParameter`] on a native context, for
+/// an offset that is not a multiple of 4, a row stride below the columns, a buffer without
+/// `COPY_SRC` or rows past its end, and [`crate::Error::Shape`] for 0 columns. As they are
+/// imported: [`crate::Error::InvalidParameter`] for a buffer of another device (or destroyed),
+/// [`crate::Error::NonFinite`] naming the first NaN or infinity (or
+/// [`crate::Error::InvalidParameter`] for a row whose squared norm overflows f32: values
+/// beyond ~1.8e19, which host rows may hold), [`crate::Error::BudgetExceeded`] when the copy
+/// does not fit the budget.
+///
 /// A buffer of another device is an [`crate::Error::InvalidParameter`] when both devices
 /// were made by this crate on Vulkan, Metal or DX12 (their contexts share one wgpu instance)
 /// or share the application's instance ([`crate::Context::from_wgpu`]). wgpu cannot tell

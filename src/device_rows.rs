@@ -319,13 +319,15 @@ impl DeviceRows {
         })
     }
 
-    /// Device bytes of an import of these rows: the pages, and while importing, the norm
-    /// parameters of every page and the staging buffer the norms are checked through.
-    pub(crate) fn import_bytes(&self) -> u64 {
+    /// Device bytes of an import of these rows: `(held, transient)`, the pages (held for the
+    /// call) and, only while importing, the norm parameters of every page and the staging
+    /// buffer the norms are checked through.
+    pub(crate) fn import_bytes(&self) -> (u64, u64) {
         let pages = self.capacity.div_ceil(self.page_rows) as u64;
-        rows_bytes(self.capacity, self.dim4, self.page_rows)
-            + pages * uniform_size::<row_norms::Params>()
-            + f32s(self.capacity)
+        (
+            rows_bytes(self.capacity, self.dim4, self.page_rows),
+            pages * uniform_size::<row_norms::Params>() + f32s(self.capacity),
+        )
     }
 
     /// Copies embeddings `x` (validated) from their buffer into rows of the kernels' layout

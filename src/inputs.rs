@@ -421,8 +421,10 @@ pub(crate) struct Imports {
     plan: bool,
     queries: Option<DeviceRows>,
     refs: Option<DeviceRows>,
-    /// Bytes the imports take (or would take, for a plan).
-    pub(crate) bytes: u64,
+    /// Bytes the imported rows hold for the call (or would, for a plan).
+    bytes: u64,
+    /// Most bytes held while importing (rows imported before included).
+    transient: u64,
     _cap: Option<oom_retry::CapGuard>,
 }
 
@@ -434,6 +436,7 @@ impl Imports {
             queries: None,
             refs: None,
             bytes: 0,
+            transient: 0,
             _cap: None,
         }
     }
@@ -444,6 +447,11 @@ impl Imports {
             plan: true,
             ..Self::call()
         }
+    }
+
+    /// `(held, transient)` bytes: see [`crate::plan::Plan::with_imports`].
+    pub(crate) fn footprint(&self) -> (u64, u64) {
+        (self.bytes, self.transient)
     }
 
     /// Imports (or, for a plan, sizes) the device-buffer sides among `queries` and `refs`
@@ -465,18 +473,25 @@ impl Imports {
             } else {
                 DeviceRows::import(gpu, op, side.embeddings(), x)?
             };
-            self.bytes += rows.import_bytes();
+            let (held, transient) = rows.import_bytes();
+            self.transient = self.transient.max(self.bytes + held + transient);
+            self.bytes += held;
             match side {
                 Side::Queries => self.queries = Some(rows),
                 _ => self.refs = Some(rows),
             }
         }
         if self.plan && self.bytes > 0 {
+            // The call plans its tiles with the imported rows allocated; so does the plan.
             let available = oom_retry::planning_budget(ctx);
-            let Some(left) = available.checked_sub(self.bytes) else {
+            let needed = self.transient.max(self.bytes);
+            let Some(left) = available
+                .checked_sub(self.bytes)
+                .filter(|_| needed <= available)
+            else {
                 return Err(Error::BudgetExceeded {
                     label: "device embeddings (imported)",
-                    requested: self.bytes,
+                    requested: needed,
                     in_use: ctx.memory().current_bytes,
                     budget: ctx.memory().budget_bytes,
                 });
@@ -530,14 +545,15 @@ pub(crate) struct Pair<'a> {
     pub(crate) excluded: Vec<u32>,
 }
 
-/// Validates an unlabelled call: both sides' embeddings, equal `d`, and `self_exclusion`
-/// (`None` for operations without one); then imports device-buffer sides into `imports`.
+/// Validates an unlabelled call: both sides' embeddings, equal `d`, `self_exclusion` (`None`
+/// for operations without one), then the operation's own rules (`check(n, excluded)`, before
+/// any device work); then imports device-buffer sides into `imports`.
 pub(crate) fn prepare_pair<'a>(
     op: &'static str,
     ctx: &Context,
-    queries: Embeddings<'a>,
-    refs: Embeddings<'a>,
+    (queries, refs): (Embeddings<'a>, Embeddings<'a>),
     self_exclusion: Option<&SelfExclusion>,
+    check: impl FnOnce(usize, &[u32]) -> Result<()>,
     imports: &'a mut Imports,
 ) -> Result<Pair<'a>> {
     let (q, d) = check_embeddings(op, ctx, Side::Queries, &queries)?;
@@ -547,6 +563,7 @@ pub(crate) fn prepare_pair<'a>(
         Some(rule) => self_slots(op, rule, q, shape.0, false)?,
         None => vec![NO_SLOT; q],
     };
+    check(shape.0, &excluded)?;
     let (Some(queries), Some(refs)) = imports.resolve(op, ctx, Some(queries), Some(refs))? else {
         return Err(unimported(op));
     };
@@ -653,8 +670,13 @@ fn check_set<L>(
 }
 
 /// Validates a label-based call: both sides, equal `d`, embeddings where `needs_embeddings`,
-/// and `self_exclusion`; then imports device-buffer sides into `imports`. Without `refs` the
-/// references are the queries.
+/// `self_exclusion`, then the operation's own rules on the labels (`check`, before any device
+/// work, which returns whether the call needs its embeddings after all); then imports
+/// device-buffer sides into `imports`. Without `refs` the references are the queries.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one validation for every label-based operation; the arguments are its inputs"
+)]
 pub(crate) fn prepare<'s, L: Hash + Eq + Copy>(
     op: &'static str,
     ctx: &Context,
@@ -662,6 +684,7 @@ pub(crate) fn prepare<'s, L: Hash + Eq + Copy>(
     refs: Option<&'s MiningSet<'_, L>>,
     self_exclusion: &SelfExclusion,
     needs_embeddings: bool,
+    check: impl FnOnce(&Labelled<'_>) -> Result<bool>,
     imports: &'s mut Imports,
 ) -> Result<Labelled<'s>> {
     // One lifetime for both sides from here on (array views are invariant in theirs).
@@ -696,27 +719,30 @@ pub(crate) fn prepare<'s, L: Hash + Eq + Copy>(
     let (b, m) = (queries.labels.len(), ref_set.labels.len());
     let self_slots = self_slots(op, self_exclusion, b, m, refs.is_none())?;
     let (labels, ref_labels) = dense_labels(queries.labels, ref_set.labels);
-    let ((query_rows, ref_rows), imported) = if needs_embeddings {
-        // The references are the queries when not given: one import serves both.
-        let (resolved, imported) = transfer::measure(|| match refs {
-            Some(r) => imports.resolve(op, ctx, queries.embeddings, r.embeddings),
-            None => {
-                let (q, _) = imports.resolve(op, ctx, queries.embeddings, None)?;
-                Ok((q, q))
-            }
-        });
-        (resolved?, imported)
-    } else {
-        ((None, None), Transfers::default())
-    };
-    Ok(Labelled {
+    let mut set = Labelled {
         labels,
         ref_labels,
         self_slots,
-        queries: query_rows.map(|q| rows_of(op, q)).transpose()?,
-        refs: ref_rows,
-        imported,
-    })
+        queries: None,
+        refs: None,
+        imported: Transfers::default(),
+    };
+    if !check(&set)? || !needs_embeddings {
+        return Ok(set);
+    }
+    // The references are the queries when not given: one import serves both.
+    let (resolved, imported) = transfer::measure(|| match refs {
+        Some(r) => imports.resolve(op, ctx, queries.embeddings, r.embeddings),
+        None => {
+            let (q, _) = imports.resolve(op, ctx, queries.embeddings, None)?;
+            Ok((q, q))
+        }
+    });
+    let (query_rows, ref_rows) = resolved?;
+    set.queries = query_rows.map(|q| rows_of(op, q)).transpose()?;
+    set.refs = ref_rows;
+    set.imported = imported;
+    Ok(set)
 }
 
 #[cfg(test)]

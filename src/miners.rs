@@ -173,7 +173,7 @@ pub fn miners_plan<L: Hash + Eq + Copy>(
     let rows = (BLOCK_FLOATS / m.max(1)).max(1);
     match (set.queries, set.refs) {
         (Some(queries), Some(refs)) => {
-            Ok(row_plan(cfg.op(), ctx, queries, &refs, rows)?.with_imports(imports.bytes))
+            Ok(row_plan(cfg.op(), ctx, queries, &refs, rows)?.with_imports(imports.footprint()))
         }
         // Labels only: rows of lists on the host, nothing held.
         _ => Ok(Plan {
@@ -204,6 +204,7 @@ fn prepare_miner<'s, L: Hash + Eq + Copy>(
         refs,
         cfg.self_exclusion(),
         needs_embeddings,
+        |_| Ok(true),
         imports,
     )
 }

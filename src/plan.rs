@@ -63,12 +63,13 @@ pub(crate) struct DeviceCaps {
 }
 
 impl Plan {
-    /// The plan with `bytes` more held for the whole call at each size (imported device
-    /// embeddings).
-    pub(crate) fn with_imports(self, bytes: u64) -> Self {
+    /// The plan of a call that first imports device embeddings: `held` bytes for the whole
+    /// call, and at most `transient` bytes (rows imported so far included) while importing,
+    /// before any tile exists.
+    pub(crate) fn with_imports(self, (held, transient): (u64, u64)) -> Self {
         Self {
-            bytes: self.bytes + bytes,
-            min_bytes: self.min_bytes + bytes,
+            bytes: (self.bytes + held).max(transient),
+            min_bytes: (self.min_bytes + held).max(transient),
             ..self
         }
     }

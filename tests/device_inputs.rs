@@ -315,6 +315,45 @@ fn bad_device_rows_are_typed_errors_before_any_work() {
         "{got:?}"
     );
     assert_eq!(ctx.memory().current_bytes, before);
+
+    // Rules that need no device are checked before the rows are imported: no wait at all.
+    let own_buffer = upload(ctx, &x, 0, 5);
+    let rows = DeviceEmbeddings::new(&own_buffer, 0, (6, 5));
+    let waits = ctx.transfers().host_waits;
+    let bad_k = KnnConfig {
+        k: 0,
+        ..Default::default()
+    };
+    assert!(matches!(
+        knn(ctx, rows, rows, &bad_k),
+        Err(Error::InvalidParameter { what: "k", .. })
+    ));
+    let y = Array1::from_elem(6, 0i64);
+    let fixed = AccuracyConfig {
+        k: wgpu_metric_learning::AccuracyK::Fixed(0),
+        ..Default::default()
+    };
+    let got = accuracy(ctx, &MiningSet::new(rows, &y), None, &fixed);
+    assert!(
+        matches!(got, Err(Error::InvalidParameter { what: "k", .. })),
+        "{got:?}"
+    );
+    assert_eq!(ctx.transfers().host_waits, waits, "nothing was imported");
+    // A native bank takes host rows only, whatever the context.
+    let mut bank =
+        MemoryBank::<i64>::new(&Context::native_cpu(None), &BankConfig::new(8, 5)).expect("bank");
+    let got = bank.enqueue(ctx, &MiningSet::new(rows, &y));
+    assert!(
+        matches!(
+            got,
+            Err(Error::InvalidParameter {
+                what: "embeddings",
+                ..
+            })
+        ),
+        "{got:?}"
+    );
+    assert!(bank.is_empty());
 }
 
 #[test]

@@ -161,15 +161,23 @@ fn io<'p>(op: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> Er
     }
 }
 
-/// The temporary file a save writes before renaming it over `path`: beside it (a rename
-/// within one directory is atomic), and the same name every time, so that a save killed
-/// half-way leaves one stale file that the next save replaces.
-pub(super) fn temporary_path(path: &Path) -> PathBuf {
+/// The prefix of the temporary files saves to `path` write before renaming them over it:
+/// beside it, since a rename within one directory is atomic.
+pub(super) fn temporary_prefix(path: &Path) -> String {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    path.with_file_name(format!(".{name}.wml-partial"))
+    format!(".{name}.wml-partial-")
+}
+
+/// A temporary file of its own for one save (process id and a per-process counter), so that
+/// two saves to one path never write into one file; a save killed half-way leaves it behind.
+fn temporary_path(path: &Path) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let prefix = temporary_prefix(path);
+    path.with_file_name(format!("{prefix}{}-{n}", std::process::id()))
 }
 
 /// Writes a checkpoint of `header` with `labels` `(len,)` and `rows` `(len, dim)` to `path`
@@ -201,7 +209,12 @@ fn write_file<L: CheckpointLabel>(
     labels: &[L],
     rows: ArrayView2<'_, f32>,
 ) -> Result<u64> {
-    let file = File::create(tmp).map_err(io(op, tmp))?;
+    // A new file, never one already there (nor what a link there points to).
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(tmp)
+        .map_err(io(op, tmp))?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
     let mut sum = Fnv::new();
     let mut bytes = 0u64;
@@ -211,7 +224,8 @@ fn write_file<L: CheckpointLabel>(
         out.write_all(chunk).map_err(io(op, tmp))
     };
     put(&mut out, &header.encode::<L>())?;
-    let mut block = Vec::with_capacity(ROWS_PER_BLOCK * L::BYTES.max(4 * rows.ncols()));
+    let block_rows = ROWS_PER_BLOCK.min(header.len.max(1));
+    let mut block = Vec::with_capacity(block_rows * L::BYTES.max(4 * rows.ncols()));
     for chunk in labels.chunks(ROWS_PER_BLOCK) {
         block.clear();
         for &l in chunk {
@@ -310,7 +324,8 @@ pub(super) fn load<L: CheckpointLabel>(
         sum.update(buf);
         Ok(())
     };
-    let mut block = vec![0u8; ROWS_PER_BLOCK * L::BYTES.max(4 * header.dim)];
+    let block_rows = ROWS_PER_BLOCK.min(header.len.max(1));
+    let mut block = vec![0u8; block_rows * L::BYTES.max(4 * header.dim)];
     let mut labels = Vec::with_capacity(header.len);
     for start in (0..header.len).step_by(ROWS_PER_BLOCK) {
         let n = ROWS_PER_BLOCK.min(header.len - start);
@@ -401,7 +416,15 @@ fn parse_header<L: CheckpointLabel>(path: &Path, raw: &[u8; HEADER as usize]) ->
         ));
     }
     // A ring that was never filled holds slots 0 .. head; a filled one, every slot.
-    let consistent = header.head < header.capacity.max(1)
+    if header.capacity == 0 || header.dim == 0 {
+        return Err(bad(
+            path,
+            "shape",
+            "a capacity and dim of at least 1",
+            format!("capacity {} and dim {}", header.capacity, header.dim),
+        ));
+    }
+    let consistent = header.head < header.capacity
         && if header.filled {
             header.len == header.capacity
         } else {
@@ -462,6 +485,13 @@ mod tests {
         let rows = Array2::<f32>::zeros((1, 1));
         let saved = save("t", &path, &h, &[3u8], rows.view());
         assert!(matches!(saved, Err(Error::Io { .. })), "{saved:?}");
-        assert!(!temporary_path(&path).exists());
+        let prefix = temporary_prefix(&path);
+        let dir = path.parent().expect("a directory");
+        let left = std::fs::read_dir(dir)
+            .expect("dir")
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .count();
+        assert_eq!(left, 0);
     }
 }

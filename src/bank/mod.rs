@@ -147,6 +147,29 @@ pub struct MemoryBank<L> {
 
 const NEW: &str = "MemoryBank::new";
 const ENQUEUE: &str = "MemoryBank::enqueue";
+
+/// A bank's shape: capacity and dimension at least 1, slots that fit `u32` indices.
+fn check_config(op: &'static str, cfg: &BankConfig) -> Result<()> {
+    for (what, value) in [("capacity", cfg.capacity), ("dim", cfg.dim)] {
+        if value == 0 {
+            return Err(Error::InvalidParameter {
+                op,
+                what,
+                value: "0".into(),
+                rule: "must be at least 1",
+            });
+        }
+    }
+    if cfg.capacity > inputs::MAX_ROWS {
+        return Err(Error::InvalidParameter {
+            op,
+            what: "capacity",
+            value: cfg.capacity.to_string(),
+            rule: "at most 4 294 967 293 rows (slots are u32 indices)",
+        });
+    }
+    Ok(())
+}
 const SAVE: &str = "MemoryBank::save";
 const LOAD: &str = "MemoryBank::load";
 
@@ -157,7 +180,9 @@ impl<L: Hash + Eq + CheckpointLabel> MemoryBank<L> {
     /// read, not changed; on the GPU its rows are read back page by page.
     ///
     /// # Errors
-    /// [`Error::Io`] when the file cannot be written (nothing is left under either name);
+    /// [`Error::Io`] when the file cannot be written: the previous file at `path`, if any, is
+    /// untouched and the temporary file removed (except when only the final flush of the
+    /// directory fails: the new file is then in place, possibly not yet durable);
     /// [`Error::InvalidParameter`] for another context; device errors.
     ///
     /// # Example
@@ -206,6 +231,7 @@ impl<L: Hash + Eq + CheckpointLabel> MemoryBank<L> {
     /// whole file was read and checked.
     ///
     /// # Errors
+    /// [`Error::InvalidParameter`] for a `cfg` that [`Self::new`] refuses (checked first);
     /// [`Error::Io`] when the file cannot be read; [`Error::Checkpoint`] for a file that is
     /// not a checkpoint, is truncated, extended or damaged (checksum), or holds another
     /// capacity, dimension or label type; [`Error::NonFinite`] for non-finite rows; the errors
@@ -224,6 +250,7 @@ impl<L: Hash + Eq + CheckpointLabel> MemoryBank<L> {
     /// ```
     pub fn load(ctx: &Context, path: impl AsRef<Path>, cfg: &BankConfig) -> Result<Self> {
         let path = path.as_ref();
+        check_config(LOAD, cfg)?;
         let loaded = checkpoint::load::<L>(LOAD, path, (cfg.capacity, cfg.dim))?;
         validate::finite(LOAD, "embeddings", loaded.rows.view())?;
         let mut bank = Self::new(ctx, cfg)?;
@@ -254,24 +281,7 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
     /// assert!(matches!(too_big, Err(Error::OverBudget { .. })));
     /// ```
     pub fn new(ctx: &Context, cfg: &BankConfig) -> Result<Self> {
-        for (what, value) in [("capacity", cfg.capacity), ("dim", cfg.dim)] {
-            if value == 0 {
-                return Err(Error::InvalidParameter {
-                    op: NEW,
-                    what,
-                    value: "0".into(),
-                    rule: "must be at least 1",
-                });
-            }
-        }
-        if cfg.capacity > inputs::MAX_ROWS {
-            return Err(Error::InvalidParameter {
-                op: NEW,
-                what: "capacity",
-                value: cfg.capacity.to_string(),
-                rule: "at most 4 294 967 293 rows (slots are u32 indices)",
-            });
-        }
+        check_config(NEW, cfg)?;
         let budget = ctx.memory().budget_bytes;
         let storage = match ctx.gpu() {
             Some(gpu) => {
@@ -387,14 +397,15 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
 
     /// Writes the batch's embeddings `(b, dim)` with its labels `(b,)` at slots
     /// `head .. head + b` modulo the capacity, wrapping across the end and across pages; only
-    /// the batch's bytes move. An empty batch changes nothing (PML would mark the bank
-    /// filled).
+    /// the batch's bytes move (device embeddings are copied on the device). An empty batch
+    /// changes nothing (PML would mark the bank filled).
     ///
     /// # Errors
     /// [`Error::Shape`] for a wrong `dim` or a label count that differs from `b`;
-    /// [`Error::InvalidParameter`] for a batch without embeddings, `b > capacity` (PML
-    /// asserts) or another context; [`Error::NonFinite`] for NaN/inf rows. The bank is
-    /// unchanged after any error.
+    /// [`Error::InvalidParameter`] for a batch without embeddings or of a bank's rows,
+    /// `b > capacity` (PML asserts), another context, or device rows for a native bank;
+    /// [`Error::NonFinite`] for NaN/inf rows; for device embeddings, the errors of
+    /// [`DeviceEmbeddings`]. The bank is unchanged after any error.
     ///
     /// # Example
     /// ```
@@ -457,9 +468,11 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
                 transfers = moved;
             }
             (Storage::Host { .. }, _) => {
-                return Err(Error::Internal {
+                return Err(Error::InvalidParameter {
                     op: ENQUEUE,
-                    message: "device rows passed validation for a native bank".into(),
+                    what: "embeddings",
+                    value: "rows on a device".into(),
+                    rule: "a native-CPU bank takes host arrays",
                 })
             }
         }
@@ -557,7 +570,8 @@ impl<L: Hash + Eq + Copy> MemoryBank<L> {
         self.enqueue(ctx, &MiningSet::new(rows, labels))
     }
 
-    /// The filled rows `(len, dim)` as references for [`crate::knn`], where they live
+    /// The filled rows `(len, dim)` as queries or references for [`crate::knn`] and
+    /// [`crate::pairwise_distances`], where they live
     /// (nothing is uploaded); result indices are slots.
     ///
     /// # Example

@@ -1,6 +1,7 @@
-//! The wgpu path of pairwise distances: 2-D tiles of host queries against host references,
-//! and blocks of whole rows of host queries against resident rows (a memory bank's pages, or
-//! the triplet miner's uploaded references) through [`DistanceRows`].
+//! The wgpu path of pairwise distances: 2-D tiles of queries against host references, and
+//! blocks of whole rows of queries against resident rows (a memory bank's pages, imported
+//! device embeddings, or the triplet miner's uploaded references) through [`DistanceRows`].
+//! Queries are host rows (uploaded per tile) or resident rows (copied per tile).
 
 use ndarray::{s, Array2, ArrayView2};
 

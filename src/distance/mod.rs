@@ -81,8 +81,8 @@ pub struct PairwiseDistances {
 ///
 /// # Errors
 /// [`Error::Shape`] if `d = 0` or the two `d` differ; [`Error::NonFinite`] for a NaN or
-/// infinity; [`Error::InvalidParameter`] for a bank as the queries or a bank of another
-/// context; [`Error::OverBudget`] / [`Error::DeviceLimit`] if not even a 1 × 1 tile fits;
+/// infinity; [`Error::InvalidParameter`] for a bank of another context; for device
+/// embeddings, the errors of [`DeviceEmbeddings`](crate::DeviceEmbeddings); [`Error::OverBudget`] / [`Error::DeviceLimit`] if not even a 1 × 1 tile fits;
 /// [`Error::Cancelled`]; device errors as [`Error`] variants.
 ///
 /// # Example
@@ -108,14 +108,8 @@ pub fn pairwise_distances<'q, 'r>(
     let (queries, refs) = (queries.into(), refs.into());
     let mut imports = Imports::call();
     let (pair, imported) = transfer::measure(|| {
-        inputs::prepare_pair(
-            OP,
-            ctx,
-            queries.reborrow(),
-            refs.reborrow(),
-            None,
-            &mut imports,
-        )
+        let sides = (queries.reborrow(), refs.reborrow());
+        inputs::prepare_pair(OP, ctx, sides, None, |_, _| Ok(()), &mut imports)
     });
     let pair = pair?;
     let (q, n) = (pair.queries.nrows(), pair.refs.dim().0);
@@ -181,18 +175,12 @@ pub fn pairwise_distances_plan<'q, 'r>(
 ) -> Result<Plan> {
     let (queries, refs) = (queries.into(), refs.into());
     let mut imports = Imports::plan();
-    let pair = inputs::prepare_pair(
-        OP,
-        ctx,
-        queries.reborrow(),
-        refs.reborrow(),
-        None,
-        &mut imports,
-    )?;
+    let sides = (queries.reborrow(), refs.reborrow());
+    let pair = inputs::prepare_pair(OP, ctx, sides, None, |_, _| Ok(()), &mut imports)?;
     // The distance changes no buffer; `cfg` is taken for the operation's call shape.
     let PairwiseConfig { .. } = cfg;
     let plan = row_plan(OP, ctx, pair.queries, &pair.refs, usize::MAX)?;
-    Ok(plan.with_imports(imports.bytes))
+    Ok(plan.with_imports(imports.footprint()))
 }
 
 /// The plan of [`for_each_row_block`] (and of [`pairwise_distances`], whose whole matrix is

@@ -119,9 +119,10 @@ impl Neighbours {
 /// [`Error::Shape`] if `d = 0` or the dimensions differ, or for a self-exclusion that does
 /// not fit the inputs (see [`SelfExclusion`]); [`Error::NonFinite`] for a NaN or infinity;
 /// [`Error::InvalidParameter`] if `k = 0` or `k` exceeds the references a query can see, for
-/// a self-exclusion slot past the references, a bank as the queries or a bank of another
-/// context; [`Error::OverBudget`] if not even one query row fits the budget;
-/// [`Error::Cancelled`]; device errors.
+/// a self-exclusion slot past the references or a bank of another context; for device
+/// embeddings, the errors of [`DeviceEmbeddings`](crate::DeviceEmbeddings);
+/// [`Error::OverBudget`] if not even one query row fits the budget; [`Error::Cancelled`];
+/// device errors.
 ///
 /// # Example
 /// ```
@@ -155,7 +156,8 @@ pub fn knn<'q, 'r>(
 ///
 /// # Errors
 /// As [`knn`] for bad inputs; [`Error::OverBudget`] (naming the bytes of the smallest chunk)
-/// or [`Error::DeviceLimit`] when not even one query row fits.
+/// or [`Error::DeviceLimit`] when not even one query row fits; [`Error::BudgetExceeded`]
+/// (`"device embeddings (imported)"`) when device embeddings alone exceed the budget left.
 ///
 /// # Example
 /// ```
@@ -182,7 +184,7 @@ pub fn knn_plan<'q, 'r>(
         None => native::plan(ctx, q, n, cfg.k).map(|p| p.public(q, n)),
         Some(gpu) => gpu::plan(ctx, gpu, (q, d), &pair.refs, cfg.k).map(|p| p.public(q, n)),
     };
-    Ok(plan?.with_imports(imports.bytes))
+    Ok(plan?.with_imports(imports.footprint()))
 }
 
 /// [`knn`] over validated inputs.
@@ -208,8 +210,8 @@ pub(crate) fn run(ctx: &Context, pair: &Pair<'_>, cfg: &KnnConfig) -> Result<Knn
 /// chunk.
 ///
 /// # Errors
-/// As [`knn`]; [`Error::InvalidParameter`] when `contexts` is empty or `refs` is a memory
-/// bank (its rows live on one device). A shard that panics (a bug) panics the caller.
+/// As [`knn`]; [`Error::InvalidParameter`] when `contexts` is empty or either side is not a
+/// host array (a bank's or a buffer's rows live on one device). A shard that panics (a bug) panics the caller.
 ///
 /// # Example
 /// ```
@@ -242,7 +244,7 @@ pub fn knn_sharded<'q, 'r>(
     let (Embeddings::Host(queries), Embeddings::Host(refs)) = (queries, refs) else {
         return Err(Error::InvalidParameter {
             op: OP,
-            what: "refs",
+            what: "queries and refs",
             value: "device-resident embeddings".into(),
             rule:
                 "knn_sharded takes host queries and references (it splits them over its contexts)",
@@ -327,24 +329,28 @@ fn check<'a>(
     cfg: &KnnConfig,
     imports: &'a mut Imports,
 ) -> Result<Pair<'a>> {
-    let pair = inputs::prepare_pair(OP, ctx, queries, refs, Some(&cfg.self_exclusion), imports)?;
-    let n = pair.refs.dim().0;
-    // Every slot indexes the references, so one reference is hidden from each excluding query.
-    let sees_itself = pair.excluded.iter().any(|&e| (e as usize) < n);
-    let visible = n - usize::from(sees_itself);
-    if cfg.k == 0 || cfg.k > visible {
-        return Err(Error::InvalidParameter {
-            op: OP,
-            what: "k",
-            value: cfg.k.to_string(),
-            rule: if cfg.k == 0 {
-                "k must be at least 1"
-            } else {
-                "k must not exceed the references a query can see (n, less the query itself when excluded)"
-            },
-        });
-    }
-    Ok(pair)
+    // `k` is checked against the references a query can see before any device work.
+    let check_k = |n: usize, excluded: &[u32]| {
+        // Every slot indexes the references, so one reference is hidden from each excluding
+        // query.
+        let sees_itself = excluded.iter().any(|&e| (e as usize) < n);
+        let visible = n - usize::from(sees_itself);
+        if cfg.k == 0 || cfg.k > visible {
+            return Err(Error::InvalidParameter {
+                op: OP,
+                what: "k",
+                value: cfg.k.to_string(),
+                rule: if cfg.k == 0 {
+                    "k must be at least 1"
+                } else {
+                    "k must not exceed the references a query can see (n, less the query itself when excluded)"
+                },
+            });
+        }
+        Ok(())
+    };
+    let sides = (queries, refs);
+    inputs::prepare_pair(OP, ctx, sides, Some(&cfg.self_exclusion), check_k, imports)
 }
 
 /// One device's (or the CPU's) search over validated inputs; rows may come back padded when

@@ -362,6 +362,7 @@ fn prepare<'s, L: Hash + Eq + Copy>(
         refs,
         &cfg.self_exclusion,
         needs_embeddings,
+        |_| Ok(true),
         imports,
     )?;
     let chunk = cfg.max_chunk_triplets.max(set.ref_labels.len()).max(1);
@@ -392,8 +393,8 @@ pub(crate) const OP: &str = "mine_triplets";
 /// self-exclusion slots are not one per query, or [`SelfExclusion::SameIndex`] has fewer
 /// references than queries; [`Error::NonFinite`] for NaN/inf embeddings;
 /// [`Error::InvalidParameter`] for a non-finite margin, a margin rule without embeddings, a
-/// self-exclusion slot past the references, a memory bank as the queries or a bank of another
-/// context; [`Error::OverBudget`] / [`Error::DeviceLimit`] when one anchor's working set
+/// self-exclusion slot past the references or a bank of another context; for device
+/// embeddings, the errors of [`DeviceEmbeddings`](crate::DeviceEmbeddings); [`Error::OverBudget`] / [`Error::DeviceLimit`] when one anchor's working set
 /// cannot fit; [`Error::Cancelled`]; device errors.
 ///
 /// # Example
@@ -534,7 +535,7 @@ pub fn mine_triplets_plan<L: Hash + Eq + Copy>(
             plan::plan_call(&problem, true, budget, &caps).map(|p| p.public(b))
         }
     };
-    Ok(plan?.with_imports(imports.bytes))
+    Ok(plan?.with_imports(imports.footprint()))
 }
 
 /// Collected `(a, p, n)` rows as a `(t, 3)` array.

@@ -16,7 +16,9 @@
 //! ```
 //!
 //! With `--checkpoint`, the bank is restored from that file when it exists and saved to it
-//! (atomically) at every evaluation. Its last line is `precision_at_1 before <x> after <y>`.
+//! (atomically) at every evaluation and at the end; the network's weights are not saved (a
+//! resumed run starts from fresh weights and the restored bank). Its last line is
+//! `precision_at_1 before <x> after <y>`.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -218,15 +220,10 @@ fn main() -> Result<(), Failure> {
 
     let mut model = Net::new(&train_device);
     let mut optim = AdamConfig::new().init();
-    let before = evaluate(
-        &ctx,
-        &backend,
-        &model,
-        &eval_x,
-        &eval_y,
-        &train_device,
-        "before",
-    )?;
+    let eval = |model: &Net, when: &str| {
+        evaluate(&ctx, &backend, model, &eval_x, &eval_y, &train_device, when)
+    };
+    let before = eval(&model, "before")?;
     let eval_every = (args.steps / 3).max(1);
     let started = Instant::now();
     let mut mined_total = 0usize;
@@ -275,66 +272,64 @@ fn main() -> Result<(), Failure> {
         };
         memory = mirror(memory, &emb, &enqueued.slots);
         mined_total += triplets.len();
-        if triplets.is_empty() {
-            continue;
+
+        // PML's TripletMarginLoss over the mined triplets, averaged over the non-zero ones
+        // (nothing to learn from a batch that mined none).
+        if !triplets.is_empty() {
+            let [a, p, n] = index_columns::<3>(triplets.indices.view(), &train_device)?;
+            let anchors = emb.select(0, a);
+            let distance = |other: Tensor<2>| {
+                (anchors.clone() - other)
+                    .powf_scalar(2.0)
+                    .sum_dim(1)
+                    .clamp_min(1e-12)
+                    .sqrt()
+            };
+            let ap = distance(memory.clone().select(0, p));
+            let an = distance(memory.clone().select(0, n));
+            let losses = (ap - an + LOSS_MARGIN).clamp_min(0.0);
+            let nonzero = losses
+                .clone()
+                .greater_elem(0.0)
+                .float()
+                .sum()
+                .clamp_min(1.0);
+            let loss = losses.sum() / nonzero;
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(LEARNING_RATE, model, grads);
         }
 
-        // PML's TripletMarginLoss over the mined triplets, averaged over the non-zero ones.
-        let [a, p, n] = index_columns::<3>(triplets.indices.view(), &train_device);
-        let anchors = emb.select(0, a);
-        let distance = |other: Tensor<2>| {
-            (anchors.clone() - other)
-                .powf_scalar(2.0)
-                .sum_dim(1)
-                .clamp_min(1e-12)
-                .sqrt()
-        };
-        let (ap, an) = (
-            distance(memory.clone().select(0, p)),
-            distance(memory.clone().select(0, n)),
-        );
-        let losses = (ap - an + LOSS_MARGIN).clamp_min(0.0);
-        let nonzero = losses
-            .clone()
-            .greater_elem(0.0)
-            .float()
-            .sum()
-            .clamp_min(1.0);
-        let loss = losses.sum() / nonzero;
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        model = optim.step(LEARNING_RATE, model, grads);
-
-        if step % eval_every == 0 || step == args.steps {
+        if step % eval_every == 0 && step < args.steps {
             println!(
                 "step {step}: {} triplets mined in this batch, {mined_total} so far, {:.1} s",
                 triplets.len(),
                 started.elapsed().as_secs_f64()
             );
-            evaluate(
-                &ctx,
-                &backend,
-                &model,
-                &eval_x,
-                &eval_y,
-                &train_device,
-                "held-out",
-            )?;
-            if let Some(path) = &args.checkpoint {
-                let saved = bank.save(&ctx, path)?;
-                println!("bank saved to {} ({} bytes)", path.display(), saved.bytes);
-            }
+            eval(&model, "held-out")?;
+            save(&ctx, &bank, args.checkpoint.as_deref())?;
         }
     }
-    let after = evaluate(
-        &ctx,
-        &backend,
-        &model,
-        &eval_x,
-        &eval_y,
-        &train_device,
-        "after",
-    )?;
+    println!(
+        "{} steps: {mined_total} triplets mined, {:.1} s",
+        args.steps,
+        started.elapsed().as_secs_f64()
+    );
+    save(&ctx, &bank, args.checkpoint.as_deref())?;
+    let after = eval(&model, "after")?;
     println!("precision_at_1 before {before:.4} after {after:.4}");
+    Ok(())
+}
+
+/// Saves the bank to `path` (atomically), when a checkpoint was asked for.
+fn save(
+    ctx: &Context,
+    bank: &MemoryBank<i64>,
+    path: Option<&std::path::Path>,
+) -> Result<(), Failure> {
+    if let Some(path) = path {
+        let saved = bank.save(ctx, path)?;
+        println!("bank saved to {} ({} bytes)", path.display(), saved.bytes);
+    }
     Ok(())
 }
 

@@ -44,8 +44,9 @@ pub enum Error {
     /// The tensor's element type is not `f32`.
     #[error("expected an f32 tensor, got {0}")]
     DType(String),
-    /// The tensor's rows are not contiguous floats (a transposed or tiled view).
-    #[error("the tensor's rows are not contiguous floats: shape {shape:?}, strides {strides:?}")]
+    /// The tensor's rows are not contiguous floats (a transposed or tiled view), or index rows
+    /// are not as wide as asked.
+    #[error("unexpected layout: shape {shape:?}, strides {strides:?}")]
     Layout {
         /// Its shape.
         shape: Vec<usize>,
@@ -181,29 +182,39 @@ impl DeviceTensor {
     }
 }
 
-/// The columns of `(t, c)` index rows (triplets `(a, p, n)`, pairs `(a, b)`) as `c` burn
-/// `Int` tensors `(t,)` on `device`, for `select`: one upload of `4 · t · c` bytes.
+/// The `C` columns of `(t, C)` index rows (triplets `(a, p, n)`, pairs `(a, b)`) as burn
+/// `Int` tensors `(t,)` on `device`, for `select`: one upload of `8 · t · C` bytes.
+///
+/// # Errors
+/// [`Error::Layout`] when `indices` does not have `C` columns.
 ///
 /// # Example
 /// ```
 /// let t = ndarray::array![[0u32, 1, 2], [3, 4, 5]];
-/// let [a, p, n] = wgpu_metric_learning_burn::index_columns::<3>(t.view(), &burn::tensor::Device::flex());
+/// let [a, p, n] = wgpu_metric_learning_burn::index_columns::<3>(t.view(), &burn::tensor::Device::flex())?;
 /// assert_eq!(p.try_to_vec_as::<i64>().ok(), Some(vec![1, 4]));
 /// # let _ = (a, n);
+/// # Ok::<(), wgpu_metric_learning_burn::Error>(())
 /// ```
 pub fn index_columns<const C: usize>(
     indices: ArrayView2<'_, u32>,
     device: &Device,
-) -> [Tensor<1, Int>; C] {
-    std::array::from_fn(|c| {
-        let column: Vec<i64> = indices
-            .column(c.min(indices.ncols().saturating_sub(1)))
-            .iter()
-            .map(|&i| i64::from(i))
-            .collect();
+) -> Result<[Tensor<1, Int>; C]> {
+    if indices.ncols() != C {
+        return Err(Error::Layout {
+            shape: indices.shape().to_vec(),
+            strides: indices
+                .strides()
+                .iter()
+                .map(|&s| s.unsigned_abs())
+                .collect(),
+        });
+    }
+    Ok(std::array::from_fn(|c| {
+        let column: Vec<i64> = indices.column(c).iter().map(|&i| i64::from(i)).collect();
         let n = column.len();
         Tensor::<1, Int>::from_data(TensorData::new(column, [n]), device)
-    })
+    }))
 }
 
 /// A burn `(n, d)` float tensor copied to a host array (the CPU path, where the library reads

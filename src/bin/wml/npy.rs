@@ -111,14 +111,32 @@ pub(crate) fn read_labels(path: &Path) -> Result<Array1<i64>, String> {
     ))
 }
 
-/// Writes `array` to `path`.
+/// Writes `array` to `path` atomically: into a temporary file beside it, flushed to disk,
+/// then renamed over it, so that an interrupted run never leaves a half-written output.
 pub(crate) fn write<A, S, D>(path: &Path, array: &ArrayBase<S, D>) -> Result<(), String>
 where
     A: WritableElement,
     S: Data<Elem = A>,
     D: Dimension,
 {
-    write_npy(path, array).map_err(|e| problem(path, format!("cannot write it: {e}")))
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.wml-partial"));
+    let written = write_npy(&tmp, array)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            std::fs::File::open(&tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| e.to_string())
+        })
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| e.to_string()));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(problem(path, format!("cannot write it: {e}")));
+    }
+    Ok(())
 }
 
 /// `u32` indices as numpy/PML's `int64`.
@@ -136,6 +154,29 @@ mod tests {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         std::env::temp_dir().join(format!("wml-npy-{}-{n}-{name}.npy", std::process::id()))
+    }
+
+    #[test]
+    fn a_failed_write_keeps_the_old_file_and_leaves_nothing_half_written() {
+        let path = scratch("atomic");
+        write(&path, &ndarray::Array1::<i64>::from_elem(3, 1)).expect("first write");
+        let before = std::fs::read(&path).expect("read");
+        // A directory where the temporary file goes: the write fails before the rename.
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let blocker = path.with_file_name(format!(".{name}.wml-partial"));
+        std::fs::create_dir_all(blocker.join("inside")).expect("blocker");
+        let failed = write(&path, &ndarray::Array1::<i64>::from_elem(9, 2));
+        assert!(failed.is_err());
+        assert_eq!(
+            std::fs::read(&path).expect("read"),
+            before,
+            "the old file stays whole"
+        );
+        let _ = std::fs::remove_dir_all(&blocker);
+        let _ = std::fs::remove_file(&path);
     }
 
     /// Valid `.npy` bytes of every dtype the CLI reads (and one it does not).
