@@ -40,7 +40,7 @@
 /// assert_eq!(found.indices.dim(), (100, 5));
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceEmbeddings<'a> {
     buffer: &'a wgpu::Buffer,
     offset: u64,

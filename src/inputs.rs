@@ -463,8 +463,11 @@ impl Imports {
         queries: Option<Embeddings<'a>>,
         refs: Option<Embeddings<'a>>,
     ) -> Result<(Option<Embeddings<'a>>, Option<Embeddings<'a>>)> {
+        // The same rows on both sides (`knn(x, x)`) are imported once.
+        let shared = matches!((&queries, &refs),
+            (Some(Embeddings::Device(q)), Some(Embeddings::Device(r))) if q == r);
         let sides = [(queries, Side::Queries), (refs, Side::References)];
-        for (e, side) in &sides {
+        for (e, side) in sides.iter().take(if shared { 1 } else { 2 }) {
             let (Some(Embeddings::Device(x)), Some(gpu)) = (e, ctx.gpu()) else {
                 continue;
             };
@@ -509,7 +512,8 @@ impl Imports {
             (e, _) => e,
         };
         let [(queries, _), (refs, _)] = sides;
-        Ok((resident(queries, &this.queries), resident(refs, &this.refs)))
+        let ref_rows = if shared { &this.queries } else { &this.refs };
+        Ok((resident(queries, &this.queries), resident(refs, ref_rows)))
     }
 }
 

@@ -160,15 +160,30 @@ fn device_rows_never_cross_to_the_host() {
     };
     let dev = knn(&ctx, rows, rows, &cfg).expect("device").transfers;
     let host = knn(&ctx, &x, &x, &cfg).expect("host").transfers;
-    // Up: parameters only. Down: the neighbours, and 4 bytes per row of each import's norms.
+    // Up: parameters only. Down: the neighbours, and 4 bytes per row of the import's norms:
+    // the same rows on both sides are imported once.
     assert!(dev.bytes_up < bytes / 10, "{dev:?}");
     assert!(host.bytes_up >= 2 * bytes, "{host:?}");
     assert_eq!(
         dev.bytes_down,
-        host.bytes_down + 2 * 4 * n as u64,
+        host.bytes_down + 4 * n as u64,
         "{dev:?} vs {host:?}"
     );
-    assert_eq!(dev.host_waits, host.host_waits + 2, "one wait per import");
+    assert_eq!(
+        dev.host_waits,
+        host.host_waits + 1,
+        "one wait for the one import"
+    );
+    // Other rows on the other side: two imports.
+    let copy = upload(&ctx, &x, 0, d);
+    let other = DeviceEmbeddings::new(&copy, 0, (n, d));
+    let two = knn(&ctx, rows, other, &cfg).expect("device").transfers;
+    assert_eq!(
+        two.bytes_down,
+        host.bytes_down + 2 * 4 * n as u64,
+        "{two:?} vs {host:?}"
+    );
+    assert_eq!(two.host_waits, host.host_waits + 2, "one wait per import");
     // Mining uploads what the host derives from labels, the same with either rows.
     let semihard = TripletConfig::margin_miner(TripletType::Semihard);
     let dev = mine_triplets(&ctx, &MiningSet::new(rows, &y), None, &semihard).expect("mine");

@@ -92,7 +92,6 @@ pub(super) fn enqueue_device(
     if rows.is_empty() {
         return Ok(());
     }
-    let (embeddings, norms) = imported.page(0)?;
     let mut rec = Recorder::new(gpu, ENQUEUE);
     // Runs of consecutive rows, each split where the ring wraps and where pages end.
     let mut done = 0;
@@ -106,11 +105,7 @@ pub(super) fn enqueue_device(
         while copied < run {
             let src = start + copied;
             let (page, within) = (src / imported.page_rows(), src % imported.page_rows());
-            let (page_rows, page_norms) = if page == 0 {
-                (embeddings, norms)
-            } else {
-                imported.page(page)?
-            };
+            let (page_rows, page_norms) = imported.page(page)?;
             let slot = (ring.head + done + copied) % ring.capacity;
             let n = (run - copied)
                 .min(imported.page_rows() - within)
