@@ -11,7 +11,8 @@
 //! `--func acc`: 20 000 points of 100 classes (`x = normalise(center[y] + 2·noise)`), queries
 //! are the references, PML's default ranking (squared L2, raw), k = max_bin_count.
 //! `--path wgpu|cpu`, `--reps` (default 3, after a warm-up on a small input that compiles
-//! the pipelines), `--budget-mib` (default: the context's).
+//! the pipelines), `--budget-mib` (default: the context's), `--output host|device` (`knn` only;
+//! `device`: `knn_on_device`, the lists read back after the timing).
 
 mod support;
 
@@ -20,8 +21,8 @@ use std::time::Instant;
 use ndarray::{Array1, Array2};
 use support::{embeddings, flag, peak_rss_mib, summary, traffic, Rng};
 use wgpu_metric_learning::{
-    accuracy, knn, AccuracyConfig, AccuracyK, BackendChoice, Context, ContextConfig, Distance,
-    DistanceConfig, KnnConfig, MiningSet,
+    accuracy, knn, knn_on_device, AccuracyConfig, AccuracyK, BackendChoice, Context, ContextConfig,
+    Distance, DistanceConfig, KnnConfig, MiningSet,
 };
 
 const DIM: usize = 128;
@@ -46,7 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut rng = Rng(0xC0FFEE);
     let mut times = Vec::new();
     // The context's traffic counters after the case's warm-up.
-    let before;
+    let mut before;
     let extra = match func.as_str() {
         "knn" => {
             let (q, n, k): (usize, usize, usize) = (
@@ -76,19 +77,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             )?;
             ctx.reset_peak();
             before = ctx.transfers();
+            let on_device = flag("--output", "host") == "device";
             let mut found = None;
             for _ in 0..reps {
                 let t = Instant::now();
-                found = Some(knn(&ctx, queries.view(), refs.view(), &cfg)?);
-                times.push(t.elapsed().as_secs_f64());
+                if on_device {
+                    let kept = knn_on_device(&ctx, queries.view(), refs.view(), &cfg)?;
+                    times.push(t.elapsed().as_secs_f64());
+                    // Read back outside the timing and the traffic, for the recall check.
+                    let reading = ctx.transfers();
+                    found = Some((kept.indices.to_host(&ctx)?, kept.scores.to_host(&ctx)?));
+                    let read = ctx.transfers();
+                    before.host_waits += read.host_waits - reading.host_waits;
+                    before.submissions += read.submissions - reading.submissions;
+                    before.bytes_down += read.bytes_down - reading.bytes_down;
+                } else {
+                    let got = knn(&ctx, queries.view(), refs.view(), &cfg)?;
+                    times.push(t.elapsed().as_secs_f64());
+                    found = Some((got.indices, got.scores));
+                }
             }
-            let found = found.ok_or("--reps 0")?;
-            let recall = recall(&queries, &refs, &found.indices, 50.min(q));
+            let (indices, scores) = found.ok_or("--reps 0")?;
+            let recall = recall(&queries, &refs, &indices, 50.min(q));
             let (median, _, _) = summary(&mut times.clone());
             let gflops = 2.0 * (q * n * DIM) as f64 / median / 1e9;
             format!(
-                "\"Q\": {q}, \"N\": {n}, \"k\": {k}, \"gflops\": {gflops:.2}, \"recall_vs_f64_first50\": {recall:.4}, \"top1_mean\": {:.6}",
-                found.scores.column(0).mean().unwrap_or(f32::NAN)
+                "\"output\": \"{}\", \"Q\": {q}, \"N\": {n}, \"k\": {k}, \"gflops\": {gflops:.2}, \"recall_vs_f64_first50\": {recall:.4}, \"top1_mean\": {:.6}",
+                if on_device { "device" } else { "host" },
+                scores.column(0).mean().unwrap_or(f32::NAN)
             )
         }
         "acc" => {

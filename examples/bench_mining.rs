@@ -9,7 +9,8 @@
 //! (streamed in chunks, nothing kept), `miner_<all|hard|semihard|easy>` (TripletMarginMiner,
 //! margin 0.2, normalised Euclidean) and `miner_<type>_count`. `--path wgpu|cpu`,
 //! `--budget-mib` (default 64), `--reps` (default 5, after one warm-up), `--count-method
-//! auto|scan|sorted` (default auto).
+//! auto|scan|sorted` (default auto), `--output host|device` (default host; `device`: the
+//! triplets left on the device by `mine_triplets_on_device`, wgpu only).
 //! Inputs follow the anchors: labels uniform over C classes, embeddings N(0, 1) in 128-d,
 //! normalised, from a fixed seed (a different generator than torch's, so counts differ by
 //! sampling noise only).
@@ -22,8 +23,8 @@ use std::time::Instant;
 use ndarray::Array1;
 use support::{embeddings, flag, peak_rss_mib, summary, traffic, Rng};
 use wgpu_metric_learning::{
-    count_triplets, mine_triplets, mine_triplets_streaming, BackendChoice, Context, ContextConfig,
-    CountMethod, MiningSet, TripletConfig, TripletRule, TripletType,
+    count_triplets, mine_triplets, mine_triplets_on_device, mine_triplets_streaming, BackendChoice,
+    Context, ContextConfig, CountMethod, MiningSet, TripletConfig, TripletRule, TripletType,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -72,8 +73,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         count_method,
         ..Default::default()
     };
+    let on_device = get("--output", "host") == "device";
     let run = || -> Result<u64, wgpu_metric_learning::Error> {
-        if func.ends_with("_count") {
+        if on_device {
+            mine_triplets_on_device(&ctx, &queries, Some(&refs), &cfg).map(|t| t.len() as u64)
+        } else if func.ends_with("_count") {
             count_triplets(&ctx, &queries, Some(&refs), &cfg).map(|n| n.count)
         } else if func.ends_with("_stream") {
             let mut seen = 0u64;
@@ -99,9 +103,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (median, min, max) = summary(&mut times);
     let mem = ctx.memory();
     println!(
-        "RESULT {{\"impl\": \"wml\", \"path\": \"{}\", \"device\": \"{}\", \"func\": \"{func}\", \"B\": {b}, \"M\": {m}, \"C\": {c}, \"count\": {count}, \"median_s\": {:.4}, \"min_s\": {:.4}, \"max_s\": {:.4}, {moved}, \"peak_device_mib\": {:.1}, \"budget_mib\": {}, \"peak_rss_mb\": {:.1}}}",
+        "RESULT {{\"impl\": \"wml\", \"path\": \"{}\", \"device\": \"{}\", \"func\": \"{func}\", \"output\": \"{}\", \"B\": {b}, \"M\": {m}, \"C\": {c}, \"count\": {count}, \"median_s\": {:.4}, \"min_s\": {:.4}, \"max_s\": {:.4}, {moved}, \"peak_device_mib\": {:.1}, \"budget_mib\": {}, \"peak_rss_mb\": {:.1}}}",
         match backend { BackendChoice::NativeCpu => "cpu", _ => "wgpu" },
         ctx.device_name(),
+        if on_device { "device" } else { "host" },
         median,
         min,
         max,

@@ -5,6 +5,7 @@ mod bank;
 mod context;
 mod device;
 mod device_embeddings;
+mod device_output;
 mod device_rows;
 mod distance;
 mod error;
@@ -31,6 +32,7 @@ pub use context::{
     ContextConfig, DEFAULT_BUDGET_BYTES, DEFAULT_CPU_BUDGET_BYTES,
 };
 pub use device_embeddings::DeviceEmbeddings;
+pub use device_output::{DeviceArray, DeviceElement};
 pub use distance::{
     pairwise_distances, pairwise_distances_plan, PairwiseConfig, PairwiseDistances,
 };
@@ -38,7 +40,7 @@ pub use error::{Error, Result};
 pub use hooks::{CancelToken, Hooks, Progress};
 pub use inputs::{BankRows, Embeddings, MiningSet, SelfExclusion};
 pub use kernels::{WgslKernel, WGSL_KERNELS};
-pub use knn::{knn, knn_plan, knn_sharded, Knn, KnnConfig};
+pub use knn::{knn, knn_on_device, knn_plan, knn_sharded, Knn, KnnConfig, KnnOnDevice};
 pub use memory::{MemoryStats, Transfers};
 pub use metric::{Distance, DistanceConfig};
 pub use miners::{
@@ -48,6 +50,7 @@ pub use miners::{
 };
 pub use plan::Plan;
 pub use triplets::{
-    count_triplets, mine_triplets, mine_triplets_plan, mine_triplets_streaming, CountMethod,
-    TripletConfig, TripletCount, TripletRule, TripletType, Triplets,
+    count_triplets, mine_triplets, mine_triplets_on_device, mine_triplets_plan,
+    mine_triplets_streaming, CountMethod, TripletConfig, TripletCount, TripletRule, TripletType,
+    Triplets, TripletsOnDevice,
 };

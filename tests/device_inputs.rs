@@ -13,32 +13,6 @@ use wgpu_metric_learning::{
     SelfExclusion, TripletConfig, TripletType,
 };
 
-/// `x` `(n, d)` written into a new buffer at byte `offset`, rows `stride` floats apart; the
-/// gaps hold NaN, so a kernel that read them would fail or return NaN.
-fn upload(ctx: &Context, x: &Array2<f32>, offset: u64, stride: usize) -> wgpu::Buffer {
-    let (device, queue) = ctx.wgpu_device().expect("a wgpu context");
-    let n = x.nrows();
-    let floats = offset as usize / 4 + n * stride;
-    let mut data = vec![f32::NAN; floats.max(1)];
-    for (i, row) in x.rows().into_iter().enumerate() {
-        let at = offset as usize / 4 + i * stride;
-        for (k, v) in row.iter().enumerate() {
-            data[at + k] = *v;
-        }
-    }
-    let buffer = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("test embeddings"),
-        size: 4 * data.len() as u64,
-        usage: wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_SRC
-            | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-    queue.write_buffer(&buffer, 0, &bytes);
-    buffer
-}
-
 /// Rows in a few classes, on a grid of sixteenths (exact in f32, frequent ties).
 fn data(n: usize, d: usize, seed: usize) -> (Array2<f32>, Array1<i64>) {
     let x = Array2::from_shape_fn((n, d), |(i, k)| {
@@ -59,8 +33,8 @@ fn every_operation_gives_with_device_rows_what_it_gives_with_host_rows() {
         let (q, qy) = data(37, d, 1);
         let (r, ry) = data(53, d, 2);
         let (qb, rb) = (
-            upload(ctx, &q, offset, d + extra),
-            upload(ctx, &r, offset, d + extra),
+            common::upload(ctx, &q, offset, d + extra),
+            common::upload(ctx, &r, offset, d + extra),
         );
         let qd = DeviceEmbeddings::new(&qb, offset, (37, d)).with_row_stride(d + extra);
         let rd = DeviceEmbeddings::new(&rb, offset, (53, d)).with_row_stride(d + extra);
@@ -151,7 +125,7 @@ fn device_rows_never_cross_to_the_host() {
     };
     let (n, d) = (300, 32);
     let (x, y) = data(n, d, 8);
-    let buffer = upload(&ctx, &x, 0, d);
+    let buffer = common::upload(&ctx, &x, 0, d);
     let rows = DeviceEmbeddings::new(&buffer, 0, (n, d));
     let bytes = (4 * n * d) as u64;
     let cfg = KnnConfig {
@@ -175,7 +149,7 @@ fn device_rows_never_cross_to_the_host() {
         "one wait for the one import"
     );
     // Other rows on the other side: two imports.
-    let copy = upload(&ctx, &x, 0, d);
+    let copy = common::upload(&ctx, &x, 0, d);
     let other = DeviceEmbeddings::new(&copy, 0, (n, d));
     let two = knn(&ctx, rows, other, &cfg).expect("device").transfers;
     assert_eq!(
@@ -202,7 +176,7 @@ fn a_bank_takes_device_rows_whole_masked_and_strided() {
     };
     let d = 6;
     let (x, y) = data(9, d, 3);
-    let buffer = upload(ctx, &x, 8, d + 2);
+    let buffer = common::upload(ctx, &x, 8, d + 2);
     let rows = DeviceEmbeddings::new(&buffer, 8, (9, d)).with_row_stride(d + 2);
     let cfg = BankConfig {
         page_rows: Some(4),
@@ -262,7 +236,7 @@ fn bad_device_rows_are_typed_errors_before_any_work() {
     };
     let (x, _) = data(6, 5, 4);
     let host = ndarray::Array2::<f32>::zeros((2, 5));
-    let good = upload(ctx, &x, 0, 5);
+    let good = common::upload(ctx, &x, 0, 5);
     let invalid = |got: Result<_, Error>, what: &str, needle: &str| match got {
         Err(Error::InvalidParameter { what: w, rule, .. }) => {
             assert_eq!(w, what);
@@ -313,7 +287,7 @@ fn bad_device_rows_are_typed_errors_before_any_work() {
     let ctx = &own;
     let mut bad = x.clone();
     bad[[4, 3]] = f32::INFINITY;
-    let buffer = upload(ctx, &bad, 0, 7);
+    let buffer = common::upload(ctx, &bad, 0, 7);
     let rows = DeviceEmbeddings::new(&buffer, 0, (6, 5)).with_row_stride(7);
     let before = ctx.memory().current_bytes;
     let got = knn(ctx, rows, &host, &cfg);
@@ -332,7 +306,7 @@ fn bad_device_rows_are_typed_errors_before_any_work() {
     assert_eq!(ctx.memory().current_bytes, before);
 
     // Rules that need no device are checked before the rows are imported: no wait at all.
-    let own_buffer = upload(ctx, &x, 0, 5);
+    let own_buffer = common::upload(ctx, &x, 0, 5);
     let rows = DeviceEmbeddings::new(&own_buffer, 0, (6, 5));
     let waits = ctx.transfers().host_waits;
     let bad_k = KnnConfig {
@@ -382,7 +356,7 @@ fn a_buffer_of_another_device_is_a_typed_error() {
         return;
     }
     let (x, _) = data(4, 8, 5);
-    let foreign = upload(&other, &x, 0, 8);
+    let foreign = common::upload(&other, &x, 0, 8);
     let rows = DeviceEmbeddings::new(&foreign, 0, (4, 8));
     let got = pairwise_distances(ctx, rows, &x, &Default::default());
     assert!(
@@ -404,7 +378,10 @@ fn plans_count_the_import_and_calls_stay_within_them() {
     };
     let (q, _) = data(300, 40, 6);
     let (r, _) = data(2000, 40, 7);
-    let (qb, rb) = (upload(&ctx, &q, 0, 40), upload(&ctx, &r, 0, 40));
+    let (qb, rb) = (
+        common::upload(&ctx, &q, 0, 40),
+        common::upload(&ctx, &r, 0, 40),
+    );
     let (qd, rd) = (
         DeviceEmbeddings::new(&qb, 0, (300, 40)),
         DeviceEmbeddings::new(&rb, 0, (2000, 40)),
@@ -431,7 +408,10 @@ fn plans_count_the_import_and_calls_stay_within_them() {
     );
     // Under a budget that the rows alone exceed, plan and call fail alike.
     let tight = common::gpu_context(Some(plan.min_bytes / 2)).expect("context");
-    let (qt, rt) = (upload(&tight, &q, 0, 40), upload(&tight, &r, 0, 40));
+    let (qt, rt) = (
+        common::upload(&tight, &q, 0, 40),
+        common::upload(&tight, &r, 0, 40),
+    );
     let (qd, rd) = (
         DeviceEmbeddings::new(&qt, 0, (300, 40)),
         DeviceEmbeddings::new(&rt, 0, (2000, 40)),

@@ -407,6 +407,27 @@ impl Context {
     }
 }
 
+/// A wgpu context with sentinel-filled outputs for the crate's unit tests, or `None` (with a
+/// notice) when there is no adapter and `WML_REQUIRE_GPU=1` does not demand one.
+#[cfg(test)]
+pub(crate) fn test_gpu_context() -> Option<Context> {
+    let config = ContextConfig {
+        backend: BackendChoice::Wgpu,
+        fill_outputs_with_sentinel: true,
+        ..Default::default()
+    };
+    match Context::new(&config) {
+        Ok(ctx) => Some(ctx),
+        Err(e) if std::env::var("WML_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+            panic!("WML_REQUIRE_GPU=1 but no GPU context: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: no adapter ({e})");
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,8 +9,10 @@
 
 pub(crate) mod distance_tile;
 pub(crate) mod knn_select;
+pub(crate) mod knn_sort;
 pub(crate) mod negative_buckets;
 pub(crate) mod row_norms;
+pub(crate) mod triplet_expand;
 pub(crate) mod triplet_lists;
 pub(crate) mod triplet_select;
 
@@ -49,8 +51,10 @@ pub struct WgslKernel {
 pub const WGSL_KERNELS: &[WgslKernel] = &[
     distance_tile::SPEC.kernel,
     knn_select::SPEC.kernel,
+    knn_sort::SPEC.kernel,
     negative_buckets::SPEC.kernel,
     row_norms::SPEC.kernel,
+    triplet_expand::SPEC.kernel,
     triplet_lists::SPEC.kernel,
     triplet_select::SPEC.kernel,
 ];
@@ -59,8 +63,10 @@ pub const WGSL_KERNELS: &[WgslKernel] = &[
 pub(crate) const SPECS: &[&Spec] = &[
     &distance_tile::SPEC,
     &knn_select::SPEC,
+    &knn_sort::SPEC,
     &negative_buckets::SPEC,
     &row_norms::SPEC,
+    &triplet_expand::SPEC,
     &triplet_lists::SPEC,
     &triplet_select::SPEC,
 ];

@@ -15,12 +15,14 @@ use ndarray::ArrayView2;
 use super::{sort_rows, KnnConfig, Neighbours, OP};
 use crate::context::Context;
 use crate::device::GpuDevice;
+use crate::device_output::DeviceArray;
 use crate::device_rows::{max_page_rows, rows_bytes, DeviceRows};
 use crate::error::{Error, Result};
 use crate::hooks::Reporter;
 use crate::inputs::{self, Embeddings, Rows};
 use crate::kernels::distance_tile::{self, DistanceTile, TileBuffers};
 use crate::kernels::knn_select::{self, KnnSelect, SelectBuffers, SLOT_BYTES};
+use crate::kernels::knn_sort::{self, KnnSort, SortBuffers};
 use crate::kernels::row_norms::{self, RowNorms};
 use crate::memory::TrackedBuffer;
 use crate::oom_retry;
@@ -50,6 +52,9 @@ struct Layout {
     dim4: usize,
     k: usize,
     streamed: bool,
+    /// The lists are sorted into device outputs (two `(rows, k)` arrays copied into the
+    /// call's result) instead of read back through two staging buffers of the same bytes.
+    on_device: bool,
     /// References, and the pages they lie in (ranges never cross a page).
     refs: usize,
     pages: usize,
@@ -65,7 +70,7 @@ impl Layout {
     fn buffers(&self) -> Vec<u64> {
         let (r, c, k) = (self.rows, self.cols, self.k);
         let best = transfer::buffer_size(r as u64 * k as u64 * SLOT_BYTES);
-        let mut sizes = vec![
+        let mut sizes: Vec<u64> = vec![
             uniform_size::<row_norms::Params>(),
             f32s(r * self.dim4 * 4), // queries
             f32s(r),                 // query norms
@@ -73,9 +78,15 @@ impl Layout {
             f32s(r * c),             // distance block
             best,                    // running lists, ping
             best,                    // and pong
-            best,                    // staging, twice: a chunk is read while the next runs
-            best,
         ];
+        if self.on_device {
+            // The sorted indices and scores, before they are copied into the result.
+            sizes.extend([f32s(r * k), f32s(r * k)]);
+            sizes.push(uniform_size::<knn_sort::Params>());
+        } else {
+            // Staging, twice: a chunk is read while the next runs.
+            sizes.extend([best, best]);
+        }
         for _ in 0..self.slots() {
             sizes.extend([
                 uniform_size::<distance_tile::Params>(),
@@ -154,14 +165,16 @@ impl GpuPlan {
 }
 
 /// Plans a search of `q` queries of `d` floats against `refs`, for `k` neighbours, under the
-/// budget available now. Host references stay resident when they and a chunk of at least 64
-/// rows (or all queries) fit; otherwise streaming keeps the budget for the tiles.
+/// budget available now, its lists read back or (`on_device`) sorted on the device. Host
+/// references stay resident when they and a chunk of at least 64 rows (or all queries) fit;
+/// otherwise streaming keeps the budget for the tiles.
 pub(super) fn plan(
     ctx: &Context,
     gpu: &GpuDevice,
     (q, d): (usize, usize),
     refs: &Embeddings<'_>,
     k: usize,
+    on_device: bool,
 ) -> Result<GpuPlan> {
     let dim4 = d.div_ceil(4);
     let caps = DeviceCaps::from_limits(&gpu.limits);
@@ -172,6 +185,7 @@ pub(super) fn plan(
         dim4,
         k,
         streamed,
+        on_device,
         refs,
         pages,
     };
@@ -232,22 +246,18 @@ pub(super) fn plan(
     }
 }
 
-/// See the module documentation; inputs are validated, `q ≥ 1`, `k ≥ 1`.
+/// See the module documentation; inputs are validated, `q ≥ 1`, `k ≥ 1`. The lists come back
+/// to the host (`Output::Host`, returned) or are sorted into device arrays.
 pub(super) fn search(
     ctx: &Context,
     gpu: &GpuDevice,
     queries: Rows<'_>,
     refs: Embeddings<'_>,
-    cfg: &KnnConfig,
-    excluded: &[u32],
-    report: &Reporter<'_>,
+    job: Job<'_>,
 ) -> Result<Neighbours> {
-    let job = Job {
-        cfg,
-        excluded,
-        report,
-    };
-    let plan = plan(ctx, gpu, queries.dim(), &refs, cfg.k)?;
+    let cfg = job.cfg;
+    let on_device = matches!(job.output, Output::Device { .. });
+    let plan = plan(ctx, gpu, queries.dim(), &refs, cfg.k, on_device)?;
     match refs {
         Embeddings::Bank(bank) => {
             let source = Source::Resident {
@@ -279,7 +289,10 @@ struct Buffers {
     excluded: TrackedBuffer,
     block: TrackedBuffer,
     best: [TrackedBuffer; 2],
+    /// Host output: two staging buffers (a chunk is read while the next runs).
     staging: Vec<Staging>,
+    /// Device output: the sort's parameters and the chunk's sorted indices and scores.
+    sorted: Option<(TrackedBuffer, TrackedBuffer, TrackedBuffer)>,
     /// Streaming only: the chunk's rows (one page) and its norm parameters.
     stream: Option<(DeviceRows, TrackedBuffer)>,
 }
@@ -321,17 +334,43 @@ impl Buffers {
                 transfer::output(gpu, "knn::best", best_bytes)?,
                 transfer::output(gpu, "knn::best", best_bytes)?,
             ],
-            staging: Staging::many(gpu, "knn::staging", best_bytes, 2)?,
+            staging: if layout.on_device {
+                Vec::new()
+            } else {
+                Staging::many(gpu, "knn::staging", best_bytes, 2)?
+            },
+            sorted: if layout.on_device {
+                Some((
+                    uniform("knn::sort_params", uniform_size::<knn_sort::Params>())?,
+                    transfer::output(gpu, "knn::sorted_indices", f32s(r * k))?,
+                    transfer::output(gpu, "knn::sorted_scores", f32s(r * k))?,
+                ))
+            } else {
+                None
+            },
             stream,
         })
     }
 }
 
-/// What one search asks for, and whom it tells how far it got.
-struct Job<'a> {
-    cfg: &'a KnnConfig,
-    excluded: &'a [u32],
-    report: &'a Reporter<'a>,
+/// Where a search's sorted lists go.
+pub(super) enum Output<'a> {
+    /// Read back and sorted on the host.
+    Host,
+    /// Sorted on the device (`knn_sort`) into these `(q, k)` arrays.
+    Device {
+        indices: &'a DeviceArray<u32>,
+        scores: &'a DeviceArray<f32>,
+    },
+}
+
+/// What one search asks for, whom it tells how far it got, and where its lists go.
+pub(super) struct Job<'a> {
+    pub(super) cfg: &'a KnnConfig,
+    /// Per query, the reference it must not find (itself), or `u32::MAX`.
+    pub(super) excluded: &'a [u32],
+    pub(super) report: &'a Reporter<'a>,
+    pub(super) output: Output<'a>,
 }
 
 /// One reference range: global first index, rows, and where its rows lie (a page of the
@@ -394,16 +433,19 @@ fn run(
         Source::Streamed(x) => x.nrows(),
     };
     let ranges = ranges(source, n, layout.cols);
-    let mut out = Neighbours::empty(q, k);
+    let mut out = match job.output {
+        Output::Host => Neighbours::empty(q, k),
+        Output::Device { .. } => Neighbours::empty(0, k),
+    };
     let chunks = (0..q)
         .step_by(layout.rows)
         .map(|r0| (r0, layout.rows.min(q - r0)));
-    let record = |&(r0, rows): &(usize, usize), st: &Staging| {
+    // Records a chunk's search into `rec`; returns which running list holds its result.
+    let search = |rec: &mut Recorder<'_>, (r0, rows): (usize, usize)| -> Result<usize> {
         job.report.check()?;
-        let mut rec = Recorder::new(gpu, OP);
         rec.upload(&b.excluded, 0, &excluded[r0..r0 + rows])?;
         b.queries
-            .fill(&mut rec, &norms, &b.norm_params, queries, r0, rows)?;
+            .fill(rec, &norms, &b.norm_params, queries, r0, rows)?;
         let (query_rows, query_norms) = b.queries.page(0)?;
         let best_bytes = rows as u64 * k as u64 * SLOT_BYTES;
         let mut current = 0;
@@ -417,14 +459,7 @@ fn run(
                             message: "streamed references without a chunk buffer".into(),
                         });
                     };
-                    store.fill(
-                        &mut rec,
-                        &norms,
-                        params,
-                        Rows::Host(*x),
-                        range.start,
-                        range.cols,
-                    )?;
+                    store.fill(rec, &norms, params, Rows::Host(*x), range.start, range.cols)?;
                     store.page(0)?
                 }
             };
@@ -442,7 +477,7 @@ fn run(
             rec.upload(tile_params, 0, &[params])?;
             rec.sentinel(&b.block, f32s(rows * range.cols))?;
             tile.encode(
-                &mut rec,
+                rec,
                 rows as u64,
                 range.cols as u64,
                 &TileBuffers {
@@ -467,7 +502,7 @@ fn run(
             rec.upload(select_params, 0, &[params])?;
             rec.sentinel(&b.best[1 - current], best_bytes)?;
             select.encode(
-                &mut rec,
+                rec,
                 rows as u64,
                 &SelectBuffers {
                     params: select_params,
@@ -479,8 +514,7 @@ fn run(
             )?;
             current = 1 - current;
         }
-        rec.read_back(&b.best[current], 0, st, 0, best_bytes);
-        Ok((rec.submit()?, best_bytes))
+        Ok(current)
     };
     let deliver = |(r0, rows): (usize, usize), readback: Readback<'_>| {
         let mut pairs: Vec<[u32; 2]> = readback.read::<u32, _>(gpu, 2 * rows * k, |v| {
@@ -496,6 +530,63 @@ fn run(
         job.report.add(rows as u64 * n as u64);
         Ok(())
     };
-    transfer::pipelined(gpu, &b.staging, chunks, record, deliver)?;
+    match job.output {
+        Output::Host => {
+            let record = |&chunk: &(usize, usize), st: &Staging| {
+                let mut rec = Recorder::new(gpu, OP);
+                let current = search(&mut rec, chunk)?;
+                let best_bytes = chunk.1 as u64 * k as u64 * SLOT_BYTES;
+                rec.read_back(&b.best[current], 0, st, 0, best_bytes);
+                Ok((rec.submit()?, best_bytes))
+            };
+            transfer::pipelined(gpu, &b.staging, chunks, record, deliver)?;
+        }
+        Output::Device { indices, scores } => {
+            let (params, sorted_indices, sorted_scores) =
+                b.sorted.as_ref().ok_or_else(|| Error::Internal {
+                    op: OP,
+                    message: "device output without sort buffers".into(),
+                })?;
+            let sort = gpu.kernel::<KnnSort>()?;
+            let chunks: Vec<(usize, usize)> = chunks.collect();
+            for (i, &(r0, rows)) in chunks.iter().enumerate() {
+                let mut rec = Recorder::new(gpu, OP);
+                let current = search(&mut rec, (r0, rows))?;
+                let p = knn_sort::Params {
+                    rows: rows as u32,
+                    k: k as u32,
+                    largest: u32::from(largest),
+                    _pad: 0,
+                };
+                rec.upload(params, 0, &[p])?;
+                let bytes = f32s(rows * k);
+                rec.sentinel(sorted_indices, bytes)?;
+                rec.sentinel(sorted_scores, bytes)?;
+                sort.encode(
+                    &mut rec,
+                    rows as u64,
+                    &SortBuffers {
+                        params,
+                        lists: &b.best[current],
+                        indices: sorted_indices,
+                        scores: sorted_scores,
+                    },
+                )?;
+                let (at, bytes) = (4 * (r0 * k) as u64, 4 * (rows * k) as u64);
+                rec.copy(sorted_indices, 0, indices.tracked(), at, bytes);
+                rec.copy(sorted_scores, 0, scores.tracked(), at, bytes);
+                // Submitted before the next chunk's uploads are queued (they land before the
+                // next submission). The last one is waited for, reading nothing: the call's
+                // buffers are idle when it returns and frees them, and a lost device is this
+                // call's error.
+                if i + 1 == chunks.len() {
+                    rec.submit_and_wait()?;
+                } else {
+                    rec.submit()?;
+                }
+                job.report.add(rows as u64 * n as u64);
+            }
+        }
+    }
     Ok(out)
 }

@@ -7,6 +7,7 @@ mod native;
 use ndarray::{s, Array2};
 
 use crate::context::{ComputePath, Context};
+use crate::device_output::{output_device, DeviceArray};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::inputs::{self, Embeddings, Imports, Pair, Rows, SelfExclusion};
@@ -182,7 +183,7 @@ pub fn knn_plan<'q, 'r>(
     let (q, (n, d)) = (pair.queries.nrows(), pair.refs.dim());
     let plan = match ctx.gpu() {
         None => native::plan(ctx, q, n, cfg.k).map(|p| p.public(q, n)),
-        Some(gpu) => gpu::plan(ctx, gpu, (q, d), &pair.refs, cfg.k).map(|p| p.public(q, n)),
+        Some(gpu) => gpu::plan(ctx, gpu, (q, d), &pair.refs, cfg.k, false).map(|p| p.public(q, n)),
     };
     Ok(plan?.with_imports(imports.footprint()))
 }
@@ -198,6 +199,94 @@ pub(crate) fn run(ctx: &Context, pair: &Pair<'_>, cfg: &KnnConfig) -> Result<Knn
         indices: found.indices,
         scores: found.scores,
         path: ctx.path(),
+        transfers,
+    })
+}
+
+/// The result of [`knn_on_device`]: the neighbour lists of [`knn`], left on the device.
+///
+/// See the example of [`knn_on_device`].
+#[derive(Debug)]
+pub struct KnnOnDevice {
+    /// `(q, k)`: reference indices (rows of the references, or slots of a memory bank), best
+    /// first, ties broken by the lower index: [`Knn::indices`], on the device.
+    pub indices: DeviceArray<u32>,
+    /// `(q, k)`: the matching distances (ascending) or similarities (descending):
+    /// [`Knn::scores`], on the device.
+    pub scores: DeviceArray<f32>,
+    /// Host–device traffic of the call: no bytes down, one host wait at the end (plus those
+    /// of importing device embeddings).
+    pub transfers: Transfers,
+}
+
+/// [`knn`] with its answer left on the device, for a training step that uses the neighbours
+/// there (a loss that gathers them, say): the same lists, bit for bit, in two
+/// [`DeviceArray`]s. Each query chunk's lists are sorted on the device
+/// (`shaders/knn_sort.wgsl`) and copied into the arrays; nothing is read back, and the call
+/// waits once, at its end, for the device to finish.
+///
+/// The two arrays (`8 · q · k` bytes) are allocated first and count in the budget for as long
+/// as they live; the search plans its chunks in what is left.
+///
+/// # Errors
+/// As [`knn`]; [`Error::InvalidParameter`] on a native context (results on the device need a
+/// wgpu context); [`Error::BudgetExceeded`] or [`Error::DeviceLimit`] when the arrays do not
+/// fit the budget or a buffer.
+///
+/// # Example
+/// ```no_run
+/// use wgpu_metric_learning::{knn, knn_on_device, Context, ContextConfig, KnnConfig, SelfExclusion};
+/// let ctx = Context::new(&ContextConfig::default())?;
+/// let x = ndarray::Array2::from_shape_fn((500, 32), |(i, j)| ((i * 7 + j * 3) % 11) as f32);
+/// let cfg = KnnConfig { k: 20, self_exclusion: SelfExclusion::SameIndex, ..Default::default() };
+/// let found = knn_on_device(&ctx, &x, &x, &cfg)?;
+/// assert_eq!(found.transfers.bytes_down, 0);
+/// assert_eq!(found.indices.to_host(&ctx)?, knn(&ctx, &x, &x, &cfg)?.indices);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn knn_on_device<'q, 'r>(
+    ctx: &Context,
+    queries: impl Into<Embeddings<'q>>,
+    refs: impl Into<Embeddings<'r>>,
+    cfg: &KnnConfig,
+) -> Result<KnnOnDevice> {
+    let gpu = output_device(OP, ctx)?;
+    let (queries, refs) = (queries.into(), refs.into());
+    let mut imports = Imports::call();
+    let (found, transfers) = transfer::measure(|| {
+        let pair = check(ctx, queries.reborrow(), refs.reborrow(), cfg, &mut imports)?;
+        let q = pair.queries.nrows();
+        let indices = DeviceArray::new(gpu, "knn::indices", (q, cfg.k))?;
+        let scores = DeviceArray::new(gpu, "knn::scores", (q, cfg.k))?;
+        if q > 0 {
+            let total = q as u64 * pair.refs.dim().0 as u64;
+            let report = Reporter::new(&cfg.hooks, OP, total);
+            oom_retry::retry(ctx, || {
+                report.restart();
+                let job = gpu::Job {
+                    cfg,
+                    excluded: &pair.excluded,
+                    report: &report,
+                    output: gpu::Output::Device {
+                        indices: &indices,
+                        scores: &scores,
+                    },
+                };
+                gpu.settled(gpu::search(
+                    ctx,
+                    gpu,
+                    pair.queries,
+                    pair.refs.reborrow(),
+                    job,
+                ))
+            })?;
+        }
+        Ok::<_, Error>((indices, scores))
+    });
+    let (indices, scores) = found?;
+    Ok(KnnOnDevice {
+        indices,
+        scores,
         transfers,
     })
 }
@@ -373,7 +462,13 @@ fn search(
         }
         (refs, Some(gpu)) => oom_retry::retry(ctx, || {
             report.restart();
-            gpu.settled(gpu::search(ctx, gpu, queries, refs, cfg, excluded, report))
+            let job = gpu::Job {
+                cfg,
+                excluded,
+                report,
+                output: gpu::Output::Host,
+            };
+            gpu.settled(gpu::search(ctx, gpu, queries, refs, job))
         }),
         (Embeddings::Bank(_), None) => Err(inputs::foreign_bank(OP, ctx.device_name())),
         (Embeddings::Device(_), None) => Err(inputs::unimported(OP)),

@@ -7,7 +7,9 @@
 
 pub mod distance_tile;
 pub mod knn_select;
+pub mod knn_sort;
 pub mod negative_buckets;
 pub mod row_norms;
+pub mod triplet_expand;
 pub mod triplet_lists;
 pub mod triplet_select;

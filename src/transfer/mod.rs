@@ -213,6 +213,16 @@ pub(crate) fn output(gpu: &GpuDevice, label: &'static str, size: u64) -> Result<
 /// Blocks until the device has finished submission `index` (one host wait). Generous
 /// timeout: lavapipe is ~1000× slower than a GPU, but a lost device must not hang us forever.
 fn wait(gpu: &GpuDevice, index: wgpu::SubmissionIndex) -> Result<()> {
+    wait_for(gpu, Some(index))
+}
+
+/// Blocks until the device has finished everything submitted so far (one host wait): for a
+/// call that reads nothing back but frees its buffers when it returns.
+pub(crate) fn wait_all(gpu: &GpuDevice) -> Result<()> {
+    wait_for(gpu, None)
+}
+
+fn wait_for(gpu: &GpuDevice, index: Option<wgpu::SubmissionIndex>) -> Result<()> {
     const TIMEOUT: Duration = Duration::from_secs(600);
     count(
         gpu,
@@ -223,7 +233,7 @@ fn wait(gpu: &GpuDevice, index: wgpu::SubmissionIndex) -> Result<()> {
     );
     gpu.device
         .poll(wgpu::PollType::Wait {
-            submission_index: Some(index),
+            submission_index: index,
             timeout: Some(TIMEOUT),
         })
         .map_err(|source| match gpu.check_lost_after_error() {
@@ -231,4 +241,43 @@ fn wait(gpu: &GpuDevice, index: wgpu::SubmissionIndex) -> Result<()> {
             Ok(()) => Error::Poll { op: "wait", source },
         })?;
     gpu.check_alive()
+}
+
+/// For the crate's kernel tests: a storage buffer holding `data`.
+#[cfg(test)]
+pub(crate) fn test_input(gpu: &GpuDevice, data: &[u32]) -> TrackedBuffer {
+    let buffer = output(gpu, "test::input", f32s(data.len())).expect("test buffer");
+    write(gpu, &buffer, 0, data).expect("test upload");
+    buffer
+}
+
+/// For the crate's kernel tests: submits `rec` with a readback of the first `words` `u32` of
+/// each buffer of `outputs`, and returns them.
+#[cfg(test)]
+pub(crate) fn test_read(
+    gpu: &GpuDevice,
+    mut rec: Recorder<'_>,
+    outputs: &[(&TrackedBuffer, usize)],
+) -> Vec<Vec<u32>> {
+    let total: usize = outputs.iter().map(|o| o.1).sum();
+    let staging = Staging::new(gpu, "test::staging", f32s(total)).expect("test staging");
+    let mut at = 0;
+    for &(buffer, words) in outputs {
+        rec.read_back(buffer, 0, &staging, 4 * at as u64, 4 * words as u64);
+        at += words;
+    }
+    let done = rec.submit().expect("test submit");
+    let all = staging
+        .map(&done, 4 * total as u64)
+        .read::<u32, _>(gpu, total, <[u32]>::to_vec)
+        .expect("test read");
+    let mut rest = all.as_slice();
+    outputs
+        .iter()
+        .map(|&(_, words)| {
+            let (head, tail) = rest.split_at(words);
+            rest = tail;
+            head.to_vec()
+        })
+        .collect()
 }

@@ -147,6 +147,20 @@ impl<'a> Recorder<'a> {
             .copy_buffer_to_buffer(src, src_offset, dst.buffer(), dst_offset, bytes);
     }
 
+    /// Records a copy from `src` to an application's buffer (a device output).
+    pub(crate) fn copy_to_foreign(
+        &mut self,
+        src: &TrackedBuffer,
+        src_offset: u64,
+        dst: &wgpu::Buffer,
+        dst_offset: u64,
+        bytes: u64,
+    ) {
+        self.touch(src);
+        self.encoder
+            .copy_buffer_to_buffer(src.buffer(), src_offset, dst, dst_offset, bytes);
+    }
+
     /// Records zeroing the first `bytes` bytes of `buffer`.
     pub(crate) fn clear(&mut self, buffer: &TrackedBuffer, bytes: u64) {
         self.touch(buffer);

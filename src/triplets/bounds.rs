@@ -4,32 +4,12 @@
 //! rule's arithmetic differently in two pipelines (fma, fast math), and a pair must then not
 //! write into the next pair's slots. Checked on the device with counts made too small by hand.
 
-use crate::context::{BackendChoice, Context, ContextConfig};
+use crate::context::test_gpu_context as gpu_context;
 use crate::device::GpuDevice;
 use crate::kernels::negative_buckets::{self, BucketBuffers, NegativeBuckets, PairPass};
 use crate::kernels::triplet_select::{self, Pass, SelectBuffers, TripletSelect};
 use crate::memory::TrackedBuffer;
 use crate::transfer::{self, f32s, Recorder, Staging, SENTINEL_BITS};
-
-/// A wgpu context with sentinel-filled outputs, or `None` (with a notice) when there is no
-/// adapter and `WML_REQUIRE_GPU=1` does not demand one.
-fn gpu_context() -> Option<Context> {
-    let config = ContextConfig {
-        backend: BackendChoice::Wgpu,
-        fill_outputs_with_sentinel: true,
-        ..Default::default()
-    };
-    match Context::new(&config) {
-        Ok(ctx) => Some(ctx),
-        Err(e) if std::env::var("WML_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
-            panic!("WML_REQUIRE_GPU=1 but no GPU context: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipped: no adapter ({e})");
-            None
-        }
-    }
-}
 
 /// Two anchors over 5 references each: reference 0 the positive (value 0.1), references
 /// 1..=4 the negatives (values 0.2 .. 0.5, ascending, so `order` is the negatives' own

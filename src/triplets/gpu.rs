@@ -23,12 +23,14 @@ use super::plan::{plan_call, Layout};
 use super::{list_sizes, Problem, TripletRule, Writer, OP};
 use crate::context::Context;
 use crate::device::GpuDevice;
+use crate::device_output::DeviceArray;
 use crate::device_rows::{DeviceRows, RowsView};
 use crate::distance::gpu::DistanceRows;
 use crate::error::{Error, Result};
 use crate::hooks::Reporter;
 use crate::inputs::{self, Embeddings};
 use crate::kernels::negative_buckets::{self, BucketBuffers, NegativeBuckets, PairPass};
+use crate::kernels::triplet_expand::{self, ExpandBuffers, TripletExpand};
 use crate::kernels::triplet_lists::{self, ListBuffers, TripletLists};
 use crate::kernels::triplet_select::{self, words, Pass, SelectBuffers, TripletSelect};
 use crate::memory::TrackedBuffer;
@@ -61,6 +63,12 @@ struct Buffers {
     offsets: TrackedBuffer,
     out: TrackedBuffer,
     out_staging: Staging,
+    /// Device output: the expansion's parameters, a window's segments and its rows.
+    expand_params: TrackedBuffer,
+    starts: TrackedBuffer,
+    heads: TrackedBuffer,
+    sources: TrackedBuffer,
+    expanded: TrackedBuffer,
 }
 
 impl Buffers {
@@ -114,7 +122,12 @@ impl Buffers {
             pair_base: make("mine_triplets::pair_base", f32s(l.anchors + 1))?,
             offsets: make("mine_triplets::offsets", l.offsets())?,
             out: output("mine_triplets::out", l.out())?,
-            out_staging: staging("mine_triplets::out_staging", l.out())?,
+            out_staging: staging("mine_triplets::out_staging", l.out_staging())?,
+            expand_params: uniform("mine_triplets::expand_params", l.expand_params())?,
+            starts: make("mine_triplets::starts", l.segments()[0])?,
+            heads: make("mine_triplets::heads", l.segments()[1])?,
+            sources: make("mine_triplets::sources", l.segments()[2])?,
+            expanded: output("mine_triplets::expanded", l.expanded())?,
         })
     }
 
@@ -227,6 +240,8 @@ struct Miner<'p, 'd> {
     lists: Arc<TripletLists>,
     select: Arc<TripletSelect>,
     buckets: Arc<NegativeBuckets>,
+    /// Device output only.
+    expand: Option<Arc<TripletExpand>>,
     select_params: triplet_select::Params,
     bucket_params: negative_buckets::Params,
 }
@@ -237,10 +252,12 @@ impl<'p, 'd> Miner<'p, 'd> {
         gpu: &'p GpuDevice,
         problem: &'p Problem<'d>,
         emit: bool,
+        device: bool,
     ) -> Result<Self> {
         let m = problem.set.ref_labels.len();
         let caps = DeviceCaps::from_limits(&gpu.limits);
-        let layout = plan_call(problem, emit, oom_retry::planning_budget(ctx), &caps)?.layout;
+        let budget = oom_retry::planning_budget(ctx);
+        let layout = plan_call(problem, emit, device, budget, &caps)?.layout;
         let refs = match problem.set.refs {
             None => None,
             Some(Embeddings::Host(r)) => Some(Resident::Uploaded(DeviceRows::upload(gpu, r)?)),
@@ -279,6 +296,11 @@ impl<'p, 'd> Miner<'p, 'd> {
             lists: gpu.kernel::<TripletLists>()?,
             select: gpu.kernel::<TripletSelect>()?,
             buckets: gpu.kernel::<NegativeBuckets>()?,
+            expand: if device {
+                Some(gpu.kernel::<TripletExpand>()?)
+            } else {
+                None
+            },
             bucket_params: negative_buckets::Params {
                 refs: m as u32,
                 bitmap_words: negative_buckets::bitmap_words(m) as u32,
@@ -516,20 +538,12 @@ impl<'p, 'd> Miner<'p, 'd> {
         Ok((pair_base, counts))
     }
 
-    /// Emits the kept triplets of the chunk's pairs into `writer`, window by window (one
-    /// submission and one wait each).
-    fn emit(
-        &mut self,
-        a0: usize,
-        pair_base: &[u32],
-        counts: &[u32],
-        writer: &mut Writer<'_>,
-    ) -> Result<()> {
-        let gpu = self.gpu;
-        // Exclusive prefix sums of the counts (u64) place each pair's negatives; windows of
-        // whole pairs, each at most `layout.out` negatives, cut the output to the buffer.
-        let mut offsets = Vec::with_capacity(counts.len());
-        let mut windows: Vec<(Range<u32>, Range<u64>)> = Vec::new();
+    /// Where a margin rule's emit puts each pair's kept negatives: exclusive prefix sums of the
+    /// counts (`u64`, as two words, one past the last pair too) and windows of whole pairs,
+    /// each at most `layout.out` negatives, that cut the output to the buffer.
+    fn windows(&self, counts: &[u32]) -> (Vec<[u32; 2]>, Vec<Window>) {
+        let mut offsets = Vec::with_capacity(counts.len() + 1);
+        let mut windows: Vec<Window> = Vec::new();
         let mut at = 0u64;
         for (pair, &c) in counts.iter().enumerate() {
             offsets.push(words(at));
@@ -545,42 +559,79 @@ impl<'p, 'd> Miner<'p, 'd> {
         }
         // One past the last pair: `negative_buckets` reads each pair's count as the difference.
         offsets.push(words(at));
+        windows.retain(|(_, span)| !span.is_empty());
+        (offsets, windows)
+    }
+
+    /// `(anchor, positive)` of each pair of `pairs` (anchors of the chunk from `a0`, whose
+    /// first pairs are `pair_base`).
+    fn pair_heads(&self, a0: usize, pair_base: &[u32], pairs: Range<u32>) -> Vec<[u32; 2]> {
+        let mut a = pair_base
+            .partition_point(|&b| b <= pairs.start)
+            .saturating_sub(1);
+        pairs
+            .map(|pair| {
+                while pair_base.get(a + 1).is_some_and(|&next| next <= pair) {
+                    a += 1;
+                }
+                let i = (pair - pair_base[a]) as usize;
+                [(a0 + a) as u32, self.positive(a0 + a, i)]
+            })
+            .collect()
+    }
+
+    /// Records a margin rule's emit of window `pairs` (negatives `span` of the chunk) into
+    /// `out`, after uploading the pairs' offsets when `first`.
+    fn record_emit(
+        &mut self,
+        rec: &mut Recorder<'_>,
+        (pairs, span): &Window,
+        offsets: &[[u32; 2]],
+        first: bool,
+    ) -> Result<()> {
+        self.select_params.start = words(span.start);
+        self.bucket_params.start = words(span.start);
+        if first {
+            rec.upload(&self.buf.offsets, 0, offsets)?;
+        }
+        rec.sentinel(&self.buf.out, f32s((span.end - span.start) as usize))?;
         let pass = match self.layout.grouped {
             Some(_) => PairKernel::Buckets(PairPass::Emit),
             None => PairKernel::Select(Pass::Emit),
         };
-        writer.reserve(at);
-        let mut first = true;
-        for (pairs, span) in windows.into_iter().filter(|(_, s)| !s.is_empty()) {
+        self.record_pairs(rec, pass, pairs.clone())
+    }
+
+    /// Emits the kept triplets of the chunk's pairs into `writer`, window by window (one
+    /// submission and one wait each).
+    fn emit(
+        &mut self,
+        a0: usize,
+        pair_base: &[u32],
+        counts: &[u32],
+        writer: &mut Writer<'_>,
+    ) -> Result<()> {
+        let gpu = self.gpu;
+        let (offsets, windows) = self.windows(counts);
+        writer.reserve(counts.iter().map(|&c| u64::from(c)).sum());
+        for (i, window) in windows.iter().enumerate() {
             writer.check()?;
-            let len = (span.end - span.start) as usize;
-            self.select_params.start = words(span.start);
-            self.bucket_params.start = words(span.start);
+            let len = (window.1.end - window.1.start) as usize;
             let mut rec = Recorder::new(gpu, "mine_triplets::emit");
-            if std::mem::take(&mut first) {
-                rec.upload(&self.buf.offsets, 0, &offsets)?;
-            }
-            rec.sentinel(&self.buf.out, f32s(len))?;
-            self.record_pairs(&mut rec, pass, pairs.clone())?;
+            self.record_emit(&mut rec, window, &offsets, i == 0)?;
             let bytes = 4 * len as u64;
             rec.read_back(&self.buf.out, 0, &self.buf.out_staging, 0, bytes);
             let done = rec.submit()?;
+            let heads = self.pair_heads(a0, pair_base, window.0.clone());
             let readback = self.buf.out_staging.map(&done, bytes);
             readback.read::<u32, _>(gpu, len, |negatives| {
                 // Pair k of the window owns the next counts[k] negatives.
                 let mut rest = negatives;
-                let mut a = pair_base
-                    .partition_point(|&b| b <= pairs.start)
-                    .saturating_sub(1);
-                for pair in pairs.clone() {
-                    while pair_base.get(a + 1).is_some_and(|&next| next <= pair) {
-                        a += 1;
-                    }
+                for (pair, [a, p]) in window.0.clone().zip(heads) {
                     let c = counts[pair as usize] as usize;
                     let (head, tail) = rest.split_at(c.min(rest.len()));
                     rest = tail;
-                    let i = (pair - pair_base[a]) as usize;
-                    writer.block((a0 + a) as u32, self.positive(a0 + a, i), head);
+                    writer.block(a, p, head);
                 }
             })?;
             if writer.stopped() {
@@ -589,6 +640,213 @@ impl<'p, 'd> Miner<'p, 'd> {
         }
         Ok(())
     }
+
+    /// Device output: records the expansion of one window's `segments` (none empty, at most
+    /// `layout.out` rows in all), their negatives read from `source`, and the copy of the rows
+    /// into `dst` from row `*row` on, which it advances.
+    fn record_expand(
+        &self,
+        rec: &mut Recorder<'_>,
+        segments: &[Segment],
+        source: &TrackedBuffer,
+        dst: &DeviceArray<u32>,
+        row: &mut u64,
+    ) -> Result<()> {
+        let Some(expand) = &self.expand else {
+            return Err(Error::Internal {
+                op: OP,
+                message: "device output without the expansion kernel".into(),
+            });
+        };
+        let mut starts = Vec::with_capacity(segments.len() + 1);
+        let mut heads = Vec::with_capacity(2 * segments.len());
+        let mut sources = Vec::with_capacity(segments.len());
+        let mut rows = 0u32;
+        for s in segments {
+            starts.push(rows);
+            heads.extend(s.head);
+            sources.push(s.source);
+            rows += s.rows;
+        }
+        starts.push(rows);
+        // Bound the copy by the result's own rows: more would mean that the counts the
+        // result was sized by and the device's disagree.
+        if rows == 0 {
+            return Ok(());
+        }
+        if *row + u64::from(rows) > dst.dim().0 as u64 || rows as usize > self.layout.out {
+            return Err(Error::Internal {
+                op: OP,
+                message: format!(
+                    "{rows} rows at row {row} of a ({}, 3) result (windows of {})",
+                    dst.dim().0,
+                    self.layout.out
+                ),
+            });
+        }
+        let buf = &self.buf;
+        let params = triplet_expand::Params {
+            segments: segments.len() as u32,
+            rows,
+            _pad: [0; 2],
+        };
+        rec.upload(&buf.expand_params, 0, &[params])?;
+        rec.upload(&buf.starts, 0, &starts)?;
+        rec.upload(&buf.heads, 0, &heads)?;
+        rec.upload(&buf.sources, 0, &sources)?;
+        rec.sentinel(&buf.expanded, f32s(3 * rows as usize))?;
+        expand.encode(
+            rec,
+            u64::from(rows),
+            &ExpandBuffers {
+                params: &buf.expand_params,
+                starts: &buf.starts,
+                heads: &buf.heads,
+                sources: &buf.sources,
+                source,
+                out: &buf.expanded,
+            },
+        )?;
+        rec.copy(
+            &buf.expanded,
+            0,
+            dst.tracked(),
+            12 * *row,
+            12 * u64::from(rows),
+        );
+        *row += u64::from(rows);
+        Ok(())
+    }
+
+    /// Device output, every valid triplet of anchors `a0 .. a0 + rows`: their lists, then
+    /// windows of `(anchor, positive)` segments over the negative lists (one submission
+    /// each, no wait), and the list sizes checked (one wait).
+    fn all_valid_on_device(
+        &self,
+        (a0, rows): (usize, usize),
+        dst: &DeviceArray<u32>,
+        row: &mut u64,
+    ) -> Result<()> {
+        let (gpu, m) = (self.gpu, self.layout.refs);
+        let mut rec = Recorder::new(gpu, "mine_triplets::lists");
+        self.record_lists(&mut rec, a0, rows)?;
+        let done = rec.submit()?;
+        let sizes = self.map_list_sizes(&done, rows);
+        let mut window: Vec<Segment> = Vec::new();
+        let mut in_window = 0;
+        let mut submit = |window: &mut Vec<Segment>| -> Result<()> {
+            let mut rec = Recorder::new(gpu, "mine_triplets::expand");
+            self.record_expand(&mut rec, window, &self.buf.negatives, dst, row)?;
+            window.clear();
+            rec.submit().map(|_| ())
+        };
+        for (a, size) in self.sizes(a0, rows).chunks_exact(2).enumerate() {
+            let (positives, negatives) = (size[0] as usize, size[1]);
+            if negatives == 0 {
+                continue;
+            }
+            for i in 0..positives {
+                if in_window + negatives as usize > self.layout.out {
+                    submit(&mut window)?;
+                    in_window = 0;
+                }
+                window.push(Segment {
+                    head: [(a0 + a) as u32, self.positive(a0 + a, i)],
+                    source: (a * m) as u32,
+                    rows: negatives,
+                });
+                in_window += negatives as usize;
+            }
+        }
+        submit(&mut window)?;
+        self.check_list_sizes(sizes, a0, self.sizes(a0, rows))
+    }
+
+    /// Device output, a margin rule's kept triplets of the chunk's pairs: per window, the
+    /// emit and the expansion of its pairs' runs (one submission each, no wait).
+    fn emit_on_device(
+        &mut self,
+        a0: usize,
+        pair_base: &[u32],
+        counts: &[u32],
+        dst: &DeviceArray<u32>,
+        row: &mut u64,
+    ) -> Result<()> {
+        let (offsets, windows) = self.windows(counts);
+        for (i, window) in windows.iter().enumerate() {
+            let mut rec = Recorder::new(self.gpu, "mine_triplets::emit");
+            self.record_emit(&mut rec, window, &offsets, i == 0)?;
+            // The window's negatives lie in `out` in pair order, each pair's run at its
+            // count's prefix sum.
+            let mut at = 0;
+            let segments: Vec<Segment> = window
+                .0
+                .clone()
+                .zip(self.pair_heads(a0, pair_base, window.0.clone()))
+                .filter_map(|(pair, head)| {
+                    let rows = counts[pair as usize];
+                    let segment = Segment {
+                        head,
+                        source: at,
+                        rows,
+                    };
+                    at += rows;
+                    (rows > 0).then_some(segment)
+                })
+                .collect();
+            self.record_expand(&mut rec, &segments, &self.buf.out, dst, row)?;
+            rec.submit()?;
+        }
+        Ok(())
+    }
+}
+
+/// A window of a margin rule's emit: its pairs and the chunk's negatives they own.
+type Window = (Range<u32>, Range<u64>);
+
+/// Device output: `rows` triplet rows `(head.0, head.1, negative)`, their negatives from
+/// element `source` of the window's negatives on.
+struct Segment {
+    head: [u32; 2],
+    source: u32,
+    rows: u32,
+}
+
+/// Mines `problem` on `gpu` into `dst` `(t, 3)`, which its count sized: the rows are written
+/// on the device, chunk by chunk and window by window, in [`mine`]'s order; the call waits
+/// once at its end (besides the waits for counts and list sizes) and reads no triplet back.
+/// Reports each anchor chunk's `rows × m` pairs and checks for cancellation before each.
+pub(super) fn mine_on_device(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    problem: &Problem<'_>,
+    dst: &DeviceArray<u32>,
+    report: &Reporter<'_>,
+) -> Result<()> {
+    let b = problem.set.labels.len();
+    let m = problem.set.ref_labels.len();
+    let mut miner = Miner::new(ctx, gpu, problem, true, true)?;
+    let mut row = 0u64;
+    for a0 in (0..b).step_by(miner.layout.anchors) {
+        report.check()?;
+        let rows = miner.layout.anchors.min(b - a0);
+        if problem.rule == TripletRule::AllValid {
+            miner.all_valid_on_device((a0, rows), dst, &mut row)?;
+        } else {
+            let (pair_base, counts) = miner.pair_counts(a0, rows)?;
+            miner.emit_on_device(a0, &pair_base, &counts, dst, &mut row)?;
+        }
+        report.add((rows * m) as u64);
+    }
+    if row != dst.dim().0 as u64 {
+        return Err(Error::Internal {
+            op: OP,
+            message: format!("{row} triplets written of {} counted", dst.dim().0),
+        });
+    }
+    // Nothing to read: wait so that the call's buffers are idle when it frees them, and a lost
+    // device is this call's error.
+    transfer::wait_all(gpu)
 }
 
 /// Mines `problem` on `gpu`, into `writer` (returning 0) or only counting (returning the
@@ -603,7 +861,7 @@ pub(super) fn mine(
 ) -> Result<u64> {
     let b = problem.set.labels.len();
     let m = problem.set.ref_labels.len();
-    let mut miner = Miner::new(ctx, gpu, problem, writer.is_some())?;
+    let mut miner = Miner::new(ctx, gpu, problem, writer.is_some(), false)?;
     let mut counted = 0u64;
     for a0 in (0..b).step_by(miner.layout.anchors) {
         report.check()?;

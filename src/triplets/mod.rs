@@ -7,6 +7,7 @@ use std::ops::ControlFlow;
 use ndarray::{Array2, ArrayView1, ArrayView2};
 
 use crate::context::{ComputePath, Context};
+use crate::device_output::{output_device, DeviceArray};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::inputs::{self, Imports, Labelled, MiningSet, SelfExclusion};
@@ -500,6 +501,122 @@ pub fn count_triplets<L: Hash + Eq + Copy>(
     })
 }
 
+/// The result of [`mine_triplets_on_device`]: the triplets of [`mine_triplets`], left on the
+/// device.
+///
+/// See the example of [`mine_triplets_on_device`].
+#[derive(Debug)]
+pub struct TripletsOnDevice {
+    /// `(t, 3)` rows `(anchor, positive, negative)`: [`Triplets::indices`], in the same order,
+    /// on the device. `t` is the count, known on the host.
+    pub triplets: DeviceArray<u32>,
+    /// Host–device traffic of the call: no triplet read back, only counts (see
+    /// [`mine_triplets_on_device`]).
+    pub transfers: Transfers,
+}
+
+impl TripletsOnDevice {
+    /// The number of triplets (rows of [`Self::triplets`]).
+    ///
+    /// See the example of [`mine_triplets_on_device`].
+    pub fn len(&self) -> usize {
+        self.triplets.dim().0
+    }
+
+    /// Whether no triplet was found.
+    ///
+    /// See the example of [`mine_triplets_on_device`].
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// [`mine_triplets`] with the triplets left on the device, for a loss that gathers them there:
+/// the same `(t, 3)` rows, in the same order, in a [`DeviceArray`] sized exactly, with the
+/// count on the host.
+///
+/// The rows are written on the device (`shaders/triplet_expand.wgsl`) from each
+/// `(anchor, positive)` pair and its run of negatives: every valid triplet expands the
+/// anchors' negative lists, a margin rule its kept negatives. The host sends each window's
+/// `(anchor, positive)` pairs (8 bytes, plus 8 of offsets, per pair with triplets) and reads
+/// back counts only: for a margin rule the per-pair counts (4 bytes per pair, as
+/// [`mine_triplets`]), and 8 bytes per anchor of list sizes to check. The array is sized by
+/// the count before anything is written, so a margin rule is counted first ([`count_triplets`]:
+/// one more pass over the distances) and every valid triplet by label arithmetic. The call
+/// waits for the device once at its end, besides those counts. Progress covers both passes
+/// (`2 · b · m` pairs for a margin rule).
+///
+/// The array (`12 · t` bytes) is allocated before the mining is planned and counts in the
+/// budget for as long as it lives.
+///
+/// # Errors
+/// As [`mine_triplets`]; [`Error::InvalidParameter`] on a native context (results on the
+/// device need a wgpu context); [`Error::BudgetExceeded`] or [`Error::DeviceLimit`] when the
+/// array does not fit the budget left or one buffer.
+///
+/// # Example
+/// ```no_run
+/// use wgpu_metric_learning::{mine_triplets, mine_triplets_on_device, Context, ContextConfig, MiningSet, TripletConfig, TripletType};
+/// let ctx = Context::new(&ContextConfig::default())?;
+/// let x = ndarray::Array2::from_shape_fn((64, 8), |(i, j)| ((i * 5 + j) % 13) as f32);
+/// let y = ndarray::Array1::from_shape_fn(64, |i| i % 4);
+/// let batch = MiningSet::new(&x, &y);
+/// let cfg = TripletConfig::margin_miner(TripletType::Semihard);
+/// let mined = mine_triplets_on_device(&ctx, &batch, None, &cfg)?;
+/// assert_eq!(mined.triplets.to_host(&ctx)?, mine_triplets(&ctx, &batch, None, &cfg)?.indices);
+/// println!("{} triplets in {:?}", mined.len(), mined.triplets.buffer());
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn mine_triplets_on_device<L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
+    cfg: &TripletConfig,
+) -> Result<TripletsOnDevice> {
+    let gpu = output_device(OP, ctx)?;
+    let mut imports = Imports::call();
+    let problem = prepare(OP, ctx, queries, refs, cfg, &mut imports)?;
+    let (mined, mut transfers) = transfer::measure(|| {
+        let (b, m) = (problem.set.labels.len(), problem.set.ref_labels.len());
+        let all_valid = problem.rule == TripletRule::AllValid;
+        // Progress of both passes (a margin rule counts, then writes), one after the other.
+        let pairs = b as u64 * m as u64;
+        let report = Reporter::new(&cfg.hooks, OP, pairs * if all_valid { 1 } else { 2 });
+        report.check()?;
+        let count = if b == 0 || m == 0 {
+            0
+        } else if all_valid {
+            all_valid_count(&problem.set)
+        } else {
+            let part = report.part(pairs);
+            oom_retry::retry(ctx, || {
+                part.restart();
+                gpu.settled(gpu::mine(ctx, gpu, &problem, None, &part))
+            })?
+        };
+        let rows = usize::try_from(count).map_err(|_| Error::DeviceLimit {
+            op: OP,
+            what: "max_buffer_size",
+            requested: count.saturating_mul(12),
+            limit: gpu.limits.max_buffer_size,
+        })?;
+        let triplets = DeviceArray::new(gpu, "mine_triplets::triplets", (rows, 3))?;
+        if rows > 0 {
+            let part = report.part(pairs);
+            oom_retry::retry(ctx, || {
+                part.restart();
+                gpu.settled(gpu::mine_on_device(ctx, gpu, &problem, &triplets, &part))
+            })?;
+        }
+        Ok::<_, Error>(triplets)
+    });
+    transfers.add(problem.set.imported);
+    Ok(TripletsOnDevice {
+        triplets: mined?,
+        transfers,
+    })
+}
+
 /// How [`mine_triplets`] (or [`mine_triplets_streaming`]) would run with these arguments on
 /// `ctx`: anchors per chunk and the memory a chunk holds with the call's outputs, planned for
 /// the budget available now from the inputs' class sizes. Nothing is mined;
@@ -532,7 +649,7 @@ pub fn mine_triplets_plan<L: Hash + Eq + Copy>(
         Some(gpu) => {
             let caps = DeviceCaps::from_limits(&gpu.limits);
             let budget = oom_retry::planning_budget(ctx);
-            plan::plan_call(&problem, true, budget, &caps).map(|p| p.public(b))
+            plan::plan_call(&problem, true, false, budget, &caps).map(|p| p.public(b))
         }
     };
     Ok(plan?.with_imports(imports.footprint()))

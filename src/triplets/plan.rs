@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::inputs::{self, Embeddings};
 use crate::kernels::distance_tile;
 use crate::kernels::negative_buckets;
+use crate::kernels::triplet_expand;
 use crate::kernels::triplet_lists;
 use crate::kernels::triplet_select;
 use crate::plan::{plan_rows, DeviceCaps, Footprint, Plan};
@@ -33,6 +34,9 @@ pub(super) struct Layout {
     pub(super) out: usize,
     /// Every valid triplet, collected or streamed: both lists are read back.
     pub(super) host_lists: bool,
+    /// The triplets are written on the device (`triplet_expand`, `out` rows per window)
+    /// into the call's result, not read back.
+    pub(super) device: bool,
 }
 
 /// `size` if `used`, else a 4-byte placeholder (a binding must have a buffer behind it).
@@ -92,15 +96,38 @@ impl Layout {
         // One `vec2<u32>` per pair and one past the last; at least one, since the shader's
         // element is 8 bytes.
         transfer::buffer_size(
-            8 * if self.out > 0 {
+            8 * if self.out > 0 && self.counts {
                 self.anchors * self.refs + 1
             } else {
                 1
             } as u64,
         )
     }
+    /// The negatives a margin rule's emit writes per window.
     pub(super) fn out(&self) -> u64 {
-        f32s(self.out)
+        or_dummy(self.counts, f32s(self.out))
+    }
+    /// Reads the emitted negatives back (not when writing on the device).
+    pub(super) fn out_staging(&self) -> u64 {
+        or_dummy(!self.device, f32s(self.out))
+    }
+    /// Device output: a window's segment starts (one past the last too), heads
+    /// (`(anchor, positive)`, 8 bytes) and sources; a window has at most `out` segments, since
+    /// none is empty.
+    pub(super) fn segments(&self) -> [u64; 3] {
+        [
+            or_dummy(self.device, f32s(self.out + 1)),
+            or_dummy(self.device, f32s(2 * self.out)),
+            or_dummy(self.device, f32s(self.out)),
+        ]
+    }
+    /// Device output: the expansion's uniform block.
+    pub(super) fn expand_params(&self) -> u64 {
+        or_dummy(self.device, uniform_size::<triplet_expand::Params>())
+    }
+    /// Device output: a window's `(out, 3)` triplet rows before they are copied into the result.
+    pub(super) fn expanded(&self) -> u64 {
+        or_dummy(self.device, f32s(3 * self.out))
     }
 
     pub(super) fn footprint(&self) -> Footprint {
@@ -125,8 +152,11 @@ impl Layout {
             f32s(self.anchors + 1), // pair base
             self.offsets(),
             self.out(),
-            self.out(), // output staging
+            self.out_staging(),
+            self.expand_params(),
+            self.expanded(),
         ];
+        buffers.extend(self.segments());
         buffers.extend(std::iter::repeat_n(
             uniform_size::<negative_buckets::Params>(),
             self.sort_params(),
@@ -169,6 +199,7 @@ fn plan_layout(
     problem: &Problem<'_>,
     refs: Option<(usize, usize)>,
     emit: bool,
+    device: bool,
     budget: u64,
     caps: &DeviceCaps,
 ) -> Result<Layout> {
@@ -182,10 +213,14 @@ fn plan_layout(
         counts: margin,
         grouped: groups_negatives(problem, emit),
         out: 0,
-        host_lists: emit && !margin,
+        host_lists: emit && !margin && !device,
+        device: emit && device,
     };
-    let min_out = if emit && margin { m } else { 0 };
-    let mut out = if emit && margin { problem.chunk } else { 0 };
+    // Windows of output: a margin rule's emitted negatives, or the rows written on the
+    // device; at least one pair's worst case, `m`.
+    let windows = emit && (margin || device);
+    let min_out = if windows { m } else { 0 };
+    let mut out = if windows { problem.chunk } else { 0 };
     loop {
         let cost = |anchors| {
             Layout {
@@ -275,12 +310,13 @@ impl CallPlan {
     }
 }
 
-/// Plans a call under `available` bytes: host references are uploaded once, before the
-/// chunks, which get what is left; the plan is checked first, so a budget too small for both
-/// allocates nothing.
+/// Plans a call under `available` bytes, its triplets read back or (`device`) written on the
+/// device: host references are uploaded once, before the chunks, which get what is left; the
+/// plan is checked first, so a budget too small for both allocates nothing.
 pub(super) fn plan_call(
     problem: &Problem<'_>,
     emit: bool,
+    device: bool,
     available: u64,
     caps: &DeviceCaps,
 ) -> Result<CallPlan> {
@@ -301,20 +337,29 @@ pub(super) fn plan_call(
         }
         Some(Embeddings::Device(_)) => return Err(inputs::unimported(OP)),
     };
-    let layout =
-        plan_layout(problem, refs, emit, available.saturating_sub(upload), caps).map_err(|e| {
-            match e {
-                Error::OverBudget { op, required, .. } if upload > 0 => Error::OverBudget {
-                    op,
-                    required: required + upload,
-                    budget: available,
-                },
-                other => other,
-            }
-        })?;
+    let layout = plan_layout(
+        problem,
+        refs,
+        emit,
+        device,
+        available.saturating_sub(upload),
+        caps,
+    )
+    .map_err(|e| match e {
+        Error::OverBudget { op, required, .. } if upload > 0 => Error::OverBudget {
+            op,
+            required: required + upload,
+            budget: available,
+        },
+        other => other,
+    })?;
     let smallest = Layout {
         anchors: 1,
-        out: if emit && layout.counts { m } else { 0 },
+        out: if emit && (layout.counts || layout.device) {
+            m
+        } else {
+            0
+        },
         ..layout
     };
     Ok(CallPlan {
@@ -362,7 +407,7 @@ mod tests {
     fn the_chunk_fits_the_budget_and_is_maximal() {
         let p = problem(1000, 1000, 10, TripletRule::AllValid, CountMethod::Auto);
         let budget = 8 << 20;
-        let plan = plan_call(&p, true, budget, &caps()).expect("fits");
+        let plan = plan_call(&p, true, false, budget, &caps()).expect("fits");
         let l = plan.layout;
         assert!(
             l.footprint().bytes <= budget,
@@ -383,7 +428,7 @@ mod tests {
     #[test]
     fn a_budget_below_one_anchor_is_over_budget_naming_its_bytes() {
         let p = problem(100, 100_000, 10, TripletRule::AllValid, CountMethod::Auto);
-        match plan_call(&p, true, 1 << 10, &caps()) {
+        match plan_call(&p, true, false, 1 << 10, &caps()) {
             Err(Error::OverBudget {
                 required, budget, ..
             }) => {

@@ -4,6 +4,7 @@
 
 use std::sync::OnceLock;
 
+use ndarray::Array2;
 use wgpu_metric_learning::{BackendChoice, Context, ContextConfig};
 
 /// Whether the environment demands a GPU (`WML_REQUIRE_GPU=1`, set by `.ci/run`).
@@ -70,4 +71,30 @@ pub(crate) fn cases(default: u32) -> u32 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// `x` `(n, d)` written into a new buffer at byte `offset`, rows `stride` floats apart; the
+/// gaps hold NaN, so a kernel that read them would fail or return NaN.
+pub(crate) fn upload(ctx: &Context, x: &Array2<f32>, offset: u64, stride: usize) -> wgpu::Buffer {
+    let (device, queue) = ctx.wgpu_device().expect("a wgpu context");
+    let n = x.nrows();
+    let floats = offset as usize / 4 + n * stride;
+    let mut data = vec![f32::NAN; floats.max(1)];
+    for (i, row) in x.rows().into_iter().enumerate() {
+        let at = offset as usize / 4 + i * stride;
+        for (k, v) in row.iter().enumerate() {
+            data[at + k] = *v;
+        }
+    }
+    let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("test embeddings"),
+        size: 4 * data.len() as u64,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    queue.write_buffer(&buffer, 0, &bytes);
+    buffer
 }

@@ -5,7 +5,8 @@
 //!
 //! Each step embeds a batch, enqueues it into the library's `MemoryBank` (on a GPU straight
 //! from burn's buffer), mines semihard triplets of the batch against the bank (on the
-//! device), computes the triplet margin loss in burn from the mined indices and steps Adam.
+//! device, into a device array that burn's index tensors are copied from there), computes the
+//! triplet margin loss in burn from the mined indices and steps Adam.
 //! With a hardware adapter burn and the library share its wgpu device; without one the same
 //! loop runs on burn's CPU backend (flex) and the library's native path, which beats both on
 //! lavapipe for a network this small.
@@ -30,10 +31,12 @@ use burn::tensor::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use ndarray::{s, Array1, Array2, Axis};
 use wgpu_metric_learning::{
-    accuracy, list_adapters, mine_triplets, AccuracyConfig, BankConfig, Context, ContextConfig,
-    Hooks, MemoryBank, MiningSet, TripletConfig, TripletType,
+    accuracy, list_adapters, mine_triplets, mine_triplets_on_device, AccuracyConfig, BankConfig,
+    Context, ContextConfig, Hooks, MemoryBank, MiningSet, TripletConfig, TripletType,
 };
-use wgpu_metric_learning_burn::{from_array, index_columns, shared_wgpu, to_array, DeviceTensor};
+use wgpu_metric_learning_burn::{
+    from_array, index_columns, index_columns_on_device, shared_wgpu, to_array, DeviceTensor,
+};
 
 const CLASSES: usize = 20;
 const INPUT: usize = 32;
@@ -243,7 +246,10 @@ fn main() -> Result<(), Failure> {
 
         // Enqueue, then mine the batch against the bank (PML's CrossBatchMemory order).
         let semihard = TripletConfig::margin_miner(TripletType::Semihard);
-        let (enqueued, triplets) = match backend {
+        // The triplets' anchor, positive and negative columns as burn index tensors: on a GPU
+        // mined into a device array and copied into burn's tensor there, with only the count
+        // on the host.
+        let (enqueued, count, columns) = match backend {
             Backend::Wgpu => {
                 let rows = DeviceTensor::of(&emb)?;
                 let enq = bank.enqueue(&ctx, &MiningSet::new(rows.embeddings(), &y))?;
@@ -251,13 +257,14 @@ fn main() -> Result<(), Failure> {
                     self_exclusion: enq.self_exclusion.clone(),
                     ..semihard
                 };
-                let t = mine_triplets(
+                let mined = mine_triplets_on_device(
                     &ctx,
                     &MiningSet::new(rows.embeddings(), &y),
                     Some(&bank.refs()),
                     &cfg,
                 )?;
-                (enq, t)
+                let columns = index_columns_on_device::<3>(&ctx, &mined.triplets, &train_device)?;
+                (enq, mined.len(), columns)
             }
             Backend::Cpu => {
                 let rows = to_array(&emb.clone().detach())?;
@@ -267,16 +274,17 @@ fn main() -> Result<(), Failure> {
                     ..semihard
                 };
                 let t = mine_triplets(&ctx, &MiningSet::new(&rows, &y), Some(&bank.refs()), &cfg)?;
-                (enq, t)
+                let columns = index_columns::<3>(t.indices.view(), &train_device)?;
+                (enq, t.len(), columns)
             }
         };
         memory = mirror(memory, &emb, &enqueued.slots);
-        mined_total += triplets.len();
+        mined_total += count;
 
         // PML's TripletMarginLoss over the mined triplets, averaged over the non-zero ones
         // (nothing to learn from a batch that mined none).
-        if !triplets.is_empty() {
-            let [a, p, n] = index_columns::<3>(triplets.indices.view(), &train_device)?;
+        if count > 0 {
+            let [a, p, n] = columns;
             let anchors = emb.select(0, a);
             let distance = |other: Tensor<2>| {
                 (anchors.clone() - other)
@@ -301,8 +309,7 @@ fn main() -> Result<(), Failure> {
 
         if step % eval_every == 0 && step < args.steps {
             println!(
-                "step {step}: {} triplets mined in this batch, {mined_total} so far, {:.1} s",
-                triplets.len(),
+                "step {step}: {count} triplets mined in this batch, {mined_total} so far, {:.1} s",
                 started.elapsed().as_secs_f64()
             );
             eval(&model, "held-out")?;

@@ -6,7 +6,8 @@
 //! - [`DeviceTensor::of`] hands a burn `(n, d)` float tensor to the library as
 //!   [`DeviceEmbeddings`] without copying it: its own buffer, offset and row stride.
 //! - [`index_columns`] turns mined triplets (or pairs) into burn `Int` index tensors, for a loss
-//!   computed in burn with `select`.
+//!   computed in burn with `select`; [`index_columns_on_device`] does the same, on the device,
+//!   for triplets or neighbours the library left there.
 //!
 //! On a machine without a GPU the same loop runs with burn's CPU backend and the library's
 //! native path: [`to_array`] and [`from_array`] convert there (see the `triplet_training`
@@ -17,10 +18,10 @@
 
 use burn::backend::wgpu::CubeTensor;
 use burn::backend::Cube;
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Int, Tensor, TensorCreationOptions, TensorData};
 use cubecl_wgpu::{AutoCompiler, WgpuServer};
 use ndarray::{Array2, ArrayView2};
-use wgpu_metric_learning::{Context, ContextConfig, DeviceEmbeddings};
+use wgpu_metric_learning::{Context, ContextConfig, DeviceArray, DeviceEmbeddings};
 
 /// Everything that can go wrong between burn and the library.
 ///
@@ -148,28 +149,14 @@ impl DeviceTensor {
         if cube.meta.is_tiled() || !unit_columns || row_stride < cols {
             return Err(Error::Layout { shape, strides });
         }
-        let managed = cube
-            .client
-            .get_resource::<WgpuServer<AutoCompiler>>(cube.handle.clone())
-            .map_err(|e| Error::Burn(format!("{e:?}")))?;
-        // The kernels that wrote the tensor may still sit in burn's encoder: submit them, on
-        // this thread's stream and on the tensor's own.
-        cube.client
-            .flush()
-            .map_err(|e| Error::Burn(format!("{e:?}")))?;
-        let stream = cube.handle.stream;
-        stream
-            .executes(|| cube.client.flush())
-            .map_err(|e| Error::Burn(format!("{e:?}")))?;
-        let resource = managed.resource();
-        let (buffer, offset) = (resource.buffer.clone(), resource.offset);
+        let (buffer, offset, keep) = resource(cube)?;
         Ok(Self {
             buffer,
             offset,
             rows,
             cols,
             row_stride,
-            _keep: Box::new((managed, cube)),
+            _keep: keep,
         })
     }
 
@@ -180,6 +167,88 @@ impl DeviceTensor {
         DeviceEmbeddings::new(&self.buffer, self.offset, (self.rows, self.cols))
             .with_row_stride(self.row_stride)
     }
+}
+
+/// A burn tensor's buffer and byte offset on the wgpu device, with what keeps them (burn's
+/// hold on the allocation and the tensor). burn's queued work is submitted first, so that
+/// work submitted on the shared queue afterwards comes after it.
+fn resource(cube: CubeTensor) -> Result<(wgpu::Buffer, u64, Box<dyn std::any::Any>)> {
+    let managed = cube
+        .client
+        .get_resource::<WgpuServer<AutoCompiler>>(cube.handle.clone())
+        .map_err(|e| Error::Burn(format!("{e:?}")))?;
+    // The kernels that wrote the tensor (or last used its memory) may still sit in burn's
+    // encoder: submit them, on this thread's stream and on the tensor's own.
+    cube.client
+        .flush()
+        .map_err(|e| Error::Burn(format!("{e:?}")))?;
+    let stream = cube.handle.stream;
+    stream
+        .executes(|| cube.client.flush())
+        .map_err(|e| Error::Burn(format!("{e:?}")))?;
+    let res = managed.resource();
+    let (buffer, offset) = (res.buffer.clone(), res.offset);
+    Ok((buffer, offset, Box::new((managed, cube))))
+}
+
+/// The `C` columns of `(t, C)` index rows that the library left on the device (triplets of
+/// [`wgpu_metric_learning::mine_triplets_on_device`], neighbours of
+/// [`wgpu_metric_learning::knn_on_device`]) as burn `Int` tensors `(t,)` on `device`, for
+/// `select`, without a trip to the host: the rows are copied on the device into a new
+/// `(t, C)` `i32` tensor of burn's, whose columns burn then slices. Indices must stay below
+/// 2³¹ (references of up to two billion rows).
+///
+/// `device` must be the wgpu device `ctx` shares with burn ([`shared_wgpu`]), with or without
+/// autodiff.
+///
+/// # Errors
+/// [`Error::Layout`] when `indices` does not have `C` columns; [`Error::NotWgpu`] when
+/// `device` is not a wgpu device; [`Error::Library`] when the copy is refused (another
+/// device); [`Error::Burn`] when burn cannot reach or submit its buffer.
+///
+/// # Example
+/// ```no_run
+/// use wgpu_metric_learning::{mine_triplets_on_device, ContextConfig, MiningSet, TripletConfig};
+/// use wgpu_metric_learning_burn::{index_columns_on_device, shared_wgpu};
+/// let shared = shared_wgpu(&ContextConfig::default())?;
+/// let labels = ndarray::Array1::from_shape_fn(64, |i| i % 4);
+/// let mined = mine_triplets_on_device(&shared.ctx, &MiningSet::from_labels(&labels), None, &TripletConfig::default())?;
+/// let [a, p, n] = index_columns_on_device::<3>(&shared.ctx, &mined.triplets, &shared.device)?;
+/// assert_eq!(a.dims(), [mined.len()]);
+/// # let _ = (p, n);
+/// # Ok::<(), wgpu_metric_learning_burn::Error>(())
+/// ```
+pub fn index_columns_on_device<const C: usize>(
+    ctx: &Context,
+    indices: &DeviceArray<u32>,
+    device: &Device,
+) -> Result<[Tensor<1, Int>; C]> {
+    let (t, cols) = indices.dim();
+    if cols != C {
+        return Err(Error::Layout {
+            shape: vec![t, cols],
+            strides: vec![cols, 1],
+        });
+    }
+    if t == 0 {
+        return Ok(std::array::from_fn(|_| {
+            Tensor::<1, Int>::from_data(TensorData::new(Vec::<i64>::new(), [0]), device)
+        }));
+    }
+    let options = TensorCreationOptions::new(device.clone()).with_dtype(DType::I32);
+    let rows = Tensor::<2, Int>::empty([t, C], options);
+    // An autodiff device's Int tensors are the inner backend's: the same buffer.
+    let cube: CubeTensor = rows
+        .clone()
+        .without_autodiff()
+        .try_into_primitive::<Cube>()
+        .map_err(|e| Error::NotWgpu(format!("{e:?}")))?;
+    let (buffer, offset, keep) = resource(cube)?;
+    indices.copy_to(ctx, &buffer, offset)?;
+    drop(keep);
+    Ok(std::array::from_fn(|c| {
+        rows.clone().slice([0..t, c..c + 1]).reshape([t])
+    }))
 }
 
 /// The `C` columns of `(t, C)` index rows (triplets `(a, p, n)`, pairs `(a, b)`) as burn

@@ -1,9 +1,16 @@
 //! burn tensors read in place by the library on a shared wgpu device: the rows it sees are the
-//! tensor's (dense, column-sliced, transposed), and a CPU tensor is a typed error.
+//! tensor's (dense, column-sliced, transposed), and a CPU tensor is a typed error; triplets and
+//! neighbours the library left on the device become burn index tensors equal to the host's.
 
-use burn::tensor::{Device, Distribution, Tensor};
-use wgpu_metric_learning::{pairwise_distances, ContextConfig, PairwiseConfig};
-use wgpu_metric_learning_burn::{shared_wgpu, to_array, DeviceTensor, Error};
+use burn::tensor::{Device, Distribution, Int, Tensor};
+use ndarray::{Array1, ArrayView2};
+use wgpu_metric_learning::{
+    knn, knn_on_device, mine_triplets, mine_triplets_on_device, pairwise_distances, ContextConfig,
+    KnnConfig, MiningSet, PairwiseConfig, TripletConfig, TripletType,
+};
+use wgpu_metric_learning_burn::{
+    index_columns_on_device, shared_wgpu, to_array, DeviceTensor, Error,
+};
 
 #[test]
 fn the_library_reads_burn_tensors_in_place() {
@@ -54,4 +61,49 @@ fn the_library_reads_burn_tensors_in_place() {
     }
     let cpu = Tensor::<2>::zeros([2, 2], &Device::flex());
     assert!(matches!(DeviceTensor::of(&cpu), Err(Error::NotWgpu(_))));
+
+    // Triplets and neighbours the library left on the device, as burn index tensors.
+    let labels = Array1::from_shape_fn(37, |i| (i % 3) as i64);
+    let rows = DeviceTensor::of(&x).expect("rows");
+    let batch = MiningSet::new(rows.embeddings(), &labels);
+    // A training step's index tensors live on the autodiff device.
+    let autodiff = device.clone().autodiff();
+    for (cfg, on) in [
+        (TripletConfig::default(), device),
+        (
+            TripletConfig::margin_miner(TripletType::Semihard),
+            &autodiff,
+        ),
+    ] {
+        let mined = mine_triplets_on_device(ctx, &batch, None, &cfg).expect("on device");
+        let host = mine_triplets(ctx, &batch, None, &cfg).expect("host");
+        assert!(!mined.is_empty(), "{:?}", cfg.rule);
+        let columns = index_columns_on_device::<3>(ctx, &mined.triplets, on).expect("columns");
+        same_columns(columns, host.indices.view(), &format!("{:?}", cfg.rule));
+    }
+    let cfg = KnnConfig {
+        k: 5,
+        ..Default::default()
+    };
+    let found = knn_on_device(ctx, rows.embeddings(), rows.embeddings(), &cfg).expect("knn");
+    let host = knn(ctx, rows.embeddings(), rows.embeddings(), &cfg).expect("knn");
+    let columns = index_columns_on_device::<5>(ctx, &found.indices, device).expect("columns");
+    same_columns(columns, host.indices.view(), "neighbours");
+    assert!(matches!(
+        index_columns_on_device::<3>(ctx, &found.indices, device),
+        Err(Error::Layout { .. })
+    ));
+}
+
+/// Each burn index tensor equals its column of `want`.
+fn same_columns<const C: usize>(
+    columns: [Tensor<1, Int>; C],
+    want: ArrayView2<'_, u32>,
+    case: &str,
+) {
+    for (c, column) in columns.into_iter().enumerate() {
+        let got = column.try_to_vec_as::<i64>().expect("read");
+        let want: Vec<i64> = want.column(c).iter().map(|&i| i64::from(i)).collect();
+        assert_eq!(got, want, "column {c} of {case}");
+    }
 }
