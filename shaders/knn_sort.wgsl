@@ -51,13 +51,14 @@ fn score_of(key: u32) -> f32 {
     if ((key & 0x80000000u) != 0u) {
         bits = key & 0x7FFFFFFFu;
     }
-    let s = bitcast<f32>(bits);
-    // A zero similarity comes back as +0, as on the host; not as `0.0 - s`, which compilers
-    // may turn into `-s`.
-    if (params.largest != 0u && bits != 0u) {
-        return -s;
+    // Similarities were negated: flip the sign bit back, exactly (no arithmetic, so no
+    // flushed denormals), as the host's `0.0 - s` does, which leaves +0 as +0 and a NaN as it
+    // is.
+    let nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    if (params.largest != 0u && bits != 0u && !nan) {
+        bits ^= 0x80000000u;
     }
-    return s;
+    return bitcast<f32>(bits);
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)

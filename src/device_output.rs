@@ -44,7 +44,7 @@ const READ_CHUNK: u64 = 16 << 20;
 /// dropped, which frees the buffer.
 ///
 /// Use it in place ([`DeviceArray::buffer`]: `STORAGE | COPY_SRC | COPY_DST`, the array at
-/// offset 0, possibly followed by up to 3 bytes of padding), copy it into a buffer of your own
+/// offset 0; an empty array has a buffer of 4 bytes), copy it into a buffer of your own
 /// on the device ([`DeviceArray::copy_to`]), or read it back ([`DeviceArray::to_host`]).
 /// Work the library submitted to write it is queued before anything submitted afterwards on
 /// the context's queue.
@@ -178,9 +178,9 @@ impl<T: DeviceElement> DeviceArray<T> {
     /// context's queue without waiting. Nothing crosses to the host.
     ///
     /// # Errors
-    /// [`Error::InvalidParameter`] for a context other than the one that made the array, an
-    /// offset that is not a multiple of 4, a target without `COPY_DST`, too small for the array
-    /// at `offset`, or of another device (or destroyed); device errors.
+    /// [`Error::InvalidParameter`] for a context other than the one that made the array, the
+    /// array's own buffer, an offset that is not a multiple of 4, a target without `COPY_DST`,
+    /// too small for the array at `offset`, or of another device (or destroyed); device errors.
     ///
     /// # Example
     /// ```no_run
@@ -205,6 +205,12 @@ impl<T: DeviceElement> DeviceArray<T> {
             value,
             rule,
         };
+        if target == self.buffer.buffer() {
+            return Err(invalid(
+                "the target must be another buffer than the array's own",
+                format!("{target:?}"),
+            ));
+        }
         if !offset.is_multiple_of(4) {
             return Err(invalid(
                 "the offset must be a multiple of 4 bytes",

@@ -249,6 +249,10 @@ fn copy_to_writes_a_buffer_of_the_caller_and_refuses_bad_targets() {
         );
     };
     invalid(found.indices.copy_to(ctx, &mine, 2), "target");
+    invalid(
+        found.indices.copy_to(ctx, found.indices.buffer(), 0),
+        "target",
+    );
     invalid(found.indices.copy_to(ctx, &mine, 20), "target");
     invalid(
         found.indices.copy_to(

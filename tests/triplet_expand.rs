@@ -247,3 +247,26 @@ fn bad_calls_are_typed_errors() {
         "{got:?}"
     );
 }
+
+#[test]
+fn a_result_that_does_not_fit_beside_one_chunk_is_counted_then_mined_in_what_it_leaves() {
+    // The anchors fit one chunk, whose output windows take most of the budget: the array of
+    // the kept triplets is sized after that chunk is freed.
+    let Some(shared) = common::shared_gpu() else {
+        return;
+    };
+    let (q, qy) = data(64, 16, 20, 15);
+    let (r, ry) = data(3000, 16, 20, 16);
+    let (queries, refs) = (MiningSet::new(&q, &qy), MiningSet::new(&r, &ry));
+    let cfg = config(Some(TripletType::All), CountMethod::Auto, 1 << 22);
+    let host = mine_triplets(shared, &queries, Some(&refs), &cfg).expect("host");
+    let t = host.indices.nrows() as u64;
+    let Some(ctx) = common::gpu_context(Some(12 * t + (24 << 20))) else {
+        return;
+    };
+    ctx.reset_peak();
+    let mined = mine_triplets_on_device(&ctx, &queries, Some(&refs), &cfg).expect("on device");
+    let memory = ctx.memory();
+    assert!(memory.peak_bytes <= memory.budget_bytes, "{memory:?}");
+    assert_eq!(mined.triplets.to_host(&ctx).expect("read"), host.indices);
+}

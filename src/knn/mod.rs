@@ -226,7 +226,8 @@ pub struct KnnOnDevice {
 /// waits once, at its end, for the device to finish.
 ///
 /// The two arrays (`8 · q · k` bytes) are allocated first and count in the budget for as long
-/// as they live; the search plans its chunks in what is left.
+/// as they live; the search plans its chunks in what is left. No plan covers this call:
+/// [`knn_plan`] plans [`knn`], whose lists come back.
 ///
 /// # Errors
 /// As [`knn`]; [`Error::InvalidParameter`] on a native context (results on the device need a

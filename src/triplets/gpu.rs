@@ -726,6 +726,7 @@ impl<'p, 'd> Miner<'p, 'd> {
         (a0, rows): (usize, usize),
         dst: &DeviceArray<u32>,
         row: &mut u64,
+        report: &Reporter<'_>,
     ) -> Result<()> {
         let (gpu, m) = (self.gpu, self.layout.refs);
         let mut rec = Recorder::new(gpu, "mine_triplets::lists");
@@ -735,6 +736,7 @@ impl<'p, 'd> Miner<'p, 'd> {
         let mut window: Vec<Segment> = Vec::new();
         let mut in_window = 0;
         let mut submit = |window: &mut Vec<Segment>| -> Result<()> {
+            report.check()?;
             let mut rec = Recorder::new(gpu, "mine_triplets::expand");
             self.record_expand(&mut rec, window, &self.buf.negatives, dst, row)?;
             window.clear();
@@ -766,14 +768,15 @@ impl<'p, 'd> Miner<'p, 'd> {
     /// emit and the expansion of its pairs' runs (one submission each, no wait).
     fn emit_on_device(
         &mut self,
-        a0: usize,
-        pair_base: &[u32],
+        (a0, pair_base): (usize, &[u32]),
         counts: &[u32],
         dst: &DeviceArray<u32>,
         row: &mut u64,
+        report: &Reporter<'_>,
     ) -> Result<()> {
         let (offsets, windows) = self.windows(counts);
         for (i, window) in windows.iter().enumerate() {
+            report.check()?;
             let mut rec = Recorder::new(self.gpu, "mine_triplets::emit");
             self.record_emit(&mut rec, window, &offsets, i == 0)?;
             // The window's negatives lie in `out` in pair order, each pair's run at its
@@ -812,6 +815,80 @@ struct Segment {
     rows: u32,
 }
 
+/// The kept triplets of a margin rule, counted chunk by chunk with the kernel a device-output
+/// call writes with (see [`mine_on_device`]).
+pub(super) fn count_for_device(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    problem: &Problem<'_>,
+    report: &Reporter<'_>,
+) -> Result<u64> {
+    let (b, m) = (problem.set.labels.len(), problem.set.ref_labels.len());
+    let mut miner = Miner::new(ctx, gpu, problem, false, true)?;
+    let mut count = 0u64;
+    for a0 in (0..b).step_by(miner.layout.anchors) {
+        report.check()?;
+        let rows = miner.layout.anchors.min(b - a0);
+        let (_, counts) = miner.pair_counts(a0, rows)?;
+        count += counts.iter().map(|&c| u64::from(c)).sum::<u64>();
+        report.add((rows * m) as u64);
+    }
+    Ok(count)
+}
+
+/// What [`mine_in_one_chunk`] got to.
+pub(super) enum OneChunk {
+    /// Every triplet, written.
+    Mined(DeviceArray<u32>),
+    /// The count only: the array did not fit beside the chunk's buffers.
+    Counted(u64),
+    /// The anchors need more than one chunk: nothing was done.
+    Chunked,
+}
+
+/// Device output of a margin rule in one pass when every anchor fits one chunk: the pairs'
+/// counts, then the array sized by them, then the rows, with the chunk's lists, grouping and
+/// offsets still on the device. When the array does not fit the budget beside the chunk's
+/// buffers, only the count comes back (the caller sizes the array with those freed and mines
+/// in chunks); when the anchors need several chunks, nothing is done.
+pub(super) fn mine_in_one_chunk(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    problem: &Problem<'_>,
+    report: &Reporter<'_>,
+) -> Result<OneChunk> {
+    let (b, m) = (problem.set.labels.len(), problem.set.ref_labels.len());
+    let mut miner = Miner::new(ctx, gpu, problem, true, true)?;
+    if miner.layout.anchors < b {
+        return Ok(OneChunk::Chunked);
+    }
+    report.check()?;
+    let (pair_base, counts) = miner.pair_counts(0, b)?;
+    let count: u64 = counts.iter().map(|&c| u64::from(c)).sum();
+    let rows = usize::try_from(count).map_err(|_| Error::DeviceLimit {
+        op: OP,
+        what: "max_buffer_size",
+        requested: count.saturating_mul(12),
+        limit: gpu.limits.max_buffer_size,
+    })?;
+    let dst = match DeviceArray::new(gpu, "mine_triplets::triplets", (rows, 3)) {
+        Ok(dst) => dst,
+        Err(Error::BudgetExceeded { .. }) => return Ok(OneChunk::Counted(count)),
+        Err(e) => return Err(e),
+    };
+    let mut row = 0u64;
+    miner.emit_on_device((0, &pair_base), &counts, &dst, &mut row, report)?;
+    if row != count {
+        return Err(Error::Internal {
+            op: OP,
+            message: format!("{row} triplets written of {count} counted"),
+        });
+    }
+    report.add((b * m) as u64);
+    transfer::wait_all(gpu)?;
+    Ok(OneChunk::Mined(dst))
+}
+
 /// Mines `problem` on `gpu` into `dst` `(t, 3)`, which its count sized: the rows are written
 /// on the device, chunk by chunk and window by window, in [`mine`]'s order; the call waits
 /// once at its end (besides the waits for counts and list sizes) and reads no triplet back.
@@ -831,10 +908,10 @@ pub(super) fn mine_on_device(
         report.check()?;
         let rows = miner.layout.anchors.min(b - a0);
         if problem.rule == TripletRule::AllValid {
-            miner.all_valid_on_device((a0, rows), dst, &mut row)?;
+            miner.all_valid_on_device((a0, rows), dst, &mut row, report)?;
         } else {
             let (pair_base, counts) = miner.pair_counts(a0, rows)?;
-            miner.emit_on_device(a0, &pair_base, &counts, dst, &mut row)?;
+            miner.emit_on_device((a0, &pair_base), &counts, dst, &mut row, report)?;
         }
         report.add((rows * m) as u64);
     }

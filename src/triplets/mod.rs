@@ -538,16 +538,20 @@ impl TripletsOnDevice {
 /// The rows are written on the device (`shaders/triplet_expand.wgsl`) from each
 /// `(anchor, positive)` pair and its run of negatives: every valid triplet expands the
 /// anchors' negative lists, a margin rule its kept negatives. The host sends each window's
-/// `(anchor, positive)` pairs (8 bytes, plus 8 of offsets, per pair with triplets) and reads
+/// segments (16 bytes per `(anchor, positive)` pair with triplets; a margin rule, 8 more of
+/// offsets per pair) and reads
 /// back counts only: for a margin rule the per-pair counts (4 bytes per pair, as
 /// [`mine_triplets`]), and 8 bytes per anchor of list sizes to check. The array is sized by
-/// the count before anything is written, so a margin rule is counted first ([`count_triplets`]:
-/// one more pass over the distances) and every valid triplet by label arithmetic. The call
+/// the count before anything is written: every valid triplet is counted by label
+/// arithmetic; a margin rule whose anchors fit one chunk, with the array beside it, is
+/// counted and written in one pass; otherwise it is counted first (one more pass over the
+/// distances), and then mined in chunks in what the array leaves of the budget. The call
 /// waits for the device once at its end, besides those counts. Progress covers both passes
-/// (`2 · b · m` pairs for a margin rule).
+/// (`2 · b · m` pairs for a margin rule, all reported when one pass did both).
 ///
 /// The array (`12 · t` bytes) is allocated before the mining is planned and counts in the
-/// budget for as long as it lives.
+/// budget for as long as it lives. No plan covers this call: [`mine_triplets_plan`] plans
+/// [`mine_triplets`], whose output goes to the host.
 ///
 /// # Errors
 /// As [`mine_triplets`]; [`Error::InvalidParameter`] on a native context (results on the
@@ -588,11 +592,25 @@ pub fn mine_triplets_on_device<L: Hash + Eq + Copy>(
         } else if all_valid {
             all_valid_count(&problem.set)
         } else {
+            // One pass when the anchors fit one chunk and the array fits beside it; else the
+            // count sizes the array, and the rows are mined in chunks in what it leaves.
             let part = report.part(pairs);
-            oom_retry::retry(ctx, || {
+            let first = oom_retry::retry(ctx, || {
                 part.restart();
-                gpu.settled(gpu::mine(ctx, gpu, &problem, None, &part))
-            })?
+                gpu.settled(gpu::mine_in_one_chunk(ctx, gpu, &problem, &part))
+            })?;
+            match first {
+                gpu::OneChunk::Mined(triplets) => {
+                    // The second pass's share of the progress, done by the same pass.
+                    report.part(pairs).add(pairs);
+                    return Ok(triplets);
+                }
+                gpu::OneChunk::Counted(count) => count,
+                gpu::OneChunk::Chunked => oom_retry::retry(ctx, || {
+                    part.restart();
+                    gpu.settled(gpu::count_for_device(ctx, gpu, &problem, &part))
+                })?,
+            }
         };
         let rows = usize::try_from(count).map_err(|_| Error::DeviceLimit {
             op: OP,

@@ -211,7 +211,9 @@ fn plan_layout(
         dim4: refs.map_or(0, |r| r.0),
         pages: refs.map_or(0, |r| r.1),
         counts: margin,
-        grouped: groups_negatives(problem, emit),
+        // A call writing on the device counts with the kernel its writing pass uses (a count
+        // by the other kernel could differ in rounding from what it then writes).
+        grouped: groups_negatives(problem, emit || device),
         out: 0,
         host_lists: emit && !margin && !device,
         device: emit && device,
