@@ -836,6 +836,17 @@ pub(super) fn count_for_device(
     Ok(count)
 }
 
+/// A device array for `count` triplet rows `(count, 3)`.
+pub(super) fn triplet_array(gpu: &GpuDevice, count: u64) -> Result<DeviceArray<u32>> {
+    let rows = usize::try_from(count).map_err(|_| Error::DeviceLimit {
+        op: OP,
+        what: "max_buffer_size",
+        requested: count.saturating_mul(12),
+        limit: gpu.limits.max_buffer_size,
+    })?;
+    DeviceArray::new(gpu, "mine_triplets::triplets", (rows, 3))
+}
+
 /// What [`mine_in_one_chunk`] got to.
 pub(super) enum OneChunk {
     /// Every triplet, written.
@@ -865,13 +876,7 @@ pub(super) fn mine_in_one_chunk(
     report.check()?;
     let (pair_base, counts) = miner.pair_counts(0, b)?;
     let count: u64 = counts.iter().map(|&c| u64::from(c)).sum();
-    let rows = usize::try_from(count).map_err(|_| Error::DeviceLimit {
-        op: OP,
-        what: "max_buffer_size",
-        requested: count.saturating_mul(12),
-        limit: gpu.limits.max_buffer_size,
-    })?;
-    let dst = match DeviceArray::new(gpu, "mine_triplets::triplets", (rows, 3)) {
+    let dst = match triplet_array(gpu, count) {
         Ok(dst) => dst,
         Err(Error::BudgetExceeded { .. }) => return Ok(OneChunk::Counted(count)),
         Err(e) => return Err(e),

@@ -612,14 +612,8 @@ pub fn mine_triplets_on_device<L: Hash + Eq + Copy>(
                 })?,
             }
         };
-        let rows = usize::try_from(count).map_err(|_| Error::DeviceLimit {
-            op: OP,
-            what: "max_buffer_size",
-            requested: count.saturating_mul(12),
-            limit: gpu.limits.max_buffer_size,
-        })?;
-        let triplets = DeviceArray::new(gpu, "mine_triplets::triplets", (rows, 3))?;
-        if rows > 0 {
+        let triplets = gpu::triplet_array(gpu, count)?;
+        if count > 0 {
             let part = report.part(pairs);
             oom_retry::retry(ctx, || {
                 part.restart();
