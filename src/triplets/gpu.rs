@@ -869,6 +869,12 @@ pub(super) fn mine_in_one_chunk(
     report: &Reporter<'_>,
 ) -> Result<OneChunk> {
     let (b, m) = (problem.set.labels.len(), problem.set.ref_labels.len());
+    // Planned first: nothing is allocated or uploaded for a call that needs several chunks.
+    let caps = DeviceCaps::from_limits(&gpu.limits);
+    let planned = plan_call(problem, true, true, oom_retry::planning_budget(ctx), &caps)?;
+    if planned.layout.anchors < b {
+        return Ok(OneChunk::Chunked);
+    }
     let mut miner = Miner::new(ctx, gpu, problem, true, true)?;
     if miner.layout.anchors < b {
         return Ok(OneChunk::Chunked);
