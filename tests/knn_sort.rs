@@ -317,3 +317,11 @@ fn bad_calls_are_typed_errors() {
     assert_eq!(found.indices.dim(), (0, 10));
     assert_eq!(found.indices.to_host(ctx).expect("read").dim(), (0, 10));
 }
+
+#[test]
+fn results_left_on_the_device_move_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<wgpu_metric_learning::DeviceArray<u32>>();
+    send_sync::<wgpu_metric_learning::KnnOnDevice>();
+    send_sync::<wgpu_metric_learning::TripletsOnDevice>();
+}
