@@ -6,7 +6,8 @@ use std::marker::PhantomData;
 use ndarray::Array2;
 
 use crate::context::Context;
-use crate::device::{checked, GpuDevice};
+use crate::device::GpuDevice;
+use crate::device_rows::probe;
 use crate::error::{Error, Result};
 use crate::memory::TrackedBuffer;
 use crate::transfer::{self, Recorder, Staging};
@@ -239,26 +240,8 @@ impl<T: DeviceElement> DeviceArray<T> {
         if bytes == 0 {
             return Ok(());
         }
-        // A copy of one word, recorded under a validation scope and dropped: a buffer of
-        // another device is a typed error here, not a failed submission.
-        let probed = checked(gpu, OP, || {
-            let mut encoder = gpu
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(OP) });
-            encoder.copy_buffer_to_buffer(self.buffer.buffer(), 0, target, offset, 4);
-            encoder.finish()
-        });
-        match probed {
-            Ok(_) => {}
-            Err(Error::Wgpu { source, .. }) => {
-                log::debug!("{OP}: target unusable on {}: {source}", gpu.info.name);
-                return Err(invalid(
-                    "the buffer must belong to the context's device (and not be destroyed)",
-                    format!("{target:?}"),
-                ));
-            }
-            Err(e) => return Err(e),
-        }
+        let own = (self.buffer.buffer(), 0);
+        probe(gpu, (OP, "target"), own, (target, offset), target)?;
         let mut rec = Recorder::new(gpu, OP);
         rec.copy_to_foreign(&self.buffer, 0, target, offset, bytes);
         rec.submit().map(|_| ())

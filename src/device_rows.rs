@@ -353,7 +353,9 @@ impl DeviceRows {
         let Some(first) = rows.pages.first() else {
             return Ok(rows);
         };
-        probe(gpu, op, what, x, &first.embeddings)?;
+        let foreign = (x.buffer(), x.offset());
+        let into = (first.embeddings.buffer(), 0);
+        probe(gpu, (op, what), foreign, into, x.buffer())?;
         let norms = gpu.kernel::<RowNorms>()?;
         let staging = Staging::new(gpu, "device_rows::import_norms", f32s(n))?;
         let stride = 4 * x.row_stride() as u64;
@@ -512,20 +514,22 @@ pub(crate) fn stage(
     norms.encode(rec, count as u64, params, to, to_norms)
 }
 
-/// Checks, without submitting anything, that `x`'s buffer can be read on `gpu`'s device: a
-/// copy of its first word is recorded and validated, and dropped.
-fn probe(
+/// Checks, without submitting anything, that a copy of one word from `src` at `src_offset` to
+/// `dst` at `dst_offset` is valid on `gpu`'s device: it is recorded under a validation scope
+/// and dropped. A buffer of another device (or destroyed) is `InvalidParameter` naming `what`
+/// and the application's buffer `shown`, not a failed submission.
+pub(crate) fn probe(
     gpu: &GpuDevice,
-    op: &'static str,
-    what: &'static str,
-    x: &DeviceEmbeddings<'_>,
-    into: &TrackedBuffer,
+    (op, what): (&'static str, &'static str),
+    (src, src_offset): (&wgpu::Buffer, u64),
+    (dst, dst_offset): (&wgpu::Buffer, u64),
+    shown: &wgpu::Buffer,
 ) -> Result<()> {
     let recorded = checked(gpu, op, || {
         let mut encoder = gpu
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(op) });
-        encoder.copy_buffer_to_buffer(x.buffer(), x.offset(), into.buffer(), 0, 4);
+        encoder.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, 4);
         encoder.finish()
     });
     match recorded {
@@ -535,7 +539,7 @@ fn probe(
             Err(Error::InvalidParameter {
                 op,
                 what,
-                value: format!("{:?}", x.buffer()),
+                value: format!("{shown:?}"),
                 rule: "the buffer must belong to the context's device (and not be destroyed)",
             })
         }
