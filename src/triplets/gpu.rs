@@ -815,27 +815,6 @@ struct Segment {
     rows: u32,
 }
 
-/// The kept triplets of a margin rule, counted chunk by chunk with the kernel a device-output
-/// call writes with (see [`mine_on_device`]).
-pub(super) fn count_for_device(
-    ctx: &Context,
-    gpu: &GpuDevice,
-    problem: &Problem<'_>,
-    report: &Reporter<'_>,
-) -> Result<u64> {
-    let (b, m) = (problem.set.labels.len(), problem.set.ref_labels.len());
-    let mut miner = Miner::new(ctx, gpu, problem, false, true)?;
-    let mut count = 0u64;
-    for a0 in (0..b).step_by(miner.layout.anchors) {
-        report.check()?;
-        let rows = miner.layout.anchors.min(b - a0);
-        let (_, counts) = miner.pair_counts(a0, rows)?;
-        count += counts.iter().map(|&c| u64::from(c)).sum::<u64>();
-        report.add((rows * m) as u64);
-    }
-    Ok(count)
-}
-
 /// A device array for `count` triplet rows `(count, 3)`.
 pub(super) fn triplet_array(gpu: &GpuDevice, count: u64) -> Result<DeviceArray<u32>> {
     let rows = usize::try_from(count).map_err(|_| Error::DeviceLimit {
@@ -875,6 +854,8 @@ pub(super) fn mine_in_one_chunk(
     if planned.layout.anchors < b {
         return Ok(OneChunk::Chunked);
     }
+    // It plans the same layout; checked again because the chunk's buffers bound what the
+    // count and emit below write.
     let mut miner = Miner::new(ctx, gpu, problem, true, true)?;
     if miner.layout.anchors < b {
         return Ok(OneChunk::Chunked);
@@ -938,18 +919,20 @@ pub(super) fn mine_on_device(
 }
 
 /// Mines `problem` on `gpu`, into `writer` (returning 0) or only counting (returning the
-/// count); reports each anchor chunk's `rows × m` pairs and checks for cancellation before
-/// each.
+/// count; `for_device`: with the kernel [`mine_on_device`] writes with, so that the count sizes
+/// its array exactly); reports each anchor chunk's `rows × m` pairs and checks for
+/// cancellation before each.
 pub(super) fn mine(
     ctx: &Context,
     gpu: &GpuDevice,
     problem: &Problem<'_>,
-    mut writer: Option<&mut Writer<'_>>,
+    (mut writer, for_device): (Option<&mut Writer<'_>>, bool),
     report: &Reporter<'_>,
 ) -> Result<u64> {
     let b = problem.set.labels.len();
     let m = problem.set.ref_labels.len();
-    let mut miner = Miner::new(ctx, gpu, problem, writer.is_some(), false)?;
+    // Counting for a device-output call uses the kernel its writing pass will use.
+    let mut miner = Miner::new(ctx, gpu, problem, writer.is_some(), for_device)?;
     let mut counted = 0u64;
     for a0 in (0..b).step_by(miner.layout.anchors) {
         report.check()?;

@@ -608,7 +608,7 @@ pub fn mine_triplets_on_device<L: Hash + Eq + Copy>(
                 gpu::OneChunk::Counted(count) => count,
                 gpu::OneChunk::Chunked => oom_retry::retry(ctx, || {
                     part.restart();
-                    gpu.settled(gpu::count_for_device(ctx, gpu, &problem, &part))
+                    gpu.settled(gpu::mine(ctx, gpu, &problem, (None, true), &part))
                 })?,
             }
         };
@@ -712,7 +712,13 @@ pub(crate) fn run(
             w.rewind(mark);
         }
         report.restart();
-        gpu.settled(gpu::mine(ctx, gpu, problem, writer.as_mut(), &report))
+        gpu.settled(gpu::mine(
+            ctx,
+            gpu,
+            problem,
+            (writer.as_mut(), false),
+            &report,
+        ))
     })?;
     writer.map_or(Ok(counted), Writer::finish)
 }
