@@ -354,6 +354,7 @@ impl Buffers {
 }
 
 /// Where a search's sorted lists go.
+#[derive(Clone, Copy)]
 pub(super) enum Output<'a> {
     /// Read back and sorted on the host.
     Host,

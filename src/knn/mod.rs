@@ -192,8 +192,10 @@ pub fn knn_plan<'q, 'r>(
 pub(crate) fn run(ctx: &Context, pair: &Pair<'_>, cfg: &KnnConfig) -> Result<Knn> {
     let total = pair.queries.nrows() as u64 * pair.refs.dim().0 as u64;
     let report = Reporter::new(&cfg.hooks, OP, total);
-    let (found, transfers) =
-        transfer::measure(|| search(ctx, pair.queries, pair.refs, cfg, &pair.excluded, &report));
+    let (found, transfers) = transfer::measure(|| {
+        let job = (pair.excluded.as_slice(), &report);
+        search(ctx, pair.queries, pair.refs, cfg, job, gpu::Output::Host)
+    });
     let found = found?;
     Ok(Knn {
         indices: found.indices,
@@ -259,29 +261,14 @@ pub fn knn_on_device<'q, 'r>(
         let q = pair.queries.nrows();
         let indices = DeviceArray::new(gpu, "knn::indices", (q, cfg.k))?;
         let scores = DeviceArray::new(gpu, "knn::scores", (q, cfg.k))?;
-        if q > 0 {
-            let total = q as u64 * pair.refs.dim().0 as u64;
-            let report = Reporter::new(&cfg.hooks, OP, total);
-            oom_retry::retry(ctx, || {
-                report.restart();
-                let job = gpu::Job {
-                    cfg,
-                    excluded: &pair.excluded,
-                    report: &report,
-                    output: gpu::Output::Device {
-                        indices: &indices,
-                        scores: &scores,
-                    },
-                };
-                gpu.settled(gpu::search(
-                    ctx,
-                    gpu,
-                    pair.queries,
-                    pair.refs.reborrow(),
-                    job,
-                ))
-            })?;
-        }
+        let total = q as u64 * pair.refs.dim().0 as u64;
+        let report = Reporter::new(&cfg.hooks, OP, total);
+        let output = gpu::Output::Device {
+            indices: &indices,
+            scores: &scores,
+        };
+        let job = (pair.excluded.as_slice(), &report);
+        search(ctx, pair.queries, pair.refs.reborrow(), cfg, job, output)?;
         Ok::<_, Error>((indices, scores))
     });
     let (indices, scores) = found?;
@@ -377,7 +364,8 @@ pub fn knn_sharded<'q, 'r>(
                 scope.spawn(move || {
                     let part = report.part(queries.nrows() as u64 * shard.nrows() as u64);
                     transfer::measure(|| {
-                        search(ctx, queries, Embeddings::Host(shard), &cfg, &local, &part)
+                        let (shard, job) = (Embeddings::Host(shard), (local.as_slice(), &part));
+                        search(ctx, queries, shard, &cfg, job, gpu::Output::Host)
                     })
                 })
             })
@@ -450,8 +438,8 @@ fn search(
     queries: Rows<'_>,
     refs: Embeddings<'_>,
     cfg: &KnnConfig,
-    excluded: &[u32],
-    report: &Reporter<'_>,
+    (excluded, report): (&[u32], &Reporter<'_>),
+    output: gpu::Output<'_>,
 ) -> Result<Neighbours> {
     let (q, k) = (queries.nrows(), cfg.k);
     if q == 0 || k == 0 {
@@ -467,7 +455,7 @@ fn search(
                 cfg,
                 excluded,
                 report,
-                output: gpu::Output::Host,
+                output,
             };
             gpu.settled(gpu::search(ctx, gpu, queries, refs, job))
         }),
