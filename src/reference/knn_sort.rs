@@ -2,10 +2,7 @@
 
 use ndarray::{Array2, ArrayView2};
 
-use crate::kernels::knn_select::score_of;
-
-/// Index of an empty slot of a best list (as `knn_select` pads a row with fewer candidates).
-const EMPTY_INDEX: u32 = u32::MAX - 1;
+use crate::kernels::knn_select::{score_of, EMPTY_INDEX};
 
 /// Per row of `(keys, indices)` `(q, k)` (slots in any order; a key's unsigned order is
 /// "better first"): the slots sorted by `(key, index)`, returned as `(indices, scores)`,
