@@ -2,6 +2,7 @@
 //! path, under tight budgets and lowered device limits, and every typed input error.
 
 use crate::common;
+use crate::common::DISTANCES;
 
 use ndarray::{Array2, ArrayView2};
 use proptest::prelude::*;
@@ -10,13 +11,6 @@ use wgpu_metric_learning::{
     pairwise_distances, ComputePath, Context, ContextConfig, Distance, DistanceConfig, Error,
     PairwiseConfig,
 };
-
-const DISTANCES: [Distance; 4] = [
-    Distance::Euclidean,
-    Distance::SquaredEuclidean,
-    Distance::Cosine,
-    Distance::DotProduct,
-];
 
 /// Asserts `got` matches `want` elementwise. Tolerance: relative to the largest term of the
 /// formula |q|² + |r|² − 2 q·r; Euclidean values are compared squared, because the square root

@@ -6,6 +6,7 @@
 //! a tight budget with 100 000 references, and every typed error.
 
 use crate::common;
+use crate::common::DISTANCES;
 
 use std::sync::{Arc, Mutex};
 
@@ -17,13 +18,6 @@ use wgpu_metric_learning::{
     DistanceConfig, Error, Hooks, Knn, KnnConfig, MemoryBank, MiningSet, PairwiseConfig, Progress,
     SelfExclusion,
 };
-
-const DISTANCES: [Distance; 4] = [
-    Distance::Euclidean,
-    Distance::SquaredEuclidean,
-    Distance::Cosine,
-    Distance::DotProduct,
-];
 
 /// Embeddings with frequent exact duplicates (small integers) or spread values.
 fn embeddings(n: usize, d: usize, seed: u64, ties: bool) -> Array2<f32> {

@@ -5,6 +5,7 @@
 //! queries; no bytes read back; the arrays counted in the budget; every typed error.
 
 use crate::common;
+use crate::common::DISTANCES;
 
 use ndarray::{Array1, Array2};
 use proptest::prelude::*;
@@ -14,13 +15,6 @@ use wgpu_metric_learning::{
     Distance, DistanceConfig, Error, KnnConfig, MemoryBank, MiningSet, PairwiseConfig,
     SelfExclusion,
 };
-
-const DISTANCES: [Distance; 4] = [
-    Distance::Euclidean,
-    Distance::SquaredEuclidean,
-    Distance::Cosine,
-    Distance::DotProduct,
-];
 
 /// Rows on a coarse grid (frequent exact ties) or spread.
 fn embeddings(n: usize, d: usize, seed: u64, ties: bool) -> Array2<f32> {

@@ -3,6 +3,7 @@
 //! argmax) over the distance matrix the same path computes.
 
 use crate::common;
+use crate::common::DISTANCES;
 
 use ndarray::{Array1, Array2};
 use proptest::prelude::*;
@@ -206,12 +207,6 @@ fn multi_similarity_emulated(ctx: &Context, c: &Case, eps: f32) -> (Array2<u32>,
     (flat(&kp), flat(&kn))
 }
 
-const DISTANCES: [Distance; 4] = [
-    Distance::Euclidean,
-    Distance::SquaredEuclidean,
-    Distance::Cosine,
-    Distance::DotProduct,
-];
 const STRATEGIES: [Strategy; 4] = [
     Strategy::Hard,
     Strategy::Semihard,

@@ -6,6 +6,7 @@
 //! the kernel relies on: each positive's kept negatives are one run in bucket order.
 
 use crate::common;
+use crate::common::DISTANCES;
 
 use ndarray::{Array1, Array2};
 use proptest::prelude::*;
@@ -22,13 +23,6 @@ const KINDS: [TripletType; 4] = [
     TripletType::Hard,
     TripletType::Semihard,
     TripletType::Easy,
-];
-
-const DISTANCES: [Distance; 4] = [
-    Distance::Euclidean,
-    Distance::SquaredEuclidean,
-    Distance::Cosine,
-    Distance::DotProduct,
 ];
 
 /// Counts and mines on `ctx` and checks both against the reference on the distances `ctx`

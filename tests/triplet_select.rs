@@ -7,6 +7,7 @@
 //! `tests/distance_tile.rs`.
 
 use crate::common;
+use crate::common::DISTANCES;
 
 use std::ops::ControlFlow;
 
@@ -138,13 +139,6 @@ fn assert_same(got: &Array2<u32>, want: &Array2<u32>, what: &str) {
         row(want)
     );
 }
-
-const DISTANCES: [Distance; 4] = [
-    Distance::Euclidean,
-    Distance::SquaredEuclidean,
-    Distance::Cosine,
-    Distance::DotProduct,
-];
 
 fn rule() -> impl Strategy<Value = TripletRule> {
     prop_oneof![

@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 use ndarray::Array2;
-use wgpu_metric_learning::{BackendChoice, Context, ContextConfig};
+use wgpu_metric_learning::{BackendChoice, Context, ContextConfig, Distance};
 
 /// Whether the environment demands a GPU (`WML_REQUIRE_GPU=1`, set by `.ci/run`).
 pub(crate) fn gpu_required() -> bool {
@@ -98,3 +98,11 @@ pub(crate) fn upload(ctx: &Context, x: &Array2<f32>, offset: u64, stride: usize)
     queue.write_buffer(&buffer, 0, &bytes);
     buffer
 }
+
+/// Every distance the library offers.
+pub(crate) const DISTANCES: [Distance; 4] = [
+    Distance::Euclidean,
+    Distance::SquaredEuclidean,
+    Distance::Cosine,
+    Distance::DotProduct,
+];
