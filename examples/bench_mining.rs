@@ -10,7 +10,10 @@
 //! margin 0.2, normalised Euclidean) and `miner_<type>_count`. `--path wgpu|cpu`,
 //! `--budget-mib` (default 64), `--reps` (default 5, after one warm-up), `--count-method
 //! auto|scan|sorted` (default auto), `--output host|device` (default host; `device`: the
-//! triplets left on the device by `mine_triplets_on_device`, wgpu only).
+//! triplets left on the device by `mine_triplets_on_device`, wgpu only). The pair miners with
+//! PML's defaults: `pairs_all`, `pairs_margin`, `pairs_multi` (multi-similarity),
+//! `pairs_easy_hard`; `count` is positive and negative pairs together, and `--output device`
+//! leaves them on the device (`mine_pairs_on_device`).
 //! Inputs follow the anchors: labels uniform over C classes, embeddings N(0, 1) in 128-d,
 //! normalised, from a fixed seed (a different generator than torch's, so counts differ by
 //! sampling noise only).
@@ -23,8 +26,11 @@ use std::time::Instant;
 use ndarray::Array1;
 use support::{embeddings, flag, peak_rss_mib, summary, traffic, Rng};
 use wgpu_metric_learning::{
-    count_triplets, mine_triplets, mine_triplets_on_device, mine_triplets_streaming, BackendChoice,
-    Context, ContextConfig, CountMethod, MiningSet, TripletConfig, TripletRule, TripletType,
+    all_pairs, batch_easy_hard_pairs, count_triplets, mine_pairs_on_device, mine_triplets,
+    mine_triplets_on_device, mine_triplets_streaming, multi_similarity_pairs, pair_margin_pairs,
+    AllPairsConfig, BackendChoice, BatchEasyHardConfig, ComputePath, Context, ContextConfig,
+    CountMethod, MiningSet, MultiSimilarityConfig, PairMarginConfig, Pairs, PairsOnDevice,
+    TripletConfig, TripletRule, TripletType,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -54,6 +60,48 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let queries = MiningSet::new(&emb, &labels);
     let refs = MiningSet::new(&ref_emb, &ref_labels);
 
+    let on_device = get("--output", "host") == "device";
+    if let Some(pairs) = func.strip_prefix("pairs_") {
+        let run = || -> Result<u64, wgpu_metric_learning::Error> {
+            let r = Some(&refs);
+            let host = |p: Pairs| (p.positives.nrows() + p.negatives.nrows()) as u64;
+            let device = |p: PairsOnDevice| (p.positives.dim().0 + p.negatives.dim().0) as u64;
+            match (pairs, on_device) {
+                ("all", false) => all_pairs(&ctx, &queries, r, &Default::default()).map(host),
+                ("all", true) => {
+                    mine_pairs_on_device(&ctx, &queries, r, &AllPairsConfig::default()).map(device)
+                }
+                ("margin", false) => {
+                    pair_margin_pairs(&ctx, &queries, r, &Default::default()).map(host)
+                }
+                ("margin", true) => {
+                    mine_pairs_on_device(&ctx, &queries, r, &PairMarginConfig::default())
+                        .map(device)
+                }
+                ("multi", false) => {
+                    multi_similarity_pairs(&ctx, &queries, r, &Default::default()).map(host)
+                }
+                ("multi", true) => {
+                    mine_pairs_on_device(&ctx, &queries, r, &MultiSimilarityConfig::default())
+                        .map(device)
+                }
+                ("easy_hard", false) => {
+                    batch_easy_hard_pairs(&ctx, &queries, r, &Default::default()).map(host)
+                }
+                ("easy_hard", true) => {
+                    mine_pairs_on_device(&ctx, &queries, r, &BatchEasyHardConfig::default())
+                        .map(device)
+                }
+                (other, _) => Err(wgpu_metric_learning::Error::InvalidParameter {
+                    op: "bench_mining",
+                    what: "--func",
+                    value: format!("pairs_{other}"),
+                    rule: "pairs_all|pairs_margin|pairs_multi|pairs_easy_hard",
+                }),
+            }
+        };
+        return measure(&ctx, (&func, b, m, c), (budget, reps, on_device), run);
+    }
     let base = func.trim_end_matches("_count").trim_end_matches("_stream");
     let rule = match base {
         "lmu" => TripletRule::AllValid,
@@ -73,7 +121,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         count_method,
         ..Default::default()
     };
-    let on_device = get("--output", "host") == "device";
     let run = || -> Result<u64, wgpu_metric_learning::Error> {
         if on_device {
             mine_triplets_on_device(&ctx, &queries, Some(&refs), &cfg).map(|t| t.len() as u64)
@@ -90,6 +137,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             mine_triplets(&ctx, &queries, Some(&refs), &cfg).map(|t| t.len() as u64)
         }
     };
+    measure(&ctx, (&func, b, m, c), (budget, reps, on_device), run)
+}
+
+/// Times `run` `reps` times after a warm-up and prints the RESULT line.
+fn measure(
+    ctx: &Context,
+    (func, b, m, c): (&str, usize, usize, u64),
+    (budget, reps, on_device): (u64, usize, bool),
+    run: impl Fn() -> Result<u64, wgpu_metric_learning::Error>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let mut count = run()?; // warm-up: compiles pipelines
     ctx.reset_peak();
     let before = ctx.transfers();
@@ -99,12 +156,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         count = run()?;
         times.push(t.elapsed().as_secs_f64());
     }
-    let moved = traffic(&ctx, before, reps);
+    let moved = traffic(ctx, before, reps);
     let (median, min, max) = summary(&mut times);
     let mem = ctx.memory();
     println!(
         "RESULT {{\"impl\": \"wml\", \"path\": \"{}\", \"device\": \"{}\", \"func\": \"{func}\", \"output\": \"{}\", \"B\": {b}, \"M\": {m}, \"C\": {c}, \"count\": {count}, \"median_s\": {:.4}, \"min_s\": {:.4}, \"max_s\": {:.4}, {moved}, \"peak_device_mib\": {:.1}, \"budget_mib\": {}, \"peak_rss_mb\": {:.1}}}",
-        match backend { BackendChoice::NativeCpu => "cpu", _ => "wgpu" },
+        match ctx.path() { ComputePath::NativeCpu => "cpu", _ => "wgpu" },
         ctx.device_name(),
         if on_device { "device" } else { "host" },
         median,

@@ -9,6 +9,7 @@ use std::hash::Hash;
 use ndarray::{Array2, ArrayView1, ArrayView2};
 
 use crate::context::Context;
+use crate::device::GpuDevice;
 use crate::device_embeddings::DeviceEmbeddings;
 pub(crate) use crate::device_rows::Rows;
 use crate::device_rows::{DeviceRows, RowsView};
@@ -747,6 +748,32 @@ pub(crate) fn prepare<'s, L: Hash + Eq + Copy>(
     set.refs = ref_rows;
     set.imported = imported;
     Ok(set)
+}
+
+/// The reference rows a call works against on the device: uploaded for this call (host
+/// rows), or a bank's resident rows.
+pub(crate) enum Resident<'d> {
+    Uploaded(DeviceRows),
+    Bank(&'d DeviceRows),
+}
+
+impl<'d> Resident<'d> {
+    /// `refs` on `gpu`: host rows uploaded, a bank's rows as they are; device-buffer rows
+    /// must have been imported by then (an internal error otherwise).
+    pub(crate) fn of(op: &'static str, gpu: &GpuDevice, refs: Embeddings<'d>) -> Result<Self> {
+        match refs {
+            Embeddings::Host(r) => Ok(Resident::Uploaded(DeviceRows::upload(gpu, r)?)),
+            Embeddings::Bank(bank) => Ok(Resident::Bank(bank.view.rows)),
+            Embeddings::Device(_) => Err(unimported(op)),
+        }
+    }
+
+    pub(crate) fn rows(&self) -> &DeviceRows {
+        match self {
+            Resident::Uploaded(rows) => rows,
+            Resident::Bank(rows) => rows,
+        }
+    }
 }
 
 #[cfg(test)]

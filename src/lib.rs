@@ -44,9 +44,10 @@ pub use knn::{knn, knn_on_device, knn_plan, knn_sharded, Knn, KnnConfig, KnnOnDe
 pub use memory::{MemoryStats, Transfers};
 pub use metric::{Distance, DistanceConfig};
 pub use miners::{
-    all_pairs, batch_easy_hard_pairs, batch_hard_triplets, miners_plan, multi_similarity_pairs,
-    pair_margin_pairs, AllPairsConfig, BatchEasyHardConfig, BatchHardConfig, MultiSimilarityConfig,
-    PairMarginConfig, Pairs, Strategy,
+    all_pairs, batch_easy_hard_pairs, batch_hard_triplets, mine_pairs_on_device, miners_plan,
+    multi_similarity_pairs, pair_margin_pairs, AllPairsConfig, BatchEasyHardConfig,
+    BatchHardConfig, MinerConfig, MultiSimilarityConfig, PairMarginConfig, PairMinerConfig,
+    PairRule, Pairs, PairsOnDevice, Strategy,
 };
 pub use plan::Plan;
 pub use triplets::{

@@ -24,6 +24,7 @@ mod miners;
 mod modules;
 mod negative_buckets;
 mod oom_retry;
+mod pair_select;
 mod plans;
 mod row_norms;
 mod shaders;

@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use ndarray::{s, Array1, Array2};
+use ndarray::{s, Array1};
 use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
@@ -15,19 +15,7 @@ use wgpu_metric_learning::{
     Error, Hooks, MemoryBank, MiningSet, Progress, TripletConfig, TripletRule, TripletType,
 };
 
-/// Rows on a coarse grid (many ties between distances) and labels in `classes` classes.
-fn data(n: usize, d: usize, classes: usize, seed: u64) -> (Array2<f32>, Array1<u32>) {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
-    let x = Array2::from_shape_fn((n, d), |_| (next() % 5) as f32 - 2.0);
-    let y = Array1::from_shape_fn(n, |_| (next() % classes as u64) as u32);
-    (x, y)
-}
+use common::grid_data as data;
 
 const RULES: [Option<TripletType>; 5] = [
     None,

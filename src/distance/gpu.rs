@@ -414,7 +414,7 @@ impl DistanceRows {
 
 /// What one block of `rows` query rows against `refs` holds: [`DistanceRows`] and its
 /// `stagings` readback buffers.
-fn row_block_cost(rows: usize, refs: RowsView<'_>, stagings: usize) -> Footprint {
+pub(crate) fn row_block_cost(rows: usize, refs: RowsView<'_>, stagings: usize) -> Footprint {
     let m = refs.len;
     let pages = refs.rows.pages_for(m);
     let mut buffers = distance_rows_buffers(rows, m, refs.rows.dim4(), pages);

@@ -11,6 +11,7 @@ pub(crate) mod distance_tile;
 pub(crate) mod knn_select;
 pub(crate) mod knn_sort;
 pub(crate) mod negative_buckets;
+pub(crate) mod pair_select;
 pub(crate) mod row_norms;
 pub(crate) mod triplet_expand;
 pub(crate) mod triplet_lists;
@@ -53,6 +54,7 @@ pub const WGSL_KERNELS: &[WgslKernel] = &[
     knn_select::SPEC.kernel,
     knn_sort::SPEC.kernel,
     negative_buckets::SPEC.kernel,
+    pair_select::SPEC.kernel,
     row_norms::SPEC.kernel,
     triplet_expand::SPEC.kernel,
     triplet_lists::SPEC.kernel,
@@ -65,6 +67,7 @@ pub(crate) const SPECS: &[&Spec] = &[
     &knn_select::SPEC,
     &knn_sort::SPEC,
     &negative_buckets::SPEC,
+    &pair_select::SPEC,
     &row_norms::SPEC,
     &triplet_expand::SPEC,
     &triplet_lists::SPEC,
@@ -283,6 +286,18 @@ impl Pipeline {
         buffers: &[&TrackedBuffer],
         workgroups: [u32; 3],
     ) -> Result<()> {
+        let whole: Vec<_> = buffers.iter().map(|&b| (b, None)).collect();
+        self.dispatch_ranges(rec, &whole, workgroups)
+    }
+
+    /// [`Pipeline::dispatch`] with some buffers bound as a byte range `(offset, size)` of
+    /// themselves (a window of an array larger than one binding may be).
+    pub(crate) fn dispatch_ranges(
+        &self,
+        rec: &mut Recorder<'_>,
+        buffers: &[(&TrackedBuffer, Option<(u64, u64)>)],
+        workgroups: [u32; 3],
+    ) -> Result<()> {
         if buffers.len() != self.slots.len() {
             return Err(Error::Internal {
                 op: "dispatch",
@@ -297,9 +312,16 @@ impl Pipeline {
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
             .zip(&self.slots)
-            .map(|(b, &slot)| wgpu::BindGroupEntry {
+            .map(|(&(b, range), &slot)| wgpu::BindGroupEntry {
                 binding: slot,
-                resource: b.buffer().as_entire_binding(),
+                resource: match range {
+                    None => b.buffer().as_entire_binding(),
+                    Some((offset, size)) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: b.buffer(),
+                        offset,
+                        size: wgpu::BufferSize::new(size),
+                    }),
+                },
             })
             .collect();
         let gpu = rec.gpu();
@@ -310,7 +332,8 @@ impl Pipeline {
                 entries: &entries,
             })
         })?;
-        rec.dispatch(&self.label, &self.pipeline, &group, buffers, workgroups);
+        let tracked: Vec<&TrackedBuffer> = buffers.iter().map(|b| b.0).collect();
+        rec.dispatch(&self.label, &self.pipeline, &group, &tracked, workgroups);
         Ok(())
     }
 }

@@ -9,6 +9,7 @@ pub mod distance_tile;
 pub mod knn_select;
 pub mod knn_sort;
 pub mod negative_buckets;
+pub mod pair_select;
 pub mod row_norms;
 pub mod triplet_expand;
 pub mod triplet_lists;

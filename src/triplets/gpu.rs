@@ -24,11 +24,11 @@ use super::{list_sizes, Problem, TripletRule, Writer, OP};
 use crate::context::Context;
 use crate::device::GpuDevice;
 use crate::device_output::DeviceArray;
-use crate::device_rows::{DeviceRows, RowsView};
+use crate::device_rows::RowsView;
 use crate::distance::gpu::DistanceRows;
 use crate::error::{Error, Result};
 use crate::hooks::Reporter;
-use crate::inputs::{self, Embeddings};
+use crate::inputs::Resident;
 use crate::kernels::negative_buckets::{self, BucketBuffers, NegativeBuckets, PairPass};
 use crate::kernels::triplet_expand::{self, ExpandBuffers, TripletExpand};
 use crate::kernels::triplet_lists::{self, ListBuffers, TripletLists};
@@ -176,21 +176,6 @@ impl Buffers {
     }
 }
 
-/// The reference rows a call mines against: uploaded for this call, or a bank's.
-enum Resident<'d> {
-    Uploaded(DeviceRows),
-    Bank(&'d DeviceRows),
-}
-
-impl Resident<'_> {
-    fn rows(&self) -> &DeviceRows {
-        match self {
-            Resident::Uploaded(rows) => rows,
-            Resident::Bank(rows) => rows,
-        }
-    }
-}
-
 /// Each anchor's positives as the labels give them: what `triplet_lists` computes on the
 /// device (same rule as its reference), known on the host, so that emitted negatives are
 /// paired with their positives without reading the lists back.
@@ -260,9 +245,7 @@ impl<'p, 'd> Miner<'p, 'd> {
         let layout = plan_call(problem, emit, device, budget, &caps)?.layout;
         let refs = match problem.set.refs {
             None => None,
-            Some(Embeddings::Host(r)) => Some(Resident::Uploaded(DeviceRows::upload(gpu, r)?)),
-            Some(Embeddings::Bank(bank)) => Some(Resident::Bank(bank.view.rows)),
-            Some(Embeddings::Device(_)) => return Err(inputs::unimported(OP)),
+            Some(refs) => Some(Resident::of(OP, gpu, refs)?),
         };
         let view = refs.as_ref().map(|r| RowsView {
             rows: r.rows(),

@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use ndarray::Array2;
+use ndarray::{Array1, Array2};
 use wgpu_metric_learning::{BackendChoice, Context, ContextConfig, Distance};
 
 /// Whether the environment demands a GPU (`WML_REQUIRE_GPU=1`, set by `.ci/run`).
@@ -106,3 +106,23 @@ pub(crate) const DISTANCES: [Distance; 4] = [
     Distance::Cosine,
     Distance::DotProduct,
 ];
+
+/// Rows on a coarse grid (values -2..=2: many ties between distances) and labels in `classes`
+/// classes, from `seed`.
+pub(crate) fn grid_data(
+    n: usize,
+    d: usize,
+    classes: usize,
+    seed: u64,
+) -> (Array2<f32>, Array1<u32>) {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let x = Array2::from_shape_fn((n, d), |_| (next() % 5) as f32 - 2.0);
+    let y = Array1::from_shape_fn(n, |_| (next() % classes as u64) as u32);
+    (x, y)
+}

@@ -11,16 +11,20 @@ use std::hash::Hash;
 use ndarray::{Array2, ArrayView1, ArrayView2};
 
 use crate::context::{ComputePath, Context};
+use crate::device_output::{output_device, DeviceArray};
 use crate::distance::{for_each_row_block, row_plan, Job};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::inputs::{prepare, Imports, Labelled, MiningSet, SelfExclusion};
 use crate::memory::Transfers;
 use crate::metric::{Distance, DistanceConfig};
+use crate::oom_retry;
 use crate::plan::Plan;
 use crate::transfer;
 use crate::triplets::Triplets;
 use crate::validate;
+
+mod gpu;
 
 /// Distances per host block: 16 Mi floats = 64 MiB.
 const BLOCK_FLOATS: usize = 1 << 24;
@@ -139,6 +143,9 @@ pub trait MinerConfig: sealed::Sealed {
     /// `Err` for settings the miner refuses, before any input is looked at.
     #[doc(hidden)]
     fn check(&self) -> Result<()>;
+    /// Its progress and cancellation hooks.
+    #[doc(hidden)]
+    fn hooks(&self) -> &Hooks;
 }
 
 /// How a pair or batch miner ([`all_pairs`], [`pair_margin_pairs`],
@@ -762,6 +769,9 @@ impl MinerConfig for AllPairsConfig {
     fn check(&self) -> Result<()> {
         Ok(())
     }
+    fn hooks(&self) -> &Hooks {
+        &self.hooks
+    }
 }
 
 impl sealed::Sealed for PairMarginConfig {}
@@ -779,6 +789,9 @@ impl MinerConfig for PairMarginConfig {
         validate::finite_param(self.op(), "pos_margin", self.pos_margin)?;
         validate::finite_param(self.op(), "neg_margin", self.neg_margin)
     }
+    fn hooks(&self) -> &Hooks {
+        &self.hooks
+    }
 }
 
 impl sealed::Sealed for MultiSimilarityConfig {}
@@ -794,6 +807,9 @@ impl MinerConfig for MultiSimilarityConfig {
     }
     fn check(&self) -> Result<()> {
         validate::finite_param(self.op(), "epsilon", self.epsilon)
+    }
+    fn hooks(&self) -> &Hooks {
+        &self.hooks
     }
 }
 
@@ -831,6 +847,9 @@ impl MinerConfig for BatchEasyHardConfig {
         check_range(op, "allowed_pos_range", self.allowed_pos_range)?;
         check_range(op, "allowed_neg_range", self.allowed_neg_range)
     }
+    fn hooks(&self) -> &Hooks {
+        &self.hooks
+    }
 }
 
 impl sealed::Sealed for BatchHardConfig {}
@@ -847,4 +866,229 @@ impl MinerConfig for BatchHardConfig {
     fn check(&self) -> Result<()> {
         Ok(())
     }
+    fn hooks(&self) -> &Hooks {
+        &self.hooks
+    }
+}
+
+/// The selection of a pair miner ([`PairMinerConfig::rule`]): what
+/// [`mine_pairs_on_device`] runs on the device, and what [`crate::reference::pair_select`]
+/// defines.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{PairMarginConfig, PairMinerConfig, PairRule};
+/// let rule = PairMarginConfig::default().rule();
+/// assert_eq!(rule, PairRule::PairMargin { pos_margin: 0.2, neg_margin: 0.8 });
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PairRule {
+    /// Every positive and negative pair ([`all_pairs`]); labels only.
+    AllPairs,
+    /// [`pair_margin_pairs`].
+    PairMargin {
+        /// Positives farther than this are kept (similarities: less similar).
+        pos_margin: f32,
+        /// Negatives closer than this are kept (similarities: more similar).
+        neg_margin: f32,
+    },
+    /// [`multi_similarity_pairs`].
+    MultiSimilarity {
+        /// The slack ε.
+        epsilon: f32,
+    },
+    /// [`batch_easy_hard_pairs`].
+    EasyHard {
+        /// How the positive is picked.
+        pos: Strategy,
+        /// How the negative is picked.
+        neg: Strategy,
+        /// Admitted positive values `[lo, hi]`, if limited.
+        pos_range: Option<(f32, f32)>,
+        /// Admitted negative values `[lo, hi]`, if limited.
+        neg_range: Option<(f32, f32)>,
+    },
+}
+
+impl PairRule {
+    /// The kernel's uniform block for this rule (its per-dispatch fields zero).
+    fn params(&self, similarity: bool) -> gpu_params::Params {
+        use gpu_params::{rule, Params};
+        let code = |s: Strategy| match s {
+            Strategy::Hard => 0,
+            Strategy::Semihard => 1,
+            Strategy::Easy => 2,
+            Strategy::All => 3,
+        };
+        let base = Params {
+            similarity: u32::from(similarity),
+            ..Params::default()
+        };
+        match *self {
+            PairRule::AllPairs => Params {
+                rule: rule::ALL_PAIRS,
+                ..base
+            },
+            PairRule::PairMargin {
+                pos_margin,
+                neg_margin,
+            } => Params {
+                rule: rule::PAIR_MARGIN,
+                pos_margin,
+                neg_margin,
+                ..base
+            },
+            PairRule::MultiSimilarity { epsilon } => Params {
+                rule: rule::MULTI_SIMILARITY,
+                pos_margin: epsilon,
+                ..base
+            },
+            PairRule::EasyHard {
+                pos,
+                neg,
+                pos_range,
+                neg_range,
+            } => Params {
+                rule: rule::EASY_HARD,
+                pos_strategy: code(pos),
+                neg_strategy: code(neg),
+                ranged: u32::from(pos_range.is_some()) | (u32::from(neg_range.is_some()) << 1),
+                pos_range: pos_range.map_or([0.0; 2], |(lo, hi)| [lo, hi]),
+                neg_range: neg_range.map_or([0.0; 2], |(lo, hi)| [lo, hi]),
+                ..base
+            },
+        }
+    }
+}
+
+use crate::kernels::pair_select as gpu_params;
+
+/// The config of a pair miner ([`AllPairsConfig`], [`PairMarginConfig`],
+/// [`MultiSimilarityConfig`], [`BatchEasyHardConfig`]): [`mine_pairs_on_device`] takes any
+/// of them. Sealed.
+///
+/// See the example of [`PairRule`].
+pub trait PairMinerConfig: MinerConfig {
+    /// The miner's selection.
+    fn rule(&self) -> PairRule;
+}
+
+impl PairMinerConfig for AllPairsConfig {
+    fn rule(&self) -> PairRule {
+        PairRule::AllPairs
+    }
+}
+
+impl PairMinerConfig for PairMarginConfig {
+    fn rule(&self) -> PairRule {
+        PairRule::PairMargin {
+            pos_margin: self.pos_margin,
+            neg_margin: self.neg_margin,
+        }
+    }
+}
+
+impl PairMinerConfig for MultiSimilarityConfig {
+    fn rule(&self) -> PairRule {
+        PairRule::MultiSimilarity {
+            epsilon: self.epsilon,
+        }
+    }
+}
+
+impl PairMinerConfig for BatchEasyHardConfig {
+    fn rule(&self) -> PairRule {
+        PairRule::EasyHard {
+            pos: self.pos_strategy,
+            neg: self.neg_strategy,
+            pos_range: self.allowed_pos_range,
+            neg_range: self.allowed_neg_range,
+        }
+    }
+}
+
+/// The name of [`mine_pairs_on_device`] in errors.
+const DEVICE_OP: &str = "mine_pairs_on_device";
+
+/// Pairs left on the device by [`mine_pairs_on_device`]: PML's `(a1, p, a2, n)` as two
+/// `(k, 2)` arrays of `(anchor, reference)` rows.
+///
+/// See the example of [`mine_pairs_on_device`].
+#[derive(Debug)]
+pub struct PairsOnDevice {
+    /// `(k₁, 2)`: rows `(anchor, positive)`.
+    pub positives: DeviceArray<u32>,
+    /// `(k₂, 2)`: rows `(anchor, negative)`.
+    pub negatives: DeviceArray<u32>,
+    /// Host–device traffic of the call: labels and offsets up, 8 bytes of counts per anchor
+    /// down, never a distance or a pair.
+    pub transfers: Transfers,
+}
+
+/// A pair miner ([`all_pairs`], [`pair_margin_pairs`], [`multi_similarity_pairs`] or
+/// [`batch_easy_hard_pairs`], by the type of `cfg`) with its pairs left on the device, for a
+/// loss that gathers them there: the same rows, in the same order, as the host miner on
+/// `ctx`, in two [`DeviceArray`]s sized exactly, with the counts on the host.
+///
+/// The distances are computed on the device in chunks of whole anchor rows under the budget
+/// and stay there: `shaders/pair_select.wgsl` counts each anchor's kept pairs (one workgroup
+/// per anchor: a reduction for multi-similarity and easy/hard, then an order-preserving
+/// workgroup scan over the row), 8 bytes per anchor come back, the host turns them into
+/// offsets and sizes the arrays, and the kernel writes the rows (multi-similarity sorts each
+/// anchor's rows by value on the device, as the host miner does). When every anchor fits
+/// one chunk and the arrays fit beside it, the writing pass reuses the counting pass's
+/// distances; otherwise it computes them again in what the arrays leave of the budget. The
+/// call waits for the counts and once at its end. Progress covers both passes (`2 · b · m`
+/// pairs).
+///
+/// No plan covers this call ([`miners_plan`] plans the host miners).
+///
+/// # Errors
+/// As the host miner of `cfg`; [`Error::InvalidParameter`] on a native context (results on
+/// the device need a wgpu context); [`Error::BudgetExceeded`] or [`Error::DeviceLimit`] when
+/// an array does not fit the budget left or one buffer.
+///
+/// # Example
+/// ```no_run
+/// use wgpu_metric_learning::{mine_pairs_on_device, pair_margin_pairs, Context, ContextConfig, MiningSet, PairMarginConfig};
+/// let ctx = Context::new(&ContextConfig::default())?;
+/// let x = ndarray::Array2::from_shape_fn((64, 8), |(i, j)| ((i * 5 + j) % 13) as f32);
+/// let y = ndarray::Array1::from_shape_fn(64, |i| i % 4);
+/// let batch = MiningSet::new(&x, &y);
+/// let cfg = PairMarginConfig::default();
+/// let mined = mine_pairs_on_device(&ctx, &batch, None, &cfg)?;
+/// let host = pair_margin_pairs(&ctx, &batch, None, &cfg)?;
+/// assert_eq!(mined.positives.to_host(&ctx)?, host.positives);
+/// assert_eq!(mined.negatives.to_host(&ctx)?, host.negatives);
+/// println!("{} negative pairs in {:?}", mined.negatives.dim().0, mined.negatives.buffer());
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn mine_pairs_on_device<L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
+    cfg: &impl PairMinerConfig,
+) -> Result<PairsOnDevice> {
+    let gpu = output_device(DEVICE_OP, ctx)?;
+    let mut imports = Imports::call();
+    let set = prepare_miner(ctx, queries, refs, cfg, &mut imports)?;
+    let distance = cfg.distance();
+    let similarity = distance.is_some_and(|d| d.distance.is_similarity());
+    let template = cfg.rule().params(similarity);
+    let (mined, mut transfers) = transfer::measure(|| {
+        let pairs = set.labels.len() as u64 * set.ref_labels.len() as u64;
+        let report = Reporter::new(cfg.hooks(), DEVICE_OP, 2 * pairs);
+        report.check()?;
+        oom_retry::retry(ctx, || {
+            report.restart();
+            gpu.settled(gpu::mine_pairs(ctx, gpu, &set, distance, template, &report))
+        })
+    });
+    transfers.add(set.imported);
+    let [positives, negatives] = mined?;
+    Ok(PairsOnDevice {
+        positives,
+        negatives,
+        transfers,
+    })
 }
