@@ -298,6 +298,16 @@ impl Pipeline {
         buffers: &[(&TrackedBuffer, Option<(u64, u64)>)],
         workgroups: [u32; 3],
     ) -> Result<()> {
+        if let Some((b, _)) = buffers
+            .iter()
+            .find(|b| b.1.is_some_and(|(_, size)| size == 0))
+        {
+            // A zero size would bind the rest of the buffer.
+            return Err(Error::Internal {
+                op: "dispatch",
+                message: format!("{}: an empty range of {}", self.label, b.buffer().size()),
+            });
+        }
         if buffers.len() != self.slots.len() {
             return Err(Error::Internal {
                 op: "dispatch",

@@ -89,6 +89,21 @@ pub(crate) fn dispatches(
     Ok(out)
 }
 
+#[cfg(test)]
+thread_local! {
+    /// A smaller binding size for this thread's calls, so that tests reach several windows.
+    static MAX_BINDING: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// The most bytes of an output array one dispatch binds.
+fn max_binding(caps: &DeviceCaps) -> u64 {
+    #[cfg(test)]
+    if let Some(bytes) = MAX_BINDING.with(std::cell::Cell::get) {
+        return bytes.min(caps.max_storage_binding);
+    }
+    caps.max_storage_binding
+}
+
 /// The buffers of one call, besides the distances and the output arrays.
 struct Buffers {
     params: TrackedBuffer,
@@ -314,7 +329,10 @@ pub(super) fn mine_pairs<'a>(
 
     // Size the arrays; keep the distances when one chunk held them all and the arrays fit
     // beside them, else plan the chunks again in what the arrays leave.
-    let array_bytes = ROW_BYTES * (next[0] + next[1]);
+    let array_bytes: u64 = next
+        .iter()
+        .map(|&rows| transfer::buffer_size(ROW_BYTES * rows))
+        .sum();
     let reuse = rows >= b && chunk.is_some() && ctx.tracker().available() >= array_bytes;
     if !reuse {
         chunk = None;
@@ -364,7 +382,7 @@ pub(super) fn mine_pairs<'a>(
             encode(&mut rec, &chunk, a0, n)?;
         }
         let distances = chunk.as_ref().map_or(&buf.ref_labels, |c| &c.distances);
-        for d in dispatches(&offsets, a0..a0 + n, align, caps.max_storage_binding)? {
+        for d in dispatches(&offsets, a0..a0 + n, align, max_binding(&caps))? {
             let span = (d.start, d.end, d.start - a0);
             select.record(&mut rec, span, distances, Some((d.windows, targets)))?;
         }
@@ -420,6 +438,47 @@ mod tests {
                 assert_eq!(plan.len(), 1, "one dispatch when everything fits");
             }
         }
+    }
+
+    #[test]
+    fn windows_of_the_arrays_give_the_host_miners_rows() {
+        use crate::context::test_gpu_context;
+        use crate::miners::{
+            mine_pairs_on_device, multi_similarity_pairs, pair_margin_pairs, MultiSimilarityConfig,
+            PairMarginConfig,
+        };
+        use crate::MiningSet;
+        let Some(ctx) = test_gpu_context() else {
+            return;
+        };
+        let x = ndarray::Array2::from_shape_fn((300, 6), |(i, j)| ((i * 7 + j * 3) % 5) as f32);
+        let y = ndarray::Array1::from_shape_fn(300, |i| (i * 13 % 4) as u32);
+        let (queries, refs) = (
+            MiningSet::new(x.slice(ndarray::s![..60, ..]), y.slice(ndarray::s![..60])),
+            MiningSet::new(&x, &y),
+        );
+        // 4 KiB windows: 512 rows, while each side holds thousands.
+        MAX_BINDING.with(|m| m.set(Some(4096)));
+        let multi = MultiSimilarityConfig::default();
+        let got = mine_pairs_on_device(&ctx, &queries, Some(&refs), &multi);
+        let margin = PairMarginConfig::default();
+        let got_margin = mine_pairs_on_device(&ctx, &queries, Some(&refs), &margin);
+        MAX_BINDING.with(|m| m.set(None));
+        let (got, got_margin) = (got.expect("multi"), got_margin.expect("margin"));
+        let want = multi_similarity_pairs(&ctx, &queries, Some(&refs), &multi).expect("host");
+        assert!(want.positives.nrows() > 2 * 512 && want.negatives.nrows() > 2 * 512);
+        assert_eq!(got.positives.to_host(&ctx).expect("read"), want.positives);
+        assert_eq!(got.negatives.to_host(&ctx).expect("read"), want.negatives);
+        let want = pair_margin_pairs(&ctx, &queries, Some(&refs), &margin).expect("host");
+        assert!(want.negatives.nrows() > 2 * 512);
+        assert_eq!(
+            got_margin.positives.to_host(&ctx).expect("read"),
+            want.positives
+        );
+        assert_eq!(
+            got_margin.negatives.to_host(&ctx).expect("read"),
+            want.negatives
+        );
     }
 
     #[test]

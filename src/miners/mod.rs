@@ -1020,8 +1020,8 @@ pub struct PairsOnDevice {
     pub positives: DeviceArray<u32>,
     /// `(k₂, 2)`: rows `(anchor, negative)`.
     pub negatives: DeviceArray<u32>,
-    /// Host–device traffic of the call: labels and offsets up, 8 bytes of counts per anchor
-    /// down, never a distance or a pair.
+    /// Host–device traffic of the call: inputs, labels and offsets up, 8 bytes of counts per
+    /// anchor down, never a distance or a pair.
     pub transfers: Transfers,
 }
 
@@ -1041,7 +1041,9 @@ pub struct PairsOnDevice {
 /// call waits for the counts and once at its end. Progress covers both passes (`2 · b · m`
 /// pairs).
 ///
-/// No plan covers this call ([`miners_plan`] plans the host miners).
+/// No plan covers this call ([`miners_plan`] plans the host miners). Values are assumed
+/// finite: where a distance overflows to NaN (inputs near `f32::MAX`), a pick among NaN
+/// values may differ from the host miner's.
 ///
 /// # Errors
 /// As the host miner of `cfg`; [`Error::InvalidParameter`] on a native context (results on
