@@ -15,10 +15,9 @@ use proptest::prelude::*;
 use wgpu_metric_learning::reference::pair_select::pair_select;
 use wgpu_metric_learning::{
     all_pairs, batch_easy_hard_pairs, mine_pairs_on_device, multi_similarity_pairs,
-    pair_margin_pairs, pairwise_distances, AllPairsConfig, BankConfig, BatchEasyHardConfig,
-    Context, DeviceEmbeddings, DistanceConfig, Error, Hooks, MemoryBank, MiningSet,
-    MultiSimilarityConfig, PairMarginConfig, PairMinerConfig, Pairs, PairwiseConfig, Progress,
-    Strategy,
+    pair_margin_pairs, pairwise_distances, AllPairsConfig, BatchEasyHardConfig, Context,
+    DeviceEmbeddings, DistanceConfig, Error, Hooks, MiningSet, MultiSimilarityConfig,
+    PairMarginConfig, PairMinerConfig, Pairs, PairwiseConfig, Progress, Strategy,
 };
 
 use common::grid_data as data;
@@ -337,11 +336,7 @@ fn bank_and_device_buffer_references() {
         x.slice(s![..50, ..]).to_owned(),
         y.slice(s![..50]).to_owned(),
     );
-    let mut bank = MemoryBank::<u32>::new(ctx, &BankConfig::new(256, 12)).expect("bank");
-    for range in [0..200, 100..300] {
-        let batch = MiningSet::new(x.slice(s![range.clone(), ..]), y.slice(s![range]));
-        bank.enqueue(ctx, &batch).expect("enqueue");
-    }
+    let bank = common::wrapped_bank(ctx, &x, &y);
     let queries = MiningSet::new(&q, &qy);
     let cfg = MultiSimilarityConfig::default();
     let got = mine_pairs_on_device(ctx, &queries, Some(&bank.refs()), &cfg).expect("bank");

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
 use wgpu_metric_learning::{
-    mine_triplets, mine_triplets_on_device, BankConfig, Context, CountMethod, DeviceEmbeddings,
-    Error, Hooks, MemoryBank, MiningSet, Progress, TripletConfig, TripletRule, TripletType,
+    mine_triplets, mine_triplets_on_device, Context, CountMethod, DeviceEmbeddings, Error, Hooks,
+    MiningSet, Progress, TripletConfig, TripletRule, TripletType,
 };
 
 use common::grid_data as data;
@@ -137,11 +137,7 @@ fn bank_and_device_buffer_references() {
         x.slice(s![..50, ..]).to_owned(),
         y.slice(s![..50]).to_owned(),
     );
-    let mut bank = MemoryBank::<u32>::new(ctx, &BankConfig::new(256, 12)).expect("bank");
-    for range in [0..200, 100..300] {
-        let batch = MiningSet::new(x.slice(s![range.clone(), ..]), y.slice(s![range]));
-        bank.enqueue(ctx, &batch).expect("enqueue");
-    }
+    let bank = common::wrapped_bank(ctx, &x, &y);
     let queries = MiningSet::new(&q, &qy);
     let cfg = config(Some(TripletType::Semihard), CountMethod::Auto, 1 << 22);
     let from_bank = mine_triplets_on_device(ctx, &queries, Some(&bank.refs()), &cfg);

@@ -126,3 +126,21 @@ pub(crate) fn grid_data(
     let y = Array1::from_shape_fn(n, |_| (next() % classes as u64) as u32);
     (x, y)
 }
+
+/// A bank of 256 rows filled from `x` `(300, d)` in two overlapping batches (rows 0..200,
+/// then 100..300: it wraps), for tests that mine against bank references.
+pub(crate) fn wrapped_bank(
+    ctx: &Context,
+    x: &Array2<f32>,
+    y: &Array1<u32>,
+) -> wgpu_metric_learning::MemoryBank<u32> {
+    use ndarray::s;
+    use wgpu_metric_learning::{BankConfig, MemoryBank, MiningSet};
+    let config = BankConfig::new(256, x.ncols());
+    let mut bank = MemoryBank::<u32>::new(ctx, &config).expect("bank");
+    for range in [0..200, 100..300] {
+        let batch = MiningSet::new(x.slice(s![range.clone(), ..]), y.slice(s![range]));
+        bank.enqueue(ctx, &batch).expect("enqueue");
+    }
+    bank
+}
