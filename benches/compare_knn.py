@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Side-by-side kNN and accuracy benchmark: this library (native CPU and lavapipe paths) against
+"""Side-by-side kNN benchmark: this library (native CPU and lavapipe paths) against
 Faiss and pytorch-metric-learning (`shared/anchors/bench_knn.py`), in one run on one machine,
 every timed process under `flock /tmp/bench.lock`.
 
@@ -61,18 +61,9 @@ def main():
             print(f"| kNN 10k × 100k × 128, k = {k}, cosine | {name} | {s if s is None else f'{s:.3f}'} | "
                   f"{FLOP / s / 1e9 if s else 0:.1f} | {ratio(faiss)} | {ratio(pml)} | {rec.get('peak_rss_mb', '–')} | {dev} | recall {check} |",
                   flush=True)
-    pml = anchor("acc_default", a.reps)
-    rows = [("PML AccuracyCalculator (Faiss L2)", pml), ("ours native", ours("cpu", "acc", a.reps))]
-    if a.wgpu_reps > 0:
-        rows.append(("ours lavapipe", ours("wgpu", "acc", a.wgpu_reps)))
-    for name, rec in rows:
-        s = secs(rec)
-        m = rec.get("metrics", rec)
-        check = f"P@1 {m.get('precision_at_1', 0):.4f}, R-prec {m.get('r_precision', 0):.4f}, MAP@R {m.get('mean_average_precision_at_r', 0):.4f}"
-        dev = f"{rec['peak_device_mib']} ({rec['budget_mib']})" if "peak_device_mib" in rec else "–"
-        ratio = f"{secs(pml) / s:.2f}" if s and secs(pml) else "–"
-        print(f"| accuracy 20 000 × 128, 100 classes, k = max_bin_count | {name} | {s if s is None else f'{s:.3f}'} | – | – | {ratio} | "
-              f"{rec.get('peak_rss_mb', '–')} | {dev} | {check} |", flush=True)
+    # Accuracy is compared on identical arrays (PML's AccuracyCalculator with Faiss and with
+    # our KNN, our accuracy from Python and the CLI) in compare_python.py: this script's
+    # accuracy rows used to feed PML and the library different samples.
 
 
 if __name__ == "__main__":

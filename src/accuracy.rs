@@ -105,7 +105,8 @@ pub struct AccuracyMetrics {
     /// Whether the nearest neighbour shares the query's label.
     pub precision_at_1: f64,
     /// Relevant among the first `R` neighbours, over `R` (`R`: references sharing the
-    /// query's label, less itself).
+    /// query's label, less itself); when `k < R`, over the `k` retrieved, as PML's relevance
+    /// mask does.
     pub r_precision: f64,
     /// `(1/R) Σ_{i ≤ R} rel_i · P@i`.
     pub mean_average_precision_at_r: f64,
@@ -445,11 +446,14 @@ fn relevant_and_k(set: &Labelled<'_>, cfg: &AccuracyConfig) -> Result<(Vec<usize
     Ok((relevant, k))
 }
 
-/// One query's metrics from the relevance of its neighbours (best first) and its `R ≥ 1`.
+/// One query's metrics from the relevance of its `k ≥ 1` neighbours (best first) and its
+/// `R ≥ 1`.
 fn score(rel: impl Iterator<Item = bool>, r: usize) -> AccuracyMetrics {
     let (mut hits, mut hits_at_r, mut ap, mut ap_at_r, mut first) = (0usize, 0usize, 0.0, 0.0, 0);
     let mut at_1 = false;
+    let mut k = 0;
     for (i, is_rel) in rel.enumerate() {
+        k = i + 1;
         if !is_rel {
             continue;
         }
@@ -467,7 +471,8 @@ fn score(rel: impl Iterator<Item = bool>, r: usize) -> AccuracyMetrics {
     }
     AccuracyMetrics {
         precision_at_1: f64::from(u8::from(at_1)),
-        r_precision: hits_at_r as f64 / r as f64,
+        // PML divides by its relevance mask's width, min(R, k); MAP@R and MAP keep R.
+        r_precision: hits_at_r as f64 / r.min(k).max(1) as f64,
         mean_average_precision_at_r: ap_at_r / r as f64,
         mean_average_precision: ap / r as f64,
         mean_reciprocal_rank: if first == 0 { 0.0 } else { 1.0 / first as f64 },
@@ -521,5 +526,10 @@ mod tests {
         assert!((m.mean_average_precision_at_r - 0.25).abs() < 1e-12);
         assert!((m.mean_average_precision - (0.5 + 2.0 / 3.0) / 2.0).abs() < 1e-12);
         assert_eq!(m.mean_reciprocal_rank, 0.5);
+        // k = 3 < R = 5: R-precision over the three retrieved (PML), MAP@R and MAP over R.
+        let m = score([true, false, true].into_iter(), 5);
+        assert_eq!(m.r_precision, 2.0 / 3.0);
+        assert!((m.mean_average_precision_at_r - (1.0 + 2.0 / 3.0) / 5.0).abs() < 1e-12);
+        assert!((m.mean_average_precision - (1.0 + 2.0 / 3.0) / 5.0).abs() < 1e-12);
     }
 }

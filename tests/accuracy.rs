@@ -246,7 +246,8 @@ fn brute_force(x: &Array2<f32>, y: &Array1<u32>, k_kind: AccuracyK, avg_of_avgs:
         let p_at = |i: usize| rel[..=i].iter().filter(|&&b| b).count() as f64 / (i + 1) as f64;
         let m = [
             f64::from(u8::from(rel[0])),
-            rel[..r.min(k)].iter().filter(|&&b| b).count() as f64 / r as f64,
+            // PML divides R-precision by its relevance mask's width, min(R, k).
+            rel[..r.min(k)].iter().filter(|&&b| b).count() as f64 / r.min(k) as f64,
             (0..r.min(k)).filter(|&i| rel[i]).map(p_at).sum::<f64>() / r as f64,
             (0..k).filter(|&i| rel[i]).map(p_at).sum::<f64>() / r as f64,
             rel.iter()

@@ -1,0 +1,543 @@
+"""The GPU core of metric learning on every GPU vendor (wgpu: Vulkan, Metal, DX12, GL), with a
+native multi-threaded CPU path: pairwise distances, triplet and pair mining in PML's exact order
+and semantics with no size limit, a memory bank, exact kNN and PML's retrieval accuracy, all
+planned under a device-memory budget.
+
+NumPy in, NumPy out. Embeddings are ``float32`` ``(n, d)`` (other float or integer dtypes are
+converted, ``float32`` arrays of any strides are used without a copy; torch CPU tensors work
+too), labels ``int64`` ``(n,)`` (any integer dtype is converted). Every call releases the GIL
+and can be stopped with Ctrl-C (it then raises ``KeyboardInterrupt`` and frees what it held).
+Errors are exceptions: bad input ``ValueError`` / ``TypeError``, a budget or out-of-memory
+failure ``MemoryError``, a device failure ``RuntimeError``, a file error ``OSError``.
+
+Example::
+
+    import numpy as np
+    import wgpu_metric_learning as wml
+
+    ctx = wml.Context()                        # a GPU if there is one, else the CPU path
+    x = np.random.rand(1000, 64).astype(np.float32)
+    y = np.random.randint(0, 10, 1000)
+    triplets = wml.mine_triplets(ctx, x, y, type_of_triplets="semihard")   # (t, 3) uint32
+    found = wml.knn(ctx, x, k=5)               # a query is not its own neighbour
+    print(wml.accuracy(ctx, x, y, k="max_bin_count").metrics["precision_at_1"])
+
+``wgpu_metric_learning.pml`` has drop-ins for pytorch-metric-learning (``KNN`` for
+``AccuracyCalculator``, the miners, ``CrossBatchMemory``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _native
+from ._native import Context, TripletChunks, list_adapters
+
+__all__ = [
+    "Accuracy",
+    "Context",
+    "Enqueued",
+    "Knn",
+    "MemoryBank",
+    "Pairs",
+    "TripletChunks",
+    "accuracy",
+    "all_pairs",
+    "batch_easy_hard_pairs",
+    "batch_hard_triplets",
+    "count_triplets",
+    "default_context",
+    "iter_triplets",
+    "knn",
+    "list_adapters",
+    "mine_triplets",
+    "multi_similarity_pairs",
+    "pair_margin_pairs",
+    "pairwise_distances",
+]
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+class Knn(NamedTuple):
+    """The result of :func:`knn`: ``indices`` ``(q, k)`` uint32 and ``scores`` ``(q, k)``
+    float32, best first (smallest distance, or largest similarity), ties to the lower index."""
+
+    indices: np.ndarray
+    scores: np.ndarray
+
+
+class Pairs(NamedTuple):
+    """The result of a pair miner: ``positives`` and ``negatives``, ``(p, 2)`` and ``(n, 2)``
+    uint32 rows ``(query, reference)``."""
+
+    positives: np.ndarray
+    negatives: np.ndarray
+
+
+class Enqueued(NamedTuple):
+    """What :meth:`MemoryBank.enqueue` did: the ``slots`` written (uint32), the batch rows
+    left as queries (``query_rows``, int64: all of them, or the unmasked ones), and the
+    ``self_exclusion`` to pass to an operation whose references are the bank (the slot of
+    each query, or ``"none"``)."""
+
+    slots: np.ndarray
+    query_rows: np.ndarray
+    self_exclusion: Union[str, np.ndarray]
+
+
+class Accuracy(NamedTuple):
+    """The result of :func:`accuracy`: ``metrics`` (name → value, PML's names),
+    ``per_class`` (label → metrics), the number of ``lone_queries`` left out, and the ``k``
+    searched."""
+
+    metrics: Dict[str, float]
+    per_class: Dict[int, Dict[str, float]]
+    lone_queries: int
+    k: int
+
+
+_default_lock = threading.Lock()
+_default: Optional[Context] = None
+
+
+def default_context() -> Context:
+    """The process-wide ``Context()`` (automatic backend, default budget), made on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Context()
+        return _default
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    # torch tensors (also on CUDA, also requiring grad) without importing torch here.
+    if hasattr(x, "detach") and hasattr(x, "cpu") and hasattr(x, "numpy"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _matrix(x: Any, what: str) -> np.ndarray:
+    a = _to_numpy(x)
+    if a.dtype != np.float32:
+        if a.dtype.kind not in "fiu":
+            raise TypeError(f"{what} must hold numbers, got dtype {a.dtype}")
+        a = a.astype(np.float32)
+    if a.ndim != 2:
+        raise ValueError(f"{what} must be a 2-D array (n, d), got shape {a.shape}")
+    return a
+
+
+def _labels(y: Any, what: str) -> np.ndarray:
+    a = _to_numpy(y)
+    if a.ndim != 1:
+        raise ValueError(f"{what} must be a 1-D array (n,), got shape {a.shape}")
+    if a.dtype == np.int64:
+        return a
+    if a.size == 0:
+        return a.astype(np.int64)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{what} must be integers, got dtype {a.dtype}")
+    if a.dtype == np.uint64 and int(a.max()) > _INT64_MAX:
+        raise ValueError(f"{what} holds {int(a.max())}, beyond int64")
+    return a.astype(np.int64)
+
+
+def _exclusion(e: Any) -> Any:
+    if e is None or isinstance(e, str):
+        return e
+    slots = _to_numpy(e)
+    if slots.ndim != 1 or (slots.size and slots.dtype.kind not in "iu"):
+        raise TypeError("self_exclusion must be None, a string or one integer slot per query")
+    if slots.size and (int(slots.min()) < 0 or int(slots.max()) > 0xFFFFFFFF):
+        raise ValueError("self_exclusion slots must lie in [0, 2**32)")
+    return slots.astype(np.uint32)
+
+
+def _rows(refs: Any) -> Any:
+    """References of knn / pairwise_distances: None, a bank, or an (m, d) array."""
+    if refs is None:
+        return None
+    if isinstance(refs, MemoryBank):
+        return refs._inner
+    return _matrix(refs, "refs")
+
+
+def _refs(refs: Any, needs_embeddings: bool = True) -> Any:
+    """References of the labelled operations: None, a bank, or (embeddings, labels)."""
+    if refs is None:
+        return None
+    if isinstance(refs, MemoryBank):
+        return refs._inner
+    if not isinstance(refs, (tuple, list)) or len(refs) != 2:
+        raise TypeError("refs must be None, a MemoryBank or a pair (ref_embeddings, ref_labels)")
+    emb, labels = refs
+    if emb is None:
+        if needs_embeddings:
+            raise ValueError("this operation needs the references' embeddings, got None")
+        return (None, _labels(labels, "ref_labels"))
+    return (_matrix(emb, "ref_embeddings"), _labels(labels, "ref_labels"))
+
+
+def _triplet_args(ctx, embeddings, labels, refs, type_of_triplets, margin, distance, normalize,
+                  self_exclusion):
+    """The positional and keyword arguments of the native triplet functions."""
+    args = (
+        ctx,
+        None if embeddings is None else _matrix(embeddings, "embeddings"),
+        _labels(labels, "labels"),
+        _refs(refs, needs_embeddings=type_of_triplets is not None),
+    )
+    kwargs = dict(
+        type_of_triplets=type_of_triplets,
+        margin=margin,
+        distance=distance,
+        normalize=normalize,
+        self_exclusion=_exclusion(self_exclusion),
+    )
+    return args, kwargs
+
+
+class MemoryBank:
+    """A ring of ``capacity`` past embeddings ``(capacity, dim)`` and their labels, on the
+    context's device (host memory on the CPU path), allocated once under the budget: PML's
+    CrossBatchMemory storage, with no INT_MAX limit. Pass it as ``refs`` to any operation;
+    nothing but 4-byte label ids is uploaded then.
+
+    Example::
+
+        bank = wml.MemoryBank(ctx, capacity=4096, dim=128)
+        done = bank.enqueue(x, y)                       # the batch goes in first, as in PML
+        t = wml.mine_triplets(ctx, x, y, bank, type_of_triplets="semihard",
+                              self_exclusion=done.self_exclusion)
+    """
+
+    def __init__(self, ctx: Context, capacity: int, dim: int) -> None:
+        self._inner = _native.MemoryBank(ctx, capacity, dim)
+
+    @classmethod
+    def load(cls, ctx: Context, path: str, capacity: int, dim: int) -> "MemoryBank":
+        """Restores a bank written by :meth:`save` (``ValueError`` for a damaged, foreign or
+        mismatched file; nothing is loaded then)."""
+        bank = cls.__new__(cls)
+        bank._inner = _native.MemoryBank.load(ctx, str(path), capacity, dim)
+        return bank
+
+    def save(self, path: str) -> int:
+        """Writes the bank to ``path`` atomically (a crash leaves the old file or the new one,
+        whole); returns the bytes written."""
+        return self._inner.save(str(path))
+
+    def enqueue(self, embeddings: Any, labels: Any, mask: Any = None) -> Enqueued:
+        """Writes a batch ``(b, d)``, ``(b,)`` at the head, wrapping around. With ``mask``
+        (``(b,)`` bool, MoCo style) only the masked rows go in and the others are the
+        queries. A batch larger than the bank is a ``ValueError``."""
+        m = None
+        if mask is not None:
+            m = _to_numpy(mask)
+            if m.dtype != np.bool_:
+                raise TypeError(f"mask must be boolean, got dtype {m.dtype}")
+        slots, rows, exclusion = self._inner.enqueue(
+            _matrix(embeddings, "embeddings"), _labels(labels, "labels"), m
+        )
+        return Enqueued(slots, rows, exclusion)
+
+    def snapshot(self) -> Tuple[np.ndarray, np.ndarray]:
+        """The bank's rows ``(len, dim)`` float32 and labels ``(len,)`` int64, in slot order."""
+        return self._inner.snapshot()
+
+    def reset(self) -> None:
+        """Empties the bank (its storage stays allocated)."""
+        self._inner.reset()
+
+    @property
+    def capacity(self) -> int:
+        return self._inner.capacity
+
+    @property
+    def dim(self) -> int:
+        return self._inner.dim
+
+    @property
+    def head(self) -> int:
+        """The slot the next row goes to."""
+        return self._inner.head
+
+    @property
+    def is_filled(self) -> bool:
+        """Whether the ring has wrapped (every slot holds a row)."""
+        return self._inner.is_filled
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+
+def pairwise_distances(
+    ctx: Context,
+    queries: Any,
+    refs: Any = None,
+    *,
+    distance: str = "euclidean",
+    normalize: bool = True,
+) -> np.ndarray:
+    """Distances (or similarities) ``(q, n)`` between queries ``(q, d)`` and references
+    ``(n, d)`` (``None``: the queries; or a :class:`MemoryBank`). ``distance`` is
+    ``"euclidean"``, ``"squared_euclidean"``, ``"cosine"`` or ``"dot"``; ``normalize``
+    L2-normalises the rows first (PML's ``normalize_embeddings``)."""
+    return _native.pairwise_distances(
+        ctx, _matrix(queries, "queries"), _rows(refs), distance=distance, normalize=normalize
+    )
+
+
+def knn(
+    ctx: Context,
+    queries: Any,
+    refs: Any = None,
+    *,
+    k: int = 10,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+) -> Knn:
+    """The exact ``k`` best references of every query ``(q, d)``, any ``k`` up to the
+    references a query can see (more is a ``ValueError``), under the budget.
+
+    ``refs``: ``None`` (the queries; each query is then not its own neighbour), an ``(n, d)``
+    array or a :class:`MemoryBank`. ``self_exclusion``: ``None``/``"auto"``, ``"none"``,
+    ``"same_index"`` (PML's ``ref_includes_query``) or one reference slot per query."""
+    indices, scores = _native.knn(
+        ctx,
+        _matrix(queries, "queries"),
+        _rows(refs),
+        k=k,
+        distance=distance,
+        normalize=normalize,
+        self_exclusion=_exclusion(self_exclusion),
+    )
+    return Knn(indices, scores)
+
+
+def mine_triplets(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    type_of_triplets: Optional[str] = None,
+    margin: float = 0.2,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+) -> np.ndarray:
+    """Triplets ``(t, 3)`` uint32 rows ``(anchor, positive, negative)`` in PML's order.
+
+    ``type_of_triplets=None`` gives every valid triplet (PML's ``get_all_triplets_indices``;
+    ``embeddings`` may be ``None``); ``"all"``, ``"hard"``, ``"semihard"`` or ``"easy"`` is
+    PML's ``TripletMarginMiner(margin, type_of_triplets)``. ``refs``: ``None`` (the batch,
+    ``a != p``), a :class:`MemoryBank`, or ``(ref_embeddings, ref_labels)``. Counts past
+    2**31 work; for outputs too large to hold, use :func:`iter_triplets` or
+    :func:`count_triplets`."""
+    args, kwargs = _triplet_args(ctx, embeddings, labels, refs, type_of_triplets, margin, distance,
+                                 normalize, self_exclusion)
+    return _native.mine_triplets(*args, **kwargs)
+
+
+def count_triplets(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    type_of_triplets: Optional[str] = None,
+    margin: float = 0.2,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+) -> int:
+    """How many triplets :func:`mine_triplets` would return, without writing them."""
+    args, kwargs = _triplet_args(ctx, embeddings, labels, refs, type_of_triplets, margin, distance,
+                                 normalize, self_exclusion)
+    return _native.count_triplets(*args, **kwargs)
+
+
+def iter_triplets(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    type_of_triplets: Optional[str] = None,
+    margin: float = 0.2,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    max_chunk_triplets: int = 1 << 20,
+) -> TripletChunks:
+    """The triplets of :func:`mine_triplets`, in the same order, as consecutive ``(t, 3)``
+    chunks of at most ``max_chunk_triplets`` rows (at least one anchor's worth), mined on a
+    background thread one chunk ahead: memory stays bounded whatever the total. After the
+    last chunk the iterator's ``count`` is the total; ``close()`` (or dropping it) stops the
+    mining. ``refs`` here is ``None`` or ``(ref_embeddings, ref_labels)``."""
+    if isinstance(refs, MemoryBank):
+        raise TypeError("iter_triplets takes refs as arrays; snapshot() the bank first")
+    args, kwargs = _triplet_args(ctx, embeddings, labels, refs, type_of_triplets, margin, distance,
+                                 normalize, self_exclusion)
+    return TripletChunks(*args, max_chunk_triplets=max_chunk_triplets, **kwargs)
+
+
+def all_pairs(ctx: Context, labels: Any, refs: Any = None, *, self_exclusion: Any = None) -> Pairs:
+    """Every positive and negative pair (PML's ``get_all_pairs_indices``), row-major.
+    ``refs``: ``None``, a :class:`MemoryBank` or ``(ref_embeddings or None, ref_labels)``."""
+    p, n = _native.all_pairs(
+        ctx,
+        _labels(labels, "labels"),
+        _refs(refs, needs_embeddings=False),
+        self_exclusion=_exclusion(self_exclusion),
+    )
+    return Pairs(p, n)
+
+
+def pair_margin_pairs(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    pos_margin: float = 0.2,
+    neg_margin: float = 0.8,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+) -> Pairs:
+    """PML's ``PairMarginMiner(pos_margin, neg_margin)``, row-major."""
+    p, n = _native.pair_margin_pairs(
+        ctx,
+        _matrix(embeddings, "embeddings"),
+        _labels(labels, "labels"),
+        _refs(refs),
+        pos_margin=pos_margin,
+        neg_margin=neg_margin,
+        distance=distance,
+        normalize=normalize,
+        self_exclusion=_exclusion(self_exclusion),
+    )
+    return Pairs(p, n)
+
+
+def multi_similarity_pairs(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    epsilon: float = 0.1,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+) -> Pairs:
+    """PML's ``MultiSimilarityMiner(epsilon)``: per anchor in ascending value order, ties by
+    the lower reference (PML's ``torch.sort`` leaves their order unspecified)."""
+    p, n = _native.multi_similarity_pairs(
+        ctx,
+        _matrix(embeddings, "embeddings"),
+        _labels(labels, "labels"),
+        _refs(refs),
+        epsilon=epsilon,
+        distance=distance,
+        normalize=normalize,
+        self_exclusion=_exclusion(self_exclusion),
+    )
+    return Pairs(p, n)
+
+
+def batch_easy_hard_pairs(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    pos_strategy: str = "easy",
+    neg_strategy: str = "semihard",
+    allowed_pos_range: Optional[Sequence[float]] = None,
+    allowed_neg_range: Optional[Sequence[float]] = None,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+) -> Pairs:
+    """PML's ``BatchEasyHardMiner``: strategies ``"hard"``, ``"semihard"``, ``"easy"`` or
+    ``"all"``, optional inclusive ranges ``(lo, hi)``; ties to the lower reference."""
+    p, n = _native.batch_easy_hard_pairs(
+        ctx,
+        _matrix(embeddings, "embeddings"),
+        _labels(labels, "labels"),
+        _refs(refs),
+        pos_strategy=pos_strategy,
+        neg_strategy=neg_strategy,
+        allowed_pos_range=None if allowed_pos_range is None else tuple(allowed_pos_range),
+        allowed_neg_range=None if allowed_neg_range is None else tuple(allowed_neg_range),
+        distance=distance,
+        normalize=normalize,
+        self_exclusion=_exclusion(self_exclusion),
+    )
+    return Pairs(p, n)
+
+
+def batch_hard_triplets(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+) -> np.ndarray:
+    """PML's ``BatchHardMiner``: for each anchor with a positive and a negative, the farthest
+    positive and the closest negative, ``(t, 3)`` uint32."""
+    return _native.batch_hard_triplets(
+        ctx,
+        _matrix(embeddings, "embeddings"),
+        _labels(labels, "labels"),
+        _refs(refs),
+        distance=distance,
+        normalize=normalize,
+        self_exclusion=_exclusion(self_exclusion),
+    )
+
+
+def accuracy(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    k: Union[None, str, int] = None,
+    distance: str = "squared_euclidean",
+    normalize: bool = False,
+    self_exclusion: Any = None,
+    avg_of_avgs: bool = False,
+) -> Accuracy:
+    """PML's ``AccuracyCalculator`` metrics (precision_at_1, r_precision,
+    mean_average_precision_at_r, mean_average_precision, mean_reciprocal_rank), computed in
+    Rust end to end. ``k``: ``None``/``"all"`` (PML's default), ``"max_bin_count"`` or an
+    int. ``refs=None`` means the references are the queries, each not its own neighbour
+    (PML's ``ref_includes_query``). The default ranking is squared L2 on raw embeddings, as
+    PML's default Faiss index."""
+    out = _native.accuracy(
+        ctx,
+        _matrix(embeddings, "embeddings"),
+        _labels(labels, "labels"),
+        _refs(refs),
+        k=k,
+        distance=distance,
+        normalize=normalize,
+        self_exclusion=_exclusion(self_exclusion),
+        avg_of_avgs=avg_of_avgs,
+    )
+    return Accuracy(out["metrics"], out["per_class"], out["lone_queries"], out["k"])

@@ -1,0 +1,191 @@
+"""Type stubs of the extension module. Its functions take arguments already converted by the
+package (``float32`` 2-D arrays, ``int64`` labels); call them through ``wgpu_metric_learning``."""
+
+from os import PathLike
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+
+import numpy as np
+import numpy.typing as npt
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+U32 = npt.NDArray[np.uint32]
+SelfExclusion = Union[None, str, U32]
+Refs = Union[None, "MemoryBank", Tuple[Optional[F32], I64]]
+
+class Context:
+    """One device (or the native CPU path) and its memory budget.
+
+    ``backend``: ``"auto"`` (a hardware GPU if any, else the CPU path), ``"gpu"``/``"wgpu"``,
+    ``"cpu"``/``"native"``, or one wgpu backend: ``"vulkan"``, ``"metal"``, ``"dx12"``,
+    ``"gl"``. ``budget``: device bytes (default: a share of the device's memory).
+    ``adapter``: an index into :func:`list_adapters` or part of a name."""
+
+    def __init__(
+        self,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        adapter: Union[None, int, str] = None,
+        fill_outputs_with_sentinel: bool = False,
+    ) -> None: ...
+    @property
+    def path(self) -> str:
+        """``"wgpu"`` or ``"native_cpu"``."""
+    @property
+    def device_name(self) -> str: ...
+    def memory(self) -> Dict[str, int]:
+        """``current_bytes``, ``peak_bytes`` and ``budget_bytes`` of tracked device memory."""
+    def transfers(self) -> Dict[str, int]:
+        """``host_waits``, ``submissions``, ``bytes_up``, ``bytes_down`` so far."""
+    def reset_peak(self) -> None: ...
+
+def list_adapters() -> List[Dict[str, Any]]:
+    """The adapters wgpu finds: ``index``, ``name``, ``backend``, ``device_type``, ``driver``,
+    ``software``."""
+
+class MemoryBank:
+    def __init__(self, ctx: Context, capacity: int, dim: int) -> None: ...
+    @staticmethod
+    def load(ctx: Context, path: Union[str, PathLike[str]], capacity: int, dim: int) -> "MemoryBank": ...
+    def save(self, path: Union[str, PathLike[str]]) -> int: ...
+    def enqueue(
+        self, embeddings: F32, labels: I64, mask: Optional[npt.NDArray[np.bool_]] = None
+    ) -> Tuple[U32, I64, Union[str, U32]]: ...
+    def snapshot(self) -> Tuple[F32, I64]: ...
+    def reset(self) -> None: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def dim(self) -> int: ...
+    @property
+    def head(self) -> int: ...
+    @property
+    def is_filled(self) -> bool: ...
+    def __len__(self) -> int: ...
+
+class TripletChunks(Iterator[U32]):
+    def __init__(
+        self,
+        ctx: Context,
+        embeddings: Optional[F32],
+        labels: I64,
+        refs: Optional[Tuple[Optional[F32], I64]] = None,
+        *,
+        type_of_triplets: Optional[str] = None,
+        margin: float = 0.2,
+        distance: str = "euclidean",
+        normalize: bool = True,
+        self_exclusion: SelfExclusion = None,
+        max_chunk_triplets: int = 1 << 20,
+    ) -> None: ...
+    def __iter__(self) -> "TripletChunks": ...
+    def __next__(self) -> U32: ...
+    @property
+    def count(self) -> Optional[int]:
+        """The total, once the iterator is exhausted."""
+    def close(self) -> None: ...
+
+def pairwise_distances(
+    ctx: Context,
+    queries: F32,
+    refs: Union[None, F32, MemoryBank] = None,
+    *,
+    distance: str = "euclidean",
+    normalize: bool = True,
+) -> F32: ...
+def knn(
+    ctx: Context,
+    queries: F32,
+    refs: Union[None, F32, MemoryBank] = None,
+    *,
+    k: int = 10,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: SelfExclusion = None,
+) -> Tuple[U32, F32]: ...
+def mine_triplets(
+    ctx: Context,
+    embeddings: Optional[F32],
+    labels: I64,
+    refs: Refs = None,
+    *,
+    type_of_triplets: Optional[str] = None,
+    margin: float = 0.2,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: SelfExclusion = None,
+) -> U32: ...
+def count_triplets(
+    ctx: Context,
+    embeddings: Optional[F32],
+    labels: I64,
+    refs: Refs = None,
+    *,
+    type_of_triplets: Optional[str] = None,
+    margin: float = 0.2,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: SelfExclusion = None,
+) -> int: ...
+def all_pairs(
+    ctx: Context, labels: I64, refs: Refs = None, *, self_exclusion: SelfExclusion = None
+) -> Tuple[U32, U32]: ...
+def pair_margin_pairs(
+    ctx: Context,
+    embeddings: F32,
+    labels: I64,
+    refs: Refs = None,
+    *,
+    pos_margin: float = 0.2,
+    neg_margin: float = 0.8,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: SelfExclusion = None,
+) -> Tuple[U32, U32]: ...
+def multi_similarity_pairs(
+    ctx: Context,
+    embeddings: F32,
+    labels: I64,
+    refs: Refs = None,
+    *,
+    epsilon: float = 0.1,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: SelfExclusion = None,
+) -> Tuple[U32, U32]: ...
+def batch_easy_hard_pairs(
+    ctx: Context,
+    embeddings: F32,
+    labels: I64,
+    refs: Refs = None,
+    *,
+    pos_strategy: str = "easy",
+    neg_strategy: str = "semihard",
+    allowed_pos_range: Optional[Tuple[float, float]] = None,
+    allowed_neg_range: Optional[Tuple[float, float]] = None,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: SelfExclusion = None,
+) -> Tuple[U32, U32]: ...
+def batch_hard_triplets(
+    ctx: Context,
+    embeddings: F32,
+    labels: I64,
+    refs: Refs = None,
+    *,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: SelfExclusion = None,
+) -> U32: ...
+def accuracy(
+    ctx: Context,
+    embeddings: F32,
+    labels: I64,
+    refs: Refs = None,
+    *,
+    k: Union[None, str, int] = None,
+    distance: str = "squared_euclidean",
+    normalize: bool = False,
+    self_exclusion: SelfExclusion = None,
+    avg_of_avgs: bool = False,
+) -> Dict[str, Any]: ...

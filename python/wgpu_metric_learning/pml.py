@@ -1,0 +1,529 @@
+"""Drop-ins for pytorch-metric-learning (PML), with PML's constructors and call signatures,
+computed by the library: torch tensors in and out on the caller's device (CUDA tensors go
+through host memory until device sharing exists).
+
+- :class:`KNN`: a ``knn_func`` for ``AccuracyCalculator`` (exact, any ``k``, under a budget).
+- :class:`TripletMarginMiner`, :class:`BatchHardMiner`, :class:`BatchEasyHardMiner`,
+  :class:`MultiSimilarityMiner`, :class:`PairMarginMiner`: PML miners (subclasses of PML's
+  ``BaseMiner``), usable wherever a PML miner is, PML's own ``CrossBatchMemory`` included,
+  with PML's output (int64 index tuples, same order; ties, which PML leaves to torch, go to
+  the lower index).
+- :class:`CrossBatchMemory`: PML's ``CrossBatchMemory(loss, embedding_size, memory_size,
+  miner)``, its memory in the library's :class:`~wgpu_metric_learning.MemoryBank`: no INT_MAX
+  limit and no ``B·M·M`` mask.
+
+Distances: PML's ``LpDistance(p=2)`` with ``power`` 1 or 2, normalised or not,
+``CosineSimilarity()`` and ``DotProductSimilarity()``; any other distance is a
+``ValueError``. Every drop-in takes ``backend`` (``"auto"``, ``"gpu"``, ``"cpu"``, …),
+``budget`` (bytes) or a ready ``context``.
+
+Example::
+
+    from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+    from wgpu_metric_learning.pml import KNN, TripletMarginMiner
+
+    calc = AccuracyCalculator(knn_func=KNN(), k="max_bin_count")
+    miner = TripletMarginMiner(margin=0.2, type_of_triplets="semihard")
+    a, p, n = miner(embeddings, labels)
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+try:
+    import torch
+    from pytorch_metric_learning import distances as pml_distances
+    from pytorch_metric_learning.losses import CrossBatchMemory as _PmlCrossBatchMemory
+    from pytorch_metric_learning.miners import BaseMiner
+    from pytorch_metric_learning.utils import common_functions as c_f
+    from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+    from pytorch_metric_learning.utils.module_with_records import ModuleWithRecords
+except ImportError as missing:
+    raise ImportError(
+        "wgpu_metric_learning.pml needs torch and pytorch-metric-learning "
+        "(pip install torch pytorch-metric-learning)"
+    ) from missing
+
+from . import (
+    Context,
+    MemoryBank,
+    _native,
+    default_context,
+)
+from . import _labels as _np_labels
+from . import _matrix as _np_matrix
+
+__all__ = [
+    "KNN",
+    "BatchEasyHardMiner",
+    "BatchHardMiner",
+    "CrossBatchMemory",
+    "MultiSimilarityMiner",
+    "PairMarginMiner",
+    "TripletMarginMiner",
+]
+
+_contexts: Dict[Tuple[str, Optional[int]], Context] = {}
+_contexts_lock = threading.Lock()
+
+
+def _shared_context(context: Optional[Context], backend: str, budget: Optional[int]) -> Context:
+    """The given context, or one shared per (backend, budget) so drop-ins share a device."""
+    if context is not None:
+        return context
+    if backend == "auto" and budget is None:
+        return default_context()
+    with _contexts_lock:
+        key = (backend, budget)
+        if key not in _contexts:
+            _contexts[key] = Context(backend=backend, budget=budget)
+        return _contexts[key]
+
+
+def distance_args(distance: Any) -> Tuple[str, bool]:
+    """``(distance name, normalize)`` for a PML distance object; ``ValueError`` for one the
+    library does not compute."""
+    kind = type(distance)
+    if kind is pml_distances.CosineSimilarity:
+        name = "cosine"
+    elif kind is pml_distances.DotProductSimilarity:
+        name = "dot"
+    elif kind is pml_distances.LpDistance:
+        if distance.p != 2:
+            raise ValueError(f"LpDistance(p={distance.p}) is not supported: only p=2")
+        if distance.power not in (1, 2):
+            raise ValueError(f"LpDistance(power={distance.power}) is not supported: 1 or 2")
+        name = "euclidean" if distance.power == 1 else "squared_euclidean"
+        return name, bool(distance.normalize_embeddings)
+    else:
+        raise ValueError(
+            f"{kind.__name__} is not supported: use LpDistance(p=2, power=1 or 2), "
+            "CosineSimilarity() or DotProductSimilarity()"
+        )
+    if distance.power != 1:
+        raise ValueError(f"{kind.__name__}(power={distance.power}) is not supported: only 1")
+    return name, bool(distance.normalize_embeddings)
+
+
+def _emb(x: torch.Tensor, what: str) -> np.ndarray:
+    return _np_matrix(x.detach().to("cpu", torch.float32), what)
+
+
+def _lab(y: torch.Tensor, what: str) -> np.ndarray:
+    return _np_labels(y.detach().cpu(), what)
+
+
+def _column(rows: np.ndarray, j: int, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(rows[:, j].astype(np.int64)).to(device)
+
+
+def _triplet_tuple(rows: np.ndarray, device: torch.device):
+    return tuple(_column(rows, j, device) for j in range(3))
+
+
+def _pair_tuple(pos: np.ndarray, neg: np.ndarray, device: torch.device):
+    return (
+        _column(pos, 0, device),
+        _column(pos, 1, device),
+        _column(neg, 0, device),
+        _column(neg, 1, device),
+    )
+
+
+class _OnContext:
+    """A drop-in's context: the one given, or one shared per (backend, budget), made on first
+    use."""
+
+    def _set_context(self, context: Optional[Context], backend: str, budget: Optional[int]) -> None:
+        self._context = context
+        self._backend, self._budget = backend, budget
+
+    @property
+    def context(self) -> Context:
+        self._context = _shared_context(self._context, self._backend, self._budget)
+        return self._context
+
+
+class KNN(_OnContext):
+    """A ``knn_func`` for PML's ``AccuracyCalculator``: ``knn(query, k, reference,
+    ref_includes_query)`` returns ``(distances, indices)`` ``(q, k)`` (float32, int64) on the
+    query's device, best first, with PML's self-exclusion (query ``i`` is reference ``i``).
+
+    ``distance=None`` ranks by squared L2 on the raw embeddings, as PML's default
+    ``FaissKNN`` (``IndexFlatL2``); a PML distance object ranks by it. Exact for any ``k``;
+    the search is tiled under ``budget`` bytes of device memory. A ``k`` beyond the
+    references a query can see is a ``ValueError`` (Faiss pads with index ``-1``)."""
+
+    def __init__(
+        self,
+        distance: Any = None,
+        budget: Optional[int] = None,
+        backend: str = "auto",
+        context: Optional[Context] = None,
+    ) -> None:
+        if distance is None:
+            self.distance_args = ("squared_euclidean", False)
+        else:
+            self.distance_args = distance_args(distance)
+        self.distance = distance
+        self._set_context(context, backend, budget)
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        k: int,
+        reference: Optional[torch.Tensor] = None,
+        ref_includes_query: bool = False,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        q = _emb(query, "query")
+        r = q if reference is None or reference is query else _emb(reference, "reference")
+        name, normalize = self.distance_args
+        indices, scores = _native.knn(
+            self.context,
+            q,
+            r,
+            k=int(k),
+            distance=name,
+            normalize=normalize,
+            self_exclusion="same_index" if ref_includes_query else "none",
+        )
+        idx = indices.astype(np.int64)
+        device = query.device
+        return torch.from_numpy(scores).to(device), torch.from_numpy(idx).to(device)
+
+
+class _LibraryMiner(_OnContext, BaseMiner):
+    """A PML ``BaseMiner`` whose ``mine`` runs in the library. PML's self-comparison rule is
+    kept: a query is not its own reference only when ``ref_labels is labels`` (no references
+    given, or the very same tensor)."""
+
+    def __init__(
+        self,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        distance_args(self.distance)  # unsupported distances fail here, not at the first batch
+        self._set_context(context, backend, budget)
+
+    def mine(self, embeddings, labels, ref_emb, ref_labels):
+        q = _emb(embeddings, "embeddings")
+        y = _lab(labels, "labels")
+        if ref_labels is labels and ref_emb is embeddings:
+            refs, exclusion = None, None
+        else:
+            r = q if ref_emb is embeddings else _emb(ref_emb, "ref_emb")
+            refs = (r, _lab(ref_labels, "ref_labels"))
+            exclusion = "same_index" if ref_labels is labels else "none"
+        return self._mine(q, y, refs, exclusion, embeddings.device)
+
+    def mine_bank(self, embeddings, labels, bank: MemoryBank, exclusion: Any):
+        """Mines the queries against a bank of the same context (CrossBatchMemory)."""
+        self.reset_stats()
+        with torch.no_grad():
+            out = self._mine(
+                _emb(embeddings, "embeddings"),
+                _lab(labels, "labels"),
+                bank._inner,
+                exclusion,
+                embeddings.device,
+            )
+        self.output_assertion(out)
+        return out
+
+    def _distance_kw(self) -> Dict[str, Any]:
+        name, normalize = distance_args(self.distance)
+        return {"distance": name, "normalize": normalize}
+
+    def _mine(self, q, y, refs, exclusion, device):
+        raise NotImplementedError
+
+
+class TripletMarginMiner(_LibraryMiner):
+    """PML's ``TripletMarginMiner(margin=0.2, type_of_triplets="all")``: every valid triplet
+    whose margin ``d(a,n) - d(a,p)`` (similarities: ``s(a,p) - s(a,n)``) is ``<= margin``
+    (``"hard"``: also ``<= 0``; ``"semihard"``: also ``> 0``) or, for ``"easy"``,
+    ``> margin``; in PML's ``(a, p, n)`` order. An unknown ``type_of_triplets`` is a
+    ``ValueError`` (PML treats it as ``"all"``)."""
+
+    def __init__(self, margin: float = 0.2, type_of_triplets: str = "all", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if type_of_triplets not in ("all", "hard", "semihard", "easy"):
+            raise ValueError(
+                "type_of_triplets must be 'all', 'hard', 'semihard' or 'easy', "
+                f"got {type_of_triplets!r}"
+            )
+        self.margin = margin
+        self.type_of_triplets = type_of_triplets
+        self.add_to_recordable_attributes(list_of_names=["margin"], is_stat=False)
+
+    def _mine(self, q, y, refs, exclusion, device):
+        rows = _native.mine_triplets(
+            self.context,
+            q,
+            y,
+            refs,
+            type_of_triplets=self.type_of_triplets,
+            margin=float(self.margin),
+            self_exclusion=exclusion,
+            **self._distance_kw(),
+        )
+        return _triplet_tuple(rows, device)
+
+
+class BatchHardMiner(_LibraryMiner):
+    """PML's ``BatchHardMiner()``: for each anchor with a positive and a negative, the
+    hardest positive and the hardest negative, ``(a, p, n)``."""
+
+    def _mine(self, q, y, refs, exclusion, device):
+        rows = _native.batch_hard_triplets(
+            self.context, q, y, refs, self_exclusion=exclusion, **self._distance_kw()
+        )
+        return _triplet_tuple(rows, device)
+
+
+class BatchEasyHardMiner(_LibraryMiner):
+    """PML's ``BatchEasyHardMiner(pos_strategy="easy", neg_strategy="semihard",
+    allowed_pos_range=None, allowed_neg_range=None)``, returning ``(a1, p, a2, n)``."""
+
+    HARD, SEMIHARD, EASY, ALL = "hard", "semihard", "easy", "all"
+    all_batch_mining_strategies = [HARD, SEMIHARD, EASY, ALL]
+
+    def __init__(
+        self,
+        pos_strategy: str = EASY,
+        neg_strategy: str = SEMIHARD,
+        allowed_pos_range: Optional[Tuple[float, float]] = None,
+        allowed_neg_range: Optional[Tuple[float, float]] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        strategies = self.all_batch_mining_strategies
+        if pos_strategy not in strategies or neg_strategy not in strategies:
+            raise ValueError(f"pos_strategy and neg_strategy must be one of {strategies}")
+        if pos_strategy == neg_strategy == self.SEMIHARD:
+            raise ValueError('pos_strategy and neg_strategy cannot both be "semihard"')
+        if self.SEMIHARD in (pos_strategy, neg_strategy) and self.ALL in (pos_strategy, neg_strategy):
+            raise ValueError('"semihard" cannot be used in combination with "all"')
+        self.pos_strategy, self.neg_strategy = pos_strategy, neg_strategy
+        self.allowed_pos_range, self.allowed_neg_range = allowed_pos_range, allowed_neg_range
+
+    def _mine(self, q, y, refs, exclusion, device):
+        pos, neg = _native.batch_easy_hard_pairs(
+            self.context,
+            q,
+            y,
+            refs,
+            pos_strategy=self.pos_strategy,
+            neg_strategy=self.neg_strategy,
+            allowed_pos_range=None if self.allowed_pos_range is None else tuple(self.allowed_pos_range),
+            allowed_neg_range=None if self.allowed_neg_range is None else tuple(self.allowed_neg_range),
+            self_exclusion=exclusion,
+            **self._distance_kw(),
+        )
+        return _pair_tuple(pos, neg, device)
+
+
+class MultiSimilarityMiner(_LibraryMiner):
+    """PML's ``MultiSimilarityMiner(epsilon=0.1)`` (default distance ``CosineSimilarity()``),
+    returning ``(a1, p, a2, n)``; within an anchor, ties in value go to the lower index."""
+
+    def __init__(self, epsilon: float = 0.1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.epsilon = epsilon
+        self.add_to_recordable_attributes(name="epsilon", is_stat=False)
+
+    def get_default_distance(self):
+        return pml_distances.CosineSimilarity()
+
+    def _mine(self, q, y, refs, exclusion, device):
+        pos, neg = _native.multi_similarity_pairs(
+            self.context,
+            q,
+            y,
+            refs,
+            epsilon=float(self.epsilon),
+            self_exclusion=exclusion,
+            **self._distance_kw(),
+        )
+        return _pair_tuple(pos, neg, device)
+
+
+class PairMarginMiner(_LibraryMiner):
+    """PML's ``PairMarginMiner(pos_margin=0.2, neg_margin=0.8)``: positives farther than
+    ``pos_margin``, negatives closer than ``neg_margin`` (mirrored for similarities),
+    returning ``(a1, p, a2, n)``."""
+
+    def __init__(self, pos_margin: float = 0.2, neg_margin: float = 0.8, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pos_margin, self.neg_margin = pos_margin, neg_margin
+        self.add_to_recordable_attributes(list_of_names=["pos_margin", "neg_margin"], is_stat=False)
+
+    def _mine(self, q, y, refs, exclusion, device):
+        pos, neg = _native.pair_margin_pairs(
+            self.context,
+            q,
+            y,
+            refs,
+            pos_margin=float(self.pos_margin),
+            neg_margin=float(self.neg_margin),
+            self_exclusion=exclusion,
+            **self._distance_kw(),
+        )
+        return _pair_tuple(pos, neg, device)
+
+
+class CrossBatchMemory(ModuleWithRecords):
+    """PML's ``CrossBatchMemory(loss, embedding_size, memory_size=1024, miner=None)``: a ring
+    of past embeddings that serve as the references of ``loss``. Its memory is the library's
+    :class:`~wgpu_metric_learning.MemoryBank`; with one of this module's miners (or none:
+    all pairs) mining runs against the bank directly, with no INT_MAX limit and no
+    ``B·M·M`` mask; any other PML miner is called as PML calls it.
+
+    ``forward(embeddings, labels, indices_tuple=None, enqueue_mask=None)`` returns the loss
+    as PML's does: the batch (or its masked rows) is enqueued first, then the loss compares
+    the batch (or its unmasked rows) with the memory, a row never paired with its own slot.
+    Differences, on purpose: a batch larger than the memory is a ``ValueError`` (PML: an
+    ``AssertionError``, or duplicate slots with a mask), and a batch of one row never keeps
+    its own slot as a positive (PML keeps it)."""
+
+    def __init__(
+        self,
+        loss: torch.nn.Module,
+        embedding_size: int,
+        memory_size: int = 1024,
+        miner: Any = None,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        _PmlCrossBatchMemory.check_loss_support(type(loss).__name__)
+        self.loss = loss
+        self.miner = miner
+        self.embedding_size = embedding_size
+        self.memory_size = memory_size
+        ctx = _shared_context(context, backend, budget)
+        if isinstance(miner, _LibraryMiner):
+            ctx = miner.context if context is None else ctx
+            if miner.context is not ctx:
+                raise ValueError("the miner and the CrossBatchMemory must share one context")
+        self.context = ctx
+        self.bank = MemoryBank(ctx, memory_size, embedding_size)
+        self.curr_batch_idx: Optional[torch.Tensor] = None
+        self.add_to_recordable_attributes(
+            list_of_names=["embedding_size", "memory_size", "queue_idx"], is_stat=False
+        )
+
+    @staticmethod
+    def supported_losses():
+        return _PmlCrossBatchMemory.supported_losses()
+
+    @property
+    def queue_idx(self) -> int:
+        """The slot the next row goes to."""
+        return self.bank.head
+
+    @property
+    def has_been_filled(self) -> bool:
+        return self.bank.is_filled
+
+    def reset_queue(self) -> None:
+        """Empties the memory."""
+        self.bank.reset()
+
+    @property
+    def embedding_memory(self) -> torch.Tensor:
+        """A copy of the memory ``(memory_size, embedding_size)`` in slot order, zeros where
+        nothing was written yet (PML's buffer of the same name)."""
+        emb, _ = self.bank.snapshot()
+        out = torch.zeros(self.memory_size, self.embedding_size)
+        out[: len(emb)] = torch.from_numpy(emb)
+        return out
+
+    @property
+    def label_memory(self) -> torch.Tensor:
+        """A copy of the memory's labels ``(memory_size,)``, zeros where nothing was written."""
+        _, lab = self.bank.snapshot()
+        out = torch.zeros(self.memory_size, dtype=torch.long)
+        out[: len(lab)] = torch.from_numpy(lab)
+        return out
+
+    def _memory(self, device, dtype, label_dtype):
+        emb, lab = self.bank.snapshot()
+        return (
+            torch.from_numpy(emb).to(device=device, dtype=dtype),
+            torch.from_numpy(lab).to(device=device, dtype=label_dtype),
+        )
+
+    def forward(self, embeddings, labels, indices_tuple=None, enqueue_mask=None):
+        if indices_tuple is not None and enqueue_mask is not None:
+            raise ValueError("indices_tuple and enqueue_mask are mutually exclusive")
+        if enqueue_mask is not None:
+            if len(enqueue_mask) != len(embeddings):
+                raise ValueError(
+                    f"enqueue_mask has {len(enqueue_mask)} entries for {len(embeddings)} embeddings"
+                )
+        elif len(embeddings) > self.memory_size:
+            raise ValueError(
+                f"a batch of {len(embeddings)} rows does not fit a memory of {self.memory_size}"
+            )
+        self.reset_stats()
+        device = embeddings.device
+        labels = c_f.to_device(labels, device=device)
+        emb_np, lab_np = _emb(embeddings, "embeddings"), _lab(labels, "labels")
+        if enqueue_mask is not None:
+            mask = enqueue_mask.detach().cpu().numpy().astype(bool)
+            done = self.bank.enqueue(emb_np, lab_np, mask=mask)
+            keep = torch.from_numpy(~mask).to(device)
+            embeddings, labels = embeddings[keep], labels[keep]
+            do_remove_self_comparisons = False
+        else:
+            done = self.bank.enqueue(emb_np, lab_np)
+            do_remove_self_comparisons = True
+        self.curr_batch_idx = torch.from_numpy(done.slots.astype(np.int64)).to(device)
+        E_mem, L_mem = self._memory(device, embeddings.dtype, labels.dtype)
+        exclusion = done.self_exclusion if do_remove_self_comparisons else "none"
+        indices_tuple = self.create_indices_tuple(
+            embeddings, labels, E_mem, L_mem, indices_tuple, do_remove_self_comparisons, exclusion
+        )
+        return self.loss(embeddings, labels, indices_tuple, E_mem, L_mem)
+
+    def create_indices_tuple(
+        self,
+        embeddings,
+        labels,
+        E_mem,
+        L_mem,
+        input_indices_tuple,
+        do_remove_self_comparisons,
+        exclusion="none",
+    ):
+        if isinstance(self.miner, _LibraryMiner):
+            indices_tuple = self.miner.mine_bank(embeddings, labels, self.bank, exclusion)
+        elif self.miner:
+            indices_tuple = self.miner(embeddings, labels, E_mem, L_mem)
+            if do_remove_self_comparisons:
+                indices_tuple = lmu.remove_self_comparisons(
+                    indices_tuple, self.curr_batch_idx, self.memory_size
+                )
+        else:
+            pos, neg = _native.all_pairs(
+                self.context, _lab(labels, "labels"), self.bank._inner, self_exclusion=exclusion
+            )
+            indices_tuple = _pair_tuple(pos, neg, embeddings.device)
+
+        if input_indices_tuple is not None:
+            if len(input_indices_tuple) == 3 and len(indices_tuple) == 4:
+                input_indices_tuple = lmu.convert_to_pairs(input_indices_tuple, labels)
+            elif len(input_indices_tuple) == 4 and len(indices_tuple) == 3:
+                input_indices_tuple = lmu.convert_to_triplets(input_indices_tuple, labels)
+            indices_tuple = c_f.concatenate_indices_tuples(indices_tuple, input_indices_tuple)
+        return indices_tuple
