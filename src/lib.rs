@@ -14,6 +14,7 @@ mod host_alloc;
 mod inputs;
 mod kernels;
 mod knn;
+mod loss;
 mod memory;
 mod metric;
 mod miners;
@@ -41,6 +42,10 @@ pub use hooks::{CancelToken, Hooks, Progress};
 pub use inputs::{BankRows, Embeddings, MiningSet, SelfExclusion};
 pub use kernels::{WgslKernel, WGSL_KERNELS};
 pub use knn::{knn, knn_on_device, knn_plan, knn_sharded, Knn, KnnConfig, KnnOnDevice};
+pub use loss::{
+    multiple_negatives_ranking_loss, ntxent_loss, triplet_margin_loss, InfoNceConfig, InfoNceLoss,
+    MnrlConfig, TripletLoss, TripletLossConfig,
+};
 pub use memory::{MemoryStats, Transfers};
 pub use metric::{Distance, DistanceConfig};
 pub use miners::{

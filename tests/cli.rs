@@ -9,9 +9,11 @@ use std::process::{Command, Output};
 use ndarray::{array, Array1, Array2};
 use ndarray_npy::{read_npy, write_npy};
 use wgpu_metric_learning::{
-    accuracy, batch_hard_triplets, knn, mine_triplets, pair_margin_pairs, AccuracyConfig,
-    AccuracyK, BatchHardConfig, Context, Distance, DistanceConfig, KnnConfig, MiningSet,
-    PairMarginConfig, SelfExclusion, TripletConfig, TripletRule, TripletType,
+    accuracy, batch_hard_triplets, knn, mine_triplets, multiple_negatives_ranking_loss,
+    ntxent_loss, pair_margin_pairs, triplet_margin_loss, AccuracyConfig, AccuracyK,
+    BatchHardConfig, Context, Distance, DistanceConfig, InfoNceConfig, KnnConfig, MiningSet,
+    MnrlConfig, PairMarginConfig, SelfExclusion, TripletConfig, TripletLossConfig, TripletRule,
+    TripletType,
 };
 
 /// A fresh directory for one test's files.
@@ -86,7 +88,7 @@ fn json_field(json: &str, key: &str) -> f64 {
 #[test]
 fn help_lists_the_subcommands() {
     let out = ok(&wml(&["--help"]));
-    for sub in ["triplets", "mine", "knn", "accuracy"] {
+    for sub in ["triplets", "mine", "knn", "accuracy", "loss"] {
         assert!(out.contains(sub), "--help lists {sub}: {out}");
     }
     assert!(ok(&wml(&["knn", "--help"])).contains("--out-indices"));
@@ -503,4 +505,123 @@ fn ctrl_c_stops_wml_cleanly() {
     assert_eq!(last, "wml: cancelled (Ctrl-C); no output was written");
     assert!(!rest.contains("100%"), "stopped before the end: {rest}");
     assert!(!i.exists() && !s.exists(), "no output file");
+}
+
+#[test]
+fn losses_print_their_json_and_write_the_library_gradients() {
+    let d = dir("loss");
+    let (x, y) = clustered();
+    let (r, ry) = (x.mapv(|v| v * 0.9 + 0.05), y.mapv(|l| (l + 1) % 3));
+    let files = [("x", &x), ("r", &r)];
+    for (name, a) in files {
+        write_npy(d.join(format!("{name}.npy")), a).expect("write");
+    }
+    write_npy(d.join("y.npy"), &y).expect("write");
+    write_npy(d.join("ry.npy"), &ry).expect("write");
+    let p = |n: &str| d.join(n);
+    let ctx = Context::native_cpu(None);
+    let (batch, refs) = (MiningSet::new(&x, &y), MiningSet::new(&r, &ry));
+
+    let out = ok(&wml(&[
+        "loss",
+        "triplet-margin",
+        "--embeddings",
+        arg(&p("x.npy")),
+        "--labels",
+        arg(&p("y.npy")),
+        "--ref-embeddings",
+        arg(&p("r.npy")),
+        "--ref-labels",
+        arg(&p("ry.npy")),
+        "--margin",
+        "0.3",
+        "--type",
+        "semihard",
+        "--grad-out",
+        arg(&p("g.npy")),
+        "--ref-grad-out",
+        arg(&p("rg.npy")),
+        "--backend",
+        "cpu",
+    ]));
+    let cfg = TripletLossConfig {
+        margin: 0.3,
+        triplets: TripletRule::margin_miner(TripletType::Semihard),
+        ref_grad: true,
+        ..Default::default()
+    };
+    let want = triplet_margin_loss(&ctx, &batch, Some(&refs), &cfg).expect("loss");
+    assert!(want.nonzero > 0);
+    assert_eq!(json_field(&out, "loss"), f64::from(want.loss), "{out}");
+    assert_eq!(json_field(&out, "nonzero"), want.nonzero as f64);
+    assert_eq!(json_field(&out, "triplets"), want.triplets as f64);
+    let g: Array2<f32> = read_npy(p("g.npy")).expect("grad");
+    let rg: Array2<f32> = read_npy(p("rg.npy")).expect("ref grad");
+    assert_eq!((g, Some(rg)), (want.query_grad, want.ref_grad));
+
+    let out = ok(&wml(&[
+        "loss",
+        "ntxent",
+        "--embeddings",
+        arg(&p("x.npy")),
+        "--labels",
+        arg(&p("y.npy")),
+        "--temperature",
+        "0.2",
+        "--grad-out",
+        arg(&p("gn.npy")),
+        "--backend",
+        "cpu",
+    ]));
+    let cfg = InfoNceConfig {
+        temperature: 0.2,
+        ..Default::default()
+    };
+    let want = ntxent_loss(&ctx, &batch, None, &cfg).expect("loss");
+    assert_eq!(json_field(&out, "loss"), f64::from(want.loss), "{out}");
+    assert_eq!(
+        json_field(&out, "positive_pairs"),
+        want.positive_pairs as f64
+    );
+    assert_eq!(
+        read_npy::<_, Array2<f32>>(p("gn.npy")).expect("grad"),
+        want.query_grad
+    );
+
+    let out = ok(&wml(&[
+        "loss",
+        "mnrl",
+        "--anchors",
+        arg(&p("x.npy")),
+        "--candidates",
+        arg(&p("r.npy")),
+        "--grad-out",
+        arg(&p("ga.npy")),
+        "--candidates-grad-out",
+        arg(&p("gc.npy")),
+        "--backend",
+        "cpu",
+    ]));
+    let want = multiple_negatives_ranking_loss(&ctx, &x, &r, &MnrlConfig::default()).expect("loss");
+    assert_eq!(json_field(&out, "loss"), f64::from(want.loss), "{out}");
+    assert_eq!(
+        read_npy::<_, Array2<f32>>(p("gc.npy")).expect("grad"),
+        want.ref_grad.expect("candidates")
+    );
+    // Fewer candidates than anchors: one line, status 1.
+    fails_with(
+        &wml(&[
+            "loss",
+            "mnrl",
+            "--anchors",
+            arg(&p("x.npy")),
+            "--candidates",
+            arg(&p("y.npy")),
+            "--grad-out",
+            arg(&p("ga.npy")),
+            "--backend",
+            "cpu",
+        ]),
+        &["y.npy"],
+    );
 }

@@ -14,7 +14,7 @@
 use std::ops::ControlFlow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, TryLockError};
 use std::time::Duration;
 
 use ndarray::{Array1, Array2};
@@ -29,9 +29,9 @@ use wgpu_metric_learning as wml;
 use wml::{
     AccuracyConfig, AccuracyK, AccuracyMetrics, AdapterSelector, AllPairsConfig, BackendChoice,
     BankConfig, BatchEasyHardConfig, BatchHardConfig, CancelToken, Context, ContextConfig,
-    Distance, DistanceConfig, Embeddings, Error, Hooks, KnnConfig, MemoryBank, MiningSet,
-    MultiSimilarityConfig, PairMarginConfig, PairwiseConfig, SelfExclusion, Strategy,
-    TripletConfig, TripletRule, TripletType,
+    Distance, DistanceConfig, Embeddings, Error, Hooks, InfoNceConfig, KnnConfig, MemoryBank,
+    MiningSet, MnrlConfig, MultiSimilarityConfig, PairMarginConfig, PairwiseConfig, SelfExclusion,
+    Strategy, TripletConfig, TripletLossConfig, TripletRule, TripletType,
 };
 
 /// How often the calling thread looks for a pending Ctrl-C while a call runs.
@@ -70,11 +70,15 @@ fn run<T: Send>(py: Python<'_>, op: impl FnOnce(Hooks) -> wml::Result<T> + Send)
     let outcome = py.detach(|| {
         std::thread::scope(|scope| {
             let (tx, rx) = mpsc::sync_channel(1);
-            scope.spawn(move || {
+            let spawned = std::thread::Builder::new().spawn_scoped(scope, move || {
                 let result = catch_unwind(AssertUnwindSafe(|| op(hooks)));
                 // The receiver waits for this send unless it already returned an error.
                 let _ = tx.send(result);
             });
+            if let Err(e) = spawned {
+                let failed = PyRuntimeError::new_err(format!("cannot start a worker thread: {e}"));
+                return (Ok(Err(Error::Cancelled { op: "call" })), Some(failed));
+            }
             let mut interrupted: Option<PyErr> = None;
             loop {
                 match rx.recv_timeout(SIGNAL_POLL) {
@@ -99,11 +103,25 @@ fn run<T: Send>(py: Python<'_>, op: impl FnOnce(Hooks) -> wml::Result<T> + Send)
     match outcome {
         (_, Some(signal)) => Err(signal),
         (Ok(result), None) => result.map_err(py_err),
-        (Err(panic), None) => Err(PyRuntimeError::new_err(format!(
-            "internal error (a bug in wgpu-metric-learning): {}",
-            panic_message(&panic)
-        ))),
+        (Err(panic), None) => Err(internal_error(&panic)),
     }
+}
+
+/// Runs `op`, which changes state (a bank's rows, a file), to its end with the GIL released
+/// and without cancellation: a Ctrl-C meanwhile is raised by Python as soon as this returns,
+/// once the change is whole, rather than reported as a failure of a change that was made.
+fn run_whole<T: Send>(py: Python<'_>, op: impl FnOnce() -> wml::Result<T> + Send) -> PyResult<T> {
+    match py.detach(|| catch_unwind(AssertUnwindSafe(op))) {
+        Ok(result) => result.map_err(py_err),
+        Err(panic) => Err(internal_error(&panic)),
+    }
+}
+
+fn internal_error(panic: &Box<dyn std::any::Any + Send>) -> PyErr {
+    PyRuntimeError::new_err(format!(
+        "internal error (a bug in wgpu-metric-learning): {}",
+        panic_message(panic)
+    ))
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
@@ -373,7 +391,7 @@ impl PyMemoryBank {
     /// Writes the bank atomically to `path`; returns the bytes written.
     fn save(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<u64> {
         let (ctx, bank) = (&self.ctx, &self.bank);
-        run(py, move |_| bank.save(ctx, &path)).map(|s| s.bytes)
+        run_whole(py, move || bank.save(ctx, &path)).map(|s| s.bytes)
     }
 
     /// Enqueues a batch `(b, d)`, `(b,)`; returns `(slots, query_rows, self_exclusion)`.
@@ -383,16 +401,17 @@ impl PyMemoryBank {
         py: Python<'py>,
         embeddings: PyReadonlyArray2<'py, f32>,
         labels: PyReadonlyArray1<'py, i64>,
-        mask: Option<PyReadonlyArray1<'py, bool>>,
+        mask: Option<PyReadonlyArray1<'py, u8>>,
     ) -> PyResult<Bound<'py, PyTuple>> {
         let (e, l) = (embeddings.as_array(), labels.as_array());
-        let m = mask.as_ref().map(|m| m.as_array());
+        // Bytes, not `bool`: a NumPy bool array may hold other values than 0 and 1.
+        let m: Option<Array1<bool>> = mask.as_ref().map(|m| m.as_array().mapv(|v| v != 0));
         let (ctx, bank) = (&self.ctx, &mut self.bank);
-        let done = run(py, move |_| {
+        let done = run_whole(py, move || {
             let set = MiningSet::new(e, l);
-            match m {
+            match &m {
                 None => bank.enqueue(ctx, &set),
-                Some(m) => bank.enqueue_masked(ctx, &set, m),
+                Some(m) => bank.enqueue_masked(ctx, &set, m.view()),
             }
         })?;
         enqueued_tuple(py, done)
@@ -778,35 +797,42 @@ impl TripletChunks {
         let hooks = Hooks::new().cancel_with(&token);
         let c = Arc::clone(&ctx.inner);
         let (tx, rx) = mpsc::sync_channel::<Streamed>(1);
-        std::thread::spawn(move || {
-            let q = MiningSet {
-                embeddings: emb.as_ref().map(Embeddings::from),
-                labels: lab.view(),
-            };
-            let r = refs.as_ref().map(|(e, l)| MiningSet {
-                embeddings: e.as_ref().map(Embeddings::from),
-                labels: l.view(),
+        let spawned = std::thread::Builder::new()
+            .name("wml-triplets".into())
+            .spawn(move || {
+                let q = MiningSet {
+                    embeddings: emb.as_ref().map(Embeddings::from),
+                    labels: lab.view(),
+                };
+                let r = refs.as_ref().map(|(e, l)| MiningSet {
+                    embeddings: e.as_ref().map(Embeddings::from),
+                    labels: l.view(),
+                });
+                let cfg = TripletConfig { hooks, ..cfg };
+                let sent = tx.clone();
+                let result = catch_unwind(AssertUnwindSafe(|| {
+                    wml::mine_triplets_streaming(&c, &q, r.as_ref(), &cfg, |chunk| {
+                        // A reader that went away ends the mining at this chunk.
+                        match sent.send(Streamed::Chunk(chunk.to_owned())) {
+                            Ok(()) => ControlFlow::Continue(()),
+                            Err(_) => ControlFlow::Break(()),
+                        }
+                    })
+                }));
+                let end = match result {
+                    Ok(r) => r.map(|n| n.count),
+                    Err(panic) => Err(Error::Internal {
+                        op: "mine_triplets_streaming",
+                        message: panic_message(&panic),
+                    }),
+                };
+                let _ = tx.send(Streamed::End(end));
             });
-            let cfg = TripletConfig { hooks, ..cfg };
-            let sent = tx.clone();
-            let result = catch_unwind(AssertUnwindSafe(|| {
-                wml::mine_triplets_streaming(&c, &q, r.as_ref(), &cfg, |chunk| {
-                    // A reader that went away ends the mining at this chunk.
-                    match sent.send(Streamed::Chunk(chunk.to_owned())) {
-                        Ok(()) => ControlFlow::Continue(()),
-                        Err(_) => ControlFlow::Break(()),
-                    }
-                })
-            }));
-            let end = match result {
-                Ok(r) => r.map(|n| n.count),
-                Err(panic) => Err(Error::Internal {
-                    op: "mine_triplets_streaming",
-                    message: panic_message(&panic),
-                }),
-            };
-            let _ = tx.send(Streamed::End(end));
-        });
+        if let Err(e) = spawned {
+            return Err(PyRuntimeError::new_err(format!(
+                "cannot start the mining thread: {e}"
+            )));
+        }
         Ok(Self {
             rx: Mutex::new(Some(rx)),
             token,
@@ -822,9 +848,22 @@ impl TripletChunks {
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<u32>>> {
         // `try_lock`: a second thread waiting here with the GIL held would deadlock the first,
         // which needs the GIL to look for Ctrl-C.
-        let mut guard = self.rx.try_lock().map_err(|_| {
-            PyRuntimeError::new_err("the triplet stream is being read by another thread")
-        })?;
+        let mut guard = match self.rx.try_lock() {
+            Ok(guard) => guard,
+            // A reader that panicked left the receiver as it was: still usable.
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                return Err(PyRuntimeError::new_err(
+                    "the triplet stream is being read by another thread",
+                ))
+            }
+        };
+        // Closed from another thread while a reader held the receiver: end here, without
+        // handing out the chunks mined meanwhile.
+        if self.closed.load(Ordering::Acquire) {
+            *guard = None;
+            return Err(PyStopIteration::new_err(()));
+        }
         // The receiver is moved out for the wait (it is `Send`, not `Sync`) and put back after.
         let Some(rx) = guard.take() else {
             return Err(PyStopIteration::new_err(()));
@@ -1167,6 +1206,134 @@ fn accuracy<'py>(
 }
 
 /// The extension module.
+/// A loss's value, its two counts and its gradients, as one tuple.
+fn loss_tuple<'py>(
+    py: Python<'py>,
+    loss: f32,
+    counts: (u64, u64),
+    query_grad: Array2<f32>,
+    ref_grad: Option<Array2<f32>>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let ref_grad = match ref_grad {
+        Some(g) => g.into_pyarray(py).into_any(),
+        None => py.None().into_bound(py),
+    };
+    PyTuple::new(
+        py,
+        [
+            loss.into_pyobject(py)?.into_any(),
+            counts.0.into_pyobject(py)?.into_any(),
+            counts.1.into_pyobject(py)?.into_any(),
+            query_grad.into_pyarray(py).into_any(),
+            ref_grad,
+        ],
+    )
+}
+
+/// PML's `TripletMarginLoss` and its gradient: `(loss, nonzero, triplets, grad (b, d),
+/// ref_grad (m, d) or None)`.
+#[pyfunction]
+#[pyo3(signature = (ctx, embeddings, labels, refs = None, *, margin = 0.05, type_of_triplets = None, miner_margin = 0.2, distance = "euclidean", normalize = true, smooth_loss = false, self_exclusion = None, ref_grad = false))]
+#[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
+fn triplet_margin_loss<'py>(
+    py: Python<'py>,
+    ctx: &PyContext,
+    embeddings: PyReadonlyArray2<'py, f32>,
+    labels: PyReadonlyArray1<'py, i64>,
+    refs: Option<&Bound<'py, PyAny>>,
+    margin: f32,
+    type_of_triplets: Option<&str>,
+    miner_margin: f32,
+    distance: &str,
+    normalize: bool,
+    smooth_loss: bool,
+    self_exclusion: Option<&Bound<'py, PyAny>>,
+    ref_grad: bool,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let cfg = TripletLossConfig {
+        margin,
+        triplets: triplet_rule(type_of_triplets, miner_margin)?,
+        distance: distance_config(distance, normalize)?,
+        smooth_loss,
+        self_exclusion: self::self_exclusion(self_exclusion)?,
+        ref_grad,
+        ..Default::default()
+    };
+    let out = labelled(
+        py,
+        ctx,
+        Some(&embeddings),
+        &labels,
+        refs,
+        move |c, q, r, hooks| {
+            wml::triplet_margin_loss(c, q, r, &TripletLossConfig { hooks, ..cfg })
+        },
+    )?;
+    loss_tuple(
+        py,
+        out.loss,
+        (out.nonzero, out.triplets),
+        out.query_grad,
+        out.ref_grad,
+    )
+}
+
+/// PML's `NTXentLoss` and its gradient: `(loss, positive_pairs, negative_pairs, grad (b, d),
+/// ref_grad (m, d) or None)`.
+#[pyfunction]
+#[pyo3(signature = (ctx, embeddings, labels, refs = None, *, temperature = 0.07, distance = "cosine", normalize = true, self_exclusion = None, ref_grad = false))]
+#[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
+fn ntxent_loss<'py>(
+    py: Python<'py>,
+    ctx: &PyContext,
+    embeddings: PyReadonlyArray2<'py, f32>,
+    labels: PyReadonlyArray1<'py, i64>,
+    refs: Option<&Bound<'py, PyAny>>,
+    temperature: f32,
+    distance: &str,
+    normalize: bool,
+    self_exclusion: Option<&Bound<'py, PyAny>>,
+    ref_grad: bool,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let cfg = InfoNceConfig {
+        temperature,
+        distance: distance_config(distance, normalize)?,
+        self_exclusion: self::self_exclusion(self_exclusion)?,
+        ref_grad,
+        ..Default::default()
+    };
+    let out = labelled(
+        py,
+        ctx,
+        Some(&embeddings),
+        &labels,
+        refs,
+        move |c, q, r, hooks| wml::ntxent_loss(c, q, r, &InfoNceConfig { hooks, ..cfg }),
+    )?;
+    let counts = (out.positive_pairs, out.negative_pairs);
+    loss_tuple(py, out.loss, counts, out.query_grad, out.ref_grad)
+}
+
+/// sentence-transformers' `MultipleNegativesRankingLoss` and its gradients: `(loss,
+/// positive_pairs, negative_pairs, anchor_grad (b, d), candidate_grad (c, d))`.
+#[pyfunction]
+#[pyo3(signature = (ctx, anchors, candidates, *, scale = 20.0))]
+fn multiple_negatives_ranking_loss<'py>(
+    py: Python<'py>,
+    ctx: &PyContext,
+    anchors: PyReadonlyArray2<'py, f32>,
+    candidates: PyReadonlyArray2<'py, f32>,
+    scale: f32,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let (a, c) = (anchors.as_array(), candidates.as_array());
+    let inner = &ctx.inner;
+    let out = run(py, move |hooks| {
+        wml::multiple_negatives_ranking_loss(inner, a, c, &MnrlConfig { scale, hooks })
+    })?;
+    let counts = (out.positive_pairs, out.negative_pairs);
+    loss_tuple(py, out.loss, counts, out.query_grad, out.ref_grad)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyContext>()?;
@@ -1183,5 +1350,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(batch_easy_hard_pairs, m)?)?;
     m.add_function(wrap_pyfunction!(batch_hard_triplets, m)?)?;
     m.add_function(wrap_pyfunction!(accuracy, m)?)?;
+    m.add_function(wrap_pyfunction!(triplet_margin_loss, m)?)?;
+    m.add_function(wrap_pyfunction!(ntxent_loss, m)?)?;
+    m.add_function(wrap_pyfunction!(multiple_negatives_ranking_loss, m)?)?;
     Ok(())
 }

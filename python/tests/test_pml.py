@@ -11,6 +11,7 @@ from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 from pytorch_metric_learning.utils.inference import CustomKNN  # noqa: E402
 
 import wgpu_metric_learning as wml  # noqa: E402
+from conftest import BACKENDS  # noqa: E402
 from wgpu_metric_learning import pml as drop  # noqa: E402
 
 torch.set_num_threads(2)
@@ -40,7 +41,7 @@ def tie_batch(n=32, d=3, classes=3, seed=0):
     return x, torch.randint(0, classes, (n,), generator=g)
 
 
-@pytest.fixture(params=wml.list_adapters() and ["cpu", "gpu"] or ["cpu"])
+@pytest.fixture(params=BACKENDS)
 def backend(request):
     return request.param
 
@@ -252,8 +253,13 @@ def cbm_pair(memory_size, miner_pair, loss_fn, backend):
     )
 
 
-@pytest.mark.parametrize("case", ["triplet_margin_miner", "batch_hard", "multi_similarity", "all_pairs"])
-def test_cross_batch_memory_gives_pml_losses_step_by_step(backend, case):
+@pytest.mark.parametrize(
+    "case", ["triplet_margin_miner", "batch_hard", "batch_easy_hard", "multi_similarity", "all_pairs"]
+)
+# 16 classes in batches of 12: many rows whose only positive in the memory is their own slot,
+# where the miners that pick per anchor differ unless mined as PML mines.
+@pytest.mark.parametrize("classes", [5, 16])
+def test_cross_batch_memory_gives_pml_losses_step_by_step(backend, case, classes):
     setups = {
         "triplet_margin_miner": (
             lambda: (drop.TripletMarginMiner(margin=0.2, type_of_triplets="semihard", backend=backend),
@@ -264,6 +270,10 @@ def test_cross_batch_memory_gives_pml_losses_step_by_step(backend, case):
             lambda: (drop.BatchHardMiner(backend=backend), miners.BatchHardMiner()),
             lambda: losses.TripletMarginLoss(margin=0.1),
         ),
+        "batch_easy_hard": (
+            lambda: (drop.BatchEasyHardMiner(backend=backend), miners.BatchEasyHardMiner()),
+            lambda: losses.ContrastiveLoss(),
+        ),
         "multi_similarity": (
             lambda: (drop.MultiSimilarityMiner(backend=backend), miners.MultiSimilarityMiner()),
             lambda: losses.MultiSimilarityLoss(),
@@ -273,7 +283,7 @@ def test_cross_batch_memory_gives_pml_losses_step_by_step(backend, case):
     miner_pair, loss_fn = setups[case]
     ours, theirs = cbm_pair(50, miner_pair(), loss_fn, backend)
     for step in range(9):  # batches of 12 into 50 slots: wraps several times
-        x, y = random_batch(n=12, classes=5, seed=100 + step)
+        x, y = random_batch(n=12, classes=classes, seed=100 + step)
         x.requires_grad_(True)
         a, b = ours(x, y), theirs(x, y)
         assert a.item() == pytest.approx(b.item(), rel=1e-5, abs=1e-6), step

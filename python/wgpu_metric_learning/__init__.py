@@ -22,12 +22,17 @@ Example::
     found = wml.knn(ctx, x, k=5)               # a query is not its own neighbour
     print(wml.accuracy(ctx, x, y, k="max_bin_count").metrics["precision_at_1"])
 
+Losses come with their gradients, computed without a triplet list or the whole similarity
+matrix: :func:`triplet_margin_loss`, :func:`ntxent_loss`, :func:`multiple_negatives_ranking_loss`.
+
 ``wgpu_metric_learning.pml`` has drop-ins for pytorch-metric-learning (``KNN`` for
-``AccuracyCalculator``, the miners, ``CrossBatchMemory``).
+``AccuracyCalculator``, the miners, ``CrossBatchMemory``, ``TripletMarginLoss`` and
+``NTXentLoss`` with ``loss.backward()``).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -41,6 +46,7 @@ __all__ = [
     "Context",
     "Enqueued",
     "Knn",
+    "Loss",
     "MemoryBank",
     "Pairs",
     "TripletChunks",
@@ -55,8 +61,11 @@ __all__ = [
     "list_adapters",
     "mine_triplets",
     "multi_similarity_pairs",
+    "multiple_negatives_ranking_loss",
+    "ntxent_loss",
     "pair_margin_pairs",
     "pairwise_distances",
+    "triplet_margin_loss",
 ]
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -89,6 +98,21 @@ class Enqueued(NamedTuple):
     self_exclusion: Union[str, np.ndarray]
 
 
+class Loss(NamedTuple):
+    """A loss, what it averaged over, and its gradients."""
+
+    loss: float
+    #: Triplets with a positive loss (triplet margin), or positive pairs (InfoNCE): the
+    #: mean's divisor.
+    count: int
+    #: Triplets considered (triplet margin), or negative pairs (InfoNCE).
+    total: int
+    #: ``∂loss/∂embeddings`` ``(b, d)`` float32 (both roles when no references were given).
+    grad: np.ndarray
+    #: ``∂loss/∂ref_embeddings`` ``(m, d)`` float32, when asked for (else ``None``).
+    ref_grad: Optional[np.ndarray]
+
+
 class Accuracy(NamedTuple):
     """The result of :func:`accuracy`: ``metrics`` (name → value, PML's names),
     ``per_class`` (label → metrics), the number of ``lone_queries`` left out, and the ``k``
@@ -114,10 +138,20 @@ def default_context() -> Context:
 
 
 def _to_numpy(x: Any) -> np.ndarray:
-    # torch tensors (also on CUDA, also requiring grad) without importing torch here.
+    # torch tensors (also on CUDA, also requiring grad) without importing torch here; dtypes
+    # NumPy lacks (bfloat16) go through float32.
     if hasattr(x, "detach") and hasattr(x, "cpu") and hasattr(x, "numpy"):
-        x = x.detach().cpu().numpy()
+        x = x.detach().cpu()
+        if getattr(x, "dtype", None) is not None and str(x.dtype) == "torch.bfloat16":
+            x = x.float()
+        x = x.numpy()
     return np.asarray(x)
+
+
+def _aligned(a: np.ndarray) -> np.ndarray:
+    # The native side reads elements at their strides: a view whose data or strides are not
+    # multiples of the element size (a packed record field, a byte-offset view) is copied.
+    return np.require(a, a.dtype, ["A"])
 
 
 def _matrix(x: Any, what: str) -> np.ndarray:
@@ -128,7 +162,7 @@ def _matrix(x: Any, what: str) -> np.ndarray:
         a = a.astype(np.float32)
     if a.ndim != 2:
         raise ValueError(f"{what} must be a 2-D array (n, d), got shape {a.shape}")
-    return a
+    return _aligned(a)
 
 
 def _labels(y: Any, what: str) -> np.ndarray:
@@ -136,7 +170,7 @@ def _labels(y: Any, what: str) -> np.ndarray:
     if a.ndim != 1:
         raise ValueError(f"{what} must be a 1-D array (n,), got shape {a.shape}")
     if a.dtype == np.int64:
-        return a
+        return _aligned(a)
     if a.size == 0:
         return a.astype(np.int64)
     if a.dtype.kind not in "iu":
@@ -150,8 +184,10 @@ def _exclusion(e: Any) -> Any:
     if e is None or isinstance(e, str):
         return e
     slots = _to_numpy(e)
-    if slots.ndim != 1 or (slots.size and slots.dtype.kind not in "iu"):
+    if slots.size and slots.dtype.kind not in "iu":
         raise TypeError("self_exclusion must be None, a string or one integer slot per query")
+    if slots.ndim != 1:
+        raise ValueError(f"self_exclusion slots must be 1-D (b,), got shape {slots.shape}")
     if slots.size and (int(slots.min()) < 0 or int(slots.max()) > 0xFFFFFFFF):
         raise ValueError("self_exclusion slots must lie in [0, 2**32)")
     return slots.astype(np.uint32)
@@ -223,13 +259,13 @@ class MemoryBank:
         """Restores a bank written by :meth:`save` (``ValueError`` for a damaged, foreign or
         mismatched file; nothing is loaded then)."""
         bank = cls.__new__(cls)
-        bank._inner = _native.MemoryBank.load(ctx, str(path), capacity, dim)
+        bank._inner = _native.MemoryBank.load(ctx, os.fspath(path), capacity, dim)
         return bank
 
     def save(self, path: str) -> int:
         """Writes the bank to ``path`` atomically (a crash leaves the old file or the new one,
         whole); returns the bytes written."""
-        return self._inner.save(str(path))
+        return self._inner.save(os.fspath(path))
 
     def enqueue(self, embeddings: Any, labels: Any, mask: Any = None) -> Enqueued:
         """Writes a batch ``(b, d)``, ``(b,)`` at the head, wrapping around. With ``mask``
@@ -240,6 +276,9 @@ class MemoryBank:
             m = _to_numpy(mask)
             if m.dtype != np.bool_:
                 raise TypeError(f"mask must be boolean, got dtype {m.dtype}")
+            # As bytes: a bool array may hold bytes other than 0 and 1 (a uint8 view), which
+            # the native side reads as "nonzero is True", as NumPy does.
+            m = np.ascontiguousarray(m).view(np.uint8)
         slots, rows, exclusion = self._inner.enqueue(
             _matrix(embeddings, "embeddings"), _labels(labels, "labels"), m
         )
@@ -380,7 +419,8 @@ def iter_triplets(
     max_chunk_triplets: int = 1 << 20,
 ) -> TripletChunks:
     """The triplets of :func:`mine_triplets`, in the same order, as consecutive ``(t, 3)``
-    chunks of at most ``max_chunk_triplets`` rows (at least one anchor's worth), mined on a
+    chunks of at most ``max_chunk_triplets`` rows (raised to the number of references: one
+    (anchor, positive) pair can yield that many), mined on a
     background thread one chunk ahead: memory stays bounded whatever the total. After the
     last chunk the iterator's ``count`` is the total; ``close()`` (or dropping it) stops the
     mining. ``refs`` here is ``None`` or ``(ref_embeddings, ref_labels)``."""
@@ -541,3 +581,85 @@ def accuracy(
         avg_of_avgs=avg_of_avgs,
     )
     return Accuracy(out["metrics"], out["per_class"], out["lone_queries"], out["k"])
+
+
+def triplet_margin_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    margin: float = 0.05,
+    type_of_triplets: Optional[str] = None,
+    miner_margin: float = 0.2,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    smooth_loss: bool = False,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``TripletMarginLoss`` (``AvgNonZeroReducer``) over every valid triplet, or over
+    those ``TripletMarginMiner(miner_margin, type_of_triplets)`` keeps, with its gradient, in
+    memory linear in the batch and the references (no triplet list). ``refs``: ``None`` (the
+    batch itself, a row never its own positive), a ``MemoryBank`` or ``(ref_embeddings,
+    ref_labels)``; ``ref_grad`` also returns the references' gradient. ``count`` is the
+    triplets with a positive loss, ``total`` the triplets considered."""
+    loss, count, total, grad, rgrad = _native.triplet_margin_loss(
+        ctx,
+        _matrix(embeddings, "embeddings"),
+        _labels(labels, "labels"),
+        _refs(refs),
+        margin=margin,
+        type_of_triplets=type_of_triplets,
+        miner_margin=miner_margin,
+        distance=distance,
+        normalize=normalize,
+        smooth_loss=smooth_loss,
+        self_exclusion=_exclusion(self_exclusion),
+        ref_grad=ref_grad,
+    )
+    return Loss(loss, count, total, grad, rgrad)
+
+
+def ntxent_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    temperature: float = 0.07,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``NTXentLoss(temperature)`` (every positive pair against its anchor's negatives,
+    averaged over the positive pairs) with its gradient, in row blocks under the budget: the
+    ``(b, m)`` similarity matrix never exists whole. ``count`` is the positive pairs,
+    ``total`` the negative pairs; ``refs`` as in :func:`triplet_margin_loss`."""
+    loss, count, total, grad, rgrad = _native.ntxent_loss(
+        ctx,
+        _matrix(embeddings, "embeddings"),
+        _labels(labels, "labels"),
+        _refs(refs),
+        temperature=temperature,
+        distance=distance,
+        normalize=normalize,
+        self_exclusion=_exclusion(self_exclusion),
+        ref_grad=ref_grad,
+    )
+    return Loss(loss, count, total, grad, rgrad)
+
+
+def multiple_negatives_ranking_loss(
+    ctx: Context, anchors: Any, candidates: Any, *, scale: float = 20.0
+) -> Loss:
+    """sentence-transformers' ``MultipleNegativesRankingLoss``: anchor ``i``'s positive is
+    ``candidates[i]``, every other candidate (the other positives, hard negatives, a bank's
+    rows) a negative; the mean cross-entropy of ``scale * cos(anchor, candidates)``. ``grad``
+    is the anchors' gradient, ``ref_grad`` the candidates'; the ``(b, c)`` matrix is never
+    whole."""
+    loss, count, total, grad, rgrad = _native.multiple_negatives_ranking_loss(
+        ctx, _matrix(anchors, "anchors"), _matrix(candidates, "candidates"), scale=scale
+    )
+    return Loss(loss, count, total, grad, rgrad)

@@ -49,7 +49,7 @@ class MemoryBank:
     def load(ctx: Context, path: Union[str, PathLike[str]], capacity: int, dim: int) -> "MemoryBank": ...
     def save(self, path: Union[str, PathLike[str]]) -> int: ...
     def enqueue(
-        self, embeddings: F32, labels: I64, mask: Optional[npt.NDArray[np.bool_]] = None
+        self, embeddings: F32, labels: I64, mask: Optional[npt.NDArray[np.uint8]] = None
     ) -> Tuple[U32, I64, Union[str, U32]]: ...
     def snapshot(self) -> Tuple[F32, I64]: ...
     def reset(self) -> None: ...
@@ -189,3 +189,33 @@ def accuracy(
     self_exclusion: SelfExclusion = None,
     avg_of_avgs: bool = False,
 ) -> Dict[str, Any]: ...
+def triplet_margin_loss(
+    ctx: Context,
+    embeddings: F32,
+    labels: I64,
+    refs: Refs = None,
+    *,
+    margin: float = 0.05,
+    type_of_triplets: Optional[str] = None,
+    miner_margin: float = 0.2,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    smooth_loss: bool = False,
+    self_exclusion: SelfExclusion = None,
+    ref_grad: bool = False,
+) -> Tuple[float, int, int, F32, Optional[F32]]: ...
+def ntxent_loss(
+    ctx: Context,
+    embeddings: F32,
+    labels: I64,
+    refs: Refs = None,
+    *,
+    temperature: float = 0.07,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: SelfExclusion = None,
+    ref_grad: bool = False,
+) -> Tuple[float, int, int, F32, Optional[F32]]: ...
+def multiple_negatives_ranking_loss(
+    ctx: Context, anchors: F32, candidates: F32, *, scale: float = 20.0
+) -> Tuple[float, int, int, F32, F32]: ...

@@ -11,6 +11,11 @@ through host memory until device sharing exists).
 - :class:`CrossBatchMemory`: PML's ``CrossBatchMemory(loss, embedding_size, memory_size,
   miner)``, its memory in the library's :class:`~wgpu_metric_learning.MemoryBank`: no INT_MAX
   limit and no ``B·M·M`` mask.
+- :class:`TripletMarginLoss`, :class:`NTXentLoss`: PML's losses (subclasses of PML's own),
+  whose value and gradient come from the library with no triplet list and no whole
+  similarity matrix (``loss.backward()`` works); inside this module's ``CrossBatchMemory``
+  they run against the memory directly. :class:`MultipleNegativesRankingLoss`:
+  sentence-transformers' loss on embeddings ``(anchors, candidates)``.
 
 Distances: PML's ``LpDistance(p=2)`` with ``power`` 1 or 2, normalised or not,
 ``CosineSimilarity()`` and ``DotProductSimilarity()``; any other distance is a
@@ -37,6 +42,8 @@ import numpy as np
 try:
     import torch
     from pytorch_metric_learning import distances as pml_distances
+    from pytorch_metric_learning import losses as pml_losses
+    from pytorch_metric_learning import reducers as pml_reducers
     from pytorch_metric_learning.losses import CrossBatchMemory as _PmlCrossBatchMemory
     from pytorch_metric_learning.miners import BaseMiner
     from pytorch_metric_learning.utils import common_functions as c_f
@@ -63,7 +70,10 @@ __all__ = [
     "BatchHardMiner",
     "CrossBatchMemory",
     "MultiSimilarityMiner",
+    "MultipleNegativesRankingLoss",
+    "NTXentLoss",
     "PairMarginMiner",
+    "TripletMarginLoss",
     "TripletMarginMiner",
 ]
 
@@ -201,6 +211,12 @@ class _LibraryMiner(_OnContext, BaseMiner):
     kept: a query is not its own reference only when ``ref_labels is labels`` (no references
     given, or the very same tensor)."""
 
+    # Whether the miner picks per anchor (its hardest or easiest pair, thresholds from the
+    # anchor's extremes): then a memory slot holding the anchor itself changes what else is
+    # picked, and inside CrossBatchMemory it must be mined as PML mines it (the slot included,
+    # the self pairs removed afterwards), not excluded beforehand.
+    _selects_per_anchor = False
+
     def __init__(
         self,
         backend: str = "auto",
@@ -281,6 +297,8 @@ class BatchHardMiner(_LibraryMiner):
     """PML's ``BatchHardMiner()``: for each anchor with a positive and a negative, the
     hardest positive and the hardest negative, ``(a, p, n)``."""
 
+    _selects_per_anchor = True
+
     def _mine(self, q, y, refs, exclusion, device):
         rows = _native.batch_hard_triplets(
             self.context, q, y, refs, self_exclusion=exclusion, **self._distance_kw()
@@ -291,6 +309,8 @@ class BatchHardMiner(_LibraryMiner):
 class BatchEasyHardMiner(_LibraryMiner):
     """PML's ``BatchEasyHardMiner(pos_strategy="easy", neg_strategy="semihard",
     allowed_pos_range=None, allowed_neg_range=None)``, returning ``(a1, p, a2, n)``."""
+
+    _selects_per_anchor = True
 
     HARD, SEMIHARD, EASY, ALL = "hard", "semihard", "easy", "all"
     all_batch_mining_strategies = [HARD, SEMIHARD, EASY, ALL]
@@ -333,6 +353,8 @@ class BatchEasyHardMiner(_LibraryMiner):
 class MultiSimilarityMiner(_LibraryMiner):
     """PML's ``MultiSimilarityMiner(epsilon=0.1)`` (default distance ``CosineSimilarity()``),
     returning ``(a1, p, a2, n)``; within an anchor, ties in value go to the lower index."""
+
+    _selects_per_anchor = True
 
     def __init__(self, epsilon: float = 0.1, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -389,9 +411,15 @@ class CrossBatchMemory(ModuleWithRecords):
     ``forward(embeddings, labels, indices_tuple=None, enqueue_mask=None)`` returns the loss
     as PML's does: the batch (or its masked rows) is enqueued first, then the loss compares
     the batch (or its unmasked rows) with the memory, a row never paired with its own slot.
-    Differences, on purpose: a batch larger than the memory is a ``ValueError`` (PML: an
-    ``AssertionError``, or duplicate slots with a mask), and a batch of one row never keeps
-    its own slot as a positive (PML keeps it)."""
+    The miners that pick per anchor (``BatchHardMiner``, ``BatchEasyHardMiner``,
+    ``MultiSimilarityMiner``) mine the whole memory, the anchor's own slot included, and the
+    self pairs are removed afterwards, as PML does. Differences, on purpose: a batch larger
+    than the memory is a ``ValueError`` (PML: an ``AssertionError``, or duplicate slots with
+    a mask), and with no miner, ``TripletMarginMiner`` or ``PairMarginMiner`` a batch of one
+    row never keeps its own slot as a positive (PML's ``remove_self_comparisons`` keeps it).
+    With one of this module's miners or losses, its context is the memory's (``backend`` and
+    ``budget`` are then the miner's or the loss's); this module's ``TripletMarginLoss`` and
+    ``NTXentLoss`` then run against the memory directly, with no pair or triplet list."""
 
     def __init__(
         self,
@@ -410,11 +438,16 @@ class CrossBatchMemory(ModuleWithRecords):
         self.miner = miner
         self.embedding_size = embedding_size
         self.memory_size = memory_size
-        ctx = _shared_context(context, backend, budget)
         if isinstance(miner, _LibraryMiner):
-            ctx = miner.context if context is None else ctx
+            ctx = miner.context if context is None else context
             if miner.context is not ctx:
                 raise ValueError("the miner and the CrossBatchMemory must share one context")
+        elif isinstance(loss, _LibraryLoss) and context is None:
+            ctx = loss.context
+        else:
+            ctx = _shared_context(context, backend, budget)
+        if isinstance(loss, _LibraryLoss) and loss.context is not ctx:
+            raise ValueError("the loss and the CrossBatchMemory must share one context")
         self.context = ctx
         self.bank = MemoryBank(ctx, memory_size, embedding_size)
         self.curr_batch_idx: Optional[torch.Tensor] = None
@@ -489,8 +522,13 @@ class CrossBatchMemory(ModuleWithRecords):
             done = self.bank.enqueue(emb_np, lab_np)
             do_remove_self_comparisons = True
         self.curr_batch_idx = torch.from_numpy(done.slots.astype(np.int64)).to(device)
-        E_mem, L_mem = self._memory(device, embeddings.dtype, labels.dtype)
         exclusion = done.self_exclusion if do_remove_self_comparisons else "none"
+        if indices_tuple is None and isinstance(self.loss, _LibraryLoss):
+            rule = self.loss._rule_with(self.miner)
+            if rule is not False:
+                # The loss against the memory in the library: no triplet or pair list.
+                return self.loss._against_bank(embeddings, labels, self.bank, exclusion, rule)
+        E_mem, L_mem = self._memory(device, embeddings.dtype, labels.dtype)
         indices_tuple = self.create_indices_tuple(
             embeddings, labels, E_mem, L_mem, indices_tuple, do_remove_self_comparisons, exclusion
         )
@@ -506,7 +544,13 @@ class CrossBatchMemory(ModuleWithRecords):
         do_remove_self_comparisons,
         exclusion="none",
     ):
-        if isinstance(self.miner, _LibraryMiner):
+        if isinstance(self.miner, _LibraryMiner) and self.miner._selects_per_anchor:
+            indices_tuple = self.miner.mine_bank(embeddings, labels, self.bank, "none")
+            if do_remove_self_comparisons:
+                indices_tuple = lmu.remove_self_comparisons(
+                    indices_tuple, self.curr_batch_idx, self.memory_size
+                )
+        elif isinstance(self.miner, _LibraryMiner):
             indices_tuple = self.miner.mine_bank(embeddings, labels, self.bank, exclusion)
         elif self.miner:
             indices_tuple = self.miner(embeddings, labels, E_mem, L_mem)
@@ -527,3 +571,240 @@ class CrossBatchMemory(ModuleWithRecords):
                 input_indices_tuple = lmu.convert_to_triplets(input_indices_tuple, labels)
             indices_tuple = c_f.concatenate_indices_tuples(indices_tuple, input_indices_tuple)
         return indices_tuple
+
+
+class _Gradients(torch.autograd.Function):
+    """A loss value whose gradients the library already computed: ``backward`` scales them by
+    the incoming gradient. The inputs are the tensors the gradients belong to."""
+
+    @staticmethod
+    def forward(ctx, value, grads, *inputs):  # noqa: D401 - torch's signature
+        ctx.grads = grads
+        like = inputs[0]
+        return torch.tensor(value, dtype=like.dtype, device=like.device)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        out = [None, None]
+        for g in ctx.grads:
+            out.append(None if g is None else g * grad_output)
+        return tuple(out)
+
+
+def _loss_tensor(value: float, pairs) -> torch.Tensor:
+    """``value`` as a 0-d tensor whose backward hands each ``(tensor, numpy gradient)`` of
+    ``pairs`` its gradient (in the tensor's dtype, on its device)."""
+    inputs = [t for t, _ in pairs]
+    grads = [
+        None if g is None else torch.from_numpy(g).to(device=t.device, dtype=t.dtype)
+        for t, g in pairs
+    ]
+    return _Gradients.apply(value, grads, *inputs)
+
+
+def _loss_inputs(embeddings, labels, ref_emb, ref_labels):
+    """A PML loss call's arrays: queries, labels, references (``None``: the queries) and the
+    self-exclusion PML's identity rule gives (``ref_labels is labels``), and whether the
+    references want their gradient."""
+    # As PML's forward: the labels moved to the embeddings' device first (a no-op, keeping the
+    # object, when they are there already), then compared by identity.
+    labels = c_f.to_device(labels, embeddings)
+    same = ref_labels is labels
+    q, y = _emb(embeddings, "embeddings"), _lab(labels, "labels")
+    if ref_emb is None:
+        return q, y, None, None, False
+    refs = (_emb(ref_emb, "ref_emb"), _lab(ref_labels, "ref_labels"))
+    return q, y, refs, "same_index" if same else "none", ref_emb.requires_grad
+
+
+class _LibraryLoss(_OnContext):
+    """A PML loss computed by the library when it can be: no ``indices_tuple``, the default
+    reducer, no regularizer, a supported distance. Anything else runs PML's own code."""
+
+    _default_reducer: Any = None
+
+    def _library_can(self) -> bool:
+        return (
+            type(self.reducer) is self._default_reducer
+            and not self.all_regularization_loss_names()
+        )
+
+    def _rule_with(self, miner: Any):
+        """The library's triplet rule with ``miner`` fused (``None``: all triplets), or
+        ``False`` when the pair cannot be fused."""
+        raise NotImplementedError
+
+    def _set_library_context(self, context, backend, budget) -> None:
+        distance_args(self.distance)  # unsupported distances fail here, not at the first batch
+        self._set_context(context, backend, budget)
+
+
+class TripletMarginLoss(_LibraryLoss, pml_losses.TripletMarginLoss):
+    """PML's ``TripletMarginLoss(margin=0.05, swap=False, smooth_loss=False,
+    triplets_per_anchor="all", distance=LpDistance())`` whose loss over every valid triplet
+    (or those ``miner``, a :class:`TripletMarginMiner` of this module on the same distance,
+    keeps) and its gradient come from the library: no triplet list, memory linear in the batch
+    and the references. ``loss.backward()`` reaches ``embeddings`` (and ``ref_emb`` when it
+    requires grad). PML's code runs instead for what the library does not fuse: an
+    ``indices_tuple``, ``swap=True``, ``triplets_per_anchor`` other than ``"all"``, another
+    reducer, a regularizer, another miner (which is then called first, as PML's users do)."""
+
+    _default_reducer = pml_reducers.AvgNonZeroReducer
+
+    def __init__(
+        self,
+        margin: float = 0.05,
+        swap: bool = False,
+        smooth_loss: bool = False,
+        triplets_per_anchor: Any = "all",
+        miner: Any = None,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            margin=margin,
+            swap=swap,
+            smooth_loss=smooth_loss,
+            triplets_per_anchor=triplets_per_anchor,
+            **kwargs,
+        )
+        self.miner = miner
+        if isinstance(miner, _LibraryMiner) and context is None:
+            context = miner.context
+        self._set_library_context(context, backend, budget)
+
+    def _rule_with(self, miner: Any):
+        if self.swap or self.triplets_per_anchor != "all" or not self._library_can():
+            return False
+        if miner is None:
+            return None
+        if isinstance(miner, TripletMarginMiner) and distance_args(miner.distance) == distance_args(
+            self.distance
+        ):
+            return (miner.type_of_triplets, float(miner.margin))
+        return False
+
+    def _call_args(self, rule) -> Dict[str, Any]:
+        name, normalize = distance_args(self.distance)
+        kind, miner_margin = rule if rule is not None else (None, 0.2)
+        return dict(
+            margin=float(self.margin),
+            type_of_triplets=kind,
+            miner_margin=miner_margin,
+            distance=name,
+            normalize=normalize,
+            smooth_loss=bool(self.smooth_loss),
+        )
+
+    def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
+        rule = self._rule_with(self.miner) if indices_tuple is None else False
+        if rule is False or labels is None or (ref_emb is not None and ref_labels is None):
+            if self.miner is not None and indices_tuple is None:
+                indices_tuple = self.miner(embeddings, labels, ref_emb, ref_labels)
+            return super().forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        self.reset_stats()
+        q, y, refs, exclusion, want_ref = _loss_inputs(embeddings, labels, ref_emb, ref_labels)
+        out = _native.triplet_margin_loss(
+            self.context, q, y, refs, self_exclusion=exclusion, ref_grad=want_ref,
+            **self._call_args(rule),
+        )
+        return self._tensor(out, embeddings, ref_emb if want_ref else None)
+
+    def _against_bank(self, embeddings, labels, bank: MemoryBank, exclusion, rule):
+        """The loss of the batch against a bank's rows (detached), for CrossBatchMemory."""
+        self.reset_stats()
+        out = _native.triplet_margin_loss(
+            self.context, _emb(embeddings, "embeddings"), _lab(labels, "labels"), bank._inner,
+            self_exclusion=exclusion, **self._call_args(rule),
+        )
+        return self._tensor(out, embeddings, None)
+
+    @staticmethod
+    def _tensor(out, embeddings, ref_emb):
+        value, _, _, grad, ref_grad = out
+        pairs = [(embeddings, grad)]
+        if ref_emb is not None:
+            pairs.append((ref_emb, ref_grad))
+        return _loss_tensor(value, pairs)
+
+
+class NTXentLoss(_LibraryLoss, pml_losses.NTXentLoss):
+    """PML's ``NTXentLoss(temperature=0.07, distance=CosineSimilarity())`` whose value and
+    gradient come from the library, in row blocks: the ``(b, m)`` similarity matrix and PML's
+    ``(positive pairs × negative pairs)`` mask never exist. ``loss.backward()`` reaches
+    ``embeddings`` (and ``ref_emb`` when it requires grad). PML's code runs instead with an
+    ``indices_tuple``, another reducer or a regularizer."""
+
+    _default_reducer = pml_reducers.MeanReducer
+
+    def __init__(
+        self,
+        temperature: float = 0.07,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(temperature=temperature, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _rule_with(self, miner: Any):
+        return None if miner is None and self._library_can() else False
+
+    def _call_args(self) -> Dict[str, Any]:
+        name, normalize = distance_args(self.distance)
+        return dict(temperature=float(self.temperature), distance=name, normalize=normalize)
+
+    def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
+        if (
+            indices_tuple is not None
+            or labels is None
+            or not self._library_can()
+            or (ref_emb is not None and ref_labels is None)
+        ):
+            return super().forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        self.reset_stats()
+        q, y, refs, exclusion, want_ref = _loss_inputs(embeddings, labels, ref_emb, ref_labels)
+        out = _native.ntxent_loss(
+            self.context, q, y, refs, self_exclusion=exclusion, ref_grad=want_ref,
+            **self._call_args(),
+        )
+        return TripletMarginLoss._tensor(out, embeddings, ref_emb if want_ref else None)
+
+    def _against_bank(self, embeddings, labels, bank: MemoryBank, exclusion, rule):
+        self.reset_stats()
+        out = _native.ntxent_loss(
+            self.context, _emb(embeddings, "embeddings"), _lab(labels, "labels"), bank._inner,
+            self_exclusion=exclusion, **self._call_args(),
+        )
+        return TripletMarginLoss._tensor(out, embeddings, None)
+
+
+class MultipleNegativesRankingLoss(_OnContext, torch.nn.Module):
+    """sentence-transformers' ``MultipleNegativesRankingLoss(scale=20.0)`` (cosine
+    similarity) on embeddings: ``loss(anchors, candidates)`` with ``candidates[i]`` anchor
+    ``i``'s positive and every other row (the other positives, hard negatives, a memory's
+    rows) a negative. Value and gradients come from the library in row blocks (the ``(b, c)``
+    matrix never exists whole); ``backward()`` reaches both inputs. For a GradCache step,
+    call it on detached embeddings that require grad, then push their ``.grad`` through the
+    model mini-batch by mini-batch (see ``python/examples/gradcache.py``)."""
+
+    def __init__(
+        self,
+        scale: float = 20.0,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+    ) -> None:
+        super().__init__()
+        self.scale = scale
+        self._set_context(context, backend, budget)
+
+    def forward(self, anchors: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        value, _, _, grad, cand_grad = _native.multiple_negatives_ranking_loss(
+            self.context, _emb(anchors, "anchors"), _emb(candidates, "candidates"),
+            scale=float(self.scale),
+        )
+        return _loss_tensor(value, [(anchors, grad), (candidates, cand_grad)])

@@ -2,7 +2,7 @@
 //! `TripletMarginMiner`, chunked by anchors under the budget, with no limit from `B·M·M`.
 
 use std::hash::Hash;
-use std::ops::ControlFlow;
+use std::ops::{ControlFlow, Range};
 
 use ndarray::{Array2, ArrayView1, ArrayView2};
 
@@ -102,34 +102,44 @@ impl TripletRule {
     }
 
     /// How many of `sorted` (one anchor's negative values, ascending) this rule keeps against
-    /// `ap` (the native path's sorted count). Each rule keeps an interval of `tm`,
-    /// and `tm` is monotone in the negative's value (f32 subtraction rounds monotonically), so
-    /// each bound is one binary search evaluating exactly [`Self::keeps`]'s expression.
+    /// `ap` (the native path's sorted count): the length of [`Self::kept_range`].
     pub(crate) fn count_sorted(&self, sorted: &[f32], ap: f32, similarity: bool) -> u64 {
-        let TripletRule::Margin { kind, margin } = *self else {
-            return sorted.len() as u64;
-        };
+        self.kept_range(sorted, ap, similarity).len() as u64
+    }
+
+    /// The positions in `sorted` (one anchor's negative values, ascending) of the negatives
+    /// this rule keeps against `ap`: one range, because each rule keeps an interval of `tm`
+    /// and `tm` is monotone in the negative's value (f32 subtraction rounds monotonically).
+    /// Each bound is one binary search evaluating exactly [`Self::keeps`]'s expression.
+    pub(crate) fn kept_range(&self, sorted: &[f32], ap: f32, similarity: bool) -> Range<usize> {
         let n = sorted.len();
-        // How many have tm <= x: a prefix for distances, a suffix for similarities.
-        let count_le = |x: f32| {
+        let TripletRule::Margin { kind, margin } = *self else {
+            return 0..n;
+        };
+        // The positions with tm <= x: a prefix for distances, a suffix for similarities.
+        let le = |x: f32| {
             let split = sorted.partition_point(|&an| {
                 let tm = if similarity { ap - an } else { an - ap };
                 (tm <= x) != similarity
             });
             if similarity {
-                n - split
+                split..n
             } else {
-                split
+                0..split
             }
         };
-        let below_margin = count_le(margin);
-        let kept = match kind {
+        let below_margin = le(margin);
+        match kind {
             TripletType::All => below_margin,
-            TripletType::Hard => count_le(margin.min(0.0)),
-            TripletType::Semihard => below_margin - below_margin.min(count_le(0.0)),
-            TripletType::Easy => n - below_margin,
-        };
-        kept as u64
+            TripletType::Hard => le(margin.min(0.0)),
+            // `tm <= margin` without `tm <= 0`.
+            TripletType::Semihard if similarity => {
+                below_margin.start..le(0.0).start.max(below_margin.start)
+            }
+            TripletType::Semihard => le(0.0).end.min(below_margin.end)..below_margin.end,
+            TripletType::Easy if similarity => 0..below_margin.start,
+            TripletType::Easy => below_margin.end..n,
+        }
     }
 
     /// The shader's `mode` code.

@@ -144,3 +144,36 @@ pub(crate) fn wrapped_bank(
     }
     bank
 }
+
+/// `|got − want| ≤ tol · max(1, max |want|)` element-wise: a loss gradient against its f64
+/// reference.
+pub(crate) fn assert_close(got: &Array2<f32>, want: &Array2<f64>, tol: f64, what: &str) {
+    assert_eq!(got.dim(), want.dim(), "{what}: shape");
+    let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+    for ((i, j), &w) in want.indexed_iter() {
+        let g = f64::from(got[[i, j]]);
+        assert!(
+            (g - w).abs() <= tol * scale,
+            "{what}: [{i}, {j}] = {g}, reference {w} (scale {scale})"
+        );
+    }
+}
+
+/// Embeddings `(rows, d)` on the grid -2..=2 (ties at hinges and between distances are
+/// common), no row all zero (its normalised gradient would be scaled by 1e12).
+pub(crate) fn grid_embeddings(
+    rows: usize,
+    d: usize,
+) -> impl proptest::strategy::Strategy<Value = Array2<f32>> {
+    use proptest::strategy::Strategy;
+    proptest::collection::vec(-2i8..=2, rows * d).prop_map(move |v| {
+        let mut x = Array2::from_shape_vec((rows, d), v.into_iter().map(f32::from).collect())
+            .expect("sized");
+        for mut row in x.rows_mut() {
+            if row.iter().all(|&v| v == 0.0) {
+                row[0] = 1.0;
+            }
+        }
+        x
+    })
+}

@@ -11,7 +11,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use wgpu_metric_learning::{CancelToken, Hooks, Progress};
 
 /// The GPU core of metric learning on .npy files: triplet mining, PML's miners, kNN and
-/// retrieval accuracy, on any GPU through wgpu or on the native CPU path.
+/// retrieval accuracy, losses with their gradients, on any GPU through wgpu or on the native
+/// CPU path.
 ///
 /// Inputs: embeddings are float32 or float64 .npy arrays of shape (n, d); labels are int32,
 /// int64 or uint32 arrays of shape (n,). Outputs: indices are int64, scores float32. As in
@@ -46,6 +47,104 @@ enum Command {
     /// object on stdout. Without --refs the embeddings are their own references, each query
     /// excluding itself.
     Accuracy(AccuracyArgs),
+    /// A loss and its gradient, with no triplet list and no full similarity matrix: PML's
+    /// TripletMarginLoss and NTXentLoss, sentence-transformers' MultipleNegativesRankingLoss.
+    /// Prints the loss and its counts as one JSON object on stdout and writes the gradients
+    /// as float32 .npy arrays of the inputs' shapes.
+    #[command(subcommand)]
+    Loss(LossCommand),
+}
+
+#[derive(Subcommand)]
+enum LossCommand {
+    /// PML TripletMarginLoss over every valid triplet, or over those --type keeps
+    /// (TripletMarginMiner fused with the loss): prints {"loss", "nonzero", "triplets"}.
+    TripletMargin(TripletLossArgs),
+    /// PML NTXentLoss: every positive pair against its anchor's negatives; prints {"loss",
+    /// "positive_pairs", "negative_pairs"}. Default distance: cosine.
+    Ntxent(NtXentArgs),
+    /// sentence-transformers MultipleNegativesRankingLoss: anchor i's positive is candidate
+    /// i, every other candidate a negative (cosine similarity times --scale); prints {"loss",
+    /// "positive_pairs", "negative_pairs"}.
+    Mnrl(MnrlArgs),
+}
+
+/// The labelled inputs and gradient outputs of the label-based losses.
+#[derive(Args)]
+struct LossInputs {
+    /// Embeddings of the batch, (b, d).
+    #[arg(long)]
+    embeddings: PathBuf,
+    /// Labels of the batch, (b,).
+    #[arg(long)]
+    labels: PathBuf,
+    /// Embeddings of separate references (a memory bank's rows), (m, d) (with --ref-labels);
+    /// without them the batch is its own reference set, a row never its own positive.
+    #[arg(long, requires = "ref_labels")]
+    ref_embeddings: Option<PathBuf>,
+    /// Labels of the separate references, (m,) (with --ref-embeddings).
+    #[arg(long, requires = "ref_embeddings")]
+    ref_labels: Option<PathBuf>,
+    #[command(flatten)]
+    metric: Metric,
+    /// Output (b, d) float32 array: the gradient of the loss with respect to --embeddings.
+    #[arg(long)]
+    grad_out: PathBuf,
+    /// Output (m, d) float32 array: the gradient with respect to --ref-embeddings.
+    #[arg(long, requires = "ref_embeddings")]
+    ref_grad_out: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct TripletLossArgs {
+    #[command(flatten)]
+    inputs: LossInputs,
+    /// The loss's margin. Default 0.05.
+    #[arg(long, allow_negative_numbers = true)]
+    margin: Option<f32>,
+    /// Only the triplets TripletMarginMiner keeps, with this type_of_triplets.
+    #[arg(long = "type", value_enum)]
+    kind: Option<TypeArg>,
+    /// The miner's margin (with --type). Default 0.2.
+    #[arg(long, allow_negative_numbers = true, requires = "kind")]
+    miner_margin: Option<f32>,
+    /// softplus instead of relu (PML smooth_loss=True).
+    #[arg(long)]
+    smooth_loss: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct NtXentArgs {
+    #[command(flatten)]
+    inputs: LossInputs,
+    /// The temperature. Default 0.07.
+    #[arg(long)]
+    temperature: Option<f32>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct MnrlArgs {
+    /// Anchors, (b, d).
+    #[arg(long)]
+    anchors: PathBuf,
+    /// Candidates, (c, d), c ≥ b: candidate i is anchor i's positive, the rest negatives.
+    #[arg(long)]
+    candidates: PathBuf,
+    /// The scale on cosine similarities. Default 20.
+    #[arg(long)]
+    scale: Option<f32>,
+    /// Output (b, d) float32 array: the gradient with respect to --anchors.
+    #[arg(long)]
+    grad_out: PathBuf,
+    /// Output (c, d) float32 array: the gradient with respect to --candidates.
+    #[arg(long)]
+    candidates_grad_out: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
 }
 
 /// Options every subcommand takes.
@@ -80,6 +179,9 @@ impl Command {
             Command::Mine(a) => &a.common,
             Command::Knn(a) => &a.common,
             Command::Accuracy(a) => &a.common,
+            Command::Loss(LossCommand::TripletMargin(a)) => &a.common,
+            Command::Loss(LossCommand::Ntxent(a)) => &a.common,
+            Command::Loss(LossCommand::Mnrl(a)) => &a.common,
         }
     }
 }
@@ -410,6 +512,9 @@ fn main() -> ExitCode {
         Command::Mine(a) => commands::mine(&a, &hooks),
         Command::Knn(a) => commands::knn(&a, &hooks),
         Command::Accuracy(a) => commands::accuracy(&a, &hooks),
+        Command::Loss(LossCommand::TripletMargin(a)) => commands::triplet_loss(&a, &hooks),
+        Command::Loss(LossCommand::Ntxent(a)) => commands::ntxent(&a, &hooks),
+        Command::Loss(LossCommand::Mnrl(a)) => commands::mnrl(&a, &hooks),
     };
     match done {
         Ok(()) => ExitCode::SUCCESS,

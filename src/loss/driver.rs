@@ -1,0 +1,322 @@
+//! The one loop every loss runs: anchors in blocks under the budget; per block the distance
+//! rows (as the miners compute them), each turned by the loss into its row of weights
+//! `W = ∂L/∂D` in place, then the block's two gradient products ([`super::backward`]).
+
+use ndarray::{s, Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis};
+
+use super::backward::{add_ref_side, pair_weight, query_side, through_normalization};
+use super::{host_refs, host_rows, scaled};
+use crate::context::Context;
+use crate::distance::native::{distances_into, Norms};
+use crate::error::{Error, Result};
+use crate::hooks::{Hooks, Reporter};
+use crate::inputs::{self, Labelled};
+use crate::memory::HostReservation;
+use crate::metric::{Distance, DistanceConfig};
+use crate::native::threads;
+
+/// Sums over the anchors seen so far.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Totals {
+    /// The sum of the losses that the mean is over.
+    pub(super) loss: f64,
+    /// The mean's divisor: the losses it averages (positive triplet losses, positive pairs).
+    pub(super) count: u64,
+    /// What the loss ran over (triplets, pairs), for the caller's information.
+    pub(super) items: u64,
+}
+
+impl Totals {
+    fn add(&mut self, other: Totals) {
+        self.loss += other.loss;
+        self.count += other.count;
+        self.items += other.items;
+    }
+
+    /// The mean; 0 over nothing.
+    pub(super) fn mean(&self) -> f32 {
+        if self.count == 0 {
+            0.0
+        } else {
+            (self.loss / self.count as f64) as f32
+        }
+    }
+}
+
+/// One thread's per-anchor scratch, reused from anchor to anchor; each loss uses what it needs.
+pub(super) struct Scratch {
+    pub(super) positives: Vec<u32>,
+    pub(super) negatives: Vec<u32>,
+    /// Negatives as (value, reference).
+    pub(super) order: Vec<(f32, u32)>,
+    pub(super) sorted: Vec<f32>,
+    pub(super) prefix: Vec<f64>,
+    pub(super) runs: Vec<i64>,
+    /// `∂L/∂D` over the anchor's row (before the mean's division), which the loss fills.
+    pub(super) weights: Vec<f64>,
+}
+
+impl Scratch {
+    /// Bytes for `m` references.
+    pub(super) fn bytes(m: u64) -> u64 {
+        m * (4 + 4 + 8 + 4 + 8 + 8 + 8)
+    }
+
+    fn new(m: usize) -> Self {
+        Self {
+            positives: Vec::with_capacity(m),
+            negatives: Vec::with_capacity(m),
+            order: Vec::with_capacity(m),
+            sorted: Vec::with_capacity(m),
+            prefix: Vec::with_capacity(m + 1),
+            runs: Vec::with_capacity(m + 1),
+            weights: vec![0.0; m],
+        }
+    }
+}
+
+/// A loss's rule for one anchor: from its index and distance row `(m,)`, fill
+/// [`Scratch::weights`] (zeroed before) and return its sums.
+pub(super) type AnchorRule<'r> =
+    dyn Fn(usize, ArrayView1<'_, f32>, &mut Scratch) -> Totals + Sync + 'r;
+
+/// What a loss call asks of the loop.
+pub(super) struct Job<'a> {
+    pub(super) op: &'static str,
+    pub(super) label: &'static str,
+    pub(super) set: &'a Labelled<'a>,
+    /// No references were given: the queries play both roles.
+    pub(super) refs_are_queries: bool,
+    pub(super) distance: DistanceConfig,
+    pub(super) ref_grad: bool,
+    pub(super) hooks: &'a Hooks,
+}
+
+/// The loss sums and the gradients: the queries' `(b, d)` (both roles when they are the
+/// references), the references' `(m, d)` when asked for and given.
+pub(super) struct Output {
+    pub(super) totals: Totals,
+    pub(super) query_grad: Array2<f32>,
+    pub(super) ref_grad: Option<Array2<f32>>,
+}
+
+/// Below this share of `|q̂|² + |r̂|²`, a squared Euclidean distance computed as
+/// `|q̂|² + |r̂|² − 2 q̂·r̂` has lost most of its digits to cancellation (identical rows give
+/// ~3e-4, not 0). Its pair's gradient `w (q̂ − r̂) / D` is then taken from the difference
+/// itself, outside the matrix products, so that near-duplicates get torch's exact gradient.
+const NEAR: f32 = 1e-3;
+
+/// A pair whose gradient is taken directly: anchor, reference, and `w / |q̂ − r̂|`.
+type NearPair = (usize, u32, f32);
+
+/// The rows and norms every block reads.
+struct Shared<'a> {
+    distance: DistanceConfig,
+    q: ArrayView2<'a, f32>,
+    r: ArrayView2<'a, f32>,
+    q_hat: ArrayView2<'a, f32>,
+    r_hat: ArrayView2<'a, f32>,
+    q_norms: &'a Norms,
+    r_norms: &'a Norms,
+}
+
+/// Runs `rule` over every anchor of `job.set` and takes the gradients back to the embeddings;
+/// the mean's division (by [`Totals::count`]) is applied to the gradients here.
+pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result<Output> {
+    let op = job.op;
+    let queries = job
+        .set
+        .queries
+        .as_ref()
+        .ok_or_else(|| inputs::unimported(op))?;
+    let q = host_rows(op, ctx, queries.reborrow())?;
+    let r = match job.set.refs {
+        Some(refs) => host_refs(op, ctx, refs)?,
+        None => return Err(inputs::unimported(op)),
+    };
+    let (q, r) = (q.view(), r.view());
+    let ((b, d), m) = (q.dim(), r.nrows());
+    let report = Reporter::new(job.hooks, op, b as u64 * m as u64);
+    report.check()?;
+    // The references' gradient is needed for the caller, or for the queries' own when they
+    // are the references.
+    let ref_role = job.refs_are_queries || job.ref_grad;
+    let threads = threads();
+    let floats = |rows: usize| 4 * (rows * d) as u64;
+    let fixed = floats(b) * 2
+        + if job.refs_are_queries { 0 } else { floats(m) }
+        + if ref_role { floats(m) } else { 0 }
+        + threads as u64 * Scratch::bytes(m as u64);
+    let per_row = 4 * m as u64;
+    let budget = ctx.tracker().stats().budget_bytes;
+    if fixed + per_row > budget {
+        return Err(Error::OverBudget {
+            op,
+            required: fixed + per_row,
+            budget,
+        });
+    }
+    let room = ctx.tracker().available().saturating_sub(fixed);
+    let rows = usize::try_from(room.checked_div(per_row).unwrap_or(u64::MAX))
+        .unwrap_or(usize::MAX)
+        .clamp(1, b.max(1));
+    let _held = HostReservation::new(job.label, fixed + rows as u64 * per_row, ctx.tracker())?;
+
+    let distance = job.distance;
+    let q_norms = Norms::new(q, &distance);
+    let r_norms = Norms::new(r, &distance);
+    let q_hat = scaled(q, &q_norms.scale);
+    let r_hat_own = (!job.refs_are_queries).then(|| scaled(r, &r_norms.scale));
+    let r_hat = r_hat_own.as_ref().map_or(q_hat.view(), |x| x.view());
+    let shared = Shared {
+        distance,
+        q,
+        r,
+        q_hat: q_hat.view(),
+        r_hat,
+        q_norms: &q_norms,
+        r_norms: &r_norms,
+    };
+    let mut g_q = Array2::<f32>::zeros((b, d));
+    let mut g_r = ref_role.then(|| Array2::<f32>::zeros((m, d)));
+    let mut totals = Totals::default();
+    let mut block = Array2::<f32>::zeros((rows, m));
+    for c0 in (0..b).step_by(rows) {
+        report.check()?;
+        let c1 = (c0 + rows).min(b);
+        let mut u = block.slice_mut(s![..c1 - c0, ..]);
+        let per = (c1 - c0).div_ceil(threads).max(1);
+        let mut g_block = g_q.slice_mut(s![c0..c1, ..]);
+        let (parts, near) = std::thread::scope(|scope| {
+            let workers: Vec<_> = u
+                .axis_chunks_iter_mut(Axis(0), per)
+                .zip(g_block.axis_chunks_iter_mut(Axis(0), per))
+                .enumerate()
+                .map(|(t, (u, g))| {
+                    let (shared, report) = (&shared, &report);
+                    scope.spawn(move || block_weights(shared, rule, c0 + t * per, (u, g), report))
+                })
+                .collect();
+            let mut parts = (Totals::default(), Vec::new());
+            for w in workers {
+                match w.join() {
+                    Ok((t, near)) => {
+                        parts.0.add(t);
+                        parts.1.extend(near);
+                    }
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            parts
+        });
+        totals.add(parts);
+        report.check()?;
+        if let Some(g_r) = g_r.as_mut() {
+            add_ref_side(
+                distance.distance,
+                block.slice(s![..c1 - c0, ..]),
+                q_hat.slice(s![c0..c1, ..]),
+                r_hat,
+                g_r,
+            );
+            for &(a, j, w) in &near {
+                let j = j as usize;
+                let mut g = g_r.row_mut(j);
+                g.scaled_add(w, &r_hat.row(j));
+                g.scaled_add(-w, &q_hat.row(a));
+            }
+        }
+    }
+    // The mean's division, then the normalisation's backward; with the queries as references
+    // both roles are one row's.
+    let factor = if totals.count == 0 {
+        0.0
+    } else {
+        (1.0 / totals.count as f64) as f32
+    };
+    let normalizes = distance.normalizes();
+    if job.refs_are_queries {
+        if let Some(g_r) = &g_r {
+            g_q += g_r;
+        }
+        through_normalization(&mut g_q, q, normalizes, factor);
+        return Ok(Output {
+            totals,
+            query_grad: g_q,
+            ref_grad: None,
+        });
+    }
+    through_normalization(&mut g_q, q, normalizes, factor);
+    let ref_grad = g_r.map(|mut g| {
+        through_normalization(&mut g, r, normalizes, factor);
+        g
+    });
+    Ok(Output {
+        totals,
+        query_grad: g_q,
+        ref_grad,
+    })
+}
+
+/// One thread's anchors `a0 ..` of a block: their distance rows into `u` (from the raw rows
+/// and the references' norms, as the miners compute them), each turned into `U` by the
+/// loss's rule and [`weights_to_u`], then the anchors' gradient rows `g`; returns the sums
+/// and the near pairs, whose query side is already in `g`.
+fn block_weights(
+    shared: &Shared<'_>,
+    rule: &AnchorRule<'_>,
+    a0: usize,
+    (mut u, mut g): (ArrayViewMut2<'_, f32>, ArrayViewMut2<'_, f32>),
+    report: &Reporter<'_>,
+) -> (Totals, Vec<NearPair>) {
+    let (n, m) = u.dim();
+    let mut totals = Totals::default();
+    let mut near = Vec::new();
+    let q = shared.q.slice(s![a0..a0 + n, ..]);
+    distances_into(q, shared.r, shared.r_norms, &shared.distance, u.view_mut());
+    let mut scratch = Scratch::new(m);
+    for (i, row) in u.rows_mut().into_iter().enumerate() {
+        if report.cancelled() {
+            return (totals, near);
+        }
+        scratch.weights.fill(0.0);
+        totals.add(rule(a0 + i, row.view(), &mut scratch));
+        weights_to_u(shared, a0 + i, row, &scratch.weights, &mut near);
+        report.add(m as u64);
+    }
+    let q_hat = shared.q_hat.slice(s![a0..a0 + n, ..]);
+    let distance = shared.distance.distance;
+    query_side(distance, u.view(), q_hat, shared.r_hat, g.view_mut());
+    for &(a, j, w) in &near {
+        let mut row = g.row_mut(a - a0);
+        row.scaled_add(w, &shared.q_hat.row(a));
+        row.scaled_add(-w, &shared.r_hat.row(j as usize));
+    }
+    (totals, near)
+}
+
+/// Anchor `a`'s weights turned into `U` ([`pair_weight`]) in place of its distances `row`;
+/// Euclidean pairs closer than [`NEAR`] go to `near` instead (their `U` is 0).
+fn weights_to_u(
+    shared: &Shared<'_>,
+    a: usize,
+    mut row: ArrayViewMut1<'_, f32>,
+    weights: &[f64],
+    near: &mut Vec<NearPair>,
+) {
+    let distance = shared.distance.distance;
+    let euclidean = distance == Distance::Euclidean;
+    let q2 = shared.q_norms.sq[a];
+    for (j, (d, &w)) in row.iter_mut().zip(weights).enumerate() {
+        if euclidean && w != 0.0 && *d * *d < NEAR * (q2 + shared.r_norms.sq[j]) {
+            let diff = &shared.q_hat.row(a) - &shared.r_hat.row(j);
+            let exact = diff.dot(&diff).sqrt();
+            if exact > 0.0 {
+                near.push((a, j as u32, (w / exact as f64) as f32));
+            }
+            *d = 0.0;
+        } else {
+            *d = pair_weight(distance, w, *d);
+        }
+    }
+}

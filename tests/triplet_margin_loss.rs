@@ -1,0 +1,595 @@
+//! `triplet_margin_loss` against the reference that materialises every triplet
+//! (`reference::triplet_margin_loss`), against finite differences of a loss written out here
+//! in f64, and on the edges: margins exactly at the hinge, all-easy batches, no triplets,
+//! budgets that force many blocks, a memory bank's rows, cancellation.
+
+use crate::common;
+use crate::common::{assert_close, grid_embeddings, DISTANCES};
+
+use ndarray::{array, Array1, Array2};
+use proptest::prelude::*;
+use wgpu_metric_learning::reference::triplet_lists::triplet_lists;
+use wgpu_metric_learning::reference::triplet_margin_loss::triplet_margin_loss as reference;
+use wgpu_metric_learning::{
+    pairwise_distances, triplet_margin_loss, BankConfig, CancelToken, ComputePath, Context,
+    Distance, DistanceConfig, Error, Hooks, MemoryBank, MiningSet, PairwiseConfig, SelfExclusion,
+    TripletLossConfig, TripletRule, TripletType,
+};
+
+#[derive(Debug, Clone)]
+struct Problem {
+    labels: Array1<u32>,
+    embeddings: Array2<f32>,
+    refs: Option<(Array1<u32>, Array2<f32>)>,
+    cfg: TripletLossConfig,
+}
+
+
+impl Problem {
+    fn ref_side(&self) -> (Array1<u32>, Array2<f32>) {
+        self.refs
+            .clone()
+            .unwrap_or_else(|| (self.labels.clone(), self.embeddings.clone()))
+    }
+
+    fn slots(&self) -> Vec<u32> {
+        match (&self.refs, &self.cfg.self_exclusion) {
+            (None, SelfExclusion::Auto) | (_, SelfExclusion::SameIndex) => {
+                (0..self.labels.len() as u32).collect()
+            }
+            (_, SelfExclusion::QuerySlots(s)) => s.clone(),
+            _ => vec![u32::MAX; self.labels.len()],
+        }
+    }
+
+    /// Runs the loss on `ctx` and compares it with the reference scored on the distances
+    /// `ctx` computes.
+    fn check(&self, ctx: &Context) {
+        let (ref_labels, ref_emb) = self.ref_side();
+        let queries = MiningSet::new(&self.embeddings, &self.labels);
+        let ref_set = self.refs.as_ref().map(|(l, e)| MiningSet::new(e, l));
+        let got = triplet_margin_loss(ctx, &queries, ref_set.as_ref(), &self.cfg).expect("loss");
+        let distances = pairwise_distances(
+            ctx,
+            &self.embeddings,
+            &ref_emb,
+            &PairwiseConfig {
+                distance: self.cfg.distance,
+                ..Default::default()
+            },
+        )
+        .expect("distances")
+        .values;
+        let lists = triplet_lists(
+            self.labels.as_slice().expect("contiguous"),
+            ref_labels.as_slice().expect("contiguous"),
+            &self.slots(),
+        );
+        let want = reference(
+            self.embeddings.view(),
+            ref_emb.view(),
+            distances.view(),
+            &lists,
+            &self.cfg,
+        );
+        let what = format!("{:?}", self.cfg);
+        assert_eq!(
+            (got.triplets, got.nonzero),
+            (want.triplets, want.nonzero),
+            "{what}: triplets and positive losses"
+        );
+        let loss_tol = 1e-5 * want.loss.abs().max(1.0);
+        assert!(
+            (f64::from(got.loss) - want.loss).abs() <= loss_tol,
+            "{what}: loss {} vs reference {}",
+            got.loss,
+            want.loss
+        );
+        match &self.refs {
+            None => {
+                let both = &want.query_grad + &want.ref_grad;
+                assert_close(&got.query_grad, &both, 2e-4, &what);
+                assert!(
+                    got.ref_grad.is_none(),
+                    "no references, no reference gradient"
+                );
+            }
+            Some(_) => {
+                assert_close(&got.query_grad, &want.query_grad, 2e-4, &what);
+                match (&got.ref_grad, self.cfg.ref_grad) {
+                    (Some(g), true) => assert_close(g, &want.ref_grad, 2e-4, &what),
+                    (None, false) => {}
+                    (g, asked) => panic!("{what}: ref_grad {:?} when asked {asked}", g.is_some()),
+                }
+            }
+        }
+    }
+}
+
+
+fn labels(rows: usize, classes: u32) -> impl Strategy<Value = Array1<u32>> {
+    proptest::collection::vec(0..classes, rows).prop_map(Array1::from)
+}
+
+fn triplets() -> impl Strategy<Value = TripletRule> {
+    prop_oneof![
+        Just(TripletRule::AllValid),
+        (
+            0usize..4,
+            prop_oneof![Just(0.2f32), Just(0.0), -0.1f32..0.6]
+        )
+            .prop_map(|(k, margin)| {
+                let kind = [
+                    TripletType::All,
+                    TripletType::Hard,
+                    TripletType::Semihard,
+                    TripletType::Easy,
+                ][k];
+                TripletRule::Margin { kind, margin }
+            }),
+    ]
+}
+
+fn problem() -> impl Strategy<Value = Problem> {
+    (0usize..14, 0usize..20, 1usize..6, 1u32..5, any::<bool>())
+        .prop_flat_map(|(b, m, d, classes, with_refs)| {
+            let refs = if with_refs {
+                (labels(m, classes), grid_embeddings(m, d))
+                    .prop_map(Some)
+                    .boxed()
+            } else {
+                Just(None).boxed()
+            };
+            let cfg = (
+                prop_oneof![Just(0.05f32), Just(0.0), Just(1.0), -0.5f32..2.0],
+                triplets(),
+                0usize..4,
+                any::<bool>(),
+                any::<bool>(),
+                any::<bool>(),
+            )
+                .prop_map(
+                    |(margin, triplets, which, normalize, smooth_loss, ref_grad)| {
+                        TripletLossConfig {
+                            margin,
+                            triplets,
+                            distance: DistanceConfig {
+                                distance: DISTANCES[which],
+                                normalize,
+                            },
+                            smooth_loss,
+                            ref_grad,
+                            ..Default::default()
+                        }
+                    },
+                );
+            (labels(b, classes), grid_embeddings(b, d), refs, cfg)
+        })
+        .prop_map(|(labels, embeddings, refs, cfg)| Problem {
+            labels,
+            embeddings,
+            refs,
+            cfg,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(common::cases(192)))]
+
+    #[test]
+    fn native_matches_the_materialised_reference(p in problem()) {
+        p.check(&Context::native_cpu(None));
+    }
+}
+
+/// The loss of every triplet written out in f64 straight from the embeddings (normalised),
+/// hinge or softplus, averaged over the positive ones: the function whose finite differences
+/// the gradient must match.
+fn loss_f64(x: &Array2<f64>, labels: &[u32], distance: Distance, margin: f64, smooth: bool) -> f64 {
+    let n = x.nrows();
+    let xs: Vec<_> = x
+        .rows()
+        .into_iter()
+        .map(|r| {
+            let norm = r.dot(&r).sqrt();
+            r.mapv(|v| v / norm)
+        })
+        .collect();
+    let d = |i: usize, j: usize| {
+        let diff = &xs[i] - &xs[j];
+        match distance {
+            Distance::Euclidean => diff.dot(&diff).sqrt(),
+            Distance::SquaredEuclidean => diff.dot(&diff),
+            _ => xs[i].dot(&xs[j]),
+        }
+    };
+    let (mut sum, mut count) = (0.0, 0u64);
+    for a in 0..n {
+        for p in 0..n {
+            for q in 0..n {
+                if p == a || labels[p] != labels[a] || labels[q] == labels[a] {
+                    continue;
+                }
+                let v = if distance.is_similarity() {
+                    d(a, q) - d(a, p) + margin
+                } else {
+                    d(a, p) - d(a, q) + margin
+                };
+                let loss = if smooth { v.exp().ln_1p() } else { v.max(0.0) };
+                if loss > 0.0 {
+                    sum += loss;
+                    count += 1;
+                }
+            }
+        }
+    }
+    if count == 0 {
+        0.0
+    } else {
+        sum / count as f64
+    }
+}
+
+#[test]
+fn gradient_matches_finite_differences() {
+    // Spread points, so that no triplet is within the step of its hinge.
+    let x = array![
+        [1.0f32, 0.2, -0.3],
+        [0.9, 0.5, 0.1],
+        [0.1, 1.0, 0.4],
+        [-0.2, 0.8, 0.9],
+        [0.5, -0.7, 0.6],
+        [0.3, 0.1, -1.0]
+    ];
+    let labels = [0u32, 0, 1, 1, 2, 0];
+    let ctx = Context::native_cpu(None);
+    for distance in DISTANCES {
+        for (margin, smooth) in [(0.6f32, false), (0.2, true), (1.5, false)] {
+            let cfg = TripletLossConfig {
+                margin,
+                smooth_loss: smooth,
+                distance: DistanceConfig {
+                    distance,
+                    normalize: true,
+                },
+                ..Default::default()
+            };
+            let label_array = Array1::from(labels.to_vec());
+            let got = triplet_margin_loss(&ctx, &MiningSet::new(&x, &label_array), None, &cfg)
+                .expect("loss");
+            assert!(got.nonzero > 0, "{distance:?}: some positive losses");
+            let x64 = x.mapv(f64::from);
+            let f = |x: &Array2<f64>| loss_f64(x, &labels, distance, margin as f64, smooth);
+            assert!(
+                (f(&x64) - f64::from(got.loss)).abs() < 1e-5,
+                "{distance:?}: loss value"
+            );
+            let h = 1e-6;
+            for ((i, j), &g) in got.query_grad.indexed_iter() {
+                let (mut up, mut down) = (x64.clone(), x64.clone());
+                up[[i, j]] += h;
+                down[[i, j]] -= h;
+                let fd = (f(&up) - f(&down)) / (2.0 * h);
+                assert!(
+                    (f64::from(g) - fd).abs() < 1e-3 * fd.abs().max(1.0),
+                    "{distance:?} margin {margin} smooth {smooth}: ∂/∂x[{i}, {j}] = {g}, finite difference {fd}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn hinge_ties_and_easy_batches_give_zero() {
+    let ctx = Context::native_cpu(None);
+    // Raw squared distances on integers: d(a, p) = 1, d(a, n) = 2, so with margin 1 the
+    // violation is exactly 0: not a positive loss, no gradient.
+    let x = array![[0.0f32, 0.0], [1.0, 0.0], [1.0, 1.0]];
+    let labels = array![0u32, 0, 1];
+    let raw = DistanceConfig {
+        distance: Distance::SquaredEuclidean,
+        normalize: false,
+    };
+    let refs = MiningSet::new(&x, &labels);
+    let queries_x = x.slice(ndarray::s![..1, ..]);
+    let queries_l = labels.slice(ndarray::s![..1]);
+    let queries = MiningSet::new(queries_x, queries_l);
+    let at_hinge = TripletLossConfig {
+        margin: 1.0,
+        distance: raw,
+        self_exclusion: SelfExclusion::SameIndex,
+        ref_grad: true,
+        ..Default::default()
+    };
+    let out = triplet_margin_loss(&ctx, &queries, Some(&refs), &at_hinge).expect("loss");
+    assert_eq!((out.triplets, out.nonzero, out.loss), (1, 0, 0.0));
+    assert!(out.query_grad.iter().all(|&g| g == 0.0));
+    assert!(out.ref_grad.expect("asked").iter().all(|&g| g == 0.0));
+    // Just past the hinge: one positive loss of 2⁻²⁰ (exact in f32).
+    let past = TripletLossConfig {
+        margin: 1.0 + 2f32.powi(-20),
+        ..at_hinge.clone()
+    };
+    let out = triplet_margin_loss(&ctx, &queries, Some(&refs), &past).expect("loss");
+    assert_eq!((out.nonzero, out.loss), (1, 2f32.powi(-20)));
+    // ∂/∂q of d(q, p) − d(q, n) = 2(q − p) − 2(q − n) = 2(n − p) = (0, 2).
+    assert_eq!(out.query_grad, array![[0.0f32, 2.0]]);
+    // An all-easy batch (classes far apart): no positive loss, zero gradient.
+    let x = array![[1.0f32, 0.0], [0.99, 0.01], [-1.0, 0.0], [-0.99, -0.01]];
+    let labels = array![0u32, 0, 1, 1];
+    let out = triplet_margin_loss(
+        &ctx,
+        &MiningSet::new(&x, &labels),
+        None,
+        &TripletLossConfig::default(),
+    )
+    .expect("loss");
+    assert_eq!((out.triplets, out.nonzero, out.loss), (8, 0, 0.0));
+    assert!(out.query_grad.iter().all(|&g| g == 0.0));
+}
+
+#[test]
+fn no_triplets_no_loss() {
+    let ctx = Context::native_cpu(None);
+    let cfg = TripletLossConfig::default();
+    // One class: no negatives. No rows at all. No references.
+    let x = array![[1.0f32, 0.0], [0.0, 1.0]];
+    let one_class = array![3u32, 3];
+    let out = triplet_margin_loss(&ctx, &MiningSet::new(&x, &one_class), None, &cfg).expect("loss");
+    assert_eq!((out.triplets, out.nonzero, out.loss), (0, 0, 0.0));
+    assert_eq!(out.query_grad, Array2::<f32>::zeros((2, 2)));
+    let empty = Array2::<f32>::zeros((0, 2));
+    let no_labels = Array1::<u32>::zeros(0);
+    let out =
+        triplet_margin_loss(&ctx, &MiningSet::new(&empty, &no_labels), None, &cfg).expect("loss");
+    assert_eq!((out.triplets, out.query_grad.dim()), (0, (0, 2)));
+    let with_refs = TripletLossConfig {
+        ref_grad: true,
+        ..cfg
+    };
+    let out = triplet_margin_loss(
+        &ctx,
+        &MiningSet::new(&x, &one_class),
+        Some(&MiningSet::new(&empty, &no_labels)),
+        &with_refs,
+    )
+    .expect("loss");
+    assert_eq!(out.triplets, 0);
+    assert_eq!(out.ref_grad.map(|g| g.dim()), Some((0, 2)));
+}
+
+/// A clustered problem big enough for several blocks.
+fn clustered(
+    b: usize,
+    m: usize,
+    d: usize,
+    seed: u64,
+) -> (Array2<f32>, Array1<u32>, Array2<f32>, Array1<u32>) {
+    let mut state = seed;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+    };
+    let mut rows = |n: usize| {
+        let labels: Array1<u32> = (0..n).map(|i| (i % 5) as u32).collect();
+        let x = Array2::from_shape_fn((n, d), |(i, j)| {
+            next()
+                + if j == labels[i] as usize % d {
+                    1.0
+                } else {
+                    0.0
+                }
+        });
+        (x, labels)
+    };
+    let (q, ql) = rows(b);
+    let (r, rl) = rows(m);
+    (q, ql, r, rl)
+}
+
+#[test]
+fn small_budgets_split_into_blocks_with_the_same_answer() {
+    let (q, ql, r, rl) = clustered(40, 300, 8, 7);
+    let queries = MiningSet::new(&q, &ql);
+    let refs = MiningSet::new(&r, &rl);
+    let cfg = TripletLossConfig {
+        margin: 0.3,
+        ref_grad: true,
+        ..Default::default()
+    };
+    let whole =
+        triplet_margin_loss(&Context::native_cpu(None), &queries, Some(&refs), &cfg).expect("loss");
+    // Room for the fixed part and a few rows of distances only.
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()) as u64;
+    let fixed = 4 * 8 * (2 * 40 + 2 * 300) + threads * 300 * 44;
+    let budget = fixed + 3 * 4 * 300;
+    let ctx = Context::native_cpu(Some(budget));
+    let split = triplet_margin_loss(&ctx, &queries, Some(&refs), &cfg).expect("loss");
+    assert!(
+        ctx.memory().peak_bytes <= budget,
+        "peak {} over {budget}",
+        ctx.memory().peak_bytes
+    );
+    assert_eq!(
+        (split.triplets, split.nonzero),
+        (whole.triplets, whole.nonzero)
+    );
+    assert!((split.loss - whole.loss).abs() <= 1e-6 * whole.loss.abs());
+    let close = |a: &Array2<f32>, b: &Array2<f32>| {
+        a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
+    };
+    assert!(close(&split.query_grad, &whole.query_grad));
+    assert!(close(
+        split.ref_grad.as_ref().expect("asked"),
+        whole.ref_grad.as_ref().expect("asked")
+    ));
+    match triplet_margin_loss(
+        &Context::native_cpu(Some(fixed)),
+        &queries,
+        Some(&refs),
+        &cfg,
+    ) {
+        Err(Error::OverBudget {
+            required,
+            budget: b,
+            ..
+        }) => {
+            assert!(required > b && b == fixed)
+        }
+        other => panic!("expected OverBudget, got {other:?}"),
+    }
+}
+
+#[test]
+fn queries_as_references_sum_both_roles() {
+    // refs = None equals explicit refs (the same rows, SameIndex) with the two gradients added.
+    let (q, ql, _, _) = clustered(30, 1, 6, 3);
+    let ctx = Context::native_cpu(None);
+    let cfg = TripletLossConfig {
+        margin: 0.4,
+        smooth_loss: true,
+        ..Default::default()
+    };
+    let set = MiningSet::new(&q, &ql);
+    let own = triplet_margin_loss(&ctx, &set, None, &cfg).expect("loss");
+    let explicit = TripletLossConfig {
+        self_exclusion: SelfExclusion::SameIndex,
+        ref_grad: true,
+        ..cfg
+    };
+    let split = triplet_margin_loss(&ctx, &set, Some(&set), &explicit).expect("loss");
+    assert_eq!(own.loss, split.loss);
+    let sum = &split.query_grad + split.ref_grad.as_ref().expect("asked");
+    for (a, b) in own.query_grad.iter().zip(&sum) {
+        assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{a} vs {b}");
+    }
+}
+
+#[test]
+fn a_memory_bank_is_a_detached_reference_set() {
+    // The batch enqueued into a bank, then the loss of the batch against the bank with the
+    // bank's self-exclusion: equal to the loss against the same rows given from the host.
+    let (q, ql, r, rl) = clustered(16, 48, 6, 11);
+    let mut contexts = vec![Context::native_cpu(None)];
+    contexts.extend(common::gpu_context(None));
+    let mut answers = Vec::new();
+    for ctx in &contexts {
+        let mut bank = MemoryBank::<u32>::new(ctx, &BankConfig::new(64, 6)).expect("bank");
+        bank.enqueue(ctx, &MiningSet::new(&r, &rl)).expect("fill");
+        let slots = bank.enqueue(ctx, &MiningSet::new(&q, &ql)).expect("batch");
+        let cfg = TripletLossConfig {
+            self_exclusion: slots.self_exclusion.clone(),
+            triplets: TripletRule::margin_miner(TripletType::Semihard),
+            ..Default::default()
+        };
+        let bank_set = bank.refs();
+        let got = triplet_margin_loss(ctx, &MiningSet::new(&q, &ql), Some(&bank_set), &cfg)
+            .expect("loss");
+        assert_eq!(got.path, ComputePath::NativeCpu);
+        let snapshot = bank.snapshot(ctx).expect("snapshot");
+        let host = MiningSet::new(&snapshot.embeddings, &snapshot.labels);
+        let want =
+            triplet_margin_loss(ctx, &MiningSet::new(&q, &ql), Some(&host), &cfg).expect("loss");
+        assert!(got.triplets > 0 && got.nonzero > 0);
+        assert_eq!(
+            (got.triplets, got.nonzero, got.loss),
+            (want.triplets, want.nonzero, want.loss)
+        );
+        assert_eq!(got.query_grad, want.query_grad);
+        if ctx.path() == ComputePath::Wgpu {
+            assert!(
+                got.transfers.bytes_down > 0,
+                "the bank's rows were read back"
+            );
+        }
+        answers.push(got);
+    }
+    // The GPU context's bank gives the native context's answer.
+    if let [native, gpu] = &answers[..] {
+        assert_eq!(
+            (native.triplets, native.nonzero),
+            (gpu.triplets, gpu.nonzero)
+        );
+    }
+}
+
+#[test]
+fn bad_inputs_and_cancellation_are_typed_errors() {
+    let ctx = Context::native_cpu(None);
+    let x = array![[1.0f32, 0.0], [0.0, 1.0], [0.5, 0.5]];
+    let labels = array![0u32, 0, 1];
+    let set = MiningSet::new(&x, &labels);
+    let nan_margin = TripletLossConfig {
+        margin: f32::NAN,
+        ..Default::default()
+    };
+    assert!(matches!(
+        triplet_margin_loss(&ctx, &set, None, &nan_margin),
+        Err(Error::InvalidParameter { .. })
+    ));
+    let labels_only = MiningSet::<u32>::from_labels(&labels);
+    assert!(matches!(
+        triplet_margin_loss(&ctx, &labels_only, None, &TripletLossConfig::default()),
+        Err(Error::InvalidParameter { .. })
+    ));
+    let bad = array![[f32::INFINITY, 0.0], [0.0, 1.0], [0.5, 0.5]];
+    assert!(matches!(
+        triplet_margin_loss(
+            &ctx,
+            &MiningSet::new(&bad, &labels),
+            None,
+            &TripletLossConfig::default()
+        ),
+        Err(Error::NonFinite { .. })
+    ));
+    let token = CancelToken::new();
+    token.cancel();
+    let cancelled = TripletLossConfig {
+        hooks: Hooks::new().cancel_with(&token),
+        ..Default::default()
+    };
+    assert!(matches!(
+        triplet_margin_loss(&ctx, &set, None, &cancelled),
+        Err(Error::Cancelled { .. })
+    ));
+}
+
+#[test]
+fn near_duplicates_get_the_exact_gradient() {
+    // A positive 1e-4 away from its anchor: |q̂|² + |p̂|² − 2 q̂·p̂ has lost every digit to
+    // cancellation, so its pair's gradient (q̂ − p̂) / D must come from the difference itself.
+    let x = array![
+        [1.0f32, 0.5, 0.25],
+        [1.0001, 0.4998, 0.25],
+        [-0.2, 1.0, 0.3],
+        [0.1, -0.3, 1.0]
+    ];
+    let labels = array![0u32, 0, 1, 2];
+    let ctx = Context::native_cpu(None);
+    let cfg = TripletLossConfig {
+        margin: 2.0,
+        ..Default::default()
+    };
+    let got = triplet_margin_loss(&ctx, &MiningSet::new(&x, &labels), None, &cfg).expect("loss");
+    let d = pairwise_distances(&ctx, &x, &x, &PairwiseConfig::default())
+        .expect("distances")
+        .values;
+    let lists = triplet_lists(
+        labels.as_slice().expect("contiguous"),
+        labels.as_slice().expect("contiguous"),
+        &[0, 1, 2, 3],
+    );
+    let want = reference(x.view(), x.view(), d.view(), &lists, &cfg);
+    assert_eq!(got.nonzero, want.nonzero);
+    assert!(want.nonzero > 0);
+    assert_close(
+        &got.query_grad,
+        &(&want.query_grad + &want.ref_grad),
+        1e-4,
+        "near duplicates",
+    );
+}
