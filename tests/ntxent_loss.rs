@@ -14,8 +14,6 @@ use wgpu_metric_learning::{
     DistanceConfig, Error, InfoNceConfig, MiningSet, MnrlConfig, PairwiseConfig,
 };
 
-
-
 #[derive(Debug, Clone)]
 struct Problem {
     labels: Array1<u32>,

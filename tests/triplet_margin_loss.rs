@@ -24,7 +24,6 @@ struct Problem {
     cfg: TripletLossConfig,
 }
 
-
 impl Problem {
     fn ref_side(&self) -> (Array1<u32>, Array2<f32>) {
         self.refs
@@ -105,7 +104,6 @@ impl Problem {
         }
     }
 }
-
 
 fn labels(rows: usize, classes: u32) -> impl Strategy<Value = Array1<u32>> {
     proptest::collection::vec(0..classes, rows).prop_map(Array1::from)
