@@ -402,7 +402,8 @@ fn small_budgets_split_into_blocks_with_the_same_answer() {
     // Room for the fixed part and a few rows of distances only.
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get()) as u64;
     let fixed = 4 * 8 * (2 * 40 + 2 * 300) + threads * 300 * 44;
-    let budget = fixed + 3 * 4 * 300;
+    // Per block row: its distances (4 bytes) and its possible near pairs (16) per reference.
+    let budget = fixed + 3 * 20 * 300;
     let ctx = Context::native_cpu(Some(budget));
     let split = triplet_margin_loss(&ctx, &queries, Some(&refs), &cfg).expect("loss");
     assert!(

@@ -1205,7 +1205,6 @@ fn accuracy<'py>(
     Ok(out)
 }
 
-/// The extension module.
 /// A loss's value, its two counts and its gradients, as one tuple.
 fn loss_tuple<'py>(
     py: Python<'py>,
@@ -1334,6 +1333,7 @@ fn multiple_negatives_ranking_loss<'py>(
     loss_tuple(py, out.loss, counts, out.query_grad, out.ref_grad)
 }
 
+/// The extension module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyContext>()?;

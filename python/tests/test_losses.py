@@ -75,6 +75,19 @@ def test_a_fused_miner_equals_pml_miner_then_loss(backend, kind):
         value_and_grads(ours, x, labels=y),
         value_and_grads(lambda e, labels: theirs(e, labels, pml_miner(e, labels)), x, labels=y),
     )
+    assert ours.miner.num_triplets == pml_miner.num_triplets  # recorded as PML's miner does
+
+
+def test_the_same_tensor_in_both_roles_equals_pml(backend):
+    x, y = batch(n=16, seed=6)
+    for loss_cls, kw in [(drop.TripletMarginLoss, {"margin": 0.2}), (drop.NTXentLoss, {})]:
+        ours = loss_cls(backend=backend, **kw)
+        theirs = getattr(losses, loss_cls.__name__)(**kw)
+
+        def call(fn):
+            return lambda e: fn(e, y, None, e, y)
+
+        assert_same(value_and_grads(call(ours), x), value_and_grads(call(theirs), x))
 
 
 def test_references_and_their_gradient_equal_pml(backend):
@@ -180,6 +193,10 @@ def test_mnrl_equals_the_full_matrix_version(backend, scale):
     assert (out.count, out.total) == (32, 32 * 51)
     with pytest.raises(ValueError):
         wml.multiple_negatives_ranking_loss(wml.Context(backend="cpu"), c.numpy(), a.numpy())
+    # One anchor and two candidates: a cross-entropy over two logits, not PML's "no loss".
+    one = value_and_grads(ours, a[:1], c[:2])
+    assert one[0].item() > 0
+    assert_same(one, value_and_grads(lambda x, z: mnrl_torch(x, z, scale), a[:1], c[:2]))
 
 
 def test_numpy_functions_and_bad_inputs():

@@ -647,7 +647,9 @@ class TripletMarginLoss(_LibraryLoss, pml_losses.TripletMarginLoss):
     and the references. ``loss.backward()`` reaches ``embeddings`` (and ``ref_emb`` when it
     requires grad). PML's code runs instead for what the library does not fuse: an
     ``indices_tuple``, ``swap=True``, ``triplets_per_anchor`` other than ``"all"``, another
-    reducer, a regularizer, another miner (which is then called first, as PML's users do)."""
+    reducer, a regularizer, another miner (which is then called first, as PML's users do).
+    The library computes in float32 whatever the tensors' dtype (the loss and gradients are
+    returned in it)."""
 
     _default_reducer = pml_reducers.AvgNonZeroReducer
 
@@ -710,6 +712,9 @@ class TripletMarginLoss(_LibraryLoss, pml_losses.TripletMarginLoss):
             self.context, q, y, refs, self_exclusion=exclusion, ref_grad=want_ref,
             **self._call_args(rule),
         )
+        if self.miner is not None:
+            # What PML's BaseMiner records after mining: the fused miner's triplets.
+            self.miner.num_triplets = int(out[2])
         return self._tensor(out, embeddings, ref_emb if want_ref else None)
 
     def _against_bank(self, embeddings, labels, bank: MemoryBank, exclusion, rule):

@@ -10,7 +10,7 @@ use crate::context::Context;
 use crate::distance::native::{distances_into, Norms};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
-use crate::inputs::{self, Labelled};
+use crate::inputs::{self, Embeddings, Labelled, Rows};
 use crate::memory::HostReservation;
 use crate::metric::{Distance, DistanceConfig};
 use crate::native::threads;
@@ -103,11 +103,17 @@ pub(super) struct Output {
 /// Below this share of `|q̂|² + |r̂|²`, a squared Euclidean distance computed as
 /// `|q̂|² + |r̂|² − 2 q̂·r̂` has lost most of its digits to cancellation (identical rows give
 /// ~3e-4, not 0). Its pair's gradient `w (q̂ − r̂) / D` is then taken from the difference
-/// itself, outside the matrix products, so that near-duplicates get torch's exact gradient.
+/// itself, outside the matrix products, so that near-duplicates get the exact derivative (as
+/// torch's `cdist` backward gives for small inputs; its matrix-product form, used past 25
+/// rows, is as noisy there as the distance).
 const NEAR: f32 = 1e-3;
 
 /// A pair whose gradient is taken directly: anchor, reference, and `w / |q̂ − r̂|`.
 type NearPair = (usize, u32, f32);
+
+/// Bytes of one [`NearPair`], counted per possible pair of a block (collapsed embeddings
+/// make every pair near).
+const NEAR_PAIR_BYTES: u64 = std::mem::size_of::<NearPair>() as u64;
 
 /// The rows and norms every block reads.
 struct Shared<'a> {
@@ -129,13 +135,8 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
         .queries
         .as_ref()
         .ok_or_else(|| inputs::unimported(op))?;
-    let q = host_rows(op, ctx, queries.reborrow())?;
-    let r = match job.set.refs {
-        Some(refs) => host_refs(op, ctx, refs)?,
-        None => return Err(inputs::unimported(op)),
-    };
-    let (q, r) = (q.view(), r.view());
-    let ((b, d), m) = (q.dim(), r.nrows());
+    let refs = job.set.refs.ok_or_else(|| inputs::unimported(op))?;
+    let ((b, d), m) = (queries.dim(), refs.dim().0);
     let report = Reporter::new(job.hooks, op, b as u64 * m as u64);
     report.check()?;
     // The references' gradient is needed for the caller, or for the queries' own when they
@@ -143,11 +144,21 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
     let ref_role = job.refs_are_queries || job.ref_grad;
     let threads = threads();
     let floats = |rows: usize| 4 * (rows * d) as u64;
-    let fixed = floats(b) * 2
+    // Host copies of device-resident rows (read back below), the normalised copies, the
+    // gradients, every thread's scratch; per block row its distances and at most `m` near
+    // pairs.
+    let resident_refs = !job.refs_are_queries && !matches!(refs, Embeddings::Host(_));
+    let read_back = if matches!(queries, Rows::Resident(_)) {
+        floats(b)
+    } else {
+        0
+    } + if resident_refs { floats(m) } else { 0 };
+    let fixed = read_back
+        + floats(b) * 2
         + if job.refs_are_queries { 0 } else { floats(m) }
         + if ref_role { floats(m) } else { 0 }
         + threads as u64 * Scratch::bytes(m as u64);
-    let per_row = 4 * m as u64;
+    let per_row = (4 + NEAR_PAIR_BYTES) * m as u64;
     let budget = ctx.tracker().stats().budget_bytes;
     if fixed + per_row > budget {
         return Err(Error::OverBudget {
@@ -161,6 +172,14 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
         .unwrap_or(usize::MAX)
         .clamp(1, b.max(1));
     let _held = HostReservation::new(job.label, fixed + rows as u64 * per_row, ctx.tracker())?;
+    let q = host_rows(op, ctx, queries.reborrow())?;
+    // The references are the queries' rows when not given: read back once.
+    let r_own = match job.refs_are_queries {
+        true => None,
+        false => Some(host_refs(op, ctx, refs)?),
+    };
+    let q = q.view();
+    let r = r_own.as_ref().map_or(q, |r| r.view());
 
     let distance = job.distance;
     let q_norms = Norms::new(q, &distance);
@@ -202,7 +221,8 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
                 match w.join() {
                     Ok((t, near)) => {
                         parts.0.add(t);
-                        parts.1.extend(near);
+                        // Kept per thread: no second copy of the pairs.
+                        parts.1.push(near);
                     }
                     Err(panic) => std::panic::resume_unwind(panic),
                 }
@@ -219,7 +239,7 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
                 r_hat,
                 g_r,
             );
-            for &(a, j, w) in &near {
+            for &(a, j, w) in near.iter().flatten() {
                 let j = j as usize;
                 let mut g = g_r.row_mut(j);
                 g.scaled_add(w, &r_hat.row(j));

@@ -151,7 +151,7 @@ pub fn ntxent_loss<L: Hash + Eq + Copy>(
         ref_grad: cfg.ref_grad,
         hooks: &cfg.hooks,
     };
-    run(ctx, &job, cfg.temperature)
+    run(ctx, &job, cfg.temperature, true)
 }
 
 /// How [`multiple_negatives_ranking_loss`] computes. Defaults: sentence-transformers'
@@ -254,7 +254,7 @@ pub fn multiple_negatives_ranking_loss<'a>(
         ref_grad: true,
         hooks: &cfg.hooks,
     };
-    run(ctx, &job, 1.0 / cfg.scale)
+    run(ctx, &job, 1.0 / cfg.scale, false)
 }
 
 fn check_temperature(op: &'static str, what: &'static str, value: f32) -> Result<()> {
@@ -287,12 +287,26 @@ fn pair_counts(set: &Labelled<'_>) -> (u64, u64) {
     (positives, negatives)
 }
 
-fn run(ctx: &Context, job: &Job<'_>, temperature: f32) -> Result<InfoNceLoss> {
+/// `1 / (1 + e^{−t})` without overflow.
+fn sigmoid(t: f64) -> f64 {
+    if t >= 0.0 {
+        1.0 / (1.0 + (-t).exp())
+    } else {
+        let e = t.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// Runs the loss; `pml_empty` applies PML's rules for calls it returns no loss for (NTXent),
+/// which sentence-transformers' cross-entropy does not have (MNRL).
+fn run(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Result<InfoNceLoss> {
     let (positive_pairs, negative_pairs) = pair_counts(job.set);
     let (b, d) = job.set.queries.as_ref().map_or((0, 0), |q| q.dim());
     let m = job.set.ref_labels.len();
-    // PML's GenericPairLoss and NTXentLoss return no loss for these.
-    if positive_pairs == 0 || negative_pairs == 0 || (positive_pairs <= 1 && negative_pairs <= 1) {
+    // PML's GenericPairLoss and NTXentLoss return no loss for these; without a negative the
+    // cross-entropy is 0 anyway.
+    let pml_none = positive_pairs == 0 || (positive_pairs <= 1 && negative_pairs <= 1);
+    if negative_pairs == 0 || positive_pairs == 0 || (pml_empty && pml_none) {
         job.hooks.check(job.op)?;
         return Ok(InfoNceLoss {
             loss: 0.0,
@@ -314,29 +328,39 @@ fn run(ctx: &Context, job: &Job<'_>, temperature: f32) -> Result<InfoNceLoss> {
             return Totals::default();
         }
         let z = |j: u32| dz * f64::from(row[j as usize]);
+        // L = log Σ_N e^{z_n}; a positive's probability is then x = σ(z_p − L) and every
+        // quantity below lies in [0, 1], however far apart the logits are.
         let top = s
-            .positives
+            .negatives
             .iter()
-            .chain(&s.negatives)
-            .map(|&j| z(j))
+            .map(|&n| z(n))
             .fold(f64::NEG_INFINITY, f64::max);
-        let sum_neg: f64 = s.negatives.iter().map(|&n| (z(n) - top).exp()).sum();
+        let log_sum = top
+            + s.negatives
+                .iter()
+                .map(|&n| (z(n) - top).exp())
+                .sum::<f64>()
+                .ln();
         let mut loss = 0.0;
-        let mut inverse_sum = 0.0;
+        let mut on_negatives = 0.0;
         for &p in &s.positives {
-            let e = (z(p) - top).exp();
-            let denominator = e + sum_neg;
+            // With no negatives, L = −∞: x = 1 and nothing moves.
+            let (x, rest) = if s.negatives.is_empty() {
+                (1.0, 0.0)
+            } else {
+                (sigmoid(z(p) - log_sum), sigmoid(log_sum - z(p)))
+            };
             // PML's `−log(x + ε)`: its derivative is the plain softmax one times x / (x + ε),
             // which flattens it where the positive's probability x is below ε (f32's smallest
             // normal), as in PML.
-            let x = e / denominator;
             let flat = x / (x + TINY);
             loss -= (x + TINY).ln();
-            s.weights[p as usize] -= dz * flat * sum_neg / denominator;
-            inverse_sum += flat / denominator;
+            s.weights[p as usize] -= dz * flat * rest;
+            // ∂ℓ_p/∂z_n = flat · e^{z_n} / (e^{z_p} + e^L) = flat · (1 − x) · e^{z_n − L}.
+            on_negatives += flat * rest;
         }
         for &n in &s.negatives {
-            s.weights[n as usize] += dz * (z(n) - top).exp() * inverse_sum;
+            s.weights[n as usize] += dz * (z(n) - log_sum).exp() * on_negatives;
         }
         Totals {
             loss,

@@ -23,7 +23,8 @@ pub struct ReferenceNtXent {
 
 /// PML's `NTXentLoss(temperature)` over `lists` (per anchor, its positive and negative
 /// references), scored with `distances` `(b, m)`; gradients from `queries` `(b, d)` and
-/// `refs` `(m, d)`.
+/// `refs` `(m, d)`. `pml_empty`: PML's rule that at most one positive and one negative pair
+/// give no loss (true for NTXent, false for MNRL's cross-entropy).
 ///
 /// # Example
 /// ```
@@ -33,7 +34,7 @@ pub struct ReferenceNtXent {
 /// let x = array![[1.0f32, 0.0], [1.0, 0.0], [0.0, 1.0]];
 /// let s = array![[1.0f32, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]];
 /// let lists = vec![(vec![1u32], vec![2u32]), (vec![0], vec![2]), (vec![], vec![0, 1])];
-/// let out = ntxent_loss(x.view(), x.view(), s.view(), &lists, 1.0, InfoNceConfig::default().distance);
+/// let out = ntxent_loss(x.view(), x.view(), s.view(), &lists, 1.0, InfoNceConfig::default().distance, true);
 /// // −log(e / (e + 1)) for both positive pairs.
 /// assert!((out.loss - (1.0 + (-1.0f64).exp()).ln()).abs() < 1e-12);
 /// ```
@@ -44,6 +45,7 @@ pub fn ntxent_loss(
     lists: &[(Vec<u32>, Vec<u32>)],
     temperature: f32,
     distance: DistanceConfig,
+    pml_empty: bool,
 ) -> ReferenceNtXent {
     let positive_pairs: u64 = lists.iter().map(|(p, _)| p.len() as u64).sum();
     let negative_pairs: u64 = lists.iter().map(|(_, n)| n.len() as u64).sum();
@@ -53,7 +55,10 @@ pub fn ntxent_loss(
         query_grad: Array2::zeros(queries.dim()),
         ref_grad: Array2::zeros(refs.dim()),
     };
-    if positive_pairs == 0 || negative_pairs == 0 || (positive_pairs <= 1 && negative_pairs <= 1) {
+    // PML returns no loss with at most one positive and one negative pair (`pml_empty`: NTXent,
+    // not sentence-transformers' cross-entropy); nothing to average or to push without both.
+    let pml_none = positive_pairs <= 1 && negative_pairs <= 1;
+    if positive_pairs == 0 || negative_pairs == 0 || (pml_empty && pml_none) {
         return out;
     }
     // Logits: similarities over τ, or negated distances over τ.
