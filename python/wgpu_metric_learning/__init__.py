@@ -4,8 +4,8 @@ and semantics with no size limit, a memory bank, exact kNN and PML's retrieval a
 planned under a device-memory budget.
 
 NumPy in, NumPy out. Embeddings are ``float32`` ``(n, d)`` (other float or integer dtypes are
-converted, ``float32`` arrays of any strides are used without a copy; torch CPU tensors work
-too), labels ``int64`` ``(n,)`` (any integer dtype is converted). Every call releases the GIL
+converted, aligned ``float32`` arrays of any strides are used without a copy; torch CPU
+tensors work too), labels ``int64`` ``(n,)`` (any integer dtype is converted). Every call releases the GIL
 and can be stopped with Ctrl-C (it then raises ``KeyboardInterrupt`` and frees what it held).
 Errors are exceptions: bad input ``ValueError`` / ``TypeError``, a budget or out-of-memory
 failure ``MemoryError``, a device failure ``RuntimeError``, a file error ``OSError``.
