@@ -109,25 +109,6 @@ fn labels(rows: usize, classes: u32) -> impl Strategy<Value = Array1<u32>> {
     proptest::collection::vec(0..classes, rows).prop_map(Array1::from)
 }
 
-fn triplets() -> impl Strategy<Value = TripletRule> {
-    prop_oneof![
-        Just(TripletRule::AllValid),
-        (
-            0usize..4,
-            prop_oneof![Just(0.2f32), Just(0.0), -0.1f32..0.6]
-        )
-            .prop_map(|(k, margin)| {
-                let kind = [
-                    TripletType::All,
-                    TripletType::Hard,
-                    TripletType::Semihard,
-                    TripletType::Easy,
-                ][k];
-                TripletRule::Margin { kind, margin }
-            }),
-    ]
-}
-
 fn problem() -> impl Strategy<Value = Problem> {
     (0usize..14, 0usize..20, 1usize..6, 1u32..5, any::<bool>())
         .prop_flat_map(|(b, m, d, classes, with_refs)| {
@@ -140,7 +121,7 @@ fn problem() -> impl Strategy<Value = Problem> {
             };
             let cfg = (
                 prop_oneof![Just(0.05f32), Just(0.0), Just(1.0), -0.5f32..2.0],
-                triplets(),
+                common::triplet_rule(),
                 0usize..4,
                 any::<bool>(),
                 any::<bool>(),

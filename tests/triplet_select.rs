@@ -140,25 +140,6 @@ fn assert_same(got: &Array2<u32>, want: &Array2<u32>, what: &str) {
     );
 }
 
-fn rule() -> impl Strategy<Value = TripletRule> {
-    prop_oneof![
-        Just(TripletRule::AllValid),
-        (
-            0usize..4,
-            prop_oneof![Just(0.2f32), Just(0.0), -0.1f32..0.6]
-        )
-            .prop_map(|(k, margin)| {
-                let kind = [
-                    TripletType::All,
-                    TripletType::Hard,
-                    TripletType::Semihard,
-                    TripletType::Easy,
-                ][k];
-                TripletRule::Margin { kind, margin }
-            }),
-    ]
-}
-
 /// Embeddings on a small integer grid, so that equal distances (tm = 0 exactly) are common.
 fn embeddings(rows: usize, d: usize) -> impl Strategy<Value = Array2<f32>> {
     proptest::collection::vec(-2i8..=2, rows * d).prop_map(move |v| {
@@ -192,8 +173,13 @@ fn problem() -> impl Strategy<Value = Problem> {
                 Just(CountMethod::Sorted),
                 Just(CountMethod::Auto)
             ];
-            let cfg = (rule(), 0usize..4, any::<bool>(), count_method).prop_map(
-                |(rule, which, normalize, count_method)| TripletConfig {
+            let cfg = (
+                common::triplet_rule(),
+                0usize..4,
+                any::<bool>(),
+                count_method,
+            )
+                .prop_map(|(rule, which, normalize, count_method)| TripletConfig {
                     count_method,
                     rule,
                     distance: DistanceConfig {
@@ -201,8 +187,7 @@ fn problem() -> impl Strategy<Value = Problem> {
                         normalize,
                     },
                     ..Default::default()
-                },
-            );
+                });
             (labels(b, classes), embeddings(b, d), refs, cfg)
         })
         .prop_flat_map(|(labels, embeddings, refs, cfg)| {

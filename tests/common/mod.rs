@@ -177,3 +177,27 @@ pub(crate) fn grid_embeddings(
         x
     })
 }
+
+/// A triplet rule: every valid triplet, or `TripletMarginMiner` of any type with PML's margin,
+/// 0 (ties at the boundary) or another small one.
+pub(crate) fn triplet_rule(
+) -> impl proptest::strategy::Strategy<Value = wgpu_metric_learning::TripletRule> {
+    use proptest::prelude::*;
+    use wgpu_metric_learning::{TripletRule, TripletType};
+    prop_oneof![
+        Just(TripletRule::AllValid),
+        (
+            0usize..4,
+            prop_oneof![Just(0.2f32), Just(0.0), -0.1f32..0.6]
+        )
+            .prop_map(|(k, margin)| {
+                let kind = [
+                    TripletType::All,
+                    TripletType::Hard,
+                    TripletType::Semihard,
+                    TripletType::Easy,
+                ][k];
+                TripletRule::Margin { kind, margin }
+            }),
+    ]
+}
