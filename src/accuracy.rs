@@ -1,22 +1,126 @@
-//! PML's `AccuracyCalculator` retrieval metrics over an exact kNN on any path: precision@1,
-//! R-precision, MAP@R, MAP and MRR, with lone-query exclusion, per-class results and
-//! `avg_of_avgs`.
+//! PML's `AccuracyCalculator` metrics on any path: precision@1, R-precision, MAP@R, MAP and
+//! MRR over an exact kNN, with lone-query exclusion, per-class results and `avg_of_avgs`; NMI
+//! and AMI of a k-means clustering of the queries.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::hash::Hash;
+use std::str::FromStr;
 
 use ndarray::ArrayView2;
 
 use crate::context::{ComputePath, Context};
 use crate::error::{Error, Result};
-use crate::hooks::Hooks;
+use crate::hooks::{Hooks, Reporter};
 use crate::inputs::{self, Embeddings, Imports, Labelled, MiningSet, Pair, SelfExclusion, NO_SLOT};
+use crate::kmeans::{self, KmeansConfig};
 use crate::knn::{self, KnnConfig};
 use crate::memory::Transfers;
 use crate::metric::{Distance, DistanceConfig};
+use crate::mutual_info::{adjusted_mutual_info, normalized_mutual_info};
 use crate::plan::Plan;
+use crate::transfer;
 
 const OP: &str = "accuracy";
+
+/// One metric of PML's `AccuracyCalculator`, named as PML names it in `include` and in its
+/// result (see [`AccuracyMetric::name`]).
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::AccuracyMetric;
+/// let nmi: AccuracyMetric = "NMI".parse()?;
+/// assert_eq!(nmi, AccuracyMetric::Nmi);
+/// assert_eq!(AccuracyMetric::MeanAveragePrecisionAtR.name(), "mean_average_precision_at_r");
+/// assert!("nmi".parse::<AccuracyMetric>().is_err()); // PML's names are case-sensitive
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AccuracyMetric {
+    /// `precision_at_1`.
+    PrecisionAt1,
+    /// `r_precision`.
+    RPrecision,
+    /// `mean_average_precision_at_r`.
+    MeanAveragePrecisionAtR,
+    /// `mean_average_precision`.
+    MeanAveragePrecision,
+    /// `mean_reciprocal_rank`.
+    MeanReciprocalRank,
+    /// `NMI`: normalised mutual information between the query labels and a k-means
+    /// clustering of the queries into as many clusters as there are query labels.
+    Nmi,
+    /// `AMI`: adjusted mutual information, on the same clustering as [`AccuracyMetric::Nmi`].
+    Ami,
+}
+
+impl AccuracyMetric {
+    /// Every metric, in PML's order.
+    pub const ALL: [AccuracyMetric; 7] = [
+        Self::PrecisionAt1,
+        Self::RPrecision,
+        Self::MeanAveragePrecisionAtR,
+        Self::MeanAveragePrecision,
+        Self::MeanReciprocalRank,
+        Self::Nmi,
+        Self::Ami,
+    ];
+
+    /// The five kNN metrics: [`AccuracyConfig::include`]'s default.
+    pub const KNN: [AccuracyMetric; 5] = [
+        Self::PrecisionAt1,
+        Self::RPrecision,
+        Self::MeanAveragePrecisionAtR,
+        Self::MeanAveragePrecision,
+        Self::MeanReciprocalRank,
+    ];
+
+    /// PML's name of the metric (its `include` entry and result key).
+    ///
+    /// See the example of [`AccuracyMetric`].
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::PrecisionAt1 => "precision_at_1",
+            Self::RPrecision => "r_precision",
+            Self::MeanAveragePrecisionAtR => "mean_average_precision_at_r",
+            Self::MeanAveragePrecision => "mean_average_precision",
+            Self::MeanReciprocalRank => "mean_reciprocal_rank",
+            Self::Nmi => "NMI",
+            Self::Ami => "AMI",
+        }
+    }
+
+    /// Whether the metric is read off the kNN (rather than the clustering).
+    fn needs_knn(self) -> bool {
+        !matches!(self, Self::Nmi | Self::Ami)
+    }
+}
+
+impl fmt::Display for AccuracyMetric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for AccuracyMetric {
+    type Err = Error;
+
+    /// PML's name of a metric.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParameter`] for any other string.
+    fn from_str(s: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| Error::InvalidParameter {
+                op: OP,
+                what: "include",
+                value: s.to_string(),
+                rule: "one of precision_at_1, r_precision, mean_average_precision_at_r, mean_average_precision, mean_reciprocal_rank, NMI, AMI",
+            })
+    }
+}
 
 /// How many neighbours the metrics look at (PML's `k`).
 ///
@@ -68,8 +172,16 @@ pub struct AccuracyConfig {
     /// Average per class first, then over classes (PML's `avg_of_avgs`). Default `false`:
     /// the mean over queries.
     pub avg_of_avgs: bool,
-    /// Progress (query–reference pairs compared by the kNN search) and cancellation.
-    /// Default: none.
+    /// The metrics to compute (PML's `include`), at least one. Default the five kNN metrics
+    /// ([`AccuracyMetric::KNN`]); NMI and AMI add a k-means clustering of the queries, and
+    /// without a kNN metric no kNN search runs.
+    pub include: Vec<AccuracyMetric>,
+    /// The k-means behind NMI and AMI. Its `clusters` is replaced by the number of distinct
+    /// query labels and its `hooks` by these, as PML asks Faiss. Default
+    /// [`KmeansConfig::default`]: Faiss's settings with PML's 20 iterations.
+    pub kmeans: KmeansConfig,
+    /// Progress (query–reference pairs compared by the kNN search, then query–centroid
+    /// pairs of the k-means) and cancellation. Default: none.
     pub hooks: Hooks,
 }
 
@@ -83,12 +195,15 @@ impl Default for AccuracyConfig {
             },
             self_exclusion: SelfExclusion::Auto,
             avg_of_avgs: false,
+            include: AccuracyMetric::KNN.to_vec(),
+            kmeans: KmeansConfig::default(),
             hooks: Hooks::default(),
         }
     }
 }
 
-/// The five kNN metrics, each in `[0, 1]`, or NaN when every query is lone.
+/// The five kNN metrics, each in `[0, 1]`; NaN when every query is lone, and for a metric not
+/// in [`AccuracyConfig::include`].
 ///
 /// # Example
 /// ```
@@ -146,6 +261,32 @@ impl AccuracyMetrics {
         }
     }
 
+    /// These metrics with those not in `include` set to NaN.
+    fn only(mut self, include: &[AccuracyMetric]) -> Self {
+        let fields = [
+            (AccuracyMetric::PrecisionAt1, &mut self.precision_at_1),
+            (AccuracyMetric::RPrecision, &mut self.r_precision),
+            (
+                AccuracyMetric::MeanAveragePrecisionAtR,
+                &mut self.mean_average_precision_at_r,
+            ),
+            (
+                AccuracyMetric::MeanAveragePrecision,
+                &mut self.mean_average_precision,
+            ),
+            (
+                AccuracyMetric::MeanReciprocalRank,
+                &mut self.mean_reciprocal_rank,
+            ),
+        ];
+        for (metric, value) in fields {
+            if !include.contains(&metric) {
+                *value = f64::NAN;
+            }
+        }
+        self
+    }
+
     fn values(&self) -> [f64; 5] {
         [
             self.precision_at_1,
@@ -173,14 +314,20 @@ impl AccuracyMetrics {
 /// ```
 #[derive(Debug, Clone)]
 pub struct Accuracy<L> {
-    /// The metrics: mean over non-lone queries, or over classes with `avg_of_avgs`.
+    /// The kNN metrics: mean over non-lone queries, or over classes with `avg_of_avgs`.
     pub metrics: AccuracyMetrics,
     /// Per query label (ascending), the mean over its non-lone queries: PML's
     /// `return_per_class`. Labels whose queries are all lone are absent.
     pub per_class: Vec<(L, AccuracyMetrics)>,
     /// Queries left out because no reference shares their label (besides themselves).
     pub lone_queries: usize,
-    /// The `k` the neighbours were searched with.
+    /// NMI, when included: scikit-learn's `normalized_mutual_info_score` of the query labels
+    /// and the k-means clusters (see [`crate::normalized_mutual_info`]).
+    pub nmi: Option<f64>,
+    /// AMI, when included: scikit-learn's `adjusted_mutual_info_score` of the same
+    /// (see [`crate::adjusted_mutual_info`]).
+    pub ami: Option<f64>,
+    /// The `k` the neighbours were searched with (0 when no kNN metric was included).
     pub k: usize,
     /// Where the kNN ran.
     pub path: ComputePath,
@@ -189,33 +336,40 @@ pub struct Accuracy<L> {
     pub transfers: Transfers,
 }
 
-/// PML's `AccuracyCalculator.get_accuracy` for the kNN metrics: ranks the references of each
-/// query `(q, d)` with [`knn`](crate::knn()) and scores the labels of its neighbours. Without
-/// `refs` the queries are their own references (and, by default, each query skips itself);
-/// `refs` `(n, d)` with labels `(n,)` may be a host array or a memory bank's `bank.refs()`.
+/// PML's `AccuracyCalculator.get_accuracy`. The kNN metrics rank the references of each query
+/// `(q, d)` with [`knn`](crate::knn()) and score the labels of its neighbours. Without `refs`
+/// the queries are their own references (and, by default, each query skips itself); `refs`
+/// `(n, d)` with labels `(n,)` may be a host array or a memory bank's `bank.refs()`.
 /// `cfg.self_exclusion` says which reference is each query (PML's `ref_includes_query` is
-/// [`SelfExclusion::SameIndex`]).
+/// [`SelfExclusion::SameIndex`]). Lone queries (no reference of their label, besides
+/// themselves) are left out, as in PML.
 ///
-/// Lone queries (no reference of their label, besides themselves) are left out, as in PML.
+/// NMI and AMI, when `cfg.include` names them, compare the query labels with a
+/// [`kmeans`](crate::kmeans()) clustering of the queries into as many clusters as there are
+/// distinct query labels (PML's Faiss k-means), every query counted.
 ///
 /// # Errors
 /// As every label-based operation for its inputs ([`Error::Shape`] for label lengths that
 /// differ from the rows, [`Error::InvalidParameter`] for missing embeddings, the
-/// self-exclusion rules of [`SelfExclusion`]); [`Error::InvalidParameter`] for `Fixed(0)`, a
-/// `k` above the references a query can see, or [`SelfExclusion::SameIndex`] with host
-/// references whose first `q` rows or labels are not the queries'; as [`knn`](crate::knn())
-/// otherwise.
+/// self-exclusion rules of [`SelfExclusion`]); [`Error::InvalidParameter`] for an empty
+/// `include`, `Fixed(0)`, a `k` above the references a query can see, or
+/// [`SelfExclusion::SameIndex`] with host references whose first `q` rows or labels are not
+/// the queries'; as [`knn`](crate::knn()) and [`kmeans`](crate::kmeans()) otherwise.
 ///
 /// # Example
 /// ```
 /// use ndarray::array;
-/// use wgpu_metric_learning::{accuracy, AccuracyConfig, Context, MiningSet};
+/// use wgpu_metric_learning::{accuracy, AccuracyConfig, AccuracyMetric, Context, MiningSet};
 /// let ctx = Context::native_cpu(None);
 /// let x = array![[0.0f32, 0.0], [0.0, 0.1], [5.0, 5.0], [5.0, 5.1], [9.0, 0.0]];
 /// let y = array![0u32, 0, 1, 1, 2]; // label 2 has a single point: a lone query
 /// let acc = accuracy(&ctx, &MiningSet::new(&x, &y), None, &AccuracyConfig::default())?;
 /// assert_eq!(acc.metrics.precision_at_1, 1.0);
 /// assert_eq!(acc.lone_queries, 1);
+/// assert_eq!(acc.nmi, None);
+/// let cfg = AccuracyConfig { include: AccuracyMetric::ALL.to_vec(), ..Default::default() };
+/// let acc = accuracy(&ctx, &MiningSet::new(&x, &y), None, &cfg)?;
+/// assert_eq!(acc.nmi, Some(1.0)); // three clusters, one per label
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
 pub fn accuracy<L>(
@@ -230,53 +384,64 @@ where
     let mut imports = Imports::call();
     let job = prepare(ctx, queries, refs, cfg, &mut imports)?;
     let lone_queries = job.relevant.iter().filter(|&&r| r == 0).count();
-    if job.nothing_to_search() {
-        cfg.hooks.check(OP)?;
-        return Ok(Accuracy {
-            metrics: AccuracyMetrics::NAN,
-            per_class: Vec::new(),
-            lone_queries,
-            k: job.k,
-            path: ctx.path(),
-            transfers: job.set.imported,
-        });
-    }
-    let found = knn::run(ctx, &job.pair()?, &job.knn_config(cfg))?;
-    let mut transfers = found.transfers;
-    transfers.add(job.set.imported);
-    let set = &job.set;
-    let mut by_class: BTreeMap<L, Vec<AccuracyMetrics>> = BTreeMap::new();
-    for (i, neighbours) in found.indices.rows().into_iter().enumerate() {
-        let r = job.relevant[i];
-        if r == 0 {
-            continue;
-        }
-        let label = set.labels[i];
-        let rel = neighbours
-            .iter()
-            .map(|&j| set.ref_labels[j as usize] == label);
-        by_class
-            .entry(queries.labels[i])
-            .or_default()
-            .push(score(rel, r));
-    }
-    let per_class: Vec<(L, AccuracyMetrics)> = by_class
-        .iter()
-        .map(|(&l, m)| (l, AccuracyMetrics::mean(m.iter())))
-        .collect();
-    let metrics = if cfg.avg_of_avgs {
-        AccuracyMetrics::mean(per_class.iter().map(|(_, m)| m))
-    } else {
-        AccuracyMetrics::mean(by_class.values().flatten())
+    let searches = job.wants_knn && !job.nothing_to_search();
+    let kmeans_cfg = job.kmeans_config(cfg);
+    let q = job.set.labels.len();
+    let total = match searches {
+        true => q as u64 * job.set.ref_labels.len() as u64,
+        false => 0,
+    } + match &kmeans_cfg {
+        Some(k) => kmeans::pairs_at_most(q, k),
+        None => 0,
     };
-    Ok(Accuracy {
-        metrics,
-        per_class,
+    let report = Reporter::new(&cfg.hooks, OP, total);
+    let mut transfers = job.set.imported;
+    let mut out = Accuracy {
+        metrics: AccuracyMetrics::NAN,
+        per_class: Vec::new(),
         lone_queries,
-        k: job.k,
-        path: found.path,
+        nmi: None,
+        ami: None,
+        k: if job.wants_knn { job.k } else { 0 },
+        path: ctx.path(),
         transfers,
-    })
+    };
+    if searches {
+        let part = report.part(q as u64 * job.set.ref_labels.len() as u64);
+        let found = knn::run_reporting(ctx, &job.pair()?, &job.knn_config(cfg), &part)?;
+        transfers.add(found.transfers);
+        let (metrics, per_class) = job.score(&found.indices, queries, cfg);
+        out.metrics = metrics.only(&cfg.include);
+        out.per_class = per_class
+            .into_iter()
+            .map(|(l, m)| (l, m.only(&cfg.include)))
+            .collect();
+        out.path = found.path;
+    } else {
+        report.check()?;
+    }
+    if let Some(kcfg) = kmeans_cfg {
+        let (nmi, ami) = match job.set.queries {
+            Some(rows) if q > 0 => {
+                let part = report.part(kmeans::pairs_at_most(q, &kcfg));
+                let (found, moved) = transfer::measure(|| kmeans::run(ctx, rows, &kcfg, &part));
+                transfers.add(moved);
+                let clusters = found?.assignments;
+                let labels = queries.labels.view();
+                (
+                    normalized_mutual_info(labels, clusters.view())?,
+                    adjusted_mutual_info(labels, clusters.view())?,
+                )
+            }
+            // No query: scikit-learn's score of two empty labelings.
+            _ => (1.0, 1.0),
+        };
+        let has = |m| cfg.include.contains(&m);
+        out.nmi = has(AccuracyMetric::Nmi).then_some(nmi);
+        out.ami = has(AccuracyMetric::Ami).then_some(ami);
+    }
+    out.transfers = transfers;
+    Ok(out)
 }
 
 /// How [`accuracy`] would run with these arguments on `ctx`: the plan of its kNN search with
@@ -307,7 +472,27 @@ where
 {
     let mut imports = Imports::plan();
     let job = prepare(ctx, queries, refs, cfg, &mut imports)?;
-    if job.nothing_to_search() {
+    let q = job.set.labels.len();
+    if let (false, Some(kcfg), Some(rows)) =
+        (job.wants_knn, job.kmeans_config(cfg), job.set.queries)
+    {
+        // k-means alone: its searches, each query against the centroids.
+        if q > 0 {
+            let d = inputs::embeddings_of(rows).dim().1;
+            let centroids = ndarray::Array2::<f32>::zeros((kcfg.clusters, d));
+            let search = KnnConfig {
+                k: 1,
+                distance: DistanceConfig {
+                    distance: Distance::SquaredEuclidean,
+                    normalize: false,
+                },
+                ..Default::default()
+            };
+            let plan = crate::knn::knn_plan(ctx, inputs::embeddings_of(rows), &centroids, &search)?;
+            return Ok(plan.with_imports(imports.footprint()));
+        }
+    }
+    if !job.wants_knn || job.nothing_to_search() {
         // The call returns at once: no chunk, no memory.
         return Ok(Plan {
             path: ctx.path(),
@@ -334,6 +519,10 @@ struct Job<'a> {
     /// Per query, the references relevant to it: of its label, less itself.
     relevant: Vec<usize>,
     k: usize,
+    /// Whether a kNN metric is included.
+    wants_knn: bool,
+    /// Whether NMI or AMI is included.
+    wants_clusters: bool,
 }
 
 impl<'a> Job<'a> {
@@ -358,6 +547,53 @@ impl<'a> Job<'a> {
         }
     }
 
+    /// The k-means of NMI and AMI, when included: one cluster per distinct query label.
+    fn kmeans_config(&self, cfg: &AccuracyConfig) -> Option<KmeansConfig> {
+        let mut labels = self.set.labels.clone();
+        labels.sort_unstable();
+        labels.dedup();
+        self.wants_clusters.then(|| KmeansConfig {
+            clusters: labels.len(),
+            hooks: cfg.hooks.clone(),
+            ..cfg.kmeans.clone()
+        })
+    }
+
+    /// The kNN metrics from the neighbours `(q, k)`: overall and per query label.
+    fn score<L: Copy + Ord>(
+        &self,
+        neighbours: &ndarray::Array2<u32>,
+        queries: &MiningSet<'_, L>,
+        cfg: &AccuracyConfig,
+    ) -> (AccuracyMetrics, Vec<(L, AccuracyMetrics)>) {
+        let set = &self.set;
+        let mut by_class: BTreeMap<L, Vec<AccuracyMetrics>> = BTreeMap::new();
+        for (i, neighbours) in neighbours.rows().into_iter().enumerate() {
+            let r = self.relevant[i];
+            if r == 0 {
+                continue;
+            }
+            let label = set.labels[i];
+            let rel = neighbours
+                .iter()
+                .map(|&j| set.ref_labels[j as usize] == label);
+            by_class
+                .entry(queries.labels[i])
+                .or_default()
+                .push(score(rel, r));
+        }
+        let per_class: Vec<(L, AccuracyMetrics)> = by_class
+            .iter()
+            .map(|(&l, m)| (l, AccuracyMetrics::mean(m.iter())))
+            .collect();
+        let metrics = if cfg.avg_of_avgs {
+            AccuracyMetrics::mean(per_class.iter().map(|(_, m)| m))
+        } else {
+            AccuracyMetrics::mean(by_class.values().flatten())
+        };
+        (metrics, per_class)
+    }
+
     fn knn_config(&self, cfg: &AccuracyConfig) -> KnnConfig {
         KnnConfig {
             k: self.k,
@@ -378,8 +614,18 @@ fn prepare<'s, L>(
 where
     L: Copy + Eq + Hash + Ord,
 {
+    if cfg.include.is_empty() {
+        return Err(Error::InvalidParameter {
+            op: OP,
+            what: "include",
+            value: "[]".into(),
+            rule: "at least one metric",
+        });
+    }
+    let wants_knn = cfg.include.iter().any(|m| m.needs_knn());
+    let wants_clusters = cfg.include.iter().any(|m| !m.needs_knn());
     // R per query and k come from the labels: checked before any device work, and the
-    // embeddings are imported only when there is something to search.
+    // embeddings are imported only when there is something to search or cluster.
     let mut planned = (Vec::new(), 0);
     let check = |set: &Labelled<'_>| -> Result<bool> {
         // Host rows only: rows on a device are not read back to check them.
@@ -391,9 +637,9 @@ where
             }
         }
         let (relevant, k) = relevant_and_k(set, cfg)?;
-        let searches = k > 0 && relevant.iter().any(|&r| r > 0);
+        let searches = wants_knn && k > 0 && relevant.iter().any(|&r| r > 0);
         planned = (relevant, k);
-        Ok(searches)
+        Ok(searches || (wants_clusters && !set.labels.is_empty()))
     };
     let set = inputs::prepare(
         OP,
@@ -406,7 +652,13 @@ where
         imports,
     )?;
     let (relevant, k) = planned;
-    Ok(Job { set, relevant, k })
+    Ok(Job {
+        set,
+        relevant,
+        k,
+        wants_knn,
+        wants_clusters,
+    })
 }
 
 /// Per query, the references relevant to it (of its label, less itself), and the `k` to

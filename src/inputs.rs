@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use ndarray::{Array2, ArrayView1, ArrayView2};
+use ndarray::{Array2, ArrayView1, ArrayView2, CowArray, Ix2};
 
 use crate::context::Context;
 use crate::device::GpuDevice;
@@ -271,6 +271,8 @@ pub(crate) enum Side {
     References,
     /// A batch entering a memory bank: host rows, like queries.
     Batch,
+    /// The points of an operation without references (k-means).
+    Points,
 }
 
 impl Side {
@@ -279,12 +281,13 @@ impl Side {
             Side::Queries => "queries",
             Side::References => "refs",
             Side::Batch => "embeddings",
+            Side::Points => "points",
         }
     }
 
     fn labels(self) -> &'static str {
         match self {
-            Side::Queries | Side::Batch => "labels",
+            Side::Queries | Side::Batch | Side::Points => "labels",
             Side::References => "ref_labels",
         }
     }
@@ -399,6 +402,24 @@ fn rows_of<'a>(op: &'static str, e: Embeddings<'a>) -> Result<Rows<'a>> {
     }
 }
 
+/// Validates the one side of an operation without references (k-means' points), runs the
+/// operation's own rules on its row count (`check(n)`, before any device work), then imports a
+/// device buffer into `imports`.
+pub(crate) fn prepare_rows<'a>(
+    op: &'static str,
+    ctx: &Context,
+    x: Embeddings<'a>,
+    check: impl FnOnce(usize) -> Result<()>,
+    imports: &'a mut Imports,
+) -> Result<Rows<'a>> {
+    let (n, _) = check_embeddings(op, ctx, Side::Points, &x)?;
+    check(n)?;
+    match imports.resolve(op, ctx, Some(x), None)? {
+        (Some(x), _) => rows_of(op, x),
+        (None, _) => Err(unimported(op)),
+    }
+}
+
 /// Rows as [`Embeddings`] again (for code written for the reference side).
 pub(crate) fn embeddings_of(rows: Rows<'_>) -> Embeddings<'_> {
     match rows {
@@ -413,6 +434,40 @@ pub(crate) fn unimported(op: &'static str) -> Error {
         op,
         message: "device-buffer embeddings were not imported".into(),
     }
+}
+
+/// `rows` as a host array: host rows as they are, rows resident on the context's device (a
+/// bank's, or imported from a buffer) read back (the losses and k-means compute on the host).
+pub(crate) fn host_rows<'a>(
+    op: &'static str,
+    ctx: &Context,
+    rows: Rows<'a>,
+) -> Result<CowArray<'a, f32, Ix2>> {
+    match rows {
+        Rows::Host(x) => Ok(CowArray::from(x)),
+        Rows::Resident(view) => read_resident(op, ctx, view).map(CowArray::from),
+    }
+}
+
+/// The reference side as a host array, as [`host_rows`].
+pub(crate) fn host_refs<'a>(
+    op: &'static str,
+    ctx: &Context,
+    refs: Embeddings<'a>,
+) -> Result<CowArray<'a, f32, Ix2>> {
+    match refs {
+        Embeddings::Host(x) => Ok(CowArray::from(x)),
+        Embeddings::Bank(bank) => read_resident(op, ctx, bank.view).map(CowArray::from),
+        Embeddings::Device(_) => Err(unimported(op)),
+    }
+}
+
+fn read_resident(op: &'static str, ctx: &Context, view: RowsView<'_>) -> Result<Array2<f32>> {
+    let gpu = ctx.gpu().ok_or_else(|| Error::Internal {
+        op,
+        message: "device-resident rows with a native context".into(),
+    })?;
+    gpu.settled(view.rows.read(gpu, view.len))
 }
 
 /// Device-buffer embeddings imported for one call: their rows in the kernels' layout, alive

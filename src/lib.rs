@@ -13,20 +13,25 @@ mod hooks;
 mod host_alloc;
 mod inputs;
 mod kernels;
+mod kmeans;
 mod knn;
 mod loss;
 mod memory;
 mod metric;
 mod miners;
+mod mutual_info;
 mod native;
 mod oom_retry;
 mod plan;
 pub mod reference;
+mod rng;
 mod transfer;
 mod triplets;
 mod validate;
 
-pub use accuracy::{accuracy, accuracy_plan, Accuracy, AccuracyConfig, AccuracyK, AccuracyMetrics};
+pub use accuracy::{
+    accuracy, accuracy_plan, Accuracy, AccuracyConfig, AccuracyK, AccuracyMetric, AccuracyMetrics,
+};
 pub use bank::{BankConfig, BankSnapshot, CheckpointLabel, Enqueued, MemoryBank, Saved};
 pub use context::{
     list_adapters, AdapterSelector, AdapterSummary, BackendChoice, ComputePath, Context,
@@ -41,6 +46,7 @@ pub use error::{Error, Result};
 pub use hooks::{CancelToken, Hooks, Progress};
 pub use inputs::{BankRows, Embeddings, MiningSet, SelfExclusion};
 pub use kernels::{WgslKernel, WGSL_KERNELS};
+pub use kmeans::{kmeans, Kmeans, KmeansConfig};
 pub use knn::{knn, knn_on_device, knn_plan, knn_sharded, Knn, KnnConfig, KnnOnDevice};
 pub use loss::{
     multiple_negatives_ranking_loss, ntxent_loss, triplet_margin_loss, InfoNceConfig, InfoNceLoss,
@@ -54,6 +60,7 @@ pub use miners::{
     BatchHardConfig, MinerConfig, MultiSimilarityConfig, PairMarginConfig, PairMinerConfig,
     PairRule, Pairs, PairsOnDevice, Strategy,
 };
+pub use mutual_info::{adjusted_mutual_info, normalized_mutual_info};
 pub use plan::Plan;
 pub use triplets::{
     count_triplets, mine_triplets, mine_triplets_on_device, mine_triplets_plan,

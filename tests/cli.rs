@@ -10,10 +10,10 @@ use ndarray::{array, Array1, Array2};
 use ndarray_npy::{read_npy, write_npy};
 use wgpu_metric_learning::{
     accuracy, batch_hard_triplets, knn, mine_triplets, multiple_negatives_ranking_loss,
-    ntxent_loss, pair_margin_pairs, triplet_margin_loss, AccuracyConfig, AccuracyK,
-    BatchHardConfig, Context, Distance, DistanceConfig, InfoNceConfig, KnnConfig, MiningSet,
-    MnrlConfig, PairMarginConfig, SelfExclusion, TripletConfig, TripletLossConfig, TripletRule,
-    TripletType,
+    ntxent_loss, pair_margin_pairs, triplet_margin_loss, AccuracyConfig, AccuracyK, AccuracyMetric,
+    BatchHardConfig, Context, Distance, DistanceConfig, InfoNceConfig, KmeansConfig, KnnConfig,
+    MiningSet, MnrlConfig, PairMarginConfig, SelfExclusion, TripletConfig, TripletLossConfig,
+    TripletRule, TripletType,
 };
 
 /// A fresh directory for one test's files.
@@ -279,6 +279,49 @@ fn accuracy_prints_the_library_metrics_as_json() {
             "{key}: {json}"
         );
     }
+}
+
+/// `--include` with PML's names prints those metrics only, NMI and AMI from the library's
+/// k-means with `--seed`; a name PML does not have is a usage error.
+#[test]
+fn accuracy_includes_nmi_and_ami() {
+    let d = dir("accuracy-nmi");
+    let (x, y) = clustered();
+    let (xf, yf) = (d.join("x.npy"), d.join("y.npy"));
+    write_npy(&xf, &x).expect("write");
+    write_npy(&yf, &y).expect("write");
+    let cfg = AccuracyConfig {
+        include: vec![
+            AccuracyMetric::Nmi,
+            AccuracyMetric::Ami,
+            AccuracyMetric::RPrecision,
+        ],
+        kmeans: KmeansConfig {
+            seed: 9,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let ctx = Context::native_cpu(None);
+    let want = accuracy(&ctx, &MiningSet::new(&x, &y), None, &cfg).expect("library");
+    #[rustfmt::skip]
+    let json = ok(&wml(&[
+        "accuracy", "--embeddings", arg(&xf), "--labels", arg(&yf), "--include",
+        "NMI,AMI,r_precision", "--seed", "9", "--backend", "cpu",
+    ]));
+    assert_eq!(json_field(&json, "NMI"), want.nmi.expect("nmi"), "{json}");
+    assert_eq!(json_field(&json, "AMI"), want.ami.expect("ami"), "{json}");
+    assert!((json_field(&json, "r_precision") - want.metrics.r_precision).abs() < 1e-12);
+    assert!(!json.contains("precision_at_1"), "{json}");
+    #[rustfmt::skip]
+    let out = wml(&[
+        "accuracy", "--embeddings", arg(&xf), "--labels", arg(&yf), "--include", "nmi",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("NMI"),
+        "{out:?}"
+    );
 }
 
 #[test]

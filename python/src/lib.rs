@@ -29,9 +29,9 @@ use wgpu_metric_learning as wml;
 use wml::{
     AccuracyConfig, AccuracyK, AccuracyMetrics, AdapterSelector, AllPairsConfig, BackendChoice,
     BankConfig, BatchEasyHardConfig, BatchHardConfig, CancelToken, Context, ContextConfig,
-    Distance, DistanceConfig, Embeddings, Error, Hooks, InfoNceConfig, KnnConfig, MemoryBank,
-    MiningSet, MnrlConfig, MultiSimilarityConfig, PairMarginConfig, PairwiseConfig, SelfExclusion,
-    Strategy, TripletConfig, TripletLossConfig, TripletRule, TripletType,
+    Distance, DistanceConfig, Embeddings, Error, Hooks, InfoNceConfig, KmeansConfig, KnnConfig,
+    MemoryBank, MiningSet, MnrlConfig, MultiSimilarityConfig, PairMarginConfig, PairwiseConfig,
+    SelfExclusion, Strategy, TripletConfig, TripletLossConfig, TripletRule, TripletType,
 };
 
 /// How often the calling thread looks for a pending Ctrl-C while a call runs.
@@ -1128,20 +1128,46 @@ fn batch_hard_triplets<'py>(
     Ok(t.indices.into_pyarray(py))
 }
 
-fn metrics_dict<'py>(py: Python<'py>, m: &AccuracyMetrics) -> PyResult<Bound<'py, PyDict>> {
+/// The included kNN metrics under PML's keys.
+fn metrics_dict<'py>(
+    py: Python<'py>,
+    m: &AccuracyMetrics,
+    include: &[wml::AccuracyMetric],
+) -> PyResult<Bound<'py, PyDict>> {
+    use wml::AccuracyMetric as M;
     let d = PyDict::new(py);
-    d.set_item("precision_at_1", m.precision_at_1)?;
-    d.set_item("r_precision", m.r_precision)?;
-    d.set_item("mean_average_precision_at_r", m.mean_average_precision_at_r)?;
-    d.set_item("mean_average_precision", m.mean_average_precision)?;
-    d.set_item("mean_reciprocal_rank", m.mean_reciprocal_rank)?;
+    for (metric, value) in [
+        (M::PrecisionAt1, m.precision_at_1),
+        (M::RPrecision, m.r_precision),
+        (M::MeanAveragePrecisionAtR, m.mean_average_precision_at_r),
+        (M::MeanAveragePrecision, m.mean_average_precision),
+        (M::MeanReciprocalRank, m.mean_reciprocal_rank),
+    ] {
+        if include.contains(&metric) {
+            d.set_item(metric.name(), value)?;
+        }
+    }
     Ok(d)
+}
+
+/// `include` as PML spells it (`None`: the five kNN metrics).
+fn include_arg(include: Option<Vec<String>>) -> PyResult<Vec<wml::AccuracyMetric>> {
+    match include {
+        None => Ok(wml::AccuracyMetric::KNN.to_vec()),
+        Some(names) => names
+            .iter()
+            .map(|n| {
+                n.parse()
+                    .map_err(|e: Error| PyValueError::new_err(e.to_string()))
+            })
+            .collect(),
+    }
 }
 
 /// PML's `AccuracyCalculator` metrics: a dict with `metrics`, `per_class` (label → metrics),
 /// `lone_queries` and `k`.
 #[pyfunction]
-#[pyo3(signature = (ctx, embeddings, labels, refs = None, *, k = None, distance = "squared_euclidean", normalize = false, self_exclusion = None, avg_of_avgs = false))]
+#[pyo3(signature = (ctx, embeddings, labels, refs = None, *, k = None, distance = "squared_euclidean", normalize = false, self_exclusion = None, avg_of_avgs = false, include = None, kmeans_seed = 1234, kmeans_iterations = 20))]
 #[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
 fn accuracy<'py>(
     py: Python<'py>,
@@ -1154,7 +1180,12 @@ fn accuracy<'py>(
     normalize: bool,
     self_exclusion: Option<&Bound<'py, PyAny>>,
     avg_of_avgs: bool,
+    include: Option<Vec<String>>,
+    kmeans_seed: u64,
+    kmeans_iterations: usize,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let include = include_arg(include)?;
+    let kept = include.clone();
     let k = match k {
         None => AccuracyK::All,
         Some(k) if k.is_none() => AccuracyK::All,
@@ -1188,16 +1219,29 @@ fn accuracy<'py>(
                 distance,
                 self_exclusion: exclusion,
                 avg_of_avgs,
+                include,
+                kmeans: KmeansConfig {
+                    seed: kmeans_seed,
+                    max_iterations: kmeans_iterations,
+                    ..Default::default()
+                },
                 hooks,
             };
             wml::accuracy(c, q, r, &cfg)
         },
     )?;
     let out = PyDict::new(py);
-    out.set_item("metrics", metrics_dict(py, &acc.metrics)?)?;
+    let metrics = metrics_dict(py, &acc.metrics, &kept)?;
+    if let Some(nmi) = acc.nmi {
+        metrics.set_item("NMI", nmi)?;
+    }
+    if let Some(ami) = acc.ami {
+        metrics.set_item("AMI", ami)?;
+    }
+    out.set_item("metrics", metrics)?;
     let per_class = PyDict::new(py);
     for (label, m) in &acc.per_class {
-        per_class.set_item(label, metrics_dict(py, m)?)?;
+        per_class.set_item(label, metrics_dict(py, m, &kept)?)?;
     }
     out.set_item("per_class", per_class)?;
     out.set_item("lone_queries", acc.lone_queries)?;
@@ -1206,6 +1250,68 @@ fn accuracy<'py>(
 }
 
 /// A loss's value, its two counts and its gradients, as one tuple.
+/// k-means of the points (Faiss's, on the library's top-1 search): `(centroids (k, d) float32,
+/// assignments (n,) uint32, distances (n,) float32, inertia, iterations)`.
+#[pyfunction]
+#[pyo3(signature = (ctx, points, clusters, *, max_iterations = 20, tolerance = 0.0, seed = 1234, max_points_per_centroid = 256))]
+#[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
+fn kmeans<'py>(
+    py: Python<'py>,
+    ctx: &PyContext,
+    points: PyReadonlyArray2<'py, f32>,
+    clusters: usize,
+    max_iterations: usize,
+    tolerance: f64,
+    seed: u64,
+    max_points_per_centroid: usize,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let x = points.as_array();
+    let c = &ctx.inner;
+    let km = run(py, move |hooks| {
+        let cfg = KmeansConfig {
+            clusters,
+            max_iterations,
+            tolerance,
+            seed,
+            max_points_per_centroid,
+            hooks,
+        };
+        wml::kmeans(c, x, &cfg)
+    })?;
+    PyTuple::new(
+        py,
+        [
+            km.centroids.into_pyarray(py).into_any(),
+            km.assignments.into_pyarray(py).into_any(),
+            km.distances.into_pyarray(py).into_any(),
+            km.inertia.into_pyobject(py)?.into_any(),
+            km.iterations.into_pyobject(py)?.into_any(),
+        ],
+    )
+}
+
+/// scikit-learn's `normalized_mutual_info_score` (arithmetic mean) of two int64 labelings.
+#[pyfunction]
+fn normalized_mutual_info(
+    labels_true: PyReadonlyArray1<'_, i64>,
+    labels_pred: PyReadonlyArray1<'_, i64>,
+) -> PyResult<f64> {
+    wml::normalized_mutual_info(labels_true.as_array(), labels_pred.as_array()).map_err(py_err)
+}
+
+/// scikit-learn's `adjusted_mutual_info_score` (arithmetic mean) of two int64 labelings.
+#[pyfunction]
+fn adjusted_mutual_info(
+    py: Python<'_>,
+    labels_true: PyReadonlyArray1<'_, i64>,
+    labels_pred: PyReadonlyArray1<'_, i64>,
+) -> PyResult<f64> {
+    let (a, b) = (labels_true.as_array(), labels_pred.as_array());
+    // The expected mutual information can take a while: other Python threads run meanwhile.
+    py.detach(|| wml::adjusted_mutual_info(a, b))
+        .map_err(py_err)
+}
+
 fn loss_tuple<'py>(
     py: Python<'py>,
     loss: f32,
@@ -1350,6 +1456,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(batch_easy_hard_pairs, m)?)?;
     m.add_function(wrap_pyfunction!(batch_hard_triplets, m)?)?;
     m.add_function(wrap_pyfunction!(accuracy, m)?)?;
+    m.add_function(wrap_pyfunction!(kmeans, m)?)?;
+    m.add_function(wrap_pyfunction!(normalized_mutual_info, m)?)?;
+    m.add_function(wrap_pyfunction!(adjusted_mutual_info, m)?)?;
     m.add_function(wrap_pyfunction!(triplet_margin_loss, m)?)?;
     m.add_function(wrap_pyfunction!(ntxent_loss, m)?)?;
     m.add_function(wrap_pyfunction!(multiple_negatives_ranking_loss, m)?)?;

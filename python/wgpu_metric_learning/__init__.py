@@ -22,6 +22,10 @@ Example::
     found = wml.knn(ctx, x, k=5)               # a query is not its own neighbour
     print(wml.accuracy(ctx, x, y, k="max_bin_count").metrics["precision_at_1"])
 
+Clustering: :func:`kmeans` (Faiss's k-means on the library's search),
+:func:`normalized_mutual_info` and :func:`adjusted_mutual_info` (scikit-learn's), and NMI
+and AMI in :func:`accuracy`'s ``include``.
+
 Losses come with their gradients, computed without a triplet list or the whole similarity
 matrix: :func:`triplet_margin_loss`, :func:`ntxent_loss`, :func:`multiple_negatives_ranking_loss`.
 
@@ -43,6 +47,7 @@ from ._native import Context, TripletChunks, list_adapters
 
 __all__ = [
     "Accuracy",
+    "Clustering",
     "Context",
     "Enqueued",
     "Knn",
@@ -51,17 +56,20 @@ __all__ = [
     "Pairs",
     "TripletChunks",
     "accuracy",
+    "adjusted_mutual_info",
     "all_pairs",
     "batch_easy_hard_pairs",
     "batch_hard_triplets",
     "count_triplets",
     "default_context",
     "iter_triplets",
+    "kmeans",
     "knn",
     "list_adapters",
     "mine_triplets",
     "multi_similarity_pairs",
     "multiple_negatives_ranking_loss",
+    "normalized_mutual_info",
     "ntxent_loss",
     "pair_margin_pairs",
     "pairwise_distances",
@@ -114,14 +122,29 @@ class Loss(NamedTuple):
 
 
 class Accuracy(NamedTuple):
-    """The result of :func:`accuracy`: ``metrics`` (name → value, PML's names),
-    ``per_class`` (label → metrics), the number of ``lone_queries`` left out, and the ``k``
-    searched."""
+    """The result of :func:`accuracy`: ``metrics`` (name → value, PML's names, the included
+    metrics only), ``per_class`` (label → kNN metrics), the number of ``lone_queries`` left
+    out, and the ``k`` searched (0 without a kNN metric)."""
 
     metrics: Dict[str, float]
     per_class: Dict[int, Dict[str, float]]
     lone_queries: int
     k: int
+
+
+class Clustering(NamedTuple):
+    """The result of :func:`kmeans`."""
+
+    #: ``(k, d)`` float32: the final centroids.
+    centroids: np.ndarray
+    #: ``(n,)`` uint32: each point's nearest final centroid (ties to the lower index).
+    assignments: np.ndarray
+    #: ``(n,)`` float32: each point's squared L2 distance to its centroid.
+    distances: np.ndarray
+    #: The sum of ``distances``.
+    inertia: float
+    #: Centroid updates done (fewer than ``max_iterations`` when it stopped early).
+    iterations: int
 
 
 _default_lock = threading.Lock()
@@ -562,13 +585,21 @@ def accuracy(
     normalize: bool = False,
     self_exclusion: Any = None,
     avg_of_avgs: bool = False,
+    include: Optional[Sequence[str]] = None,
+    kmeans_seed: int = 1234,
+    kmeans_iterations: int = 20,
 ) -> Accuracy:
     """PML's ``AccuracyCalculator`` metrics (precision_at_1, r_precision,
-    mean_average_precision_at_r, mean_average_precision, mean_reciprocal_rank), computed in
-    Rust end to end. ``k``: ``None``/``"all"`` (PML's default), ``"max_bin_count"`` or an
-    int. ``refs=None`` means the references are the queries, each not its own neighbour
-    (PML's ``ref_includes_query``). The default ranking is squared L2 on raw embeddings, as
-    PML's default Faiss index."""
+    mean_average_precision_at_r, mean_average_precision, mean_reciprocal_rank, NMI, AMI),
+    computed in Rust end to end. ``include``: PML's metric names (default the five kNN
+    metrics); NMI and AMI cluster the queries with :func:`kmeans` into as many clusters as
+    there are query labels (``kmeans_seed``, ``kmeans_iterations``: PML asks Faiss for 20).
+    ``k``: ``None``/``"all"`` (PML's default), ``"max_bin_count"`` or an int. ``refs=None``
+    means the references are the queries, each not its own neighbour (PML's
+    ``ref_includes_query``). The default ranking is squared L2 on raw embeddings, as PML's
+    default Faiss index."""
+    if isinstance(include, str):
+        raise TypeError("include must be a sequence of metric names, not a string")
     out = _native.accuracy(
         ctx,
         _matrix(embeddings, "embeddings"),
@@ -579,8 +610,57 @@ def accuracy(
         normalize=normalize,
         self_exclusion=_exclusion(self_exclusion),
         avg_of_avgs=avg_of_avgs,
+        include=None if include is None else [str(m) for m in include],
+        kmeans_seed=kmeans_seed,
+        kmeans_iterations=kmeans_iterations,
     )
     return Accuracy(out["metrics"], out["per_class"], out["lone_queries"], out["k"])
+
+
+def kmeans(
+    ctx: Context,
+    points: Any,
+    clusters: int,
+    *,
+    max_iterations: int = 20,
+    tolerance: float = 0.0,
+    seed: int = 1234,
+    max_points_per_centroid: int = 256,
+) -> Clustering:
+    """k-means of ``points`` ``(n, d)`` as Faiss's ``Kmeans`` (what PML's
+    ``AccuracyCalculator`` clusters with): ``clusters`` distinct random points as the first
+    centroids, then up to ``max_iterations`` Lloyd updates (assignments by the library's exact
+    top-1 search under the budget), Faiss's split of empty clusters, and Faiss's training
+    sample of ``clusters · max_points_per_centroid`` points (0: every point). ``tolerance``
+    stops once an update lowers the objective by less than that fraction (0: only at a fixed
+    point). Every point is then assigned to the final centroids. The result is a function of
+    the points and ``seed``."""
+    out = _native.kmeans(
+        ctx,
+        _matrix(points, "points"),
+        int(clusters),
+        max_iterations=max_iterations,
+        tolerance=tolerance,
+        seed=seed,
+        max_points_per_centroid=max_points_per_centroid,
+    )
+    return Clustering(*out)
+
+
+def normalized_mutual_info(labels_true: Any, labels_pred: Any) -> float:
+    """scikit-learn's ``normalized_mutual_info_score`` (arithmetic mean) of two integer
+    labelings ``(n,)``."""
+    return _native.normalized_mutual_info(
+        _labels(labels_true, "labels_true"), _labels(labels_pred, "labels_pred")
+    )
+
+
+def adjusted_mutual_info(labels_true: Any, labels_pred: Any) -> float:
+    """scikit-learn's ``adjusted_mutual_info_score`` (arithmetic mean) of two integer
+    labelings ``(n,)``."""
+    return _native.adjusted_mutual_info(
+        _labels(labels_true, "labels_true"), _labels(labels_pred, "labels_pred")
+    )
 
 
 def triplet_margin_loss(

@@ -188,7 +188,22 @@ def accuracy(
     normalize: bool = False,
     self_exclusion: SelfExclusion = None,
     avg_of_avgs: bool = False,
+    include: Optional[List[str]] = None,
+    kmeans_seed: int = 1234,
+    kmeans_iterations: int = 20,
 ) -> Dict[str, Any]: ...
+def kmeans(
+    ctx: Context,
+    points: F32,
+    clusters: int,
+    *,
+    max_iterations: int = 20,
+    tolerance: float = 0.0,
+    seed: int = 1234,
+    max_points_per_centroid: int = 256,
+) -> Tuple[F32, U32, F32, float, int]: ...
+def normalized_mutual_info(labels_true: I64, labels_pred: I64) -> float: ...
+def adjusted_mutual_info(labels_true: I64, labels_pred: I64) -> float: ...
 def triplet_margin_loss(
     ctx: Context,
     embeddings: F32,

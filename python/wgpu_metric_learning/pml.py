@@ -3,6 +3,8 @@ computed by the library: torch tensors in and out on the caller's device (CUDA t
 through host memory until device sharing exists).
 
 - :class:`KNN`: a ``knn_func`` for ``AccuracyCalculator`` (exact, any ``k``, under a budget).
+- :class:`KMeans`: a ``kmeans_func`` for ``AccuracyCalculator`` (its NMI and AMI), Faiss's
+  k-means on the library's search.
 - :class:`TripletMarginMiner`, :class:`BatchHardMiner`, :class:`BatchEasyHardMiner`,
   :class:`MultiSimilarityMiner`, :class:`PairMarginMiner`: PML miners (subclasses of PML's
   ``BaseMiner``), usable wherever a PML miner is, PML's own ``CrossBatchMemory`` included,
@@ -27,7 +29,7 @@ Example::
     from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
     from wgpu_metric_learning.pml import KNN, TripletMarginMiner
 
-    calc = AccuracyCalculator(knn_func=KNN(), k="max_bin_count")
+    calc = AccuracyCalculator(knn_func=KNN(), kmeans_func=KMeans(), k="max_bin_count")
     miner = TripletMarginMiner(margin=0.2, type_of_triplets="semihard")
     a, p, n = miner(embeddings, labels)
 """
@@ -204,6 +206,46 @@ class KNN(_OnContext):
         idx = indices.astype(np.int64)
         device = query.device
         return torch.from_numpy(scores).to(device), torch.from_numpy(idx).to(device)
+
+
+class KMeans(_OnContext):
+    """A ``kmeans_func`` for PML's ``AccuracyCalculator``: ``kmeans(x, nmb_clusters)`` returns
+    each row's cluster ``(n,)`` (int64, on ``x``'s device), as PML's ``FaissKMeans`` does.
+
+    Faiss's ``Kmeans`` with PML's settings by default: ``niter=20`` updates from ``nmb_clusters``
+    random points, Faiss's split of empty clusters, its training sample of
+    ``nmb_clusters · max_points_per_centroid`` points, and every row assigned to the final
+    centroids by the library's exact top-1 search under ``budget``. ``seed`` fixes the
+    clustering (Faiss's default seed, 1234; Faiss draws other random numbers from it, so the
+    clusters are not Faiss's own, only as good)."""
+
+    def __init__(
+        self,
+        niter: int = 20,
+        seed: int = 1234,
+        max_points_per_centroid: int = 256,
+        tolerance: float = 0.0,
+        budget: Optional[int] = None,
+        backend: str = "auto",
+        context: Optional[Context] = None,
+    ) -> None:
+        self.niter = int(niter)
+        self.seed = int(seed)
+        self.max_points_per_centroid = int(max_points_per_centroid)
+        self.tolerance = float(tolerance)
+        self._set_context(context, backend, budget)
+
+    def __call__(self, x: torch.Tensor, nmb_clusters: int) -> torch.Tensor:
+        clusters = _native.kmeans(
+            self.context,
+            _emb(x, "x"),
+            int(nmb_clusters),
+            max_iterations=self.niter,
+            tolerance=self.tolerance,
+            seed=self.seed,
+            max_points_per_centroid=self.max_points_per_centroid,
+        )[1]
+        return torch.from_numpy(clusters.astype(np.int64)).to(x.device)
 
 
 class _LibraryMiner(_OnContext, BaseMiner):

@@ -191,9 +191,18 @@ pub fn knn_plan<'q, 'r>(
 /// [`knn`] over validated inputs.
 pub(crate) fn run(ctx: &Context, pair: &Pair<'_>, cfg: &KnnConfig) -> Result<Knn> {
     let total = pair.queries.nrows() as u64 * pair.refs.dim().0 as u64;
-    let report = Reporter::new(&cfg.hooks, OP, total);
+    run_reporting(ctx, pair, cfg, &Reporter::new(&cfg.hooks, OP, total))
+}
+
+/// [`run`] as one part of a larger call, reporting into `report`.
+pub(crate) fn run_reporting(
+    ctx: &Context,
+    pair: &Pair<'_>,
+    cfg: &KnnConfig,
+    report: &Reporter<'_>,
+) -> Result<Knn> {
     let (found, transfers) = transfer::measure(|| {
-        let job = (pair.excluded.as_slice(), &report);
+        let job = (pair.excluded.as_slice(), report);
         search(ctx, pair.queries, pair.refs, cfg, job, gpu::Output::Host)
     });
     let found = found?;
@@ -462,6 +471,27 @@ fn search(
         (Embeddings::Bank(_), None) => Err(inputs::foreign_bank(OP, ctx.device_name())),
         (Embeddings::Device(_), None) => Err(inputs::unimported(OP)),
     }
+}
+
+/// [`knn`] of validated rows against host references as one step of a larger call (k-means
+/// searches once per iteration): its progress goes to `report`, a part of the caller's.
+pub(crate) fn search_step(
+    ctx: &Context,
+    queries: Rows<'_>,
+    refs: ndarray::ArrayView2<'_, f32>,
+    cfg: &KnnConfig,
+    excluded: &[u32],
+    report: &Reporter<'_>,
+) -> Result<Neighbours> {
+    let job = (excluded, report);
+    search(
+        ctx,
+        queries,
+        Embeddings::Host(refs),
+        cfg,
+        job,
+        gpu::Output::Host,
+    )
 }
 
 /// Sorts `rows` lists of `k` `(key, index)` pairs (flat, row-major) best first into `out`'s

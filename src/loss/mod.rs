@@ -17,46 +17,9 @@ pub use info_nce::{
 };
 pub use triplet::{triplet_margin_loss, TripletLoss, TripletLossConfig};
 
-use ndarray::{Array2, ArrayView2, CowArray, Ix2};
+use ndarray::{Array2, ArrayView2};
 
-use crate::context::Context;
-use crate::device_rows::{Rows, RowsView};
-use crate::error::{Error, Result};
-use crate::inputs::{unimported, Embeddings};
-
-/// `rows` as a host array: host rows as they are, rows resident on the context's device (a
-/// bank's, or imported from a buffer) read back. The losses run on the native path.
-fn host_rows<'a>(
-    op: &'static str,
-    ctx: &Context,
-    rows: Rows<'a>,
-) -> Result<CowArray<'a, f32, Ix2>> {
-    match rows {
-        Rows::Host(x) => Ok(CowArray::from(x)),
-        Rows::Resident(view) => read_resident(op, ctx, view).map(CowArray::from),
-    }
-}
-
-/// The reference side as a host array, as [`host_rows`].
-fn host_refs<'a>(
-    op: &'static str,
-    ctx: &Context,
-    refs: Embeddings<'a>,
-) -> Result<CowArray<'a, f32, Ix2>> {
-    match refs {
-        Embeddings::Host(x) => Ok(CowArray::from(x)),
-        Embeddings::Bank(bank) => read_resident(op, ctx, bank.view).map(CowArray::from),
-        Embeddings::Device(_) => Err(unimported(op)),
-    }
-}
-
-fn read_resident(op: &'static str, ctx: &Context, view: RowsView<'_>) -> Result<Array2<f32>> {
-    let gpu = ctx.gpu().ok_or_else(|| Error::Internal {
-        op,
-        message: "device-resident rows with a native context".into(),
-    })?;
-    gpu.settled(view.rows.read(gpu, view.len))
-}
+use crate::inputs::{host_refs, host_rows};
 
 /// `x` `(n, d)` with each row multiplied by its scale: the normalised embeddings that the
 /// gradient products use (the distances themselves are computed from the raw rows and the

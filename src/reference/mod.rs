@@ -7,6 +7,7 @@
 //! yet (the losses) have theirs under the operation's name.
 
 pub mod distance_tile;
+pub mod kmeans;
 pub mod knn_select;
 pub mod knn_sort;
 pub mod negative_buckets;

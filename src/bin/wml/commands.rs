@@ -8,11 +8,11 @@ use ndarray::{Array1, Array2};
 use wgpu_metric_learning::{
     accuracy as accuracy_op, batch_easy_hard_pairs, batch_hard_triplets, count_triplets,
     knn as knn_op, mine_triplets, multi_similarity_pairs, multiple_negatives_ranking_loss,
-    ntxent_loss, pair_margin_pairs, triplet_margin_loss, AccuracyConfig, BackendChoice,
-    BatchEasyHardConfig, BatchHardConfig, ComputePath, Context, ContextConfig, Distance,
-    DistanceConfig, Error, Hooks, InfoNceConfig, KnnConfig, MiningSet, MnrlConfig,
-    MultiSimilarityConfig, PairMarginConfig, Pairs, SelfExclusion, Strategy, TripletConfig,
-    TripletLossConfig, TripletRule, TripletType,
+    ntxent_loss, pair_margin_pairs, triplet_margin_loss, AccuracyConfig, AccuracyMetric,
+    BackendChoice, BatchEasyHardConfig, BatchHardConfig, ComputePath, Context, ContextConfig,
+    Distance, DistanceConfig, Error, Hooks, InfoNceConfig, KmeansConfig, KnnConfig, MiningSet,
+    MnrlConfig, MultiSimilarityConfig, PairMarginConfig, Pairs, SelfExclusion, Strategy,
+    TripletConfig, TripletLossConfig, TripletRule, TripletType,
 };
 
 use crate::npy::{self, problem};
@@ -360,6 +360,15 @@ pub(crate) fn accuracy(a: &AccuracyArgs, hooks: &Hooks) -> Result<(), Failure> {
             false => SelfExclusion::Auto,
         },
         avg_of_avgs: a.avg_of_avgs,
+        include: match a.include.is_empty() {
+            true => AccuracyMetric::KNN.to_vec(),
+            false => a.include.clone(),
+        },
+        kmeans: KmeansConfig {
+            seed: a.seed,
+            max_iterations: a.kmeans_iterations,
+            ..Default::default()
+        },
         hooks: hooks.clone(),
     };
     let ctx = context(&a.common)?;
@@ -374,13 +383,24 @@ pub(crate) fn accuracy(a: &AccuracyArgs, hooks: &Hooks) -> Result<(), Failure> {
         accuracy_op(&ctx, &MiningSet::new(&x, &y), r.as_ref(), &cfg)
     })?;
     let m = &acc.metrics;
+    let value = |metric: AccuracyMetric| match metric {
+        AccuracyMetric::PrecisionAt1 => m.precision_at_1,
+        AccuracyMetric::RPrecision => m.r_precision,
+        AccuracyMetric::MeanAveragePrecisionAtR => m.mean_average_precision_at_r,
+        AccuracyMetric::MeanAveragePrecision => m.mean_average_precision,
+        AccuracyMetric::MeanReciprocalRank => m.mean_reciprocal_rank,
+        AccuracyMetric::Nmi => acc.nmi.unwrap_or(f64::NAN),
+        AccuracyMetric::Ami => acc.ami.unwrap_or(f64::NAN),
+    };
+    // PML's keys, in PML's order, for the included metrics only.
+    let fields: Vec<String> = AccuracyMetric::ALL
+        .into_iter()
+        .filter(|metric| cfg.include.contains(metric))
+        .map(|metric| format!("\"{}\": {}", metric.name(), json_number(value(metric))))
+        .collect();
     println!(
-        "{{\"precision_at_1\": {}, \"r_precision\": {}, \"mean_average_precision_at_r\": {}, \"mean_average_precision\": {}, \"mean_reciprocal_rank\": {}, \"k\": {}, \"lone_queries\": {}}}",
-        json_number(m.precision_at_1),
-        json_number(m.r_precision),
-        json_number(m.mean_average_precision_at_r),
-        json_number(m.mean_average_precision),
-        json_number(m.mean_reciprocal_rank),
+        "{{{}, \"k\": {}, \"lone_queries\": {}}}",
+        fields.join(", "),
         acc.k,
         acc.lone_queries
     );

@@ -350,6 +350,17 @@ struct AccuracyArgs {
     /// Average per class first, then over classes.
     #[arg(long)]
     avg_of_avgs: bool,
+    /// Metrics to compute, by PML's names, comma-separated: precision_at_1, r_precision,
+    /// mean_average_precision_at_r, mean_average_precision, mean_reciprocal_rank, NMI, AMI.
+    /// Default: the five kNN metrics. NMI and AMI cluster the queries with k-means.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    include: Vec<wgpu_metric_learning::AccuracyMetric>,
+    /// Seed of the k-means behind NMI and AMI.
+    #[arg(long, default_value_t = 1234)]
+    seed: u64,
+    /// Iterations of the k-means behind NMI and AMI (PML asks Faiss for 20).
+    #[arg(long, default_value_t = 20)]
+    kmeans_iterations: usize,
     #[command(flatten)]
     common: Common,
 }
