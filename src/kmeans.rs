@@ -309,8 +309,17 @@ fn update(centroids: &mut Array2<f32>, points: ArrayView2<'_, f32>, assigned: &[
             }
             sum.fill(0.0);
             for &row in rows {
-                for (s, &x) in sum.iter_mut().zip(points.row(row as usize)) {
-                    *s += f64::from(x);
+                let row = points.row(row as usize);
+                // A contiguous row as a slice: the widening add then compiles to vector code.
+                match row.as_slice() {
+                    Some(xs) => sum
+                        .iter_mut()
+                        .zip(xs)
+                        .for_each(|(s, &x)| *s += f64::from(x)),
+                    None => sum
+                        .iter_mut()
+                        .zip(row)
+                        .for_each(|(s, &x)| *s += f64::from(x)),
                 }
             }
             let count = rows.len() as f64;
