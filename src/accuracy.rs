@@ -173,8 +173,10 @@ pub struct AccuracyConfig {
     /// the mean over queries.
     pub avg_of_avgs: bool,
     /// The metrics to compute (PML's `include`), at least one. Default the five kNN metrics
-    /// ([`AccuracyMetric::KNN`]); NMI and AMI add a k-means clustering of the queries, and
-    /// without a kNN metric no kNN search runs.
+    /// ([`AccuracyMetric::KNN`]), where PML's default also has NMI and AMI: here they are
+    /// asked for, as they cost a k-means. NMI and AMI cluster the raw query embeddings, as PML
+    /// does (`distance` ranks the kNN metrics only); without a kNN metric no kNN search runs
+    /// and `k` is not checked.
     pub include: Vec<AccuracyMetric>,
     /// The k-means behind NMI and AMI. Its `clusters` is replaced by the number of distinct
     /// query labels and its `hooks` by these, as PML asks Faiss. Default
@@ -445,7 +447,9 @@ where
 }
 
 /// How [`accuracy`] would run with these arguments on `ctx`: the plan of its kNN search with
-/// the `k` the labels give. Nothing is searched.
+/// the `k` the labels give and, with NMI or AMI included, of its k-means (one search of every
+/// query against the centroids, and the k-means' host memory); the two run one after the
+/// other, so `bytes` is the larger of theirs and `chunks` their sum. Nothing is searched.
 ///
 /// # Errors
 /// As [`accuracy`] for bad inputs; as [`knn_plan`](crate::knn_plan) when not even one query
@@ -472,44 +476,42 @@ where
 {
     let mut imports = Imports::plan();
     let job = prepare(ctx, queries, refs, cfg, &mut imports)?;
-    let q = job.set.labels.len();
-    if let (false, Some(kcfg), Some(rows)) =
-        (job.wants_knn, job.kmeans_config(cfg), job.set.queries)
-    {
-        // k-means alone: its searches, each query against the centroids.
-        if q > 0 {
-            let d = inputs::embeddings_of(rows).dim().1;
-            let centroids = ndarray::Array2::<f32>::zeros((kcfg.clusters, d));
-            let search = KnnConfig {
-                k: 1,
-                distance: DistanceConfig {
-                    distance: Distance::SquaredEuclidean,
-                    normalize: false,
-                },
-                ..Default::default()
-            };
-            let plan = crate::knn::knn_plan(ctx, inputs::embeddings_of(rows), &centroids, &search)?;
-            return Ok(plan.with_imports(imports.footprint()));
+    let search = match job.wants_knn && !job.nothing_to_search() {
+        true => {
+            let pair = job.pair()?;
+            let queries = inputs::embeddings_of(pair.queries);
+            Some(crate::knn::knn_plan(
+                ctx,
+                queries,
+                pair.refs,
+                &job.knn_config(cfg),
+            )?)
         }
-    }
-    if !job.wants_knn || job.nothing_to_search() {
+        false => None,
+    };
+    let clustering = match (job.kmeans_config(cfg), job.set.queries) {
+        (Some(kcfg), Some(rows)) if rows.nrows() > 0 => Some(kmeans::plan(ctx, rows, &kcfg)?),
+        _ => None,
+    };
+    let plan = match (search, clustering) {
+        // One after the other: the larger of the two at once, every chunk of both.
+        (Some(s), Some(c)) => Plan {
+            chunks: s.chunks + c.chunks,
+            bytes: s.bytes.max(c.bytes),
+            min_bytes: s.min_bytes.max(c.min_bytes),
+            ..s
+        },
+        (Some(p), None) | (None, Some(p)) => p,
         // The call returns at once: no chunk, no memory.
-        return Ok(Plan {
+        (None, None) => Plan {
             path: ctx.path(),
             rows: job.set.labels.len(),
             cols: job.set.ref_labels.len(),
             chunks: 0,
             bytes: 0,
             min_bytes: 0,
-        });
-    }
-    let pair = job.pair()?;
-    let plan = crate::knn::knn_plan(
-        ctx,
-        inputs::embeddings_of(pair.queries),
-        pair.refs,
-        &job.knn_config(cfg),
-    )?;
+        },
+    };
     Ok(plan.with_imports(imports.footprint()))
 }
 
@@ -549,14 +551,8 @@ impl<'a> Job<'a> {
 
     /// The k-means of NMI and AMI, when included: one cluster per distinct query label.
     fn kmeans_config(&self, cfg: &AccuracyConfig) -> Option<KmeansConfig> {
-        let mut labels = self.set.labels.clone();
-        labels.sort_unstable();
-        labels.dedup();
-        self.wants_clusters.then(|| KmeansConfig {
-            clusters: labels.len(),
-            hooks: cfg.hooks.clone(),
-            ..cfg.kmeans.clone()
-        })
+        self.wants_clusters
+            .then(|| kmeans_config(&self.set.labels, cfg))
     }
 
     /// The kNN metrics from the neighbours `(q, k)`: overall and per query label.
@@ -636,10 +632,15 @@ where
                 check_prefix(q, &set.labels, r, &set.ref_labels)?;
             }
         }
-        let (relevant, k) = relevant_and_k(set, cfg)?;
+        // PML sizes k only for the kNN metrics: a `k` no search uses is not checked.
+        let (relevant, k) = relevant_and_k(set, cfg, wants_knn)?;
         let searches = wants_knn && k > 0 && relevant.iter().any(|&r| r > 0);
         planned = (relevant, k);
-        Ok(searches || (wants_clusters && !set.labels.is_empty()))
+        let clusters = wants_clusters && !set.labels.is_empty();
+        if clusters {
+            kmeans::check_config(&kmeans_config(&set.labels, cfg), set.labels.len())?;
+        }
+        Ok(searches || clusters)
     };
     let set = inputs::prepare(
         OP,
@@ -661,9 +662,26 @@ where
     })
 }
 
+/// The k-means of NMI and AMI for these (dense) query labels: one cluster per distinct label,
+/// as PML asks Faiss; the call's hooks.
+fn kmeans_config(labels: &[u32], cfg: &AccuracyConfig) -> KmeansConfig {
+    let mut distinct = labels.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    KmeansConfig {
+        clusters: distinct.len(),
+        hooks: cfg.hooks.clone(),
+        ..cfg.kmeans.clone()
+    }
+}
+
 /// Per query, the references relevant to it (of its label, less itself), and the `k` to
 /// search with.
-fn relevant_and_k(set: &Labelled<'_>, cfg: &AccuracyConfig) -> Result<(Vec<usize>, usize)> {
+fn relevant_and_k(
+    set: &Labelled<'_>,
+    cfg: &AccuracyConfig,
+    wants_knn: bool,
+) -> Result<(Vec<usize>, usize)> {
     let m = set.ref_labels.len();
     let mut counts: HashMap<u32, usize> = HashMap::new();
     for &l in &set.ref_labels {
@@ -679,6 +697,9 @@ fn relevant_and_k(set: &Labelled<'_>, cfg: &AccuracyConfig) -> Result<(Vec<usize
             counts.get(l).copied().unwrap_or(0) - usize::from(own)
         })
         .collect();
+    if !wants_knn {
+        return Ok((relevant, 0));
+    }
     // As knn: a query that excludes a reference sees one fewer.
     let sees_itself = set.self_slots.iter().any(|&s| (s as usize) < m);
     let visible = m - usize::from(sees_itself);

@@ -8,9 +8,10 @@ use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::inputs::{self, Embeddings, Imports, Rows, NO_SLOT};
 use crate::knn::{self, KnnConfig};
-use crate::memory::Transfers;
+use crate::memory::{HostReservation, Transfers};
 use crate::metric::{Distance, DistanceConfig};
 use crate::native::par_items;
+use crate::plan::Plan;
 use crate::rng::SplitMix64;
 use crate::transfer;
 
@@ -119,7 +120,9 @@ pub struct Kmeans {
 /// [`Error::Shape`] if `d = 0`; [`Error::NonFinite`] for a NaN or infinity;
 /// [`Error::InvalidParameter`] for `clusters` outside `1..=n` or a negative or non-finite
 /// `tolerance`, and for device embeddings as [`DeviceEmbeddings`](crate::DeviceEmbeddings)
-/// says; [`Error::OverBudget`] if not even one row of a search fits; [`Error::Cancelled`];
+/// says; [`Error::BudgetExceeded`] if its host memory (the rows read back from a device, the
+/// training sample, the centroids and ~24 bytes per point) does not fit what the budget has
+/// left; [`Error::OverBudget`] if not even one row of a search fits; [`Error::Cancelled`];
 /// device errors.
 ///
 /// # Example
@@ -189,7 +192,50 @@ pub(crate) fn pairs_at_most(n: usize, cfg: &KmeansConfig) -> u64 {
     } else {
         cfg.max_iterations as u64
     };
-    (updates * train + n as u64).saturating_mul(k)
+    updates
+        .saturating_mul(train)
+        .saturating_add(n as u64)
+        .saturating_mul(k)
+}
+
+/// The label of k-means' host memory in the budget.
+const HOST: &str = "kmeans host rows and assignments";
+
+/// Host bytes k-means holds besides its searches' scratch: rows read back from a device, the
+/// training sample, the centroids and their sums, and the per-point vectors (assignments
+/// and distances now and before, the cluster members, the search's exclusion slots).
+pub(crate) fn host_bytes(n: usize, d: usize, resident: bool, cfg: &KmeansConfig) -> u64 {
+    let (n64, d64, k) = (n as u64, d as u64, cfg.clusters as u64);
+    let read_back = if resident { n64 * d64 * 4 } else { 0 };
+    let train = training_size(n, cfg) as u64;
+    let sample = if train < n64 { train * d64 * 4 } else { 0 };
+    let centroids = k * d64 * 4 + crate::native::threads() as u64 * d64 * 8 + k * 16;
+    read_back + sample + centroids + n64 * 24
+}
+
+/// How [`run`] would go on `ctx`: the plan of one of its searches (every point against the
+/// centroids), plus its host memory.
+pub(crate) fn plan(ctx: &Context, rows: Rows<'_>, cfg: &KmeansConfig) -> Result<Plan> {
+    let (n, d) = inputs::embeddings_of(rows.reborrow()).dim();
+    let centroids = Array2::<f32>::zeros((cfg.clusters, d));
+    let search = KnnConfig {
+        k: 1,
+        distance: DistanceConfig {
+            distance: Distance::SquaredEuclidean,
+            normalize: false,
+        },
+        ..Default::default()
+    };
+    let mut plan = knn::knn_plan(
+        ctx,
+        inputs::embeddings_of(rows.reborrow()),
+        &centroids,
+        &search,
+    )?;
+    let host = host_bytes(n, d, matches!(rows, Rows::Resident(_)), cfg);
+    plan.bytes += host;
+    plan.min_bytes += host;
+    Ok(plan)
 }
 
 /// [`kmeans`] over validated (and imported) rows, reporting into `report`.
@@ -200,6 +246,9 @@ pub(crate) fn run(
     report: &Reporter<'_>,
 ) -> Result<Kmeans> {
     let (n, k) = (rows.nrows(), cfg.clusters);
+    let d = inputs::embeddings_of(rows.reborrow()).dim().1;
+    let resident = matches!(rows, Rows::Resident(_));
+    let _held = HostReservation::new(HOST, host_bytes(n, d, resident, cfg), ctx.tracker())?;
     let host = inputs::host_rows(OP, ctx, rows.reborrow())?;
     // Faiss's sample of the training points, drawn before (and apart from) the centroids.
     let n_train = training_size(n, cfg);
@@ -373,10 +422,9 @@ mod tests {
     use super::*;
 
     /// Faiss's split, checked coordinate by coordinate: the empty cluster gets the picked
-    /// centroid scaled by 1 ± 1/1024 (up on even coordinates), the picked one the opposite,
-    /// and the picked cluster's size is shared.
+    /// centroid scaled by 1 ± 1/1024 (up on even coordinates), the picked one the opposite.
     #[test]
-    fn split_copies_perturbs_and_shares() {
+    fn split_copies_and_perturbs() {
         let original = ndarray::array![[1.0f32, 2.0, -3.0], [9.0, 9.0, 9.0], [4.0, -8.0, 16.0]];
         let mut centroids = original.clone();
         let mut rng = SplitMix64::new(5, STREAM_SPLIT);

@@ -65,7 +65,7 @@ proptest! {
             ..Default::default()
         };
         let want = reference::kmeans::kmeans(x.view(), &cfg);
-        prop_assume!(want.closest_call > 1e-4);
+        prop_assume!(want.closest_call > 1e-4 && want.closest_stop > 1e-6);
         for ctx in contexts() {
             let got = kmeans(&ctx, &x, &cfg).expect("kmeans");
             let what = format!("{:?} {cfg:?}", ctx.path());
@@ -197,8 +197,11 @@ fn a_tight_budget_splits_the_searches_and_changes_nothing() {
         return;
     };
     let split = kmeans(&gpu, &x, &cfg).expect("tight budget");
-    assert_eq!(split.assignments, whole.assignments);
-    assert_eq!(split.centroids, whole.centroids);
+    // Devices round differently: the same answer wherever no decision came near a tie.
+    if reference::kmeans::kmeans(x.view(), &cfg).closest_call > 1e-4 {
+        assert_eq!(split.assignments, whole.assignments);
+        assert_eq!(split.centroids, whole.centroids);
+    }
     let stats = gpu.memory();
     assert!(stats.peak_bytes <= stats.budget_bytes, "{stats:?}");
     assert!(split.transfers.submissions > 1);
@@ -438,6 +441,63 @@ fn accuracy_scores_the_kmeans_of_the_queries() {
             err,
             Error::InvalidParameter {
                 what: "include",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+/// The plan covers what runs: the k-means alone (even when every query is lone, so no kNN
+/// search runs), the kNN search alone, or both one after the other.
+#[test]
+fn accuracy_plans_its_kmeans() {
+    use wgpu_metric_learning::accuracy_plan;
+    let (x, y) = blobs(400, 8, 5, 1.0, 41);
+    let ctx = Context::native_cpu(None);
+    let with = |include: Vec<AccuracyMetric>| AccuracyConfig {
+        include,
+        ..Default::default()
+    };
+    let set = MiningSet::new(&x, &y);
+    let knn_only =
+        accuracy_plan(&ctx, &set, None, &with(vec![AccuracyMetric::PrecisionAt1])).expect("plan");
+    let kmeans_only =
+        accuracy_plan(&ctx, &set, None, &with(vec![AccuracyMetric::Nmi])).expect("plan");
+    let both = accuracy_plan(&ctx, &set, None, &with(AccuracyMetric::ALL.to_vec())).expect("plan");
+    assert!(
+        kmeans_only.chunks > 0 && kmeans_only.bytes > 0,
+        "{kmeans_only:?}"
+    );
+    assert_eq!(both.chunks, knn_only.chunks + kmeans_only.chunks);
+    assert_eq!(both.bytes, knn_only.bytes.max(kmeans_only.bytes));
+    // Every query lone: no kNN search, the k-means still runs and is planned.
+    let lone: Array1<u32> = Array1::from_iter(0..400);
+    let lone_set = MiningSet::new(&x, &lone);
+    let cfg = with(vec![AccuracyMetric::PrecisionAt1, AccuracyMetric::Ami]);
+    let plan = accuracy_plan(&ctx, &lone_set, None, &cfg).expect("plan");
+    assert!(plan.chunks > 0 && plan.bytes > 0, "{plan:?}");
+    let acc = accuracy(&ctx, &lone_set, None, &cfg).expect("accuracy");
+    assert_eq!((acc.lone_queries, acc.ami), (400, Some(1.0)));
+    // A k no search uses is not checked; a bad k-means setting is.
+    let unused_k = AccuracyConfig {
+        k: wgpu_metric_learning::AccuracyK::Fixed(10_000),
+        ..with(vec![AccuracyMetric::Nmi])
+    };
+    assert!(accuracy(&ctx, &set, None, &unused_k).is_ok());
+    let bad = AccuracyConfig {
+        kmeans: KmeansConfig {
+            tolerance: -1.0,
+            ..Default::default()
+        },
+        ..with(vec![AccuracyMetric::Nmi])
+    };
+    let err = accuracy(&ctx, &set, None, &bad).expect_err("tolerance");
+    assert!(
+        matches!(
+            err,
+            Error::InvalidParameter {
+                what: "tolerance",
                 ..
             }
         ),

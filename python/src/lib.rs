@@ -1249,7 +1249,6 @@ fn accuracy<'py>(
     Ok(out)
 }
 
-/// A loss's value, its two counts and its gradients, as one tuple.
 /// k-means of the points (Faiss's, on the library's top-1 search): `(centroids (k, d) float32,
 /// assignments (n,) uint32, distances (n,) float32, inertia, iterations)`.
 #[pyfunction]
@@ -1312,6 +1311,7 @@ fn adjusted_mutual_info(
         .map_err(py_err)
 }
 
+/// A loss's value, its two counts and its gradients, as one tuple.
 fn loss_tuple<'py>(
     py: Python<'py>,
     loss: f32,

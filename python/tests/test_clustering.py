@@ -87,8 +87,10 @@ def test_kmeans_result(ctx):
     # A function of the points and the seed, on every path.
     again = wml.kmeans(ctx, x, 5)
     assert np.array_equal(again.assignments, out.assignments)
+    # The same clustering on the native path (devices round differently: a near tie could
+    # move a point, hardly more).
     native = wml.kmeans(wml.Context(backend="cpu"), x, 5)
-    assert np.array_equal(native.assignments, out.assignments)
+    assert wml.normalized_mutual_info(native.assignments, out.assignments) > 0.99
 
 
 def test_kmeans_errors(ctx):

@@ -27,7 +27,7 @@ Distances: PML's ``LpDistance(p=2)`` with ``power`` 1 or 2, normalised or not,
 Example::
 
     from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
-    from wgpu_metric_learning.pml import KNN, TripletMarginMiner
+    from wgpu_metric_learning.pml import KMeans, KNN, TripletMarginMiner
 
     calc = AccuracyCalculator(knn_func=KNN(), kmeans_func=KMeans(), k="max_bin_count")
     miner = TripletMarginMiner(margin=0.2, type_of_triplets="semihard")

@@ -110,7 +110,7 @@ fn feed_row(
     dots: &[f32],
     refs: RefFactors<'_>,
     (j0, skip, k): (usize, usize, usize),
-    list: &mut Candidates,
+    (list, scores): (&mut Candidates, &mut [f32; REF_BLOCK]),
     oriented: impl Fn(f32, f32, f32) -> f32,
 ) {
     let offer = |c: usize, o: f32, list: &mut Candidates| {
@@ -120,7 +120,6 @@ fn feed_row(
     };
     // First the metric of every element, a plain map that compiles to vector code; then the
     // bound test, `LANES` at a time, visiting only the admitted lanes.
-    let mut scores = [0.0f32; REF_BLOCK];
     let scores = &mut scores[..dots.len()];
     for (((o, &d), &rs), &rq) in scores.iter_mut().zip(dots).zip(refs.scale).zip(refs.sq) {
         *o = oriented(d, rs, rq);
@@ -168,6 +167,8 @@ fn search_block(
     block: &mut Array2<f32>,
 ) -> Vec<[u32; 2]> {
     let mut lists: Vec<Candidates> = rows.clone().map(|_| Candidates::new(k)).collect();
+    // One row's metric at a time, reused by every row.
+    let mut scores = [0.0f32; REF_BLOCK];
     let q_block = queries.slice(s![rows.clone(), ..]);
     let nb = block.ncols();
     for j0 in shard.clone().step_by(nb) {
@@ -203,14 +204,20 @@ fn search_block(
             let at = (j0, skip, k);
             match distance {
                 Distance::Cosine | Distance::DotProduct => {
-                    feed_row(dots, refs, at, list, |d, rs, _| -(d * scale * rs))
+                    feed_row(dots, refs, at, (list, &mut scores), |d, rs, _| {
+                        -(d * scale * rs)
+                    })
                 }
-                Distance::Euclidean => feed_row(dots, refs, at, list, |d, rs, rq| {
-                    finish(Distance::Euclidean, sq, rq, d * scale * rs)
-                }),
-                Distance::SquaredEuclidean => feed_row(dots, refs, at, list, |d, rs, rq| {
-                    finish(Distance::SquaredEuclidean, sq, rq, d * scale * rs)
-                }),
+                Distance::Euclidean => {
+                    feed_row(dots, refs, at, (list, &mut scores), |d, rs, rq| {
+                        finish(Distance::Euclidean, sq, rq, d * scale * rs)
+                    })
+                }
+                Distance::SquaredEuclidean => {
+                    feed_row(dots, refs, at, (list, &mut scores), |d, rs, rq| {
+                        finish(Distance::SquaredEuclidean, sq, rq, d * scale * rs)
+                    })
+                }
             }
         }
     }

@@ -27,6 +27,10 @@ pub struct KmeansReference {
     /// nearest centroid, relative to the distances involved. A `f32` implementation may
     /// decide otherwise where this is at the level of `f32` rounding.
     pub closest_call: f64,
+    /// With a tolerance, the smallest gap between an update's gain and the tolerance's
+    /// threshold, relative to the training points' summed squared norms (the scale of an
+    /// `f32` objective's rounding); infinite without one.
+    pub closest_stop: f64,
 }
 
 /// [`crate::kmeans`] of host points `(n, d)` with `cfg` (validated: `1 ≤ clusters ≤ n`).
@@ -49,7 +53,20 @@ pub fn kmeans(points: ArrayView2<'_, f32>, cfg: &KmeansConfig) -> KmeansReferenc
             .collect()
     };
     let mut split_rng = SplitMix64::new(cfg.seed, 3);
+    // The size of the f32 objective's rounding: its distances' norm expansions.
+    let scale = 1.0
+        + train_idx
+            .iter()
+            .map(|&i| {
+                points
+                    .row(i)
+                    .iter()
+                    .map(|&v| f64::from(v).powi(2))
+                    .sum::<f64>()
+            })
+            .sum::<f64>();
     let mut closest_call = f64::INFINITY;
+    let mut closest_stop = f64::INFINITY;
     let mut previous: Option<(Vec<u32>, f64)> = None;
     let mut reuse: Option<(Vec<u32>, f64)> = None;
     let mut split_last = false;
@@ -66,7 +83,11 @@ pub fn kmeans(points: ArrayView2<'_, f32>, cfg: &KmeansConfig) -> KmeansReferenc
         }
         let fixed = !split_last && previous.as_ref().map(|p| &p.0) == Some(&assigned);
         let flat = match &previous {
-            Some((_, before)) if cfg.tolerance > 0.0 => before - objective < cfg.tolerance * before,
+            Some((_, before)) if cfg.tolerance > 0.0 => {
+                let gain = before - objective - cfg.tolerance * before;
+                closest_stop = closest_stop.min(gain.abs() / scale);
+                gain < 0.0
+            }
             _ => false,
         };
         if fixed || flat {
@@ -146,6 +167,7 @@ pub fn kmeans(points: ArrayView2<'_, f32>, cfg: &KmeansConfig) -> KmeansReferenc
         inertia,
         iterations,
         closest_call,
+        closest_stop,
     }
 }
 
