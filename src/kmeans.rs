@@ -213,19 +213,26 @@ pub(crate) fn host_bytes(n: usize, d: usize, resident: bool, cfg: &KmeansConfig)
     read_back + sample + centroids + n64 * 24
 }
 
-/// How [`run`] would go on `ctx`: the plan of one of its searches (every point against the
-/// centroids), plus its host memory.
-pub(crate) fn plan(ctx: &Context, rows: Rows<'_>, cfg: &KmeansConfig) -> Result<Plan> {
-    let (n, d) = inputs::embeddings_of(rows.reborrow()).dim();
-    let centroids = Array2::<f32>::zeros((cfg.clusters, d));
-    let search = KnnConfig {
+/// The assignment step's search: each point's nearest centroid by squared Euclidean
+/// distance on the raw rows (Faiss's `IndexFlatL2`).
+fn search_config(hooks: Hooks) -> KnnConfig {
+    KnnConfig {
         k: 1,
         distance: DistanceConfig {
             distance: Distance::SquaredEuclidean,
             normalize: false,
         },
-        ..Default::default()
-    };
+        self_exclusion: inputs::SelfExclusion::Auto,
+        hooks,
+    }
+}
+
+/// How [`run`] would go on `ctx`: the plan of one of its searches (every point against the
+/// centroids), plus its host memory.
+pub(crate) fn plan(ctx: &Context, rows: Rows<'_>, cfg: &KmeansConfig) -> Result<Plan> {
+    let (n, d) = inputs::embeddings_of(rows.reborrow()).dim();
+    let centroids = Array2::<f32>::zeros((cfg.clusters, d));
+    let search = search_config(Hooks::default());
     let mut plan = knn::knn_plan(
         ctx,
         inputs::embeddings_of(rows.reborrow()),
@@ -266,15 +273,7 @@ pub(crate) fn run(
         let picks = SplitMix64::new(cfg.seed, STREAM_INIT).sample(n_train, k);
         train_host.select(Axis(0), &picks)
     };
-    let search = KnnConfig {
-        k: 1,
-        distance: DistanceConfig {
-            distance: Distance::SquaredEuclidean,
-            normalize: false,
-        },
-        self_exclusion: inputs::SelfExclusion::Auto,
-        hooks: cfg.hooks.clone(),
-    };
+    let search = search_config(cfg.hooks.clone());
     let nobody = vec![NO_SLOT; n];
     let assign = |points: Rows<'_>, centroids: &Array2<f32>| -> Result<(Vec<u32>, Vec<f32>)> {
         report.check()?;
