@@ -4,6 +4,7 @@
 use ndarray::{Array1, Array2, ArrayView2, Axis};
 
 use crate::context::{ComputePath, Context};
+use crate::device_rows::{DeviceRows, RowsView};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::inputs::{self, Embeddings, Imports, Rows, NO_SLOT};
@@ -113,7 +114,8 @@ pub struct Kmeans {
 /// every point is assigned to the final centroids.
 ///
 /// `points` may be a host array, device embeddings or a bank's rows; the centroid update runs
-/// on the host, so rows on a device are read back once. With `n = k` every point is its own
+/// on the host, so rows on a device are read back once (and host points are uploaded
+/// once on a wgpu context, for every search). With `n = k` every point is its own
 /// centroid (as Faiss).
 ///
 /// # Errors
@@ -228,7 +230,7 @@ fn search_config(hooks: Hooks) -> KnnConfig {
 }
 
 /// How [`run`] would go on `ctx`: the plan of one of its searches (every point against the
-/// centroids), plus its host memory.
+/// centroids), plus its host memory and, on a device, its uploaded training rows.
 pub(crate) fn plan(ctx: &Context, rows: Rows<'_>, cfg: &KmeansConfig) -> Result<Plan> {
     let (n, d) = inputs::embeddings_of(rows.reborrow()).dim();
     let centroids = Array2::<f32>::zeros((cfg.clusters, d));
@@ -239,7 +241,12 @@ pub(crate) fn plan(ctx: &Context, rows: Rows<'_>, cfg: &KmeansConfig) -> Result<
         &centroids,
         &search,
     )?;
-    let host = host_bytes(n, d, matches!(rows, Rows::Resident(_)), cfg);
+    let mut host = host_bytes(n, d, matches!(rows, Rows::Resident(_)), cfg);
+    if let (Some(gpu), Rows::Host(_)) = (ctx.gpu(), rows) {
+        // The training rows, uploaded once for every search.
+        let train = (training_size(n, cfg), d);
+        host += DeviceRows::unallocated(OP, gpu, train)?.import_bytes().0;
+    }
     plan.bytes += host;
     plan.min_bytes += host;
     Ok(plan)
@@ -266,6 +273,18 @@ pub(crate) fn run(
     let (train_host, train_rows): (ArrayView2<'_, f32>, Rows<'_>) = match &sample {
         Some(s) => (s.view(), Rows::Host(s.view())),
         None => (host.view(), rows.reborrow()),
+    };
+    // On a device, host training points go up once for every search, not once per iteration.
+    let uploaded = match (ctx.gpu(), train_rows) {
+        (Some(gpu), Rows::Host(x)) => Some(gpu.settled(DeviceRows::upload(gpu, x))?),
+        _ => None,
+    };
+    let train_rows = match &uploaded {
+        Some(on_device) => Rows::Resident(RowsView {
+            rows: on_device,
+            len: n_train,
+        }),
+        None => train_rows,
     };
     let mut centroids = if n_train == k {
         train_host.to_owned()
@@ -311,6 +330,8 @@ pub(crate) fn run(
     // Faiss's index holds the final centroids; PML assigns every point against them.
     let (assigned, distances) = match current {
         Some(last) if sample.is_none() => last,
+        // Every point: the training rows themselves when they were all of them.
+        _ if sample.is_none() => assign(train_rows, &centroids)?,
         _ => assign(rows, &centroids)?,
     };
     // Iterations not run are progress all the same.

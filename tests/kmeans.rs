@@ -297,6 +297,16 @@ fn device_embeddings_and_bank_rows_are_clustered_in_place() {
     let device = kmeans(ctx, rows, &cfg).expect("device");
     assert_eq!(device.assignments, host.assignments);
     assert!(device.transfers.bytes_down >= 200 * 5 * 4);
+    // Host points go up once, not once per search: beyond what the same k-means on rows
+    // already on the device uploads, less than twice their padded bytes (rows of 8 floats).
+    assert!(host.iterations >= 2, "{}", host.iterations);
+    let extra = host.transfers.bytes_up - device.transfers.bytes_up;
+    assert!(
+        extra < 2 * 200 * 8 * 4,
+        "{:?} {:?}",
+        host.transfers,
+        device.transfers
+    );
     let bank = common::wrapped_bank(ctx, &blobs(300, 5, 4, 0.5, 22).0, &Array1::zeros(300));
     let km = kmeans(ctx, bank.rows(), &cfg).expect("bank");
     // The bank's rows in slot order are the rows it clusters.
