@@ -387,7 +387,7 @@ where
     let job = prepare(ctx, queries, refs, cfg, &mut imports)?;
     let lone_queries = job.relevant.iter().filter(|&&r| r == 0).count();
     let searches = job.wants_knn && !job.nothing_to_search();
-    let kmeans_cfg = job.kmeans_config(cfg);
+    let kmeans_cfg = job.kmeans.clone();
     let q = job.set.labels.len();
     let total = match searches {
         true => q as u64 * job.set.ref_labels.len() as u64,
@@ -489,8 +489,8 @@ where
         }
         false => None,
     };
-    let clustering = match (job.kmeans_config(cfg), job.set.queries) {
-        (Some(kcfg), Some(rows)) if rows.nrows() > 0 => Some(kmeans::plan(ctx, rows, &kcfg)?),
+    let clustering = match (&job.kmeans, job.set.queries) {
+        (Some(kcfg), Some(rows)) if rows.nrows() > 0 => Some(kmeans::plan(ctx, rows, kcfg)?),
         _ => None,
     };
     let plan = match (search, clustering) {
@@ -523,8 +523,9 @@ struct Job<'a> {
     k: usize,
     /// Whether a kNN metric is included.
     wants_knn: bool,
-    /// Whether NMI or AMI is included.
-    wants_clusters: bool,
+    /// The k-means of NMI and AMI, when included: one cluster per distinct query label, as
+    /// PML asks Faiss; the call's hooks.
+    kmeans: Option<KmeansConfig>,
 }
 
 impl<'a> Job<'a> {
@@ -547,12 +548,6 @@ impl<'a> Job<'a> {
                 message: "validated inputs without embeddings".into(),
             }),
         }
-    }
-
-    /// The k-means of NMI and AMI, when included: one cluster per distinct query label.
-    fn kmeans_config(&self, cfg: &AccuracyConfig) -> Option<KmeansConfig> {
-        self.wants_clusters
-            .then(|| kmeans_config(&self.set.labels, cfg))
     }
 
     /// The kNN metrics from the neighbours `(q, k)`: overall and per query label.
@@ -622,7 +617,7 @@ where
     let wants_clusters = cfg.include.iter().any(|m| !m.needs_knn());
     // R per query and k come from the labels: checked before any device work, and the
     // embeddings are imported only when there is something to search or cluster.
-    let mut planned = (Vec::new(), 0);
+    let mut planned = (Vec::new(), 0, None);
     let check = |set: &Labelled<'_>| -> Result<bool> {
         // Host rows only: rows on a device are not read back to check them.
         if let (Some(Embeddings::Host(q)), Some(r), SelfExclusion::SameIndex) =
@@ -635,11 +630,12 @@ where
         // PML sizes k only for the kNN metrics: a `k` no search uses is not checked.
         let (relevant, k) = relevant_and_k(set, cfg, wants_knn)?;
         let searches = wants_knn && k > 0 && relevant.iter().any(|&r| r > 0);
-        planned = (relevant, k);
-        let clusters = wants_clusters && !set.labels.is_empty();
-        if clusters {
-            kmeans::check_config(&kmeans_config(&set.labels, cfg), set.labels.len())?;
+        let kmeans = wants_clusters.then(|| kmeans_config(&set.labels, cfg));
+        let clusters = !set.labels.is_empty() && kmeans.is_some();
+        if let (true, Some(kcfg)) = (clusters, &kmeans) {
+            kmeans::check_config(kcfg, set.labels.len())?;
         }
+        planned = (relevant, k, kmeans);
         Ok(searches || clusters)
     };
     let set = inputs::prepare(
@@ -652,13 +648,13 @@ where
         check,
         imports,
     )?;
-    let (relevant, k) = planned;
+    let (relevant, k, kmeans) = planned;
     Ok(Job {
         set,
         relevant,
         k,
         wants_knn,
-        wants_clusters,
+        kmeans,
     })
 }
 
