@@ -55,10 +55,12 @@ pub use loss::{
 pub use memory::{MemoryStats, Transfers};
 pub use metric::{Distance, DistanceConfig};
 pub use miners::{
-    all_pairs, batch_easy_hard_pairs, batch_hard_triplets, mine_pairs_on_device, miners_plan,
-    multi_similarity_pairs, pair_margin_pairs, AllPairsConfig, BatchEasyHardConfig,
-    BatchHardConfig, MinerConfig, MultiSimilarityConfig, PairMarginConfig, PairMinerConfig,
-    PairRule, Pairs, PairsOnDevice, Strategy,
+    all_pairs, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets,
+    distance_weighted_triplets, hdc_pairs, mine_pairs_on_device, miners_plan,
+    multi_similarity_pairs, pair_margin_pairs, uniform_histogram_pairs, AllPairsConfig,
+    AngularConfig, BatchEasyHardConfig, BatchHardConfig, DistanceWeightedConfig, HdcConfig,
+    MinerConfig, MultiSimilarityConfig, PairMarginConfig, PairMinerConfig, PairRule, Pairs,
+    PairsOnDevice, Strategy, UniformHistogramConfig,
 };
 pub use mutual_info::{adjusted_mutual_info, normalized_mutual_info};
 pub use plan::Plan;

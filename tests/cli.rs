@@ -9,11 +9,13 @@ use std::process::{Command, Output};
 use ndarray::{array, Array1, Array2};
 use ndarray_npy::{read_npy, write_npy};
 use wgpu_metric_learning::{
-    accuracy, batch_hard_triplets, knn, mine_triplets, multiple_negatives_ranking_loss,
-    ntxent_loss, pair_margin_pairs, triplet_margin_loss, AccuracyConfig, AccuracyK, AccuracyMetric,
-    BatchHardConfig, Context, Distance, DistanceConfig, InfoNceConfig, KmeansConfig, KnnConfig,
-    MiningSet, MnrlConfig, PairMarginConfig, SelfExclusion, TripletConfig, TripletLossConfig,
-    TripletRule, TripletType,
+    accuracy, angular_triplets, batch_hard_triplets, distance_weighted_triplets, hdc_pairs, knn,
+    mine_triplets, multiple_negatives_ranking_loss, ntxent_loss, pair_margin_pairs,
+    triplet_margin_loss, uniform_histogram_pairs, AccuracyConfig, AccuracyK, AccuracyMetric,
+    AngularConfig, BatchHardConfig, Context, Distance, DistanceConfig, DistanceWeightedConfig,
+    HdcConfig, InfoNceConfig, KmeansConfig, KnnConfig, MiningSet, MnrlConfig, PairMarginConfig,
+    SelfExclusion, TripletConfig, TripletLossConfig, TripletRule, TripletType,
+    UniformHistogramConfig,
 };
 
 /// A fresh directory for one test's files.
@@ -360,6 +362,171 @@ fn miners_write_their_documented_files() {
     assert_eq!(got_p, want.positives.mapv(i64::from));
     assert_eq!(got_n, want.negatives.mapv(i64::from));
     assert_eq!(got_p.ncols(), 2);
+}
+
+#[test]
+fn the_sampling_miners_write_the_library_answers() {
+    let d = dir("mine-sampling");
+    let (x, y) = clustered();
+    let (xf, yf) = (d.join("x.npy"), d.join("y.npy"));
+    write_npy(&xf, &x).expect("write");
+    write_npy(&yf, &y).expect("write");
+    let ctx = Context::native_cpu(None);
+    let set = MiningSet::new(&x, &y);
+    let base = [
+        "mine",
+        "--backend",
+        "cpu",
+        "--labels",
+        arg(&yf),
+        "--embeddings",
+        arg(&xf),
+    ];
+    let t = d.join("t.npy");
+    let triplets = |miner: &str, flags: &[&str]| -> Array2<i64> {
+        let args: Vec<&str> = base
+            .iter()
+            .copied()
+            .chain(["--miner", miner, "--out", arg(&t)])
+            .chain(flags.iter().copied())
+            .collect();
+        ok(&wml(&args));
+        read_npy(&t).expect("triplets")
+    };
+    let want = angular_triplets(
+        &ctx,
+        &set,
+        None,
+        &AngularConfig {
+            angle: 35.0,
+            ..Default::default()
+        },
+    )
+    .expect("lib");
+    assert_eq!(
+        triplets("angular", &["--angle", "35"]),
+        want.indices.mapv(i64::from)
+    );
+    let cfg = DistanceWeightedConfig {
+        cutoff: 0.3,
+        nonzero_loss_cutoff: 1.3,
+        seed: 9,
+        ..Default::default()
+    };
+    let want = distance_weighted_triplets(&ctx, &set, None, &cfg).expect("lib");
+    let got = triplets(
+        "distance-weighted",
+        &[
+            "--cutoff",
+            "0.3",
+            "--nonzero-loss-cutoff",
+            "1.3",
+            "--seed",
+            "9",
+        ],
+    );
+    assert!(got.nrows() > 0);
+    assert_eq!(got, want.indices.mapv(i64::from));
+
+    let (p, n) = (d.join("p.npy"), d.join("n.npy"));
+    let pairs = |miner: &str, flags: &[&str]| -> (Array2<i64>, Array2<i64>) {
+        let args: Vec<&str> = base
+            .iter()
+            .copied()
+            .chain([
+                "--miner",
+                miner,
+                "--out-positives",
+                arg(&p),
+                "--out-negatives",
+                arg(&n),
+            ])
+            .chain(flags.iter().copied())
+            .collect();
+        ok(&wml(&args));
+        (
+            read_npy(&p).expect("positives"),
+            read_npy(&n).expect("negatives"),
+        )
+    };
+    let cfg = HdcConfig {
+        filter_percentage: 0.25,
+        distance: DistanceConfig {
+            distance: Distance::Cosine,
+            normalize: true,
+        },
+        ..Default::default()
+    };
+    let want = hdc_pairs(&ctx, &set, None, &cfg).expect("lib");
+    let got = pairs(
+        "hdc",
+        &["--filter-percentage", "0.25", "--distance", "cosine"],
+    );
+    assert_eq!(
+        got,
+        (
+            want.positives.mapv(i64::from),
+            want.negatives.mapv(i64::from)
+        )
+    );
+    let cfg = UniformHistogramConfig {
+        num_bins: 7,
+        pos_per_bin: 2,
+        neg_per_bin: 3,
+        seed: 4,
+        ..Default::default()
+    };
+    let want = uniform_histogram_pairs(&ctx, &set, None, &cfg).expect("lib");
+    let got = pairs(
+        "uniform-histogram",
+        &[
+            "--num-bins",
+            "7",
+            "--pos-per-bin",
+            "2",
+            "--neg-per-bin",
+            "3",
+            "--seed",
+            "4",
+        ],
+    );
+    assert_eq!(
+        got,
+        (
+            want.positives.mapv(i64::from),
+            want.negatives.mapv(i64::from)
+        )
+    );
+
+    // PML fixes these miners' distance; a bad setting is one line, not a panic.
+    let args: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain([
+            "--miner",
+            "angular",
+            "--out",
+            arg(&t),
+            "--distance",
+            "cosine",
+        ])
+        .collect();
+    fails_with(&wml(&args), &["fixed distance"]);
+    let args: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain([
+            "--miner",
+            "hdc",
+            "--out-positives",
+            arg(&p),
+            "--out-negatives",
+            arg(&n),
+            "--filter-percentage",
+            "2",
+        ])
+        .collect();
+    fails_with(&wml(&args), &["filter_percentage"]);
 }
 
 #[test]

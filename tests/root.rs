@@ -29,6 +29,7 @@ mod oom_retry;
 mod pair_select;
 mod plans;
 mod row_norms;
+mod sampling_miners;
 mod shaders;
 mod soak;
 mod transfers;

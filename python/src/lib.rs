@@ -1128,6 +1128,151 @@ fn batch_hard_triplets<'py>(
     Ok(t.indices.into_pyarray(py))
 }
 
+/// PML's `AngularMiner`: triplets `(t, 3)` whose angle exceeds `angle` degrees.
+#[pyfunction]
+#[pyo3(signature = (ctx, embeddings, labels, refs = None, *, angle = 20.0, self_exclusion = None))]
+fn angular_triplets<'py>(
+    py: Python<'py>,
+    ctx: &PyContext,
+    embeddings: PyReadonlyArray2<'py, f32>,
+    labels: PyReadonlyArray1<'py, i64>,
+    refs: Option<&Bound<'py, PyAny>>,
+    angle: f32,
+    self_exclusion: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyArray2<u32>>> {
+    let exclusion = self::self_exclusion(self_exclusion)?;
+    let t = labelled(
+        py,
+        ctx,
+        Some(&embeddings),
+        &labels,
+        refs,
+        move |c, q, r, hooks| {
+            let cfg = wml::AngularConfig {
+                angle,
+                self_exclusion: exclusion,
+                hooks,
+            };
+            wml::angular_triplets(c, q, r, &cfg)
+        },
+    )?;
+    Ok(t.indices.into_pyarray(py))
+}
+
+/// PML's `DistanceWeightedMiner`: triplets `(t, 3)` drawn with seed `seed`.
+#[pyfunction]
+#[pyo3(signature = (ctx, embeddings, labels, refs = None, *, cutoff = 0.5, nonzero_loss_cutoff = 1.4, seed = 0, self_exclusion = None))]
+#[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
+fn distance_weighted_triplets<'py>(
+    py: Python<'py>,
+    ctx: &PyContext,
+    embeddings: PyReadonlyArray2<'py, f32>,
+    labels: PyReadonlyArray1<'py, i64>,
+    refs: Option<&Bound<'py, PyAny>>,
+    cutoff: f32,
+    nonzero_loss_cutoff: f32,
+    seed: u64,
+    self_exclusion: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyArray2<u32>>> {
+    let exclusion = self::self_exclusion(self_exclusion)?;
+    let t = labelled(
+        py,
+        ctx,
+        Some(&embeddings),
+        &labels,
+        refs,
+        move |c, q, r, hooks| {
+            let cfg = wml::DistanceWeightedConfig {
+                cutoff,
+                nonzero_loss_cutoff,
+                seed,
+                self_exclusion: exclusion,
+                hooks,
+            };
+            wml::distance_weighted_triplets(c, q, r, &cfg)
+        },
+    )?;
+    Ok(t.indices.into_pyarray(py))
+}
+
+/// PML's `HDCMiner`: `(positives (p, 2), negatives (n, 2))`, hardest first.
+#[pyfunction]
+#[pyo3(signature = (ctx, embeddings, labels, refs = None, *, filter_percentage = 0.5, distance = "euclidean", normalize = true, self_exclusion = None))]
+#[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
+fn hdc_pairs<'py>(
+    py: Python<'py>,
+    ctx: &PyContext,
+    embeddings: PyReadonlyArray2<'py, f32>,
+    labels: PyReadonlyArray1<'py, i64>,
+    refs: Option<&Bound<'py, PyAny>>,
+    filter_percentage: f64,
+    distance: &str,
+    normalize: bool,
+    self_exclusion: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let distance = distance_config(distance, normalize)?;
+    let exclusion = self::self_exclusion(self_exclusion)?;
+    let p = labelled(
+        py,
+        ctx,
+        Some(&embeddings),
+        &labels,
+        refs,
+        move |c, q, r, hooks| {
+            let cfg = wml::HdcConfig {
+                filter_percentage,
+                distance,
+                self_exclusion: exclusion,
+                hooks,
+            };
+            wml::hdc_pairs(c, q, r, &cfg)
+        },
+    )?;
+    pairs_tuple(py, p)
+}
+
+/// PML's `UniformHistogramMiner`: `(positives (p, 2), negatives (n, 2))`, bin by bin.
+#[pyfunction]
+#[pyo3(signature = (ctx, embeddings, labels, refs = None, *, num_bins = 100, pos_per_bin = 10, neg_per_bin = 10, distance = "euclidean", normalize = true, seed = 0, self_exclusion = None))]
+#[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
+fn uniform_histogram_pairs<'py>(
+    py: Python<'py>,
+    ctx: &PyContext,
+    embeddings: PyReadonlyArray2<'py, f32>,
+    labels: PyReadonlyArray1<'py, i64>,
+    refs: Option<&Bound<'py, PyAny>>,
+    num_bins: usize,
+    pos_per_bin: usize,
+    neg_per_bin: usize,
+    distance: &str,
+    normalize: bool,
+    seed: u64,
+    self_exclusion: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let distance = distance_config(distance, normalize)?;
+    let exclusion = self::self_exclusion(self_exclusion)?;
+    let p = labelled(
+        py,
+        ctx,
+        Some(&embeddings),
+        &labels,
+        refs,
+        move |c, q, r, hooks| {
+            let cfg = wml::UniformHistogramConfig {
+                num_bins,
+                pos_per_bin,
+                neg_per_bin,
+                distance,
+                seed,
+                self_exclusion: exclusion,
+                hooks,
+            };
+            wml::uniform_histogram_pairs(c, q, r, &cfg)
+        },
+    )?;
+    pairs_tuple(py, p)
+}
+
 /// The included kNN metrics under PML's keys.
 fn metrics_dict<'py>(
     py: Python<'py>,
@@ -1455,6 +1600,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(multi_similarity_pairs, m)?)?;
     m.add_function(wrap_pyfunction!(batch_easy_hard_pairs, m)?)?;
     m.add_function(wrap_pyfunction!(batch_hard_triplets, m)?)?;
+    m.add_function(wrap_pyfunction!(angular_triplets, m)?)?;
+    m.add_function(wrap_pyfunction!(distance_weighted_triplets, m)?)?;
+    m.add_function(wrap_pyfunction!(hdc_pairs, m)?)?;
+    m.add_function(wrap_pyfunction!(uniform_histogram_pairs, m)?)?;
     m.add_function(wrap_pyfunction!(accuracy, m)?)?;
     m.add_function(wrap_pyfunction!(kmeans, m)?)?;
     m.add_function(wrap_pyfunction!(normalized_mutual_info, m)?)?;

@@ -58,10 +58,13 @@ __all__ = [
     "accuracy",
     "adjusted_mutual_info",
     "all_pairs",
+    "angular_triplets",
     "batch_easy_hard_pairs",
     "batch_hard_triplets",
     "count_triplets",
     "default_context",
+    "distance_weighted_triplets",
+    "hdc_pairs",
     "iter_triplets",
     "kmeans",
     "knn",
@@ -74,6 +77,7 @@ __all__ = [
     "pair_margin_pairs",
     "pairwise_distances",
     "triplet_margin_loss",
+    "uniform_histogram_pairs",
 ]
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -572,6 +576,113 @@ def batch_hard_triplets(
         normalize=normalize,
         self_exclusion=_exclusion(self_exclusion),
     )
+
+
+def angular_triplets(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    angle: float = 20.0,
+    self_exclusion: Any = None,
+) -> np.ndarray:
+    """PML's ``AngularMiner(angle)``: every valid triplet whose angle
+    ``atan(|a - p| / (2 |n - (a + p)/2|))`` (torch's ``pairwise_distance`` on the raw
+    embeddings) exceeds ``angle`` degrees, in ``(a, p, n)`` order, ``(t, 3)`` uint32."""
+    return _native.angular_triplets(
+        ctx,
+        _matrix(embeddings, "embeddings"),
+        _labels(labels, "labels"),
+        _refs(refs),
+        angle=float(angle),
+        self_exclusion=_exclusion(self_exclusion),
+    )
+
+
+def distance_weighted_triplets(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    cutoff: float = 0.5,
+    nonzero_loss_cutoff: float = 1.4,
+    seed: int = 0,
+    self_exclusion: Any = None,
+) -> np.ndarray:
+    """PML's ``DistanceWeightedMiner(cutoff, nonzero_loss_cutoff)``: per anchor as many
+    triplets as its label has references, a uniform positive and a negative drawn by PML's
+    weights; ``(t, 3)`` uint32 in anchor order, a function of the inputs and ``seed``."""
+    return _native.distance_weighted_triplets(
+        ctx,
+        _matrix(embeddings, "embeddings"),
+        _labels(labels, "labels"),
+        _refs(refs),
+        cutoff=float(cutoff),
+        nonzero_loss_cutoff=float(nonzero_loss_cutoff),
+        seed=int(seed),
+        self_exclusion=_exclusion(self_exclusion),
+    )
+
+
+def hdc_pairs(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    filter_percentage: float = 0.5,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+) -> Pairs:
+    """PML's ``HDCMiner(filter_percentage)``: the ``ceil(filter_percentage * count)`` hardest
+    positive and negative pairs, hardest first, ties in row-major order."""
+    p, n = _native.hdc_pairs(
+        ctx,
+        _matrix(embeddings, "embeddings"),
+        _labels(labels, "labels"),
+        _refs(refs),
+        filter_percentage=float(filter_percentage),
+        distance=distance,
+        normalize=normalize,
+        self_exclusion=_exclusion(self_exclusion),
+    )
+    return Pairs(p, n)
+
+
+def uniform_histogram_pairs(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    num_bins: int = 100,
+    pos_per_bin: int = 10,
+    neg_per_bin: int = 10,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    seed: int = 0,
+    self_exclusion: Any = None,
+) -> Pairs:
+    """PML's ``UniformHistogramMiner(num_bins, pos_per_bin, neg_per_bin)``: each side's
+    values in equal-width bins, that many pairs drawn with replacement from every non-empty
+    bin, bin by bin; a function of the inputs and ``seed``."""
+    p, n = _native.uniform_histogram_pairs(
+        ctx,
+        _matrix(embeddings, "embeddings"),
+        _labels(labels, "labels"),
+        _refs(refs),
+        num_bins=int(num_bins),
+        pos_per_bin=int(pos_per_bin),
+        neg_per_bin=int(neg_per_bin),
+        distance=distance,
+        normalize=normalize,
+        seed=int(seed),
+        self_exclusion=_exclusion(self_exclusion),
+    )
+    return Pairs(p, n)
 
 
 def accuracy(

@@ -6,10 +6,12 @@ through host memory until device sharing exists).
 - :class:`KMeans`: a ``kmeans_func`` for ``AccuracyCalculator`` (its NMI and AMI), Faiss's
   k-means on the library's search.
 - :class:`TripletMarginMiner`, :class:`BatchHardMiner`, :class:`BatchEasyHardMiner`,
-  :class:`MultiSimilarityMiner`, :class:`PairMarginMiner`: PML miners (subclasses of PML's
-  ``BaseMiner``), usable wherever a PML miner is, PML's own ``CrossBatchMemory`` included,
-  with PML's output (int64 index tuples, same order; ties, which PML leaves to torch, go to
-  the lower index).
+  :class:`MultiSimilarityMiner`, :class:`PairMarginMiner`, :class:`AngularMiner`,
+  :class:`HDCMiner`: PML miners (subclasses of PML's ``BaseMiner``), usable wherever a PML
+  miner is, PML's own ``CrossBatchMemory`` included, with PML's output (int64 index tuples,
+  same order; ties, which PML leaves to torch, go to the lower index).
+  :class:`DistanceWeightedMiner`, :class:`UniformHistogramMiner`: PML's random miners, with
+  PML's distribution from the library's seeded generator (``seed=``).
 - :class:`CrossBatchMemory`: PML's ``CrossBatchMemory(loss, embedding_size, memory_size,
   miner)``, its memory in the library's :class:`~wgpu_metric_learning.MemoryBank`: no INT_MAX
   limit and no ``B·M·M`` mask.
@@ -67,9 +69,14 @@ from . import _labels as _np_labels
 from . import _matrix as _np_matrix
 
 __all__ = [
+    "KMeans",
     "KNN",
     "BatchEasyHardMiner",
+    "AngularMiner",
     "BatchHardMiner",
+    "DistanceWeightedMiner",
+    "HDCMiner",
+    "UniformHistogramMiner",
     "CrossBatchMemory",
     "MultiSimilarityMiner",
     "MultipleNegativesRankingLoss",
@@ -437,6 +444,124 @@ class PairMarginMiner(_LibraryMiner):
             refs,
             pos_margin=float(self.pos_margin),
             neg_margin=float(self.neg_margin),
+            self_exclusion=exclusion,
+            **self._distance_kw(),
+        )
+        return _pair_tuple(pos, neg, device)
+
+
+class AngularMiner(_LibraryMiner):
+    """PML's ``AngularMiner(angle=20)``: every valid triplet whose angle
+    ``atan(|a - p| / (2 |n - (a + p)/2|))`` exceeds ``angle`` degrees (stored in radians, as
+    PML stores it), returning ``(a, p, n)`` in PML's order. As in PML the distance must be
+    the default ``LpDistance()``, and the angle is measured on the raw embeddings."""
+
+    def __init__(self, angle: float = 20, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        c_f.assert_distance_type(self, pml_distances.LpDistance, p=2, power=1, normalize_embeddings=True)
+        self.angle = np.radians(angle)
+        self.add_to_recordable_attributes(list_of_names=["angle"], is_stat=False)
+
+    def _mine(self, q, y, refs, exclusion, device):
+        rows = _native.angular_triplets(
+            self.context, q, y, refs, angle=float(np.degrees(self.angle)), self_exclusion=exclusion
+        )
+        return _triplet_tuple(rows, device)
+
+
+class HDCMiner(_LibraryMiner):
+    """PML's ``HDCMiner(filter_percentage=0.5)``: the ``ceil(filter_percentage * count)``
+    hardest positive and negative pairs of the batch, hardest first, returning
+    ``(a1, p, a2, n)``; equal values, which ``torch.topk`` orders as it happens to, come in
+    row-major order. PML's ``set_idx_externally`` is not offered."""
+
+    _selects_per_anchor = True
+
+    def __init__(self, filter_percentage: float = 0.5, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.filter_percentage = filter_percentage
+        self.add_to_recordable_attributes(list_of_names=["filter_percentage"], is_stat=False)
+
+    def _mine(self, q, y, refs, exclusion, device):
+        pos, neg = _native.hdc_pairs(
+            self.context,
+            q,
+            y,
+            refs,
+            filter_percentage=float(self.filter_percentage),
+            self_exclusion=exclusion,
+            **self._distance_kw(),
+        )
+        return _pair_tuple(pos, neg, device)
+
+
+class _SeededMiner(_LibraryMiner):
+    """A miner that draws at random: ``seed`` (default: drawn from torch's generator at each
+    call, so that ``torch.manual_seed`` makes a run repeatable as with PML) fixes its draws."""
+
+    _selects_per_anchor = True
+
+    def __init__(self, seed: Optional[int] = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seed = seed
+
+    def _next_seed(self) -> int:
+        if self.seed is not None:
+            return int(self.seed)
+        return int(torch.randint(0, 2**62, (1,)).item())
+
+
+class DistanceWeightedMiner(_SeededMiner):
+    """PML's ``DistanceWeightedMiner(cutoff=0.5, nonzero_loss_cutoff=1.4)``: triplets with a
+    uniform positive and a negative drawn by PML's distance weights, as many per anchor as
+    PML draws, returning ``(a, p, n)`` with PML's distribution (the library's generator, so
+    not torch's numbers; anchors ascending, where PML groups them by label). As in PML the
+    distance must be the default ``LpDistance()``."""
+
+    def __init__(self, cutoff: float = 0.5, nonzero_loss_cutoff: float = 1.4, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        c_f.assert_distance_type(self, pml_distances.LpDistance, p=2, power=1, normalize_embeddings=True)
+        self.cutoff = float(cutoff)
+        self.nonzero_loss_cutoff = float(nonzero_loss_cutoff)
+        self.add_to_recordable_attributes(list_of_names=["cutoff", "nonzero_loss_cutoff"], is_stat=False)
+
+    def _mine(self, q, y, refs, exclusion, device):
+        rows = _native.distance_weighted_triplets(
+            self.context,
+            q,
+            y,
+            refs,
+            cutoff=self.cutoff,
+            nonzero_loss_cutoff=self.nonzero_loss_cutoff,
+            seed=self._next_seed(),
+            self_exclusion=exclusion,
+        )
+        return _triplet_tuple(rows, device)
+
+
+class UniformHistogramMiner(_SeededMiner):
+    """PML's ``UniformHistogramMiner(num_bins=100, pos_per_bin=10, neg_per_bin=10)``: each
+    side's pair values in ``num_bins`` equal-width bins, that many pairs drawn with
+    replacement from each non-empty bin, returning ``(a1, p, a2, n)`` bin by bin with PML's
+    distribution (the library's generator, not torch's numbers)."""
+
+    def __init__(self, num_bins: int = 100, pos_per_bin: int = 10, neg_per_bin: int = 10, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_bins = num_bins
+        self.pos_per_bin = pos_per_bin
+        self.neg_per_bin = neg_per_bin
+        self.add_to_recordable_attributes(list_of_names=["pos_per_bin", "neg_per_bin"], is_stat=False)
+
+    def _mine(self, q, y, refs, exclusion, device):
+        pos, neg = _native.uniform_histogram_pairs(
+            self.context,
+            q,
+            y,
+            refs,
+            num_bins=int(self.num_bins),
+            pos_per_bin=int(self.pos_per_bin),
+            neg_per_bin=int(self.neg_per_bin),
+            seed=self._next_seed(),
             self_exclusion=exclusion,
             **self._distance_kw(),
         )

@@ -1,5 +1,6 @@
 //! PML's pair and per-anchor miners: all pairs, `PairMarginMiner`, `MultiSimilarityMiner`,
-//! `BatchHardMiner` and `BatchEasyHardMiner`.
+//! `BatchHardMiner` and `BatchEasyHardMiner`; in submodules `AngularMiner`, `HDCMiner`,
+//! `DistanceWeightedMiner` and `UniformHistogramMiner`.
 //!
 //! Their cost is the distance matrix (`O(b·m·d)`), which comes from the distance tile (GPU or
 //! native) in blocks of whole anchor rows; each miner's choice is then one `O(m)` pass over a
@@ -24,7 +25,17 @@ use crate::transfer;
 use crate::triplets::Triplets;
 use crate::validate;
 
+mod all_pair_values;
+mod angular;
+mod distance_weighted;
 mod gpu;
+mod hdc;
+mod uniform_histogram;
+
+pub use angular::{angular_triplets, AngularConfig};
+pub use distance_weighted::{distance_weighted_triplets, DistanceWeightedConfig};
+pub use hdc::{hdc_pairs, HdcConfig};
+pub use uniform_histogram::{uniform_histogram_pairs, UniformHistogramConfig};
 
 /// Distances per host block: 16 Mi floats = 64 MiB.
 const BLOCK_FLOATS: usize = 1 << 24;
@@ -78,9 +89,26 @@ fn for_each_row(
     hooks: &Hooks,
     f: &mut dyn FnMut(&Row<'_>),
 ) -> Result<Transfers> {
+    let pairs = set.labels.len() as u64 * set.ref_labels.len() as u64;
+    let report = Reporter::new(hooks, op, pairs);
+    let mut transfers = for_each_row_reporting(op, ctx, set, distance, &report, f)?;
+    transfers.add(set.imported);
+    Ok(transfers)
+}
+
+/// [`for_each_row`] reporting to `report` (`b · m` pairs): one pass of a miner that walks
+/// the matrix more than once, each pass a [`Reporter::part`] of the call's progress. Its
+/// transfers leave out the import of device-buffer inputs (`set.imported`, once per call).
+fn for_each_row_reporting(
+    op: &'static str,
+    ctx: &Context,
+    set: &Labelled<'_>,
+    distance: &DistanceConfig,
+    report: &Reporter<'_>,
+    f: &mut dyn FnMut(&Row<'_>),
+) -> Result<Transfers> {
     let (visited, transfers) = transfer::measure(|| -> Result<()> {
         let (b, m) = (set.labels.len(), set.ref_labels.len());
-        let report = Reporter::new(hooks, op, b as u64 * m as u64);
         let (mut positives, mut negatives) = (Vec::with_capacity(m), Vec::with_capacity(m));
         let mut visit = |a: usize, values: Option<ArrayView1<'_, f32>>| {
             set.lists_of(a, &mut positives, &mut negatives);
@@ -113,12 +141,10 @@ fn for_each_row(
             queries: queries.reborrow(),
             cfg: distance,
             max_rows: rows,
-            report: &report,
+            report,
         };
         for_each_row_block(&job, refs, &mut on_block)
     });
-    let mut transfers = transfers;
-    transfers.add(set.imported);
     visited.map(|()| transfers)
 }
 
@@ -128,7 +154,8 @@ mod sealed {
 }
 
 /// The config of one of the pair and batch miners ([`AllPairsConfig`], [`PairMarginConfig`],
-/// [`MultiSimilarityConfig`], [`BatchEasyHardConfig`], [`BatchHardConfig`]): what
+/// [`MultiSimilarityConfig`], [`BatchEasyHardConfig`], [`BatchHardConfig`], [`AngularConfig`],
+/// [`HdcConfig`], [`DistanceWeightedConfig`], [`UniformHistogramConfig`]): what
 /// [`miners_plan`] needs to plan the miner's call. Sealed; its methods are the crate's.
 pub trait MinerConfig: sealed::Sealed {
     /// The miner's name in errors.
@@ -149,10 +176,13 @@ pub trait MinerConfig: sealed::Sealed {
 }
 
 /// How a pair or batch miner ([`all_pairs`], [`pair_margin_pairs`],
-/// [`multi_similarity_pairs`], [`batch_easy_hard_pairs`], [`batch_hard_triplets`]) would run
-/// with these arguments on `ctx`: the miners walk the distance matrix in blocks of whole rows
-/// (at most 64 MiB of distances on the host), and this is the plan of those blocks (all pairs,
-/// from labels alone, holds nothing). Nothing is computed.
+/// [`multi_similarity_pairs`], [`batch_easy_hard_pairs`], [`batch_hard_triplets`],
+/// [`angular_triplets`], [`hdc_pairs`], [`distance_weighted_triplets`],
+/// [`uniform_histogram_pairs`]) would run with these arguments on `ctx`: the miners walk the
+/// distance matrix in blocks of whole rows (at most 64 MiB of distances on the host; the
+/// angular miner's centres in blocks of the same rows or fewer, and the miners that select
+/// over all pairs walk it up to three times), and this is the plan of those blocks (all
+/// pairs, from labels alone, holds nothing). Nothing is computed.
 ///
 /// # Errors
 /// As the miner `cfg` belongs to, for bad inputs and settings; [`Error::OverBudget`] /
@@ -218,7 +248,7 @@ fn prepare_miner<'s, L: Hash + Eq + Copy>(
 
 impl Pairs {
     /// Pairs from flat `(a, p)` and `(a, n)` rows, computed on `ctx`'s path.
-    fn new(
+    pub(super) fn new(
         op: &'static str,
         ctx: &Context,
         positives: Vec<u32>,

@@ -6,13 +6,15 @@ use std::time::Instant;
 
 use ndarray::{Array1, Array2};
 use wgpu_metric_learning::{
-    accuracy as accuracy_op, batch_easy_hard_pairs, batch_hard_triplets, count_triplets,
-    knn as knn_op, mine_triplets, multi_similarity_pairs, multiple_negatives_ranking_loss,
-    ntxent_loss, pair_margin_pairs, triplet_margin_loss, AccuracyConfig, AccuracyMetric,
+    accuracy as accuracy_op, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets,
+    count_triplets, distance_weighted_triplets, hdc_pairs, knn as knn_op, mine_triplets,
+    multi_similarity_pairs, multiple_negatives_ranking_loss, ntxent_loss, pair_margin_pairs,
+    triplet_margin_loss, uniform_histogram_pairs, AccuracyConfig, AccuracyMetric, AngularConfig,
     BackendChoice, BatchEasyHardConfig, BatchHardConfig, ComputePath, Context, ContextConfig,
-    Distance, DistanceConfig, Error, Hooks, InfoNceConfig, KmeansConfig, KnnConfig, MiningSet,
-    MnrlConfig, MultiSimilarityConfig, PairMarginConfig, Pairs, SelfExclusion, Strategy,
-    TripletConfig, TripletLossConfig, TripletRule, TripletType,
+    Distance, DistanceConfig, DistanceWeightedConfig, Error, HdcConfig, Hooks, InfoNceConfig,
+    KmeansConfig, KnnConfig, MiningSet, MnrlConfig, MultiSimilarityConfig, PairMarginConfig, Pairs,
+    SelfExclusion, Strategy, TripletConfig, TripletLossConfig, TripletRule, TripletType,
+    UniformHistogramConfig,
 };
 
 use crate::npy::{self, problem};
@@ -308,12 +310,83 @@ pub(crate) fn mine(a: &MineArgs, hooks: &Hooks) -> Result<(), Failure> {
                 pair_margin_pairs(&ctx, &queries, refs, &cfg)
             })?
         }
+        MinerArg::Angular => {
+            euclidean_only("angular", &a.metric)?;
+            let cfg = AngularConfig {
+                angle: a.angle.unwrap_or(AngularConfig::default().angle),
+                self_exclusion: exclusion,
+                hooks: hooks.clone(),
+            };
+            let t = timed("mine angular", &ctx, &a.common, &inputs, || {
+                angular_triplets(&ctx, &queries, refs, &cfg)
+            })?;
+            let out = a.out.as_deref().ok_or("angular writes --out")?;
+            return Ok(npy::write(out, &npy::indices(&t.indices))?);
+        }
+        MinerArg::DistanceWeighted => {
+            euclidean_only("distance-weighted", &a.metric)?;
+            let defaults = DistanceWeightedConfig::default();
+            let cfg = DistanceWeightedConfig {
+                cutoff: a.cutoff.unwrap_or(defaults.cutoff),
+                nonzero_loss_cutoff: a
+                    .nonzero_loss_cutoff
+                    .unwrap_or(defaults.nonzero_loss_cutoff),
+                seed: a.seed.unwrap_or(defaults.seed),
+                self_exclusion: exclusion,
+                hooks: hooks.clone(),
+            };
+            let t = timed("mine distance-weighted", &ctx, &a.common, &inputs, || {
+                distance_weighted_triplets(&ctx, &queries, refs, &cfg)
+            })?;
+            let out = a.out.as_deref().ok_or("distance-weighted writes --out")?;
+            return Ok(npy::write(out, &npy::indices(&t.indices))?);
+        }
+        MinerArg::Hdc => {
+            let cfg = HdcConfig {
+                filter_percentage: a
+                    .filter_percentage
+                    .unwrap_or(HdcConfig::default().filter_percentage),
+                distance: distance(Distance::Euclidean),
+                self_exclusion: exclusion,
+                hooks: hooks.clone(),
+            };
+            timed("mine hdc", &ctx, &a.common, &inputs, || {
+                hdc_pairs(&ctx, &queries, refs, &cfg)
+            })?
+        }
+        MinerArg::UniformHistogram => {
+            let defaults = UniformHistogramConfig::default();
+            let cfg = UniformHistogramConfig {
+                num_bins: a.num_bins.unwrap_or(defaults.num_bins),
+                pos_per_bin: a.pos_per_bin.unwrap_or(defaults.pos_per_bin),
+                neg_per_bin: a.neg_per_bin.unwrap_or(defaults.neg_per_bin),
+                distance: distance(Distance::Euclidean),
+                seed: a.seed.unwrap_or(defaults.seed),
+                self_exclusion: exclusion,
+                hooks: hooks.clone(),
+            };
+            timed("mine uniform-histogram", &ctx, &a.common, &inputs, || {
+                uniform_histogram_pairs(&ctx, &queries, refs, &cfg)
+            })?
+        }
     };
     let (Some(pos), Some(neg)) = (a.out_positives.as_deref(), a.out_negatives.as_deref()) else {
         return Err("pair miners write --out-positives and --out-negatives".into());
     };
     npy::write(pos, &npy::indices(&pairs.positives))?;
     Ok(npy::write(neg, &npy::indices(&pairs.negatives))?)
+}
+
+/// The miners whose distance PML fixes (Euclidean; angular measures raw embeddings,
+/// distance-weighted normalised ones) take no distance flags.
+fn euclidean_only(miner: &str, metric: &Metric) -> Result<(), Failure> {
+    if metric.distance.is_some() || metric.no_normalize {
+        return Err(format!(
+            "{miner} has PML's fixed distance: drop --distance and --no-normalize"
+        )
+        .into());
+    }
+    Ok(())
 }
 
 pub(crate) fn knn(a: &KnnArgs, hooks: &Hooks) -> Result<(), Failure> {

@@ -33,10 +33,12 @@ enum Command {
     /// (PML get_all_triplets_indices), or TripletMarginMiner's with --embeddings. Writes
     /// --out as an (n, 3) int64 array, or with --count-only prints {"count": n}.
     Triplets(TripletsArgs),
-    /// PML's other miners. batch-hard writes --out, an (n, 3) int64 array of (anchor,
-    /// positive, negative); the pair miners (batch-easy-hard, multi-similarity, pair-margin)
-    /// write --out-positives and --out-negatives, (n, 2) int64 arrays of (anchor, positive)
-    /// and (anchor, negative) pairs.
+    /// PML's other miners. The triplet miners (batch-hard, angular, distance-weighted)
+    /// write --out, an (n, 3) int64 array of (anchor, positive, negative); the pair miners
+    /// (batch-easy-hard, multi-similarity, pair-margin, hdc, uniform-histogram) write
+    /// --out-positives and --out-negatives, (n, 2) int64 arrays of (anchor, positive) and
+    /// (anchor, negative) pairs. distance-weighted and uniform-histogram draw at random: their
+    /// output is a function of the inputs and --seed.
     Mine(MineArgs),
     /// The k nearest references of every query: --out-indices (q, k) int64 and --out-scores
     /// (q, k) float32, best first, ties to the lower index. Without --refs the queries are
@@ -289,7 +291,31 @@ struct MineArgs {
     /// pair-margin: neg_margin. Default 0.8.
     #[arg(long, allow_negative_numbers = true)]
     neg_margin: Option<f32>,
-    /// batch-hard: output (n, 3) int64 array of (anchor, positive, negative).
+    /// angular: the angle in degrees above which triplets are kept. Default 20.
+    #[arg(long, allow_negative_numbers = true)]
+    angle: Option<f32>,
+    /// hdc: the fraction of each side's pairs kept, in [0, 1]. Default 0.5.
+    #[arg(long)]
+    filter_percentage: Option<f64>,
+    /// distance-weighted: distances below this count as this. Default 0.5.
+    #[arg(long)]
+    cutoff: Option<f32>,
+    /// distance-weighted: negatives at this distance or farther are never drawn. Default 1.4.
+    #[arg(long)]
+    nonzero_loss_cutoff: Option<f32>,
+    /// uniform-histogram: the number of equal-width bins of each side's values. Default 100.
+    #[arg(long)]
+    num_bins: Option<usize>,
+    /// uniform-histogram: positive pairs drawn per non-empty bin. Default 10.
+    #[arg(long)]
+    pos_per_bin: Option<usize>,
+    /// uniform-histogram: negative pairs drawn per non-empty bin. Default 10.
+    #[arg(long)]
+    neg_per_bin: Option<usize>,
+    /// distance-weighted, uniform-histogram: the seed of the draws. Default 0.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Triplet miners: output (n, 3) int64 array of (anchor, positive, negative).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Pair miners: output (n, 2) int64 array of (anchor, positive).
@@ -398,6 +424,10 @@ enum MinerArg {
     BatchEasyHard,
     MultiSimilarity,
     PairMargin,
+    Angular,
+    Hdc,
+    DistanceWeighted,
+    UniformHistogram,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
