@@ -398,13 +398,14 @@ fn the_sampling_miners_write_the_library_answers() {
         &set,
         None,
         &AngularConfig {
-            angle: 35.0,
+            angle: 5.0,
             ..Default::default()
         },
     )
     .expect("lib");
+    assert!(want.indices.nrows() > 0);
     assert_eq!(
-        triplets("angular", &["--angle", "35"]),
+        triplets("angular", &["--angle", "5"]),
         want.indices.mapv(i64::from)
     );
     let cfg = DistanceWeightedConfig {
@@ -458,6 +459,7 @@ fn the_sampling_miners_write_the_library_answers() {
         ..Default::default()
     };
     let want = hdc_pairs(&ctx, &set, None, &cfg).expect("lib");
+    assert!(want.positives.nrows() > 0 && want.negatives.nrows() > 0);
     let got = pairs(
         "hdc",
         &["--filter-percentage", "0.25", "--distance", "cosine"],

@@ -223,7 +223,7 @@ fn angle_kept(c: &Case, a: usize, p: usize, n: usize, threshold: f64) -> Option<
     }
 }
 
-fn check_angular(ctx: &Context, c: &Case, angle: f32) {
+fn check_angular(ctx: &Context, c: &Case, angle: f64) {
     let cfg = AngularConfig {
         angle,
         self_exclusion: c.exclusion(),
@@ -235,7 +235,7 @@ fn check_angular(ctx: &Context, c: &Case, angle: f32) {
 
 /// Mined triplets against the emulation: every clearly kept triplet present, no clearly
 /// rejected one, in PML's order.
-fn compare_angular(ctx: &Context, c: &Case, mined: &Array2<u32>, angle: f32) {
+fn compare_angular(ctx: &Context, c: &Case, mined: &Array2<u32>, angle: f64) {
     let rows: Vec<[u32; 3]> = mined
         .rows()
         .into_iter()
@@ -245,7 +245,7 @@ fn compare_angular(ctx: &Context, c: &Case, mined: &Array2<u32>, angle: f32) {
         rows.windows(2).all(|w| w[0] < w[1]),
         "PML's (a, p, n) order"
     );
-    let threshold = f64::from(angle).to_radians();
+    let threshold = angle.to_radians();
     let m = c.ref_labels().len();
     let mut want = Vec::new();
     for a in 0..c.labels.len() {
@@ -303,7 +303,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(common::cases(32)))]
 
     #[test]
-    fn hdc_and_angular_match_pml_emulation(c in case(), f in prop_oneof![Just(0.0), Just(1.0), 0.0f64..1.0], dist in 0usize..4, angle in prop_oneof![Just(20.0f32), 0.0f32..90.0]) {
+    fn hdc_and_angular_match_pml_emulation(c in case(), f in prop_oneof![Just(0.0), Just(1.0), 0.0f64..1.0], dist in 0usize..4, angle in prop_oneof![Just(20.0f64), 0.0f64..90.0]) {
         let native = Context::native_cpu(None);
         for ctx in contexts(&native) {
             check_hdc(ctx, &c, LP_DISTANCES[dist], f);
@@ -386,8 +386,9 @@ fn hdc_beyond_the_kept_pairs_matches_pml_emulation() {
 
 #[test]
 fn angular_centres_span_several_blocks() {
-    // 131 072 references allow 128 centres per block; two anchors with 150 positives each
-    // need three blocks. The other references are far away (narrow angles, nothing kept).
+    // 131 072 references allow 128 centres per block; two anchors with 299 positives each
+    // (598 centres) need five blocks. The other references are far away (narrow angles,
+    // nothing kept) but for one close negative among the positives.
     let m = 1 << 17;
     let refs = Array2::from_shape_fn((m, 2), |(i, j)| {
         if i < 300 {
@@ -943,7 +944,7 @@ fn the_new_miners_reject_bad_parameters() {
             &set,
             None,
             &AngularConfig {
-                angle: f32::NAN,
+                angle: f64::NAN,
                 ..Default::default()
             },
         )

@@ -1137,7 +1137,7 @@ fn angular_triplets<'py>(
     embeddings: PyReadonlyArray2<'py, f32>,
     labels: PyReadonlyArray1<'py, i64>,
     refs: Option<&Bound<'py, PyAny>>,
-    angle: f32,
+    angle: f64,
     self_exclusion: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArray2<u32>>> {
     let exclusion = self::self_exclusion(self_exclusion)?;

@@ -185,6 +185,20 @@ def test_bad_settings_raise():
         drop.DistanceWeightedMiner(distance=distances.LpDistance(power=2))
 
 
+@pytest.mark.parametrize("name", ["HDCMiner", "AngularMiner"])
+def test_deterministic_miners_in_cross_batch_memory_give_pmls_losses(backend, name):
+    # Our memory with our miner against PML's memory with PML's miner, step by step. The
+    # losses depend on the mined pairs' values only (HDC's tied pairs (i, slot j) and
+    # (j, slot i) may be picked either way), so they must agree.
+    loss_fn = losses.ContrastiveLoss if name == "HDCMiner" else losses.TripletMarginLoss
+    ours = drop.CrossBatchMemory(loss_fn(), 8, memory_size=40, miner=getattr(drop, name)(backend=backend))
+    theirs = losses.CrossBatchMemory(loss_fn(), 8, memory_size=40, miner=getattr(miners, name)())
+    for step in range(6):  # batches of 12 into 40 slots: wraps
+        x, y = batch(n=12, classes=3, seed=40 + step)
+        a, b = ours(x, y), theirs(x, y)
+        assert a.item() == pytest.approx(b.item(), rel=1e-5, abs=1e-6), step
+
+
 @pytest.mark.parametrize("cls", [drop.HDCMiner, drop.DistanceWeightedMiner, drop.UniformHistogramMiner, drop.AngularMiner])
 def test_the_new_miners_inside_cross_batch_memory(backend, cls):
     # Ours and PML's memory: the miner sees the memory as references; the loss is finite and

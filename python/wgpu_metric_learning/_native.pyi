@@ -177,6 +177,51 @@ def batch_hard_triplets(
     normalize: bool = True,
     self_exclusion: SelfExclusion = None,
 ) -> U32: ...
+def angular_triplets(
+    ctx: Context,
+    embeddings: F32,
+    labels: I64,
+    refs: Refs = None,
+    *,
+    angle: float = 20.0,
+    self_exclusion: SelfExclusion = None,
+) -> U32: ...
+def distance_weighted_triplets(
+    ctx: Context,
+    embeddings: F32,
+    labels: I64,
+    refs: Refs = None,
+    *,
+    cutoff: float = 0.5,
+    nonzero_loss_cutoff: float = 1.4,
+    seed: int = 0,
+    self_exclusion: SelfExclusion = None,
+) -> U32: ...
+def hdc_pairs(
+    ctx: Context,
+    embeddings: F32,
+    labels: I64,
+    refs: Refs = None,
+    *,
+    filter_percentage: float = 0.5,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: SelfExclusion = None,
+) -> Tuple[U32, U32]: ...
+def uniform_histogram_pairs(
+    ctx: Context,
+    embeddings: F32,
+    labels: I64,
+    refs: Refs = None,
+    *,
+    num_bins: int = 100,
+    pos_per_bin: int = 10,
+    neg_per_bin: int = 10,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    seed: int = 0,
+    self_exclusion: SelfExclusion = None,
+) -> Tuple[U32, U32]: ...
 def accuracy(
     ctx: Context,
     embeddings: F32,

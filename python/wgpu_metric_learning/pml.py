@@ -260,10 +260,10 @@ class _LibraryMiner(_OnContext, BaseMiner):
     kept: a query is not its own reference only when ``ref_labels is labels`` (no references
     given, or the very same tensor)."""
 
-    # Whether the miner picks per anchor (its hardest or easiest pair, thresholds from the
-    # anchor's extremes): then a memory slot holding the anchor itself changes what else is
-    # picked, and inside CrossBatchMemory it must be mined as PML mines it (the slot included,
-    # the self pairs removed afterwards), not excluded beforehand.
+    # Whether a memory slot holding the anchor itself changes what else the miner selects
+    # (per-anchor extremes and thresholds, global counts or value ranges, numbers of draws):
+    # then inside CrossBatchMemory it must be mined as PML mines it (the slot included, the
+    # self pairs removed afterwards), not excluded beforehand.
     _selects_per_anchor = False
 
     def __init__(

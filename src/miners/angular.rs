@@ -3,7 +3,7 @@
 
 use std::hash::Hash;
 
-use ndarray::{Array2, ArrayView2};
+use ndarray::ArrayView2;
 
 use crate::context::Context;
 use crate::device_rows::Rows;
@@ -14,7 +14,6 @@ use crate::inputs::{host_refs, host_rows, unimported, Imports, MiningSet, SelfEx
 use crate::metric::{Distance, DistanceConfig};
 use crate::transfer;
 use crate::triplets::Triplets;
-use crate::validate;
 
 use super::{prepare_miner, sealed, MinerConfig, BLOCK_FLOATS};
 
@@ -31,7 +30,7 @@ const PAIRWISE_EPS: f32 = 1e-6;
 #[derive(Debug, Clone, PartialEq)]
 pub struct AngularConfig {
     /// The threshold in degrees: triplets whose angle is wider are kept. Default 20.
-    pub angle: f32,
+    pub angle: f64,
     /// Which reference is each anchor itself. Default [`SelfExclusion::Auto`] (its own row
     /// when the references are the queries).
     pub self_exclusion: SelfExclusion,
@@ -59,7 +58,9 @@ impl Default for AngularConfig {
 /// the references, in blocks of whole rows, so neither the triplets nor the `(centres, m)`
 /// matrix exist beyond one block; `‖n − c‖` comes from the tile's expansion, which can
 /// round differently from PML's direct difference for a triplet within about `10⁻⁶` of the
-/// angle. Device-resident inputs are read back to form the centres.
+/// angle. Device-resident inputs are read back to form the centres. [`crate::miners_plan`]
+/// plans blocks of anchor rows; this miner runs as many centre rows as there are positive
+/// pairs, so it makes more blocks of the same size than that plan counts.
 ///
 /// # Errors
 /// As [`crate::mine_triplets`]; [`Error::InvalidParameter`] for a non-finite angle.
@@ -88,7 +89,7 @@ pub fn angular_triplets<L: Hash + Eq + Copy>(
         return Err(unimported(OP));
     };
     // torch compares a float32 tensor with a Python float in float32.
-    let threshold = f64::from(cfg.angle).to_radians() as f32;
+    let threshold = cfg.angle.to_radians() as f32;
     let raw = DistanceConfig {
         distance: Distance::Euclidean,
         normalize: false,
@@ -103,7 +104,16 @@ pub fn angular_triplets<L: Hash + Eq + Copy>(
         let centres_total: u64 = (0..b).map(|a| positives_of(&set, a) as u64).sum();
         let report = Reporter::new(&cfg.hooks, OP, centres_total * m as u64);
         let mut out = Vec::new();
-        let mut chunk = Chunk::new(block, d);
+        let mut chunk = Chunk::new(block.min(centres_total as usize), d);
+        let flush = Flush {
+            ctx,
+            set: &set,
+            refs: r_rows.reborrow(),
+            raw: &raw,
+            report: &report,
+            threshold,
+            m,
+        };
         let (mut positives, mut negatives) = (Vec::with_capacity(m), Vec::with_capacity(m));
         for a in 0..b {
             set.lists_of(a, &mut positives, &mut negatives);
@@ -112,49 +122,17 @@ pub fn angular_triplets<L: Hash + Eq + Copy>(
             }
             for &p in &positives {
                 if chunk.len() == block {
-                    chunk.flush(
-                        &Flush {
-                            ctx,
-                            set: &set,
-                            refs: r_rows.reborrow(),
-                            raw: &raw,
-                            report: &report,
-                            threshold,
-                            m,
-                        },
-                        &mut out,
-                    )?;
+                    chunk.flush(&flush, &mut out)?;
                 }
                 chunk.push(a as u32, p, queries.row(a), refs.row(p as usize));
             }
         }
-        chunk.flush(
-            &Flush {
-                ctx,
-                set: &set,
-                refs: r_rows.reborrow(),
-                raw: &raw,
-                report: &report,
-                threshold,
-                m,
-            },
-            &mut out,
-        )?;
+        chunk.flush(&flush, &mut out)?;
         Ok(out)
     });
     let mut transfers = transfers;
     transfers.add(set.imported);
-    let flat = mined?;
-    let rows = flat.len() / 3;
-    let indices = Array2::from_shape_vec((rows, 3), flat).map_err(|e| Error::Internal {
-        op: OP,
-        message: format!("triplets are not whole rows: {e}"),
-    })?;
-    Ok(Triplets {
-        indices,
-        path: ctx.path(),
-        transfers,
-    })
+    Triplets::from_flat(OP, ctx, mined?, transfers)
 }
 
 /// The number of anchor `a`'s positives (same label, not its own slot) when it has a
@@ -282,7 +260,16 @@ impl MinerConfig for AngularConfig {
         Some(&EUCLIDEAN_RAW)
     }
     fn check(&self) -> Result<()> {
-        validate::finite_param(self.op(), "angle", self.angle)
+        if self.angle.is_finite() {
+            Ok(())
+        } else {
+            Err(Error::InvalidParameter {
+                op: self.op(),
+                what: "angle",
+                value: self.angle.to_string(),
+                rule: "must be finite",
+            })
+        }
     }
     fn hooks(&self) -> &Hooks {
         &self.hooks

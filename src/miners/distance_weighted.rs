@@ -3,10 +3,8 @@
 
 use std::hash::Hash;
 
-use ndarray::Array2;
-
 use crate::context::Context;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::hooks::{Hooks, Reporter};
 use crate::inputs::{Imports, MiningSet, SelfExclusion};
 use crate::metric::DistanceConfig;
@@ -70,7 +68,7 @@ impl Default for DistanceWeightedConfig {
 /// so host memory stays one block of rows.
 ///
 /// # Errors
-/// As [`crate::mine_triplets`]; [`Error::InvalidParameter`] for a non-finite cutoff.
+/// As [`crate::mine_triplets`]; [`crate::Error::InvalidParameter`] for a non-finite cutoff.
 ///
 /// # Example
 /// ```
@@ -181,18 +179,12 @@ pub fn distance_weighted_triplets<L: Hash + Eq + Copy>(
                 }
             })?;
         transfers.add(second);
+    } else {
+        // Nothing to draw: the second pass's progress is done at once.
+        report.part(pairs).add(pairs);
     }
     transfers.add(set.imported);
-    let rows = indices.len() / 3;
-    let indices = Array2::from_shape_vec((rows, 3), indices).map_err(|e| Error::Internal {
-        op: OP,
-        message: format!("triplets are not whole rows: {e}"),
-    })?;
-    Ok(Triplets {
-        indices,
-        path: ctx.path(),
-        transfers,
-    })
+    Triplets::from_flat(OP, ctx, indices, transfers)
 }
 
 /// `log w(δ)` of PML's miner in `f32`, with its constants rounded from double precision as

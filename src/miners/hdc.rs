@@ -1,6 +1,7 @@
 //! PML's `HDCMiner`: of all positive pairs, the `⌈filter_percentage · count⌉` least close;
 //! of all negative pairs, as many of the closest.
 
+use std::collections::BinaryHeap;
 use std::hash::Hash;
 
 use crate::context::Context;
@@ -53,8 +54,8 @@ impl Default for HdcConfig {
 ///
 /// The selection needs every pair's value once more after counting them: up to 4 Mi pairs
 /// they are kept on the host (48 MiB); beyond that a first pass over the distances counts a
-/// histogram of the values and a second keeps only the pairs at or above the cut's bucket, so
-/// that host memory follows the output, not `b · m`. PML's `set_idx_externally` (filtering
+/// histogram of the values and a second keeps the pairs below the cut's bucket and, in a
+/// heap, the best of the bucket's own, so that host memory follows the output, not `b · m`. PML's `set_idx_externally` (filtering
 /// pairs given from outside) is not offered.
 ///
 /// # Errors
@@ -98,30 +99,48 @@ pub fn hdc_pairs<L: Hash + Eq + Copy>(
     // The bucket holding the k-th pair: every pair of a lower bucket is kept, and those of
     // this one compete on their full key.
     let cut = [0, 1].map(|s| cut_bucket(&histograms[s], k[s]));
-    let mut kept: [Vec<(u32, u32, u32)>; 2] = [0, 1].map(|s| {
-        let below: u64 = cut[s].map_or(0, |c| histograms[s][..c as usize].iter().sum());
-        let at = cut[s].map_or(0, |c| histograms[s][c as usize]);
-        Vec::with_capacity((below + at) as usize)
-    });
+    // Below the cut bucket every pair is kept; of the bucket's own pairs only the best
+    // `k − below` compete, in a heap whose top is the worst of them: host memory is `k` pairs.
+    let below: [u64; 2] =
+        [0, 1].map(|s| cut[s].map_or(0, |c| histograms[s][..c as usize].iter().sum()));
     drop(histograms);
-    if cut.iter().any(Option::is_some) {
-        values.visit(&mut |side, v, a, r| {
-            let s = side as usize;
-            let key = key(v, largest[s]);
-            if cut[s].is_some_and(|c| key >> 16 <= c) {
-                kept[s].push((key, a, r));
+    let mut kept: [Vec<Entry>; 2] = [0, 1].map(|s| Vec::with_capacity(below[s] as usize));
+    let mut bucket: [BinaryHeap<Entry>; 2] = [BinaryHeap::new(), BinaryHeap::new()];
+    let room = [0, 1].map(|s| (k[s] - below[s]) as usize);
+    values.visit(&mut |side, v, a, r| {
+        let s = side as usize;
+        let Some(c) = cut[s] else {
+            return;
+        };
+        let key = key(v, largest[s]);
+        if key >> 16 < c {
+            kept[s].push((key, a, r));
+        } else if key >> 16 == c {
+            bucket[s].push((key, a, r));
+            if bucket[s].len() > room[s] {
+                bucket[s].pop();
             }
-        })?;
-    }
-    let rows = |mut pairs: Vec<(u32, u32, u32)>, k: u64| -> Vec<u32> {
+        }
+    })?;
+    let rows = |mut pairs: Vec<Entry>, bucket: BinaryHeap<Entry>| -> Vec<u32> {
+        pairs.extend(bucket.into_vec());
         pairs.sort_unstable();
-        pairs.truncate(k as usize);
         pairs.into_iter().flat_map(|(_, a, r)| [a, r]).collect()
     };
+    let [pos_bucket, neg_bucket] = bucket;
     let [pos, neg] = kept;
     let transfers = values.transfers();
-    Pairs::new(OP, ctx, rows(pos, k[0]), rows(neg, k[1]), transfers)
+    Pairs::new(
+        OP,
+        ctx,
+        rows(pos, pos_bucket),
+        rows(neg, neg_bucket),
+        transfers,
+    )
 }
+
+/// A pair by its key, then its anchor and reference: `torch.topk`'s order, ties row-major.
+type Entry = (u32, u32, u32);
 
 /// `⌈filter_percentage · n⌉` as PML computes it (in double precision), at most `n`.
 fn keep_count(filter_percentage: f64, n: u64) -> u64 {
@@ -132,8 +151,15 @@ fn keep_count(filter_percentage: f64, n: u64) -> u64 {
 /// `largest`, ascending otherwise (NaN, from an overflowing distance, counts as the largest,
 /// as in `torch.topk`).
 fn key(v: f32, largest: bool) -> u32 {
-    // −0 and +0 are one value to torch: their order is the pairs'.
-    let bits = if v == 0.0 { 0 } else { v.to_bits() };
+    // −0 and +0 are one value to torch: their order is the pairs'. Every NaN (also one with
+    // its sign bit set, as x86 makes them) is the largest.
+    let bits = if v == 0.0 {
+        0
+    } else if v.is_nan() {
+        0x7fc0_0000
+    } else {
+        v.to_bits()
+    };
     let ascending = if bits >> 31 == 1 {
         !bits
     } else {
@@ -212,6 +238,7 @@ mod tests {
         }
         assert!(key(f32::NAN, true) < key(f32::INFINITY, true));
         assert_eq!(key(-0.0, true), key(0.0, true));
+        assert_eq!(key(-f32::NAN, true), key(f32::NAN, true));
     }
 
     #[test]

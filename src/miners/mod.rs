@@ -246,6 +246,27 @@ fn prepare_miner<'s, L: Hash + Eq + Copy>(
     )
 }
 
+impl Triplets {
+    /// Triplets from flat `(a, p, n)` rows, mined on `ctx`'s path.
+    pub(super) fn from_flat(
+        op: &'static str,
+        ctx: &Context,
+        flat: Vec<u32>,
+        transfers: Transfers,
+    ) -> Result<Self> {
+        let indices =
+            Array2::from_shape_vec((flat.len() / 3, 3), flat).map_err(|e| Error::Internal {
+                op,
+                message: format!("triplets are not whole (a, p, n) rows: {e}"),
+            })?;
+        Ok(Self {
+            indices,
+            path: ctx.path(),
+            transfers,
+        })
+    }
+}
+
 impl Pairs {
     /// Pairs from flat `(a, p)` and `(a, n)` rows, computed on `ctx`'s path.
     pub(super) fn new(

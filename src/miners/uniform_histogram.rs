@@ -64,7 +64,8 @@ impl Default for UniformHistogramConfig {
 ///
 /// The draws use the library's generator, not torch's: on a given path the output is a
 /// function of the inputs and `cfg.seed` (whatever the budget), and its distribution is
-/// PML's. A side without pairs stays empty. The values are visited three times (range,
+/// PML's. A side without pairs stays empty. NaN values (from distances that overflow) fall
+/// in no bin, where PML's `torch.min` would make every edge NaN and fail. The values are visited three times (range,
 /// bin counts, picks): kept on the host up to 4 Mi pairs, otherwise computed again by the
 /// distance tile each time, so that host memory is the bins and the draws.
 ///
@@ -166,8 +167,10 @@ pub fn uniform_histogram_pairs<L: Hash + Eq + Copy>(
     Pairs::new(OP, ctx, pos, neg, transfers)
 }
 
-/// `torch.linspace(start, end, steps)` in `f32` as PyTorch's CPU kernel computes it: the
-/// first half from `start`, the second half back from `end` (so both ends are exact).
+/// `torch.linspace(start, end, steps)` in `f32` by the formula of PyTorch's kernel: the
+/// first half from `start`, the second half back from `end` (so both ends are exact). Its
+/// vectorised CPU loop rounds inner edges differently by an ulp at most, which moves only a
+/// value lying within an ulp of an edge to the neighbouring bin.
 fn linspace(start: f32, end: f32, steps: usize) -> Vec<f32> {
     if steps == 1 {
         return vec![start];
@@ -222,6 +225,20 @@ impl MinerConfig for UniformHistogramConfig {
                     rule: "must be at least 1",
                 });
             }
+        }
+        // The output holds at most num_bins · per_bin rows per side, indexed by u32.
+        let most = self.pos_per_bin.max(self.neg_per_bin);
+        if self
+            .num_bins
+            .checked_mul(most)
+            .is_none_or(|rows| rows > u32::MAX as usize / 2)
+        {
+            return Err(Error::InvalidParameter {
+                op: self.op(),
+                what: "num_bins",
+                value: format!("{} bins of {most} pairs", self.num_bins),
+                rule: "num_bins · per_bin must be below 2³¹",
+            });
         }
         Ok(())
     }

@@ -293,7 +293,7 @@ struct MineArgs {
     neg_margin: Option<f32>,
     /// angular: the angle in degrees above which triplets are kept. Default 20.
     #[arg(long, allow_negative_numbers = true)]
-    angle: Option<f32>,
+    angle: Option<f64>,
     /// hdc: the fraction of each side's pairs kept, in [0, 1]. Default 0.5.
     #[arg(long)]
     filter_percentage: Option<f64>,
