@@ -211,3 +211,22 @@ def test_the_new_miners_inside_cross_batch_memory(backend, cls):
             x, y = batch(n=12, classes=3, seed=20 + step)
             loss = memory(x.requires_grad_(True), y)
             assert torch.isfinite(loss)
+
+
+def test_the_new_miners_on_edge_inputs(backend):
+    g = torch.Generator().manual_seed(11)
+    one_class = (torch.randn(6, 4, generator=g), torch.zeros(6, dtype=torch.long))
+    unique = (torch.randn(6, 4, generator=g), torch.arange(6))
+    empty = (torch.randn(0, 4), torch.zeros(0, dtype=torch.long))
+    for name, exact in [("HDCMiner", True), ("AngularMiner", True), ("DistanceWeightedMiner", False),
+                        ("UniformHistogramMiner", False)]:
+        for x, y in (one_class, unique):
+            torch.manual_seed(0)
+            ours = getattr(drop, name)(backend=backend)(x, y)
+            theirs = getattr(miners, name)()(x, y)
+            assert all(t.dtype == torch.int64 for t in ours)
+            assert [len(t) for t in ours] == [len(t) for t in theirs], name
+            if exact:
+                assert rows(ours) == rows(theirs), name
+        ours = getattr(drop, name)(backend=backend)(*empty)
+        assert all(len(t) == 0 for t in ours), name
