@@ -382,6 +382,19 @@ fn hdc_beyond_the_kept_pairs_matches_pml_emulation() {
     for ctx in contexts(&native) {
         check_hdc(ctx, &c, LP_DISTANCES[1], 0.37);
     }
+    // Keeping nothing skips the second pass; progress still reaches its total (2 · b · m).
+    let last = Arc::new(Mutex::new((0, 0)));
+    let seen = Arc::clone(&last);
+    let hooks = Hooks::new().on_progress(move |p| *seen.lock().expect("log") = (p.done, p.total));
+    let cfg = HdcConfig {
+        filter_percentage: 0.0,
+        hooks,
+        ..Default::default()
+    };
+    let p = hdc_pairs(&native, &c.queries(), None, &cfg).expect("hdc");
+    assert_eq!((p.positives.nrows(), p.negatives.nrows()), (0, 0));
+    let pairs = 2 * 2100 * 2100;
+    assert_eq!(*last.lock().expect("log"), (pairs, pairs));
 }
 
 #[test]

@@ -121,6 +121,15 @@ impl<'s, 'a> PairValues<'s, 'a> {
         Ok(())
     }
 
+    /// A visit the miner does not need: when the values are computed again for each visit,
+    /// its progress is reported as done, so that the call's progress reaches its total.
+    pub(super) fn skip(&self) {
+        if !self.keep {
+            let pairs = self.set.labels.len() as u64 * self.set.ref_labels.len() as u64;
+            self.report.part(pairs).add(pairs);
+        }
+    }
+
     /// The host–device traffic of the call: the import of device-buffer inputs and every
     /// visit so far.
     pub(super) fn transfers(&self) -> Transfers {

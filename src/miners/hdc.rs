@@ -107,21 +107,32 @@ pub fn hdc_pairs<L: Hash + Eq + Copy>(
     let mut kept: [Vec<Entry>; 2] = [0, 1].map(|s| Vec::with_capacity(below[s] as usize));
     let mut bucket: [BinaryHeap<Entry>; 2] = [BinaryHeap::new(), BinaryHeap::new()];
     let room = [0, 1].map(|s| (k[s] - below[s]) as usize);
-    values.visit(&mut |side, v, a, r| {
-        let s = side as usize;
-        let Some(c) = cut[s] else {
-            return;
-        };
-        let key = key(v, largest[s]);
-        if key >> 16 < c {
-            kept[s].push((key, a, r));
-        } else if key >> 16 == c {
-            bucket[s].push((key, a, r));
-            if bucket[s].len() > room[s] {
-                bucket[s].pop();
+    if cut.iter().all(Option::is_none) {
+        values.skip();
+    } else {
+        values.visit(&mut |side, v, a, r| {
+            let s = side as usize;
+            let Some(c) = cut[s] else {
+                return;
+            };
+            let key = key(v, largest[s]);
+            if key >> 16 < c {
+                kept[s].push((key, a, r));
+            } else if key >> 16 == c {
+                bucket[s].push((key, a, r));
+                if bucket[s].len() > room[s] {
+                    bucket[s].pop();
+                }
             }
-        }
-    })?;
+        })?;
+    }
+    // Every pair below the cut must have come back: the visits saw the same values.
+    if (0..2).any(|s| kept[s].len() as u64 != below[s]) {
+        return Err(Error::Internal {
+            op: OP,
+            message: "a visit of the pair values saw other values than the last".into(),
+        });
+    }
     let rows = |mut pairs: Vec<Entry>, bucket: BinaryHeap<Entry>| -> Vec<u32> {
         pairs.extend(bucket.into_vec());
         pairs.sort_unstable();

@@ -161,6 +161,8 @@ pub fn uniform_histogram_pairs<L: Hash + Eq + Copy>(
                 message: "a visit of the pair values saw other values than the last".into(),
             });
         }
+    } else {
+        values.skip();
     }
     let [pos, neg] = out;
     let transfers = values.transfers();
