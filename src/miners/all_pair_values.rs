@@ -4,13 +4,13 @@
 //! by the distance tile for each visit, so that host memory stays bounded either way.
 
 use crate::context::Context;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::inputs::Labelled;
 use crate::memory::Transfers;
 use crate::metric::DistanceConfig;
 
-use super::for_each_row_reporting;
+use super::{for_each_row_reporting, label_counts};
 
 /// Most pairs kept on the host between visits: 4 Mi pairs, 48 MiB.
 const KEPT_PAIRS: u64 = 1 << 22;
@@ -130,6 +130,15 @@ impl<'s, 'a> PairValues<'s, 'a> {
         }
     }
 
+    /// The error for a visit that met other values than an earlier one (the distances of
+    /// two passes must agree bit for bit).
+    pub(super) fn inconsistent(&self) -> Error {
+        Error::Internal {
+            op: self.op,
+            message: "a visit of the pair values saw other values than the last".into(),
+        }
+    }
+
     /// The host–device traffic of the call: the import of device-buffer inputs and every
     /// visit so far.
     pub(super) fn transfers(&self) -> Transfers {
@@ -142,28 +151,8 @@ impl<'s, 'a> PairValues<'s, 'a> {
 /// The number of positive pairs (same label, not the anchor's own slot) and of negative
 /// pairs, from the labels alone.
 fn pair_counts(set: &Labelled<'_>) -> [u64; 2] {
-    let ids = set
-        .ref_labels
-        .iter()
-        .chain(&set.labels)
-        .copied()
-        .max()
-        .map_or(0, |m| m as usize + 1);
-    let mut per_label = vec![0u64; ids];
-    for &l in &set.ref_labels {
-        per_label[l as usize] += 1;
-    }
     let m = set.ref_labels.len() as u64;
-    let mut counts = [0u64; 2];
-    for (a, &label) in set.labels.iter().enumerate() {
-        let same = per_label[label as usize];
-        let slot = set.self_slots[a];
-        let own = set
-            .ref_labels
-            .get(slot as usize)
-            .is_some_and(|&l| l == label);
-        counts[0] += same - u64::from(own);
-        counts[1] += m - same;
-    }
-    counts
+    label_counts(set).iter().fold([0, 0], |[p, n], c| {
+        [p + c.positives as u64, n + m - c.same as u64]
+    })
 }

@@ -15,7 +15,7 @@ use crate::metric::{Distance, DistanceConfig};
 use crate::transfer;
 use crate::triplets::Triplets;
 
-use super::{prepare_miner, sealed, MinerConfig, BLOCK_FLOATS};
+use super::{label_counts, prepare_miner, sealed, MinerConfig, BLOCK_FLOATS};
 
 /// The `eps` that `torch.nn.functional.pairwise_distance` adds to every difference.
 const PAIRWISE_EPS: f32 = 1e-6;
@@ -101,7 +101,12 @@ pub fn angular_triplets<L: Hash + Eq + Copy>(
         let d = queries.ncols();
         // Centres per block: whole rows of distances and of centres within one host block.
         let block = (BLOCK_FLOATS / m.max(d).max(1)).max(1);
-        let centres_total: u64 = (0..b).map(|a| positives_of(&set, a) as u64).sum();
+        // Each anchor with a negative has a centre per positive.
+        let centres_total: u64 = label_counts(&set)
+            .iter()
+            .filter(|c| c.same < m)
+            .map(|c| c.positives as u64)
+            .sum();
         let report = Reporter::new(&cfg.hooks, OP, centres_total * m as u64);
         let mut out = Vec::new();
         let mut chunk = Chunk::new(block.min(centres_total as usize), d);
@@ -133,18 +138,6 @@ pub fn angular_triplets<L: Hash + Eq + Copy>(
     let mut transfers = transfers;
     transfers.add(set.imported);
     Triplets::from_flat(OP, ctx, mined?, transfers)
-}
-
-/// The number of anchor `a`'s positives (same label, not its own slot) when it has a
-/// negative: its centres.
-fn positives_of(set: &crate::inputs::Labelled<'_>, a: usize) -> usize {
-    let label = set.labels[a];
-    let same = set.ref_labels.iter().filter(|&&l| l == label).count();
-    if same == set.ref_labels.len() {
-        return 0;
-    }
-    let own = set.ref_labels.get(set.self_slots[a] as usize) == Some(&label);
-    same - usize::from(own)
 }
 
 /// What a block of centres is compared with, and how.

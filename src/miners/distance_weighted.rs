@@ -12,7 +12,7 @@ use crate::rng::SplitMix64;
 use crate::triplets::Triplets;
 use crate::validate;
 
-use super::{for_each_row_reporting, prepare_miner, sealed, MinerConfig};
+use super::{for_each_row_reporting, label_counts, prepare_miner, sealed, MinerConfig};
 
 /// `DistanceWeightedMiner` settings; defaults are PML's, and the seed is the library's. The
 /// distance is fixed: Euclidean on normalised embeddings, the only one PML accepts.
@@ -100,17 +100,8 @@ pub fn distance_weighted_triplets<L: Hash + Eq + Copy>(
     let (b, m) = (set.labels.len(), set.ref_labels.len());
     let pairs = b as u64 * m as u64;
     let report = Reporter::new(&cfg.hooks, OP, pairs.saturating_mul(2));
-    // References per label: an anchor's number of triplets.
-    let ids = set
-        .ref_labels
-        .iter()
-        .chain(&set.labels)
-        .max()
-        .map_or(0, |&l| l as usize + 1);
-    let mut per_label = vec![0usize; ids];
-    for &l in &set.ref_labels {
-        per_label[l as usize] += 1;
-    }
+    // An anchor's number of triplets: the references of its label.
+    let counts = label_counts(&set);
     // First pass: the max of `log w` over the finite entries, same-label entries as 0.
     let mut max = f32::NEG_INFINITY;
     let mut transfers =
@@ -167,7 +158,7 @@ pub fn distance_weighted_triplets<L: Hash + Eq + Copy>(
                 }
                 let a = row.anchor;
                 let mut rng = SplitMix64::new(cfg.seed, u64::from(a));
-                let count = per_label[set.labels[a as usize] as usize];
+                let count = counts[a as usize].same;
                 for _ in 0..count {
                     let p = row.positives[rng.below(row.positives.len() as u64) as usize];
                     let u = rng.unit() * total;

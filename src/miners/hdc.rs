@@ -128,10 +128,7 @@ pub fn hdc_pairs<L: Hash + Eq + Copy>(
     }
     // Every pair below the cut must have come back: the visits saw the same values.
     if (0..2).any(|s| kept[s].len() as u64 != below[s]) {
-        return Err(Error::Internal {
-            op: OP,
-            message: "a visit of the pair values saw other values than the last".into(),
-        });
+        return Err(values.inconsistent());
     }
     let rows = |mut pairs: Vec<Entry>, bucket: BinaryHeap<Entry>| -> Vec<u32> {
         pairs.extend(bucket.into_vec());

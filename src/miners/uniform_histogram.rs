@@ -156,10 +156,7 @@ pub fn uniform_histogram_pairs<L: Hash + Eq + Copy>(
         // Every draw must have met its pair: the visits saw the same values.
         let met = (0..2).all(|s| picks[s].iter().zip(&next[s]).all(|(p, &n)| p.len() == n));
         if !met {
-            return Err(Error::Internal {
-                op: OP,
-                message: "a visit of the pair values saw other values than the last".into(),
-            });
+            return Err(values.inconsistent());
         }
     } else {
         values.skip();
