@@ -198,6 +198,151 @@ proptest! {
     }
 }
 
+/// A budget below the native fused top-1 kernel's scratch (at least one 256 KiB chunk of
+/// packed references per thread) but above the general path's: `k = 1` then runs on GEMM
+/// blocks and candidate lists.
+const BELOW_TOP1: u64 = 64 << 10;
+
+/// Native `k = 1` (the fused top-1 kernel) equals the general path's first neighbour, found
+/// with `k = 2` and with `k = 1` under [`BELOW_TOP1`], bit for bit: on small-integer data every
+/// dot product is exact in any order of summation, so both paths see the same scores and only
+/// the selection (keys, ties to the lower index, exclusion, padding lanes, chunks, shards)
+/// differs. Dimensions up to 2 048 make chunks of 32 references, so rows cross several.
+fn native_top1_case() -> impl Strategy<Value = (Array2<f32>, Array2<f32>, KnnConfig)> {
+    let dims = prop_oneof![1usize..13, Just(300usize), Just(2048usize)];
+    (0usize..40, 3usize..200, dims, 0u64..10_000).prop_flat_map(|(q, n, d, seed)| {
+        let queries = embeddings(q, d, seed, true);
+        let refs = embeddings(n, d, seed + 1, true);
+        config_strategy(n, q).prop_map(move |cfg| {
+            let cfg = KnnConfig { k: 1, ..cfg };
+            (queries.clone(), refs.clone(), cfg)
+        })
+    })
+}
+
+/// `fused` and `general` are the same answer, bit for bit; `first` of `general` when it has
+/// more columns.
+fn assert_same_first(fused: &Knn, general: &Knn, what: &str) {
+    let (idx, val) = (general.indices.column(0), general.scores.column(0));
+    assert_eq!(fused.indices.column(0), idx, "indices, {what}");
+    let same = fused
+        .scores
+        .column(0)
+        .iter()
+        .zip(val)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "scores, {what}: {:?} vs {val:?}", fused.scores);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(common::cases(48)))]
+
+    #[test]
+    fn native_top1_is_the_general_paths_first_neighbour((queries, refs, cfg) in native_top1_case()) {
+        let (native, tight) = (Context::native_cpu(None), Context::native_cpu(Some(BELOW_TOP1)));
+        let fused = knn(&native, queries.view(), refs.view(), &cfg).expect("k = 1");
+        let two = KnnConfig { k: 2, ..cfg.clone() };
+        let general = knn(&native, queries.view(), refs.view(), &two).expect("k = 2");
+        assert_same_first(&fused, &general, &format!("k = 2, {cfg:?}"));
+        tight.reset_peak();
+        let general = knn(&tight, queries.view(), refs.view(), &cfg).expect("k = 1, tight");
+        assert_same_first(&fused, &general, &format!("tight, {cfg:?}"));
+        prop_assert!(tight.memory().peak_bytes <= BELOW_TOP1);
+    }
+}
+
+/// The fused top-1 kernel on many query blocks and on reference shards (few queries), and on
+/// scores that overflow: dot products of ±1e30 entries are ±∞, or NaN where both signs meet,
+/// whose keys and ties must order as the general path orders them, rows of NaN only included.
+#[test]
+fn native_top1_blocks_shards_and_overflow_match_the_general_path() {
+    let (native, tight) = (
+        Context::native_cpu(None),
+        Context::native_cpu(Some(BELOW_TOP1)),
+    );
+    let huge = |x: Array2<f32>| x.mapv(|v| v * 1e30);
+    let cases = [
+        // 3 query blocks of 2 048 rows.
+        (embeddings(5000, 3, 1, true), embeddings(70, 3, 2, true)),
+        // 3 queries: the references are split in shards over the threads.
+        (embeddings(3, 7, 3, true), embeddings(1000, 7, 4, true)),
+        (
+            huge(embeddings(50, 4, 5, true)),
+            huge(embeddings(90, 4, 6, true)),
+        ),
+        // Queries (∞-making rows of ±1e30 or 0) against references (a, -a): a query (x, x)
+        // sums +∞ and -∞ to NaN with every reference, a row of NaN only; (x, -x) and (0, x)
+        // get ±∞.
+        (
+            Array2::from_shape_fn((30, 2), |(i, j)| match (i % 3, j) {
+                (0, _) | (1, 0) | (2, 1) => 1e30,
+                (1, _) => -1e30,
+                _ => 0.0,
+            }),
+            Array2::from_shape_fn(
+                (40, 2),
+                |(i, j)| if (i + j) % 2 == 0 { 1e30 } else { -1e30 },
+            ),
+        ),
+    ];
+    for (queries, refs) in &cases {
+        for distance in DISTANCES {
+            for (normalize, self_exclusion) in [
+                (false, SelfExclusion::None),
+                (true, SelfExclusion::SameIndex),
+            ] {
+                if self_exclusion == SelfExclusion::SameIndex && queries.nrows() > refs.nrows() {
+                    continue;
+                }
+                let cfg = KnnConfig {
+                    k: 1,
+                    distance: DistanceConfig {
+                        distance,
+                        normalize,
+                    },
+                    self_exclusion,
+                    ..Default::default()
+                };
+                let what = format!("{:?} × {:?}, {cfg:?}", queries.dim(), refs.dim());
+                let fused = knn(&native, queries.view(), refs.view(), &cfg).expect("fused");
+                let general = knn(&tight, queries.view(), refs.view(), &cfg).expect("general");
+                assert_same_first(&fused, &general, &what);
+                let two = KnnConfig {
+                    k: 2,
+                    ..cfg.clone()
+                };
+                let general = knn(&native, queries.view(), refs.view(), &two).expect("k = 2");
+                assert_same_first(&fused, &general, &what);
+            }
+        }
+    }
+    // The overflow cases do reach NaN and infinite scores.
+    let (queries, refs) = &cases[3];
+    let scores = |normalize| {
+        let cfg = KnnConfig {
+            k: 1,
+            distance: DistanceConfig {
+                distance: Distance::DotProduct,
+                normalize,
+            },
+            ..Default::default()
+        };
+        knn(&native, queries.view(), refs.view(), &cfg)
+            .expect("fused")
+            .scores
+    };
+    assert!(
+        scores(false).iter().any(|s| s.is_infinite()),
+        "{:?}",
+        scores(false)
+    );
+    assert!(
+        scores(true).iter().any(|s| s.is_nan()),
+        "{:?}",
+        scores(true)
+    );
+}
+
 #[test]
 fn k_equal_to_n_and_k_one_with_duplicates() {
     let Some(ctx) = common::shared_gpu() else {
@@ -266,7 +411,7 @@ fn tight_budget_with_100k_references(ctx: &Context, budget: u64) {
     let queries = embeddings(q, d, 1, false);
     let refs = embeddings(n, d, 2, false);
     let native = Context::native_cpu(None);
-    for k in [10, 3000] {
+    for k in [1, 10, 3000] {
         let cfg = KnnConfig {
             k,
             distance: DistanceConfig {

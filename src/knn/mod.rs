@@ -3,6 +3,7 @@
 
 mod gpu;
 mod native;
+mod native_top1;
 
 use ndarray::{s, Array2};
 
@@ -182,7 +183,7 @@ pub fn knn_plan<'q, 'r>(
     let pair = check(ctx, queries.reborrow(), refs.reborrow(), cfg, &mut imports)?;
     let (q, (n, d)) = (pair.queries.nrows(), pair.refs.dim());
     let plan = match ctx.gpu() {
-        None => native::plan(ctx, q, n, cfg.k).map(|p| p.public(q, n)),
+        None => native::plan(ctx, (q, n, d), cfg.k).map(|p| p.public(q, n)),
         Some(gpu) => gpu::plan(ctx, gpu, (q, d), &pair.refs, cfg.k, false).map(|p| p.public(q, n)),
     };
     Ok(plan?.with_imports(imports.footprint()))

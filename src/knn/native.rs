@@ -7,6 +7,7 @@ use std::ops::Range;
 
 use ndarray::{s, Array2, ArrayView2};
 
+use super::native_top1::{self, Block};
 use super::{sort_rows, KnnConfig, Neighbours};
 use crate::context::{ComputePath, Context};
 use crate::distance::native::{finish, Norms};
@@ -231,11 +232,14 @@ fn search_block(
 }
 
 /// How a native search splits its work: query rows per block, reference shards per block
-/// (when there are too few query blocks to keep every thread busy), and the scratch that
-/// holds.
+/// (when there are too few query blocks to keep every thread busy), which kernel, and the
+/// scratch that holds.
 pub(super) struct NativePlan {
     rows: usize,
     shards: usize,
+    /// The fused top-1 kernel (`k = 1`, when its scratch fits) rather than GEMM blocks and
+    /// candidate lists.
+    top1: bool,
     /// Bytes of scratch, reserved against the budget while the search runs.
     scratch: u64,
     /// The scratch of the smallest plan (one query row per block).
@@ -255,10 +259,16 @@ impl NativePlan {
     }
 }
 
-/// Per thread a block of dot products and its rows' candidate lists; with shards, the lists
-/// they hand back (with one, those are the output itself, which is not counted). Query blocks
-/// shrink until they fit what the budget has available.
-pub(super) fn plan(ctx: &Context, q: usize, n: usize, k: usize) -> Result<NativePlan> {
+/// Per thread a block of dot products and its rows' candidate lists (or, at `k = 1`, the fused
+/// kernel's packed references and rows' bests); with shards, the lists they hand back (with
+/// one, those are the output itself, which is not counted). Query blocks shrink until they
+/// fit what the budget has available; at `k = 1` the fused kernel is used when its scratch
+/// for full blocks fits, and the general one otherwise.
+pub(super) fn plan(
+    ctx: &Context,
+    (q, n, d): (usize, usize, usize),
+    k: usize,
+) -> Result<NativePlan> {
     let threads = threads() as u64;
     let nb = REF_BLOCK.min(n).max(1);
     let shards_for = |qb: usize| {
@@ -280,6 +290,21 @@ pub(super) fn plan(ctx: &Context, q: usize, n: usize, k: usize) -> Result<Native
         };
         threads * per_thread + lists
     };
+    if k == 1 {
+        let qb = native_top1::QUERY_BLOCK.min(q).max(1);
+        let shards = shards_for(qb) as u64;
+        let lists = if shards > 1 { 8 * q as u64 * shards } else { 0 };
+        let scratch = threads * native_top1::scratch_bytes(qb, d) + lists;
+        if scratch <= ctx.tracker().available() {
+            return Ok(NativePlan {
+                rows: qb,
+                shards: shards as usize,
+                top1: true,
+                scratch,
+                min_scratch: scratch_for(1),
+            });
+        }
+    }
     let mut qb = QUERY_BLOCK.min(q).max(1);
     while qb > 1 && scratch_for(qb) > ctx.tracker().available() {
         qb = qb.div_ceil(2);
@@ -306,6 +331,7 @@ pub(super) fn plan(ctx: &Context, q: usize, n: usize, k: usize) -> Result<Native
     Ok(NativePlan {
         rows: qb,
         shards: shards_for(qb),
+        top1: false,
         scratch,
         min_scratch,
     })
@@ -325,7 +351,7 @@ pub(crate) fn search(
     let (q, n, k) = (queries.nrows(), refs.nrows(), cfg.k);
     let largest = cfg.distance.distance.is_similarity();
     let nb = REF_BLOCK.min(n).max(1);
-    let plan = plan(ctx, q, n, k)?;
+    let plan = plan(ctx, (q, n, queries.ncols()), k)?;
     let (qb, shards) = (plan.rows, plan.shards);
     let q_blocks = q.div_ceil(qb);
     let _reserved = HostReservation::new(SCRATCH, plan.scratch, ctx.tracker())?;
@@ -336,25 +362,34 @@ pub(crate) fn search(
     let shard_of = |s: usize| s * n / shards..(s + 1) * n / shards;
     let parts = par_items(
         q_blocks * shards,
-        || Array2::<f32>::zeros((qb, nb)),
-        |item, block| {
+        || match plan.top1 {
+            true => Scratch::Top1(native_top1::Scratch::new(queries.ncols())),
+            false => Scratch::Tile(Array2::<f32>::zeros((qb, nb))),
+        },
+        |item, scratch| {
             if report.cancelled() {
                 return Vec::new();
             }
             let (b, shard) = (item / shards, item % shards);
             let (rows, shard) = (b * qb..(b * qb + qb).min(q), shard_of(shard));
             let pairs = rows.len() as u64 * shard.len() as u64;
-            let found = search_block(
-                queries,
-                refs,
-                &norms,
-                cfg.distance.distance,
-                excluded,
-                k,
-                rows,
-                shard,
-                block,
-            );
+            let distance = cfg.distance.distance;
+            let found = match scratch {
+                Scratch::Top1(scratch) => {
+                    let block = Block {
+                        queries,
+                        refs,
+                        norms: &norms,
+                        excluded,
+                        rows,
+                        shard,
+                    };
+                    native_top1::search_block(&block, distance, scratch)
+                }
+                Scratch::Tile(block) => search_block(
+                    queries, refs, &norms, distance, excluded, k, rows, shard, block,
+                ),
+            };
             report.add(pairs);
             found
         },
@@ -371,6 +406,12 @@ pub(crate) fn search(
         sort_rows(&mut pairs, k, largest, &mut out, b * qb);
     }
     Ok(out)
+}
+
+/// One thread's scratch: a block of dot products, or the fused top-1 kernel's buffers.
+enum Scratch {
+    Tile(Array2<f32>),
+    Top1(native_top1::Scratch),
 }
 
 /// One query block's lists from every shard, `k` pairs per row each, merged to the best `k`.
