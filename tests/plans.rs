@@ -108,6 +108,19 @@ fn plans_bound_what_the_calls_hold_and_name_their_least_budget() {
             |ctx| knn_plan(ctx, &x, &r, &knn_cfg),
             |ctx| knn(ctx, &x, &r, &knn_cfg),
         );
+        // k = 1 runs the native path's fused top-1 kernel where its scratch fits (here), the
+        // general one below that (at min_bytes).
+        let top1 = KnnConfig {
+            k: 1,
+            ..Default::default()
+        };
+        check(
+            "knn k = 1",
+            path,
+            budget,
+            |ctx| knn_plan(ctx, &x, &r, &top1),
+            |ctx| knn(ctx, &x, &r, &top1),
+        );
         check(
             "accuracy",
             path,

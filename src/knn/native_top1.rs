@@ -45,7 +45,7 @@ pub(super) fn chunk_refs(d: usize) -> usize {
 /// each row's best.
 pub(super) fn scratch_bytes(rows: usize, d: usize) -> u64 {
     let c = chunk_refs(d) as u64;
-    4 * (c * d as u64 + 2 * c + (MAX_ROWS * d) as u64) + 8 * rows as u64
+    4 * (c * d as u64 + 2 * c + (MAX_ROWS * d) as u64) + 16 * rows as u64
 }
 
 /// A row's best so far: a signed key (ordered as `key_of`'s unsigned one) and an index.
