@@ -14,7 +14,7 @@ use ndarray::{s, Array1, Array2};
 use proptest::prelude::*;
 use wgpu_metric_learning::reference::knn_select::knn_select;
 use wgpu_metric_learning::{
-    knn, knn_sharded, pairwise_distances, BankConfig, Context, ContextConfig, Distance,
+    knn, knn_plan, knn_sharded, pairwise_distances, BankConfig, Context, ContextConfig, Distance,
     DistanceConfig, Error, Hooks, Knn, KnnConfig, MemoryBank, MiningSet, PairwiseConfig, Progress,
     SelfExclusion,
 };
@@ -198,69 +198,84 @@ proptest! {
     }
 }
 
-/// A budget below the native fused top-1 kernel's scratch (at least one 256 KiB chunk of
-/// packed references per thread) but above the general path's: `k = 1` then runs on GEMM
-/// blocks and candidate lists.
-const BELOW_TOP1: u64 = 64 << 10;
+/// A native context whose budget is the search's least (`knn_plan`'s `min_bytes`): the general
+/// path's, one query row per GEMM block, far below the fused kernel's scratch, which the plan
+/// on a roomy context shows (for `k ≤ 128`).
+fn general_path(queries: &Array2<f32>, refs: &Array2<f32>, cfg: &KnnConfig) -> Context {
+    let roomy = knn_plan(&Context::native_cpu(None), queries, refs, cfg).expect("plan");
+    let tight = Context::native_cpu(Some(roomy.min_bytes));
+    let general = knn_plan(&tight, queries, refs, cfg).expect("tight plan");
+    if cfg.k <= 128 && queries.nrows() > 0 {
+        assert!(general.bytes < roomy.bytes, "{roomy:?} vs {general:?}");
+    }
+    tight
+}
 
-/// Native `k = 1` (the fused top-1 kernel) equals the general path's first neighbour, found
-/// with `k = 2` and with `k = 1` under [`BELOW_TOP1`], bit for bit: on small-integer data every
-/// dot product is exact in any order of summation, so both paths see the same scores and only
-/// the selection (keys, ties to the lower index, exclusion, padding lanes, chunks, shards)
+/// The native fused kernel (`k ≤ 128` where its scratch fits) equals the general path (the
+/// same search under [`general_path`]'s budget), bit for bit: on small-integer data every dot product is
+/// exact in any order of summation, so both paths see the same scores and only the selection
+/// (keys, ties to the lower index, exclusion, padding lanes, chunks, shards, candidate lists)
 /// differs. Dimensions up to 2 048 make chunks of 32 references, so rows cross several.
-fn native_top1_case() -> impl Strategy<Value = (Array2<f32>, Array2<f32>, KnnConfig)> {
+fn native_fused_case() -> impl Strategy<Value = (Array2<f32>, Array2<f32>, KnnConfig)> {
     let dims = prop_oneof![1usize..13, Just(300usize), Just(2048usize)];
     (0usize..40, 3usize..200, dims, 0u64..10_000).prop_flat_map(|(q, n, d, seed)| {
         let queries = embeddings(q, d, seed, true);
         let refs = embeddings(n, d, seed + 1, true);
-        config_strategy(n, q).prop_map(move |cfg| {
-            let cfg = KnnConfig { k: 1, ..cfg };
+        // k = 1 (its own kernel) half of the time.
+        (config_strategy(n, q), any::<bool>()).prop_map(move |(cfg, one)| {
+            let k = if one { 1 } else { cfg.k };
+            let cfg = KnnConfig { k, ..cfg };
             (queries.clone(), refs.clone(), cfg)
         })
     })
 }
 
-/// `fused` and `general` are the same answer, bit for bit; `first` of `general` when it has
-/// more columns.
-fn assert_same_first(fused: &Knn, general: &Knn, what: &str) {
-    let (idx, val) = (general.indices.column(0), general.scores.column(0));
-    assert_eq!(fused.indices.column(0), idx, "indices, {what}");
+/// `fused` and `general` are the same answer, bit for bit.
+fn assert_same(fused: &Knn, general: &Knn, what: &str) {
+    assert_eq!(fused.indices, general.indices, "indices, {what}");
     let same = fused
         .scores
-        .column(0)
         .iter()
-        .zip(val)
+        .zip(&general.scores)
         .all(|(a, b)| a.to_bits() == b.to_bits());
-    assert!(same, "scores, {what}: {:?} vs {val:?}", fused.scores);
+    assert!(
+        same,
+        "scores, {what}: {:?} vs {:?}",
+        fused.scores, general.scores
+    );
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(common::cases(48)))]
 
     #[test]
-    fn native_top1_is_the_general_paths_first_neighbour((queries, refs, cfg) in native_top1_case()) {
-        let (native, tight) = (Context::native_cpu(None), Context::native_cpu(Some(BELOW_TOP1)));
-        let fused = knn(&native, queries.view(), refs.view(), &cfg).expect("k = 1");
-        let two = KnnConfig { k: 2, ..cfg.clone() };
-        let general = knn(&native, queries.view(), refs.view(), &two).expect("k = 2");
-        assert_same_first(&fused, &general, &format!("k = 2, {cfg:?}"));
-        tight.reset_peak();
-        let general = knn(&tight, queries.view(), refs.view(), &cfg).expect("k = 1, tight");
-        assert_same_first(&fused, &general, &format!("tight, {cfg:?}"));
-        prop_assert!(tight.memory().peak_bytes <= BELOW_TOP1);
+    fn native_fused_search_is_the_general_paths((queries, refs, cfg) in native_fused_case()) {
+        let (native, tight) = (Context::native_cpu(None), general_path(&queries, &refs, &cfg));
+        let fused = knn(&native, queries.view(), refs.view(), &cfg).expect("fused");
+        let general = knn(&tight, queries.view(), refs.view(), &cfg).expect("tight");
+        assert_same(&fused, &general, &format!("{cfg:?}"));
+        // k = 1 is also the first neighbour of k = 2 (fused as well, by candidate lists).
+        if cfg.k == 1 && refs.nrows() >= 3 {
+            let two = KnnConfig { k: 2, ..cfg.clone() };
+            let two = knn(&native, queries.view(), refs.view(), &two).expect("k = 2");
+            prop_assert_eq!(fused.indices.column(0), two.indices.column(0));
+        }
     }
 }
 
-/// The fused top-1 kernel on many query blocks and on reference shards (few queries), and on
-/// scores that overflow: dot products of ±1e30 entries are ±∞, or NaN where both signs meet,
-/// whose keys and ties must order as the general path orders them, rows of NaN only included.
+/// The fused kernel on many query blocks and on reference shards (few queries), on scores
+/// that overflow, whose keys and ties must order as the general path orders them, and on
+/// spread values at dimensions around the GEMM's 256-wide slices, where the two paths sum
+/// in the same order: at k = 1, 2 and 10.
 #[test]
-fn native_top1_blocks_shards_and_overflow_match_the_general_path() {
-    let (native, tight) = (
-        Context::native_cpu(None),
-        Context::native_cpu(Some(BELOW_TOP1)),
-    );
+fn native_fused_blocks_shards_and_overflow_match_the_general_path() {
+    let native = Context::native_cpu(None);
     let huge = |x: Array2<f32>| x.mapv(|v| v * 1e30);
+    // Normalised, a row of 1e20 has a squared norm of ∞, a scale of 0 and scores of NaN
+    // (∞ · 0) with 100 such references, then 0 with the rest: more NaNs than a candidate list
+    // holds (2k + 64) before the first number. (Where a NaN orders depends on its sign bit,
+    // which the compiler does not keep: the paths must agree, whatever it is.)
+    let nan_first = Array2::from_shape_fn((130, 2), |(i, _)| if i < 100 { 1e20 } else { 1.0 });
     let cases = [
         // 3 query blocks of 2 048 rows.
         (embeddings(5000, 3, 1, true), embeddings(70, 3, 2, true)),
@@ -270,9 +285,10 @@ fn native_top1_blocks_shards_and_overflow_match_the_general_path() {
             huge(embeddings(50, 4, 5, true)),
             huge(embeddings(90, 4, 6, true)),
         ),
-        // Queries (∞-making rows of ±1e30 or 0) against references (a, -a): a query (x, x)
-        // sums +∞ and -∞ to NaN with every reference, a row of NaN only; (x, -x) and (0, x)
-        // get ±∞.
+        // Queries of ±1e30 or 0 against references (a, -a): dot products of ±∞ (a fused
+        // multiply-add of finite inputs never makes NaN: it rounds the exact sum once), and,
+        // normalised, squared norms of ∞ make scales of 0 and scores of ∞ · 0 = NaN, rows of
+        // NaN only among them.
         (
             Array2::from_shape_fn((30, 2), |(i, j)| match (i % 3, j) {
                 (0, _) | (1, 0) | (2, 1) => 1e30,
@@ -284,7 +300,23 @@ fn native_top1_blocks_shards_and_overflow_match_the_general_path() {
                 |(i, j)| if (i + j) % 2 == 0 { 1e30 } else { -1e30 },
             ),
         ),
+        (Array2::from_elem((3, 2), 1e20), nan_first),
+        (embeddings(20, 255, 8, false), embeddings(90, 255, 9, false)),
+        (
+            embeddings(20, 256, 10, false),
+            embeddings(90, 256, 11, false),
+        ),
+        (
+            embeddings(20, 257, 12, false),
+            embeddings(90, 257, 13, false),
+        ),
+        (
+            embeddings(20, 600, 14, false),
+            embeddings(90, 600, 15, false),
+        ),
     ];
+    let plan = knn_plan(&native, &cases[0].0, &cases[0].1, &KnnConfig::default());
+    assert_eq!(plan.expect("plan").rows, 2048, "the fused kernel's blocks");
     for (queries, refs) in &cases {
         for distance in DISTANCES {
             for (normalize, self_exclusion) in [
@@ -294,25 +326,22 @@ fn native_top1_blocks_shards_and_overflow_match_the_general_path() {
                 if self_exclusion == SelfExclusion::SameIndex && queries.nrows() > refs.nrows() {
                     continue;
                 }
-                let cfg = KnnConfig {
-                    k: 1,
-                    distance: DistanceConfig {
-                        distance,
-                        normalize,
-                    },
-                    self_exclusion,
-                    ..Default::default()
-                };
-                let what = format!("{:?} × {:?}, {cfg:?}", queries.dim(), refs.dim());
-                let fused = knn(&native, queries.view(), refs.view(), &cfg).expect("fused");
-                let general = knn(&tight, queries.view(), refs.view(), &cfg).expect("general");
-                assert_same_first(&fused, &general, &what);
-                let two = KnnConfig {
-                    k: 2,
-                    ..cfg.clone()
-                };
-                let general = knn(&native, queries.view(), refs.view(), &two).expect("k = 2");
-                assert_same_first(&fused, &general, &what);
+                for k in [1, 2, 10] {
+                    let cfg = KnnConfig {
+                        k,
+                        distance: DistanceConfig {
+                            distance,
+                            normalize,
+                        },
+                        self_exclusion: self_exclusion.clone(),
+                        ..Default::default()
+                    };
+                    let what = format!("{:?} × {:?}, {cfg:?}", queries.dim(), refs.dim());
+                    let fused = knn(&native, queries.view(), refs.view(), &cfg).expect("fused");
+                    let tight = general_path(queries, refs, &cfg);
+                    let general = knn(&tight, queries.view(), refs.view(), &cfg).expect("tight");
+                    assert_same(&fused, &general, &what);
+                }
             }
         }
     }

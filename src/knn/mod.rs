@@ -3,7 +3,7 @@
 
 mod gpu;
 mod native;
-mod native_top1;
+mod native_fused;
 
 use ndarray::{s, Array2};
 
@@ -114,7 +114,8 @@ impl Neighbours {
 /// references (`shaders/distance_tile.wgsl`) feed a per-row radix selection that merges them
 /// into a running best list (`shaders/knn_select.wgsl`), so the `(q, n)` matrix never exists;
 /// chunk sizes come from the context's remaining budget, and references that do not fit it
-/// are streamed through in chunks. On the native path, blocked GEMM with a per-row selection.
+/// are streamed through in chunks. On the native path, blocked GEMM with a per-row selection,
+/// or for `k ≤ 128` a fused kernel that selects from register tiles of dot products.
 /// `cfg.hooks` reports the pairs compared and can cancel between chunks.
 ///
 /// # Errors

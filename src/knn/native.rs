@@ -1,13 +1,14 @@
 //! The native twin of the kNN kernels: each thread takes a block of queries (and, when there
 //! are few queries, a shard of the references), computes cache-sized blocks of dot products
 //! with a single-threaded GEMM and feeds every row to a bounded candidate list while the block
-//! is still in cache.
+//! is still in cache. Small `k` goes to [`super::native_fused`] instead, which selects from
+//! register tiles without writing the dot products out.
 
 use std::ops::Range;
 
 use ndarray::{s, Array2, ArrayView2};
 
-use super::native_top1::{self, Block};
+use super::native_fused::{self, Block};
 use super::{sort_rows, KnnConfig, Neighbours};
 use crate::context::{ComputePath, Context};
 use crate::distance::native::{finish, Norms};
@@ -35,18 +36,18 @@ const SCRATCH: &str = "knn::native scratch";
 /// down to `k` whenever the list reaches its capacity (Faiss's reservoir). The bound is then
 /// the worst kept score, oriented so that smaller is better, and anything worse is never
 /// stored: most elements cost one comparison.
-struct Candidates {
-    list: Vec<[u32; 2]>,
+pub(super) struct Candidates {
+    pub(super) list: Vec<[u32; 2]>,
     /// Oriented score (`s`, or `-s` for similarities) an element must not exceed.
-    bound: f32,
+    pub(super) bound: f32,
 }
 
 impl Candidates {
-    fn capacity(k: usize) -> usize {
+    pub(super) fn capacity(k: usize) -> usize {
         2 * k + 64
     }
 
-    fn new(k: usize) -> Self {
+    pub(super) fn new(k: usize) -> Self {
         Self {
             list: Vec::with_capacity(Self::capacity(k)),
             bound: f32::INFINITY,
@@ -54,13 +55,13 @@ impl Candidates {
     }
 
     #[inline]
-    fn admits(&self, o: f32) -> bool {
+    pub(super) fn admits(&self, o: f32) -> bool {
         admits(o, self.bound)
     }
 
     /// Stores reference `index` with oriented score `oriented`.
     #[inline]
-    fn offer(&mut self, oriented: f32, index: u32, k: usize) {
+    pub(super) fn offer(&mut self, oriented: f32, index: u32, k: usize) {
         self.list.push([key_of(oriented, false), index]);
         if self.list.len() >= Self::capacity(k) {
             self.shrink(k);
@@ -72,7 +73,10 @@ impl Candidates {
     fn shrink(&mut self, k: usize) {
         shrink(&mut self.list, k);
         if self.list.len() == k {
-            self.bound = score_of(self.list[k - 1][0], false);
+            // A worst kept element that is a NaN (its key orders it after +∞) must not become
+            // a NaN bound, which would admit nothing but NaNs: everything stays admissible.
+            let bound = score_of(self.list[k - 1][0], false);
+            self.bound = if bound.is_nan() { f32::INFINITY } else { bound };
         }
     }
 }
@@ -80,12 +84,12 @@ impl Candidates {
 /// Whether oriented score `o` may enter a list bounded by `bound`: not above it. A NaN may
 /// (its key orders it last, as in the kernel).
 #[inline]
-fn admits(o: f32, bound: f32) -> bool {
+pub(super) fn admits(o: f32, bound: f32) -> bool {
     o <= bound || o.is_nan()
 }
 
 /// Keeps the best `k` `(key, index)` pairs of `list`, in no particular order.
-fn shrink(list: &mut Vec<[u32; 2]>, k: usize) {
+pub(super) fn shrink(list: &mut Vec<[u32; 2]>, k: usize) {
     if list.len() > k {
         list.select_nth_unstable_by(k - 1, |a, b| (a[0], a[1]).cmp(&(b[0], b[1])));
         list.truncate(k);
@@ -237,9 +241,8 @@ fn search_block(
 pub(super) struct NativePlan {
     rows: usize,
     shards: usize,
-    /// The fused top-1 kernel (`k = 1`, when its scratch fits) rather than GEMM blocks and
-    /// candidate lists.
-    top1: bool,
+    /// The fused kernel (small `k`, when its scratch fits) rather than GEMM blocks.
+    fused: bool,
     /// Bytes of scratch, reserved against the budget while the search runs.
     scratch: u64,
     /// The scratch of the smallest plan (one query row per block).
@@ -259,11 +262,11 @@ impl NativePlan {
     }
 }
 
-/// Per thread a block of dot products and its rows' candidate lists (or, at `k = 1`, the fused
-/// kernel's packed references and rows' bests); with shards, the lists they hand back (with
-/// one, those are the output itself, which is not counted). Query blocks shrink until they
-/// fit what the budget has available; at `k = 1` the fused kernel is used when its scratch
-/// for full blocks fits, and the general one otherwise.
+/// Per thread a block of dot products and its rows' candidate lists (or, for `k ≤`
+/// [`native_fused::MAX_K`], the fused kernel's packed references and rows' lists); with
+/// shards, the lists they hand back (with one, those are the output itself, which is not
+/// counted). Query blocks shrink until they fit what the budget has available; the fused
+/// kernel is used when its scratch for full blocks fits, and the general one otherwise.
 pub(super) fn plan(
     ctx: &Context,
     (q, n, d): (usize, usize, usize),
@@ -290,16 +293,20 @@ pub(super) fn plan(
         };
         threads * per_thread + lists
     };
-    if k == 1 {
-        let qb = native_top1::QUERY_BLOCK.min(q).max(1);
+    if k <= native_fused::MAX_K {
+        let qb = native_fused::QUERY_BLOCK.min(q).max(1);
         let shards = shards_for(qb) as u64;
-        let lists = if shards > 1 { 8 * q as u64 * shards } else { 0 };
-        let scratch = threads * native_top1::scratch_bytes(qb, d) + lists;
+        let lists = if shards > 1 {
+            8 * (q * k) as u64 * shards
+        } else {
+            0
+        };
+        let scratch = threads * native_fused::scratch_bytes(qb, (n, d), k) + lists;
         if scratch <= ctx.tracker().available() {
             return Ok(NativePlan {
                 rows: qb,
                 shards: shards as usize,
-                top1: true,
+                fused: true,
                 scratch,
                 min_scratch: scratch_for(1),
             });
@@ -331,7 +338,7 @@ pub(super) fn plan(
     Ok(NativePlan {
         rows: qb,
         shards: shards_for(qb),
-        top1: false,
+        fused: false,
         scratch,
         min_scratch,
     })
@@ -362,8 +369,8 @@ pub(crate) fn search(
     let shard_of = |s: usize| s * n / shards..(s + 1) * n / shards;
     let parts = par_items(
         q_blocks * shards,
-        || match plan.top1 {
-            true => Scratch::Top1(native_top1::Scratch::new(queries.ncols())),
+        || match plan.fused {
+            true => Scratch::Fused(native_fused::Scratch::new(queries.ncols(), n)),
             false => Scratch::Tile(Array2::<f32>::zeros((qb, nb))),
         },
         |item, scratch| {
@@ -374,8 +381,9 @@ pub(crate) fn search(
             let (rows, shard) = (b * qb..(b * qb + qb).min(q), shard_of(shard));
             let pairs = rows.len() as u64 * shard.len() as u64;
             let distance = cfg.distance.distance;
-            let found = match scratch {
-                Scratch::Top1(scratch) => {
+            match scratch {
+                // The fused kernel reports (and stops when cancelled) chunk by chunk.
+                Scratch::Fused(scratch) => {
                     let block = Block {
                         queries,
                         refs,
@@ -383,15 +391,18 @@ pub(crate) fn search(
                         excluded,
                         rows,
                         shard,
+                        report,
                     };
-                    native_top1::search_block(&block, distance, scratch)
+                    native_fused::search_block(&block, distance, k, scratch)
                 }
-                Scratch::Tile(block) => search_block(
-                    queries, refs, &norms, distance, excluded, k, rows, shard, block,
-                ),
-            };
-            report.add(pairs);
-            found
+                Scratch::Tile(block) => {
+                    let found = search_block(
+                        queries, refs, &norms, distance, excluded, k, rows, shard, block,
+                    );
+                    report.add(pairs);
+                    found
+                }
+            }
         },
     );
     report.check()?;
@@ -408,10 +419,10 @@ pub(crate) fn search(
     Ok(out)
 }
 
-/// One thread's scratch: a block of dot products, or the fused top-1 kernel's buffers.
+/// One thread's scratch: a block of dot products, or the fused kernel's buffers.
 enum Scratch {
     Tile(Array2<f32>),
-    Top1(native_top1::Scratch),
+    Fused(native_fused::Scratch),
 }
 
 /// One query block's lists from every shard, `k` pairs per row each, merged to the best `k`.
@@ -428,4 +439,29 @@ fn merge_shards(block: &[Vec<[u32; 2]>], k: usize) -> Vec<[u32; 2]> {
         pairs.extend_from_slice(&row);
     }
     pairs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A list whose worst kept element is a NaN (more NaNs than its capacity first) still
+    /// admits, and keeps, the numbers that come after.
+    #[test]
+    fn a_nan_bound_still_admits_numbers() {
+        for nan in [f32::NAN, -f32::NAN] {
+            let k = 1;
+            let mut list = Candidates::new(k);
+            for i in 0..100 {
+                if list.admits(nan) {
+                    list.offer(nan, i, k);
+                }
+            }
+            assert!(list.admits(0.5), "{nan:?}: bound {}", list.bound);
+            list.offer(0.5, 100, k);
+            shrink(&mut list.list, k);
+            let best = if nan.is_sign_positive() { 100 } else { 0 };
+            assert_eq!(list.list[0][1], best, "{nan:?}");
+        }
+    }
 }
