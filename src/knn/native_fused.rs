@@ -17,7 +17,7 @@ use std::ops::Range;
 
 use ndarray::ArrayView2;
 
-use super::native::{admits, shrink, Candidates};
+use super::candidates::{admits, shrink, Candidates};
 use crate::distance::native::{finish, Norms};
 use crate::hooks::Reporter;
 use crate::kernels::knn_select::EMPTY_INDEX;
