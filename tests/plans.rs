@@ -121,6 +121,17 @@ fn plans_bound_what_the_calls_hold_and_name_their_least_budget() {
             |ctx| knn_plan(ctx, &x, &r, &top1),
             |ctx| knn(ctx, &x, &r, &top1),
         );
+        // Three references of one dimension: the fused kernel's one-row plan (a 32-reference
+        // chunk) is below the general path's, so it is the least budget.
+        let (x1, _) = data(5, 1, 1);
+        let (r1, _) = data(3, 1, 1);
+        check(
+            "knn k = 1, tiny",
+            path,
+            budget,
+            |ctx| knn_plan(ctx, &x1, &r1, &top1),
+            |ctx| knn(ctx, &x1, &r1, &top1),
+        );
         check(
             "accuracy",
             path,

@@ -60,6 +60,20 @@ pub(super) fn admits(o: f32, bound: f32) -> bool {
     o <= bound || o.is_nan()
 }
 
+/// The lanes of `scores` (at most 64) that `bound` admits, one bit each, lowest lane first.
+/// Most groups of scores admit nothing, which an or of compares (vector code) says at once;
+/// then the set bits alone are visited, with no branch per lane to mispredict.
+#[inline(always)]
+pub(super) fn admitted(scores: &[f32], bound: f32) -> u64 {
+    if !scores.iter().fold(false, |any, &o| any | admits(o, bound)) {
+        return 0;
+    }
+    scores
+        .iter()
+        .enumerate()
+        .fold(0u64, |m, (j, &o)| m | (u64::from(admits(o, bound)) << j))
+}
+
 /// Keeps the best `k` `(key, index)` pairs of `list`, in no particular order.
 pub(super) fn shrink(list: &mut Vec<[u32; 2]>, k: usize) {
     if list.len() > k {

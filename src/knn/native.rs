@@ -8,7 +8,7 @@ use std::ops::Range;
 
 use ndarray::{s, Array2, ArrayView2};
 
-use super::candidates::{admits, shrink, Candidates};
+use super::candidates::{admitted, shrink, Candidates};
 use super::native_fused::{self, Block};
 use super::{sort_rows, KnnConfig, Neighbours};
 use crate::context::{ComputePath, Context};
@@ -68,17 +68,8 @@ fn feed_row(
     }
     let (chunks, rest) = scores.as_chunks::<LANES>();
     for (i, o) in chunks.iter().enumerate() {
-        let bound = list.bound;
-        // Most chunks admit nothing: an or of compares (vector code) rules them out at once.
-        if !o.iter().fold(false, |any, &v| any | admits(v, bound)) {
-            continue;
-        }
-        // One bit per admitted lane, then a visit of the set bits only: no branch per lane
-        // to mispredict. `offer` tests again, as a shrink may tighten the bound meanwhile.
-        let mut hits = o
-            .iter()
-            .enumerate()
-            .fold(0u32, |m, (l, &v)| m | (u32::from(admits(v, bound)) << l));
+        // `offer` tests again, as a shrink may tighten the bound meanwhile.
+        let mut hits = admitted(o, list.bound);
         while hits != 0 {
             let l = hits.trailing_zeros() as usize;
             hits &= hits - 1;
@@ -202,8 +193,9 @@ impl NativePlan {
 /// Per thread a block of dot products and its rows' candidate lists (or, for `k ≤`
 /// [`native_fused::MAX_K`], the fused kernel's packed references and rows' lists); with
 /// shards, the lists they hand back (with one, those are the output itself, which is not
-/// counted). Query blocks shrink until they fit what the budget has available; the fused
-/// kernel is used when its scratch for full blocks fits, and the general one otherwise.
+/// counted). The fused kernel runs when its scratch for whole blocks fits what the budget has
+/// available; otherwise the general path's blocks shrink until they fit, and failing that
+/// the fused kernel's.
 pub(super) fn plan(
     ctx: &Context,
     (q, n, d): (usize, usize, usize),
@@ -230,60 +222,83 @@ pub(super) fn plan(
         };
         threads * per_thread + lists
     };
-    if k <= native_fused::MAX_K {
-        let qb = native_fused::QUERY_BLOCK.min(q).max(1);
-        let shards = shards_for(qb) as u64;
+    let fused_for = |qb: usize| {
+        let shards = shards_for(qb);
         let lists = if shards > 1 {
-            8 * (q * k) as u64 * shards
+            8 * (q * k * shards) as u64
         } else {
             0
         };
-        let scratch = threads * native_fused::scratch_bytes(qb, (n, d), k) + lists;
-        if scratch <= ctx.tracker().available() {
-            return Ok(NativePlan {
-                rows: qb,
-                shards: shards as usize,
-                fused: true,
-                scratch,
-                min_scratch: scratch_for(1),
-            });
+        threads * native_fused::scratch_bytes(qb, (n, d), k) + lists
+    };
+    let small_k = k <= native_fused::MAX_K;
+    let available = ctx.tracker().available();
+    // With few references the fused kernel's chunk is small, and its one-row plan can be the
+    // least of all.
+    let min_scratch = match small_k {
+        true => scratch_for(1).min(fused_for(1)),
+        false => scratch_for(1),
+    };
+    let plan = |qb: usize, fused: bool| {
+        let scratch = if fused {
+            fused_for(qb)
+        } else {
+            scratch_for(qb)
+        };
+        NativePlan {
+            rows: qb,
+            shards: shards_for(qb),
+            fused,
+            scratch,
+            min_scratch,
+        }
+    };
+    // The fused kernel with whole blocks where it fits; else the general path's blocks,
+    // shrunk to fit; else the fused kernel's, shrunk.
+    let whole = native_fused::QUERY_BLOCK.min(q).max(1);
+    if small_k && fused_for(whole) <= available {
+        return Ok(plan(whole, true));
+    }
+    let shrunk = |start: usize, scratch: &dyn Fn(usize) -> u64| {
+        let mut qb = start.min(q).max(1);
+        while qb > 1 && scratch(qb) > available {
+            qb = qb.div_ceil(2);
+        }
+        qb
+    };
+    let qb = shrunk(QUERY_BLOCK, &scratch_for);
+    if scratch_for(qb) <= available {
+        return Ok(plan(qb, false));
+    }
+    if small_k {
+        let qb = shrunk(native_fused::QUERY_BLOCK, &fused_for);
+        if fused_for(qb) <= available {
+            return Ok(plan(qb, true));
         }
     }
-    let mut qb = QUERY_BLOCK.min(q).max(1);
-    while qb > 1 && scratch_for(qb) > ctx.tracker().available() {
-        qb = qb.div_ceil(2);
-    }
-    let (scratch, min_scratch) = (scratch_for(qb), scratch_for(1));
+    let least = min_scratch;
     let memory = ctx.memory();
-    if scratch > memory.budget_bytes {
+    if least > memory.budget_bytes {
         // Not even one query row per thread fits the budget: no plan can.
         return Err(Error::OverBudget {
             op: super::OP,
-            required: scratch,
+            required: least,
             budget: memory.budget_bytes,
         });
     }
-    if scratch > ctx.tracker().available() {
-        // It would fit the budget, but not beside what is held now.
-        return Err(Error::BudgetExceeded {
-            label: SCRATCH,
-            requested: scratch,
-            in_use: memory.current_bytes,
-            budget: memory.budget_bytes,
-        });
-    }
-    Ok(NativePlan {
-        rows: qb,
-        shards: shards_for(qb),
-        fused: false,
-        scratch,
-        min_scratch,
+    // It would fit the budget, but not beside what is held now.
+    Err(Error::BudgetExceeded {
+        label: SCRATCH,
+        requested: least,
+        in_use: memory.current_bytes,
+        budget: memory.budget_bytes,
     })
 }
 
 /// `queries` `(q, d)` against host `refs` `(n, d)`, validated; `excluded[i]` is row `i`'s own
-/// reference index or `u32::MAX`. Each finished block is reported; once cancelled, the
-/// remaining blocks are skipped and the search returns [`Error::Cancelled`].
+/// reference index or `u32::MAX`. Each finished block (each chunk of references, in the
+/// fused kernel) is reported; once cancelled, the rest is skipped and the search returns
+/// [`Error::Cancelled`].
 pub(crate) fn search(
     ctx: &Context,
     queries: ArrayView2<'_, f32>,

@@ -2,22 +2,24 @@
 //! `k = 1`, kNN evaluation's usual `k`): the dot products of a few query rows against a panel
 //! of references accumulate in registers, and each finished micro-tile is selected from at
 //! once. At `k = 1` each lane keeps its own best `(key, index)`, reduced per row at the end of
-//! a chunk; above, a tile whose scores all miss their rows' bounds costs one compare, and the
+//! a chunk; above, a row of a tile whose scores all miss its bound costs one compare, and the
 //! rest goes to the general path's candidate lists. Unlike the general path (a GEMM into a
 //! cache-sized block, then a selection pass over it), no dot product is written to memory,
 //! and each chunk of references is packed once per block of queries rather than once per
 //! GEMM call.
 //!
-//! The answer is the general path's, bit for bit given the same dot products: the same
-//! metric expression, the same keys (`key_of`: `-0` as `+0`, NaNs where their bits put
-//! them), ties to the lower index. Each dot product is one chain of multiply-adds in
-//! dimension order, fused where the CPU has FMA.
+//! The answer is the general path's, bit for bit: each dot product is summed as its GEMM
+//! (matrixmultiply) sums it, one chain of multiply-adds per 256 dimensions (fused where
+//! matrixmultiply fuses them) with the slices added in order, and then the same metric
+//! expression, the same keys (`key_of`: `-0` as `+0`, NaNs where their bits put them) and
+//! ties to the lower index. (A build where ndarray uses BLAS sums differently; only the last
+//! bits of the scores differ then.)
 
 use std::ops::Range;
 
 use ndarray::ArrayView2;
 
-use super::candidates::{admits, shrink, Candidates};
+use super::candidates::{admitted, shrink, Candidates};
 use crate::distance::native::{finish, Norms};
 use crate::hooks::Reporter;
 use crate::kernels::knn_select::EMPTY_INDEX;
@@ -160,9 +162,10 @@ fn dispatch(
     #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
     {
         use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") && has!("fma") {
-            // SAFETY: the CPU (and the OS, which std's detection checks) supports AVX-512F
-            // and FMA.
+        // As matrixmultiply picks its kernels, so that both paths fuse the same multiply-adds.
+        if has!("avx512f") {
+            // SAFETY: the CPU (and the OS, which std's detection checks) supports AVX-512F,
+            // which implies FMA in Rust's target features as on every such CPU.
             return unsafe { block_avx512(block, scratch, k, oriented) };
         }
         if has!("avx2") && has!("fma") {
@@ -330,16 +333,8 @@ impl<const R: usize, const W: usize> Select<R, W> for TopK {
         let k = self.k;
         let rows = self.lists[self.group.clone()].iter_mut();
         for ((list, scores), &skip) in rows.zip(scores).zip(skip) {
-            let bound = list.bound;
-            // Most tiles admit nothing: an or of compares (vector code) rules them out.
-            if !scores.iter().fold(false, |any, &o| any | admits(o, bound)) {
-                continue;
-            }
-            // One bit per admitted lane (W ≤ 32), then a visit of those only.
-            let mut hits = scores
-                .iter()
-                .enumerate()
-                .fold(0u64, |m, (j, &o)| m | (u64::from(admits(o, bound)) << j));
+            // Most tiles admit nothing and cost one compare of W ≤ 32 lanes.
+            let mut hits = admitted(scores, list.bound);
             while hits != 0 {
                 let j = hits.trailing_zeros();
                 hits &= hits - 1;
