@@ -276,20 +276,19 @@ pub(super) fn plan(
             return Ok(plan(qb, true));
         }
     }
-    let least = min_scratch;
     let memory = ctx.memory();
-    if least > memory.budget_bytes {
+    if min_scratch > memory.budget_bytes {
         // Not even one query row per thread fits the budget: no plan can.
         return Err(Error::OverBudget {
             op: super::OP,
-            required: least,
+            required: min_scratch,
             budget: memory.budget_bytes,
         });
     }
     // It would fit the budget, but not beside what is held now.
     Err(Error::BudgetExceeded {
         label: SCRATCH,
-        requested: least,
+        requested: min_scratch,
         in_use: memory.current_bytes,
         budget: memory.budget_bytes,
     })

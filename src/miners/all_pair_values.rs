@@ -10,7 +10,8 @@ use crate::inputs::Labelled;
 use crate::memory::Transfers;
 use crate::metric::DistanceConfig;
 
-use super::{for_each_row_reporting, label_counts};
+use super::for_each_row_reporting;
+use crate::triplets::list_sizes;
 
 /// Most pairs kept on the host between visits: 4 Mi pairs, 48 MiB.
 const KEPT_PAIRS: u64 = 1 << 22;
@@ -151,8 +152,5 @@ impl<'s, 'a> PairValues<'s, 'a> {
 /// The number of positive pairs (same label, not the anchor's own slot) and of negative
 /// pairs, from the labels alone.
 fn pair_counts(set: &Labelled<'_>) -> [u64; 2] {
-    let m = set.ref_labels.len() as u64;
-    label_counts(set).iter().fold([0, 0], |[p, n], c| {
-        [p + c.positives as u64, n + m - c.same as u64]
-    })
+    list_sizes(set).fold([0, 0], |[p, n], (pa, na)| [p + pa, n + na])
 }

@@ -13,9 +13,9 @@ use crate::hooks::{Hooks, Reporter};
 use crate::inputs::{host_refs, host_rows, unimported, Imports, MiningSet, SelfExclusion};
 use crate::metric::{Distance, DistanceConfig};
 use crate::transfer;
-use crate::triplets::Triplets;
+use crate::triplets::{list_sizes, Triplets};
 
-use super::{label_counts, prepare_miner, sealed, MinerConfig, BLOCK_FLOATS};
+use super::{prepare_miner, sealed, MinerConfig, BLOCK_FLOATS};
 
 /// The `eps` that `torch.nn.functional.pairwise_distance` adds to every difference.
 const PAIRWISE_EPS: f32 = 1e-6;
@@ -102,10 +102,9 @@ pub fn angular_triplets<L: Hash + Eq + Copy>(
         // Centres per block: whole rows of distances and of centres within one host block.
         let block = (BLOCK_FLOATS / m.max(d).max(1)).max(1);
         // Each anchor with a negative has a centre per positive.
-        let centres_total: u64 = label_counts(&set)
-            .iter()
-            .filter(|c| c.same < m)
-            .map(|c| c.positives as u64)
+        let centres_total: u64 = list_sizes(&set)
+            .filter(|&(_, negatives)| negatives > 0)
+            .map(|(positives, _)| positives)
             .sum();
         let report = Reporter::new(&cfg.hooks, OP, centres_total * m as u64);
         let mut out = Vec::new();

@@ -9,10 +9,10 @@ use crate::hooks::{Hooks, Reporter};
 use crate::inputs::{Imports, MiningSet, SelfExclusion};
 use crate::metric::DistanceConfig;
 use crate::rng::SplitMix64;
-use crate::triplets::Triplets;
+use crate::triplets::{list_sizes, Triplets};
 use crate::validate;
 
-use super::{for_each_row_reporting, label_counts, prepare_miner, sealed, MinerConfig};
+use super::{for_each_row_reporting, prepare_miner, sealed, MinerConfig};
 
 /// `DistanceWeightedMiner` settings; defaults are PML's, and the seed is the library's. The
 /// distance is fixed: Euclidean on normalised embeddings, the only one PML accepts.
@@ -100,8 +100,8 @@ pub fn distance_weighted_triplets<L: Hash + Eq + Copy>(
     let (b, m) = (set.labels.len(), set.ref_labels.len());
     let pairs = b as u64 * m as u64;
     let report = Reporter::new(&cfg.hooks, OP, pairs.saturating_mul(2));
-    // An anchor's number of triplets: the references of its label.
-    let counts = label_counts(&set);
+    // An anchor's number of triplets: the references of its label (its own slot counted).
+    let counts: Vec<u64> = list_sizes(&set).map(|(_, n)| m as u64 - n).collect();
     // First pass: the max of `log w` over the finite entries, same-label entries as 0.
     let mut max = f32::NEG_INFINITY;
     let mut transfers =
@@ -158,7 +158,7 @@ pub fn distance_weighted_triplets<L: Hash + Eq + Copy>(
                 }
                 let a = row.anchor;
                 let mut rng = SplitMix64::new(cfg.seed, u64::from(a));
-                let count = counts[a as usize].same;
+                let count = counts[a as usize];
                 for _ in 0..count {
                     let p = row.positives[rng.below(row.positives.len() as u64) as usize];
                     let u = rng.unit() * total;

@@ -246,40 +246,6 @@ fn prepare_miner<'s, L: Hash + Eq + Copy>(
     )
 }
 
-/// One anchor's references by label, from the labels alone.
-struct LabelCount {
-    /// References with its label, its own slot included.
-    same: usize,
-    /// Of those, its positives: its own slot excluded.
-    positives: usize,
-}
-
-/// Every anchor's [`LabelCount`], in `O(b + m)`.
-fn label_counts(set: &Labelled<'_>) -> Vec<LabelCount> {
-    let ids = set
-        .ref_labels
-        .iter()
-        .chain(&set.labels)
-        .max()
-        .map_or(0, |&l| l as usize + 1);
-    let mut per_label = vec![0usize; ids];
-    for &l in &set.ref_labels {
-        per_label[l as usize] += 1;
-    }
-    set.labels
-        .iter()
-        .zip(&set.self_slots)
-        .map(|(&label, &slot)| {
-            let same = per_label[label as usize];
-            let own = set.ref_labels.get(slot as usize) == Some(&label);
-            LabelCount {
-                same,
-                positives: same - usize::from(own),
-            }
-        })
-        .collect()
-}
-
 impl Triplets {
     /// Triplets from flat `(a, p, n)` rows, mined on `ctx`'s path.
     pub(super) fn from_flat(
