@@ -91,7 +91,7 @@ impl AccuracyMetric {
     }
 
     /// Whether the metric is read off the kNN (rather than the clustering).
-    fn needs_knn(self) -> bool {
+    pub(crate) fn needs_knn(self) -> bool {
         !matches!(self, Self::Nmi | Self::Ami)
     }
 }
@@ -234,7 +234,7 @@ pub struct AccuracyMetrics {
 }
 
 impl AccuracyMetrics {
-    const NAN: Self = Self {
+    pub(crate) const NAN: Self = Self {
         precision_at_1: f64::NAN,
         r_precision: f64::NAN,
         mean_average_precision_at_r: f64::NAN,
@@ -253,18 +253,11 @@ impl AccuracyMetrics {
         if n == 0 {
             return Self::NAN;
         }
-        let [a, b, c, d, e] = sum.map(|s| s / n as f64);
-        Self {
-            precision_at_1: a,
-            r_precision: b,
-            mean_average_precision_at_r: c,
-            mean_average_precision: d,
-            mean_reciprocal_rank: e,
-        }
+        Self::from_values(sum.map(|s| s / n as f64))
     }
 
     /// These metrics with those not in `include` set to NaN.
-    fn only(mut self, include: &[AccuracyMetric]) -> Self {
+    pub(crate) fn only(mut self, include: &[AccuracyMetric]) -> Self {
         let fields = [
             (AccuracyMetric::PrecisionAt1, &mut self.precision_at_1),
             (AccuracyMetric::RPrecision, &mut self.r_precision),
@@ -289,7 +282,18 @@ impl AccuracyMetrics {
         self
     }
 
-    fn values(&self) -> [f64; 5] {
+    /// The metrics from [`AccuracyMetrics::values`]' order.
+    pub(crate) fn from_values([a, b, c, d, e]: [f64; 5]) -> Self {
+        Self {
+            precision_at_1: a,
+            r_precision: b,
+            mean_average_precision_at_r: c,
+            mean_average_precision: d,
+            mean_reciprocal_rank: e,
+        }
+    }
+
+    pub(crate) fn values(&self) -> [f64; 5] {
         [
             self.precision_at_1,
             self.r_precision,
@@ -558,31 +562,13 @@ impl<'a> Job<'a> {
         cfg: &AccuracyConfig,
     ) -> (AccuracyMetrics, Vec<(L, AccuracyMetrics)>) {
         let set = &self.set;
-        let mut by_class: BTreeMap<L, Vec<AccuracyMetrics>> = BTreeMap::new();
-        for (i, neighbours) in neighbours.rows().into_iter().enumerate() {
-            let r = self.relevant[i];
-            if r == 0 {
-                continue;
-            }
-            let label = set.labels[i];
-            let rel = neighbours
-                .iter()
-                .map(|&j| set.ref_labels[j as usize] == label);
-            by_class
-                .entry(queries.labels[i])
-                .or_default()
-                .push(score(rel, r));
-        }
-        let per_class: Vec<(L, AccuracyMetrics)> = by_class
-            .iter()
-            .map(|(&l, m)| (l, AccuracyMetrics::mean(m.iter())))
-            .collect();
-        let metrics = if cfg.avg_of_avgs {
-            AccuracyMetrics::mean(per_class.iter().map(|(_, m)| m))
-        } else {
-            AccuracyMetrics::mean(by_class.values().flatten())
-        };
-        (metrics, per_class)
+        let each = query_metrics(
+            neighbours.view(),
+            &set.labels,
+            &set.ref_labels,
+            &self.relevant,
+        );
+        summarize(queries.labels.iter().copied().zip(each), cfg.avg_of_avgs)
     }
 
     fn knn_config(&self, cfg: &AccuracyConfig) -> KnnConfig {
@@ -699,20 +685,70 @@ fn relevant_and_k(
     // As knn: a query that excludes a reference sees one fewer.
     let sees_itself = set.self_slots.iter().any(|&s| (s as usize) < m);
     let visible = m - usize::from(sees_itself);
-    let k = match cfg.k {
-        AccuracyK::All => visible,
-        AccuracyK::MaxBinCount => relevant.iter().copied().max().unwrap_or(0),
-        AccuracyK::Fixed(k) if k == 0 || k > visible => {
-            return Err(Error::InvalidParameter {
-                op: OP,
-                what: "k",
-                value: k.to_string(),
-                rule: "1 ≤ k ≤ the references a query can see",
-            })
-        }
-        AccuracyK::Fixed(k) => k,
-    };
+    let k = search_k(cfg.k, visible, relevant.iter().copied().max().unwrap_or(0))?;
     Ok((relevant, k))
+}
+
+/// Each query's kNN metrics from its neighbours `(q, k)` (indices into `ref_labels`) and its
+/// `R` (`relevant`); `None` for a lone query (`R = 0`).
+pub(crate) fn query_metrics<T: PartialEq>(
+    neighbours: ArrayView2<'_, u32>,
+    labels: &[T],
+    ref_labels: &[T],
+    relevant: &[usize],
+) -> Vec<Option<AccuracyMetrics>> {
+    neighbours
+        .rows()
+        .into_iter()
+        .zip(labels.iter().zip(relevant))
+        .map(|(neighbours, (label, &r))| {
+            let rel = neighbours
+                .iter()
+                .map(|&j| ref_labels.get(j as usize) == Some(label));
+            (r > 0).then(|| score(rel, r))
+        })
+        .collect()
+}
+
+/// The overall metrics and the per-label means from each query's label and metrics (lone
+/// queries `None`, left out), in query order: PML's mean over queries, or over labels with
+/// `avg_of_avgs`.
+pub(crate) fn summarize<L: Copy + Ord>(
+    per_query: impl Iterator<Item = (L, Option<AccuracyMetrics>)>,
+    avg_of_avgs: bool,
+) -> (AccuracyMetrics, Vec<(L, AccuracyMetrics)>) {
+    let mut by_class: BTreeMap<L, Vec<AccuracyMetrics>> = BTreeMap::new();
+    for (label, metrics) in per_query {
+        if let Some(m) = metrics {
+            by_class.entry(label).or_default().push(m);
+        }
+    }
+    let per_class: Vec<(L, AccuracyMetrics)> = by_class
+        .iter()
+        .map(|(&l, m)| (l, AccuracyMetrics::mean(m.iter())))
+        .collect();
+    let metrics = if avg_of_avgs {
+        AccuracyMetrics::mean(per_class.iter().map(|(_, m)| m))
+    } else {
+        AccuracyMetrics::mean(by_class.values().flatten())
+    };
+    (metrics, per_class)
+}
+
+/// The `k` to search with: every visible reference, the largest `R`, or a fixed `k` checked
+/// against the `visible` references.
+pub(crate) fn search_k(k: AccuracyK, visible: usize, max_relevant: usize) -> Result<usize> {
+    match k {
+        AccuracyK::All => Ok(visible),
+        AccuracyK::MaxBinCount => Ok(max_relevant),
+        AccuracyK::Fixed(k) if k == 0 || k > visible => Err(Error::InvalidParameter {
+            op: OP,
+            what: "k",
+            value: k.to_string(),
+            rule: "1 ≤ k ≤ the references a query can see",
+        }),
+        AccuracyK::Fixed(k) => Ok(k),
+    }
 }
 
 /// One query's metrics from the relevance of its `k ≥ 1` neighbours (best first) and its

@@ -211,6 +211,30 @@ pub enum Error {
         /// What the file holds.
         found: String,
     },
+    /// Another rank of a distributed operation (feature `mpi`) failed: every rank returns an
+    /// error, the failing one its own, the others this one naming it and carrying its message.
+    #[error("{op}: rank {rank} failed: {message}")]
+    RankFailed {
+        /// The operation.
+        op: &'static str,
+        /// The lowest failing rank.
+        rank: usize,
+        /// Its error, as its message.
+        message: String,
+    },
+    /// A distributed operation (feature `mpi`) waited longer than its group's timeout for the
+    /// other ranks to arrive at a collective step: one of them is stuck, dead or not calling
+    /// the same operation. The group's collectives are out of step from then on, so it
+    /// refuses every later operation with this error.
+    #[error("{op}: rank {rank} waited {waited:?} for the other ranks; the group is unusable from here on")]
+    Timeout {
+        /// The operation.
+        op: &'static str,
+        /// The rank that gave up.
+        rank: usize,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
     /// An invariant of this crate does not hold: a bug. The message says which; please report
     /// it.
     #[error("internal error in {op}: {message} (a bug in wgpu-metric-learning)")]

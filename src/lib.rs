@@ -8,6 +8,8 @@ mod device_embeddings;
 mod device_output;
 mod device_rows;
 mod distance;
+#[cfg(feature = "mpi")]
+pub mod distributed;
 mod error;
 mod hooks;
 mod host_alloc;

@@ -141,6 +141,24 @@ fn adapter_rank(device_type: wgpu::DeviceType, backend: wgpu::Backend) -> (u8, u
     (device, api)
 }
 
+/// The position in [`list_adapters`] of the `n`-th adapter (counted modulo their number) of
+/// the best kind present ([`AdapterSelector::Best`]'s order): with several GPUs of one kind,
+/// `n` = a process's local rank spreads the processes of a node over all of them. `None`
+/// when wgpu finds no adapter.
+#[cfg(feature = "mpi")]
+pub(crate) fn nth_best_adapter(backends: Option<wgpu::Backends>, n: usize) -> Option<usize> {
+    let ranks: Vec<_> = enumerate(backends)
+        .iter()
+        .map(|a| {
+            let info = a.get_info();
+            adapter_rank(info.device_type, info.backend)
+        })
+        .collect();
+    let best = ranks.iter().min()?;
+    let of_best: Vec<usize> = (0..ranks.len()).filter(|&i| ranks[i] == *best).collect();
+    of_best.get(n % of_best.len()).copied()
+}
+
 pub(crate) fn select_adapter(
     adapters: Vec<wgpu::Adapter>,
     selector: &AdapterSelector,

@@ -10,6 +10,8 @@ use crate::device::{Accounting, GpuDevice};
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::memory::{MemoryStats, MemoryTracker, Transfers};
+#[cfg(feature = "mpi")]
+pub(crate) use adapter::nth_best_adapter;
 use adapter::{enumerate, reported_device_memory, select_adapter};
 
 /// Budget used when the adapter does not report its memory (DX12, GL, shared devices); Vulkan

@@ -100,7 +100,7 @@ pub(crate) struct Neighbours {
 }
 
 impl Neighbours {
-    fn empty(q: usize, k: usize) -> Self {
+    pub(crate) fn empty(q: usize, k: usize) -> Self {
         Self {
             indices: Array2::from_elem((q, k), EMPTY_INDEX),
             scores: Array2::from_elem((q, k), f32::NAN),
@@ -551,7 +551,7 @@ pub(crate) fn sort_rows(
 }
 
 /// Merges per-shard lists (shard `s` covers references `bounds[s]`) into the best `k` per row.
-fn merge(
+pub(crate) fn merge(
     parts: &[Neighbours],
     bounds: &[(usize, usize)],
     q: usize,

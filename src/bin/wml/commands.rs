@@ -9,12 +9,12 @@ use wgpu_metric_learning::{
     accuracy as accuracy_op, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets,
     count_triplets, distance_weighted_triplets, hdc_pairs, knn as knn_op, mine_triplets,
     multi_similarity_pairs, multiple_negatives_ranking_loss, ntxent_loss, pair_margin_pairs,
-    triplet_margin_loss, uniform_histogram_pairs, AccuracyConfig, AccuracyMetric, AngularConfig,
-    BackendChoice, BatchEasyHardConfig, BatchHardConfig, ComputePath, Context, ContextConfig,
-    Distance, DistanceConfig, DistanceWeightedConfig, Error, HdcConfig, Hooks, InfoNceConfig,
-    KmeansConfig, KnnConfig, MiningSet, MnrlConfig, MultiSimilarityConfig, PairMarginConfig, Pairs,
-    SelfExclusion, Strategy, TripletConfig, TripletLossConfig, TripletRule, TripletType,
-    UniformHistogramConfig,
+    triplet_margin_loss, uniform_histogram_pairs, Accuracy, AccuracyConfig, AccuracyMetric,
+    AngularConfig, BackendChoice, BatchEasyHardConfig, BatchHardConfig, ComputePath, Context,
+    ContextConfig, Distance, DistanceConfig, DistanceWeightedConfig, Error, HdcConfig, Hooks,
+    InfoNceConfig, KmeansConfig, KnnConfig, MiningSet, MnrlConfig, MultiSimilarityConfig,
+    PairMarginConfig, Pairs, SelfExclusion, Strategy, TripletConfig, TripletLossConfig,
+    TripletRule, TripletType, UniformHistogramConfig,
 };
 
 use crate::npy::{self, problem};
@@ -25,6 +25,11 @@ use crate::{
 
 /// The context the common options ask for.
 fn context(common: &Common) -> Result<Context, String> {
+    Context::new(&context_config(common)).map_err(|e| format!("--backend: {}", with_causes(&e)))
+}
+
+/// The context configuration the common options ask for.
+pub(crate) fn context_config(common: &Common) -> ContextConfig {
     let (backend, backends) = match common.backend {
         BackendArg::Auto => (BackendChoice::Auto, None),
         BackendArg::Cpu => (BackendChoice::NativeCpu, None),
@@ -34,17 +39,16 @@ fn context(common: &Common) -> Result<Context, String> {
         BackendArg::Dx12 => (BackendChoice::Wgpu, Some(wgpu::Backends::DX12)),
         BackendArg::Gl => (BackendChoice::Wgpu, Some(wgpu::Backends::GL)),
     };
-    Context::new(&ContextConfig {
+    ContextConfig {
         backend,
         wgpu_backends: backends,
         budget_bytes: common.budget,
         ..Default::default()
-    })
-    .map_err(|e| format!("--backend: {}", with_causes(&e)))
+    }
 }
 
 /// An error and its causes (a wgpu error keeps wgpu's as its source), on one line.
-fn with_causes(e: &dyn std::error::Error) -> String {
+pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
     let mut message = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
@@ -56,7 +60,7 @@ fn with_causes(e: &dyn std::error::Error) -> String {
 
 /// Runs `op` on `ctx`, printing the `--stats` line when asked; a library error is prefixed
 /// with the inputs it concerns, a cancellation (Ctrl-C) reported as such.
-fn timed<T>(
+pub(crate) fn timed<T>(
     name: &str,
     ctx: &Context,
     common: &Common,
@@ -163,7 +167,7 @@ impl Side {
 }
 
 /// The input files that were given, for messages.
-fn given<'a>(inputs: &[(&'a str, Option<&'a Path>)]) -> Vec<(&'a str, &'a Path)> {
+pub(crate) fn given<'a>(inputs: &[(&'a str, Option<&'a Path>)]) -> Vec<(&'a str, &'a Path)> {
     inputs
         .iter()
         .filter_map(|&(flag, path)| path.map(|p| (flag, p)))
@@ -392,15 +396,7 @@ fn euclidean_only(miner: &str, metric: &Metric) -> Result<(), Failure> {
 pub(crate) fn knn(a: &KnnArgs, hooks: &Hooks) -> Result<(), Failure> {
     let queries = npy::read_embeddings(&a.queries)?;
     let refs = a.refs.as_deref().map(npy::read_embeddings).transpose()?;
-    let cfg = KnnConfig {
-        k: a.k,
-        distance: distance_config(&a.metric, Distance::Euclidean),
-        self_exclusion: match refs {
-            None => SelfExclusion::SameIndex,
-            Some(_) => SelfExclusion::None,
-        },
-        hooks: hooks.clone(),
-    };
+    let cfg = knn_config(a, hooks);
     let ctx = context(&a.common)?;
     let inputs = given(&[("queries", Some(&a.queries)), ("refs", a.refs.as_deref())]);
     let r = refs.as_ref().unwrap_or(&queries);
@@ -411,6 +407,20 @@ pub(crate) fn knn(a: &KnnArgs, hooks: &Hooks) -> Result<(), Failure> {
     Ok(npy::write(&a.out_scores, &found.scores)?)
 }
 
+/// The search `wml knn` asks for: without --refs the queries are the references, each
+/// excluding itself.
+pub(crate) fn knn_config(a: &KnnArgs, hooks: &Hooks) -> KnnConfig {
+    KnnConfig {
+        k: a.k,
+        distance: distance_config(&a.metric, Distance::Euclidean),
+        self_exclusion: match a.refs {
+            None => SelfExclusion::SameIndex,
+            Some(_) => SelfExclusion::None,
+        },
+        hooks: hooks.clone(),
+    }
+}
+
 pub(crate) fn accuracy(a: &AccuracyArgs, hooks: &Hooks) -> Result<(), Failure> {
     let x = npy::read_embeddings(&a.embeddings)?;
     let y = npy::read_labels(&a.labels)?;
@@ -418,14 +428,37 @@ pub(crate) fn accuracy(a: &AccuracyArgs, hooks: &Hooks) -> Result<(), Failure> {
         (Some(r), Some(l)) => Some((npy::read_embeddings(r)?, npy::read_labels(l)?)),
         _ => None,
     };
-    if a.ref_includes_query && refs.is_none() {
+    let cfg = accuracy_config(a, hooks)?;
+    let ctx = context(&a.common)?;
+    let inputs = accuracy_inputs(a);
+    let r = refs.as_ref().map(|(e, l)| MiningSet::new(e, l));
+    let acc = timed("accuracy", &ctx, &a.common, &inputs, || {
+        accuracy_op(&ctx, &MiningSet::new(&x, &y), r.as_ref(), &cfg)
+    })?;
+    print_accuracy(&acc, &cfg);
+    Ok(())
+}
+
+/// The input files of `wml accuracy`, for messages.
+pub(crate) fn accuracy_inputs(a: &AccuracyArgs) -> Vec<(&str, &Path)> {
+    given(&[
+        ("embeddings", Some(&a.embeddings)),
+        ("labels", Some(&a.labels)),
+        ("refs", a.refs.as_deref()),
+        ("ref-labels", a.ref_labels.as_deref()),
+    ])
+}
+
+/// The metrics `wml accuracy` asks for.
+pub(crate) fn accuracy_config(a: &AccuracyArgs, hooks: &Hooks) -> Result<AccuracyConfig, Failure> {
+    if a.ref_includes_query && a.refs.is_none() {
         return Err(problem(
             &a.embeddings,
             "--ref-includes-query needs --refs and --ref-labels (without them it is implied)",
         )
         .into());
     }
-    let cfg = AccuracyConfig {
+    Ok(AccuracyConfig {
         k: a.k,
         distance: distance_config(&a.metric, Distance::SquaredEuclidean),
         self_exclusion: match a.ref_includes_query {
@@ -443,18 +476,12 @@ pub(crate) fn accuracy(a: &AccuracyArgs, hooks: &Hooks) -> Result<(), Failure> {
             ..Default::default()
         },
         hooks: hooks.clone(),
-    };
-    let ctx = context(&a.common)?;
-    let inputs = given(&[
-        ("embeddings", Some(&a.embeddings)),
-        ("labels", Some(&a.labels)),
-        ("refs", a.refs.as_deref()),
-        ("ref-labels", a.ref_labels.as_deref()),
-    ]);
-    let r = refs.as_ref().map(|(e, l)| MiningSet::new(e, l));
-    let acc = timed("accuracy", &ctx, &a.common, &inputs, || {
-        accuracy_op(&ctx, &MiningSet::new(&x, &y), r.as_ref(), &cfg)
-    })?;
+    })
+}
+
+/// The metrics as one JSON object on stdout: PML's keys, in PML's order, for the included
+/// metrics only, then `k` and `lone_queries`.
+pub(crate) fn print_accuracy(acc: &Accuracy<i64>, cfg: &AccuracyConfig) {
     let m = &acc.metrics;
     let value = |metric: AccuracyMetric| match metric {
         AccuracyMetric::PrecisionAt1 => m.precision_at_1,
@@ -465,7 +492,6 @@ pub(crate) fn accuracy(a: &AccuracyArgs, hooks: &Hooks) -> Result<(), Failure> {
         AccuracyMetric::Nmi => acc.nmi.unwrap_or(f64::NAN),
         AccuracyMetric::Ami => acc.ami.unwrap_or(f64::NAN),
     };
-    // PML's keys, in PML's order, for the included metrics only.
     let fields: Vec<String> = AccuracyMetric::ALL
         .into_iter()
         .filter(|metric| cfg.include.contains(metric))
@@ -477,7 +503,6 @@ pub(crate) fn accuracy(a: &AccuracyArgs, hooks: &Hooks) -> Result<(), Failure> {
         acc.k,
         acc.lone_queries
     );
-    Ok(())
 }
 
 /// The inputs of a label-based loss, as read from disk.

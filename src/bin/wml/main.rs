@@ -2,6 +2,8 @@
 //! `wml --help` lists the subcommands; `wml <subcommand> --help` their options.
 
 mod commands;
+#[cfg(feature = "mpi")]
+mod distributed;
 mod npy;
 
 use std::path::PathBuf;
@@ -349,6 +351,9 @@ struct KnnArgs {
     out_scores: PathBuf,
     #[command(flatten)]
     common: Common,
+    #[cfg(feature = "mpi")]
+    #[command(flatten)]
+    distributed: DistributedArgs,
 }
 
 #[derive(Args)]
@@ -389,6 +394,25 @@ struct AccuracyArgs {
     kmeans_iterations: usize,
     #[command(flatten)]
     common: Common,
+    #[cfg(feature = "mpi")]
+    #[command(flatten)]
+    distributed: DistributedArgs,
+}
+
+/// Running as one rank of an MPI job (a `wml` built with the `mpi` feature).
+#[cfg(feature = "mpi")]
+#[derive(Args)]
+struct DistributedArgs {
+    /// Run as one rank of an MPI job (`mpirun -np N wml ... --distributed`): each rank reads
+    /// only its share of the input files' rows (contiguous, in rank order), the ranks search
+    /// together, and rank 0 writes the outputs (knn) or prints the JSON (accuracy), the same
+    /// as one process would. No rank reads or holds all the references.
+    #[arg(long)]
+    distributed: bool,
+    /// With --distributed: the longest a rank waits for the others at a step, in seconds,
+    /// before every rank gives up with an error naming the step.
+    #[arg(long, default_value_t = 600.0, requires = "distributed")]
+    timeout: f64,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -488,6 +512,10 @@ pub(crate) enum Failure {
     Message(String),
     /// Ctrl-C: the operation stopped at a chunk boundary.
     Cancelled,
+    /// A failure whose message was printed already (by a rank of an MPI job, before the job
+    /// could end it): exit with status 1 and print nothing more.
+    #[cfg(feature = "mpi")]
+    Reported,
 }
 
 impl From<String> for Failure {
@@ -551,7 +579,11 @@ fn main() -> ExitCode {
     let done = match cli.command {
         Command::Triplets(a) => commands::triplets(&a, &hooks),
         Command::Mine(a) => commands::mine(&a, &hooks),
+        #[cfg(feature = "mpi")]
+        Command::Knn(a) if a.distributed.distributed => distributed::knn(&a, &hooks),
         Command::Knn(a) => commands::knn(&a, &hooks),
+        #[cfg(feature = "mpi")]
+        Command::Accuracy(a) if a.distributed.distributed => distributed::accuracy(&a, &hooks),
         Command::Accuracy(a) => commands::accuracy(&a, &hooks),
         Command::Loss(LossCommand::TripletMargin(a)) => commands::triplet_loss(&a, &hooks),
         Command::Loss(LossCommand::Ntxent(a)) => commands::ntxent(&a, &hooks),
@@ -563,6 +595,8 @@ fn main() -> ExitCode {
             eprintln!("wml: {message}");
             ExitCode::FAILURE
         }
+        #[cfg(feature = "mpi")]
+        Err(Failure::Reported) => ExitCode::FAILURE,
         Err(Failure::Cancelled) => {
             eprintln!("wml: cancelled (Ctrl-C); no output was written");
             ExitCode::from(INTERRUPTED)

@@ -111,6 +111,169 @@ pub(crate) fn read_labels(path: &Path) -> Result<Array1<i64>, String> {
     ))
 }
 
+/// A C-order array's header, and where its data starts, read without the data.
+#[cfg(feature = "mpi")]
+struct Layout {
+    shape: Vec<usize>,
+    /// numpy's dtype string (`<f4`, `<i8`, …).
+    descr: String,
+    data_start: u64,
+}
+
+#[cfg(feature = "mpi")]
+fn layout(path: &Path, ndim: usize, what: &str) -> Result<Layout, String> {
+    use std::io::Seek;
+    let mut file =
+        std::fs::File::open(path).map_err(|e| problem(path, format!("cannot read it: {e}")))?;
+    let bytes = file.metadata().map_or(0, |m| m.len());
+    let header = Header::from_reader(&mut file)
+        .map_err(|e| problem(path, format!("not a readable .npy file: {e}")))?;
+    let data_start = file
+        .stream_position()
+        .map_err(|e| problem(path, format!("cannot read it: {e}")))?;
+    if header.shape.len() != ndim {
+        return Err(problem(
+            path,
+            format!(
+                "{what} must have {ndim} dimension(s), the file has {}",
+                header.shape.len()
+            ),
+        ));
+    }
+    if header.layout.is_fortran() && ndim > 1 {
+        return Err(problem(
+            path,
+            format!(
+                "{what} in Fortran order cannot be read by row ranges: save it in C order \
+                 (numpy.ascontiguousarray)"
+            ),
+        ));
+    }
+    let descr = header
+        .type_descriptor
+        .to_string()
+        .trim_matches('\'')
+        .to_owned();
+    let width = element_bytes(&descr).unwrap_or(1);
+    let needed = header
+        .shape
+        .iter()
+        .try_fold(width as u64, |n, &s| n.checked_mul(s as u64))
+        .and_then(|n| n.checked_add(data_start));
+    if needed.is_none_or(|n| n > bytes) {
+        return Err(problem(
+            path,
+            format!(
+                "the header's shape {:?} needs more data than the file's {bytes} bytes",
+                header.shape
+            ),
+        ));
+    }
+    Ok(Layout {
+        shape: header.shape,
+        descr,
+        data_start,
+    })
+}
+
+/// Bytes per element of the dtypes read by row ranges (little-endian only).
+#[cfg(feature = "mpi")]
+fn element_bytes(descr: &str) -> Option<usize> {
+    match descr {
+        "<f4" | "<i4" | "<u4" => Some(4),
+        "<f8" | "<i8" => Some(8),
+        _ => None,
+    }
+}
+
+/// The rows of `path`'s array (its first dimension), from its header alone.
+#[cfg(feature = "mpi")]
+pub(crate) fn rows_of(path: &Path, ndim: usize, what: &str) -> Result<usize, String> {
+    Ok(layout(path, ndim, what)?.shape[0])
+}
+
+/// The bytes of rows `rows` of a C-order array whose rows hold `per_row` elements.
+#[cfg(feature = "mpi")]
+fn read_range(
+    path: &Path,
+    layout: &Layout,
+    rows: std::ops::Range<usize>,
+    per_row: usize,
+) -> Result<Vec<u8>, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let width = element_bytes(&layout.descr).unwrap_or(1) as u64;
+    let row_bytes = per_row as u64 * width;
+    let mut file =
+        std::fs::File::open(path).map_err(|e| problem(path, format!("cannot read it: {e}")))?;
+    let mut bytes = vec![0u8; rows.len() * row_bytes as usize];
+    file.seek(SeekFrom::Start(
+        layout.data_start + rows.start as u64 * row_bytes,
+    ))
+    .and_then(|_| file.read_exact(&mut bytes))
+    .map_err(|e| problem(path, format!("cannot read rows {rows:?}: {e}")))?;
+    Ok(bytes)
+}
+
+/// Rows `rows` of embeddings `(n, d)` (float32 or float64, little-endian, C order), read
+/// alone: the rest of the file is never read.
+#[cfg(feature = "mpi")]
+pub(crate) fn read_embedding_rows(
+    path: &Path,
+    rows: std::ops::Range<usize>,
+) -> Result<Array2<f32>, String> {
+    let layout = layout(path, 2, "embeddings")?;
+    let d = layout.shape[1];
+    let bytes = read_range(path, &layout, rows.clone(), d)?;
+    let values: Vec<f32> = match layout.descr.as_str() {
+        "<f4" => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        "<f8" => bytes
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f32)
+            .collect(),
+        other => {
+            return Err(problem(
+                path,
+                format!("embeddings read by rows must be float32 or float64 (little-endian), the file holds dtype {other}"),
+            ))
+        }
+    };
+    Array2::from_shape_vec((rows.len(), d), values).map_err(|e| problem(path, e))
+}
+
+/// Rows `rows` of labels `(n,)` (int32, int64 or uint32, little-endian) as `i64`, read alone.
+#[cfg(feature = "mpi")]
+pub(crate) fn read_label_rows(
+    path: &Path,
+    rows: std::ops::Range<usize>,
+) -> Result<Array1<i64>, String> {
+    let layout = layout(path, 1, "labels")?;
+    let bytes = read_range(path, &layout, rows, 1)?;
+    let values: Vec<i64> = match layout.descr.as_str() {
+        "<i8" => bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .collect(),
+        "<i4" => bytes
+            .chunks_exact(4)
+            .map(|b| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+            .collect(),
+        "<u4" => bytes
+            .chunks_exact(4)
+            .map(|b| i64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+            .collect(),
+        other => {
+            return Err(problem(
+                path,
+                format!("labels read by rows must be int32, int64 or uint32 (little-endian), the file holds dtype {other}"),
+            ))
+        }
+    };
+    Ok(Array1::from(values))
+}
+
 /// Writes `array` to `path` atomically: into a temporary file beside it, flushed to disk,
 /// then renamed over it, so that an interrupted run never leaves a half-written output.
 pub(crate) fn write<A, S, D>(path: &Path, array: &ArrayBase<S, D>) -> Result<(), String>

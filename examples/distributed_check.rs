@@ -1,0 +1,428 @@
+//! The distributed operations checked against one process, under `mpirun` (CI runs it with 2
+//! and 3 ranks):
+//!
+//! ```text
+//! cargo build --features mpi --example distributed_check
+//! mpirun -np 3 target/debug/examples/distributed_check
+//! ```
+//!
+//! Every rank draws the same data from the case's seed, keeps its (uneven, sometimes empty)
+//! shards, and compares what the group answers with what one process answers over all of
+//! it, bit for bit: kNN for every distance and self-exclusion, several query blocks per rank,
+//! `k` beyond one rank's references and ties across ranks; banks fed by random sequences of
+//! `enqueue_global`; a failure injected on one rank, which every rank must report; a rank
+//! that arrives late, which the others must give up on after the timeout. Exits non-zero
+//! (a panic, which ends the job) on the first difference.
+
+use std::time::Duration;
+
+use ndarray::{s, Array1, Array2};
+use wgpu_metric_learning::distributed::mpi::traits::*;
+use wgpu_metric_learning::distributed::{self, mpi, Group, GroupConfig};
+use wgpu_metric_learning::{
+    accuracy, knn, AccuracyConfig, AccuracyK, AccuracyMetrics, BackendChoice, BankConfig, Context,
+    ContextConfig, Distance, DistanceConfig, Error, KnnConfig, MemoryBank, MiningSet,
+    SelfExclusion,
+};
+
+/// xorshift64*: the same numbers on every rank for the same seed.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    fn float(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// `(n, d)` rows with some exact duplicates (ties that may fall on different ranks).
+fn rows(rng: &mut Rng, n: usize, d: usize) -> Array2<f32> {
+    let mut x = Array2::from_shape_fn((n, d), |_| rng.float());
+    for i in 0..n {
+        if i > 0 && rng.below(4) == 0 {
+            let j = rng.below(i);
+            let copy = x.row(j).to_owned();
+            x.row_mut(i).assign(&copy);
+        }
+    }
+    x
+}
+
+/// Uneven cut points of `n` rows over `p` ranks (some shards may be empty).
+fn shards(rng: &mut Rng, n: usize, p: usize) -> Vec<(usize, usize)> {
+    let mut cuts: Vec<usize> = (0..p - 1).map(|_| rng.below(n + 1)).collect();
+    cuts.sort_unstable();
+    cuts.insert(0, 0);
+    cuts.push(n);
+    cuts.windows(2).map(|w| (w[0], w[1])).collect()
+}
+
+fn check_knn(group: &Group, ctx: &Context, case: u64) {
+    let (rank, p) = (group.rank(), group.size());
+    let mut rng = Rng::new(case);
+    let d = [1, 3, 16, 300][rng.below(4)];
+    let q = rng.below(40);
+    let same = rng.below(3) == 0; // the references are the queries
+    let n = if same { q } else { 1 + rng.below(60) };
+    let queries = rows(&mut rng, q, d);
+    let refs = if same {
+        queries.clone()
+    } else {
+        rows(&mut rng, n, d)
+    };
+    let distance = [
+        Distance::Euclidean,
+        Distance::SquaredEuclidean,
+        Distance::Cosine,
+        Distance::DotProduct,
+    ][rng.below(4)];
+    let normalize = rng.below(2) == 0;
+    let (exclusion, excluded) = match (same, rng.below(3)) {
+        (true, _) if n >= 2 => (SelfExclusion::SameIndex, true),
+        (false, 0) if n > q && q > 0 => (SelfExclusion::SameIndex, true),
+        (false, 1) if q > 0 => (
+            SelfExclusion::QuerySlots((0..q).map(|_| rng.below(n) as u32).collect()),
+            true,
+        ),
+        _ => (SelfExclusion::None, false),
+    };
+    let visible = n - usize::from(excluded);
+    if visible == 0 {
+        return;
+    }
+    let k = match rng.below(3) {
+        0 => 1,
+        1 => visible,
+        _ => 1 + rng.below(visible),
+    };
+    let query_shards = shards(&mut rng, q, p);
+    let ref_shards = shards(&mut rng, n, p);
+    let cfg = KnnConfig {
+        k,
+        distance: DistanceConfig {
+            distance,
+            normalize,
+        },
+        self_exclusion: exclusion.clone(),
+        ..Default::default()
+    };
+    let one = knn(ctx, &queries, &refs, &cfg).expect("one process's kNN");
+
+    let (qa, qb) = query_shards[rank];
+    let (ra, rb) = ref_shards[rank];
+    let local_cfg = KnnConfig {
+        self_exclusion: match &exclusion {
+            SelfExclusion::QuerySlots(slots) => SelfExclusion::QuerySlots(slots[qa..qb].to_vec()),
+            other => other.clone(),
+        },
+        ..cfg.clone()
+    };
+    let found = distributed::knn(
+        group,
+        ctx,
+        queries.slice(s![qa..qb, ..]),
+        refs.slice(s![ra..rb, ..]),
+        &local_cfg,
+    )
+    .unwrap_or_else(|e| panic!("case {case}: distributed kNN failed on rank {rank}: {e}"));
+    let want_indices = one.indices.slice(s![qa..qb, ..]);
+    let want_scores = one.scores.slice(s![qa..qb, ..]);
+    assert_eq!(
+        found.indices, want_indices,
+        "case {case} (q {q}, n {n}, d {d}, k {k}, {distance:?}, normalize {normalize}, {exclusion:?}): indices differ on rank {rank}"
+    );
+    let bits = |a: ndarray::ArrayView2<'_, f32>| a.mapv(f32::to_bits);
+    assert_eq!(
+        bits(found.scores.view()),
+        bits(want_scores),
+        "case {case}: scores differ on rank {rank}"
+    );
+}
+
+fn check_bank(group: &Group, ctx: &Context, case: u64) {
+    let (rank, p) = (group.rank(), group.size());
+    let mut rng = Rng::new(case);
+    let (capacity, d) = (1 + rng.below(12), 1 + rng.below(5));
+    let mut mine = MemoryBank::<i64>::new(ctx, &BankConfig::new(capacity, d)).expect("a bank");
+    let mut one = MemoryBank::<i64>::new(ctx, &BankConfig::new(capacity, d)).expect("a bank");
+    for step in 0..8 {
+        // Every rank's batch size, the same draws everywhere; all of them fit the bank.
+        let mut sizes: Vec<usize> = (0..p).map(|_| rng.below(4)).collect();
+        while sizes.iter().sum::<usize>() > capacity {
+            let biggest = (0..p).max_by_key(|&r| sizes[r]).unwrap_or(0);
+            sizes[biggest] -= 1;
+        }
+        let total: usize = sizes.iter().sum();
+        let x = rows(&mut rng, total, d);
+        let y = Array1::from_shape_fn(total, |_| rng.below(3) as i64);
+        let first: usize = sizes[..rank].iter().sum();
+        let range = first..first + sizes[rank];
+        let (bx, by) = (x.slice(s![range.clone(), ..]), y.slice(s![range.clone()]));
+        let got = distributed::enqueue_global(group, ctx, &mut mine, &MiningSet::new(bx, by))
+            .unwrap_or_else(|e| panic!("case {case} step {step}: enqueue_global: {e}"));
+        let all = one
+            .enqueue(ctx, &MiningSet::new(&x, &y))
+            .expect("one process's enqueue");
+        assert_eq!(
+            got.slots,
+            all.slots[range.clone()],
+            "case {case} step {step}: slots"
+        );
+        assert_eq!(
+            got.self_exclusion,
+            SelfExclusion::QuerySlots(all.slots[range].to_vec())
+        );
+        let (a, b) = (
+            mine.snapshot(ctx).expect("a snapshot"),
+            one.snapshot(ctx).expect("a snapshot"),
+        );
+        assert_eq!(
+            (a.embeddings, a.labels, mine.head(), mine.is_filled()),
+            (b.embeddings, b.labels, one.head(), one.is_filled()),
+            "case {case} step {step}: banks differ on rank {rank}"
+        );
+    }
+}
+
+/// Returns whether both succeeded (rather than failed alike).
+fn check_accuracy(group: &Group, ctx: &Context, case: u64) -> bool {
+    let (rank, p) = (group.rank(), group.size());
+    let mut rng = Rng::new(case);
+    let d = 1 + rng.below(6);
+    let q = rng.below(30);
+    let classes = 1 + rng.below(5) as i64;
+    let queries = rows(&mut rng, q, d);
+    let query_labels = Array1::from_shape_fn(q, |_| rng.below(classes as usize) as i64);
+    // No references (the queries are their own), unrelated ones, or ones that start with the
+    // queries (PML's ref_includes_query).
+    let kind = rng.below(3);
+    let extra = rng.below(25);
+    let (refs, ref_labels) = match kind {
+        0 => (queries.clone(), query_labels.clone()),
+        _ => {
+            let more = rows(&mut rng, extra, d);
+            let more_labels = Array1::from_shape_fn(extra, |_| rng.below(classes as usize) as i64);
+            match kind {
+                1 => (more, more_labels),
+                _ => (
+                    ndarray::concatenate![ndarray::Axis(0), queries, more],
+                    ndarray::concatenate![ndarray::Axis(0), query_labels, more_labels],
+                ),
+            }
+        }
+    };
+    let cfg = AccuracyConfig {
+        k: match rng.below(3) {
+            0 => AccuracyK::All,
+            1 => AccuracyK::MaxBinCount,
+            _ => AccuracyK::Fixed(1 + rng.below(3)),
+        },
+        self_exclusion: match kind {
+            2 => SelfExclusion::SameIndex,
+            _ => SelfExclusion::Auto,
+        },
+        avg_of_avgs: rng.below(2) == 0,
+        ..Default::default()
+    };
+    let query_shards = shards(&mut rng, q, p);
+    let ref_shards = shards(&mut rng, refs.nrows(), p);
+    let all_queries = MiningSet::new(&queries, &query_labels);
+    let all_refs = MiningSet::new(&refs, &ref_labels);
+    let one = accuracy(ctx, &all_queries, (kind != 0).then_some(&all_refs), &cfg);
+    let (qa, qb) = query_shards[rank];
+    // Without references, each rank's references are its queries.
+    let (ra, rb) = if kind == 0 {
+        (qa, qb)
+    } else {
+        ref_shards[rank]
+    };
+    let local_queries = MiningSet::new(
+        queries.slice(s![qa..qb, ..]),
+        query_labels.slice(s![qa..qb]),
+    );
+    let local_refs = MiningSet::new(refs.slice(s![ra..rb, ..]), ref_labels.slice(s![ra..rb]));
+    let got = distributed::accuracy(
+        group,
+        ctx,
+        &local_queries,
+        (kind != 0).then_some(&local_refs),
+        &cfg,
+    );
+    let summary = |a: &wgpu_metric_learning::Accuracy<i64>| {
+        let bits = |m: &AccuracyMetrics| {
+            [
+                m.precision_at_1,
+                m.r_precision,
+                m.mean_average_precision_at_r,
+                m.mean_average_precision,
+                m.mean_reciprocal_rank,
+            ]
+            .map(f64::to_bits)
+        };
+        let per_class: Vec<_> = a.per_class.iter().map(|(l, m)| (*l, bits(m))).collect();
+        (bits(&a.metrics), per_class, a.lone_queries, a.k)
+    };
+    match (one, got) {
+        (Ok(one), Ok(got)) => {
+            assert_eq!(
+                summary(&got),
+                summary(&one),
+                "case {case} (q {q}, refs {}, kind {kind}, {cfg:?}): accuracy differs on rank {rank}",
+                refs.nrows()
+            );
+            true
+        }
+        (Err(a), Err(b)) => {
+            assert_eq!(
+                std::mem::discriminant(&a),
+                std::mem::discriminant(&b),
+                "case {case}: {a} vs {b}"
+            );
+            false
+        }
+        (one, got) => panic!("case {case} on rank {rank}: one process {one:?}, the group {got:?}"),
+    }
+}
+
+/// The last rank fails; every rank must return an error naming it, and stay usable.
+fn check_failure(group: &Group, ctx: &Context) {
+    let (rank, p) = (group.rank(), group.size());
+    let last = p - 1;
+    let mut refs = Array2::<f32>::ones((4, 3));
+    if rank == last {
+        refs[[2, 1]] = f32::NAN;
+    }
+    let queries = Array2::<f32>::ones((2, 3));
+    let cfg = KnnConfig {
+        k: 2,
+        ..Default::default()
+    };
+    match distributed::knn(group, ctx, queries.view(), refs.view(), &cfg) {
+        Err(Error::NonFinite { row: 2, col: 1, .. }) if rank == last => {}
+        Err(Error::RankFailed {
+            rank: failed,
+            message,
+            ..
+        }) if rank != last => {
+            assert_eq!(failed, last);
+            assert!(message.contains("non-finite"), "{message}");
+        }
+        other => panic!("rank {rank}: an injected NaN on rank {last} gave {other:?}"),
+    }
+    // A rule that spans the ranks: k above all ranks' references, the same error everywhere.
+    let refs = Array2::<f32>::ones((4, 3));
+    let cfg = KnnConfig {
+        k: 4 * p + 1,
+        ..Default::default()
+    };
+    match distributed::knn(group, ctx, queries.view(), refs.view(), &cfg) {
+        Err(Error::InvalidParameter { what: "k", .. }) => {}
+        other => panic!("rank {rank}: k past every reference gave {other:?}"),
+    }
+    // The group goes on after errors.
+    let cfg = KnnConfig {
+        k: 3,
+        ..Default::default()
+    };
+    let found = distributed::knn(group, ctx, queries.view(), refs.view(), &cfg)
+        .expect("the group works after a failed call");
+    assert_eq!(found.indices.row(0).to_vec(), vec![0, 1, 2]);
+}
+
+/// Rank 0 arrives late: the others give up after the timeout, and refuse later calls.
+fn check_timeout(world: &impl Communicator) {
+    let cfg = GroupConfig {
+        timeout: Some(Duration::from_millis(300)),
+        ..Default::default()
+    };
+    let group = Group::new(world, &cfg);
+    let native = ContextConfig {
+        backend: BackendChoice::NativeCpu,
+        ..Default::default()
+    };
+    if group.rank() == 0 {
+        std::thread::sleep(Duration::from_millis(1500));
+        // Every other rank's wait is still posted: this one completes it.
+        group.context(&native).expect("the late rank's agreement");
+    } else {
+        match group.context(&native) {
+            Err(Error::Timeout { rank, .. }) => assert_eq!(rank, group.rank()),
+            other => panic!("rank {}: a late rank 0 gave {other:?}", group.rank()),
+        }
+        match group.context(&native) {
+            Err(Error::Timeout { .. }) => {}
+            other => panic!("a timed-out group was used again: {other:?}"),
+        }
+    }
+}
+
+fn main() {
+    let (universe, _) =
+        mpi::initialize_with_threading(mpi::Threading::Funneled).expect("MPI initialises once");
+    let world = universe.world();
+    let mut scored = 0;
+    for block in [3, 2048] {
+        let cfg = GroupConfig {
+            query_block: block,
+            timeout: Some(Duration::from_secs(120)),
+        };
+        let group = Group::new(&world, &cfg);
+        let ctx = group
+            .context(&ContextConfig {
+                backend: BackendChoice::NativeCpu,
+                ..Default::default()
+            })
+            .expect("a native context");
+        for case in 0..60 {
+            check_knn(&group, &ctx, case);
+        }
+        for case in 0..20 {
+            check_bank(&group, &ctx, 1000 + case);
+        }
+        for case in 0..40 {
+            scored += usize::from(check_accuracy(&group, &ctx, 2000 + case));
+        }
+        check_failure(&group, &ctx);
+    }
+    // The same on this machine's wgpu adapter (lavapipe in CI), which each rank picks by its
+    // local rank.
+    let group = Group::new(&world, &GroupConfig::default());
+    let gpu = group.context(&ContextConfig {
+        backend: BackendChoice::Wgpu,
+        fill_outputs_with_sentinel: true,
+        ..Default::default()
+    });
+    match gpu {
+        Ok(ctx) => {
+            for case in 0..15 {
+                check_knn(&group, &ctx, 5000 + case);
+                scored += usize::from(check_accuracy(&group, &ctx, 6000 + case));
+            }
+            check_failure(&group, &ctx);
+        }
+        Err(e) if std::env::var("WML_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+            panic!("WML_REQUIRE_GPU=1 and no adapter: {e}")
+        }
+        Err(e) => eprintln!("no wgpu adapter, the GPU cases are skipped: {e}"),
+    }
+    check_timeout(&world);
+    world.barrier();
+    if world.rank() == 0 {
+        println!(
+            "distributed checks passed on {} ranks (kNN, banks, accuracy: {scored} cases scored, \
+             the others failing alike; failures, timeout)",
+            world.size()
+        );
+    }
+}

@@ -1,0 +1,235 @@
+//! PML's kNN accuracy metrics over the ranks.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+use mpi::traits::Equivalence;
+use ndarray::ArrayView2;
+
+use super::{knn, Group};
+use crate::accuracy::{query_metrics, search_k, summarize};
+use crate::accuracy::{Accuracy, AccuracyConfig, AccuracyMetrics};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::inputs::{Embeddings, MiningSet, SelfExclusion, NO_SLOT};
+use crate::knn::KnnConfig;
+
+const OP: &str = "distributed accuracy";
+
+/// PML's `AccuracyCalculator` kNN metrics (collective) of all ranks' queries against all
+/// ranks' references, each rank holding a contiguous shard of each (`refs = None`: the
+/// queries are their own references, each skipping itself by default). Every rank returns
+/// the same result, equal to [`accuracy`](crate::accuracy()) over the concatenations: the
+/// search is [`knn`](super::knn()), each query's metrics are computed on its rank, and the
+/// means are taken over all queries in global order.
+///
+/// `cfg.self_exclusion` is global as in [`knn`](super::knn()): [`SelfExclusion::SameIndex`]
+/// (PML's `ref_includes_query`) means the first references of all ranks are the queries of
+/// all ranks (their labels are checked; their rows are not compared across ranks).
+///
+/// # Errors
+/// On every rank, when any rank's part fails (see [`knn`](super::knn())).
+/// [`Error::InvalidParameter`] for NMI or AMI in `cfg.include` (they need a k-means of all
+/// queries, which is not distributed), an empty `include`, embeddings that are missing or not
+/// host arrays, a `k` above the references a query can see, or `SameIndex` whose first
+/// references' labels are not the queries'; [`Error::Shape`] for labels that are not one per
+/// row; as [`knn`](super::knn()).
+///
+/// # Example
+/// ```no_run
+/// use wgpu_metric_learning::distributed::mpi::{self, traits::*};
+/// use wgpu_metric_learning::distributed::{self, Group, GroupConfig};
+/// use wgpu_metric_learning::{AccuracyConfig, Context, MiningSet};
+/// let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled)
+///     .expect("MPI initialises once");
+/// let group = Group::new(&universe.world(), &GroupConfig::default());
+/// let ctx = Context::native_cpu(None);
+/// let x = ndarray::array![[0.0f32, 1.0], [0.0, 1.1]];
+/// let y = ndarray::array![group.rank() as i64, group.rank() as i64];
+/// let acc = distributed::accuracy(&group, &ctx, &MiningSet::new(&x, &y), None, &AccuracyConfig::default())?;
+/// assert_eq!(acc.metrics.precision_at_1, 1.0);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn accuracy<L>(
+    group: &Group,
+    ctx: &Context,
+    local_queries: &MiningSet<'_, L>,
+    local_refs: Option<&MiningSet<'_, L>>,
+    cfg: &AccuracyConfig,
+) -> Result<Accuracy<L>>
+where
+    L: Copy + Eq + Hash + Ord + Default + Equivalence,
+{
+    let refs_given = local_refs.is_some();
+    let local = (|| {
+        if cfg.include.is_empty() || cfg.include.iter().any(|m| !m.needs_knn()) {
+            return Err(Error::InvalidParameter {
+                op: OP,
+                what: "include",
+                value: format!("{:?}", cfg.include),
+                rule: "at least one metric, kNN metrics only (NMI and AMI are not distributed)",
+            });
+        }
+        let queries = host_rows(local_queries, "queries")?;
+        let refs = match local_refs {
+            Some(r) => host_rows(r, "refs")?,
+            None => queries,
+        };
+        if let SelfExclusion::QuerySlots(slots) = &cfg.self_exclusion {
+            if slots.len() != queries.nrows() {
+                return Err(Error::Shape {
+                    op: OP,
+                    what: "self-exclusion slots",
+                    expected: format!("one per local query ({})", queries.nrows()),
+                    got: vec![slots.len()],
+                });
+            }
+        }
+        Ok((queries, refs))
+    })();
+    let (queries, refs) = group.agree(OP, local)?;
+    let ref_labels = local_refs.map_or(&local_queries.labels, |r| &r.labels);
+    let query_labels: Vec<L> = local_queries.labels.iter().copied().collect();
+    let all_query_labels = group.all_gather(OP, &query_labels)?;
+    let local_ref_labels: Vec<L> = ref_labels.iter().copied().collect();
+    let all_ref_labels = group.all_gather(OP, &local_ref_labels)?;
+    let (q_total, n_total) = (all_query_labels.len(), all_ref_labels.len());
+    let query_offset: usize = group.all_gather_counts(queries.nrows())[..group.rank()]
+        .iter()
+        .sum();
+
+    // Which global reference each local query is.
+    let rule = match &cfg.self_exclusion {
+        SelfExclusion::Auto if !refs_given => &SelfExclusion::SameIndex,
+        SelfExclusion::Auto => &SelfExclusion::None,
+        other => other,
+    };
+    if matches!(rule, SelfExclusion::SameIndex)
+        && (n_total < q_total || all_query_labels[..] != all_ref_labels[..q_total])
+    {
+        return Err(Error::InvalidParameter {
+            op: OP,
+            what: "self_exclusion",
+            value: "SameIndex".into(),
+            rule: "the first references of all ranks must be the queries of all ranks",
+        });
+    }
+    let slots = match rule {
+        SelfExclusion::QuerySlots(slots) => slots.clone(),
+        SelfExclusion::SameIndex => (query_offset..query_offset + queries.nrows())
+            .map(|i| i as u32)
+            .collect(),
+        SelfExclusion::Auto | SelfExclusion::None => vec![NO_SLOT; queries.nrows()],
+    };
+    let slots = group.agree(
+        OP,
+        match slots
+            .iter()
+            .find(|&&s| s != NO_SLOT && s as usize >= n_total)
+        {
+            Some(&bad) => Err(Error::InvalidParameter {
+                op: OP,
+                what: "self-exclusion slot",
+                value: bad.to_string(),
+                rule: "a global reference index (below all ranks' references)",
+            }),
+            None => Ok(slots),
+        },
+    )?;
+
+    // R per local query: the references of its label, less itself.
+    let mut counts: HashMap<L, usize> = HashMap::new();
+    for &l in &all_ref_labels {
+        *counts.entry(l).or_insert(0) += 1;
+    }
+    let relevant: Vec<usize> = query_labels
+        .iter()
+        .zip(&slots)
+        .map(|(l, &slot)| {
+            let own = slot != NO_SLOT && all_ref_labels.get(slot as usize) == Some(l);
+            counts.get(l).copied().unwrap_or(0) - usize::from(own)
+        })
+        .collect();
+    let max_relevant = group
+        .all_gather(OP, &[relevant.iter().copied().max().unwrap_or(0) as u64])?
+        .into_iter()
+        .max()
+        .unwrap_or(0) as usize;
+    let excludes = !matches!(rule, SelfExclusion::None | SelfExclusion::Auto) && q_total > 0;
+    let k = search_k(cfg.k, n_total - usize::from(excludes), max_relevant)?;
+    let lone_here = relevant.iter().filter(|&&r| r == 0).count() as u64;
+    let lone_queries = group.all_gather(OP, &[lone_here])?.iter().sum::<u64>() as usize;
+
+    let mut out = Accuracy {
+        metrics: AccuracyMetrics::NAN,
+        per_class: Vec::new(),
+        lone_queries,
+        nmi: None,
+        ami: None,
+        k,
+        path: ctx.path(),
+        transfers: Default::default(),
+    };
+    if k == 0 || max_relevant == 0 {
+        return Ok(out);
+    }
+    let knn_cfg = KnnConfig {
+        k,
+        distance: cfg.distance,
+        self_exclusion: match excludes {
+            true => SelfExclusion::QuerySlots(slots),
+            false => SelfExclusion::None,
+        },
+        hooks: cfg.hooks.clone(),
+    };
+    let found = knn(group, ctx, queries, refs, &knn_cfg)?;
+    // Each query's metrics here, then every query's everywhere, in global order.
+    let mine = query_metrics(
+        found.indices.view(),
+        &query_labels,
+        &all_ref_labels,
+        &relevant,
+    );
+    let flat: Vec<f64> = mine
+        .iter()
+        .flat_map(|m| match m {
+            Some(m) => m.values(),
+            None => [f64::NAN; 5],
+        })
+        .collect();
+    let all = group.all_gather(OP, &flat)?;
+    let each = all.chunks_exact(5).map(|v| {
+        // A lone query's row is all NaN; a scored query's metrics are never NaN.
+        let values = [v[0], v[1], v[2], v[3], v[4]];
+        (!values[0].is_nan()).then(|| AccuracyMetrics::from_values(values))
+    });
+    let (metrics, per_class) =
+        summarize(all_query_labels.iter().copied().zip(each), cfg.avg_of_avgs);
+    out.metrics = metrics.only(&cfg.include);
+    out.per_class = per_class
+        .into_iter()
+        .map(|(l, m)| (l, m.only(&cfg.include)))
+        .collect();
+    out.path = found.path;
+    out.transfers = found.transfers;
+    Ok(out)
+}
+
+/// A side's host rows with one label each.
+fn host_rows<'a, L>(set: &MiningSet<'a, L>, what: &'static str) -> Result<ArrayView2<'a, f32>> {
+    match set.embeddings {
+        Some(Embeddings::Host(x)) if x.nrows() == set.labels.len() => Ok(x),
+        Some(Embeddings::Host(x)) => Err(Error::Shape {
+            op: OP,
+            what,
+            expected: format!("one label per row ({} rows)", x.nrows()),
+            got: vec![set.labels.len()],
+        }),
+        _ => Err(Error::InvalidParameter {
+            op: OP,
+            what,
+            value: "none or device-resident embeddings".into(),
+            rule: "host arrays (queries are sent to every rank)",
+        }),
+    }
+}

@@ -1,0 +1,267 @@
+//! kNN over the ranks: every query block visits every rank's references, and its owner merges
+//! the partial lists.
+
+use mpi::topology::Rank;
+use mpi::traits::*;
+use ndarray::{s, Array2, ArrayView2};
+
+use super::Group;
+use crate::context::Context;
+use crate::device_rows::Rows;
+use crate::error::{Error, Result};
+use crate::hooks::{Hooks, Reporter};
+use crate::inputs::{SelfExclusion, MAX_ROWS, NO_SLOT};
+use crate::kernels::knn_select::EMPTY_INDEX;
+use crate::knn::{merge, search_step, Knn, KnnConfig, Neighbours};
+use crate::memory::Transfers;
+use crate::transfer;
+use crate::validate;
+
+const OP: &str = "distributed knn";
+
+/// The `k` nearest references of this rank's queries `(q_r, d)` among every rank's
+/// references, each rank holding `(n_r, d)` of them (collective; host arrays, either may have
+/// no rows). Indices are global: rank
+/// `r`'s references are numbered after those of ranks `0..r`. Equal, bit for bit, to
+/// [`knn`](crate::knn()) over the concatenation of all ranks' references, for this rank's
+/// rows of the concatenated queries; ties go to the lower global index.
+///
+/// `cfg.self_exclusion` is global as well: [`SelfExclusion::SameIndex`] excludes, for the
+/// global query `i`, the global reference `i`; [`SelfExclusion::QuerySlots`] names a global
+/// reference per local query. `cfg.hooks` reports this rank's pairs compared and cancels the
+/// whole group between query blocks.
+///
+/// How: the queries go round in blocks of [`GroupConfig::query_block`](super::GroupConfig)
+/// rows, each broadcast by its owner; every rank searches its own references for the block
+/// (within its context's budget) and sends its `k` best per row back to the owner, who merges
+/// them. A query block costs `query_block · d · 4` bytes sent to every rank and
+/// `query_block · k · 8` bytes back from each. No rank holds more than its own references.
+///
+/// # Errors
+/// On every rank, when any rank's part fails: that rank gets its own error, the others
+/// [`Error::RankFailed`] naming it. The part's errors: [`Error::Shape`] if `d = 0`, the
+/// dimensions differ (on this rank or between ranks), or the slots are not one per query;
+/// [`Error::NonFinite`] for a NaN or infinity in this rank's rows;
+/// [`Error::InvalidParameter`] for `k = 0` or `k`
+/// above the references a query can see (all ranks' together), more than `u32::MAX - 1`
+/// references, a slot past them; as [`knn`](crate::knn()) for the search of a block;
+/// [`Error::Timeout`] when the others do not arrive in time.
+///
+/// # Example
+/// See the [module example](super).
+pub fn knn<'q, 'r>(
+    group: &Group,
+    ctx: &Context,
+    local_queries: impl Into<ArrayView2<'q, f32>>,
+    local_refs: impl Into<ArrayView2<'r, f32>>,
+    cfg: &KnnConfig,
+) -> Result<Knn> {
+    let (local_queries, local_refs) = (local_queries.into(), local_refs.into());
+    let (q_local, d) = local_queries.dim();
+    let n_local = local_refs.nrows();
+    let rank = group.rank();
+    // This rank's inputs, before anything moves.
+    let local = (|| {
+        if d == 0 || local_refs.ncols() != d {
+            return Err(Error::Shape {
+                op: OP,
+                what: "local_refs",
+                expected: format!("(n, {d}) to match local_queries, d ≥ 1"),
+                got: local_refs.shape().to_vec(),
+            });
+        }
+        if let SelfExclusion::QuerySlots(slots) = &cfg.self_exclusion {
+            if slots.len() != q_local {
+                return Err(Error::Shape {
+                    op: OP,
+                    what: "self-exclusion slots",
+                    expected: format!("one per local query ({q_local})"),
+                    got: vec![slots.len()],
+                });
+            }
+        }
+        validate::finite(OP, "local_queries", local_queries)?;
+        validate::finite(OP, "local_refs", local_refs)?;
+        cfg.hooks.check(OP)
+    })();
+    group.agree(OP, local)?;
+
+    // Every rank's shape; the rules that span ranks give every rank the same answer.
+    let shapes = group.all_gather(OP, &[q_local as u64, n_local as u64, d as u64])?;
+    let (mut queries_of, mut refs_of) = (Vec::new(), Vec::new());
+    for (r, shape) in shapes.chunks_exact(3).enumerate() {
+        if shape[2] != d as u64 {
+            return Err(Error::Shape {
+                op: OP,
+                what: "every rank's embeddings",
+                expected: format!("{d} columns, as rank {rank}'s"),
+                got: vec![r, shape[2] as usize],
+            });
+        }
+        queries_of.push(shape[0] as usize);
+        refs_of.push(shape[1] as usize);
+    }
+    let (q_total, n_total): (usize, usize) = (queries_of.iter().sum(), refs_of.iter().sum());
+    let query_offset: usize = queries_of[..rank].iter().sum();
+    let bounds: Vec<(usize, usize)> = refs_of
+        .iter()
+        .scan(0, |at, &n| {
+            *at += n;
+            Some((*at - n, *at))
+        })
+        .collect();
+    if n_total > MAX_ROWS {
+        return Err(Error::InvalidParameter {
+            op: OP,
+            what: "references of all ranks",
+            value: n_total.to_string(),
+            rule: "at most u32::MAX - 1 (indices are u32)",
+        });
+    }
+    let excludes = match &cfg.self_exclusion {
+        SelfExclusion::Auto | SelfExclusion::None => false,
+        SelfExclusion::SameIndex if n_total < q_total => {
+            return Err(Error::Shape {
+                op: OP,
+                what: "references of all ranks",
+                expected: format!("at least the {q_total} queries of all ranks (SameIndex)"),
+                got: vec![n_total, d],
+            })
+        }
+        SelfExclusion::SameIndex | SelfExclusion::QuerySlots(_) => true,
+    };
+    let visible = n_total - usize::from(excludes);
+    if cfg.k == 0 || cfg.k > visible {
+        return Err(Error::InvalidParameter {
+            op: OP,
+            what: "k",
+            value: cfg.k.to_string(),
+            rule: "1 ≤ k ≤ the references a query can see (all ranks', less the query itself when excluded)",
+        });
+    }
+    // This rank's queries' global slots.
+    let slots = match &cfg.self_exclusion {
+        SelfExclusion::QuerySlots(slots) => match slots.iter().find(|&&s| s as usize >= n_total) {
+            Some(&bad) => Err(Error::InvalidParameter {
+                op: OP,
+                what: "self-exclusion slot",
+                value: bad.to_string(),
+                rule: "a global reference index (below all ranks' references)",
+            }),
+            None => Ok(slots.clone()),
+        },
+        SelfExclusion::SameIndex => Ok((query_offset..query_offset + q_local)
+            .map(|i| i as u32)
+            .collect()),
+        SelfExclusion::Auto | SelfExclusion::None => Ok(vec![NO_SLOT; q_local]),
+    };
+    let slots = group.agree(OP, slots)?;
+
+    let k = cfg.k;
+    let largest = cfg.distance.distance.is_similarity();
+    // The widest message of a block must fit MPI's i32 counts.
+    let widest = d.max(group.size() * k).max(1);
+    let block = group.cfg.query_block.min(i32::MAX as usize / widest).max(1);
+    let report = Reporter::new(&cfg.hooks, OP, q_total as u64 * n_local as u64);
+    let local_cfg = KnnConfig {
+        k: k.min(n_local),
+        hooks: Hooks::default(),
+        ..cfg.clone()
+    };
+    let mut answer = Neighbours::empty(q_local, k);
+    let mut transfers = Transfers::default();
+    for (owner, &owned) in queries_of.iter().enumerate() {
+        let root = group.comm.process_at_rank(owner as Rank);
+        for start in (0..owned).step_by(block) {
+            let rows = block.min(owned - start);
+            // The block's rows and global slots, from their owner.
+            let (mut queries, mut block_slots) = (vec![0f32; rows * d], vec![NO_SLOT; rows]);
+            if owner == rank {
+                let mine = local_queries.slice(s![start..start + rows, ..]);
+                for (dst, &src) in queries.iter_mut().zip(mine.iter()) {
+                    *dst = src;
+                }
+                block_slots.copy_from_slice(&slots[start..start + rows]);
+            }
+            root.broadcast_into(&mut queries[..]);
+            root.broadcast_into(&mut block_slots[..]);
+            // This rank's best `k` (at most its references) per row, padded to `k`.
+            let part = (|| {
+                report.check()?;
+                let queries = ArrayView2::from_shape((rows, d), &queries[..]).map_err(|e| {
+                    Error::Internal {
+                        op: OP,
+                        message: format!("a query block's shape: {e}"),
+                    }
+                })?;
+                let (start_ref, end_ref) = bounds[rank];
+                let excluded: Vec<u32> = block_slots
+                    .iter()
+                    .map(|&g| match g as usize {
+                        g if (start_ref..end_ref).contains(&g) => (g - start_ref) as u32,
+                        _ => NO_SLOT,
+                    })
+                    .collect();
+                let (found, moved) = transfer::measure(|| {
+                    let rows = Rows::Host(queries);
+                    search_step(ctx, rows, local_refs, &local_cfg, &excluded, &report)
+                });
+                transfers.add(moved);
+                found
+            })();
+            let found = group.agree(OP, part)?;
+            let (mut indices, mut scores) = (vec![EMPTY_INDEX; rows * k], vec![f32::NAN; rows * k]);
+            let width = found.indices.ncols();
+            for i in 0..rows {
+                for j in 0..width {
+                    indices[i * k + j] = found.indices[[i, j]];
+                    scores[i * k + j] = found.scores[[i, j]];
+                }
+            }
+            if owner != rank {
+                root.gather_into(&indices[..]);
+                root.gather_into(&scores[..]);
+                continue;
+            }
+            let size = group.size();
+            let (mut all_indices, mut all_scores) =
+                (vec![0u32; size * rows * k], vec![0f32; size * rows * k]);
+            root.gather_into_root(&indices[..], &mut all_indices[..]);
+            root.gather_into_root(&scores[..], &mut all_scores[..]);
+            let parts: Vec<Neighbours> = (0..size)
+                .map(|r| {
+                    let range = r * rows * k..(r + 1) * rows * k;
+                    let shape = (rows, k);
+                    Ok(Neighbours {
+                        indices: Array2::from_shape_vec(shape, all_indices[range.clone()].to_vec())
+                            .map_err(|e| internal(&e))?,
+                        scores: Array2::from_shape_vec(shape, all_scores[range].to_vec())
+                            .map_err(|e| internal(&e))?,
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let merged = merge(&parts, &bounds, rows, k, largest);
+            answer
+                .indices
+                .slice_mut(s![start..start + rows, ..])
+                .assign(&merged.indices);
+            answer
+                .scores
+                .slice_mut(s![start..start + rows, ..])
+                .assign(&merged.scores);
+        }
+    }
+    Ok(Knn {
+        indices: answer.indices,
+        scores: answer.scores,
+        path: ctx.path(),
+        transfers,
+    })
+}
+
+fn internal(e: &ndarray::ShapeError) -> Error {
+    Error::Internal {
+        op: OP,
+        message: format!("a gathered list's shape: {e}"),
+    }
+}
