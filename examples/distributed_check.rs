@@ -20,9 +20,9 @@ use ndarray::{s, Array1, Array2};
 use wgpu_metric_learning::distributed::mpi::traits::*;
 use wgpu_metric_learning::distributed::{self, mpi, Group, GroupConfig};
 use wgpu_metric_learning::{
-    accuracy, knn, AccuracyConfig, AccuracyK, AccuracyMetrics, BackendChoice, BankConfig, Context,
-    ContextConfig, Distance, DistanceConfig, Error, KnnConfig, MemoryBank, MiningSet,
-    SelfExclusion,
+    accuracy, knn, AccuracyConfig, AccuracyK, AccuracyMetrics, BackendChoice, BankConfig,
+    CancelToken, Context, ContextConfig, Distance, DistanceConfig, Error, Hooks, KnnConfig,
+    MemoryBank, MiningSet, SelfExclusion,
 };
 
 /// xorshift64*: the same numbers on every rank for the same seed.
@@ -295,8 +295,32 @@ fn check_accuracy(group: &Group, ctx: &Context, case: u64) -> bool {
     }
 }
 
+/// On a device, a rank's references are uploaded once for all query blocks, not per block.
+fn check_resident(world: &impl Communicator, ctx: &Context) {
+    let cfg = GroupConfig {
+        query_block: 3,
+        ..Default::default()
+    };
+    let group = Group::new(world, &cfg);
+    let mut rng = Rng::new(77 + group.rank() as u64);
+    let (queries, refs) = (rows(&mut rng, 40, 64), rows(&mut rng, 500, 64));
+    let cfg = KnnConfig {
+        k: 5,
+        ..Default::default()
+    };
+    let found = distributed::knn(&group, ctx, &queries, &refs, &cfg).expect("a distributed kNN");
+    let (sent, refs_bytes) = (found.transfers.bytes_up, refs.len() as u64 * 4);
+    let blocks = (40 * group.size()).div_ceil(3) as u64;
+    // Streaming would upload the references with each block: `blocks · refs_bytes` at least.
+    // Once: the references, plus each block's queries and small per-block buffers.
+    assert!(
+        sent < 4 * refs_bytes,
+        "{sent} bytes uploaded for {refs_bytes} bytes of references over {blocks} query blocks"
+    );
+}
+
 /// The last rank fails; every rank must return an error naming it, and stay usable.
-fn check_failure(group: &Group, ctx: &Context) {
+fn check_failure(world: &impl Communicator, group: &Group, ctx: &Context) {
     let (rank, p) = (group.rank(), group.size());
     let last = p - 1;
     let mut refs = Array2::<f32>::ones((4, 3));
@@ -330,6 +354,57 @@ fn check_failure(group: &Group, ctx: &Context) {
         Err(Error::InvalidParameter { what: "k", .. }) => {}
         other => panic!("rank {rank}: k past every reference gave {other:?}"),
     }
+    // Settings that differ between ranks: refused on every rank, before any block moves.
+    let cfg = KnnConfig {
+        k: 2 + usize::from(rank == last),
+        ..Default::default()
+    };
+    match distributed::knn(group, ctx, queries.view(), refs.view(), &cfg) {
+        Err(Error::InvalidParameter { what: "k", .. }) => {}
+        other => panic!("rank {rank}: k differing on rank {last} gave {other:?}"),
+    }
+    // Several ranks fail: each gets its own error, the others the lowest failing rank's.
+    let mut bad = Array2::<f32>::ones((4, 3));
+    if rank >= 1 {
+        bad[[0, 0]] = f32::INFINITY;
+    }
+    let cfg = KnnConfig {
+        k: 2,
+        ..Default::default()
+    };
+    match distributed::knn(group, ctx, queries.view(), bad.view(), &cfg) {
+        Err(Error::NonFinite { row: 0, col: 0, .. }) if rank >= 1 => {}
+        Err(Error::RankFailed { rank: 1, .. }) if rank == 0 => {}
+        other => panic!("rank {rank}: failures on ranks 1.. gave {other:?}"),
+    }
+    // A failure in the middle of the blocks (the last rank cancels after its first
+    // search): every rank stops at that block with an error.
+    let token = CancelToken::new();
+    let cancel = token.clone();
+    let hooks = match rank == last {
+        true => Hooks::new()
+            .cancel_with(&token)
+            .on_progress(move |_| cancel.cancel()),
+        false => Hooks::new(),
+    };
+    let many = Array2::<f32>::ones((20, 3));
+    let cfg = KnnConfig {
+        k: 2,
+        hooks,
+        ..Default::default()
+    };
+    let small_blocks = Group::new(
+        world,
+        &GroupConfig {
+            query_block: 2,
+            ..Default::default()
+        },
+    );
+    match distributed::knn(&small_blocks, ctx, many.view(), refs.view(), &cfg) {
+        Err(Error::Cancelled { .. }) if rank == last => {}
+        Err(Error::RankFailed { rank: failed, .. }) if rank != last => assert_eq!(failed, last),
+        other => panic!("rank {rank}: a cancel mid-way on rank {last} gave {other:?}"),
+    }
     // The group goes on after errors.
     let cfg = KnnConfig {
         k: 3,
@@ -355,6 +430,13 @@ fn check_timeout(world: &impl Communicator) {
         std::thread::sleep(Duration::from_millis(1500));
         // Every other rank's wait is still posted: this one completes it.
         group.context(&native).expect("the late rank's agreement");
+        // The others have given up on the group: the next step waits for them in vain and
+        // times out too, rather than hang.
+        match group.context(&native) {
+            Err(Error::Timeout { rank: 0, .. }) => {}
+            other => panic!("rank 0 went on alone: {other:?}"),
+        }
+        assert!(group.timed_out().is_some());
     } else {
         match group.context(&native) {
             Err(Error::Timeout { rank, .. }) => assert_eq!(rank, group.rank()),
@@ -368,8 +450,13 @@ fn check_timeout(world: &impl Communicator) {
 }
 
 fn main() {
-    let (universe, _) =
+    let (universe, threading) =
         mpi::initialize_with_threading(mpi::Threading::Funneled).expect("MPI initialises once");
+    assert_ne!(
+        threading,
+        mpi::Threading::Single,
+        "MPI_THREAD_FUNNELED is needed"
+    );
     let world = universe.world();
     let mut scored = 0;
     for block in [3, 2048] {
@@ -393,8 +480,13 @@ fn main() {
         for case in 0..40 {
             scored += usize::from(check_accuracy(&group, &ctx, 2000 + case));
         }
-        check_failure(&group, &ctx);
+        check_failure(&world, &group, &ctx);
     }
+    // Most cases must compare values, not just errors alike (the data makes few invalid).
+    assert!(
+        scored >= 70,
+        "only {scored} of 80 native accuracy cases were scored"
+    );
     // The same on this machine's wgpu adapter (lavapipe in CI), which each rank picks by its
     // local rank.
     let group = Group::new(&world, &GroupConfig::default());
@@ -409,7 +501,8 @@ fn main() {
                 check_knn(&group, &ctx, 5000 + case);
                 scored += usize::from(check_accuracy(&group, &ctx, 6000 + case));
             }
-            check_failure(&group, &ctx);
+            check_resident(&world, &ctx);
+            check_failure(&world, &group, &ctx);
         }
         Err(e) if std::env::var("WML_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
             panic!("WML_REQUIRE_GPU=1 and no adapter: {e}")

@@ -298,7 +298,14 @@ pub(crate) fn run(
         report.check()?;
         let m = points.nrows();
         let part = report.part(m as u64 * k as u64);
-        let found = knn::search_step(ctx, points, centroids.view(), &search, &nobody[..m], &part)?;
+        let found = knn::search_step(
+            ctx,
+            points,
+            Embeddings::Host(centroids.view()),
+            &search,
+            &nobody[..m],
+            &part,
+        )?;
         Ok((
             found.indices.column(0).to_vec(),
             found.scores.column(0).to_vec(),

@@ -39,6 +39,7 @@ save("refs.npy", "d", "<f8", (1000, d), rows(1000))
 save("labels.npy", "q", "<i8", (301,), [rng.randrange(9) for _ in range(301)])
 save("ref_labels.npy", "i", "<i4", (1000,), [rng.randrange(9) for _ in range(1000)])
 save("short_labels.npy", "q", "<i8", (300,), [0] * 300)
+save("two.npy", "f", "<f4", (2, d), rows(2))
 nan_refs = rows(100)
 nan_refs[-1] = float("nan")  # in the last rank's share only
 save("nan_refs.npy", "f", "<f4", (100, d), nan_refs)
@@ -48,12 +49,13 @@ same() {
     cmp "$1" "$2" || { echo "FAIL: $1 and $2 differ"; exit 1; }
 }
 
-run_knn() { # name backend args...
+run_knn() { # name backend args... (DIST: more options for the distributed runs only)
     local name="$1" backend="$2"
     shift 2
     "$wml" knn "$@" --backend "$backend" --out-indices "one-$name-i.npy" --out-scores "one-$name-s.npy"
     for np in 2 3; do
-        "${mpirun[@]}" -np "$np" "$wml" knn "$@" --backend "$backend" --distributed \
+        # shellcheck disable=SC2086 # DIST is a list of options
+        "${mpirun[@]}" -np "$np" "$wml" knn "$@" --backend "$backend" --distributed ${DIST:-} \
             --out-indices "$np-$name-i.npy" --out-scores "$np-$name-s.npy"
         same "one-$name-i.npy" "$np-$name-i.npy"
         same "one-$name-s.npy" "$np-$name-s.npy"
@@ -61,8 +63,12 @@ run_knn() { # name backend args...
     echo "knn $name ($backend): 2 and 3 ranks write the single process's files"
 }
 run_knn refs cpu --queries queries.npy --refs refs.npy -k 17 --distance cosine
+DIST="--query-block 7" run_knn blocks cpu --queries queries.npy --refs refs.npy -k 6
 run_knn self cpu --queries refs.npy -k 5 --no-normalize
-run_knn big-k cpu --queries queries.npy --refs refs.npy -k 300 --distance dot
+# k above one rank's share of the references (333 or 334 of 1000 with 3 ranks).
+run_knn big-k cpu --queries queries.npy --refs refs.npy -k 500 --distance dot
+# Two queries over 3 ranks: rank 0's share is empty.
+run_knn empty-share cpu --queries two.npy --refs refs.npy -k 4
 run_knn gpu wgpu --queries queries.npy --refs refs.npy -k 9
 
 run_accuracy() { # name args...

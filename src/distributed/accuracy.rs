@@ -13,6 +13,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::inputs::{Embeddings, MiningSet, SelfExclusion, NO_SLOT};
 use crate::knn::KnnConfig;
+use crate::validate;
 
 const OP: &str = "distributed accuracy";
 
@@ -33,7 +34,9 @@ const OP: &str = "distributed accuracy";
 /// queries, which is not distributed), an empty `include`, embeddings that are missing or not
 /// host arrays, a `k` above the references a query can see, or `SameIndex` whose first
 /// references' labels are not the queries'; [`Error::Shape`] for labels that are not one per
-/// row; as [`knn`](super::knn()).
+/// row or embeddings whose widths differ; [`Error::NonFinite`];
+/// [`Error::InvalidParameter`] when `k`, `include`, `avg_of_avgs`, the kind of
+/// self-exclusion or whether `refs` are given differ between ranks; as [`knn`](super::knn()).
 ///
 /// # Example
 /// ```no_run
@@ -44,7 +47,9 @@ const OP: &str = "distributed accuracy";
 ///     .expect("MPI initialises once");
 /// let group = Group::new(&universe.world(), &GroupConfig::default());
 /// let ctx = Context::native_cpu(None);
-/// let x = ndarray::array![[0.0f32, 1.0], [0.0, 1.1]];
+/// // Two close rows of this rank's label, apart from every other rank's.
+/// let r = group.rank() as f32;
+/// let x = ndarray::array![[1.0f32, r], [1.0, r + 0.01]];
 /// let y = ndarray::array![group.rank() as i64, group.rank() as i64];
 /// let acc = distributed::accuracy(&group, &ctx, &MiningSet::new(&x, &y), None, &AccuracyConfig::default())?;
 /// assert_eq!(acc.metrics.precision_at_1, 1.0);
@@ -58,7 +63,7 @@ pub fn accuracy<L>(
     cfg: &AccuracyConfig,
 ) -> Result<Accuracy<L>>
 where
-    L: Copy + Eq + Hash + Ord + Default + Equivalence,
+    L: Copy + Eq + Hash + Ord + Default + Equivalence + 'static,
 {
     let refs_given = local_refs.is_some();
     let local = (|| {
@@ -85,16 +90,47 @@ where
                 });
             }
         }
+        if refs.ncols() != queries.ncols() || queries.ncols() == 0 {
+            return Err(Error::Shape {
+                op: OP,
+                what: "refs",
+                expected: format!("(m, {}) to match the queries, d ≥ 1", queries.ncols()),
+                got: refs.shape().to_vec(),
+            });
+        }
+        validate::finite(OP, "queries", queries)?;
+        validate::finite(OP, "refs", refs)?;
         Ok((queries, refs))
     })();
     let (queries, refs) = group.agree(OP, local)?;
+    // What every rank must agree on before the result can be the same everywhere.
+    let exclusion = match &cfg.self_exclusion {
+        SelfExclusion::Auto => 0,
+        SelfExclusion::None => 1,
+        SelfExclusion::SameIndex => 2,
+        SelfExclusion::QuerySlots(_) => 3,
+    };
+    group.same_everywhere(
+        OP,
+        &[
+            ("embedding width d", queries.ncols() as u64),
+            ("refs given", u64::from(refs_given)),
+            ("k", super::fingerprint(&cfg.k)),
+            ("include", super::fingerprint(&cfg.include)),
+            ("avg_of_avgs", u64::from(cfg.avg_of_avgs)),
+            (
+                "self_exclusion (0 Auto, 1 None, 2 SameIndex, 3 QuerySlots)",
+                exclusion,
+            ),
+        ],
+    )?;
     let ref_labels = local_refs.map_or(&local_queries.labels, |r| &r.labels);
     let query_labels: Vec<L> = local_queries.labels.iter().copied().collect();
     let all_query_labels = group.all_gather(OP, &query_labels)?;
     let local_ref_labels: Vec<L> = ref_labels.iter().copied().collect();
     let all_ref_labels = group.all_gather(OP, &local_ref_labels)?;
     let (q_total, n_total) = (all_query_labels.len(), all_ref_labels.len());
-    let query_offset: usize = group.all_gather_counts(queries.nrows())[..group.rank()]
+    let query_offset: usize = group.all_gather_counts(OP, queries.nrows())?[..group.rank()]
         .iter()
         .sum();
 
@@ -121,12 +157,11 @@ where
             .collect(),
         SelfExclusion::Auto | SelfExclusion::None => vec![NO_SLOT; queries.nrows()],
     };
+    // Named slots must be references (as in one process); the others are this function's.
+    let named = matches!(rule, SelfExclusion::QuerySlots(_));
     let slots = group.agree(
         OP,
-        match slots
-            .iter()
-            .find(|&&s| s != NO_SLOT && s as usize >= n_total)
-        {
+        match slots.iter().find(|&&s| named && s as usize >= n_total) {
             Some(&bad) => Err(Error::InvalidParameter {
                 op: OP,
                 what: "self-exclusion slot",

@@ -30,7 +30,9 @@ const OP: &str = "distributed enqueue";
 /// width is not the bank's `dim` or whose labels are not one per row;
 /// [`Error::InvalidParameter`] for a batch without host embeddings, or when all ranks'
 /// batches together exceed the bank's capacity; [`Error::NonFinite`]; as
-/// [`MemoryBank::enqueue`]; [`Error::Timeout`].
+/// [`MemoryBank::enqueue`]; [`Error::InvalidParameter`] when the banks' `dim`, capacity
+/// or number of rows differ between ranks (after an enqueue that failed on some rank only:
+/// rebuild the banks from one rank's [`MemoryBank::refs`]); [`Error::Timeout`].
 ///
 /// # Example
 /// ```no_run
@@ -55,7 +57,7 @@ pub fn enqueue_global<L>(
     batch: &MiningSet<'_, L>,
 ) -> Result<Enqueued>
 where
-    L: Hash + Eq + Copy + Default + Equivalence,
+    L: Hash + Eq + Copy + Default + Equivalence + 'static,
 {
     let dim = bank.dim();
     let local = match batch.embeddings {
@@ -80,7 +82,16 @@ where
         }),
     };
     let rows = group.agree(OP, local)?;
-    let counts = group.all_gather_counts(rows.nrows());
+    // Banks that already differ cannot be kept equal (a rank whose earlier enqueue failed).
+    group.same_everywhere(
+        OP,
+        &[
+            ("bank dim", dim as u64),
+            ("bank capacity", bank.capacity() as u64),
+            ("rows in the bank", bank.len() as u64),
+        ],
+    )?;
+    let counts = group.all_gather_counts(OP, rows.nrows())?;
     let total: usize = counts.iter().sum();
     if total > bank.capacity() {
         return Err(Error::InvalidParameter {

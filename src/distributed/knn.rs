@@ -1,16 +1,15 @@
 //! kNN over the ranks: every query block visits every rank's references, and its owner merges
 //! the partial lists.
 
-use mpi::topology::Rank;
-use mpi::traits::*;
-use ndarray::{s, Array2, ArrayView2};
+use ndarray::{s, Array1, Array2, ArrayView2};
 
 use super::Group;
+use crate::bank::{BankConfig, MemoryBank};
 use crate::context::Context;
 use crate::device_rows::Rows;
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
-use crate::inputs::{SelfExclusion, MAX_ROWS, NO_SLOT};
+use crate::inputs::{Embeddings, MiningSet, SelfExclusion, MAX_ROWS, NO_SLOT};
 use crate::kernels::knn_select::EMPTY_INDEX;
 use crate::knn::{merge, search_step, Knn, KnnConfig, Neighbours};
 use crate::memory::Transfers;
@@ -22,9 +21,10 @@ const OP: &str = "distributed knn";
 /// The `k` nearest references of this rank's queries `(q_r, d)` among every rank's
 /// references, each rank holding `(n_r, d)` of them (collective; host arrays, either may have
 /// no rows). Indices are global: rank
-/// `r`'s references are numbered after those of ranks `0..r`. Equal, bit for bit, to
+/// `r`'s references are numbered after those of ranks `0..r`. Equal to
 /// [`knn`](crate::knn()) over the concatenation of all ranks' references, for this rank's
-/// rows of the concatenated queries; ties go to the lower global index.
+/// rows of the concatenated queries (bit for bit when every rank computes on the same path as
+/// that call: see the [module](super)); ties go to the lower global index.
 ///
 /// `cfg.self_exclusion` is global as well: [`SelfExclusion::SameIndex`] excludes, for the
 /// global query `i`, the global reference `i`; [`SelfExclusion::QuerySlots`] names a global
@@ -35,7 +35,9 @@ const OP: &str = "distributed knn";
 /// rows, each broadcast by its owner; every rank searches its own references for the block
 /// (within its context's budget) and sends its `k` best per row back to the owner, who merges
 /// them. A query block costs `query_block · d · 4` bytes sent to every rank and
-/// `query_block · k · 8` bytes back from each. No rank holds more than its own references.
+/// `query_block · k · 8` bytes back from each. No rank holds more than its own references. On
+/// a device they are uploaded once and stay resident for every block when they take at most
+/// half of the budget left; otherwise each block streams them from the host.
 ///
 /// # Errors
 /// On every rank, when any rank's part fails: that rank gets its own error, the others
@@ -43,8 +45,9 @@ const OP: &str = "distributed knn";
 /// dimensions differ (on this rank or between ranks), or the slots are not one per query;
 /// [`Error::NonFinite`] for a NaN or infinity in this rank's rows;
 /// [`Error::InvalidParameter`] for `k = 0` or `k`
-/// above the references a query can see (all ranks' together), more than `u32::MAX - 1`
-/// references, a slot past them; as [`knn`](crate::knn()) for the search of a block;
+/// above the references a query can see (all ranks' together), more than `u32::MAX - 2`
+/// references, a slot past them, or `k`, the distance, the kind of self-exclusion or the
+/// group's `query_block` differing between ranks; as [`knn`](crate::knn()) for the search of a block;
 /// [`Error::Timeout`] when the others do not arrive in time.
 ///
 /// # Example
@@ -85,6 +88,25 @@ pub fn knn<'q, 'r>(
         cfg.hooks.check(OP)
     })();
     group.agree(OP, local)?;
+    // Settings that would put the ranks' collectives out of step (or answer differently).
+    let exclusion = match &cfg.self_exclusion {
+        SelfExclusion::Auto | SelfExclusion::None => 0,
+        SelfExclusion::SameIndex => 1,
+        SelfExclusion::QuerySlots(_) => 2,
+    };
+    group.same_everywhere(
+        OP,
+        &[
+            ("k", cfg.k as u64),
+            ("distance", cfg.distance.distance as u64),
+            ("normalize", u64::from(cfg.distance.normalize)),
+            (
+                "self_exclusion (0 none, 1 SameIndex, 2 QuerySlots)",
+                exclusion,
+            ),
+            ("query_block", group.cfg.query_block as u64),
+        ],
+    )?;
 
     // Every rank's shape; the rules that span ranks give every rank the same answer.
     let shapes = group.all_gather(OP, &[q_local as u64, n_local as u64, d as u64])?;
@@ -115,7 +137,7 @@ pub fn knn<'q, 'r>(
             op: OP,
             what: "references of all ranks",
             value: n_total.to_string(),
-            rule: "at most u32::MAX - 1 (indices are u32)",
+            rule: "at most u32::MAX - 2 (indices are u32, two values are markers)",
         });
     }
     let excludes = match &cfg.self_exclusion {
@@ -128,7 +150,8 @@ pub fn knn<'q, 'r>(
                 got: vec![n_total, d],
             })
         }
-        SelfExclusion::SameIndex | SelfExclusion::QuerySlots(_) => true,
+        // As one process: without queries nothing is excluded.
+        SelfExclusion::SameIndex | SelfExclusion::QuerySlots(_) => q_total > 0,
     };
     let visible = n_total - usize::from(excludes);
     if cfg.k == 0 || cfg.k > visible {
@@ -168,10 +191,19 @@ pub fn knn<'q, 'r>(
         hooks: Hooks::default(),
         ..cfg.clone()
     };
-    let mut answer = Neighbours::empty(q_local, k);
     let mut transfers = Transfers::default();
+    let (resident, moved) = transfer::measure(|| resident_refs(ctx, local_refs));
+    transfers.add(moved);
+    let resident = group.agree(OP, resident)?;
+    let refs = match &resident {
+        Some(bank) => bank.rows(),
+        None => Embeddings::Host(local_refs),
+    };
+    let mut answer = Neighbours::empty(q_local, k);
+    // An owner's failure to merge is reported after the loop, so that its peers, already on
+    // the next block, are not left waiting for it.
+    let mut merged_all = Ok(());
     for (owner, &owned) in queries_of.iter().enumerate() {
-        let root = group.comm.process_at_rank(owner as Rank);
         for start in (0..owned).step_by(block) {
             let rows = block.min(owned - start);
             // The block's rows and global slots, from their owner.
@@ -183,8 +215,8 @@ pub fn knn<'q, 'r>(
                 }
                 block_slots.copy_from_slice(&slots[start..start + rows]);
             }
-            root.broadcast_into(&mut queries[..]);
-            root.broadcast_into(&mut block_slots[..]);
+            let queries = group.broadcast(OP, owner, queries)?;
+            let block_slots = group.broadcast(OP, owner, block_slots)?;
             // This rank's best `k` (at most its references) per row, padded to `k`.
             let part = (|| {
                 report.check()?;
@@ -204,7 +236,8 @@ pub fn knn<'q, 'r>(
                     .collect();
                 let (found, moved) = transfer::measure(|| {
                     let rows = Rows::Host(queries);
-                    search_step(ctx, rows, local_refs, &local_cfg, &excluded, &report)
+                    let refs = refs.reborrow();
+                    search_step(ctx, rows, refs, &local_cfg, &excluded, &report)
                 });
                 transfers.add(moved);
                 found
@@ -218,17 +251,12 @@ pub fn knn<'q, 'r>(
                     scores[i * k + j] = found.scores[[i, j]];
                 }
             }
-            if owner != rank {
-                root.gather_into(&indices[..]);
-                root.gather_into(&scores[..]);
-                continue;
-            }
-            let size = group.size();
-            let (mut all_indices, mut all_scores) =
-                (vec![0u32; size * rows * k], vec![0f32; size * rows * k]);
-            root.gather_into_root(&indices[..], &mut all_indices[..]);
-            root.gather_into_root(&scores[..], &mut all_scores[..]);
-            let parts: Vec<Neighbours> = (0..size)
+            let all_indices = group.gather(OP, owner, &indices)?;
+            let all_scores = group.gather(OP, owner, &scores)?;
+            let (Some(all_indices), Some(all_scores)) = (all_indices, all_scores) else {
+                continue; // not this rank's block
+            };
+            let parts: Result<Vec<Neighbours>> = (0..group.size())
                 .map(|r| {
                     let range = r * rows * k..(r + 1) * rows * k;
                     let shape = (rows, k);
@@ -239,24 +267,59 @@ pub fn knn<'q, 'r>(
                             .map_err(|e| internal(&e))?,
                     })
                 })
-                .collect::<Result<_>>()?;
-            let merged = merge(&parts, &bounds, rows, k, largest);
-            answer
-                .indices
-                .slice_mut(s![start..start + rows, ..])
-                .assign(&merged.indices);
-            answer
-                .scores
-                .slice_mut(s![start..start + rows, ..])
-                .assign(&merged.scores);
+                .collect();
+            match parts {
+                Ok(parts) => {
+                    let merged = merge(&parts, &bounds, rows, k, largest);
+                    answer
+                        .indices
+                        .slice_mut(s![start..start + rows, ..])
+                        .assign(&merged.indices);
+                    answer
+                        .scores
+                        .slice_mut(s![start..start + rows, ..])
+                        .assign(&merged.scores);
+                }
+                Err(e) => merged_all = merged_all.and(Err(e)),
+            }
         }
     }
+    group.agree(OP, merged_all)?;
     Ok(Knn {
         indices: answer.indices,
         scores: answer.scores,
         path: ctx.path(),
         transfers,
     })
+}
+
+/// On a device, this rank's references uploaded once, into a bank whose slot `i` holds row
+/// `i`, rather than with every query block: when they take at most half of the budget left,
+/// so that the search's tiles keep room. `None` on the native path, for no rows, or when
+/// they do not fit (the blocks then stream them from the host).
+fn resident_refs(ctx: &Context, refs: ArrayView2<'_, f32>) -> Result<Option<MemoryBank<u32>>> {
+    if ctx.gpu().is_none() || refs.nrows() == 0 {
+        return Ok(None);
+    }
+    let memory = ctx.memory();
+    let left = memory.budget_bytes.saturating_sub(memory.current_bytes);
+    if refs.len() as u64 * 4 > left / 2 {
+        return Ok(None);
+    }
+    let made =
+        MemoryBank::new(ctx, &BankConfig::new(refs.nrows(), refs.ncols())).and_then(|mut bank| {
+            let labels = Array1::<u32>::zeros(refs.nrows());
+            bank.enqueue(ctx, &MiningSet::new(refs, &labels))?;
+            Ok(bank)
+        });
+    match made {
+        Ok(bank) => Ok(Some(bank)),
+        // Memory taken meanwhile, or a driver that refuses: stream from the host instead.
+        Err(
+            Error::BudgetExceeded { .. } | Error::OverBudget { .. } | Error::OutOfMemory { .. },
+        ) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 fn internal(e: &ndarray::ShapeError) -> Error {

@@ -3,14 +3,20 @@
 //!
 //! Every rank holds a contiguous shard of the queries and of the references, in rank order;
 //! the operations here give each rank the answers a single process would give for its own
-//! rows over the concatenation of all shards, bit for bit, while no rank ever holds the whole
-//! reference set.
+//! rows over the concatenation of all shards, while no rank ever holds the whole reference
+//! set. The answers are equal bit for bit when every rank computes on the same path as that
+//! process (the native path, or GPUs of one kind and driver): a rank's scores are its
+//! device's.
 //!
 //! **Failures.** Each collective step starts with an agreement: the ranks exchange whether
 //! their local part succeeded before any data moves. A rank whose part failed returns its own
 //! error and every other rank returns [`Error::RankFailed`] naming the lowest failing rank
-//! with its message, so no rank is left waiting in a collective the others never enter. The
-//! wait at an agreement is bounded by [`GroupConfig::timeout`] ([`Error::Timeout`]).
+//! with its message, so no rank is left waiting in a collective the others never enter.
+//! Settings that must match (`k`, the distance, a bank's capacity, …) are compared first and
+//! refused on every rank when they differ. Every wait, at agreements and for data, is
+//! bounded by [`GroupConfig::timeout`]: a rank that stops coming (stuck, or killed) makes the
+//! others return [`Error::Timeout`], after which the group refuses every call and the job
+//! should end with `MPI_Abort` ([`Group::timed_out`]).
 //!
 //! **Threads.** Only the calling thread makes MPI calls (the native path's worker threads
 //! never do): initialise MPI with at least `Threading::Funneled`, as below.
@@ -37,7 +43,7 @@ mod knn;
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use mpi::request::StaticScope;
+use mpi::request::{Request, StaticScope};
 use mpi::topology::{Rank, SimpleCommunicator};
 use mpi::traits::*;
 
@@ -67,9 +73,10 @@ pub struct GroupConfig {
     /// spend on their local part of the step (one query block's search). `None` waits
     /// forever. Default 10 minutes.
     pub timeout: Option<Duration>,
-    /// Queries per block sent to every rank by [`knn`]: the owner of a block holds
-    /// `query_block · (d + 2 · ranks · (k + 1)) · 4` bytes of host buffers for it, every
-    /// other rank `query_block · (d + 2 · (k + 1)) · 4`. Default 2 048.
+    /// Queries per block sent to every rank by [`knn`]: the owner of a block holds about
+    /// `query_block · (d + 4 · ranks · k) · 4` bytes of host buffers for it (every rank's
+    /// partial lists, and their merge), every other rank about `query_block · (d + 6 · k) · 4`.
+    /// Default 2 048.
     pub query_block: usize,
 }
 
@@ -235,19 +242,20 @@ impl Group {
             m
         });
         let status = message.as_ref().map_or(0, |m| 1 + m.len() as u64);
-        let statuses = self.gather_status(op, status)?;
+        let (_, statuses) =
+            self.bounded(op, (status, vec![0u64; self.size]), |comm, (mine, all)| {
+                comm.immediate_all_gather_into(StaticScope, &*mine, &mut all[..])
+            })?;
         let Some(failed) = statuses.iter().position(|&s| s != 0) else {
             return Ok(());
         };
         // Every rank has arrived: the failed rank's message follows at once.
         let len = usize::try_from(statuses[failed] - 1).unwrap_or(0);
-        let mut bytes = match (&message, failed == self.rank) {
+        let bytes = match (&message, failed == self.rank) {
             (Some(m), true) => m.clone().into_bytes(),
             _ => vec![0u8; len],
         };
-        self.comm
-            .process_at_rank(failed as Rank)
-            .broadcast_into(&mut bytes[..]);
+        let bytes = self.broadcast(op, failed, bytes)?;
         match message {
             Some(_) => Ok(()),
             None => Err(Error::RankFailed {
@@ -258,33 +266,204 @@ impl Group {
         }
     }
 
-    /// Every rank's status word, waiting at most the group's timeout.
-    fn gather_status(&self, op: &'static str, status: u64) -> Result<Vec<u64>> {
-        if let Some(waited) = self.broken.get() {
-            return Err(Error::Timeout {
+    /// When an earlier wait of this group timed out, how long it waited: the ranks'
+    /// collectives are out of step from then on, and every later call fails at once with
+    /// [`Error::Timeout`]. MPI cannot withdraw a collective a rank has entered, so the job
+    /// should then end with `MPI_Abort` (`world.abort(code)`), as `wml --distributed` does:
+    /// a rank left waiting would otherwise hang in `MPI_Finalize`.
+    pub fn timed_out(&self) -> Option<Duration> {
+        self.broken.get()
+    }
+
+    /// Every rank's `values`, concatenated in rank order, on every rank (collective; the
+    /// lengths may differ). The wait is bounded by the group's timeout.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParameter`] (on every rank) when the total passes MPI's `i32` counts;
+    /// [`Error::Timeout`].
+    ///
+    /// # Example
+    /// ```no_run
+    /// use wgpu_metric_learning::distributed::{mpi, Group, GroupConfig};
+    /// let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled)
+    ///     .expect("MPI initialises once");
+    /// let group = Group::new(&universe.world(), &GroupConfig::default());
+    /// let ranks = group.all_gather("ranks", &[group.rank() as u64])?;
+    /// assert_eq!(ranks.len(), group.size());
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
+    pub fn all_gather<T: Equivalence + Copy + Default + 'static>(
+        &self,
+        op: &'static str,
+        values: &[T],
+    ) -> Result<Vec<T>> {
+        let counts = self.all_gather_counts(op, values.len())?;
+        let (all, part) = self.partition(op, &counts)?;
+        let (_, part) = self.bounded(op, (values.to_vec(), part), |comm, (send, part)| {
+            comm.immediate_all_gather_varcount_into(StaticScope, &send[..], part)
+        })?;
+        drop(part);
+        // SAFETY: the request completed and the partition, the buffer's only user, is gone.
+        Ok(unsafe { all.reclaim() })
+    }
+
+    /// Every rank's `values` (the lengths may differ), concatenated in rank order, on rank
+    /// `root` (`Some`); `None` on the others (collective). The wait is bounded by the group's
+    /// timeout.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParameter`] (on every rank) for a `root` past the ranks or a total
+    /// past MPI's `i32` counts; [`Error::Timeout`].
+    ///
+    /// # Example
+    /// ```no_run
+    /// use wgpu_metric_learning::distributed::{mpi, Group, GroupConfig};
+    /// let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled)
+    ///     .expect("MPI initialises once");
+    /// let group = Group::new(&universe.world(), &GroupConfig::default());
+    /// let rows = vec![group.rank() as f32; group.rank()]; // rank r sends r values
+    /// if let Some(all) = group.gather("results", 0, &rows)? {
+    ///     assert_eq!(all.len(), group.size() * (group.size() - 1) / 2); // only on rank 0
+    /// }
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
+    pub fn gather<T: Equivalence + Copy + Default + 'static>(
+        &self,
+        op: &'static str,
+        root: usize,
+        values: &[T],
+    ) -> Result<Option<Vec<T>>> {
+        if root >= self.size {
+            return Err(Error::InvalidParameter {
+                op,
+                what: "root",
+                value: root.to_string(),
+                rule: "a rank of the group",
+            });
+        }
+        let counts = self.all_gather_counts(op, values.len())?;
+        // Checked on every rank, so that all refuse alike.
+        within_counts(op, &counts)?;
+        let root = root as Rank;
+        if self.comm.rank() != root {
+            self.bounded(op, values.to_vec(), |comm, send| {
+                comm.process_at_rank(root)
+                    .immediate_gather_varcount_into(StaticScope, &send[..])
+            })?;
+            return Ok(None);
+        }
+        let (all, part) = self.partition(op, &counts)?;
+        let (_, part) = self.bounded(op, (values.to_vec(), part), |comm, (send, part)| {
+            comm.process_at_rank(root)
+                .immediate_gather_varcount_into_root(StaticScope, &send[..], part)
+        })?;
+        drop(part);
+        // SAFETY: the request completed and the partition, the buffer's only user, is gone.
+        Ok(Some(unsafe { all.reclaim() }))
+    }
+
+    /// `buf` from rank `root` on every rank (collective; the same length everywhere), the
+    /// wait bounded by the group's timeout.
+    pub(crate) fn broadcast<T: Equivalence + 'static>(
+        &self,
+        op: &'static str,
+        root: usize,
+        buf: Vec<T>,
+    ) -> Result<Vec<T>> {
+        self.bounded(op, buf, |comm, buf| {
+            comm.process_at_rank(root as Rank)
+                .immediate_broadcast_into(StaticScope, &mut buf[..])
+        })
+    }
+
+    /// Every rank's `n`, in rank order.
+    pub(crate) fn all_gather_counts(&self, op: &'static str, n: usize) -> Result<Vec<usize>> {
+        let (_, all) = self.bounded(op, (n as u64, vec![0u64; self.size]), |comm, (n, all)| {
+            comm.immediate_all_gather_into(StaticScope, &*n, &mut all[..])
+        })?;
+        Ok(all.into_iter().map(|c| c as usize).collect())
+    }
+
+    /// Fails unless every rank passed the same `values` (settings that must agree, named),
+    /// on every rank alike: [`Error::InvalidParameter`] naming the first that differs.
+    pub(crate) fn same_everywhere(
+        &self,
+        op: &'static str,
+        values: &[(&'static str, u64)],
+    ) -> Result<()> {
+        let mine: Vec<u64> = values.iter().map(|&(_, v)| v).collect();
+        let all = self.all_gather(op, &mine)?;
+        for (r, theirs) in all.chunks_exact(mine.len().max(1)).enumerate() {
+            if let Some(j) = (0..mine.len()).find(|&j| theirs[j] != mine[j]) {
+                return Err(Error::InvalidParameter {
+                    op,
+                    what: values[j].0,
+                    value: format!(
+                        "{} on rank {}, {} on rank {r}",
+                        mine[j], self.rank, theirs[j]
+                    ),
+                    rule: "the same on every rank",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A receive buffer of `counts` elements in rank order, partitioned for a varcount
+    /// collective. The buffer is owned by the returned [`Leased`] and borrowed by the
+    /// partition for as long as MPI may write into it.
+    fn partition<T: Equivalence + Copy + Default + 'static>(
+        &self,
+        op: &'static str,
+        counts: &[usize],
+    ) -> Result<(Leased<T>, Partition<T>)> {
+        within_counts(op, counts)?;
+        // Refused before anything is leased (`bounded` would refuse after).
+        self.check_open(op)?;
+        let all = Leased::new(vec![T::default(); counts.iter().sum::<usize>()]);
+        let (counts, displs) = counts_and_displs(counts);
+        // SAFETY: the partition is the buffer's only user until it is dropped, which the
+        // callers do before reclaiming it (or never, on a timeout: both are leaked).
+        let part = mpi::datatype::PartitionMut::new(unsafe { all.borrow() }, counts, displs);
+        Ok((all, part))
+    }
+
+    /// [`Error::Timeout`] when an earlier wait timed out (see [`Group::timed_out`]).
+    fn check_open(&self, op: &'static str) -> Result<()> {
+        match self.broken.get() {
+            Some(waited) => Err(Error::Timeout {
                 op,
                 rank: self.rank,
                 waited,
-            });
+            }),
+            None => Ok(()),
         }
-        let send = Box::into_raw(Box::new(status));
-        let recv = Box::into_raw(vec![0u64; self.size].into_boxed_slice());
-        // SAFETY: the buffers are only touched again once MPI has completed the request (then
-        // freed below) or never (leaked with the request on a timeout), so they outlive it.
-        let mut request = unsafe {
-            self.comm
-                .immediate_all_gather_into(StaticScope, &*send, &mut *recv)
-        };
-        let start = Instant::now();
+    }
+
+    /// Runs one non-blocking collective that `start` begins on `buffers` and waits for it,
+    /// at most the group's timeout; returns the buffers. MPI may still write into them after
+    /// a timeout (when the others arrive), so they are then leaked with the request and the
+    /// group is marked broken. Every data step goes through here, so that a rank whose peers
+    /// stopped coming (they timed out earlier) fails in bounded time instead of hanging.
+    fn bounded<B: 'static, D: ?Sized + 'static>(
+        &self,
+        op: &'static str,
+        buffers: B,
+        start: impl FnOnce(&SimpleCommunicator, &'static mut B) -> Request<'static, D>,
+    ) -> Result<B> {
+        self.check_open(op)?;
+        let raw = Box::into_raw(Box::new(buffers));
+        // SAFETY: `raw` is touched again only once the request has completed (below) or
+        // never (leaked on a timeout), so the buffers outlive every use MPI makes of them.
+        let mut request = start(&self.comm, unsafe { &mut *raw });
+        let begun = Instant::now();
         loop {
             match request.test() {
                 Ok(_) => break,
                 Err(pending) => {
-                    let waited = start.elapsed();
+                    let waited = begun.elapsed();
                     if self.cfg.timeout.is_some_and(|limit| waited >= limit) {
-                        // MPI still holds the request and may write into `recv` when the
-                        // others arrive: the request and both buffers are leaked.
-                        // SAFETY: the buffers are never freed (see above).
+                        // SAFETY: the request is forgotten with its buffers (see above).
                         let _ = unsafe { pending.into_raw() };
                         self.broken.set(Some(waited));
                         return Err(Error::Timeout {
@@ -303,44 +482,53 @@ impl Group {
                 }
             }
         }
-        // SAFETY: the request completed; these are the boxes made above, freed once.
-        let statuses = unsafe { Box::from_raw(recv) }.into_vec();
-        drop(unsafe { Box::from_raw(send) });
-        Ok(statuses)
+        // SAFETY: the request completed; `raw` is the box made above, taken back once.
+        Ok(*unsafe { Box::from_raw(raw) })
+    }
+}
+
+/// A receive buffer split into every rank's block, for varcount collectives.
+type Partition<T> = mpi::datatype::PartitionMut<'static, [T], Vec<i32>, Vec<i32>>;
+
+/// A buffer handed to MPI for a request that may outlive the call (on a timeout): owned
+/// through a raw pointer, so that a partition can borrow it for `'static` and the owner can
+/// either take it back after the request completed or leak it.
+struct Leased<T>(*mut [T]);
+
+impl<T> Leased<T> {
+    fn new(values: Vec<T>) -> Self {
+        Self(Box::into_raw(values.into_boxed_slice()))
     }
 
-    /// Every rank's `values`, concatenated in rank order (after an agreement: all ranks are
-    /// there).
-    /// # Errors
-    /// [`Error::InvalidParameter`] (on every rank) when the total passes MPI's `i32` counts.
-    pub(crate) fn all_gather<T: Equivalence + Copy + Default>(
-        &self,
-        op: &'static str,
-        values: &[T],
-    ) -> Result<Vec<T>> {
-        let counts = self.all_gather_counts(values.len());
-        let total = counts.iter().sum::<usize>();
-        if total > i32::MAX as usize {
-            return Err(Error::InvalidParameter {
-                op,
-                what: "elements gathered from all ranks",
-                value: total.to_string(),
-                rule: "at most 2^31 - 1 (MPI's counts)",
-            });
-        }
-        let mut all = vec![T::default(); total];
-        let (counts, displs) = counts_and_displs(&counts);
-        let mut partition = mpi::datatype::PartitionMut::new(&mut all[..], counts, displs);
-        self.comm.all_gather_varcount_into(values, &mut partition);
-        Ok(all)
+    /// The buffer, for MPI.
+    /// # Safety
+    /// At most one borrow at a time, and none left when [`Leased::reclaim`] is called.
+    unsafe fn borrow(&self) -> &'static mut [T] {
+        // SAFETY: the pointer came from a live box (see the caller's contract).
+        unsafe { &mut *self.0 }
     }
 
-    /// Every rank's `n`, in rank order.
-    pub(crate) fn all_gather_counts(&self, n: usize) -> Vec<usize> {
-        let mut all = vec![0u64; self.size];
-        self.comm.all_gather_into(&(n as u64), &mut all[..]);
-        all.into_iter().map(|c| c as usize).collect()
+    /// The buffer back.
+    /// # Safety
+    /// No borrow is left and MPI no longer uses it (its request completed).
+    unsafe fn reclaim(self) -> Vec<T> {
+        // SAFETY: the pointer came from `Box::into_raw` and is taken back once.
+        unsafe { Box::from_raw(self.0) }.into_vec()
     }
+}
+
+/// [`Error::InvalidParameter`] when blocks of these lengths pass MPI's `i32` counts together.
+fn within_counts(op: &'static str, counts: &[usize]) -> Result<()> {
+    let total = counts.iter().sum::<usize>();
+    if total > i32::MAX as usize {
+        return Err(Error::InvalidParameter {
+            op,
+            what: "elements gathered from all ranks",
+            value: total.to_string(),
+            rule: "at most 2^31 - 1 (MPI's counts)",
+        });
+    }
+    Ok(())
 }
 
 /// MPI's counts and displacements (`i32`) for blocks of these lengths.
@@ -355,6 +543,15 @@ fn counts_and_displs(lengths: &[usize]) -> (Vec<i32>, Vec<i32>) {
         })
         .collect();
     (counts, displs)
+}
+
+/// A setting as one word for [`Group::same_everywhere`]: the same for the same value in every
+/// rank (the same build hashes alike).
+fn fingerprint(value: &impl std::fmt::Debug) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    format!("{value:?}").hash(&mut hasher);
+    hasher.finish()
 }
 
 /// An MPI rank or size as an index (never negative).

@@ -476,25 +476,20 @@ fn search(
     }
 }
 
-/// [`knn`] of validated rows against host references as one step of a larger call (k-means
-/// searches once per iteration): its progress goes to `report`, a part of the caller's.
+/// [`knn`] of validated rows against validated references (host rows, or rows resident on
+/// `ctx`'s device) as one step of a larger call (k-means searches once per iteration, a
+/// distributed search once per query block): its progress goes to `report`, a part of the
+/// caller's. Rows come back padded when `cfg.k` exceeds what a row can see.
 pub(crate) fn search_step(
     ctx: &Context,
     queries: Rows<'_>,
-    refs: ndarray::ArrayView2<'_, f32>,
+    refs: Embeddings<'_>,
     cfg: &KnnConfig,
     excluded: &[u32],
     report: &Reporter<'_>,
 ) -> Result<Neighbours> {
     let job = (excluded, report);
-    search(
-        ctx,
-        queries,
-        Embeddings::Host(refs),
-        cfg,
-        job,
-        gpu::Output::Host,
-    )
+    search(ctx, queries, refs, cfg, job, gpu::Output::Host)
 }
 
 /// Sorts `rows` lists of `k` `(key, index)` pairs (flat, row-major) best first into `out`'s

@@ -6,7 +6,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use ndarray::{Array1, Array2};
-use wgpu_metric_learning::distributed::mpi::datatype::PartitionMut;
 use wgpu_metric_learning::distributed::mpi::environment::Universe;
 use wgpu_metric_learning::distributed::mpi::traits::*;
 use wgpu_metric_learning::distributed::{self, mpi, Group, GroupConfig};
@@ -36,11 +35,16 @@ fn start(args: &DistributedArgs) -> Result<(Universe, Group), Failure> {
         .into());
     }
     // Funneled: the native path's worker threads never call MPI, only this one does.
-    let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled)
+    let (universe, threading) = mpi::initialize_with_threading(mpi::Threading::Funneled)
         .ok_or("MPI could not be initialised")?;
+    if threading == mpi::Threading::Single {
+        return Err(
+            "this MPI gives single-threaded processes only; wml needs MPI_THREAD_FUNNELED".into(),
+        );
+    }
     let cfg = GroupConfig {
         timeout: Some(Duration::from_secs_f64(args.timeout)),
-        ..Default::default()
+        query_block: usize::try_from(args.query_block).unwrap_or(usize::MAX),
     };
     let group = Group::new(&universe.world(), &cfg);
     Ok((universe, group))
@@ -98,10 +102,10 @@ fn label_rows(path: &Path, n: usize, group: &Group) -> Result<Array1<i64>, Strin
 /// otherwise cut the others' messages off.
 fn as_rank(
     args: &DistributedArgs,
-    body: impl FnOnce(&Universe, &Group) -> Result<(), Failure>,
+    body: impl FnOnce(&Group) -> Result<(), Failure>,
 ) -> Result<(), Failure> {
     let (universe, group) = start(args)?;
-    let done = body(&universe, &group);
+    let done = body(&group);
     let done = match done {
         Err(Failure::Message(m)) => {
             eprintln!("wml: {m}");
@@ -111,17 +115,24 @@ fn as_rank(
     };
     // Everyone has printed (or a rank is stuck: the wait is bounded by the timeout).
     let _ = group.agree_on("finish", Ok::<(), String>(()));
+    if let Some(waited) = group.timed_out() {
+        // A collective this rank gave up on stays posted, and MPI_Finalize would wait for
+        // it: end the whole job instead.
+        eprintln!(
+            "wml: rank {}: gave up on the other ranks after {:.1} s (--timeout); aborting the job",
+            group.rank(),
+            waited.as_secs_f64()
+        );
+        universe.world().abort(1);
+    }
     done
 }
 
 pub(crate) fn knn(a: &KnnArgs, hooks: &Hooks) -> Result<(), Failure> {
-    as_rank(&a.distributed, |universe, group| {
-        knn_rank(a, hooks, universe, group)
-    })
+    as_rank(&a.distributed, |group| knn_rank(a, hooks, group))
 }
 
-fn knn_rank(a: &KnnArgs, hooks: &Hooks, universe: &Universe, group: &Group) -> Result<(), Failure> {
-    let (rank, size) = (group.rank(), group.size());
+fn knn_rank(a: &KnnArgs, hooks: &Hooks, group: &Group) -> Result<(), Failure> {
     let cfg = knn_config(a, hooks);
     let read = (|| {
         let (q, queries) = embedding_rows(&a.queries, group)?;
@@ -154,38 +165,32 @@ fn knn_rank(a: &KnnArgs, hooks: &Hooks, universe: &Universe, group: &Group) -> R
     // Every rank's rows to rank 0, which writes them.
     let indices: Vec<i64> = found.indices.iter().map(|&i| i64::from(i)).collect();
     let scores: Vec<f32> = found.scores.iter().copied().collect();
-    let world = universe.world();
-    let root = world.process_at_rank(0);
-    let written = if rank == 0 {
-        let counts: Vec<i32> = (0..size)
-            .map(|r| (share(q, r, size).len() * cfg.k) as i32)
-            .collect();
-        let displs: Vec<i32> = (0..size)
-            .map(|r| (share(q, r, size).start * cfg.k) as i32)
-            .collect();
-        let mut all_indices = vec![0i64; q * cfg.k];
-        let mut all_scores = vec![0f32; q * cfg.k];
-        let mut part = PartitionMut::new(&mut all_indices[..], counts.clone(), &displs[..]);
-        root.gather_varcount_into_root(&indices[..], &mut part);
-        let mut part = PartitionMut::new(&mut all_scores[..], counts, &displs[..]);
-        root.gather_varcount_into_root(&scores[..], &mut part);
-        let shape = (q, cfg.k);
-        let indices = Array2::from_shape_vec(shape, all_indices).map_err(|e| e.to_string());
-        let scores = Array2::from_shape_vec(shape, all_scores).map_err(|e| e.to_string());
-        indices.and_then(|indices| {
-            npy::write(&a.out_indices, &indices)?;
-            npy::write(&a.out_scores, &scores?)
-        })
-    } else {
-        root.gather_varcount_into(&indices[..]);
-        root.gather_varcount_into(&scores[..]);
-        Ok(())
+    let gathered = (|| {
+        Ok((
+            group.gather("gather the outputs", 0, &indices)?,
+            group.gather("gather the outputs", 0, &scores)?,
+        ))
+    })()
+    .map_err(|e: wgpu_metric_learning::Error| {
+        Failure::from(format!("rank {}: {}", group.rank(), with_causes(&e)))
+    })?;
+    let written = match gathered {
+        (Some(all_indices), Some(all_scores)) => {
+            let shape = (q, cfg.k);
+            let indices = Array2::from_shape_vec(shape, all_indices).map_err(|e| e.to_string());
+            let scores = Array2::from_shape_vec(shape, all_scores).map_err(|e| e.to_string());
+            indices.and_then(|indices| {
+                npy::write(&a.out_indices, &indices)?;
+                npy::write(&a.out_scores, &scores?)
+            })
+        }
+        _ => Ok(()),
     };
     agreed(group, "write the outputs", written)
 }
 
 pub(crate) fn accuracy(a: &AccuracyArgs, hooks: &Hooks) -> Result<(), Failure> {
-    as_rank(&a.distributed, |_, group| accuracy_rank(a, hooks, group))
+    as_rank(&a.distributed, |group| accuracy_rank(a, hooks, group))
 }
 
 fn accuracy_rank(a: &AccuracyArgs, hooks: &Hooks, group: &Group) -> Result<(), Failure> {
