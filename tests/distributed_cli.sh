@@ -110,3 +110,14 @@ grep -q "rank 2: knn .*local_refs holds a non-finite value NaN at row 33, column
     || { cat bad.err; echo "FAIL: one rank's NaN was not reported by every rank"; exit 1; }
 [ ! -e bad-i.npy ] || { echo "FAIL: output after an error"; exit 1; }
 echo "failures end every rank with the error and write nothing"
+# A timeout no step can meet: a rank that gives up says so and aborts the whole job (a
+# collective it left posted would hang MPI_Finalize); nothing is written.
+if "${mpirun[@]}" -np 2 "$wml" knn --queries queries.npy --refs refs.npy -k 3 --backend cpu \
+    --distributed --timeout 0.000001 --out-indices late-i.npy --out-scores late-s.npy \
+    2> late.err; then
+    echo "FAIL: a timeout passed"; exit 1
+fi
+grep -q "gave up on the other ranks after .* aborting the job" late.err \
+    || { cat late.err; echo "FAIL: no timeout reported"; exit 1; }
+[ ! -e late-i.npy ] || { echo "FAIL: output after a timeout"; exit 1; }
+echo "a timeout ends the job, which writes nothing"

@@ -51,7 +51,8 @@ const OP: &str = "distributed accuracy";
 /// let r = group.rank() as f32;
 /// let x = ndarray::array![[1.0f32, r], [1.0, r + 0.01]];
 /// let y = ndarray::array![group.rank() as i64, group.rank() as i64];
-/// let acc = distributed::accuracy(&group, &ctx, &MiningSet::new(&x, &y), None, &AccuracyConfig::default())?;
+/// let cfg = AccuracyConfig::default();
+/// let acc = distributed::accuracy(&group, &ctx, &MiningSet::new(&x, &y), None, &cfg)?;
 /// assert_eq!(acc.metrics.precision_at_1, 1.0);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
@@ -100,6 +101,7 @@ where
         }
         validate::finite(OP, "queries", queries)?;
         validate::finite(OP, "refs", refs)?;
+        cfg.hooks.check(OP)?;
         Ok((queries, refs))
     })();
     let (queries, refs) = group.agree(OP, local)?;
@@ -140,8 +142,15 @@ where
         SelfExclusion::Auto => &SelfExclusion::None,
         other => other,
     };
-    if matches!(rule, SelfExclusion::SameIndex)
-        && (n_total < q_total || all_query_labels[..] != all_ref_labels[..q_total])
+    if matches!(rule, SelfExclusion::SameIndex) && n_total < q_total {
+        return Err(Error::Shape {
+            op: OP,
+            what: "references of all ranks",
+            expected: format!("at least the {q_total} queries of all ranks (SameIndex)"),
+            got: vec![n_total, queries.ncols()],
+        });
+    }
+    if matches!(rule, SelfExclusion::SameIndex) && all_query_labels[..] != all_ref_labels[..q_total]
     {
         return Err(Error::InvalidParameter {
             op: OP,

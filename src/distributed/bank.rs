@@ -30,9 +30,9 @@ const OP: &str = "distributed enqueue";
 /// width is not the bank's `dim` or whose labels are not one per row;
 /// [`Error::InvalidParameter`] for a batch without host embeddings, or when all ranks'
 /// batches together exceed the bank's capacity; [`Error::NonFinite`]; as
-/// [`MemoryBank::enqueue`]; [`Error::InvalidParameter`] when the banks' `dim`, capacity
-/// or number of rows differ between ranks (after an enqueue that failed on some rank only:
-/// rebuild the banks from one rank's [`MemoryBank::refs`]); [`Error::Timeout`].
+/// [`MemoryBank::enqueue`]; [`Error::InvalidParameter`] when the banks' `dim`, capacity,
+/// number of rows or next slot differ between ranks (after an enqueue that failed on some
+/// rank only: rebuild the banks from one rank's [`MemoryBank::refs`]); [`Error::Timeout`].
 ///
 /// # Example
 /// ```no_run
@@ -89,6 +89,8 @@ where
             ("bank dim", dim as u64),
             ("bank capacity", bank.capacity() as u64),
             ("rows in the bank", bank.len() as u64),
+            ("the bank's next slot", bank.head() as u64),
+            ("bank wrapped", u64::from(bank.is_filled())),
         ],
     )?;
     let counts = group.all_gather_counts(OP, rows.nrows())?;

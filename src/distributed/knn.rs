@@ -44,11 +44,11 @@ const OP: &str = "distributed knn";
 /// [`Error::RankFailed`] naming it. The part's errors: [`Error::Shape`] if `d = 0`, the
 /// dimensions differ (on this rank or between ranks), or the slots are not one per query;
 /// [`Error::NonFinite`] for a NaN or infinity in this rank's rows;
-/// [`Error::InvalidParameter`] for `k = 0` or `k`
-/// above the references a query can see (all ranks' together), more than `u32::MAX - 2`
-/// references, a slot past them, or `k`, the distance, the kind of self-exclusion or the
-/// group's `query_block` differing between ranks; as [`knn`](crate::knn()) for the search of a block;
-/// [`Error::Timeout`] when the others do not arrive in time.
+/// [`Error::InvalidParameter`] for `k = 0` or `k` above the references a query can see (all
+/// ranks' together), more than `u32::MAX - 2` references or queries, a slot past them, or
+/// `k`, the distance, the kind of self-exclusion or the group's `query_block` differing
+/// between ranks; as [`knn`](crate::knn()) for the search of a block; [`Error::Timeout`]
+/// when the others do not arrive in time.
 ///
 /// # Example
 /// See the [module example](super).
@@ -132,13 +132,18 @@ pub fn knn<'q, 'r>(
             Some((*at - n, *at))
         })
         .collect();
-    if n_total > MAX_ROWS {
-        return Err(Error::InvalidParameter {
-            op: OP,
-            what: "references of all ranks",
-            value: n_total.to_string(),
-            rule: "at most u32::MAX - 2 (indices are u32, two values are markers)",
-        });
+    for (what, rows) in [
+        ("references of all ranks", n_total),
+        ("queries of all ranks", q_total),
+    ] {
+        if rows > MAX_ROWS {
+            return Err(Error::InvalidParameter {
+                op: OP,
+                what,
+                value: rows.to_string(),
+                rule: "at most u32::MAX - 2 (indices are u32, two values are markers)",
+            });
+        }
     }
     let excludes = match &cfg.self_exclusion {
         SelfExclusion::Auto | SelfExclusion::None => false,

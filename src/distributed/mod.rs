@@ -13,10 +13,11 @@
 //! error and every other rank returns [`Error::RankFailed`] naming the lowest failing rank
 //! with its message, so no rank is left waiting in a collective the others never enter.
 //! Settings that must match (`k`, the distance, a bank's capacity, …) are compared first and
-//! refused on every rank when they differ. Every wait, at agreements and for data, is
-//! bounded by [`GroupConfig::timeout`]: a rank that stops coming (stuck, or killed) makes the
-//! others return [`Error::Timeout`], after which the group refuses every call and the job
-//! should end with `MPI_Abort` ([`Group::timed_out`]).
+//! refused on every rank when they differ. Every wait of an operation, at agreements and
+//! for data, is bounded by [`GroupConfig::timeout`] (not MPI's own setup and teardown:
+//! [`Group::new`], dropping a group, `MPI_Finalize`): a rank that stops coming (stuck, or
+//! killed) makes the others return [`Error::Timeout`], after which the group refuses every
+//! call and the job should end with `MPI_Abort` ([`Group::timed_out`]).
 //!
 //! **Threads.** Only the calling thread makes MPI calls (the native path's worker threads
 //! never do): initialise MPI with at least `Threading::Funneled`, as below.
@@ -30,7 +31,8 @@
 //!     .expect("MPI initialises once");
 //! let group = Group::new(&universe.world(), &GroupConfig::default());
 //! let ctx = group.context(&ContextConfig::default())?; // this rank's GPU of its node
-//! let (queries, refs) = (ndarray::Array2::<f32>::zeros((100, 8)), ndarray::Array2::<f32>::zeros((1000, 8)));
+//! let queries = ndarray::Array2::<f32>::zeros((100, 8)); // this rank's shards
+//! let refs = ndarray::Array2::<f32>::zeros((1000, 8));
 //! let found = distributed::knn(&group, &ctx, queries.view(), &refs, &KnnConfig::default())?;
 //! assert_eq!(found.indices.nrows(), 100); // global reference indices for this rank's queries
 //! # Ok::<(), wgpu_metric_learning::Error>(())
@@ -69,13 +71,15 @@ pub use mpi;
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupConfig {
-    /// The longest a rank waits at an agreement for the others, which includes the time they
-    /// spend on their local part of the step (one query block's search). `None` waits
-    /// forever. Default 10 minutes.
+    /// The longest a rank waits for the others at any collective step of an operation, which
+    /// includes the time they spend on their local part of it (one query block's search: a
+    /// slow shard needs a smaller `query_block` or a longer timeout). `None` waits forever.
+    /// Default 10 minutes.
     pub timeout: Option<Duration>,
     /// Queries per block sent to every rank by [`knn`]: the owner of a block holds about
-    /// `query_block · (d + 4 · ranks · k) · 4` bytes of host buffers for it (every rank's
-    /// partial lists, and their merge), every other rank about `query_block · (d + 6 · k) · 4`.
+    /// `query_block · (d + (8 + 4 · ranks) · k) · 4` bytes of host buffers for it (every
+    /// rank's partial lists, and their merge), every other rank about
+    /// `query_block · (d + 6 · k) · 4`.
     /// Default 2 048.
     pub query_block: usize,
 }

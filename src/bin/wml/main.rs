@@ -410,13 +410,19 @@ struct DistributedArgs {
     #[arg(long)]
     distributed: bool,
     /// With --distributed: the longest a rank waits for the others at a step, in seconds
-    /// (their search of one query block included). A rank that gives up reports the step and
-    /// ends the whole job (MPI cannot withdraw a collective it entered).
+    /// (their search of one query block included: lower --query-block for slow shards). A
+    /// rank that gives up reports the step and ends the whole job (MPI cannot withdraw a
+    /// collective it entered).
     #[arg(long, default_value_t = 600.0, requires = "distributed")]
     timeout: f64,
     /// With --distributed: queries sent to every rank at a time. Each block costs its owner
-    /// about `block · (d + 4 · ranks · k) · 4` bytes of host memory.
-    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..), requires = "distributed")]
+    /// about `block · (d + (8 + 4 · ranks) · k) · 4` bytes of host memory.
+    #[arg(
+        long,
+        default_value_t = 2048,
+        value_parser = clap::value_parser!(u64).range(1..),
+        requires = "distributed"
+    )]
     query_block: u64,
 }
 
