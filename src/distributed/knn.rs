@@ -256,8 +256,10 @@ pub fn knn<'q, 'r>(
                     scores[i * k + j] = found.scores[[i, j]];
                 }
             }
-            let all_indices = group.gather(OP, owner, &indices)?;
-            let all_scores = group.gather(OP, owner, &scores)?;
+            // Every rank sends `rows · k` of each: no counts to exchange first.
+            let counts = vec![rows * k; group.size()];
+            let all_indices = group.gather_counted(OP, owner, indices, &counts)?;
+            let all_scores = group.gather_counted(OP, owner, scores, &counts)?;
             let (Some(all_indices), Some(all_scores)) = (all_indices, all_scores) else {
                 continue; // not this rank's block
             };

@@ -246,10 +246,7 @@ impl Group {
             m
         });
         let status = message.as_ref().map_or(0, |m| 1 + m.len() as u64);
-        let (_, statuses) =
-            self.bounded(op, (status, vec![0u64; self.size]), |comm, (mine, all)| {
-                comm.immediate_all_gather_into(StaticScope, &*mine, &mut all[..])
-            })?;
+        let statuses = self.all_gather_word(op, status)?;
         let Some(failed) = statuses.iter().position(|&s| s != 0) else {
             return Ok(());
         };
@@ -302,13 +299,9 @@ impl Group {
         values: &[T],
     ) -> Result<Vec<T>> {
         let counts = self.all_gather_counts(op, values.len())?;
-        let (all, part) = self.partition(op, &counts)?;
-        let (_, part) = self.bounded(op, (values.to_vec(), part), |comm, (send, part)| {
-            comm.immediate_all_gather_varcount_into(StaticScope, &send[..], part)
-        })?;
-        drop(part);
-        // SAFETY: the request completed and the partition, the buffer's only user, is gone.
-        Ok(unsafe { all.reclaim() })
+        self.varcount(op, &counts, values.to_vec(), |comm, send, part| {
+            comm.immediate_all_gather_varcount_into(StaticScope, send, part)
+        })
     }
 
     /// Every rank's `values` (the lengths may differ), concatenated in rank order, on rank
@@ -346,24 +339,33 @@ impl Group {
             });
         }
         let counts = self.all_gather_counts(op, values.len())?;
+        self.gather_counted(op, root, values.to_vec(), &counts)
+    }
+
+    /// [`Group::gather`] of owned `values` whose lengths on every rank, `counts`, all ranks
+    /// know already (no exchange of them first).
+    pub(crate) fn gather_counted<T: Equivalence + Copy + Default + 'static>(
+        &self,
+        op: &'static str,
+        root: usize,
+        values: Vec<T>,
+        counts: &[usize],
+    ) -> Result<Option<Vec<T>>> {
         // Checked on every rank, so that all refuse alike.
-        within_counts(op, &counts)?;
+        within_counts(op, counts)?;
         let root = root as Rank;
         if self.comm.rank() != root {
-            self.bounded(op, values.to_vec(), |comm, send| {
+            self.bounded(op, values, |comm, send| {
                 comm.process_at_rank(root)
                     .immediate_gather_varcount_into(StaticScope, &send[..])
             })?;
             return Ok(None);
         }
-        let (all, part) = self.partition(op, &counts)?;
-        let (_, part) = self.bounded(op, (values.to_vec(), part), |comm, (send, part)| {
+        let all = self.varcount(op, counts, values, |comm, send, part| {
             comm.process_at_rank(root)
-                .immediate_gather_varcount_into_root(StaticScope, &send[..], part)
+                .immediate_gather_varcount_into_root(StaticScope, send, part)
         })?;
-        drop(part);
-        // SAFETY: the request completed and the partition, the buffer's only user, is gone.
-        Ok(Some(unsafe { all.reclaim() }))
+        Ok(Some(all))
     }
 
     /// `buf` from rank `root` on every rank (collective; the same length everywhere), the
@@ -382,10 +384,38 @@ impl Group {
 
     /// Every rank's `n`, in rank order.
     pub(crate) fn all_gather_counts(&self, op: &'static str, n: usize) -> Result<Vec<usize>> {
-        let (_, all) = self.bounded(op, (n as u64, vec![0u64; self.size]), |comm, (n, all)| {
-            comm.immediate_all_gather_into(StaticScope, &*n, &mut all[..])
-        })?;
+        let all = self.all_gather_word(op, n as u64)?;
         Ok(all.into_iter().map(|c| c as usize).collect())
+    }
+
+    /// Every rank's `word`, in rank order.
+    fn all_gather_word(&self, op: &'static str, word: u64) -> Result<Vec<u64>> {
+        let (_, all) = self.bounded(op, (word, vec![0u64; self.size]), |comm, (w, all)| {
+            comm.immediate_all_gather_into(StaticScope, &*w, &mut all[..])
+        })?;
+        Ok(all)
+    }
+
+    /// A varcount collective that `start` begins from `send` into a buffer of every rank's
+    /// `counts` elements, in rank order; returns that buffer.
+    fn varcount<T: Equivalence + Copy + Default + 'static>(
+        &self,
+        op: &'static str,
+        counts: &[usize],
+        send: Vec<T>,
+        start: impl FnOnce(
+            &SimpleCommunicator,
+            &'static [T],
+            &'static mut Partition<T>,
+        ) -> Request<'static, Partition<T>>,
+    ) -> Result<Vec<T>> {
+        let (all, part) = self.partition(op, counts)?;
+        let (_, part) = self.bounded(op, (send, part), |comm, (send, part)| {
+            start(comm, &send[..], part)
+        })?;
+        drop(part);
+        // SAFETY: the request completed and the partition, the buffer's only user, is gone.
+        Ok(unsafe { all.reclaim() })
     }
 
     /// Fails unless every rank passed the same `values` (settings that must agree, named),
