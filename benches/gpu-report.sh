@@ -16,6 +16,12 @@
 # benches with `--path wgpu`, PML on CUDA if `python3` has torch, and writes everything plus
 # report.md to $OUT (else ./gpu-report-out), printing the report last. `--quick` runs small
 # cases (to check the script itself on any adapter, lavapipe included).
+#
+# Each test runs in a process of its own, WML_TEST_THREADS (4) at a time, each stopped after
+# WML_TEST_TIMEOUT seconds (60), so that one that hangs is named and stops nothing else: on
+# an H200 the integration tests hung in one process after 31 tests, where each alone passed.
+# WML_TEST_ISOLATED=0 runs each binary whole instead (WML_TEST_TIMEOUT then per binary, 0 =
+# none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -96,8 +102,17 @@ run() {
     : >"$out/tests.log"
     for t in .devbin/test-*; do
         echo "== $t" | tee -a "$out/tests.log"
-        WML_REQUIRE_GPU=1 WML_SOAK_SECS=${WML_SOAK_SECS:-10} "$t" --test-threads=4 2>&1 |
-            tee -a "$out/tests.log" | grep -E '^test result|FAILED|panicked' || true
+        if [ "${WML_TEST_ISOLATED:-1}" = 1 ]; then
+            isolated "$t" "$out/tests.log"
+            continue
+        fi
+        local rc=0
+        WML_REQUIRE_GPU=1 WML_SOAK_SECS=${WML_SOAK_SECS:-10} timeout -k 5 "${WML_TEST_TIMEOUT:-0}" \
+            "$t" --test-threads="${WML_TEST_THREADS:-4}" >>"$out/tests.log" 2>&1 || rc=$?
+        if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+            echo "test result: FAILED. 0 passed; 1 failed; 0 ignored (the binary timed out)" >>"$out/tests.log"
+        fi
+        grep -E '^test result|FAILED|panicked' "$out/tests.log" | tail -3 || true
     done
 
     local q=10000 n=100000 mining=("128 4096 100 miner_semihard" "1000 1000 100 miner_hard"
@@ -130,6 +145,36 @@ run() {
     fi
     python3 benches/gpu_report.py "$out" >"$out/report.md"
     cat "$out/report.md"
+}
+
+# Each test of binary $1 in a process of its own, WML_TEST_THREADS at a time, each stopped after
+# WML_TEST_TIMEOUT seconds (60 if unset or 0): a test that hangs a device or deadlocks cannot
+# stop the others, and is named. Appends each failure's output and a libtest-style summary
+# (timeouts counted as failures) to $2.
+isolated() {
+    local t=$1 log=$2 dir
+    dir=$(mktemp -d)
+    "$t" --list 2>/dev/null | sed -n 's/: test$//p' >"$dir/list"
+    local limit=${WML_TEST_TIMEOUT:-60}
+    [ "$limit" = 0 ] && limit=60
+    # shellcheck disable=SC2016
+    T=$t D=$dir L=$limit xargs -P "${WML_TEST_THREADS:-4}" -I{} sh -c \
+        'WML_REQUIRE_GPU=1 WML_SOAK_SECS=${WML_SOAK_SECS:-10} timeout -k 5 "$L" "$T" --exact "$1" \
+            --test-threads=1 >"$D/$1.log" 2>&1; echo "$? $1"' _ {} <"$dir/list" | sort -k2 >"$dir/rc"
+    local passed=0 failed=0 ignored=0 rc name
+    while read -r rc name; do
+        if [ "$rc" = 0 ]; then
+            if grep -q '1 ignored' "$dir/$name.log"; then ignored=$((ignored + 1)); else passed=$((passed + 1)); fi
+        else
+            failed=$((failed + 1))
+            case $rc in 124 | 137) echo "TIMED OUT ($rc): $name" ;; *) echo "FAILED ($rc): $name" ;; esac | tee -a "$log"
+            tail -40 "$dir/$name.log" >>"$log"
+        fi
+    done <"$dir/rc"
+    local verdict=ok
+    [ "$failed" = 0 ] || verdict=FAILED
+    echo "test result: $verdict. $passed passed; $failed failed; $ignored ignored (isolated)" | tee -a "$log"
+    rm -rf "$dir"
 }
 
 case "${1:-}" in

@@ -376,6 +376,7 @@ fn update(centroids: &mut Array2<f32>, points: ArrayView2<'_, f32>, assigned: &[
         next[c as usize] += 1;
     }
     let means = par_items(
+        crate::native::threads(),
         k,
         || vec![0.0f64; d],
         |c, sum| {

@@ -382,7 +382,8 @@ fn small_budgets_split_into_blocks_with_the_same_answer() {
         triplet_margin_loss(&Context::native_cpu(None), &queries, Some(&refs), &cfg).expect("loss");
     // Room for the fixed part and a few rows of distances only.
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get()) as u64;
-    let fixed = 4 * 8 * (2 * 40 + 2 * 300) + threads * 300 * 44;
+    let base = 4 * 8 * (2 * 40 + 2 * 300);
+    let fixed = base + threads * 300 * 44;
     // Per block row: its distances (4 bytes) and its possible near pairs (16) per reference.
     let budget = fixed + 3 * 20 * 300;
     let ctx = Context::native_cpu(Some(budget));
@@ -407,8 +408,20 @@ fn small_budgets_split_into_blocks_with_the_same_answer() {
         split.ref_grad.as_ref().expect("asked"),
         whole.ref_grad.as_ref().expect("asked")
     ));
+    // The least is one thread's scratch and one block row, whatever the cores: it runs there
+    // (on one thread) with the same answer, and one byte less is refused, naming it.
+    let least = base + 300 * 44 + 20 * 300;
+    let one = triplet_margin_loss(
+        &Context::native_cpu(Some(least)),
+        &queries,
+        Some(&refs),
+        &cfg,
+    )
+    .expect("one thread fits");
+    assert_eq!((one.triplets, one.nonzero), (whole.triplets, whole.nonzero));
+    assert!(close(&one.query_grad, &whole.query_grad));
     match triplet_margin_loss(
-        &Context::native_cpu(Some(fixed)),
+        &Context::native_cpu(Some(least - 1)),
         &queries,
         Some(&refs),
         &cfg,
@@ -417,9 +430,7 @@ fn small_budgets_split_into_blocks_with_the_same_answer() {
             required,
             budget: b,
             ..
-        }) => {
-            assert!(required > b && b == fixed)
-        }
+        }) => assert_eq!((required, b), (least, least - 1)),
         other => panic!("expected OverBudget, got {other:?}"),
     }
 }

@@ -72,7 +72,7 @@ impl AdapterSummary {
 /// }
 /// ```
 pub fn list_adapters(backends: Option<wgpu::Backends>) -> Vec<AdapterSummary> {
-    enumerate(backends)
+    enumerate(backends, Listing::All)
         .iter()
         .enumerate()
         .map(|(index, a)| summarize(index, &a.get_info()))
@@ -100,8 +100,15 @@ fn summarize(index: usize, info: &wgpu::AdapterInfo) -> AdapterSummary {
 /// one, where a shared instance lets wgpu see that it belongs to another device (a typed
 /// error, see [`crate::DeviceEmbeddings`]). Not for GL: its instance holds one EGL display
 /// whose context threads would contend for.
-pub(crate) fn enumerate(backends: Option<wgpu::Backends>) -> Vec<wgpu::Adapter> {
+///
+/// With [`Listing::BestOnly`], GL is not enumerated when a native API offers a discrete GPU:
+/// no GL adapter can rank above it, and a GL instance costs an EGL display. NVIDIA's EGL
+/// deadlocked when several threads of one process each made and dropped such an instance (the
+/// test suite on an H200 hung after three tests); the GL instances that are still made are
+/// made one at a time.
+pub(crate) fn enumerate(backends: Option<wgpu::Backends>, listing: Listing) -> Vec<wgpu::Adapter> {
     static SHARED: std::sync::OnceLock<wgpu::Instance> = std::sync::OnceLock::new();
+    static GL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let backends = backends
         .or_else(wgpu::Backends::from_env)
         .unwrap_or(wgpu::Backends::all());
@@ -116,13 +123,27 @@ pub(crate) fn enumerate(backends: Option<wgpu::Backends>) -> Vec<wgpu::Adapter> 
         let shared = SHARED.get_or_init(|| instance(wgpu::Backends::all() - wgpu::Backends::GL));
         adapters.extend(pollster::block_on(shared.enumerate_adapters(native)));
     }
-    if backends.contains(wgpu::Backends::GL) {
+    let discrete = adapters
+        .iter()
+        .any(|a| a.get_info().device_type == wgpu::DeviceType::DiscreteGpu);
+    if backends.contains(wgpu::Backends::GL) && !(discrete && listing == Listing::BestOnly) {
+        // A poisoned lock only means another enumeration panicked; the guard is still sound.
+        let _one_at_a_time = GL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let gl = instance(wgpu::Backends::GL);
         adapters.extend(pollster::block_on(
             gl.enumerate_adapters(wgpu::Backends::GL),
         ));
     }
     adapters
+}
+
+/// What [`enumerate`] must list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Listing {
+    /// Every adapter: positions are [`AdapterSelector::Index`]'s.
+    All,
+    /// Enough to pick [`AdapterSelector::Best`]: the best adapter is among them.
+    BestOnly,
 }
 
 /// Lower is better: hardware before software, native APIs before GL.
@@ -147,7 +168,7 @@ fn adapter_rank(device_type: wgpu::DeviceType, backend: wgpu::Backend) -> (u8, u
 /// when wgpu finds no adapter.
 #[cfg(feature = "mpi")]
 pub(crate) fn nth_best_adapter(backends: Option<wgpu::Backends>, n: usize) -> Option<usize> {
-    let ranks: Vec<_> = enumerate(backends)
+    let ranks: Vec<_> = enumerate(backends, Listing::All)
         .iter()
         .map(|a| {
             let info = a.get_info();

@@ -12,7 +12,7 @@ use crate::kernels;
 use crate::memory::{MemoryStats, MemoryTracker, Transfers};
 #[cfg(feature = "mpi")]
 pub(crate) use adapter::nth_best_adapter;
-use adapter::{enumerate, reported_device_memory, select_adapter};
+use adapter::{enumerate, reported_device_memory, select_adapter, Listing};
 
 /// Budget used when the adapter does not report its memory (DX12, GL, shared devices); Vulkan
 /// and Metal contexts default to half of what the driver reports instead.
@@ -166,7 +166,15 @@ impl Context {
         if config.backend == BackendChoice::NativeCpu {
             return Ok(Self::native_cpu_with(config, None));
         }
-        let adapters = enumerate(config.wgpu_backends);
+        // Best by rank only: a name (here or in WGPU_ADAPTER_NAME) or an index needs them all.
+        let by_rank = config.adapter == AdapterSelector::Best
+            && std::env::var("WGPU_ADAPTER_NAME").map_or(true, |n| n.is_empty());
+        let listing = if by_rank {
+            Listing::BestOnly
+        } else {
+            Listing::All
+        };
+        let adapters = enumerate(config.wgpu_backends, listing);
         let explicit = config.adapter != AdapterSelector::Best;
         let adapter = match select_adapter(adapters, &config.adapter) {
             Ok(a) => a,

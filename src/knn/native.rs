@@ -166,8 +166,11 @@ fn search_block(
 /// How a native search splits its work: query rows per block, reference shards per block
 /// (when there are too few query blocks to keep every thread busy), which kernel, and the
 /// scratch that holds.
+#[derive(Debug)]
 pub(super) struct NativePlan {
     rows: usize,
+    /// Threads, each with its scratch reserved.
+    threads: usize,
     shards: usize,
     /// The fused kernel (small `k`, when its scratch fits) rather than GEMM blocks.
     fused: bool,
@@ -196,12 +199,45 @@ impl NativePlan {
 /// counted). The fused kernel runs when its scratch for whole blocks fits what the budget has
 /// available; otherwise the general path's blocks shrink until they fit, and failing that
 /// the fused kernel's.
-pub(super) fn plan(
+///
+/// One thread per core where the budget allows, else the most threads for which some plan
+/// fits (the same budget must work on a machine of many cores as on one of two).
+pub(super) fn plan(ctx: &Context, dims: (usize, usize, usize), k: usize) -> Result<NativePlan> {
+    plan_on(threads(), ctx, dims, k)
+}
+
+/// [`plan`] on a machine of `cores` cores.
+fn plan_on(
+    cores: usize,
+    ctx: &Context,
+    dims: (usize, usize, usize),
+    k: usize,
+) -> Result<NativePlan> {
+    let mut threads = cores.max(1);
+    loop {
+        match plan_with(threads, ctx, dims, k) {
+            Err(_) if threads > 1 => threads -= 1,
+            // The least a call needs is one thread's: what a budget must hold for it to run.
+            Ok(mut planned) if threads > 1 => {
+                if let Ok(one) = plan_with(1, ctx, dims, k) {
+                    planned.min_scratch = one.min_scratch;
+                }
+                return Ok(planned);
+            }
+            planned => return planned,
+        }
+    }
+}
+
+/// [`plan`] with `threads` threads.
+fn plan_with(
+    threads: usize,
     ctx: &Context,
     (q, n, d): (usize, usize, usize),
     k: usize,
 ) -> Result<NativePlan> {
-    let threads = threads() as u64;
+    let workers = threads;
+    let threads = threads as u64;
     let nb = REF_BLOCK.min(n).max(1);
     let shards_for = |qb: usize| {
         let q_blocks = q.div_ceil(qb).max(1) as u64;
@@ -247,6 +283,7 @@ pub(super) fn plan(
         };
         NativePlan {
             rows: qb,
+            threads: workers,
             shards: shards_for(qb),
             fused,
             scratch,
@@ -319,6 +356,7 @@ pub(crate) fn search(
     );
     let shard_of = |s: usize| s * n / shards..(s + 1) * n / shards;
     let parts = par_items(
+        plan.threads,
         q_blocks * shards,
         || match plan.fused {
             true => Scratch::Fused(native_fused::Scratch::new(queries.ncols(), n)),
@@ -390,4 +428,42 @@ fn merge_shards(block: &[Vec<[u32; 2]>], k: usize) -> Vec<[u32; 2]> {
         pairs.extend_from_slice(&row);
     }
     pairs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A budget below one scratch per core runs on fewer threads instead of refusing; the
+    /// least a call needs is one thread's scratch.
+    #[test]
+    fn many_cores_run_fewer_threads_under_a_budget_two_cores_fit() {
+        let (dims, k) = ((1000, 5000, 64), 10);
+        let roomy = Context::native_cpu(Some(1 << 40));
+        let min_of = |threads| {
+            plan_with(threads, &roomy, dims, k)
+                .expect("fits")
+                .min_scratch
+        };
+        let (one, two, sixteen) = (min_of(1), min_of(2), min_of(16));
+        assert!(two <= 2 * one && sixteen > 4 * one, "{one} {two} {sixteen}");
+        let budget = sixteen - 1;
+        let ctx = Context::native_cpu(Some(budget));
+        for (cores, most) in [(2, 2), (16, 15), (64, 15)] {
+            let plan = plan_on(cores, &ctx, dims, k).expect("fewer threads fit");
+            assert!(
+                (1..=most).contains(&plan.threads),
+                "{cores} cores: {} threads",
+                plan.threads
+            );
+            assert!(plan.scratch <= budget, "{cores} cores: {} B", plan.scratch);
+            assert_eq!(plan.min_scratch, one, "one thread's least");
+        }
+        let tight = Context::native_cpu(Some(one - 1));
+        let refused = plan_on(16, &tight, dims, k);
+        assert!(
+            matches!(refused, Err(Error::OverBudget { required, .. }) if required == one),
+            "{refused:?}"
+        );
+    }
 }

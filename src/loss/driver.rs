@@ -13,7 +13,7 @@ use crate::hooks::{Hooks, Reporter};
 use crate::inputs::{self, Embeddings, Labelled, Rows};
 use crate::memory::HostReservation;
 use crate::metric::{Distance, DistanceConfig};
-use crate::native::threads;
+use crate::native::{threads, workers_within};
 
 /// Sums over the anchors seen so far.
 #[derive(Debug, Default, Clone, Copy)]
@@ -142,7 +142,6 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
     // The references' gradient is needed for the caller, or for the queries' own when they
     // are the references.
     let ref_role = job.refs_are_queries || job.ref_grad;
-    let threads = threads();
     let floats = |rows: usize| 4 * (rows * d) as u64;
     // Host copies of device-resident rows (read back below), the normalised copies, the
     // gradients, every thread's scratch; per block row its distances and at most `m` near
@@ -153,21 +152,24 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
     } else {
         0
     } + if resident_refs { floats(m) } else { 0 };
-    let fixed = read_back
+    let base = read_back
         + floats(b) * 2
         + if job.refs_are_queries { 0 } else { floats(m) }
-        + if ref_role { floats(m) } else { 0 }
-        + threads as u64 * Scratch::bytes(m as u64);
-    let per_row = (4 + NEAR_PAIR_BYTES) * m as u64;
+        + if ref_role { floats(m) } else { 0 };
+    let (scratch, per_row) = (Scratch::bytes(m as u64), (4 + NEAR_PAIR_BYTES) * m as u64);
     let budget = ctx.tracker().stats().budget_bytes;
-    if fixed + per_row > budget {
+    if base + scratch + per_row > budget {
         return Err(Error::OverBudget {
             op,
-            required: fixed + per_row,
+            required: base + scratch + per_row,
             budget,
         });
     }
-    let room = ctx.tracker().available().saturating_sub(fixed);
+    // A thread per core, or as many as the budget gives a scratch and a block row each.
+    let available = ctx.tracker().available();
+    let threads = workers_within(threads(), scratch + per_row, available.saturating_sub(base));
+    let fixed = base + threads as u64 * scratch;
+    let room = available.saturating_sub(fixed);
     let rows = usize::try_from(room.checked_div(per_row).unwrap_or(u64::MAX))
         .unwrap_or(usize::MAX)
         .clamp(1, b.max(1));

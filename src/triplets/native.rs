@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::hooks::Reporter;
 use crate::host_alloc::zeroed_u32;
 use crate::memory::HostReservation;
-use crate::native::{par_items, threads};
+use crate::native::{par_items, threads, workers_within};
 use crate::plan::Plan;
 
 /// The label of a call's scratch reservation.
@@ -30,9 +30,11 @@ const BLOCKS_PER_THREAD: usize = 4;
 /// negatives' values (two binary searches per positive) rather than testing every pair.
 const SORT_FROM_POSITIVES: usize = 16;
 
-/// How the native path splits a call: anchors per block and the scratch every thread holds.
+/// How the native path splits a call: anchors per block, the threads, and the scratch every
+/// thread holds.
 pub(super) struct NativePlan {
     rows: usize,
+    threads: usize,
     /// Bytes of scratch over all threads, reserved against the budget while mining.
     scratch: u64,
     /// The scratch of one-anchor blocks.
@@ -53,17 +55,22 @@ impl NativePlan {
 }
 
 /// Plans blocks of anchors: a few per thread, and for margin rules at most what the budget
-/// available allows for one `(rows, m)` block of distances per thread.
+/// available allows for one `(rows, m)` block of distances per thread; one thread per core,
+/// or as many as the budget available gives one anchor's scratch each.
 pub(super) fn plan(ctx: &Context, problem: &Problem<'_>) -> Result<NativePlan> {
+    plan_on(threads(), ctx, problem)
+}
+
+/// [`plan`] on a machine of `cores` cores.
+fn plan_on(cores: usize, ctx: &Context, problem: &Problem<'_>) -> Result<NativePlan> {
     let (b, m) = (
         problem.set.labels.len(),
         problem.set.ref_labels.len() as u64,
     );
-    let threads = threads();
     // An `Anchor`'s five lists of up to `m` elements, and a distance row of `m` floats.
     let margin = matches!(problem.rule, TripletRule::Margin { .. });
     let (lists, per_row) = (20 * m, if margin { 4 * m } else { 0 });
-    let required = threads as u64 * (lists + per_row);
+    let required = lists + per_row;
     let budget = ctx.tracker().stats().budget_bytes;
     if required > budget {
         return Err(Error::OverBudget {
@@ -72,6 +79,7 @@ pub(super) fn plan(ctx: &Context, problem: &Problem<'_>) -> Result<NativePlan> {
             budget,
         });
     }
+    let threads = workers_within(cores, required, ctx.tracker().available());
     let room = (ctx.tracker().available() / threads as u64).saturating_sub(lists);
     let fits = room.checked_div(per_row).unwrap_or(u64::MAX);
     let rows = ANCHOR_BLOCK
@@ -90,6 +98,7 @@ pub(super) fn plan(ctx: &Context, problem: &Problem<'_>) -> Result<NativePlan> {
     }
     Ok(NativePlan {
         rows,
+        threads,
         scratch,
         min_scratch: required,
     })
@@ -103,6 +112,8 @@ struct Blocks<'p, 'a> {
     embeddings: Option<(ArrayView2<'a, f32>, ArrayView2<'a, f32>, Norms)>,
     /// Anchors per block.
     rows: usize,
+    /// Threads, each with its scratch reserved.
+    threads: usize,
     similarity: bool,
 }
 
@@ -131,6 +142,7 @@ impl<'p, 'a> Blocks<'p, 'a> {
             report,
             embeddings,
             rows: planned.rows,
+            threads: planned.threads,
             similarity: problem.distance.distance.is_similarity(),
         };
         Ok((plan, reservation))
@@ -177,6 +189,7 @@ impl<'p, 'a> Blocks<'p, 'a> {
     ) -> Result<Vec<Vec<T>>> {
         let m = self.problem.set.ref_labels.len() as u64;
         let done = par_items(
+            self.threads,
             self.blocks(),
             || (Anchor::default(), self.scratch()),
             |block, (anchor, scratch)| {
@@ -425,4 +438,49 @@ fn collect(plan: &Blocks<'_, '_>, all: &mut Vec<u32>) -> Result<u64> {
         all.extend_from_slice(&out);
     }
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inputs::{Labelled, NO_SLOT};
+    use crate::metric::DistanceConfig;
+    use crate::triplets::{CountMethod, TripletType};
+
+    /// 700 anchors against 2000 references in 10 classes under a margin rule: 48 000 bytes of
+    /// scratch per thread. A 256 KiB budget holds five threads' worth, so a machine of 16 cores
+    /// (an H200 server) ran five threads where it refused the call, while two cores fit.
+    #[test]
+    fn many_cores_run_fewer_threads_under_a_budget_two_cores_fit() {
+        let problem = Problem {
+            set: Labelled {
+                labels: (0..700u32).map(|i| i % 10).collect(),
+                ref_labels: (0..2000u32).map(|i| i % 10).collect(),
+                self_slots: vec![NO_SLOT; 700],
+                queries: None,
+                refs: None,
+                imported: Default::default(),
+            },
+            rule: TripletRule::margin_miner(TripletType::Semihard),
+            distance: DistanceConfig::default(),
+            chunk: 1 << 20,
+            count_method: CountMethod::Auto,
+        };
+        let budget = 256 << 10;
+        let ctx = Context::native_cpu(Some(budget));
+        for (cores, threads) in [(1, 1), (2, 2), (16, 5), (64, 5)] {
+            let plan = plan_on(cores, &ctx, &problem).expect("one thread's scratch fits");
+            assert_eq!(plan.threads, threads, "{cores} cores");
+            assert!(plan.scratch <= budget, "{cores} cores: {} B", plan.scratch);
+            assert_eq!(plan.min_scratch, 48_000, "one thread, one anchor");
+        }
+        let tight = Context::native_cpu(Some(47_999));
+        assert!(matches!(
+            plan_on(16, &tight, &problem),
+            Err(Error::OverBudget {
+                required: 48_000,
+                ..
+            })
+        ));
+    }
 }
