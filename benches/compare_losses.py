@@ -7,6 +7,9 @@ case so that its peak RSS is that case's own):
   against 4 096 and 65 536 reference rows (a memory bank's: detached), forward and backward,
   against `wgpu_metric_learning.pml.TripletMarginLoss` (the library's run sums, no triplet
   list).
+- The same loss with PML's `swap=True` over a batch against itself (512 rows, 10 classes:
+  ~1.2·10⁷ triplets; PML's swap is only right without references), against the library's
+  per-triplet evaluation, and the library without swap for its cost.
 - NTXent (two views of 2 048 items: B = 4 096, d = 768, temperature 0.07) and
   sentence-transformers' MultipleNegativesRankingLoss (4 096 anchors against their 4 096
   positives, scale 20) in torch's full-matrix form (what PML's and sentence-transformers'
@@ -90,7 +93,29 @@ def worker(a):
 
     torch.set_num_threads(2)
     rec = {"func": a.func, "m": a.m}
-    if a.func.startswith("triplet_"):
+    if a.func.startswith("swap_"):
+        from pytorch_metric_learning import losses
+
+        x, y, _, _ = triplet_data(0, b=a.m)
+        if a.func == "swap_pml":
+            loss_fn = losses.TripletMarginLoss(margin=0.05, swap=True)
+        else:
+            from wgpu_metric_learning import pml as drop
+
+            loss_fn = drop.TripletMarginLoss(
+                margin=0.05, swap=a.func == "swap_ours", backend=a.backend
+            )
+            rec["path"] = loss_fn.context.path
+        timings = []
+        for _ in range(a.reps):
+            e = x.clone().requires_grad_(True)
+            t = time.perf_counter()
+            loss = loss_fn(e, y)
+            loss.backward()
+            timings.append(time.perf_counter() - t)
+        rec.update(loss=loss.item(), seconds=timings)
+        torch.save(e.grad, f"/tmp/wml-loss-grad-{a.func}-{a.m}.pt")
+    elif a.func.startswith("triplet_"):
         from pytorch_metric_learning import losses
 
         x, y, r, ry = triplet_data(a.m)
@@ -180,6 +205,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--bank", type=int, nargs="*", default=[4096, 65536])
+    ap.add_argument("--swap-batch", type=int, default=512, help="0: no swap cases")
     a = ap.parse_args()
     if a.worker:
         a.func = a.worker
@@ -201,6 +227,23 @@ def main():
         if all("failed" not in r for r in recs.values()):
             g = [torch.load(f"/tmp/wml-loss-grad-{f}-{m}.pt") for f in recs]
             print(f"| triplet, 128 × {m} | gradient max relative difference | "
+                  f"{relative_difference(g[1], g[0]):.1e} | | |")
+    if a.swap_batch:
+        b = a.swap_batch
+        recs = {f: launch(f, b, a.reps, a.backend) for f in ("swap_pml", "swap_ours", "swap_ours_off")}
+        names = {"swap_pml": "PML TripletMarginLoss(swap=True)",
+                 "swap_ours": "wml.pml.TripletMarginLoss(swap=True)",
+                 "swap_ours_off": "wml.pml.TripletMarginLoss() (no swap)"}
+        for f, rec in recs.items():
+            case = f"triplet swap, {b} in-batch"
+            if "failed" in rec:
+                print(f"| {case} | {names[f]} | failed (exit {rec['failed']}) | | |")
+                continue
+            print(f"| {case} | {names[f]} | {statistics.median(rec['seconds']):.3f} | "
+                  f"{rec['peak_rss_mib']:.0f} | {rec['loss']:.6f} |")
+        if all("failed" not in recs[f] for f in ("swap_pml", "swap_ours")):
+            g = [torch.load(f"/tmp/wml-loss-grad-{f}-{b}.pt") for f in ("swap_pml", "swap_ours")]
+            print(f"| triplet swap, {b} in-batch | gradient max relative difference | "
                   f"{relative_difference(g[1], g[0]):.1e} | | |")
     for family in ("ntxent", "mnrl"):
         recs = {f: launch(f, 0, a.reps, a.backend) for f in (f"{family}_torch", f"{family}_ours")}

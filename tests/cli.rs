@@ -749,6 +749,7 @@ fn losses_print_their_json_and_write_the_library_gradients() {
         "0.3",
         "--type",
         "semihard",
+        "--swap",
         "--grad-out",
         arg(&p("g.npy")),
         "--ref-grad-out",
@@ -759,11 +760,18 @@ fn losses_print_their_json_and_write_the_library_gradients() {
     let cfg = TripletLossConfig {
         margin: 0.3,
         triplets: TripletRule::margin_miner(TripletType::Semihard),
+        swap: true,
         ref_grad: true,
         ..Default::default()
     };
     let want = triplet_margin_loss(&ctx, &batch, Some(&refs), &cfg).expect("loss");
     assert!(want.nonzero > 0);
+    let unswapped = TripletLossConfig {
+        swap: false,
+        ..cfg.clone()
+    };
+    let plain = triplet_margin_loss(&ctx, &batch, Some(&refs), &unswapped).expect("loss");
+    assert_ne!(plain.loss, want.loss, "the swap changes this loss");
     assert_eq!(json_field(&out, "loss"), f64::from(want.loss), "{out}");
     assert_eq!(json_field(&out, "nonzero"), want.nonzero as f64);
     assert_eq!(json_field(&out, "triplets"), want.triplets as f64);

@@ -59,6 +59,20 @@ impl Problem {
         )
         .expect("distances")
         .values;
+        // Swap's d(r_p, r_n), as `ctx` computes them.
+        let ref_distances = self.cfg.swap.then(|| {
+            pairwise_distances(
+                ctx,
+                &ref_emb,
+                &ref_emb,
+                &PairwiseConfig {
+                    distance: self.cfg.distance,
+                    ..Default::default()
+                },
+            )
+            .expect("distances")
+            .values
+        });
         let lists = triplet_lists(
             self.labels.as_slice().expect("contiguous"),
             ref_labels.as_slice().expect("contiguous"),
@@ -68,6 +82,7 @@ impl Problem {
             self.embeddings.view(),
             ref_emb.view(),
             distances.view(),
+            ref_distances.as_ref().map(|d| d.view()),
             &lists,
             &self.cfg,
         );
@@ -126,9 +141,10 @@ fn problem() -> impl Strategy<Value = Problem> {
                 any::<bool>(),
                 any::<bool>(),
                 any::<bool>(),
+                any::<bool>(),
             )
                 .prop_map(
-                    |(margin, triplets, which, normalize, smooth_loss, ref_grad)| {
+                    |(margin, triplets, which, normalize, smooth_loss, ref_grad, swap)| {
                         TripletLossConfig {
                             margin,
                             triplets,
@@ -137,6 +153,7 @@ fn problem() -> impl Strategy<Value = Problem> {
                                 normalize,
                             },
                             smooth_loss,
+                            swap,
                             ref_grad,
                             ..Default::default()
                         }
@@ -162,9 +179,15 @@ proptest! {
 }
 
 /// The loss of every triplet written out in f64 straight from the embeddings (normalised),
-/// hinge or softplus, averaged over the positive ones: the function whose finite differences
-/// the gradient must match.
-fn loss_f64(x: &Array2<f64>, labels: &[u32], distance: Distance, margin: f64, smooth: bool) -> f64 {
+/// hinge or softplus, with PML's swap or not, averaged over the positive ones: the function
+/// whose finite differences the gradient must match.
+fn loss_f64(
+    x: &Array2<f64>,
+    labels: &[u32],
+    distance: Distance,
+    margin: f64,
+    (smooth, swap): (bool, bool),
+) -> f64 {
     let n = x.nrows();
     let xs: Vec<_> = x
         .rows()
@@ -189,10 +212,15 @@ fn loss_f64(x: &Array2<f64>, labels: &[u32], distance: Distance, margin: f64, sm
                 if p == a || labels[p] != labels[a] || labels[q] == labels[a] {
                     continue;
                 }
+                let an = match (swap, distance.is_similarity()) {
+                    (false, _) => d(a, q),
+                    (true, false) => d(a, q).min(d(p, q)),
+                    (true, true) => d(a, q).max(d(p, q)),
+                };
                 let v = if distance.is_similarity() {
-                    d(a, q) - d(a, p) + margin
+                    an - d(a, p) + margin
                 } else {
-                    d(a, p) - d(a, q) + margin
+                    d(a, p) - an + margin
                 };
                 let loss = if smooth { v.exp().ln_1p() } else { v.max(0.0) };
                 if loss > 0.0 {
@@ -223,10 +251,18 @@ fn gradient_matches_finite_differences() {
     let labels = [0u32, 0, 1, 1, 2, 0];
     let ctx = Context::native_cpu(None);
     for distance in DISTANCES {
-        for (margin, smooth) in [(0.6f32, false), (0.2, true), (1.5, false)] {
+        for (margin, smooth, swap) in [
+            (0.6f32, false, false),
+            (0.2, true, false),
+            (1.5, false, false),
+            (0.6, false, true),
+            (0.2, true, true),
+            (1.5, false, true),
+        ] {
             let cfg = TripletLossConfig {
                 margin,
                 smooth_loss: smooth,
+                swap,
                 distance: DistanceConfig {
                     distance,
                     normalize: true,
@@ -238,7 +274,7 @@ fn gradient_matches_finite_differences() {
                 .expect("loss");
             assert!(got.nonzero > 0, "{distance:?}: some positive losses");
             let x64 = x.mapv(f64::from);
-            let f = |x: &Array2<f64>| loss_f64(x, &labels, distance, margin as f64, smooth);
+            let f = |x: &Array2<f64>| loss_f64(x, &labels, distance, margin as f64, (smooth, swap));
             assert!(
                 (f(&x64) - f64::from(got.loss)).abs() < 1e-5,
                 "{distance:?}: loss value"
@@ -251,7 +287,7 @@ fn gradient_matches_finite_differences() {
                 let fd = (f(&up) - f(&down)) / (2.0 * h);
                 assert!(
                     (f64::from(g) - fd).abs() < 1e-3 * fd.abs().max(1.0),
-                    "{distance:?} margin {margin} smooth {smooth}: ∂/∂x[{i}, {j}] = {g}, finite difference {fd}"
+                    "{distance:?} margin {margin} smooth {smooth} swap {swap}: ∂/∂x[{i}, {j}] = {g}, finite difference {fd}"
                 );
             }
         }
@@ -574,7 +610,7 @@ fn near_duplicates_get_the_exact_gradient() {
         labels.as_slice().expect("contiguous"),
         &[0, 1, 2, 3],
     );
-    let want = reference(x.view(), x.view(), d.view(), &lists, &cfg);
+    let want = reference(x.view(), x.view(), d.view(), None, &lists, &cfg);
     assert_eq!(got.nonzero, want.nonzero);
     assert!(want.nonzero > 0);
     assert_close(
@@ -582,5 +618,104 @@ fn near_duplicates_get_the_exact_gradient() {
         &(&want.query_grad + &want.ref_grad),
         1e-4,
         "near duplicates",
+    );
+}
+
+#[test]
+fn swap_takes_the_smaller_distance_and_splits_ties_as_torch() {
+    // One anchor a = (0, 0) against references p = (2, 0) (its class) and n, raw squared
+    // distances on integers (exact): d(a, p) = 4, margin 20.
+    let ctx = Context::native_cpu(None);
+    let (a, al) = (array![[0.0f32, 0.0]], array![0u32]);
+    let cfg = TripletLossConfig {
+        margin: 20.0,
+        distance: DistanceConfig {
+            distance: Distance::SquaredEuclidean,
+            normalize: false,
+        },
+        swap: true,
+        ref_grad: true,
+        ..Default::default()
+    };
+    // (n, loss, ∂/∂a, ∂/∂p, ∂/∂n). n = (1, 3): d(a, n) = d(p, n) = 10, a tie, each half the
+    // gradient. n = (2, 1): d(p, n) = 1 < d(a, n) = 5, all of it through d(p, n).
+    let cases = [
+        (
+            [1.0f32, 3.0],
+            14.0f32,
+            [-3.0f32, 3.0],
+            [3.0f32, 3.0],
+            [0.0f32, -6.0],
+        ),
+        ([2.0, 1.0], 23.0, [-4.0, 0.0], [4.0, 2.0], [0.0, -2.0]),
+    ];
+    for (n, loss, ga, gp, gn) in cases {
+        let refs = array![[2.0f32, 0.0], [n[0], n[1]]];
+        let rl = array![0u32, 1];
+        let out = triplet_margin_loss(
+            &ctx,
+            &MiningSet::new(&a, &al),
+            Some(&MiningSet::new(&refs, &rl)),
+            &cfg,
+        )
+        .expect("loss");
+        assert_eq!((out.triplets, out.nonzero, out.loss), (1, 1, loss), "{n:?}");
+        assert_eq!(out.query_grad, array![ga], "{n:?}: the anchor");
+        assert_eq!(
+            out.ref_grad.expect("asked"),
+            array![gp, gn],
+            "{n:?}: p and n"
+        );
+        // Without swap the negative's distance is d(a, n), whatever d(p, n).
+        let plain = TripletLossConfig {
+            swap: false,
+            ..cfg.clone()
+        };
+        let out = triplet_margin_loss(
+            &ctx,
+            &MiningSet::new(&a, &al),
+            Some(&MiningSet::new(&refs, &rl)),
+            &plain,
+        )
+        .expect("loss");
+        let an = n[0] * n[0] + n[1] * n[1];
+        assert_eq!(out.loss, 4.0 - an + 20.0, "{n:?} without swap");
+    }
+}
+
+#[test]
+fn swap_near_duplicate_references_get_the_exact_gradient() {
+    // A negative 1e-4 away from a positive: d(r_p, r_n) is near zero and wins the swap; its
+    // gradient must come from the difference itself, as for an anchor's near pairs.
+    let x = array![
+        [1.0f32, 0.5, 0.25],
+        [-0.3, 1.0, 0.2],
+        [-0.2999, 1.0001, 0.2],
+        [0.1, -0.3, 1.0]
+    ];
+    let labels = array![0u32, 0, 1, 2];
+    let ctx = Context::native_cpu(None);
+    let cfg = TripletLossConfig {
+        margin: 2.0,
+        swap: true,
+        ..Default::default()
+    };
+    let got = triplet_margin_loss(&ctx, &MiningSet::new(&x, &labels), None, &cfg).expect("loss");
+    let d = pairwise_distances(&ctx, &x, &x, &PairwiseConfig::default())
+        .expect("distances")
+        .values;
+    let lists = triplet_lists(
+        labels.as_slice().expect("contiguous"),
+        labels.as_slice().expect("contiguous"),
+        &[0, 1, 2, 3],
+    );
+    let want = reference(x.view(), x.view(), d.view(), Some(d.view()), &lists, &cfg);
+    assert!(d[[1, 2]] < d[[0, 2]], "the swap wins for (0, 1, 2)");
+    assert_eq!(got.nonzero, want.nonzero);
+    assert_close(
+        &got.query_grad,
+        &(&want.query_grad + &want.ref_grad),
+        1e-4,
+        "near duplicate references",
     );
 }

@@ -1483,7 +1483,7 @@ fn loss_tuple<'py>(
 /// PML's `TripletMarginLoss` and its gradient: `(loss, nonzero, triplets, grad (b, d),
 /// ref_grad (m, d) or None)`.
 #[pyfunction]
-#[pyo3(signature = (ctx, embeddings, labels, refs = None, *, margin = 0.05, type_of_triplets = None, miner_margin = 0.2, distance = "euclidean", normalize = true, smooth_loss = false, self_exclusion = None, ref_grad = false))]
+#[pyo3(signature = (ctx, embeddings, labels, refs = None, *, margin = 0.05, type_of_triplets = None, miner_margin = 0.2, distance = "euclidean", normalize = true, smooth_loss = false, swap = false, self_exclusion = None, ref_grad = false))]
 #[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
 fn triplet_margin_loss<'py>(
     py: Python<'py>,
@@ -1497,6 +1497,7 @@ fn triplet_margin_loss<'py>(
     distance: &str,
     normalize: bool,
     smooth_loss: bool,
+    swap: bool,
     self_exclusion: Option<&Bound<'py, PyAny>>,
     ref_grad: bool,
 ) -> PyResult<Bound<'py, PyTuple>> {
@@ -1505,6 +1506,7 @@ fn triplet_margin_loss<'py>(
         triplets: triplet_rule(type_of_triplets, miner_margin)?,
         distance: distance_config(distance, normalize)?,
         smooth_loss,
+        swap,
         self_exclusion: self::self_exclusion(self_exclusion)?,
         ref_grad,
         ..Default::default()

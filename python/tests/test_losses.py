@@ -63,6 +63,39 @@ def test_triplet_margin_loss_equals_pml(backend, dist, smooth, margin):
         assert_same(value_and_grads(ours, x, labels=y), value_and_grads(theirs, x, labels=y))
 
 
+@pytest.mark.parametrize("dist", list(DISTANCES))
+@pytest.mark.parametrize("smooth", [False, True])
+def test_swap_equals_pml(backend, dist, smooth):
+    make = lambda cls, **kw: cls(margin=0.2, swap=True, smooth_loss=smooth, distance=DISTANCES[dist](), **kw)  # noqa: E731
+    for seed in range(3):
+        x, y = batch(seed=seed, classes=3)
+        ours, theirs = make(drop.TripletMarginLoss, backend=backend), make(losses.TripletMarginLoss)
+        assert_same(value_and_grads(ours, x, labels=y), value_and_grads(theirs, x, labels=y))
+    # Fused with a miner, which still chooses by d(a, n).
+    miner = drop.TripletMarginMiner(
+        margin=0.3, type_of_triplets="semihard", distance=DISTANCES[dist](), backend=backend
+    )
+    ours = make(drop.TripletMarginLoss, miner=miner)
+    assert ours._rule_with(miner) is not False, "fused"
+    pml_miner = miners.TripletMarginMiner(margin=0.3, type_of_triplets="semihard", distance=DISTANCES[dist]())
+    theirs = make(losses.TripletMarginLoss)
+    x, y = batch(n=30, seed=5)
+    assert_same(
+        value_and_grads(ours, x, labels=y),
+        value_and_grads(lambda e, labels: theirs(e, labels, pml_miner(e, labels)), x, labels=y),
+    )
+    # With references PML reads d(p, n) from its embeddings-by-references matrix (its #748):
+    # its own code runs, so the drop-in is PML (10 references, so that its rows exist).
+    x, y = batch(n=12, seed=1)
+    r, ry = batch(n=10, seed=2)
+
+    def call(fn):
+        return lambda e, rr: fn(e, y, None, rr, ry)
+
+    ours, theirs = make(drop.TripletMarginLoss, backend=backend), make(losses.TripletMarginLoss)
+    assert_same(value_and_grads(call(ours), x, r), value_and_grads(call(theirs), x, r))
+
+
 @pytest.mark.parametrize("kind", ["all", "hard", "semihard", "easy"])
 def test_a_fused_miner_equals_pml_miner_then_loss(backend, kind):
     x, y = batch(n=30, seed=5)
@@ -135,7 +168,6 @@ def test_ntxent_equals_pml(backend, dist, temperature):
 def test_fallbacks_run_pmls_code():
     x, y = batch(seed=3)
     for ours, theirs in [
-        (drop.TripletMarginLoss(swap=True), losses.TripletMarginLoss(swap=True)),
         (drop.TripletMarginLoss(reducer=pml.reducers.MeanReducer()),
          losses.TripletMarginLoss(reducer=pml.reducers.MeanReducer())),
         (drop.NTXentLoss(reducer=pml.reducers.SumReducer()), losses.NTXentLoss(reducer=pml.reducers.SumReducer())),

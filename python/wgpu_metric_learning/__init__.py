@@ -786,6 +786,7 @@ def triplet_margin_loss(
     distance: str = "euclidean",
     normalize: bool = True,
     smooth_loss: bool = False,
+    swap: bool = False,
     self_exclusion: Any = None,
     ref_grad: bool = False,
 ) -> Loss:
@@ -793,8 +794,9 @@ def triplet_margin_loss(
     those ``TripletMarginMiner(miner_margin, type_of_triplets)`` keeps, with its gradient, in
     memory linear in the batch and the references (no triplet list). ``refs``: ``None`` (the
     batch itself, a row never its own positive), a ``MemoryBank`` or ``(ref_embeddings,
-    ref_labels)``; ``ref_grad`` also returns the references' gradient. ``count`` is the
-    triplets with a positive loss, ``total`` the triplets considered."""
+    ref_labels)``; ``ref_grad`` also returns the references' gradient. ``swap``: PML's, a
+    negative's distance the smaller of ``d(a, n)`` and ``d(p, n)`` (between the references'
+    rows). ``count`` is the triplets with a positive loss, ``total`` the triplets considered."""
     loss, count, total, grad, rgrad = _native.triplet_margin_loss(
         ctx,
         _matrix(embeddings, "embeddings"),
@@ -806,6 +808,7 @@ def triplet_margin_loss(
         distance=distance,
         normalize=normalize,
         smooth_loss=smooth_loss,
+        swap=swap,
         self_exclusion=_exclusion(self_exclusion),
         ref_grad=ref_grad,
     )

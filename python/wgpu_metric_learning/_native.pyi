@@ -261,6 +261,7 @@ def triplet_margin_loss(
     distance: str = "euclidean",
     normalize: bool = True,
     smooth_loss: bool = False,
+    swap: bool = False,
     self_exclusion: SelfExclusion = None,
     ref_grad: bool = False,
 ) -> Tuple[float, int, int, F32, Optional[F32]]: ...

@@ -691,7 +691,7 @@ class CrossBatchMemory(ModuleWithRecords):
         self.curr_batch_idx = torch.from_numpy(done.slots.astype(np.int64)).to(device)
         exclusion = done.self_exclusion if do_remove_self_comparisons else "none"
         if indices_tuple is None and isinstance(self.loss, _LibraryLoss):
-            rule = self.loss._rule_with(self.miner)
+            rule = self.loss._rule_with(self.miner, with_refs=True)
             if rule is not False:
                 # The loss against the memory in the library: no triplet or pair list.
                 return self.loss._against_bank(embeddings, labels, self.bank, exclusion, rule)
@@ -796,9 +796,9 @@ class _LibraryLoss(_OnContext):
             and not self.all_regularization_loss_names()
         )
 
-    def _rule_with(self, miner: Any):
+    def _rule_with(self, miner: Any, with_refs: bool = False):
         """The library's triplet rule with ``miner`` fused (``None``: all triplets), or
-        ``False`` when the pair cannot be fused."""
+        ``False`` when the pair cannot be fused (``with_refs``: against references)."""
         raise NotImplementedError
 
     def _set_library_context(self, context, backend, budget) -> None:
@@ -812,8 +812,11 @@ class TripletMarginLoss(_LibraryLoss, pml_losses.TripletMarginLoss):
     (or those ``miner``, a :class:`TripletMarginMiner` of this module on the same distance,
     keeps) and its gradient come from the library: no triplet list, memory linear in the batch
     and the references. ``loss.backward()`` reaches ``embeddings`` (and ``ref_emb`` when it
-    requires grad). PML's code runs instead for what the library does not fuse: an
-    ``indices_tuple``, ``swap=True``, ``triplets_per_anchor`` other than ``"all"``, another
+    requires grad). ``swap=True`` runs in the library without references; with ``ref_emb``
+    (and in ``CrossBatchMemory``) PML reads ``d(p, n)`` from the embeddings-by-references
+    matrix with reference indices as rows (its issue #748), so its own code runs there, as for
+    the rest the library does not fuse: an ``indices_tuple``,
+    ``triplets_per_anchor`` other than ``"all"``, another
     reducer, a regularizer, another miner (which is then called first, as PML's users do).
     The library computes in float32 whatever the tensors' dtype (the loss and gradients are
     returned in it)."""
@@ -844,8 +847,9 @@ class TripletMarginLoss(_LibraryLoss, pml_losses.TripletMarginLoss):
             context = miner.context
         self._set_library_context(context, backend, budget)
 
-    def _rule_with(self, miner: Any):
-        if self.swap or self.triplets_per_anchor != "all" or not self._library_can():
+    def _rule_with(self, miner: Any, with_refs: bool = False):
+        swap_on_refs = self.swap and with_refs
+        if swap_on_refs or self.triplets_per_anchor != "all" or not self._library_can():
             return False
         if miner is None:
             return None
@@ -865,10 +869,12 @@ class TripletMarginLoss(_LibraryLoss, pml_losses.TripletMarginLoss):
             distance=name,
             normalize=normalize,
             smooth_loss=bool(self.smooth_loss),
+            swap=bool(self.swap),
         )
 
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
-        rule = self._rule_with(self.miner) if indices_tuple is None else False
+        with_refs = ref_emb is not None
+        rule = self._rule_with(self.miner, with_refs) if indices_tuple is None else False
         if rule is False or labels is None or (ref_emb is not None and ref_labels is None):
             if self.miner is not None and indices_tuple is None:
                 indices_tuple = self.miner(embeddings, labels, ref_emb, ref_labels)
@@ -922,7 +928,7 @@ class NTXentLoss(_LibraryLoss, pml_losses.NTXentLoss):
         super().__init__(temperature=temperature, **kwargs)
         self._set_library_context(context, backend, budget)
 
-    def _rule_with(self, miner: Any):
+    def _rule_with(self, miner: Any, with_refs: bool = False):
         return None if miner is None and self._library_can() else False
 
     def _call_args(self) -> Dict[str, Any]:

@@ -62,25 +62,33 @@ pub(super) fn add_ref_side(
 ) {
     let m = g.nrows();
     let per = m.div_ceil(threads()).max(1);
-    let sign = if euclidean(distance) { -1.0 } else { 1.0 };
     std::thread::scope(|scope| {
-        for (t, mut g) in g.axis_chunks_iter_mut(Axis(0), per).enumerate() {
+        for (t, g) in g.axis_chunks_iter_mut(Axis(0), per).enumerate() {
             let j0 = t * per;
             let j = j0..j0 + g.nrows();
             let u = u.slice(s![.., j.clone()]);
             let r_hat = r_hat.slice(s![j, ..]);
-            scope.spawn(move || {
-                general_mat_mul(sign, &u.t(), &q_hat, 1.0, &mut g);
-                if euclidean(distance) {
-                    for ((mut g, r), col) in
-                        g.rows_mut().into_iter().zip(r_hat.rows()).zip(u.columns())
-                    {
-                        g.scaled_add(col.sum(), &r);
-                    }
-                }
-            });
+            scope.spawn(move || ref_side_into(distance, u, q_hat, r_hat, g));
         }
     });
+}
+
+/// [`add_ref_side`] on the calling thread, for the references of `r_hat` `(m, dim)`, the
+/// columns of `u` `(rows, m)`, into `g` `(m, dim)`.
+pub(super) fn ref_side_into(
+    distance: Distance,
+    u: ArrayView2<'_, f32>,
+    q_hat: ArrayView2<'_, f32>,
+    r_hat: ArrayView2<'_, f32>,
+    mut g: ArrayViewMut2<'_, f32>,
+) {
+    let sign = if euclidean(distance) { -1.0 } else { 1.0 };
+    general_mat_mul(sign, &u.t(), &q_hat, 1.0, &mut g);
+    if euclidean(distance) {
+        for ((mut g, r), col) in g.rows_mut().into_iter().zip(r_hat.rows()).zip(u.columns()) {
+            g.scaled_add(col.sum(), &r);
+        }
+    }
 }
 
 /// Takes `g` `(n, dim)`, the gradient with respect to the normalised rows of `x` `(n, dim)`,

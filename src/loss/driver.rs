@@ -4,7 +4,9 @@
 
 use ndarray::{s, Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis};
 
-use super::backward::{add_ref_side, pair_weight, query_side, through_normalization};
+use super::backward::{
+    add_ref_side, pair_weight, query_side, ref_side_into, through_normalization,
+};
 use super::{host_refs, host_rows, scaled};
 use crate::context::Context;
 use crate::distance::native::{distances_into, Norms};
@@ -54,6 +56,8 @@ pub(super) struct Scratch {
     pub(super) runs: Vec<i64>,
     /// `∂L/∂D` over the anchor's row (before the mean's division), which the loss fills.
     pub(super) weights: Vec<f64>,
+    /// Pairs of references, for a rule that scores them too ([`Job::ref_pairs`]).
+    pub(super) pairs: Option<RefPairs>,
 }
 
 impl Scratch {
@@ -62,8 +66,9 @@ impl Scratch {
         m * (4 + 4 + 8 + 4 + 8 + 8 + 8)
     }
 
-    fn new(m: usize) -> Self {
+    fn new(m: usize, pairs: Option<RefPairs>) -> Self {
         Self {
+            pairs,
             positives: Vec::with_capacity(m),
             negatives: Vec::with_capacity(m),
             order: Vec::with_capacity(m),
@@ -76,9 +81,134 @@ impl Scratch {
 }
 
 /// A loss's rule for one anchor: from its index and distance row `(m,)`, fill
-/// [`Scratch::weights`] (zeroed before) and return its sums.
+/// [`Scratch::weights`] (zeroed before) and return its sums; the rows are there for
+/// [`RefPairs`].
 pub(super) type AnchorRule<'r> =
-    dyn Fn(usize, ArrayView1<'_, f32>, &mut Scratch) -> Totals + Sync + 'r;
+    dyn Fn(usize, ArrayView1<'_, f32>, &mut Scratch, &Shared<'_>) -> Totals + Sync + 'r;
+
+/// References a [`RefPairs`] scores at once against every reference.
+pub(super) const PAIR_ROWS: usize = 32;
+
+/// One thread's scratch for a rule that also scores pairs of references (the triplet loss's
+/// swap, `d(r_p, r_n)`): the distances from up to [`PAIR_ROWS`] references to every
+/// reference (computed as the anchors' rows are), the rule's weights `∂L/∂D` for them, and the
+/// thread's gradient with respect to the normalised references from those pairs.
+pub(super) struct RefPairs {
+    /// The loaded references.
+    rows: Vec<u32>,
+    /// `(PAIR_ROWS, dim)`: their raw rows, their normalised rows, their own gradient.
+    raw: Array2<f32>,
+    hat: Array2<f32>,
+    own: Array2<f32>,
+    /// `(PAIR_ROWS, m)` distances, then `U`.
+    distances: Array2<f32>,
+    /// `PAIR_ROWS · m` weights `∂L/∂D`.
+    weights: Vec<f64>,
+    /// `(m, dim)`, when a gradient goes to the references.
+    grad: Option<Array2<f32>>,
+    near: Vec<NearPair>,
+}
+
+impl RefPairs {
+    /// Bytes for `m` references of `dim` floats, with the gradient when `grad`.
+    fn bytes(m: u64, dim: u64, grad: bool) -> u64 {
+        let rows = PAIR_ROWS as u64;
+        let gradient = m * dim * 4 + rows * m * NEAR_PAIR_BYTES;
+        rows * 4 + 3 * rows * dim * 4 + rows * m * (4 + 8) + if grad { gradient } else { 0 }
+    }
+
+    fn new(m: usize, dim: usize, grad: bool) -> Self {
+        Self {
+            rows: Vec::with_capacity(PAIR_ROWS),
+            raw: Array2::zeros((PAIR_ROWS, dim)),
+            hat: Array2::zeros((PAIR_ROWS, dim)),
+            own: Array2::zeros((PAIR_ROWS, dim)),
+            distances: Array2::zeros((PAIR_ROWS, m)),
+            weights: vec![0.0; PAIR_ROWS * m],
+            grad: grad.then(|| Array2::zeros((m, dim))),
+            near: Vec::new(),
+        }
+    }
+
+    /// Loads `rows` (at most [`PAIR_ROWS`] references): their distances to every reference,
+    /// with zero weights.
+    pub(super) fn load(&mut self, shared: &Shared<'_>, rows: &[u32]) {
+        let (k, m) = (rows.len(), shared.r.nrows());
+        self.rows.clear();
+        self.rows.extend_from_slice(rows);
+        for (mut raw, &j) in self.raw.rows_mut().into_iter().zip(rows) {
+            raw.assign(&shared.r.row(j as usize));
+        }
+        distances_into(
+            self.raw.slice(s![..k, ..]),
+            shared.r,
+            shared.r_norms,
+            &shared.distance,
+            self.distances.slice_mut(s![..k, ..]),
+        );
+        self.weights[..k * m].fill(0.0);
+    }
+
+    /// `D(r_{rows[i]}, r_j)` of the loaded rows.
+    pub(super) fn distance(&self, i: usize, j: usize) -> f32 {
+        self.distances[[i, j]]
+    }
+
+    /// Adds `w` to `∂L/∂D(r_{rows[i]}, r_j)`.
+    pub(super) fn add_weight(&mut self, i: usize, j: usize, w: f64) {
+        let m = self.distances.ncols();
+        self.weights[i * m + j] += w;
+    }
+
+    /// Takes the loaded rows' weights through the distance into the thread's gradient (as
+    /// the anchors' rows are: [`weights_to_u`], then both sides' products); nothing when no
+    /// gradient goes to the references or every weight is 0.
+    pub(super) fn flush(&mut self, shared: &Shared<'_>) {
+        let (k, m) = (self.rows.len(), shared.r.nrows());
+        let Some(grad) = self.grad.as_mut() else {
+            return;
+        };
+        if self.weights[..k * m].iter().all(|&w| w == 0.0) {
+            return;
+        }
+        for (i, &p) in self.rows.iter().enumerate() {
+            let p = p as usize;
+            self.hat.row_mut(i).assign(&shared.r_hat.row(p));
+            let weights = &self.weights[i * m..(i + 1) * m];
+            let x = (p, shared.r_hat.row(p), shared.r_norms.sq[p]);
+            weights_to_u(
+                shared,
+                x,
+                self.distances.row_mut(i),
+                weights,
+                &mut self.near,
+            );
+        }
+        let distance = shared.distance.distance;
+        let (u, hat) = (
+            self.distances.slice(s![..k, ..]),
+            self.hat.slice(s![..k, ..]),
+        );
+        ref_side_into(distance, u, hat, shared.r_hat, grad.view_mut());
+        query_side(
+            distance,
+            u,
+            hat,
+            shared.r_hat,
+            self.own.slice_mut(s![..k, ..]),
+        );
+        for (own, &p) in self.own.rows().into_iter().zip(&self.rows) {
+            let mut g = grad.row_mut(p as usize);
+            g += &own;
+        }
+        for &(p, j, w) in &self.near {
+            let diff = &shared.r_hat.row(p) - &shared.r_hat.row(j as usize);
+            grad.row_mut(p).scaled_add(w, &diff);
+            grad.row_mut(j as usize).scaled_add(-w, &diff);
+        }
+        self.near.clear();
+    }
+}
 
 /// What a loss call asks of the loop.
 pub(super) struct Job<'a> {
@@ -89,6 +219,8 @@ pub(super) struct Job<'a> {
     pub(super) refs_are_queries: bool,
     pub(super) distance: DistanceConfig,
     pub(super) ref_grad: bool,
+    /// The rule scores pairs of references too: every thread gets a [`RefPairs`].
+    pub(super) ref_pairs: bool,
     pub(super) hooks: &'a Hooks,
 }
 
@@ -116,7 +248,7 @@ type NearPair = (usize, u32, f32);
 const NEAR_PAIR_BYTES: u64 = std::mem::size_of::<NearPair>() as u64;
 
 /// The rows and norms every block reads.
-struct Shared<'a> {
+pub(super) struct Shared<'a> {
     distance: DistanceConfig,
     q: ArrayView2<'a, f32>,
     r: ArrayView2<'a, f32>,
@@ -156,7 +288,11 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
         + floats(b) * 2
         + if job.refs_are_queries { 0 } else { floats(m) }
         + if ref_role { floats(m) } else { 0 };
-    let (scratch, per_row) = (Scratch::bytes(m as u64), (4 + NEAR_PAIR_BYTES) * m as u64);
+    let pairs = job
+        .ref_pairs
+        .then(|| RefPairs::bytes(m as u64, d as u64, ref_role));
+    let scratch = Scratch::bytes(m as u64) + pairs.unwrap_or(0);
+    let per_row = (4 + NEAR_PAIR_BYTES) * m as u64;
     let budget = ctx.tracker().stats().budget_bytes;
     if base + scratch + per_row > budget {
         return Err(Error::OverBudget {
@@ -215,16 +351,23 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
                 .enumerate()
                 .map(|(t, (u, g))| {
                     let (shared, report) = (&shared, &report);
-                    scope.spawn(move || block_weights(shared, rule, c0 + t * per, (u, g), report))
+                    let pairs = job.ref_pairs.then(|| RefPairs::new(m, d, ref_role));
+                    let scratch = Scratch::new(m, pairs);
+                    scope.spawn(move || {
+                        block_weights(shared, rule, c0 + t * per, (u, g), scratch, report)
+                    })
                 })
                 .collect();
             let mut parts = (Totals::default(), Vec::new());
             for w in workers {
                 match w.join() {
-                    Ok((t, near)) => {
+                    Ok((t, near, pairs)) => {
                         parts.0.add(t);
                         // Kept per thread: no second copy of the pairs.
                         parts.1.push(near);
+                        if let (Some(g_r), Some(g)) = (g_r.as_mut(), pairs) {
+                            *g_r += &g;
+                        }
                     }
                     Err(panic) => std::panic::resume_unwind(panic),
                 }
@@ -282,28 +425,31 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
 
 /// One thread's anchors `a0 ..` of a block: their distance rows into `u` (from the raw rows
 /// and the references' norms, as the miners compute them), each turned into `U` by the
-/// loss's rule and [`weights_to_u`], then the anchors' gradient rows `g`; returns the sums
-/// and the near pairs, whose query side is already in `g`.
+/// loss's rule and [`weights_to_u`], then the anchors' gradient rows `g`; returns the sums,
+/// the near pairs, whose query side is already in `g`, and the gradient of the references
+/// from the pairs of references the rule scored ([`RefPairs`]), if any.
 fn block_weights(
     shared: &Shared<'_>,
     rule: &AnchorRule<'_>,
     a0: usize,
     (mut u, mut g): (ArrayViewMut2<'_, f32>, ArrayViewMut2<'_, f32>),
+    mut scratch: Scratch,
     report: &Reporter<'_>,
-) -> (Totals, Vec<NearPair>) {
-    let (n, m) = u.dim();
+) -> (Totals, Vec<NearPair>, Option<Array2<f32>>) {
+    let n = u.nrows();
     let mut totals = Totals::default();
     let mut near = Vec::new();
     let q = shared.q.slice(s![a0..a0 + n, ..]);
     distances_into(q, shared.r, shared.r_norms, &shared.distance, u.view_mut());
-    let mut scratch = Scratch::new(m);
+    let m = u.ncols();
     for (i, row) in u.rows_mut().into_iter().enumerate() {
         if report.cancelled() {
-            return (totals, near);
+            return (totals, near, None);
         }
         scratch.weights.fill(0.0);
-        totals.add(rule(a0 + i, row.view(), &mut scratch));
-        weights_to_u(shared, a0 + i, row, &scratch.weights, &mut near);
+        totals.add(rule(a0 + i, row.view(), &mut scratch, shared));
+        let x = (a0 + i, shared.q_hat.row(a0 + i), shared.q_norms.sq[a0 + i]);
+        weights_to_u(shared, x, row, &scratch.weights, &mut near);
         report.add(m as u64);
     }
     let q_hat = shared.q_hat.slice(s![a0..a0 + n, ..]);
@@ -314,24 +460,24 @@ fn block_weights(
         row.scaled_add(w, &shared.q_hat.row(a));
         row.scaled_add(-w, &shared.r_hat.row(j as usize));
     }
-    (totals, near)
+    (totals, near, scratch.pairs.and_then(|p| p.grad))
 }
 
-/// Anchor `a`'s weights turned into `U` ([`pair_weight`]) in place of its distances `row`;
-/// Euclidean pairs closer than [`NEAR`] go to `near` instead (their `U` is 0).
+/// The weights of row `a` (an anchor, or a reference of [`RefPairs`]), whose normalised row
+/// is `x_hat` and squared norm `x2`, turned into `U` ([`pair_weight`]) in place of its
+/// distances `row`; Euclidean pairs closer than [`NEAR`] go to `near` instead (their `U` is 0).
 fn weights_to_u(
     shared: &Shared<'_>,
-    a: usize,
+    (a, x_hat, x2): (usize, ArrayView1<'_, f32>, f32),
     mut row: ArrayViewMut1<'_, f32>,
     weights: &[f64],
     near: &mut Vec<NearPair>,
 ) {
     let distance = shared.distance.distance;
     let euclidean = distance == Distance::Euclidean;
-    let q2 = shared.q_norms.sq[a];
     for (j, (d, &w)) in row.iter_mut().zip(weights).enumerate() {
-        if euclidean && w != 0.0 && *d * *d < NEAR * (q2 + shared.r_norms.sq[j]) {
-            let diff = &shared.q_hat.row(a) - &shared.r_hat.row(j);
+        if euclidean && w != 0.0 && *d * *d < NEAR * (x2 + shared.r_norms.sq[j]) {
+            let diff = &x_hat - &shared.r_hat.row(j);
             let exact = diff.dot(&diff).sqrt();
             if exact > 0.0 {
                 near.push((a, j as u32, (w / exact as f64) as f32));

@@ -12,7 +12,7 @@ use std::hash::Hash;
 
 use ndarray::{Array1, Array2, ArrayView1};
 
-use super::driver::{self, Job, Scratch, Totals};
+use super::driver::{self, Job, Scratch, Shared, Totals};
 use crate::context::{ComputePath, Context};
 use crate::error::{Error, Result};
 use crate::hooks::Hooks;
@@ -149,6 +149,7 @@ pub fn ntxent_loss<L: Hash + Eq + Copy>(
         refs_are_queries: refs.is_none(),
         distance: cfg.distance,
         ref_grad: cfg.ref_grad,
+        ref_pairs: false,
         hooks: &cfg.hooks,
     };
     run(ctx, &job, cfg.temperature, true)
@@ -252,6 +253,7 @@ pub fn multiple_negatives_ranking_loss<'a>(
             normalize: true,
         },
         ref_grad: true,
+        ref_pairs: false,
         hooks: &cfg.hooks,
     };
     run(ctx, &job, 1.0 / cfg.scale, false)
@@ -322,7 +324,7 @@ fn run(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Resul
     // ∂z/∂D for the logits z = ±D / τ.
     let dz = if similarity { 1.0 } else { -1.0 } / f64::from(temperature);
     let set = job.set;
-    let anchor = |a: usize, row: ArrayView1<'_, f32>, s: &mut Scratch| {
+    let anchor = |a: usize, row: ArrayView1<'_, f32>, s: &mut Scratch, _: &Shared<'_>| {
         set.lists_of(a, &mut s.positives, &mut s.negatives);
         if s.positives.is_empty() {
             return Totals::default();

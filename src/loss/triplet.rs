@@ -8,13 +8,16 @@
 //! from a prefix sum; `p`'s weight gains `c` and every negative in the run loses one, which a
 //! difference array over the sorted order adds up for all positives at once. The smooth
 //! (softplus) loss has no such shortcut: each kept triplet is evaluated, still with no memory
-//! beyond the anchor's row.
+//! beyond the anchor's row. Nor has PML's swap, whose negative distance `min(d(a, n),
+//! d(r_p, r_n))` depends on the positive: the anchor's positives are taken 32 at a time with
+//! their distances to every reference ([`driver::RefPairs`]), whose weights go back to the
+//! references through the same two products as the anchors'.
 
 use std::hash::Hash;
 
 use ndarray::{Array2, ArrayView1};
 
-use super::driver::{self, Job, Scratch, Totals};
+use super::driver::{self, Job, Scratch, Shared, Totals, PAIR_ROWS};
 use crate::context::{ComputePath, Context};
 use crate::error::Result;
 use crate::hooks::Hooks;
@@ -56,6 +59,18 @@ pub struct TripletLossConfig {
     pub distance: DistanceConfig,
     /// `softplus` instead of `relu` (PML `smooth_loss=True`). Default `false`.
     pub smooth_loss: bool,
+    /// PML `swap=True`: a triplet's negative distance is the smaller of `d(a, n)` and
+    /// `d(r_p, r_n)`, the distance between the positive's and the negative's reference rows
+    /// (the larger similarity, for similarities); the miner still chooses by `d(a, n)`. On a
+    /// tie each gets half the gradient, as torch's `minimum` gives it. Default `false`.
+    ///
+    /// Where PML is given references (`ref_emb`, as `CrossBatchMemory` gives its memory), it
+    /// reads `d(p, n)` from the query-by-reference matrix with reference indices as rows
+    /// (out of range or the wrong rows, its issue #748); here it is always `d(r_p, r_n)`, which
+    /// with `refs = None` is PML's. Every kept triplet is then evaluated (no run sums), with
+    /// the distances of up to 32 positives to every reference and, for the references'
+    /// gradient, a `(m, d)` gradient per thread in the budget.
+    pub swap: bool,
     /// Which reference is each anchor itself, never its own positive. Default
     /// [`SelfExclusion::Auto`]: the anchor's row when the references are the queries
     /// (`refs = None`), nothing otherwise; a memory bank's enqueue gives
@@ -76,6 +91,7 @@ impl Default for TripletLossConfig {
             triplets: TripletRule::AllValid,
             distance: DistanceConfig::default(),
             smooth_loss: false,
+            swap: false,
             self_exclusion: SelfExclusion::Auto,
             ref_grad: false,
             hooks: Hooks::default(),
@@ -167,6 +183,7 @@ pub fn triplet_margin_loss<L: Hash + Eq + Copy>(
         refs_are_queries: refs.is_none(),
         distance: cfg.distance,
         ref_grad: cfg.ref_grad,
+        ref_pairs: cfg.swap,
         hooks: &cfg.hooks,
     };
     let rule = Rule {
@@ -175,8 +192,11 @@ pub fn triplet_margin_loss<L: Hash + Eq + Copy>(
         margin: cfg.margin,
         similarity: cfg.distance.distance.is_similarity(),
         smooth: cfg.smooth_loss,
+        swap: cfg.swap,
     };
-    let anchor = |a: usize, row: ArrayView1<'_, f32>, s: &mut Scratch| rule.anchor(a, row, s);
+    let anchor = |a: usize, row: ArrayView1<'_, f32>, s: &mut Scratch, shared: &Shared<'_>| {
+        rule.anchor(a, row, s, shared)
+    };
     let (out, mut transfers) = transfer::measure(|| driver::run(ctx, &job, &anchor));
     transfers.add(set.imported);
     let out = out?;
@@ -198,6 +218,7 @@ struct Rule<'a> {
     margin: f32,
     similarity: bool,
     smooth: bool,
+    swap: bool,
 }
 
 /// PML's softplus (torch's, threshold 20) in f32, and its derivative.
@@ -210,10 +231,39 @@ fn softplus(v: f32) -> (f32, f32) {
     }
 }
 
+/// The hinge and its derivative (torch's `relu`: 0 at 0).
+fn relu(v: f32) -> (f32, f32) {
+    if v > 0.0 {
+        (v, 1.0)
+    } else {
+        (0.0, 0.0)
+    }
+}
+
+/// PML's swap: the smaller of `an = d(a, n)` and `pn = d(r_p, r_n)` (the larger, for
+/// similarities), with `an`'s share of the gradient: all of it, none, or half on a tie (torch's
+/// `minimum` / `maximum`).
+fn swapped(an: f32, pn: f32, similarity: bool) -> (f32, f64) {
+    if an == pn {
+        (an, 0.5)
+    } else if (an < pn) != similarity {
+        (an, 1.0)
+    } else {
+        (pn, 0.0)
+    }
+}
+
 impl Rule<'_> {
     /// Anchor `a`'s triplets against its distance row `(m,)`: their sums (the positive
-    /// losses, their count, the triplets) and the row's `∂L/∂D` in `s.weights`.
-    fn anchor(&self, a: usize, row: ArrayView1<'_, f32>, s: &mut Scratch) -> Totals {
+    /// losses, their count, the triplets) and the row's `∂L/∂D` in `s.weights` (and, with
+    /// swap, the weights of pairs of references in `s.pairs`).
+    fn anchor(
+        &self,
+        a: usize,
+        row: ArrayView1<'_, f32>,
+        s: &mut Scratch,
+        shared: &Shared<'_>,
+    ) -> Totals {
         let similarity = self.similarity;
         self.set.lists_of(a, &mut s.positives, &mut s.negatives);
         s.order.clear();
@@ -236,23 +286,48 @@ impl Rule<'_> {
             }
         };
         let mut t = Totals::default();
-        if self.smooth {
-            for &p in &s.positives {
-                let ap = row[p as usize];
-                let kept = self.triplets.kept_range(&s.sorted, ap, similarity);
-                t.items += kept.len() as u64;
-                let mut on_p = 0.0f64;
-                for &(an, n) in &s.order[kept] {
-                    let (loss, slope) = softplus(violation(ap, an));
-                    // AvgNonZeroReducer: a softplus that underflowed to 0 is not averaged.
-                    if loss > 0.0 {
-                        t.count += 1;
-                        t.loss += loss as f64;
-                        on_p += slope as f64;
-                        s.weights[n as usize] -= dp * slope as f64;
-                    }
+        if self.smooth || self.swap {
+            // Every kept triplet evaluated; with swap, the positives PAIR_ROWS at a time
+            // with their distances to every reference.
+            let hinge = if self.smooth { softplus } else { relu };
+            let mut pairs = s.pairs.as_mut().filter(|_| self.swap);
+            let per = if pairs.is_some() {
+                PAIR_ROWS
+            } else {
+                usize::MAX
+            };
+            for chunk in s.positives.chunks(per) {
+                if let Some(pairs) = pairs.as_mut() {
+                    pairs.load(shared, chunk);
                 }
-                s.weights[p as usize] += dp * on_p;
+                for (i, &p) in chunk.iter().enumerate() {
+                    let ap = row[p as usize];
+                    let kept = self.triplets.kept_range(&s.sorted, ap, similarity);
+                    t.items += kept.len() as u64;
+                    let mut on_p = 0.0f64;
+                    for &(an, n) in &s.order[kept] {
+                        let (an, via_an) = match &pairs {
+                            Some(pairs) => swapped(an, pairs.distance(i, n as usize), similarity),
+                            None => (an, 1.0),
+                        };
+                        let (loss, slope) = hinge(violation(ap, an));
+                        // AvgNonZeroReducer: a softplus that underflowed to 0 is not averaged.
+                        if loss > 0.0 {
+                            t.count += 1;
+                            t.loss += loss as f64;
+                            on_p += slope as f64;
+                            let w = dp * slope as f64;
+                            s.weights[n as usize] -= w * via_an;
+                            if let Some(pairs) = pairs.as_mut().filter(|_| via_an < 1.0) {
+                                pairs.add_weight(i, n as usize, -w * (1.0 - via_an));
+                            }
+                        }
+                    }
+                    s.weights[p as usize] += dp * on_p;
+                }
+                if let Some(pairs) = pairs.as_mut() {
+                    pairs.flush(shared);
+                }
             }
             return t;
         }

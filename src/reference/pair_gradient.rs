@@ -58,6 +58,21 @@ fn through_normalization(g: &Array1<f64>, x: ArrayView1<'_, f32>) -> Array1<f64>
     out
 }
 
+/// `D(q, r)` for the raw rows `q` and `r`, in f64.
+pub(crate) fn pair_distance(
+    cfg: DistanceConfig,
+    q: ArrayView1<'_, f32>,
+    r: ArrayView1<'_, f32>,
+) -> f64 {
+    let normalize = cfg.normalize || cfg.distance == Distance::Cosine;
+    let (q, r) = (normalised(q, normalize), normalised(r, normalize));
+    match cfg.distance {
+        Distance::Euclidean => (&q - &r).mapv(|v| v * v).sum().sqrt(),
+        Distance::SquaredEuclidean => (&q - &r).mapv(|v| v * v).sum(),
+        Distance::Cosine | Distance::DotProduct => q.dot(&r),
+    }
+}
+
 /// `w · ∂D(q, r)/∂q` and `w · ∂D(q, r)/∂r` for the raw rows `q` and `r`.
 pub(crate) fn pair_gradient(
     cfg: DistanceConfig,

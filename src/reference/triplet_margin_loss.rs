@@ -4,7 +4,7 @@
 
 use ndarray::{Array2, ArrayView2};
 
-use super::pair_gradient::pair_gradient;
+use super::pair_gradient::{pair_distance, pair_gradient};
 use crate::TripletLossConfig;
 
 /// The loss sums and gradients of [`triplet_margin_loss`], in f64.
@@ -28,6 +28,11 @@ pub struct ReferenceTripletLoss {
 /// so that a path's own distances can be passed); the gradients are taken analytically from
 /// `queries` `(b, d)` and `refs` `(m, d)` in f64.
 ///
+/// With `cfg.swap`, a triplet's negative distance is the smaller of `d(a, n)` and
+/// `d(r_p, r_n)` (the larger similarity), read from `ref_distances` `(m, m)` (a path's own),
+/// else computed here in f64; on a tie each gets half the gradient, as torch's `minimum`
+/// gives it.
+///
 /// # Example
 /// ```
 /// use ndarray::array;
@@ -36,16 +41,21 @@ pub struct ReferenceTripletLoss {
 /// let (q, r) = (array![[0.0f32, 1.0]], array![[0.0f32, 1.0], [1.0, 0.0]]);
 /// let d = array![[0.0f32, 2f32.sqrt()]];
 /// let lists = vec![(vec![0u32], vec![1u32])];
-/// let out = triplet_margin_loss(q.view(), r.view(), d.view(), &lists, &TripletLossConfig::default());
+/// let out = triplet_margin_loss(q.view(), r.view(), d.view(), None, &lists, &TripletLossConfig::default());
 /// assert_eq!((out.triplets, out.nonzero, out.loss), (1, 0, 0.0)); // far beyond the margin
 /// ```
 pub fn triplet_margin_loss(
     queries: ArrayView2<'_, f32>,
     refs: ArrayView2<'_, f32>,
     distances: ArrayView2<'_, f32>,
+    ref_distances: Option<ArrayView2<'_, f32>>,
     lists: &[(Vec<u32>, Vec<u32>)],
     cfg: &TripletLossConfig,
 ) -> ReferenceTripletLoss {
+    let pn = |p: usize, n: usize| match ref_distances {
+        Some(d) => d[[p, n]],
+        None => pair_distance(cfg.distance, refs.row(p), refs.row(n)) as f32,
+    };
     let distance = cfg.distance.distance;
     let similarity = distance.is_similarity();
     let mut out = ReferenceTripletLoss {
@@ -66,6 +76,19 @@ pub fn triplet_margin_loss(
                     continue;
                 }
                 out.triplets += 1;
+                // The negative's share of the gradient through d(a, n); the rest goes
+                // through d(r_p, r_n).
+                let (an, via_an) = if cfg.swap {
+                    let pn = pn(p, n);
+                    let an_wins = if similarity { an > pn } else { an < pn };
+                    match (an == pn, an_wins) {
+                        (true, _) => (an, 0.5),
+                        (false, true) => (an, 1.0),
+                        (false, false) => (pn, 0.0),
+                    }
+                } else {
+                    (an, 1.0)
+                };
                 let v = if similarity {
                     (an - ap) + cfg.margin
                 } else {
@@ -92,12 +115,20 @@ pub fn triplet_margin_loss(
                 // ∂v/∂d(a, p) = +1, ∂v/∂d(a, n) = −1 for distances; flipped for similarities.
                 let sign = if similarity { -1.0 } else { 1.0 };
                 let g = slope as f64 * sign;
-                for (r, w) in [(p, g), (n, -g)] {
+                for (r, w) in [(p, g), (n, -g * via_an)] {
                     let (dq, dr) = pair_gradient(cfg.distance, queries.row(a), refs.row(r), w);
                     let mut qa = out.query_grad.row_mut(a);
                     qa += &dq;
                     let mut rr = out.ref_grad.row_mut(r);
                     rr += &dr;
+                }
+                if via_an < 1.0 {
+                    let w = -g * (1.0 - via_an);
+                    let (dp, dn) = pair_gradient(cfg.distance, refs.row(p), refs.row(n), w);
+                    let mut rp = out.ref_grad.row_mut(p);
+                    rp += &dp;
+                    let mut rn = out.ref_grad.row_mut(n);
+                    rn += &dn;
                 }
             }
         }

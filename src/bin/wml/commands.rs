@@ -563,6 +563,7 @@ pub(crate) fn triplet_loss(a: &TripletLossArgs, hooks: &Hooks) -> Result<(), Fai
         },
         distance: distance_config(&a.inputs.metric, Distance::Euclidean),
         smooth_loss: a.smooth_loss,
+        swap: a.swap,
         ref_grad: a.inputs.ref_grad_out.is_some(),
         hooks: hooks.clone(),
         ..defaults

@@ -115,6 +115,10 @@ struct TripletLossArgs {
     /// softplus instead of relu (PML smooth_loss=True).
     #[arg(long)]
     smooth_loss: bool,
+    /// A negative's distance is the smaller of d(a, n) and d(p, n), between the references'
+    /// rows (PML swap=True).
+    #[arg(long)]
+    swap: bool,
     #[command(flatten)]
     common: Common,
 }
