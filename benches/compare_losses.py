@@ -191,6 +191,15 @@ def launch(func, m, reps, backend):
     return rec
 
 
+def print_row(case, name, rec):
+    """One implementation's row of the table: median seconds, peak RSS, loss (or its failure)."""
+    if "failed" in rec:
+        print(f"| {case} | {name} | failed (exit {rec['failed']}) | | |")
+        return
+    print(f"| {case} | {name} | {statistics.median(rec['seconds']):.3f} | "
+          f"{rec['peak_rss_mib']:.0f} | {rec['loss']:.6f} |")
+
+
 def relative_difference(a, b):
     import torch
 
@@ -218,12 +227,7 @@ def main():
         recs = {f: launch(f, m, a.reps, a.backend) for f in ("triplet_pml", "triplet_ours")}
         for f, rec in recs.items():
             name = "PML TripletMarginLoss" if f == "triplet_pml" else "wml.pml.TripletMarginLoss"
-            case = f"triplet, 128 × {m}"
-            if "failed" in rec:
-                print(f"| {case} | {name} | failed (exit {rec['failed']}) | | |")
-                continue
-            print(f"| {case} | {name} | {statistics.median(rec['seconds']):.3f} | "
-                  f"{rec['peak_rss_mib']:.0f} | {rec['loss']:.6f} |")
+            print_row(f"triplet, 128 × {m}", name, rec)
         if all("failed" not in r for r in recs.values()):
             g = [torch.load(f"/tmp/wml-loss-grad-{f}-{m}.pt") for f in recs]
             print(f"| triplet, 128 × {m} | gradient max relative difference | "
@@ -235,12 +239,7 @@ def main():
                  "swap_ours": "wml.pml.TripletMarginLoss(swap=True)",
                  "swap_ours_off": "wml.pml.TripletMarginLoss() (no swap)"}
         for f, rec in recs.items():
-            case = f"triplet swap, {b} in-batch"
-            if "failed" in rec:
-                print(f"| {case} | {names[f]} | failed (exit {rec['failed']}) | | |")
-                continue
-            print(f"| {case} | {names[f]} | {statistics.median(rec['seconds']):.3f} | "
-                  f"{rec['peak_rss_mib']:.0f} | {rec['loss']:.6f} |")
+            print_row(f"triplet swap, {b} in-batch", names[f], rec)
         if all("failed" not in recs[f] for f in ("swap_pml", "swap_ours")):
             g = [torch.load(f"/tmp/wml-loss-grad-{f}-{b}.pt") for f in ("swap_pml", "swap_ours")]
             print(f"| triplet swap, {b} in-batch | gradient max relative difference | "
@@ -248,12 +247,7 @@ def main():
     for family in ("ntxent", "mnrl"):
         recs = {f: launch(f, 0, a.reps, a.backend) for f in (f"{family}_torch", f"{family}_ours")}
         for f, rec in recs.items():
-            case = f"{family}, B = 4096, d = 768"
-            if "failed" in rec:
-                print(f"| {case} | {f} | failed (exit {rec['failed']}) | | |")
-                continue
-            print(f"| {case} | {f} | {statistics.median(rec['seconds']):.3f} | "
-                  f"{rec['peak_rss_mib']:.0f} | {rec['loss']:.6f} |")
+            print_row(f"{family}, B = 4096, d = 768", f, rec)
         if all("failed" not in r for r in recs.values()):
             g = [torch.load(f"/tmp/wml-loss-grad-{f}.pt") for f in recs]
             lt, lo = (recs[f]["loss"] for f in recs)

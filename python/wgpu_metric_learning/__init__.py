@@ -796,7 +796,7 @@ def triplet_margin_loss(
     batch itself, a row never its own positive), a ``MemoryBank`` or ``(ref_embeddings,
     ref_labels)``; ``ref_grad`` also returns the references' gradient. ``swap``: PML's, a
     negative's distance the smaller of ``d(a, n)`` and ``d(p, n)`` (between the references'
-    rows). ``count`` is the triplets with a positive loss, ``total`` the triplets considered."""
+    rows; for a similarity, the larger). ``count`` is the triplets with a positive loss, ``total`` the triplets considered."""
     loss, count, total, grad, rgrad = _native.triplet_margin_loss(
         ctx,
         _matrix(embeddings, "embeddings"),

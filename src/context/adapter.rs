@@ -73,6 +73,7 @@ impl AdapterSummary {
 /// ```
 pub fn list_adapters(backends: Option<wgpu::Backends>) -> Vec<AdapterSummary> {
     enumerate(backends, Listing::All)
+        .adapters
         .iter()
         .enumerate()
         .map(|(index, a)| summarize(index, &a.get_info()))
@@ -105,8 +106,8 @@ fn summarize(index: usize, info: &wgpu::AdapterInfo) -> AdapterSummary {
 /// no GL adapter can rank above it, and a GL instance costs an EGL display. NVIDIA's EGL
 /// deadlocked when several threads of one process each made and dropped such an instance (the
 /// test suite on an H200 hung after three tests); the GL instances that are still made are
-/// made one at a time.
-pub(crate) fn enumerate(backends: Option<wgpu::Backends>, listing: Listing) -> Vec<wgpu::Adapter> {
+/// made, and their unused adapters dropped, one at a time ([`Enumerated`]).
+pub(crate) fn enumerate(backends: Option<wgpu::Backends>, listing: Listing) -> Enumerated {
     static SHARED: std::sync::OnceLock<wgpu::Instance> = std::sync::OnceLock::new();
     static GL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let backends = backends
@@ -119,6 +120,7 @@ pub(crate) fn enumerate(backends: Option<wgpu::Backends>, listing: Listing) -> V
     };
     let native = backends - wgpu::Backends::GL;
     let mut adapters = Vec::new();
+    let mut gl_lock = None;
     if !native.is_empty() {
         let shared = SHARED.get_or_init(|| instance(wgpu::Backends::all() - wgpu::Backends::GL));
         adapters.extend(pollster::block_on(shared.enumerate_adapters(native)));
@@ -128,13 +130,25 @@ pub(crate) fn enumerate(backends: Option<wgpu::Backends>, listing: Listing) -> V
         .any(|a| a.get_info().device_type == wgpu::DeviceType::DiscreteGpu);
     if backends.contains(wgpu::Backends::GL) && !(discrete && listing == Listing::BestOnly) {
         // A poisoned lock only means another enumeration panicked; the guard is still sound.
-        let _one_at_a_time = GL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        gl_lock = Some(GL.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         let gl = instance(wgpu::Backends::GL);
         adapters.extend(pollster::block_on(
             gl.enumerate_adapters(wgpu::Backends::GL),
         ));
     }
-    adapters
+    Enumerated {
+        adapters,
+        _gl_lock: gl_lock,
+    }
+}
+
+/// What [`enumerate`] found and, when it made a GL instance, the lock that keeps every other
+/// GL enumeration out until this is dropped: the adapters first (fields drop in order), so that
+/// the GL instance of those not kept goes while the lock is held.
+pub(crate) struct Enumerated {
+    pub(crate) adapters: Vec<wgpu::Adapter>,
+    /// Held, never read.
+    _gl_lock: Option<std::sync::MutexGuard<'static, ()>>,
 }
 
 /// What [`enumerate`] must list.
@@ -169,6 +183,7 @@ fn adapter_rank(device_type: wgpu::DeviceType, backend: wgpu::Backend) -> (u8, u
 #[cfg(feature = "mpi")]
 pub(crate) fn nth_best_adapter(backends: Option<wgpu::Backends>, n: usize) -> Option<usize> {
     let ranks: Vec<_> = enumerate(backends, Listing::All)
+        .adapters
         .iter()
         .map(|a| {
             let info = a.get_info();

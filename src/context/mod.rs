@@ -174,9 +174,11 @@ impl Context {
         } else {
             Listing::All
         };
-        let adapters = enumerate(config.wgpu_backends, listing);
+        let found = enumerate(config.wgpu_backends, listing);
         let explicit = config.adapter != AdapterSelector::Best;
-        let adapter = match select_adapter(adapters, &config.adapter) {
+        // When GL was enumerated its lock is held to the end: the adapters not chosen are
+        // dropped inside `select_adapter`, and a GL device makes its EGL context, under it.
+        let adapter = match select_adapter(found.adapters, &config.adapter) {
             Ok(a) => a,
             Err(e) if config.backend == BackendChoice::Auto && !explicit => {
                 log::info!("{e}; using the native CPU path");

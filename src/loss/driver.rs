@@ -63,7 +63,8 @@ pub(super) struct Scratch {
 impl Scratch {
     /// Bytes for `m` references.
     pub(super) fn bytes(m: u64) -> u64 {
-        m * (4 + 4 + 8 + 4 + 8 + 8 + 8)
+        // `prefix` and `runs` hold `m + 1`.
+        m * (4 + 4 + 8 + 4 + 8 + 8 + 8) + 16
     }
 
     fn new(m: usize, pairs: Option<RefPairs>) -> Self {
@@ -96,13 +97,14 @@ pub(super) const PAIR_ROWS: usize = 32;
 pub(super) struct RefPairs {
     /// The loaded references.
     rows: Vec<u32>,
-    /// `(PAIR_ROWS, dim)`: their raw rows, their normalised rows, their own gradient.
+    /// `(PAIR_ROWS, dim)` raw rows.
     raw: Array2<f32>,
-    hat: Array2<f32>,
-    own: Array2<f32>,
     /// `(PAIR_ROWS, m)` distances, then `U`.
     distances: Array2<f32>,
-    /// `PAIR_ROWS · m` weights `∂L/∂D`.
+    /// With the gradient only: the rows normalised and their own gradient `(PAIR_ROWS, dim)`,
+    /// and the `PAIR_ROWS · m` weights `∂L/∂D` (without, empty: nothing to take back).
+    hat: Array2<f32>,
+    own: Array2<f32>,
     weights: Vec<f64>,
     /// `(m, dim)`, when a gradient goes to the references.
     grad: Option<Array2<f32>>,
@@ -113,18 +115,19 @@ impl RefPairs {
     /// Bytes for `m` references of `dim` floats, with the gradient when `grad`.
     fn bytes(m: u64, dim: u64, grad: bool) -> u64 {
         let rows = PAIR_ROWS as u64;
-        let gradient = m * dim * 4 + rows * m * NEAR_PAIR_BYTES;
-        rows * 4 + 3 * rows * dim * 4 + rows * m * (4 + 8) + if grad { gradient } else { 0 }
+        let gradient = 2 * rows * dim * 4 + rows * m * (8 + NEAR_PAIR_BYTES) + m * dim * 4;
+        rows * 4 + rows * dim * 4 + rows * m * 4 + if grad { gradient } else { 0 }
     }
 
     fn new(m: usize, dim: usize, grad: bool) -> Self {
+        let with_grad = if grad { PAIR_ROWS } else { 0 };
         Self {
             rows: Vec::with_capacity(PAIR_ROWS),
             raw: Array2::zeros((PAIR_ROWS, dim)),
-            hat: Array2::zeros((PAIR_ROWS, dim)),
-            own: Array2::zeros((PAIR_ROWS, dim)),
             distances: Array2::zeros((PAIR_ROWS, m)),
-            weights: vec![0.0; PAIR_ROWS * m],
+            hat: Array2::zeros((with_grad, dim)),
+            own: Array2::zeros((with_grad, dim)),
+            weights: vec![0.0; with_grad * m],
             grad: grad.then(|| Array2::zeros((m, dim))),
             near: Vec::new(),
         }
@@ -146,7 +149,9 @@ impl RefPairs {
             &shared.distance,
             self.distances.slice_mut(s![..k, ..]),
         );
-        self.weights[..k * m].fill(0.0);
+        if let Some(weights) = self.weights.get_mut(..k * m) {
+            weights.fill(0.0);
+        }
     }
 
     /// `D(r_{rows[i]}, r_j)` of the loaded rows.
@@ -154,10 +159,12 @@ impl RefPairs {
         self.distances[[i, j]]
     }
 
-    /// Adds `w` to `∂L/∂D(r_{rows[i]}, r_j)`.
+    /// Adds `w` to `∂L/∂D(r_{rows[i]}, r_j)` (nothing without the gradient).
     pub(super) fn add_weight(&mut self, i: usize, j: usize, w: f64) {
         let m = self.distances.ncols();
-        self.weights[i * m + j] += w;
+        if let Some(weight) = self.weights.get_mut(i * m + j) {
+            *weight += w;
+        }
     }
 
     /// Takes the loaded rows' weights through the distance into the thread's gradient (as
@@ -176,13 +183,8 @@ impl RefPairs {
             self.hat.row_mut(i).assign(&shared.r_hat.row(p));
             let weights = &self.weights[i * m..(i + 1) * m];
             let x = (p, shared.r_hat.row(p), shared.r_norms.sq[p]);
-            weights_to_u(
-                shared,
-                x,
-                self.distances.row_mut(i),
-                weights,
-                &mut self.near,
-            );
+            let near = (&mut self.near, k * m);
+            weights_to_u(shared, x, self.distances.row_mut(i), weights, near);
         }
         let distance = shared.distance.distance;
         let (u, hat) = (
@@ -449,7 +451,7 @@ fn block_weights(
         scratch.weights.fill(0.0);
         totals.add(rule(a0 + i, row.view(), &mut scratch, shared));
         let x = (a0 + i, shared.q_hat.row(a0 + i), shared.q_norms.sq[a0 + i]);
-        weights_to_u(shared, x, row, &scratch.weights, &mut near);
+        weights_to_u(shared, x, row, &scratch.weights, (&mut near, n * m));
         report.add(m as u64);
     }
     let q_hat = shared.q_hat.slice(s![a0..a0 + n, ..]);
@@ -465,13 +467,14 @@ fn block_weights(
 
 /// The weights of row `a` (an anchor, or a reference of [`RefPairs`]), whose normalised row
 /// is `x_hat` and squared norm `x2`, turned into `U` ([`pair_weight`]) in place of its
-/// distances `row`; Euclidean pairs closer than [`NEAR`] go to `near` instead (their `U` is 0).
+/// distances `row`; Euclidean pairs closer than [`NEAR`] go to `near` instead (their `U` is 0),
+/// a list of at most `most` pairs, the worst case the budget counts.
 fn weights_to_u(
     shared: &Shared<'_>,
     (a, x_hat, x2): (usize, ArrayView1<'_, f32>, f32),
     mut row: ArrayViewMut1<'_, f32>,
     weights: &[f64],
-    near: &mut Vec<NearPair>,
+    (near, most): (&mut Vec<NearPair>, usize),
 ) {
     let distance = shared.distance.distance;
     let euclidean = distance == Distance::Euclidean;
@@ -480,6 +483,11 @@ fn weights_to_u(
             let diff = &x_hat - &shared.r_hat.row(j);
             let exact = diff.dot(&diff).sqrt();
             if exact > 0.0 {
+                if near.len() == near.capacity() {
+                    // Doubling, but never past the worst case the budget counts.
+                    let room = most.saturating_sub(near.len()).max(1);
+                    near.reserve_exact(near.capacity().max(16).min(room));
+                }
                 near.push((a, j as u32, (w / exact as f64) as f32));
             }
             *d = 0.0;

@@ -116,7 +116,7 @@ struct TripletLossArgs {
     #[arg(long)]
     smooth_loss: bool,
     /// A negative's distance is the smaller of d(a, n) and d(p, n), between the references'
-    /// rows (PML swap=True).
+    /// rows; for a similarity, the larger (PML swap=True).
     #[arg(long)]
     swap: bool,
     #[command(flatten)]
