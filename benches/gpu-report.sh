@@ -20,6 +20,7 @@
 # Each test runs in a process of its own, WML_TEST_THREADS (4) at a time, each stopped after
 # WML_TEST_TIMEOUT seconds (60), so that one that hangs is named and stops nothing else: on
 # an H200 the integration tests hung in one process after 31 tests, where each alone passed.
+# Each binary then runs whole once more (WML_INPROCESS_TIMEOUT seconds, 120), reported apart.
 # WML_TEST_ISOLATED=0 runs each binary whole instead (WML_TEST_TIMEOUT then per binary, 0 =
 # none).
 set -euo pipefail
@@ -104,6 +105,13 @@ run() {
         echo "== $t" | tee -a "$out/tests.log"
         if [ "${WML_TEST_ISOLATED:-1}" = 1 ]; then
             isolated "$t" "$out/tests.log"
+            # Then the binary whole, several tests at once, as users run it: whether the
+            # hang of 2026-11-26 is gone. Reported, not counted in the verdict.
+            local whole=0
+            WML_REQUIRE_GPU=1 WML_SOAK_SECS=${WML_SOAK_SECS:-10} timeout -k 5 "${WML_INPROCESS_TIMEOUT:-120}" \
+                "$t" --test-threads="${WML_TEST_THREADS:-4}" >"$out/inprocess.log" 2>&1 || whole=$?
+            echo "in one process ($(basename "$t")): exit $whole, $(grep -c ' ok$' "$out/inprocess.log") tests ok" |
+                tee -a "$out/tests.log"
             continue
         fi
         local rc=0
