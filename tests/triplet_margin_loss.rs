@@ -469,6 +469,31 @@ fn small_budgets_split_into_blocks_with_the_same_answer() {
         }) => assert_eq!((required, b), (least, least - 1)),
         other => panic!("expected OverBudget, got {other:?}"),
     }
+    // With swap, over one block and over several: each thread's reference-pair gradient is
+    // kept from block to block and added once. Its scratch: 32 positives' indices, raw and
+    // normalised rows, own gradients, distances and weights, near pairs, an (m, d) gradient.
+    let swap = TripletLossConfig {
+        swap: true,
+        ..cfg.clone()
+    };
+    let whole = triplet_margin_loss(&Context::native_cpu(None), &queries, Some(&refs), &swap)
+        .expect("loss");
+    let pairs = 32 * 4 + 3 * 32 * 8 * 4 + 32 * 300 * (4 + 8 + 16) + 300 * 8 * 4;
+    let budget = fixed + threads * (16 + pairs) + 3 * 20 * 300;
+    let ctx = Context::native_cpu(Some(budget));
+    let split = triplet_margin_loss(&ctx, &queries, Some(&refs), &swap).expect("loss");
+    assert!(ctx.memory().peak_bytes <= budget);
+    assert_eq!(
+        (split.triplets, split.nonzero),
+        (whole.triplets, whole.nonzero)
+    );
+    assert!((split.loss - whole.loss).abs() <= 1e-6 * whole.loss.abs());
+    assert!(close(&split.query_grad, &whole.query_grad));
+    assert!(close(
+        split.ref_grad.as_ref().expect("asked"),
+        whole.ref_grad.as_ref().expect("asked")
+    ));
+    assert_ne!(split.loss, one.loss, "the swap changes this loss");
 }
 
 #[test]

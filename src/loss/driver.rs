@@ -340,6 +340,11 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
     let mut g_r = ref_role.then(|| Array2::<f32>::zeros((m, d)));
     let mut totals = Totals::default();
     let mut block = Array2::<f32>::zeros((rows, m));
+    // Each thread's scratch, kept from block to block; the gradient its reference pairs
+    // gather is added to the references' once, after the last block.
+    let mut scratches: Vec<Scratch> = (0..threads)
+        .map(|_| Scratch::new(m, job.ref_pairs.then(|| RefPairs::new(m, d, ref_role))))
+        .collect();
     for c0 in (0..b).step_by(rows) {
         report.check()?;
         let c1 = (c0 + rows).min(b);
@@ -350,11 +355,10 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
             let workers: Vec<_> = u
                 .axis_chunks_iter_mut(Axis(0), per)
                 .zip(g_block.axis_chunks_iter_mut(Axis(0), per))
+                .zip(scratches.iter_mut())
                 .enumerate()
-                .map(|(t, (u, g))| {
+                .map(|(t, ((u, g), scratch))| {
                     let (shared, report) = (&shared, &report);
-                    let pairs = job.ref_pairs.then(|| RefPairs::new(m, d, ref_role));
-                    let scratch = Scratch::new(m, pairs);
                     scope.spawn(move || {
                         block_weights(shared, rule, c0 + t * per, (u, g), scratch, report)
                     })
@@ -363,13 +367,10 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
             let mut parts = (Totals::default(), Vec::new());
             for w in workers {
                 match w.join() {
-                    Ok((t, near, pairs)) => {
+                    Ok((t, near)) => {
                         parts.0.add(t);
                         // Kept per thread: no second copy of the pairs.
                         parts.1.push(near);
-                        if let (Some(g_r), Some(g)) = (g_r.as_mut(), pairs) {
-                            *g_r += &g;
-                        }
                     }
                     Err(panic) => std::panic::resume_unwind(panic),
                 }
@@ -392,6 +393,14 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
                 g.scaled_add(w, &r_hat.row(j));
                 g.scaled_add(-w, &q_hat.row(a));
             }
+        }
+    }
+    if let Some(g_r) = g_r.as_mut() {
+        for g in scratches
+            .iter()
+            .filter_map(|s| s.pairs.as_ref()?.grad.as_ref())
+        {
+            *g_r += g;
         }
     }
     // The mean's division, then the normalisation's backward; with the queries as references
@@ -427,17 +436,17 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
 
 /// One thread's anchors `a0 ..` of a block: their distance rows into `u` (from the raw rows
 /// and the references' norms, as the miners compute them), each turned into `U` by the
-/// loss's rule and [`weights_to_u`], then the anchors' gradient rows `g`; returns the sums,
-/// the near pairs, whose query side is already in `g`, and the gradient of the references
-/// from the pairs of references the rule scored ([`RefPairs`]), if any.
+/// loss's rule and [`weights_to_u`], then the anchors' gradient rows `g`; returns the sums and
+/// the near pairs, whose query side is already in `g` (reference pairs the rule scored gather
+/// their gradient in the thread's `scratch`).
 fn block_weights(
     shared: &Shared<'_>,
     rule: &AnchorRule<'_>,
     a0: usize,
     (mut u, mut g): (ArrayViewMut2<'_, f32>, ArrayViewMut2<'_, f32>),
-    mut scratch: Scratch,
+    scratch: &mut Scratch,
     report: &Reporter<'_>,
-) -> (Totals, Vec<NearPair>, Option<Array2<f32>>) {
+) -> (Totals, Vec<NearPair>) {
     let n = u.nrows();
     let mut totals = Totals::default();
     let mut near = Vec::new();
@@ -446,10 +455,10 @@ fn block_weights(
     let m = u.ncols();
     for (i, row) in u.rows_mut().into_iter().enumerate() {
         if report.cancelled() {
-            return (totals, near, None);
+            return (totals, near);
         }
         scratch.weights.fill(0.0);
-        totals.add(rule(a0 + i, row.view(), &mut scratch, shared));
+        totals.add(rule(a0 + i, row.view(), scratch, shared));
         let x = (a0 + i, shared.q_hat.row(a0 + i), shared.q_norms.sq[a0 + i]);
         weights_to_u(shared, x, row, &scratch.weights, (&mut near, n * m));
         report.add(m as u64);
@@ -462,7 +471,7 @@ fn block_weights(
         row.scaled_add(w, &shared.q_hat.row(a));
         row.scaled_add(-w, &shared.r_hat.row(j as usize));
     }
-    (totals, near, scratch.pairs.and_then(|p| p.grad))
+    (totals, near)
 }
 
 /// The weights of row `a` (an anchor, or a reference of [`RefPairs`]), whose normalised row
