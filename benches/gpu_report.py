@@ -112,7 +112,10 @@ def main():
             key = ("knn", r["k"])
             gflops = r.get("gflops")
         else:
-            case = f"{r['func']} B={r['B']} M={r['M']} C={r['C']} ({r['count']:,} triplets)"
+            what = "non-zero triplets" if r["func"].startswith("loss_") else "triplets"
+            case = f"{r['func']} B={r['B']} M={r['M']} C={r['C']} ({r['count']:,} {what})"
+            if r.get("path") == "cpu":
+                case += ", native path"
             key = (r["func"], r["B"], r["M"], r["C"])
             gflops = None
         theirs = by_case.get(key)

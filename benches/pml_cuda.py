@@ -10,6 +10,10 @@ so the ratios are conservative for us). Prints one JSON line per case:
   miner_<type>    TripletMarginMiner(margin=0.2, type_of_triplets=<type>)(emb, labels, ref,
                   ref_labels), default LpDistance (normalised), labels uniform over C classes
   lmu             lmu.get_all_triplets_indices(labels, ref_labels)
+  loss_triplet_<type>
+                  TripletMarginLoss()(emb, labels, miner(...), ref, ref_labels).backward() with
+                  emb requiring grad: every valid triplet (type all) or TripletMarginMiner(0.2,
+                  type)'s; the loss's own memory (B x M x M masks) is what limits it
 
 Usage: pml_cuda.py --Q 10000 --N 100000 --mining 128,4096,100,semihard 1000,1000,100,hard
 Exits 0 with a note on stderr when torch, CUDA or PML is missing (the report then has no
@@ -43,6 +47,8 @@ def main():
     p.add_argument("--N", type=int, default=100_000)
     p.add_argument("--k", default="10,100")
     p.add_argument("--mining", nargs="*", default=[], help="B,M,C,type (type: all|hard|semihard|easy|lmu)")
+    p.add_argument("--loss", nargs="*", default=[],
+                   help="B,M,C,type: TripletMarginLoss with its backward (type: all|hard|semihard)")
     p.add_argument("--reps", type=int, default=5)
     a = p.parse_args()
     try:
@@ -63,7 +69,7 @@ def main():
     d = 128
     q = torch.nn.functional.normalize(torch.randn(a.Q, d, device=dev, generator=g), dim=1)
     ref = torch.nn.functional.normalize(torch.randn(a.N, d, device=dev, generator=g), dim=1)
-    for k in (int(s) for s in a.k.split(",")):
+    for k in (int(s) for s in a.k.split(",") if s):
         best = None
         for batch in (None, 1024):
             knn = CustomKNN(CosineSimilarity(), batch_size=batch)
@@ -100,6 +106,37 @@ def main():
             continue
         print(json.dumps({"impl": "pml-cuda", "device": name, "func": func, "B": b, "M": m, "C": c,
                           "count": int(out[0].numel()), "median_s": secs}), flush=True)
+    from pytorch_metric_learning import losses
+
+    for case in a.loss:
+        b, m, c, kind = case.split(",")
+        b, m, c = int(b), int(m), int(c)
+        func = f"loss_triplet_{kind}"
+        emb = torch.nn.functional.normalize(torch.randn(b, d, device=dev, generator=g), dim=1)
+        r = torch.nn.functional.normalize(torch.randn(m, d, device=dev, generator=g), dim=1)
+        labels = torch.randint(0, c, (b,), device=dev, generator=g)
+        ref_labels = torch.randint(0, c, (m,), device=dev, generator=g)
+        loss_fn = losses.TripletMarginLoss()
+        miner = None if kind == "all" else miners.TripletMarginMiner(margin=0.2, type_of_triplets=kind)
+
+        def step():
+            x = emb.clone().requires_grad_(True)
+            tuples = miner(x, labels, r, ref_labels) if miner else None
+            loss = loss_fn(x, labels, tuples, r, ref_labels)
+            loss.backward()
+            return loss.detach(), x.grad
+
+        try:
+            torch.cuda.reset_peak_memory_stats()
+            secs, out = timed(step, a.reps)
+        except torch.cuda.OutOfMemoryError as e:
+            print(json.dumps({"impl": "pml-cuda", "device": name, "func": func, "B": b, "M": m, "C": c,
+                              "error": f"CUDA out of memory: {str(e)[:120]}"}), flush=True)
+            torch.cuda.empty_cache()
+            continue
+        print(json.dumps({"impl": "pml-cuda", "device": name, "func": func, "B": b, "M": m, "C": c,
+                          "loss": float(out[0]), "median_s": secs,
+                          "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20}), flush=True)
 
 
 if __name__ == "__main__":

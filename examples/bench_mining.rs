@@ -14,6 +14,10 @@
 //! PML's defaults: `pairs_all`, `pairs_margin`, `pairs_multi` (multi-similarity),
 //! `pairs_easy_hard`; `count` is positive and negative pairs together, and `--output device`
 //! leaves them on the device (`mine_pairs_on_device`).
+//! The triplet loss with its gradient (`triplet_margin_loss`, PML's `TripletMarginLoss`,
+//! margin 0.05, against the references without their gradient): `loss_triplet_all` (every
+//! valid triplet), `loss_triplet_<hard|semihard>` (fused with TripletMarginMiner, margin 0.2);
+//! `count` is the triplets with a positive loss.
 //! Inputs follow the anchors: labels uniform over C classes, embeddings N(0, 1) in 128-d,
 //! normalised, from a fixed seed (a different generator than torch's, so counts differ by
 //! sampling noise only).
@@ -28,9 +32,9 @@ use support::{embeddings, flag, peak_rss_mib, summary, traffic, Rng};
 use wgpu_metric_learning::{
     all_pairs, batch_easy_hard_pairs, count_triplets, mine_pairs_on_device, mine_triplets,
     mine_triplets_on_device, mine_triplets_streaming, multi_similarity_pairs, pair_margin_pairs,
-    AllPairsConfig, BackendChoice, BatchEasyHardConfig, ComputePath, Context, ContextConfig,
-    CountMethod, MiningSet, MultiSimilarityConfig, PairMarginConfig, Pairs, PairsOnDevice,
-    TripletConfig, TripletRule, TripletType,
+    triplet_margin_loss, AllPairsConfig, BackendChoice, BatchEasyHardConfig, ComputePath, Context,
+    ContextConfig, CountMethod, MiningSet, MultiSimilarityConfig, PairMarginConfig, Pairs,
+    PairsOnDevice, TripletConfig, TripletLossConfig, TripletRule, TripletType,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -100,6 +104,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }),
             }
         };
+        return measure(&ctx, (&func, b, m, c), (budget, reps, on_device), run);
+    }
+    if let Some(kind) = func.strip_prefix("loss_triplet_") {
+        // PML's TripletMarginLoss (margin 0.05) over every valid triplet or those its
+        // TripletMarginMiner (margin 0.2) keeps, against the references (a bank's rows:
+        // no reference gradient); `count` is the triplets with a positive loss.
+        let triplets = match kind {
+            "all" => TripletRule::AllValid,
+            "hard" => TripletRule::margin_miner(TripletType::Hard),
+            "semihard" => TripletRule::margin_miner(TripletType::Semihard),
+            other => return Err(format!("unknown --func loss_triplet_{other}").into()),
+        };
+        let cfg = TripletLossConfig {
+            triplets,
+            ..Default::default()
+        };
+        let run = || triplet_margin_loss(&ctx, &queries, Some(&refs), &cfg).map(|l| l.nonzero);
         return measure(&ctx, (&func, b, m, c), (budget, reps, on_device), run);
     }
     let base = func.trim_end_matches("_count").trim_end_matches("_stream");

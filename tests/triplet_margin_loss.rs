@@ -4,7 +4,8 @@
 //! budgets that force many blocks, a memory bank's rows, cancellation.
 
 use crate::common;
-use crate::common::{assert_close, grid_embeddings, DISTANCES};
+use crate::common::{assert_close, DISTANCES};
+use crate::triplet_weights::{self, Problem};
 
 use ndarray::{array, Array1, Array2};
 use proptest::prelude::*;
@@ -12,17 +13,9 @@ use wgpu_metric_learning::reference::triplet_lists::triplet_lists;
 use wgpu_metric_learning::reference::triplet_margin_loss::triplet_margin_loss as reference;
 use wgpu_metric_learning::{
     pairwise_distances, triplet_margin_loss, BankConfig, CancelToken, ComputePath, Context,
-    Distance, DistanceConfig, Error, Hooks, MemoryBank, MiningSet, PairwiseConfig, SelfExclusion,
-    TripletLossConfig, TripletRule, TripletType,
+    ContextConfig, Distance, DistanceConfig, Error, Hooks, MemoryBank, MiningSet, PairwiseConfig,
+    SelfExclusion, TripletLossConfig, TripletRule, TripletType,
 };
-
-#[derive(Debug, Clone)]
-struct Problem {
-    labels: Array1<u32>,
-    embeddings: Array2<f32>,
-    refs: Option<(Array1<u32>, Array2<f32>)>,
-    cfg: TripletLossConfig,
-}
 
 impl Problem {
     fn ref_side(&self) -> (Array1<u32>, Array2<f32>) {
@@ -48,6 +41,19 @@ impl Problem {
         let queries = MiningSet::new(&self.embeddings, &self.labels);
         let ref_set = self.refs.as_ref().map(|(l, e)| MiningSet::new(e, l));
         let got = triplet_margin_loss(ctx, &queries, ref_set.as_ref(), &self.cfg).expect("loss");
+        // Swap runs natively on every context; everything else where the context runs.
+        let path = match self.cfg.swap {
+            true => ComputePath::NativeCpu,
+            false => ctx.path(),
+        };
+        assert_eq!(got.path, path, "{:?}", self.cfg);
+        // The reference is scored on the distances of the path that ran (a wgpu context's
+        // may differ from the native path's in the last bits, which decides ties and hinges).
+        let native = Context::native_cpu(None);
+        let ctx = match path {
+            ComputePath::NativeCpu => &native,
+            _ => ctx,
+        };
         let distances = pairwise_distances(
             ctx,
             &self.embeddings,
@@ -120,53 +126,12 @@ impl Problem {
     }
 }
 
-fn labels(rows: usize, classes: u32) -> impl Strategy<Value = Array1<u32>> {
-    proptest::collection::vec(0..classes, rows).prop_map(Array1::from)
-}
-
+/// The kernels' problems (up to 13 queries, 19 references, 5 dimensions), with swap on or off.
 fn problem() -> impl Strategy<Value = Problem> {
-    (0usize..14, 0usize..20, 1usize..6, 1u32..5, any::<bool>())
-        .prop_flat_map(|(b, m, d, classes, with_refs)| {
-            let refs = if with_refs {
-                (labels(m, classes), grid_embeddings(m, d))
-                    .prop_map(Some)
-                    .boxed()
-            } else {
-                Just(None).boxed()
-            };
-            let cfg = (
-                prop_oneof![Just(0.05f32), Just(0.0), Just(1.0), -0.5f32..2.0],
-                common::triplet_rule(),
-                0usize..4,
-                any::<bool>(),
-                any::<bool>(),
-                any::<bool>(),
-                any::<bool>(),
-            )
-                .prop_map(
-                    |(margin, triplets, which, normalize, smooth_loss, ref_grad, swap)| {
-                        TripletLossConfig {
-                            margin,
-                            triplets,
-                            distance: DistanceConfig {
-                                distance: DISTANCES[which],
-                                normalize,
-                            },
-                            smooth_loss,
-                            swap,
-                            ref_grad,
-                            ..Default::default()
-                        }
-                    },
-                );
-            (labels(b, classes), grid_embeddings(b, d), refs, cfg)
-        })
-        .prop_map(|(labels, embeddings, refs, cfg)| Problem {
-            labels,
-            embeddings,
-            refs,
-            cfg,
-        })
+    (triplet_weights::problem(13, 19, 5), any::<bool>()).prop_map(|(p, swap)| Problem {
+        cfg: TripletLossConfig { swap, ..p.cfg },
+        ..p
+    })
 }
 
 proptest! {
@@ -175,6 +140,15 @@ proptest! {
     #[test]
     fn native_matches_the_materialised_reference(p in problem()) {
         p.check(&Context::native_cpu(None));
+    }
+
+    /// The wgpu path (`triplet_weights` and `loss_backward`; swap runs natively) against the
+    /// same reference, scored on the device's own distances.
+    #[test]
+    fn gpu_matches_the_materialised_reference(p in problem()) {
+        if let Some(ctx) = common::shared_gpu() {
+            p.check(ctx);
+        }
     }
 }
 
@@ -496,6 +470,107 @@ fn small_budgets_split_into_blocks_with_the_same_answer() {
     assert_ne!(split.loss, one.loss, "the swap changes this loss");
 }
 
+/// `a` and `b` agree to `tol` relative (per element, against 1 + |b|).
+fn close(a: &Array2<f32>, b: &Array2<f32>, tol: f32) -> bool {
+    a.dim() == b.dim()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
+}
+
+/// A context on `probe`'s adapter that allows 3 workgroups per dispatch dimension.
+fn three_workgroups_per_dimension(probe: &Context) -> Context {
+    let limits = wgpu::Limits {
+        max_compute_workgroups_per_dimension: 3,
+        ..probe.limits().cloned().expect("wgpu context has limits")
+    };
+    common::gpu_context_with(ContextConfig {
+        limits: Some(limits),
+        ..Default::default()
+    })
+    .expect("an adapter accepts lower limits")
+}
+
+#[test]
+fn gpu_blocks_under_a_small_budget_and_a_tiny_workgroup_limit_give_the_whole_answer() {
+    let Some(probe) = common::shared_gpu() else {
+        return;
+    };
+    // 140 references fit one page under a limit of 3 workgroups per dimension (3 × 64 rows
+    // of distance tiles) and their 9 tiles of 16 fold into 3 × 3; the anchors take blocks of
+    // at most 9, folded likewise.
+    let (q, ql, r, rl) = clustered(70, 140, 8, 7);
+    let queries = MiningSet::new(&q, &ql);
+    let refs = MiningSet::new(&r, &rl);
+    for cfg in [
+        TripletLossConfig {
+            margin: 0.3,
+            ref_grad: true,
+            ..Default::default()
+        },
+        TripletLossConfig {
+            triplets: TripletRule::margin_miner(TripletType::Semihard),
+            smooth_loss: true,
+            distance: DistanceConfig {
+                distance: Distance::Cosine,
+                normalize: true,
+            },
+            ref_grad: true,
+            ..Default::default()
+        },
+    ] {
+        let native = triplet_margin_loss(&Context::native_cpu(None), &queries, Some(&refs), &cfg)
+            .expect("native");
+        let whole = triplet_margin_loss(probe, &queries, Some(&refs), &cfg).expect("whole");
+        assert_eq!(whole.path, ComputePath::Wgpu);
+        let budget = 64 << 10;
+        let small = common::gpu_context(Some(budget)).expect("a budgeted context");
+        let tiny = three_workgroups_per_dimension(probe);
+        for (ctx, what) in [(&small, "small budget"), (&tiny, "tiny workgroup limit")] {
+            let split = triplet_margin_loss(ctx, &queries, Some(&refs), &cfg).expect(what);
+            assert_eq!(split.path, ComputePath::Wgpu, "{what}");
+            assert_eq!(
+                (split.triplets, split.nonzero),
+                (whole.triplets, whole.nonzero),
+                "{what}"
+            );
+            assert!(
+                (split.loss - whole.loss).abs() <= 1e-6 * whole.loss.abs(),
+                "{what}"
+            );
+            assert!(close(&split.query_grad, &whole.query_grad, 1e-5), "{what}");
+            let (s, w) = (split.ref_grad.as_ref(), whole.ref_grad.as_ref());
+            assert!(close(s.expect("asked"), w.expect("asked"), 1e-5), "{what}");
+        }
+        assert!(
+            small.memory().peak_bytes <= budget,
+            "peak {} over {budget}",
+            small.memory().peak_bytes
+        );
+        // Several blocks: a submission each.
+        let split = triplet_margin_loss(&small, &queries, Some(&refs), &cfg).expect("again");
+        assert!(split.transfers.submissions >= 3, "{:?}", split.transfers);
+        // The device's answer is the native path's, to f32 rounding.
+        assert_eq!(
+            (whole.triplets, whole.nonzero),
+            (native.triplets, native.nonzero)
+        );
+        assert!((whole.loss - native.loss).abs() <= 1e-5 * native.loss.abs());
+        assert!(close(&whole.query_grad, &native.query_grad, 1e-4));
+    }
+    // 300 references take two pages under that limit: the loss runs natively there.
+    let (q, ql, r, rl) = clustered(10, 300, 8, 3);
+    let tiny = three_workgroups_per_dimension(probe);
+    let out = triplet_margin_loss(
+        &tiny,
+        &MiningSet::new(&q, &ql),
+        Some(&MiningSet::new(&r, &rl)),
+        &TripletLossConfig::default(),
+    )
+    .expect("paged references");
+    assert_eq!(out.path, ComputePath::NativeCpu);
+}
+
 #[test]
 fn queries_as_references_sum_both_roles() {
     // refs = None equals explicit refs (the same rows, SameIndex) with the two gradients added.
@@ -541,7 +616,7 @@ fn a_memory_bank_is_a_detached_reference_set() {
         let bank_set = bank.refs();
         let got = triplet_margin_loss(ctx, &MiningSet::new(&q, &ql), Some(&bank_set), &cfg)
             .expect("loss");
-        assert_eq!(got.path, ComputePath::NativeCpu);
+        assert_eq!(got.path, ctx.path(), "the loss runs where the context does");
         let snapshot = bank.snapshot(ctx).expect("snapshot");
         let host = MiningSet::new(&snapshot.embeddings, &snapshot.labels);
         let want =
@@ -691,16 +766,23 @@ fn near_duplicates_get_the_exact_gradient() {
         [0.1, -0.3, 1.0]
     ];
     let labels = array![0u32, 0, 1, 2];
-    let ctx = Context::native_cpu(None);
-    for (x, swap) in [(anchor_pair, false), (reference_pair, true)] {
+    // The wgpu path recomputes the near pair's distance from the rows in `triplet_weights`
+    // and sums the gradient as differences in `loss_backward` (swap runs natively).
+    let contexts = [Some(Context::native_cpu(None)), common::gpu_context(None)];
+    let cases = [(anchor_pair, false), (reference_pair, true)];
+    for (ctx, (x, swap)) in contexts
+        .iter()
+        .flatten()
+        .flat_map(|ctx| cases.iter().map(move |case| (ctx, case)))
+    {
+        let (x, swap) = (x.clone(), *swap);
         let cfg = TripletLossConfig {
             margin: 2.0,
             swap,
             ..Default::default()
         };
-        let got =
-            triplet_margin_loss(&ctx, &MiningSet::new(&x, &labels), None, &cfg).expect("loss");
-        let d = pairwise_distances(&ctx, &x, &x, &PairwiseConfig::default())
+        let got = triplet_margin_loss(ctx, &MiningSet::new(&x, &labels), None, &cfg).expect("loss");
+        let d = pairwise_distances(ctx, &x, &x, &PairwiseConfig::default())
             .expect("distances")
             .values;
         assert!(
@@ -719,7 +801,7 @@ fn near_duplicates_get_the_exact_gradient() {
             &got.query_grad,
             &(&want.query_grad + &want.ref_grad),
             1e-4,
-            &format!("near duplicates, swap {swap}"),
+            &format!("near duplicates, swap {swap}, {:?}", got.path),
         );
     }
 }

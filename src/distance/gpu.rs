@@ -314,8 +314,9 @@ pub(crate) fn distance_rows_buffers(
 /// `(rows, refs)` device matrix: one distance tile per page, each writing its column block.
 pub(crate) struct DistanceRows {
     norm_params: TrackedBuffer,
-    queries: TrackedBuffer,
-    query_norms: TrackedBuffer,
+    /// The last encoded chunk's rows (zero-padded `vec4`s) and their squared norms.
+    pub(crate) queries: TrackedBuffer,
+    pub(crate) query_norms: TrackedBuffer,
     tile_params: Vec<TrackedBuffer>,
     /// `(rows, refs)` distances of the last encoded chunk.
     pub(crate) distances: TrackedBuffer,

@@ -10,12 +10,14 @@
 pub(crate) mod distance_tile;
 pub(crate) mod knn_select;
 pub(crate) mod knn_sort;
+pub(crate) mod loss_backward;
 pub(crate) mod negative_buckets;
 pub(crate) mod pair_select;
 pub(crate) mod row_norms;
 pub(crate) mod triplet_expand;
 pub(crate) mod triplet_lists;
 pub(crate) mod triplet_select;
+pub(crate) mod triplet_weights;
 
 use crate::device::{checked, GpuDevice};
 use crate::error::{Error, Result};
@@ -53,12 +55,14 @@ pub const WGSL_KERNELS: &[WgslKernel] = &[
     distance_tile::SPEC.kernel,
     knn_select::SPEC.kernel,
     knn_sort::SPEC.kernel,
+    loss_backward::SPEC.kernel,
     negative_buckets::SPEC.kernel,
     pair_select::SPEC.kernel,
     row_norms::SPEC.kernel,
     triplet_expand::SPEC.kernel,
     triplet_lists::SPEC.kernel,
     triplet_select::SPEC.kernel,
+    triplet_weights::SPEC.kernel,
 ];
 
 /// Every wrapper's spec, in the order of [`WGSL_KERNELS`].
@@ -66,12 +70,14 @@ pub(crate) const SPECS: &[&Spec] = &[
     &distance_tile::SPEC,
     &knn_select::SPEC,
     &knn_sort::SPEC,
+    &loss_backward::SPEC,
     &negative_buckets::SPEC,
     &pair_select::SPEC,
     &row_norms::SPEC,
     &triplet_expand::SPEC,
     &triplet_lists::SPEC,
     &triplet_select::SPEC,
+    &triplet_weights::SPEC,
 ];
 
 /// `Err(DeviceLimit)` naming the first limit of a device granted `limits` that one of the

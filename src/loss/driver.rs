@@ -29,7 +29,7 @@ pub(super) struct Totals {
 }
 
 impl Totals {
-    fn add(&mut self, other: Totals) {
+    pub(super) fn add(&mut self, other: Totals) {
         self.loss += other.loss;
         self.count += other.count;
         self.items += other.items;
@@ -240,7 +240,7 @@ pub(super) struct Output {
 /// itself, outside the matrix products, so that near-duplicates get the exact derivative (as
 /// torch's `cdist` backward gives for small inputs; its matrix-product form, used past 25
 /// rows, is as noisy there as the distance).
-const NEAR: f32 = 1e-3;
+pub(super) const NEAR: f32 = 1e-3;
 
 /// A pair whose gradient is taken directly: anchor, reference, and `w / |q̂ − r̂|`.
 type NearPair = (usize, u32, f32);
@@ -403,35 +403,46 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
             *g_r += g;
         }
     }
-    // The mean's division, then the normalisation's backward; with the queries as references
-    // both roles are one row's.
+    Ok(finish(job, totals, (g_q, g_r), (q, r)))
+}
+
+/// The mean's division and the normalisation's backward of the gradients with respect to the
+/// normalised rows, `g_q` `(b, d)` and `g_r` `(m, d)` (when a gradient goes to the
+/// references), from the raw rows `q` and `r`; with the queries as references both roles are
+/// one row's.
+pub(super) fn finish(
+    job: &Job<'_>,
+    totals: Totals,
+    (mut g_q, g_r): (Array2<f32>, Option<Array2<f32>>),
+    (q, r): (ArrayView2<'_, f32>, ArrayView2<'_, f32>),
+) -> Output {
     let factor = if totals.count == 0 {
         0.0
     } else {
         (1.0 / totals.count as f64) as f32
     };
-    let normalizes = distance.normalizes();
+    let normalizes = job.distance.normalizes();
     if job.refs_are_queries {
         if let Some(g_r) = &g_r {
             g_q += g_r;
         }
         through_normalization(&mut g_q, q, normalizes, factor);
-        return Ok(Output {
+        return Output {
             totals,
             query_grad: g_q,
             ref_grad: None,
-        });
+        };
     }
     through_normalization(&mut g_q, q, normalizes, factor);
     let ref_grad = g_r.map(|mut g| {
         through_normalization(&mut g, r, normalizes, factor);
         g
     });
-    Ok(Output {
+    Output {
         totals,
         query_grad: g_q,
         ref_grad,
-    })
+    }
 }
 
 /// One thread's anchors `a0 ..` of a block: their distance rows into `u` (from the raw rows

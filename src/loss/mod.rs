@@ -9,6 +9,7 @@
 
 mod backward;
 mod driver;
+mod gpu;
 mod info_nce;
 mod triplet;
 

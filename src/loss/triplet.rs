@@ -12,12 +12,18 @@
 //! d(r_p, r_n))` depends on the positive: the anchor's positives are taken 32 at a time with
 //! their distances to every reference ([`driver::RefPairs`]), whose weights go back to the
 //! references through the same two products as the anchors'.
+//!
+//! On a wgpu context the loss runs on the device ([`super::gpu`]): `triplet_weights`
+//! compares every positive of an anchor's row with every negative (no sort: `O(m²)` per
+//! anchor, in parallel), so softplus costs what the hinge does; `loss_backward` takes the
+//! weights to the embeddings. Swap stays on the native path.
 
 use std::hash::Hash;
 
 use ndarray::{Array2, ArrayView1};
 
 use super::driver::{self, Job, Scratch, Shared, Totals, PAIR_ROWS};
+use super::gpu;
 use crate::context::{ComputePath, Context};
 use crate::error::Result;
 use crate::hooks::Hooks;
@@ -118,10 +124,13 @@ pub struct TripletLoss {
     /// `∂loss/∂refs` `(m, d)` when asked for ([`TripletLossConfig::ref_grad`]) and references
     /// were given.
     pub ref_grad: Option<Array2<f32>>,
-    /// Where it ran: the loss runs on the native path on every context for now, reading
-    /// device-resident rows back.
+    /// Where it ran: [`ComputePath::Wgpu`] on a wgpu context (distances, weights and both
+    /// gradient products on the device), except with [`TripletLossConfig::swap`] or
+    /// references that take more than one storage binding, which run on the native path
+    /// (reading device-resident rows back).
     pub path: ComputePath,
-    /// Host–device traffic of the call (reading device-resident rows back).
+    /// Host–device traffic of the call: the uploads, and the gradients (or the rows) read
+    /// back.
     pub transfers: Transfers,
 }
 
@@ -197,16 +206,34 @@ pub fn triplet_margin_loss<L: Hash + Eq + Copy>(
     let anchor = |a: usize, row: ArrayView1<'_, f32>, s: &mut Scratch, shared: &Shared<'_>| {
         rule.anchor(a, row, s, shared)
     };
-    let (out, mut transfers) = transfer::measure(|| driver::run(ctx, &job, &anchor));
+    // The device path where there is one, except for swap (the native path's reference
+    // pairs) and references past one page.
+    let on_device = || -> Result<Option<driver::Output>> {
+        match ctx.gpu() {
+            Some(gpu) if !cfg.swap => {
+                let kernel_rule = gpu::Rule {
+                    triplets: cfg.triplets,
+                    margin: cfg.margin,
+                    smooth: cfg.smooth_loss,
+                };
+                gpu::run(ctx, gpu, &job, &kernel_rule)
+            }
+            _ => Ok(None),
+        }
+    };
+    let (out, mut transfers) = transfer::measure(|| match on_device()? {
+        Some(out) => Ok((out, ComputePath::Wgpu)),
+        None => driver::run(ctx, &job, &anchor).map(|out| (out, ComputePath::NativeCpu)),
+    });
     transfers.add(set.imported);
-    let out = out?;
+    let (out, path) = out?;
     Ok(TripletLoss {
         loss: out.totals.mean(),
         nonzero: out.totals.count,
         triplets: out.totals.items,
         query_grad: out.query_grad,
         ref_grad: out.ref_grad,
-        path: ComputePath::NativeCpu,
+        path,
         transfers,
     })
 }

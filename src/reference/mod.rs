@@ -3,13 +3,14 @@
 //! Each function has the stem of the kernel it mirrors (`shaders/<stem>.wgsl`) and keeps that
 //! kernel's loop structure and accumulation order, so differences come only from rounding that
 //! the tests bound with a stated tolerance. They are written for clarity, not speed; the fast
-//! CPU implementation is the native path of [`crate::Context`]. Operations without a kernel
-//! yet (the losses) have theirs under the operation's name.
+//! CPU implementation is the native path of [`crate::Context`]. The losses also have a
+//! reference under the operation's name that materialises every triplet or pair.
 
 pub mod distance_tile;
 pub mod kmeans;
 pub mod knn_select;
 pub mod knn_sort;
+pub mod loss_backward;
 pub mod negative_buckets;
 pub mod ntxent_loss;
 mod pair_gradient;
@@ -19,3 +20,4 @@ pub mod triplet_expand;
 pub mod triplet_lists;
 pub mod triplet_margin_loss;
 pub mod triplet_select;
+pub mod triplet_weights;

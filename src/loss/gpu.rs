@@ -1,0 +1,373 @@
+//! The wgpu path of the triplet loss: per block of anchors under the budget, the distance rows
+//! (`distance_tile`, as the GPU miners compute them), each anchor's weights `U` and loss sums
+//! (`triplet_weights`), and the two gradient products (`loss_backward`), all on the device;
+//! one submission per block and one wait per call, which reads back only the loss sums and the
+//! gradients `(b, d)` and `(m, d)`. The normalisation's backward and the mean's division then
+//! run on the host, as on the native path ([`driver::finish`]).
+//!
+//! It takes the references in one page (one storage binding): past that, and for PML's swap,
+//! the caller runs the native path.
+
+use ndarray::{Array2, ArrayView1};
+
+use super::driver::{self, Job, Output, Totals, NEAR};
+use super::{host_refs, host_rows};
+use crate::context::Context;
+use crate::device::GpuDevice;
+use crate::device_rows::RowsView;
+use crate::distance::gpu::{distance_rows_buffers, DistanceRows};
+use crate::error::{Error, Result};
+use crate::hooks::Reporter;
+use crate::inputs::{self, Resident};
+use crate::kernels::distance_tile;
+use crate::kernels::loss_backward::{self, BackwardBuffers, LossBackward, Side};
+use crate::kernels::triplet_weights::{self, TripletWeights, WeightBuffers, TOTAL_WORDS};
+use crate::memory::{HostReservation, TrackedBuffer};
+use crate::oom_retry;
+use crate::plan::{plan_rows, DeviceCaps, Footprint};
+use crate::transfer::{self, f32s, uniform_size, Recorder, Staging};
+use crate::triplets::TripletRule;
+
+/// What the loss is, besides the distance: the kernel's rule.
+pub(super) struct Rule {
+    pub(super) triplets: TripletRule,
+    pub(super) margin: f32,
+    pub(super) smooth: bool,
+}
+
+/// Device bytes of a call with `b` anchors in blocks of `rows` against `m` references of
+/// `dim4` `vec4`s (`ref_role`: they get a gradient): every buffer [`blocks`] makes (the
+/// references are on the device before it plans, so the budget it plans in has them).
+fn footprint(
+    rows: usize,
+    (b, m, dim4): (usize, usize, usize),
+    ref_role: bool,
+    max_per_dim: u64,
+) -> Footprint {
+    let mut buffers = distance_rows_buffers(rows, m, dim4, 1);
+    let totals = f32s(b * TOTAL_WORDS);
+    let g_q = f32s(b * dim4 * 4);
+    buffers.extend([
+        uniform_size::<triplet_weights::Params>(),
+        2 * uniform_size::<loss_backward::Params>(),
+        f32s(m + 2 * rows), // labels
+        f32s(rows * m),     // U
+        4 * triplet_weights::list_words(rows as u64, m as u64),
+        4 * triplet_weights::partial_words(rows as u64, m as u64),
+        totals,
+        g_q,
+        totals, // their staging
+        g_q,
+    ]);
+    if ref_role {
+        buffers.extend([f32s(m * dim4 * 4); 2]);
+    }
+    Footprint {
+        bytes: buffers.iter().sum(),
+        largest_buffer: buffers.iter().copied().max().unwrap_or(0),
+        // The distance tiles' row blocks, and the folded second dimension of the weights
+        // (a block of a row each) and the products (tiles of 16 rows).
+        workgroups: (rows as u64)
+            .div_ceil(distance_tile::BLOCK)
+            .max(folded(
+                rows as u64 * triplet_weights::blocks(m as u64),
+                max_per_dim,
+            ))
+            .max(folded(
+                (rows as u64).div_ceil(loss_backward::TILE),
+                max_per_dim,
+            )),
+        workgroup_storage: distance_tile::WORKGROUP_STORAGE
+            .max(triplet_weights::WORKGROUP_STORAGE)
+            .max(loss_backward::WORKGROUP_STORAGE),
+    }
+}
+
+/// The second dimension of `groups` workgroups folded into 2-D rows of `max_per_dim`.
+fn folded(groups: u64, max_per_dim: u64) -> u64 {
+    groups.div_ceil(max_per_dim.max(1))
+}
+
+/// The loss's sums and gradients on `gpu`, or `None` when the references take more than one
+/// page or their gradient's workgroups exceed the dispatch limits (the caller then runs the
+/// native path). Reports `b × m` pairs, block by block.
+///
+/// # Errors
+/// [`Error::OverBudget`] or [`Error::DeviceLimit`] when one anchor's block does not fit;
+/// device errors; [`Error::Cancelled`].
+pub(super) fn run(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    job: &Job<'_>,
+    rule: &Rule,
+) -> Result<Option<Output>> {
+    let op = job.op;
+    let set = job.set;
+    let queries = set.queries.as_ref().ok_or_else(|| inputs::unimported(op))?;
+    let refs = set.refs.ok_or_else(|| inputs::unimported(op))?;
+    let ((b, d), m) = (queries.dim(), set.ref_labels.len());
+    let report = Reporter::new(job.hooks, op, b as u64 * m as u64);
+    report.check()?;
+    let ref_role = job.refs_are_queries || job.ref_grad;
+    if b == 0 || m == 0 {
+        // No triplet: a zero loss and zero gradients, with nothing to put on the device.
+        return Ok(Some(Output {
+            totals: Totals::default(),
+            query_grad: Array2::zeros((b, d)),
+            ref_grad: (job.ref_grad && !job.refs_are_queries).then(|| Array2::zeros((m, d))),
+        }));
+    }
+    let resident = Resident::of(op, gpu, refs.reborrow())?;
+    let rows_on_device = resident.rows();
+    // One page of references, and the references' products within the dispatch limits (the
+    // block's rows are planned within them).
+    let max_per_dim = u64::from(gpu.limits.max_compute_workgroups_per_dimension);
+    let tiles = |n: usize| (n as u64).div_ceil(loss_backward::TILE);
+    if rows_on_device.pages_for(m) > 1
+        || folded(tiles(m), max_per_dim) > max_per_dim
+        || tiles(d.div_ceil(4)) > max_per_dim
+    {
+        return Ok(None);
+    }
+    // Host: the gradients read back, and copies of device-resident rows for the
+    // normalisation's backward.
+    let floats = |n: usize| 4 * (n * d) as u64;
+    let host = floats(b) * 2 + if ref_role { floats(m) * 2 } else { 0 };
+    let _held = HostReservation::new(job.label, host, ctx.tracker())?;
+    let (sums, g_q, g_r) = oom_retry::retry(ctx, || {
+        report.check()?;
+        report.restart();
+        gpu.settled(blocks(ctx, gpu, job, rule, &resident, (ref_role, &report)))
+    })?;
+    let q = host_rows(op, ctx, queries.reborrow())?;
+    let r_own = match job.refs_are_queries || !job.ref_grad {
+        true => None,
+        false => Some(host_refs(op, ctx, refs)?),
+    };
+    let q = q.view();
+    let r = r_own.as_ref().map_or(q, |r| r.view());
+    Ok(Some(driver::finish(job, sums, (g_q, g_r), (q, r))))
+}
+
+/// The blocks of [`run`] (one attempt under the current planning budget): the sums, the
+/// queries' gradient `(b, d)` and, with `ref_role`, the references' `(m, d)`, with respect to
+/// the normalised rows.
+fn blocks(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    job: &Job<'_>,
+    rule: &Rule,
+    resident: &Resident<'_>,
+    (ref_role, report): (bool, &Reporter<'_>),
+) -> Result<(Totals, Array2<f32>, Option<Array2<f32>>)> {
+    let (op, set) = (job.op, job.set);
+    let queries = set.queries.as_ref().ok_or_else(|| inputs::unimported(op))?;
+    let ((b, d), m) = (queries.dim(), set.ref_labels.len());
+    let dim4 = d.div_ceil(4);
+    let caps = DeviceCaps::from_limits(&gpu.limits);
+    let budget = oom_retry::planning_budget(ctx);
+    let max_per_dim = u64::from(caps.max_workgroups_per_dimension);
+    let plan = plan_rows(op, b.max(1), m, budget, &caps, |rows| {
+        footprint(rows, (b, m, dim4), ref_role, max_per_dim)
+    })?;
+    let rows = plan.rows;
+    let view = RowsView {
+        rows: resident.rows(),
+        len: m,
+    };
+    let (ref_rows, ref_norms) = view.rows.page(0)?;
+    let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+    let uniform = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
+    let make = |label, size, usage| transfer::create_buffer(gpu, label, size, usage);
+    let distance = DistanceRows::new(gpu, rows, view)?;
+    let weight_params = make(
+        "triplet_margin_loss::weight_params",
+        uniform_size::<triplet_weights::Params>(),
+        uniform,
+    )?;
+    let backward_params = [
+        make(
+            "triplet_margin_loss::query_side_params",
+            uniform_size::<loss_backward::Params>(),
+            uniform,
+        )?,
+        make(
+            "triplet_margin_loss::ref_side_params",
+            uniform_size::<loss_backward::Params>(),
+            uniform,
+        )?,
+    ];
+    let labels = make("triplet_margin_loss::labels", f32s(m + 2 * rows), input)?;
+    let u = transfer::output(gpu, "triplet_margin_loss::u", f32s(rows * m))?;
+    let lists = transfer::output(
+        gpu,
+        "triplet_margin_loss::lists",
+        4 * triplet_weights::list_words(rows as u64, m as u64),
+    )?;
+    let partials = transfer::output(
+        gpu,
+        "triplet_margin_loss::partials",
+        4 * triplet_weights::partial_words(rows as u64, m as u64),
+    )?;
+    let totals = transfer::output(gpu, "triplet_margin_loss::totals", f32s(b * TOTAL_WORDS))?;
+    let g_q = transfer::output(gpu, "triplet_margin_loss::query_grad", f32s(b * dim4 * 4))?;
+    let g_r: Option<TrackedBuffer> = ref_role
+        .then(|| transfer::output(gpu, "triplet_margin_loss::ref_grad", f32s(m * dim4 * 4)))
+        .transpose()?;
+    let totals_staging = Staging::new(
+        gpu,
+        "triplet_margin_loss::totals_staging",
+        f32s(b * TOTAL_WORDS),
+    )?;
+    let g_q_staging = Staging::new(
+        gpu,
+        "triplet_margin_loss::query_grad_staging",
+        f32s(b * dim4 * 4),
+    )?;
+    let g_r_staging = ref_role
+        .then(|| {
+            Staging::new(
+                gpu,
+                "triplet_margin_loss::ref_grad_staging",
+                f32s(m * dim4 * 4),
+            )
+        })
+        .transpose()?;
+    let weights = gpu.kernel::<TripletWeights>()?;
+    let backward = gpu.kernel::<LossBackward>()?;
+
+    let softplus_floor = triplet_weights::softplus_floor();
+    let metric = job.distance.distance.code();
+    let normalize = u32::from(job.distance.normalizes());
+    let mut rec = Recorder::new(gpu, op);
+    rec.upload(&labels, 0, &set.ref_labels)?;
+    rec.sentinel(&totals, f32s(b * TOTAL_WORDS))?;
+    rec.sentinel(&g_q, f32s(b * dim4 * 4))?;
+    if let Some(g_r) = &g_r {
+        rec.clear(g_r, f32s(m * dim4 * 4));
+    }
+    for a0 in (0..b).step_by(rows) {
+        report.check()?;
+        let n = rows.min(b - a0);
+        let own: Vec<u32> = (a0..a0 + n)
+            .flat_map(|a| [set.labels[a], set.self_slots[a]])
+            .collect();
+        rec.upload(&labels, f32s(m), &own)?;
+        distance.encode(&mut rec, queries.reborrow(), a0, n, view, &job.distance)?;
+        let params = triplet_weights::Params {
+            anchors: n as u32,
+            refs: m as u32,
+            dim4: dim4 as u32,
+            metric,
+            normalize,
+            mode: rule.triplets.mode(),
+            miner_margin: rule.triplets.margin(),
+            margin: rule.margin,
+            softplus: u32::from(rule.smooth),
+            near: NEAR,
+            row0: a0 as u32,
+            softplus_floor,
+        };
+        rec.upload(&weight_params, 0, &[params])?;
+        rec.sentinel(&u, f32s(n * m))?;
+        rec.sentinel(&lists, 4 * triplet_weights::list_words(n as u64, m as u64))?;
+        rec.sentinel(
+            &partials,
+            4 * triplet_weights::partial_words(n as u64, m as u64),
+        )?;
+        let wb = WeightBuffers {
+            params: &weight_params,
+            distances: &distance.distances,
+            lists: &lists,
+            queries: &distance.queries,
+            refs: ref_rows,
+            query_sq_norms: &distance.query_norms,
+            ref_sq_norms: ref_norms,
+            u: &u,
+            partials: &partials,
+            totals: &totals,
+            labels: &labels,
+        };
+        weights.encode(&mut rec, (n as u64, m as u64), &wb)?;
+        let shape = (n as u64, m as u64, dim4 as u64);
+        let sides = [(Side::Query, Some(&g_q)), (Side::Ref, g_r.as_ref())];
+        for ((side, out), params) in sides.into_iter().zip(&backward_params) {
+            let Some(out) = out else { continue };
+            let p = loss_backward::Params {
+                rows: n as u32,
+                refs: m as u32,
+                dim4: dim4 as u32,
+                metric,
+                normalize,
+                out_row0: a0 as u32,
+                _pad: [0; 2],
+            };
+            rec.upload(params, 0, &[p])?;
+            let bb = BackwardBuffers {
+                params,
+                u: &u,
+                queries: &distance.queries,
+                query_sq_norms: &distance.query_norms,
+                refs: ref_rows,
+                ref_sq_norms: ref_norms,
+                out,
+            };
+            backward.encode(&mut rec, side, shape, &bb)?;
+        }
+        report.add((n * m) as u64);
+    }
+    rec.read_back(&totals, 0, &totals_staging, 0, f32s(b * TOTAL_WORDS));
+    rec.read_back(&g_q, 0, &g_q_staging, 0, f32s(b * dim4 * 4));
+    if let (Some(g_r), Some(staging)) = (&g_r, &g_r_staging) {
+        rec.read_back(g_r, 0, staging, 0, f32s(m * dim4 * 4));
+    }
+    let done = rec.submit()?;
+    let sums_read = totals_staging.map(&done, f32s(b * TOTAL_WORDS));
+    let g_q_read = g_q_staging.map(&done, f32s(b * dim4 * 4));
+    let g_r_read = g_r_staging
+        .as_ref()
+        .map(|s| s.map(&done, f32s(m * dim4 * 4)));
+    let sums = sums_read.read::<u32, _>(gpu, b * TOTAL_WORDS, sum_totals)?;
+    // The kernel writes zeros after each anchor's counts: anything else (the sentinel) is a
+    // row it never wrote.
+    let sums = sums.ok_or_else(|| Error::Internal {
+        op,
+        message: "the loss kernel left an anchor's totals unwritten".into(),
+    })?;
+    let g_q = g_q_read.read::<f32, _>(gpu, b * dim4 * 4, |v| unpad(v, b, d))?;
+    let g_r = match g_r_read {
+        Some(read) => Some(read.read::<f32, _>(gpu, m * dim4 * 4, |v| unpad(v, m, d))?),
+        None => None,
+    };
+    Ok((sums, g_q, g_r))
+}
+
+/// The call's sums from every anchor's [`TOTAL_WORDS`] words; `None` when an anchor's
+/// padding words are not the zeros the kernel writes.
+fn sum_totals(words: &[u32]) -> Option<Totals> {
+    let mut t = Totals::default();
+    let wide = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
+    for a in words.chunks_exact(TOTAL_WORDS) {
+        if a[5..] != [0, 0, 0] {
+            return None;
+        }
+        t.add(Totals {
+            loss: f64::from(f32::from_bits(a[0])),
+            count: wide(a[1], a[2]),
+            items: wide(a[3], a[4]),
+        });
+    }
+    Some(t)
+}
+
+/// `(n, d)` from `n` rows of `ceil(d / 4)` zero-padded `vec4`s.
+fn unpad(v: &[f32], n: usize, d: usize) -> Array2<f32> {
+    let padded = d.div_ceil(4) * 4;
+    let mut out = Array2::zeros((n, d));
+    if d > 0 {
+        for (mut row, src) in out.rows_mut().into_iter().zip(v.chunks_exact(padded)) {
+            row.assign(&ArrayView1::from(&src[..d]));
+        }
+    }
+    out
+}

@@ -1,0 +1,19 @@
+//! `loss_backward` on the GPU against its reference (with `triplet_weights`', see
+//! `tests/triplet_weights.rs`): blocks of up to 40 anchors and references cross its 16-row
+//! tiles, and up to 140 dimensions (35 `vec4`s) its 16-`vec4` tiles of the dimension.
+
+use crate::common;
+use crate::triplet_weights::{check, problem};
+
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(common::cases(48)))]
+
+    #[test]
+    fn loss_backward_matches_the_reference_across_tiles(p in problem(40, 40, 140)) {
+        if let Some(ctx) = common::shared_gpu() {
+            check(ctx, &p);
+        }
+    }
+}
