@@ -125,10 +125,10 @@ run() {
 
     local q=10000 n=100000 mining=("128 4096 100 miner_semihard" "1000 1000 100 miner_hard"
         "21 10000 100 lmu" "512 2000 10 miner_semihard") bank_m=4096 reps=3
-    local losses=("128 4096 10 all" "128 4096 10 semihard" "128 65536 10 all")
+    local losses=("128 4096 10 all" "128 4096 10 semihard" "128 65536 10 all") infonce_b=4096
     if [ "$quick" = --quick ]; then
         q=500 n=5000 mining=("64 512 10 miner_semihard" "21 1000 10 lmu") bank_m=512 reps=1
-        losses=("64 512 10 all")
+        losses=("64 512 10 all") infonce_b=256
     fi
     .devbin/bench_report | tee "$out/distance.md"
     : >"$out/results.jsonl"
@@ -155,6 +155,12 @@ run() {
         done
         loss_cases+=("$b,$m,$cl,$kind")
     done
+    for func in loss_ntxent loss_mnrl; do
+        for path in wgpu cpu; do
+            .devbin/bench_mining --path $path --func $func --B "$infonce_b" --D 768 --budget-mib 1024 \
+                --reps $reps | tee -a "$out/results.jsonl"
+        done
+    done
 
     if python3 -c 'import torch' 2>/dev/null; then
         local site=/tmp/wml-pml-site
@@ -162,7 +168,7 @@ run() {
             python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl || true
         fi
         PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} python3 benches/pml_cuda.py --Q $q --N $n \
-            --reps $reps --mining "${pml_cases[@]}" --loss "${loss_cases[@]}" | tee "$out/pml.jsonl" || true
+            --reps $reps --mining "${pml_cases[@]}" --loss "${loss_cases[@]}" --infonce "$infonce_b,768" | tee "$out/pml.jsonl" || true
     fi
     python3 benches/gpu_report.py "$out" >"$out/report.md"
     cat "$out/report.md"

@@ -10,6 +10,10 @@ so the ratios are conservative for us). Prints one JSON line per case:
   miner_<type>    TripletMarginMiner(margin=0.2, type_of_triplets=<type>)(emb, labels, ref,
                   ref_labels), default LpDistance (normalised), labels uniform over C classes
   lmu             lmu.get_all_triplets_indices(labels, ref_labels)
+  loss_ntxent, loss_mnrl
+                  torch's full-matrix NTXent (two noisy views of B/2 items, temperature 0.07)
+                  and MNRL (B anchors against their noisy positives, scale 20), forward and
+                  backward, in D dimensions (benches/compare_losses.py's forms)
   loss_triplet_<type>
                   TripletMarginLoss()(emb, labels, miner(...), ref, ref_labels).backward() with
                   emb requiring grad: every valid triplet (type all) or TripletMarginMiner(0.2,
@@ -49,6 +53,8 @@ def main():
     p.add_argument("--mining", nargs="*", default=[], help="B,M,C,type (type: all|hard|semihard|easy|lmu)")
     p.add_argument("--loss", nargs="*", default=[],
                    help="B,M,C,type: TripletMarginLoss with its backward (type: all|hard|semihard)")
+    p.add_argument("--infonce", nargs="*", default=[],
+                   help="B,D: NTXent and MNRL in torch's full-matrix form with their backward")
     p.add_argument("--reps", type=int, default=5)
     a = p.parse_args()
     try:
@@ -138,6 +144,56 @@ def main():
                           "loss": float(out[0]), "median_s": secs,
                           "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20}), flush=True)
 
+    for case in a.infonce:
+        b, d_in = (int(v) for v in case.split(","))
+        items = torch.randn(b // 2, d_in, device=dev, generator=g)
+        noise = lambda x: x + 1.5 * torch.randn(x.shape, device=dev, generator=g)
+        views = torch.cat([noise(items), noise(items)])
+        view_labels = torch.arange(b // 2, device=dev).repeat(2)
+        anchors = torch.randn(b, d_in, device=dev, generator=g)
+        positives = noise(anchors)
+        for func, data in (("loss_ntxent", (views, view_labels)), ("loss_mnrl", (anchors, positives))):
+            def step():
+                x = data[0].clone().requires_grad_(True)
+                if func == "loss_ntxent":
+                    loss = ntxent_full(x, data[1], 0.07)
+                else:
+                    # Both sides' gradients, as the library's MNRL gives them.
+                    loss = mnrl_full(x, data[1].clone().requires_grad_(True), 20.0)
+                loss.backward()
+                return loss.detach(), x.grad
+
+            torch.cuda.reset_peak_memory_stats()
+            secs, out = timed(step, a.reps)
+            print(json.dumps({"impl": "torch-cuda", "device": name, "func": func, "B": b, "D": d_in,
+                              "loss": float(out[0]), "median_s": secs,
+                              "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20}), flush=True)
+
+
+def ntxent_full(x, labels, temperature):
+    """NTXent as one (B, B) matrix: each positive pair against its anchor's negatives."""
+    import torch
+
+    s = torch.nn.functional.normalize(x, dim=1)
+    s = s @ s.T / temperature
+    same = labels[:, None] == labels[None, :]
+    eye = torch.eye(len(x), dtype=torch.bool, device=x.device)
+    neg = torch.where(same, torch.full_like(s, float("-inf")), s)
+    neg_lse = torch.logsumexp(neg, dim=1, keepdim=True)
+    a, p = (same & ~eye).nonzero(as_tuple=True)
+    sp = s[a, p]
+    return (torch.logaddexp(sp, neg_lse[a, 0]) - sp).mean()
+
+
+def mnrl_full(anchors, positives, scale):
+    """sentence-transformers' MultipleNegativesRankingLoss: cross-entropy over cosine scores."""
+    import torch
+
+    scores = torch.nn.functional.normalize(anchors, dim=1) @ torch.nn.functional.normalize(positives, dim=1).T
+    return torch.nn.functional.cross_entropy(scores * scale, torch.arange(len(anchors), device=anchors.device))
+
 
 if __name__ == "__main__":
     main()
+
+

@@ -17,7 +17,10 @@
 //! The triplet loss with its gradient (`triplet_margin_loss`, PML's `TripletMarginLoss`,
 //! margin 0.05, against the references without their gradient): `loss_triplet_all` (every
 //! valid triplet), `loss_triplet_<hard|semihard>` (fused with TripletMarginMiner, margin 0.2);
-//! `count` is the triplets with a positive loss.
+//! `count` is the triplets with a positive loss. `loss_ntxent` (PML's `NTXentLoss()` on two
+//! noisy views of `B/2` items) and `loss_mnrl` (sentence-transformers' MNRL, `B` anchors
+//! against their noisy positives), `--D` dimensions (default 768); `count` is the positive
+//! pairs.
 //! Inputs follow the anchors: labels uniform over C classes, embeddings N(0, 1) in 128-d,
 //! normalised, from a fixed seed (a different generator than torch's, so counts differ by
 //! sampling noise only).
@@ -27,14 +30,15 @@ mod support;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use ndarray::Array1;
+use ndarray::{Array1, Array2};
 use support::{embeddings, flag, peak_rss_mib, summary, traffic, Rng};
 use wgpu_metric_learning::{
     all_pairs, batch_easy_hard_pairs, count_triplets, mine_pairs_on_device, mine_triplets,
-    mine_triplets_on_device, mine_triplets_streaming, multi_similarity_pairs, pair_margin_pairs,
-    triplet_margin_loss, AllPairsConfig, BackendChoice, BatchEasyHardConfig, ComputePath, Context,
-    ContextConfig, CountMethod, MiningSet, MultiSimilarityConfig, PairMarginConfig, Pairs,
-    PairsOnDevice, TripletConfig, TripletLossConfig, TripletRule, TripletType,
+    mine_triplets_on_device, mine_triplets_streaming, multi_similarity_pairs,
+    multiple_negatives_ranking_loss, ntxent_loss, pair_margin_pairs, triplet_margin_loss,
+    AllPairsConfig, BackendChoice, BatchEasyHardConfig, ComputePath, Context, ContextConfig,
+    CountMethod, InfoNceConfig, MiningSet, MnrlConfig, MultiSimilarityConfig, PairMarginConfig,
+    Pairs, PairsOnDevice, TripletConfig, TripletLossConfig, TripletRule, TripletType,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -61,6 +65,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let labels = Array1::from_shape_simple_fn(b, || (rng.next() % c) as i64);
     let ref_labels = Array1::from_shape_simple_fn(m, || (rng.next() % c) as i64);
     let (emb, ref_emb) = (embeddings(&mut rng, b, 128), embeddings(&mut rng, m, 128));
+    // Raw N(0, 1) rows (not normalised), for the InfoNCE data.
+    let mut raw = Rng(0xC0FFEE);
+    let mut embeddings_raw =
+        |n: usize, d: usize| Array2::from_shape_simple_fn((n, d), || raw.normal());
     let queries = MiningSet::new(&emb, &labels);
     let refs = MiningSet::new(&ref_emb, &ref_labels);
 
@@ -102,6 +110,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     value: format!("pairs_{other}"),
                     rule: "pairs_all|pairs_margin|pairs_multi|pairs_easy_hard",
                 }),
+            }
+        };
+        return measure(&ctx, (&func, b, m, c), (budget, reps, on_device), run);
+    }
+    if func == "loss_ntxent" || func == "loss_mnrl" {
+        // NTXent on two noisy views of B/2 items, MNRL on B anchors against their noisy
+        // positives (the data of benches/compare_losses.py, from this file's generator), in
+        // `--D` dimensions; `count` is the positive pairs.
+        let d: usize = get("--D", "768").parse()?;
+        let mut noisy = |x: &Array2<f32>| x.mapv(|v| v + 1.5 * rng.normal());
+        let items = embeddings_raw(b / 2, d);
+        let views = ndarray::concatenate![ndarray::Axis(0), noisy(&items), noisy(&items)];
+        let view_labels = Array1::from_shape_fn(views.nrows(), |i| (i % (b / 2).max(1)) as i64);
+        let anchors = embeddings_raw(b, d);
+        let positives = noisy(&anchors);
+        let run = || {
+            if func == "loss_ntxent" {
+                let set = MiningSet::new(&views, &view_labels);
+                ntxent_loss(&ctx, &set, None, &InfoNceConfig::default()).map(|l| l.positive_pairs)
+            } else {
+                multiple_negatives_ranking_loss(&ctx, &anchors, &positives, &MnrlConfig::default())
+                    .map(|l| l.positive_pairs)
             }
         };
         return measure(&ctx, (&func, b, m, c), (budget, reps, on_device), run);

@@ -14,16 +14,23 @@ use wgpu_metric_learning::{
     DistanceConfig, Error, InfoNceConfig, MiningSet, MnrlConfig, PairwiseConfig,
 };
 
+/// Queries, references (`None`: the queries), the loss.
 #[derive(Debug, Clone)]
-struct Problem {
-    labels: Array1<u32>,
-    x: Array2<f32>,
-    refs: Option<(Array1<u32>, Array2<f32>)>,
-    cfg: InfoNceConfig,
+pub(crate) struct Problem {
+    pub(crate) labels: Array1<u32>,
+    pub(crate) x: Array2<f32>,
+    pub(crate) refs: Option<(Array1<u32>, Array2<f32>)>,
+    pub(crate) cfg: InfoNceConfig,
 }
 
 fn problem() -> impl Strategy<Value = Problem> {
-    (0usize..12, 0usize..16, 1usize..5, 1u32..5, any::<bool>())
+    problem_of(11, 15, 4)
+}
+
+/// Problems of up to `b` queries and `m` references of up to `d` dimensions, every distance,
+/// temperatures down to 0.05.
+pub(crate) fn problem_of(b: usize, m: usize, d: usize) -> impl Strategy<Value = Problem> {
+    (0..=b, 0..=m, 1..=d, 1u32..5, any::<bool>())
         .prop_flat_map(|(b, m, d, classes, with_refs)| {
             let labels = move |n| proptest::collection::vec(0..classes, n).prop_map(Array1::from);
             let refs = if with_refs {
@@ -124,19 +131,30 @@ proptest! {
         check(&p, &Context::native_cpu(None));
     }
 
+    /// The wgpu path (`info_nce_weights` and `loss_backward`) against the same reference,
+    /// scored on the device's own distances.
+    #[test]
+    fn gpu_ntxent_matches_the_written_out_reference(p in problem()) {
+        if let Some(ctx) = common::shared_gpu() {
+            check(&p, ctx);
+        }
+    }
+
     #[test]
     fn mnrl_is_ntxent_with_one_positive_per_anchor(
         (b, extra, d) in (1usize..8, 0usize..6, 1usize..5),
         seed in any::<u64>(),
         scale in prop_oneof![Just(20.0f32), 0.5f32..50.0],
     ) {
-        let ctx = Context::native_cpu(None);
+        let native = Context::native_cpu(None);
+        // Both paths: the native one, and the device where there is one.
+        for ctx in std::iter::once(&native).chain(common::shared_gpu()) {
         let anchors = noise(b, d, seed);
         let candidates = noise(b + extra, d, seed ^ 0x5eed);
-        let got = multiple_negatives_ranking_loss(&ctx, &anchors, &candidates, &MnrlConfig { scale, ..Default::default() })
+        let got = multiple_negatives_ranking_loss(ctx, &anchors, &candidates, &MnrlConfig { scale, ..Default::default() })
             .expect("loss");
         let cosine = DistanceConfig { distance: Distance::Cosine, normalize: true };
-        let s = pairwise_distances(&ctx, &anchors, &candidates, &PairwiseConfig { distance: cosine, ..Default::default() })
+        let s = pairwise_distances(ctx, &anchors, &candidates, &PairwiseConfig { distance: cosine, ..Default::default() })
             .expect("cosines").values;
         let lists: Vec<(Vec<u32>, Vec<u32>)> = (0..b as u32)
             .map(|i| (vec![i], (0..(b + extra) as u32).filter(|&j| j != i).collect()))
@@ -146,6 +164,8 @@ proptest! {
         prop_assert!((f64::from(got.loss) - want.loss).abs() <= 1e-5 * want.loss.abs().max(1.0));
         assert_close(&got.query_grad, &want.query_grad, 2e-4, "anchors");
         assert_close(got.ref_grad.as_ref().expect("candidates' gradient"), &want.ref_grad, 2e-4, "candidates");
+        prop_assert_eq!(got.path, ctx.path());
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 //! shader with naga and compares it with its spec, so the two cannot drift apart.
 
 pub(crate) mod distance_tile;
+pub(crate) mod info_nce_weights;
 pub(crate) mod knn_select;
 pub(crate) mod knn_sort;
 pub(crate) mod loss_backward;
@@ -53,6 +54,7 @@ pub struct WgslKernel {
 /// See the example of [`WgslKernel`].
 pub const WGSL_KERNELS: &[WgslKernel] = &[
     distance_tile::SPEC.kernel,
+    info_nce_weights::SPEC.kernel,
     knn_select::SPEC.kernel,
     knn_sort::SPEC.kernel,
     loss_backward::SPEC.kernel,
@@ -68,6 +70,7 @@ pub const WGSL_KERNELS: &[WgslKernel] = &[
 /// Every wrapper's spec, in the order of [`WGSL_KERNELS`].
 pub(crate) const SPECS: &[&Spec] = &[
     &distance_tile::SPEC,
+    &info_nce_weights::SPEC,
     &knn_select::SPEC,
     &knn_sort::SPEC,
     &loss_backward::SPEC,

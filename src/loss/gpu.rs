@@ -1,6 +1,7 @@
-//! The wgpu path of the triplet loss: per block of anchors under the budget, the distance rows
+//! The wgpu path of the losses: per block of anchors under the budget, the distance rows
 //! (`distance_tile`, as the GPU miners compute them), each anchor's weights `U` and loss sums
-//! (`triplet_weights`), and the two gradient products (`loss_backward`), all on the device;
+//! (`triplet_weights` for the triplet loss, `info_nce_weights` for NTXent and MNRL), and the
+//! two gradient products (`loss_backward`), all on the device;
 //! one submission per block and one wait per call, which reads back only the loss sums and the
 //! gradients `(b, d)` and `(m, d)`. The normalisation's backward and the mean's division then
 //! run on the host, as on the native path ([`driver::finish`]).
@@ -20,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::hooks::Reporter;
 use crate::inputs::{self, Resident};
 use crate::kernels::distance_tile;
+use crate::kernels::info_nce_weights::{self, InfoNceWeights};
 use crate::kernels::loss_backward::{self, BackwardBuffers, LossBackward, Side};
 use crate::kernels::triplet_weights::{self, TripletWeights, WeightBuffers, TOTAL_WORDS};
 use crate::memory::{HostReservation, TrackedBuffer};
@@ -28,11 +30,16 @@ use crate::plan::{plan_rows, DeviceCaps, Footprint};
 use crate::transfer::{self, f32s, uniform_size, Recorder, Staging};
 use crate::triplets::TripletRule;
 
-/// What the loss is, besides the distance: the kernel's rule.
-pub(super) struct Rule {
-    pub(super) triplets: TripletRule,
-    pub(super) margin: f32,
-    pub(super) smooth: bool,
+/// Which loss, besides the distance: the weights kernel and its rule.
+pub(super) enum Rule {
+    /// `triplet_weights`: PML's `TripletMarginLoss` over the triplets `triplets` keeps.
+    Triplet {
+        triplets: TripletRule,
+        margin: f32,
+        smooth: bool,
+    },
+    /// `info_nce_weights`: the InfoNCE family with logits `dz · D`.
+    InfoNce { dz: f32 },
 }
 
 /// Device bytes of a call with `b` anchors in blocks of `rows` against `m` references of
@@ -41,24 +48,32 @@ pub(super) struct Rule {
 fn footprint(
     rows: usize,
     (b, m, dim4): (usize, usize, usize),
-    ref_role: bool,
+    (triplet, ref_role): (bool, bool),
     max_per_dim: u64,
 ) -> Footprint {
     let mut buffers = distance_rows_buffers(rows, m, dim4, 1);
     let totals = f32s(b * TOTAL_WORDS);
     let g_q = f32s(b * dim4 * 4);
     buffers.extend([
-        uniform_size::<triplet_weights::Params>(),
+        uniform_size::<triplet_weights::Params>().max(uniform_size::<info_nce_weights::Params>()),
         2 * uniform_size::<loss_backward::Params>(),
         f32s(m + 2 * rows), // labels
         f32s(rows * m),     // U
-        4 * triplet_weights::list_words(rows as u64, m as u64),
-        4 * triplet_weights::partial_words(rows as u64, m as u64),
         totals,
         g_q,
         totals, // their staging
         g_q,
     ]);
+    // Each row's columns by role, and the sums of its blocks.
+    let blocks = if triplet {
+        buffers.extend([
+            4 * triplet_weights::list_words(rows as u64, m as u64),
+            4 * triplet_weights::partial_words(rows as u64, m as u64),
+        ]);
+        triplet_weights::blocks(m as u64)
+    } else {
+        1
+    };
     if ref_role {
         buffers.extend([f32s(m * dim4 * 4); 2]);
     }
@@ -69,16 +84,14 @@ fn footprint(
         // (a block of a row each) and the products (tiles of 16 rows).
         workgroups: (rows as u64)
             .div_ceil(distance_tile::BLOCK)
-            .max(folded(
-                rows as u64 * triplet_weights::blocks(m as u64),
-                max_per_dim,
-            ))
+            .max(folded(rows as u64 * blocks, max_per_dim))
             .max(folded(
                 (rows as u64).div_ceil(loss_backward::TILE),
                 max_per_dim,
             )),
         workgroup_storage: distance_tile::WORKGROUP_STORAGE
             .max(triplet_weights::WORKGROUP_STORAGE)
+            .max(info_nce_weights::WORKGROUP_STORAGE)
             .max(loss_backward::WORKGROUP_STORAGE),
     }
 }
@@ -168,7 +181,8 @@ fn blocks(
     let budget = oom_retry::planning_budget(ctx);
     let max_per_dim = u64::from(caps.max_workgroups_per_dimension);
     let plan = plan_rows(op, b.max(1), m, budget, &caps, |rows| {
-        footprint(rows, (b, m, dim4), ref_role, max_per_dim)
+        let triplet = matches!(rule, Rule::Triplet { .. });
+        footprint(rows, (b, m, dim4), (triplet, ref_role), max_per_dim)
     })?;
     let rows = plan.rows;
     let view = RowsView {
@@ -181,59 +195,50 @@ fn blocks(
     let make = |label, size, usage| transfer::create_buffer(gpu, label, size, usage);
     let distance = DistanceRows::new(gpu, rows, view)?;
     let weight_params = make(
-        "triplet_margin_loss::weight_params",
-        uniform_size::<triplet_weights::Params>(),
+        "loss_gpu::weight_params",
+        uniform_size::<triplet_weights::Params>().max(uniform_size::<info_nce_weights::Params>()),
         uniform,
     )?;
     let backward_params = [
         make(
-            "triplet_margin_loss::query_side_params",
+            "loss_gpu::query_side_params",
             uniform_size::<loss_backward::Params>(),
             uniform,
         )?,
         make(
-            "triplet_margin_loss::ref_side_params",
+            "loss_gpu::ref_side_params",
             uniform_size::<loss_backward::Params>(),
             uniform,
         )?,
     ];
-    let labels = make("triplet_margin_loss::labels", f32s(m + 2 * rows), input)?;
-    let u = transfer::output(gpu, "triplet_margin_loss::u", f32s(rows * m))?;
-    let lists = transfer::output(
-        gpu,
-        "triplet_margin_loss::lists",
-        4 * triplet_weights::list_words(rows as u64, m as u64),
-    )?;
-    let partials = transfer::output(
-        gpu,
-        "triplet_margin_loss::partials",
-        4 * triplet_weights::partial_words(rows as u64, m as u64),
-    )?;
-    let totals = transfer::output(gpu, "triplet_margin_loss::totals", f32s(b * TOTAL_WORDS))?;
-    let g_q = transfer::output(gpu, "triplet_margin_loss::query_grad", f32s(b * dim4 * 4))?;
-    let g_r: Option<TrackedBuffer> = ref_role
-        .then(|| transfer::output(gpu, "triplet_margin_loss::ref_grad", f32s(m * dim4 * 4)))
-        .transpose()?;
-    let totals_staging = Staging::new(
-        gpu,
-        "triplet_margin_loss::totals_staging",
-        f32s(b * TOTAL_WORDS),
-    )?;
-    let g_q_staging = Staging::new(
-        gpu,
-        "triplet_margin_loss::query_grad_staging",
-        f32s(b * dim4 * 4),
-    )?;
-    let g_r_staging = ref_role
-        .then(|| {
-            Staging::new(
+    let labels = make("loss_gpu::labels", f32s(m + 2 * rows), input)?;
+    let u = transfer::output(gpu, "loss_gpu::u", f32s(rows * m))?;
+    // The triplet loss's columns by role and sums per block of a row.
+    let triplet_buffers = match rule {
+        Rule::Triplet { .. } => Some((
+            transfer::output(
                 gpu,
-                "triplet_margin_loss::ref_grad_staging",
-                f32s(m * dim4 * 4),
-            )
-        })
+                "loss_gpu::lists",
+                4 * triplet_weights::list_words(rows as u64, m as u64),
+            )?,
+            transfer::output(
+                gpu,
+                "loss_gpu::partials",
+                4 * triplet_weights::partial_words(rows as u64, m as u64),
+            )?,
+        )),
+        Rule::InfoNce { .. } => None,
+    };
+    let totals = transfer::output(gpu, "loss_gpu::totals", f32s(b * TOTAL_WORDS))?;
+    let g_q = transfer::output(gpu, "loss_gpu::query_grad", f32s(b * dim4 * 4))?;
+    let g_r: Option<TrackedBuffer> = ref_role
+        .then(|| transfer::output(gpu, "loss_gpu::ref_grad", f32s(m * dim4 * 4)))
         .transpose()?;
-    let weights = gpu.kernel::<TripletWeights>()?;
+    let totals_staging = Staging::new(gpu, "loss_gpu::totals_staging", f32s(b * TOTAL_WORDS))?;
+    let g_q_staging = Staging::new(gpu, "loss_gpu::query_grad_staging", f32s(b * dim4 * 4))?;
+    let g_r_staging = ref_role
+        .then(|| Staging::new(gpu, "loss_gpu::ref_grad_staging", f32s(m * dim4 * 4)))
+        .transpose()?;
     let backward = gpu.kernel::<LossBackward>()?;
 
     let softplus_floor = triplet_weights::softplus_floor();
@@ -254,41 +259,83 @@ fn blocks(
             .collect();
         rec.upload(&labels, f32s(m), &own)?;
         distance.encode(&mut rec, queries.reborrow(), a0, n, view, &job.distance)?;
-        let params = triplet_weights::Params {
-            anchors: n as u32,
-            refs: m as u32,
-            dim4: dim4 as u32,
-            metric,
-            normalize,
-            mode: rule.triplets.mode(),
-            miner_margin: rule.triplets.margin(),
-            margin: rule.margin,
-            softplus: u32::from(rule.smooth),
-            near: NEAR,
-            row0: a0 as u32,
-            softplus_floor,
-        };
-        rec.upload(&weight_params, 0, &[params])?;
         rec.sentinel(&u, f32s(n * m))?;
-        rec.sentinel(&lists, 4 * triplet_weights::list_words(n as u64, m as u64))?;
-        rec.sentinel(
-            &partials,
-            4 * triplet_weights::partial_words(n as u64, m as u64),
-        )?;
-        let wb = WeightBuffers {
-            params: &weight_params,
-            distances: &distance.distances,
-            lists: &lists,
-            queries: &distance.queries,
-            refs: ref_rows,
-            query_sq_norms: &distance.query_norms,
-            ref_sq_norms: ref_norms,
-            u: &u,
-            partials: &partials,
-            totals: &totals,
-            labels: &labels,
-        };
-        weights.encode(&mut rec, (n as u64, m as u64), &wb)?;
+        match (rule, &triplet_buffers) {
+            (
+                &Rule::Triplet {
+                    triplets,
+                    margin,
+                    smooth,
+                },
+                Some((lists, partials)),
+            ) => {
+                let params = triplet_weights::Params {
+                    anchors: n as u32,
+                    refs: m as u32,
+                    dim4: dim4 as u32,
+                    metric,
+                    normalize,
+                    mode: triplets.mode(),
+                    miner_margin: triplets.margin(),
+                    margin,
+                    softplus: u32::from(smooth),
+                    near: NEAR,
+                    row0: a0 as u32,
+                    softplus_floor,
+                };
+                rec.upload(&weight_params, 0, &[params])?;
+                rec.sentinel(lists, 4 * triplet_weights::list_words(n as u64, m as u64))?;
+                let words = triplet_weights::partial_words(n as u64, m as u64);
+                rec.sentinel(partials, 4 * words)?;
+                let wb = WeightBuffers {
+                    params: &weight_params,
+                    distances: &distance.distances,
+                    lists,
+                    queries: &distance.queries,
+                    refs: ref_rows,
+                    query_sq_norms: &distance.query_norms,
+                    ref_sq_norms: ref_norms,
+                    u: &u,
+                    partials,
+                    totals: &totals,
+                    labels: &labels,
+                };
+                let kernel = gpu.kernel::<TripletWeights>()?;
+                kernel.encode(&mut rec, (n as u64, m as u64), &wb)?;
+            }
+            (&Rule::InfoNce { dz }, _) => {
+                let params = info_nce_weights::Params {
+                    anchors: n as u32,
+                    refs: m as u32,
+                    dim4: dim4 as u32,
+                    metric,
+                    normalize,
+                    dz,
+                    near: NEAR,
+                    row0: a0 as u32,
+                };
+                rec.upload(&weight_params, 0, &[params])?;
+                let buffers = [
+                    &weight_params,
+                    &distance.distances,
+                    &labels,
+                    &distance.queries,
+                    ref_rows,
+                    &distance.query_norms,
+                    ref_norms,
+                    &u,
+                    &totals,
+                ];
+                let kernel = gpu.kernel::<InfoNceWeights>()?;
+                kernel.encode(&mut rec, n as u64, &buffers)?;
+            }
+            (Rule::Triplet { .. }, None) => {
+                return Err(Error::Internal {
+                    op,
+                    message: "the triplet loss's buffers were not made".into(),
+                })
+            }
+        }
         let shape = (n as u64, m as u64, dim4 as u64);
         let sides = [(Side::Query, Some(&g_q)), (Side::Ref, g_r.as_ref())];
         for ((side, out), params) in sides.into_iter().zip(&backward_params) {

@@ -5,7 +5,10 @@
 //! For an anchor with logits `z = ±D / τ`, positives `P` and negatives `N`, each positive's
 //! loss is `−log(e^{z_p} / (e^{z_p} + S))` with `S = Σ_N e^{z_n}` shared by all of them; so
 //! `∂ℓ_p/∂z_p = −S / (e^{z_p} + S)` and every negative gets `e^{z_n} Σ_P 1 / (e^{z_p} + S)`:
-//! one pass over the anchor's row.
+//! one pass over the anchor's row. On a wgpu context the same passes run on the device in f32
+//! (`info_nce_weights`, the positives' terms taken in logs so that probabilities below f32's
+//! normal range keep PML's `−log(x + ε)`), with the triplet loss's device blocks
+//! ([`super::gpu`]); natively they run in f64.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -13,6 +16,7 @@ use std::hash::Hash;
 use ndarray::{Array1, Array2, ArrayView1};
 
 use super::driver::{self, Job, Scratch, Shared, Totals};
+use super::gpu;
 use crate::context::{ComputePath, Context};
 use crate::error::{Error, Result};
 use crate::hooks::Hooks;
@@ -90,7 +94,10 @@ pub struct InfoNceLoss {
     /// `∂loss/∂refs` `(m, d)` when asked for and references were given (always for
     /// [`multiple_negatives_ranking_loss`]: the candidates').
     pub ref_grad: Option<Array2<f32>>,
-    /// Where it ran: the native path on every context for now (device rows read back).
+    /// Where it ran: [`ComputePath::Wgpu`] on a wgpu context (similarities, weights in f32 and
+    /// both gradient products on the device), the native path otherwise (in f64, device rows
+    /// read back); calls without a loss (no positive or negative pair) return zeros before
+    /// either, with the context's path.
     pub path: ComputePath,
     /// Host–device traffic of the call.
     pub transfers: Transfers,
@@ -316,7 +323,7 @@ fn run(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Resul
             negative_pairs,
             query_grad: Array2::zeros((b, d)),
             ref_grad: (job.ref_grad && !job.refs_are_queries).then(|| Array2::zeros((m, d))),
-            path: ComputePath::NativeCpu,
+            path: ctx.path(),
             transfers: job.set.imported,
         });
     }
@@ -370,16 +377,26 @@ fn run(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Resul
             items: s.negatives.len() as u64,
         }
     };
-    let (out, mut transfers) = transfer::measure(|| driver::run(ctx, job, &anchor));
+    // On the device where there is one (`info_nce_weights`, in f32), else the native path.
+    let on_device = || -> Result<Option<driver::Output>> {
+        match ctx.gpu() {
+            Some(gpu) => gpu::run(ctx, gpu, job, &gpu::Rule::InfoNce { dz: dz as f32 }),
+            None => Ok(None),
+        }
+    };
+    let (out, mut transfers) = transfer::measure(|| match on_device()? {
+        Some(out) => Ok((out, ComputePath::Wgpu)),
+        None => driver::run(ctx, job, &anchor).map(|out| (out, ComputePath::NativeCpu)),
+    });
     transfers.add(job.set.imported);
-    let out = out?;
+    let (out, path) = out?;
     Ok(InfoNceLoss {
         loss: out.totals.mean(),
         positive_pairs,
         negative_pairs,
         query_grad: out.query_grad,
         ref_grad: out.ref_grad,
-        path: ComputePath::NativeCpu,
+        path,
         transfers,
     })
 }

@@ -211,7 +211,7 @@ pub fn triplet_margin_loss<L: Hash + Eq + Copy>(
     let on_device = || -> Result<Option<driver::Output>> {
         match ctx.gpu() {
             Some(gpu) if !cfg.swap => {
-                let kernel_rule = gpu::Rule {
+                let kernel_rule = gpu::Rule::Triplet {
                     triplets: cfg.triplets,
                     margin: cfg.margin,
                     smooth: cfg.smooth_loss,
