@@ -75,7 +75,9 @@ pub struct TripletLossConfig {
     /// (out of range or the wrong rows, its issue #748); here it is always `d(r_p, r_n)`, which
     /// with `refs = None` is PML's. Every kept triplet is then evaluated (no run sums), with
     /// the distances of up to 32 positives to every reference and, for the references'
-    /// gradient, a `(m, d)` gradient per thread in the budget.
+    /// gradient, a `(m, d)` gradient per thread in the budget. Swap runs on the native path
+    /// on every context (a wgpu context reads device-resident rows back): its reference
+    /// pairs' weights would need float atomics or a second pass on the device.
     pub swap: bool,
     /// Which reference is each anchor itself, never its own positive. Default
     /// [`SelfExclusion::Auto`]: the anchor's row when the references are the queries
