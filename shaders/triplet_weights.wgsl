@@ -345,7 +345,7 @@ fn main(
         }
     }
     // Negatives of this block against every positive.
-    if (first + WORKGROUP_SIZE > first_negative && first < m) {
+    if (n.y > 0u && first + WORKGROUP_SIZE > first_negative && first < m) {
         for (var k0 = 0u; k0 < positives; k0 += WORKGROUP_SIZE) {
             workgroupBarrier();
             let k = k0 + t;

@@ -72,6 +72,7 @@ fn check(p: &Problem, ctx: &Context) {
     let set = MiningSet::new(&p.x, &p.labels);
     let ref_set = p.refs.as_ref().map(|(l, e)| MiningSet::new(e, l));
     let got = ntxent_loss(ctx, &set, ref_set.as_ref(), &p.cfg).expect("loss");
+    assert_eq!(got.path, ctx.path(), "the loss runs where the context does");
     let distances = pairwise_distances(
         ctx,
         &p.x,

@@ -628,9 +628,12 @@ fn a_memory_bank_is_a_detached_reference_set() {
         );
         assert_eq!(got.query_grad, want.query_grad);
         if ctx.path() == ComputePath::Wgpu {
+            // The bank's rows stay on the device: only the anchors' gradient `(16, 8)` padded
+            // and their sums come back, less than the bank's 64 rows.
             assert!(
-                got.transfers.bytes_down > 0,
-                "the bank's rows were read back"
+                got.transfers.bytes_down > 0 && got.transfers.bytes_down < 64 * 6 * 4,
+                "{:?}",
+                got.transfers
             );
         }
         answers.push(got);

@@ -147,3 +147,45 @@ proptest! {
         }
     }
 }
+
+/// `(n, d)` rows on the grid -2..=2 from a formula, none all zero.
+pub(crate) fn formula_rows(n: usize, d: usize) -> Array2<f32> {
+    Array2::from_shape_fn((n, d), |(i, k)| {
+        let v = ((i * 7 + k * 3 + i / 5) % 5) as f32 - 2.0;
+        if k == 0 && v == 0.0 {
+            1.0
+        } else {
+            v
+        }
+    })
+}
+
+#[test]
+fn the_anchors_own_column_past_the_first_block() {
+    // The queries as references (each anchor's own column excluded) with rows of 300 and 520
+    // references: the own column lands in every block of 256 slots, and at their edges.
+    let Some(ctx) = common::shared_gpu() else {
+        return;
+    };
+    for (n, classes) in [(300, 3u32), (520, 7)] {
+        for cfg in [
+            TripletLossConfig::default(),
+            TripletLossConfig {
+                margin: 0.5,
+                triplets: wgpu_metric_learning::TripletRule::margin_miner(
+                    wgpu_metric_learning::TripletType::Semihard,
+                ),
+                smooth_loss: true,
+                ..Default::default()
+            },
+        ] {
+            let p = Problem {
+                labels: (0..n as u32).map(|i| i % classes).collect(),
+                embeddings: formula_rows(n, 3),
+                refs: None,
+                cfg,
+            };
+            check(ctx, &p);
+        }
+    }
+}

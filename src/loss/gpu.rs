@@ -15,11 +15,12 @@ use super::driver::{self, Job, Output, Totals, NEAR};
 use super::{host_refs, host_rows};
 use crate::context::Context;
 use crate::device::GpuDevice;
+use crate::device_rows::max_page_rows;
 use crate::device_rows::RowsView;
 use crate::distance::gpu::{distance_rows_buffers, DistanceRows};
 use crate::error::{Error, Result};
 use crate::hooks::Reporter;
-use crate::inputs::{self, Resident};
+use crate::inputs::{self, Embeddings, Resident};
 use crate::kernels::distance_tile;
 use crate::kernels::info_nce_weights::{self, InfoNceWeights};
 use crate::kernels::loss_backward::{self, BackwardBuffers, LossBackward, Side};
@@ -102,12 +103,12 @@ fn folded(groups: u64, max_per_dim: u64) -> u64 {
 }
 
 /// The loss's sums and gradients on `gpu`, or `None` when the references take more than one
-/// page or their gradient's workgroups exceed the dispatch limits (the caller then runs the
-/// native path). Reports `b × m` pairs, block by block.
+/// page, their gradient's workgroups exceed the dispatch limits, or the call's device buffers
+/// (its gradients and one block) do not fit the budget or a binding: the caller then runs
+/// the native path. Reports `b × m` pairs, block by block.
 ///
 /// # Errors
-/// [`Error::OverBudget`] or [`Error::DeviceLimit`] when one anchor's block does not fit;
-/// device errors; [`Error::Cancelled`].
+/// Device errors (out of memory after the retries, a lost device); [`Error::Cancelled`].
 pub(super) fn run(
     ctx: &Context,
     gpu: &GpuDevice,
@@ -130,16 +131,23 @@ pub(super) fn run(
             ref_grad: (job.ref_grad && !job.refs_are_queries).then(|| Array2::zeros((m, d))),
         }));
     }
-    let resident = Resident::of(op, gpu, refs.reborrow())?;
-    let rows_on_device = resident.rows();
-    // One page of references, and the references' products within the dispatch limits (the
-    // block's rows are planned within them).
-    let max_per_dim = u64::from(gpu.limits.max_compute_workgroups_per_dimension);
+    // One page of references (known before host rows are uploaded), and the references'
+    // products within the dispatch limits (the block's rows are planned within them).
+    let caps = DeviceCaps::from_limits(&gpu.limits);
+    let pages = match refs {
+        Embeddings::Bank(bank) => bank.view.rows.pages_for(m),
+        _ => m.div_ceil(max_page_rows(op, &caps, d.div_ceil(4))?.max(1)),
+    };
+    let max_per_dim = u64::from(caps.max_workgroups_per_dimension);
     let tiles = |n: usize| (n as u64).div_ceil(loss_backward::TILE);
-    if rows_on_device.pages_for(m) > 1
+    if pages > 1
         || folded(tiles(m), max_per_dim) > max_per_dim
         || tiles(d.div_ceil(4)) > max_per_dim
     {
+        return Ok(None);
+    }
+    let resident = Resident::of(op, gpu, refs.reborrow())?;
+    if resident.rows().pages_for(m) > 1 {
         return Ok(None);
     }
     // Host: the gradients read back, and copies of device-resident rows for the
@@ -147,11 +155,18 @@ pub(super) fn run(
     let floats = |n: usize| 4 * (n * d) as u64;
     let host = floats(b) * 2 + if ref_role { floats(m) * 2 } else { 0 };
     let _held = HostReservation::new(job.label, host, ctx.tracker())?;
-    let (sums, g_q, g_r) = oom_retry::retry(ctx, || {
+    let attempt = oom_retry::retry(ctx, || {
         report.check()?;
         report.restart();
         gpu.settled(blocks(ctx, gpu, job, rule, &resident, (ref_role, &report)))
-    })?;
+    });
+    let (sums, g_q, g_r) = match attempt {
+        // The call's whole gradients and sums live on the device beside a block: where they
+        // (or one block) do not fit the budget or a binding, the native path, which needs
+        // less of both, runs instead.
+        Err(Error::OverBudget { .. } | Error::DeviceLimit { .. }) => return Ok(None),
+        other => other?,
+    };
     let q = host_rows(op, ctx, queries.reborrow())?;
     let r_own = match job.refs_are_queries || !job.ref_grad {
         true => None,
