@@ -134,9 +134,11 @@ pub(super) fn run(
     // One page of references (known before host rows are uploaded), and the references'
     // products within the dispatch limits (the block's rows are planned within them).
     let caps = DeviceCaps::from_limits(&gpu.limits);
-    let pages = match refs {
-        Embeddings::Bank(bank) => bank.view.rows.pages_for(m),
-        _ => m.div_ceil(max_page_rows(op, &caps, d.div_ceil(4))?.max(1)),
+    let pages = match (refs, max_page_rows(op, &caps, d.div_ceil(4))) {
+        (Embeddings::Bank(bank), _) => bank.view.rows.pages_for(m),
+        (_, Ok(per_page)) => m.div_ceil(per_page.max(1)),
+        // Not one row fits a binding: the native path has no such limit.
+        (_, Err(_)) => return Ok(None),
     };
     let max_per_dim = u64::from(caps.max_workgroups_per_dimension);
     let tiles = |n: usize| (n as u64).div_ceil(loss_backward::TILE);
@@ -146,10 +148,12 @@ pub(super) fn run(
     {
         return Ok(None);
     }
-    let resident = Resident::of(op, gpu, refs.reborrow())?;
-    if resident.rows().pages_for(m) > 1 {
-        return Ok(None);
-    }
+    let resident = match Resident::of(op, gpu, refs.reborrow()) {
+        Ok(rows) if rows.rows().pages_for(m) == 1 => rows,
+        // References that do not fit the device budget stay on the host, natively.
+        Ok(_) | Err(Error::OverBudget { .. } | Error::DeviceLimit { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
     // Host: the gradients read back, and copies of device-resident rows for the
     // normalisation's backward.
     let floats = |n: usize| 4 * (n * d) as u64;
