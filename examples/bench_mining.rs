@@ -126,13 +126,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let anchors = embeddings_raw(b, d);
         let positives = noisy(&anchors);
         let run = || {
-            if func == "loss_ntxent" {
+            let out = if func == "loss_ntxent" {
                 let set = MiningSet::new(&views, &view_labels);
-                ntxent_loss(&ctx, &set, None, &InfoNceConfig::default()).map(|l| l.positive_pairs)
+                ntxent_loss(&ctx, &set, None, &InfoNceConfig::default())?
             } else {
-                multiple_negatives_ranking_loss(&ctx, &anchors, &positives, &MnrlConfig::default())
-                    .map(|l| l.positive_pairs)
-            }
+                multiple_negatives_ranking_loss(&ctx, &anchors, &positives, &MnrlConfig::default())?
+            };
+            on_path(&ctx, out.path).map(|()| out.positive_pairs)
         };
         return measure(&ctx, (&func, b, m, c), (budget, reps, on_device), run);
     }
@@ -150,7 +150,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             triplets,
             ..Default::default()
         };
-        let run = || triplet_margin_loss(&ctx, &queries, Some(&refs), &cfg).map(|l| l.nonzero);
+        let run = || {
+            let out = triplet_margin_loss(&ctx, &queries, Some(&refs), &cfg)?;
+            on_path(&ctx, out.path).map(|()| out.nonzero)
+        };
         return measure(&ctx, (&func, b, m, c), (budget, reps, on_device), run);
     }
     let base = func.trim_end_matches("_count").trim_end_matches("_stream");
@@ -189,6 +192,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     measure(&ctx, (&func, b, m, c), (budget, reps, on_device), run)
+}
+
+/// An error unless a loss ran on the context's path (a device path that fell back to the
+/// native one would be reported under the wrong path).
+fn on_path(ctx: &Context, path: ComputePath) -> Result<(), wgpu_metric_learning::Error> {
+    if path == ctx.path() {
+        return Ok(());
+    }
+    Err(wgpu_metric_learning::Error::InvalidParameter {
+        op: "bench_mining",
+        what: "--path",
+        value: format!("{path:?}"),
+        rule: "the loss must run on the context's path (it fell back)",
+    })
 }
 
 /// Times `run` `reps` times after a warm-up and prints the RESULT line.
