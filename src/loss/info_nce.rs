@@ -95,9 +95,10 @@ pub struct InfoNceLoss {
     /// [`multiple_negatives_ranking_loss`]: the candidates').
     pub ref_grad: Option<Array2<f32>>,
     /// Where it ran: [`ComputePath::Wgpu`] on a wgpu context (similarities, weights in f32 and
-    /// both gradient products on the device), the native path otherwise (in f64, device rows
-    /// read back); calls without a loss (no positive or negative pair) return zeros before
-    /// either, with the context's path.
+    /// both gradient products on the device), the native path otherwise, or where the
+    /// references take more than one storage binding or the device buffers do not fit the
+    /// budget (in f64, device rows read back); calls without a loss (no positive or negative
+    /// pair) return zeros before either, with the context's path.
     pub path: ComputePath,
     /// Host–device traffic of the call.
     pub transfers: Transfers,

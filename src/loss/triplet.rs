@@ -14,9 +14,10 @@
 //! references through the same two products as the anchors'.
 //!
 //! On a wgpu context the loss runs on the device ([`super::gpu`]): `triplet_weights`
-//! compares every positive of an anchor's row with every negative (no sort: `O(m²)` per
-//! anchor, in parallel), so softplus costs what the hinge does; `loss_backward` takes the
-//! weights to the embeddings. Swap stays on the native path.
+//! compares every positive of an anchor's row with every negative (`2·P·N` comparisons per
+//! anchor, no sort, the row split into blocks of 256 in parallel), so softplus costs what the
+//! hinge does; `loss_backward` takes the weights to the embeddings. Swap stays on the native
+//! path.
 
 use std::hash::Hash;
 
@@ -127,9 +128,10 @@ pub struct TripletLoss {
     /// were given.
     pub ref_grad: Option<Array2<f32>>,
     /// Where it ran: [`ComputePath::Wgpu`] on a wgpu context (distances, weights and both
-    /// gradient products on the device), except with [`TripletLossConfig::swap`] or
-    /// references that take more than one storage binding, which run on the native path
-    /// (reading device-resident rows back).
+    /// gradient products on the device), except with [`TripletLossConfig::swap`], references
+    /// that take more than one storage binding, or device buffers (the gradients and one
+    /// block) that do not fit the budget: those run on the native path (reading
+    /// device-resident rows back).
     pub path: ComputePath,
     /// Host–device traffic of the call: the uploads, and the gradients (or the rows) read
     /// back.
