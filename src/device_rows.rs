@@ -474,11 +474,8 @@ impl DeviceRows {
             staging
                 .map(&done, bytes)
                 .read::<f32, _>(gpu, rows * width, |values| {
-                    for (i, row) in values.chunks_exact(width).enumerate() {
-                        for (o, v) in out.row_mut(start + i).iter_mut().zip(row) {
-                            *o = *v;
-                        }
-                    }
+                    let rows = out.slice_mut(ndarray::s![start..start + rows, ..]);
+                    transfer::unpad_rows_into(values, self.dim4, rows);
                 })?;
         }
         Ok(out)

@@ -9,22 +9,22 @@
 //! It takes the references in one page (one storage binding): past that, and for PML's swap,
 //! the caller runs the native path.
 
-use ndarray::{Array2, ArrayView1};
+use ndarray::Array2;
 
 use super::driver::{self, Job, Output, Totals, NEAR};
 use super::{host_refs, host_rows};
 use crate::context::Context;
 use crate::device::GpuDevice;
 use crate::device_rows::max_page_rows;
-use crate::device_rows::RowsView;
+use crate::device_rows::{Rows, RowsView};
 use crate::distance::gpu::{distance_rows_buffers, DistanceRows};
 use crate::error::{Error, Result};
 use crate::hooks::Reporter;
 use crate::inputs::{self, Embeddings, Resident};
-use crate::kernels::distance_tile;
 use crate::kernels::info_nce_weights::{self, InfoNceWeights};
 use crate::kernels::loss_backward::{self, BackwardBuffers, LossBackward, Side};
 use crate::kernels::triplet_weights::{self, TripletWeights, WeightBuffers, TOTAL_WORDS};
+use crate::kernels::{distance_tile, grid_2d};
 use crate::memory::{HostReservation, TrackedBuffer};
 use crate::oom_retry;
 use crate::plan::{plan_rows, DeviceCaps, Footprint};
@@ -43,6 +43,11 @@ pub(super) enum Rule {
     InfoNce { dz: f32 },
 }
 
+/// The uniform block either weights kernel takes.
+fn weight_params_size() -> u64 {
+    uniform_size::<triplet_weights::Params>().max(uniform_size::<info_nce_weights::Params>())
+}
+
 /// Device bytes of a call with `b` anchors in blocks of `rows` against `m` references of
 /// `dim4` `vec4`s (`ref_role`: they get a gradient): every buffer [`blocks`] makes (the
 /// references are on the device before it plans, so the budget it plans in has them).
@@ -56,7 +61,7 @@ fn footprint(
     let totals = f32s(b * TOTAL_WORDS);
     let g_q = f32s(b * dim4 * 4);
     buffers.extend([
-        uniform_size::<triplet_weights::Params>().max(uniform_size::<info_nce_weights::Params>()),
+        weight_params_size(),
         2 * uniform_size::<loss_backward::Params>(),
         f32s(m + 2 * rows), // labels
         f32s(rows * m),     // U
@@ -97,9 +102,11 @@ fn footprint(
     }
 }
 
-/// The second dimension of `groups` workgroups folded into 2-D rows of `max_per_dim`.
+/// The second dimension of `groups` workgroups folded into 2-D rows of `max_per_dim`
+/// ([`grid_2d`]'s, as the kernels dispatch them).
 fn folded(groups: u64, max_per_dim: u64) -> u64 {
-    groups.div_ceil(max_per_dim.max(1))
+    let max = u32::try_from(max_per_dim).unwrap_or(u32::MAX);
+    u64::from(grid_2d(groups, max).1)
 }
 
 /// The loss's sums and gradients on `gpu`, or `None` when the references take more than one
@@ -213,11 +220,7 @@ fn blocks(
     let uniform = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
     let make = |label, size, usage| transfer::create_buffer(gpu, label, size, usage);
     let distance = DistanceRows::new(gpu, rows, view)?;
-    let weight_params = make(
-        "loss_gpu::weight_params",
-        uniform_size::<triplet_weights::Params>().max(uniform_size::<info_nce_weights::Params>()),
-        uniform,
-    )?;
+    let weight_params = make("loss_gpu::weight_params", weight_params_size(), uniform)?;
     let backward_params = [
         make(
             "loss_gpu::query_side_params",
@@ -277,7 +280,13 @@ fn blocks(
             .flat_map(|a| [set.labels[a], set.self_slots[a]])
             .collect();
         rec.upload(&labels, f32s(m), &own)?;
-        distance.encode(&mut rec, queries.reborrow(), a0, n, view, &job.distance)?;
+        // In-batch, the queries are already on the device as the references: copied there,
+        // not uploaded a second time.
+        let rows = match job.refs_are_queries {
+            true => Rows::Resident(view),
+            false => queries.reborrow(),
+        };
+        distance.encode(&mut rec, rows, a0, n, view, &job.distance)?;
         rec.sentinel(&u, f32s(n * m))?;
         match (rule, &triplet_buffers) {
             (
@@ -428,12 +437,7 @@ fn sum_totals(words: &[u32]) -> Option<Totals> {
 
 /// `(n, d)` from `n` rows of `ceil(d / 4)` zero-padded `vec4`s.
 fn unpad(v: &[f32], n: usize, d: usize) -> Array2<f32> {
-    let padded = d.div_ceil(4) * 4;
     let mut out = Array2::zeros((n, d));
-    if d > 0 {
-        for (mut row, src) in out.rows_mut().into_iter().zip(v.chunks_exact(padded)) {
-            row.assign(&ArrayView1::from(&src[..d]));
-        }
-    }
+    transfer::unpad_rows_into(v, d.div_ceil(4), out.view_mut());
     out
 }

@@ -105,6 +105,24 @@ pub(crate) fn padded_rows(
     out
 }
 
+/// The inverse of [`padded_rows`]: the first `out.ncols()` values of each `4 * dim4`-wide
+/// row of `values` into the rows of `out`, as many as both have.
+pub(crate) fn unpad_rows_into(
+    values: &[f32],
+    dim4: usize,
+    mut out: ndarray::ArrayViewMut2<'_, f32>,
+) {
+    let width = 4 * dim4;
+    if width == 0 {
+        return;
+    }
+    for (mut dst, row) in out.rows_mut().into_iter().zip(values.chunks_exact(width)) {
+        for (o, v) in dst.iter_mut().zip(row) {
+            *o = *v;
+        }
+    }
+}
+
 /// Creates a device buffer of `size` bytes (rounded up to 4) through the budget accounting.
 ///
 /// Order matters: the bytes are reserved first (so an over-budget request never reaches the
