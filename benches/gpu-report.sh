@@ -27,7 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BENCHES=(bench_report bench_knn bench_mining bench_bank)
-LIMIT_MIB=60
+LIMIT_MIB=56
 
 build() {
     # Test binaries: their paths come from cargo's JSON messages.
@@ -45,9 +45,16 @@ for line in sys.stdin:
     done <<<"$tests"
     for b in "${BENCHES[@]}"; do cp "target/release/examples/$b" .devbin/; done
     cp target/release/wml .devbin/
-    strip .devbin/*
+    # The test binaries keep their symbol tables (not their debug info): the hunt's stacks
+    # then name our functions and the tests that were running.
+    strip .devbin/bench_* .devbin/wml
+    strip --strip-debug .devbin/test-*
     # Where the tests were built: they find their fixtures and `wml` under this path.
     pwd >.devbin/BUILD_ROOT
+    # Packed with xz (a quarter of the size: what travels is limited); `prepare` unpacks.
+    (cd .devbin && tar -cf - --exclude=BUILD_ROOT -- * | xz -T2 -6 >bins.tar.xz.part &&
+        find . -maxdepth 1 -type f ! -name BUILD_ROOT ! -name 'bins.tar.xz.part' -delete &&
+        mv bins.tar.xz.part bins.tar.xz)
     if ! ls .gl/*.deb >/dev/null 2>&1; then
         mkdir -p .gl /tmp/amd64/partial
         local o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
@@ -56,6 +63,20 @@ for line in sys.stdin:
         # shellcheck disable=SC2086
         (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
     fi
+    # gdb and eu-stack for the hunt's stacks, as Debian packages run from a directory of their
+    # own there (gdb-minimal needs libdebuginfod, whose stand-in is built here).
+    if ! ls .gl/dbg/*.deb >/dev/null 2>&1; then
+        mkdir -p .gl/dbg /tmp/amd64/partial
+        local o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+        # shellcheck disable=SC2086
+        apt-get $o update >/dev/null
+        # shellcheck disable=SC2086
+        (cd .gl/dbg && apt-get $o download gdb-minimal libipt2 libxxhash0 libgmp10 libexpat1 \
+            libreadline8 libtinfo6 elfutils libdw1 libelf1 libasm1 libbz2-1.0 libzstd1 liblzma5 \
+            zlib1g libstdc++6 libgcc-s1)
+    fi
+    gcc -O2 -shared -fPIC -Wl,--version-script=benches/hunt/debuginfod_stub.map \
+        -Wl,-soname,libdebuginfod.so.1 -o .gl/dbg/libdebuginfod.so.1 benches/hunt/debuginfod_stub.c
     if ! ls .whl/*.whl >/dev/null 2>&1; then
         python3 -m pip download -q --no-deps pytorch-metric-learning==2.9.0 -d .whl ||
             echo "gpu-report: no PML wheel (the report will have no PML ratios)" >&2
@@ -63,6 +84,7 @@ for line in sys.stdin:
     local mib
     mib=$(du -scm .devbin .gl .whl 2>/dev/null | tail -1 | cut -f1)
     ls -la .devbin
+    xz -dc .devbin/bins.tar.xz | tar -tvf -
     echo "gpu-report: .devbin + .gl + .whl = ${mib} MiB (limit ${LIMIT_MIB})"
     if [ "$mib" -gt "$LIMIT_MIB" ]; then
         echo "gpu-report: too large to carry" >&2
@@ -71,10 +93,19 @@ for line in sys.stdin:
     echo "gpu-report: now run 'benches/gpu-report.sh run' there, carrying .devbin .gl .whl"
 }
 
-run() {
-    local quick=${1:-}
-    local out=${OUT:-$PWD/gpu-report-out}
-    mkdir -p "$out"
+# What both `run` and `hunt` need there: the Vulkan/EGL loaders unpacked, the NVIDIA ICD named
+# when the loader would not find it, the device's name and driver in $1/gpu.txt, and the build
+# path the tests read their fixtures from pointed at this checkout.
+prepare() {
+    local out=$1
+    if [ -f .devbin/bins.tar.xz ] && [ ! -x .devbin/wml ]; then
+        if command -v xz >/dev/null; then
+            xz -dc .devbin/bins.tar.xz | tar -C .devbin -xf -
+        else
+            python3 -c 'import lzma, sys, tarfile; tarfile.open(fileobj=lzma.open(sys.argv[1])).extractall(".devbin")' \
+                .devbin/bins.tar.xz
+        fi
+    fi
     if ls .gl/*.deb >/dev/null 2>&1 && ! ldconfig -p | grep -q libvulkan.so.1; then
         for f in .gl/*.deb; do dpkg -x "$f" /; done
         ldconfig
@@ -99,6 +130,13 @@ run() {
     fi
     mkdir -p "$root/target/release"
     [ -e "$root/target/release/wml" ] || cp .devbin/wml "$root/target/release/wml"
+}
+
+run() {
+    local quick=${1:-}
+    local out=${OUT:-$PWD/gpu-report-out}
+    mkdir -p "$out"
+    prepare "$out"
 
     : >"$out/tests.log"
     for t in .devbin/test-*; do
@@ -204,11 +242,229 @@ isolated() {
     rm -rf "$dir"
 }
 
+# The in-process hunt (the hang and the crash of the unit tests in one process on NVIDIA):
+# test binaries run whole, many times, at HUNT_THREADS (8) threads, as a user's process
+# would, each run under a watchdog. A run that outlives its limit is a hang: every thread's
+# backtrace is taken (gdb attached, else eu-stack, else /proc's wchan and syscall) before it
+# is killed. A run that dies of a signal leaves a core where the kernel allows one, read by
+# gdb; where it does not, the stage's later runs go under gdb, which prints every thread's
+# stack at the fault.
+#
+# Stages, in order (runs and seconds per run as HUNT_<STAGE>_RUNS / _LIMIT):
+#   first-off    the test whose child processes make their first contexts on 8 threads at
+#                once (WML_FIRST_CONTEXT_RUNS, 10, children per run), with the library's
+#                lifecycle guard off (WML_DEVICE_LOCK=off): whether the driver's fault
+#                shows without it (2 runs, 120 s)
+#   first        the same with the guard, as shipped (2 runs, 120 s)
+#   churn-off    the stress test of contexts made and dropped beside running kernels,
+#                guard off (0 runs: it never failed on an H200), and
+#   churn        with the guard (2 runs, 60 s)
+#   unit         the library's unit tests (20 runs, 45 s)
+#   integration  the integration tests (10 runs, 240 s)
+# A stage is skipped once a run would end past HUNT_DEADLINE (420) seconds from the start.
+# Writes $OUT/hunt.jsonl (rows `inprocess-<stage>`: runs, passed, hangs, crashes, threads,
+# device, driver), $OUT/hunt-summary.txt, and every run's log and stacks packed in
+# $OUT/hunt.tar.gz (rewritten after each run, so that a run cut short still returns them).
+# With HUNT_BISECT=1 and time left, a failing binary's top-level modules then run alone,
+# HUNT_BISECT_RUNS (5) times each.
+hunt() {
+    local out=${OUT:-$PWD/gpu-report-out}
+    local work=/tmp/wml-hunt
+    rm -rf "$work" && mkdir -p "$work" "$out"
+    prepare "$out"
+    local started=$SECONDS deadline=${HUNT_DEADLINE:-420} threads=${HUNT_THREADS:-8}
+    # Contexts per churning thread of the stress test (4 threads).
+    export WML_CHURN_CONTEXTS=${WML_CHURN_CONTEXTS:-25}
+    # Child processes per run of the first-contexts test.
+    export WML_FIRST_CONTEXT_RUNS=${WML_FIRST_CONTEXT_RUNS:-10}
+    debuggers
+    ulimit -c unlimited 2>/dev/null || true
+    {
+        echo "core_pattern: $(cat /proc/sys/kernel/core_pattern 2>/dev/null)"
+        echo "gdb: ${GDB[*]:-none}; eu-stack: ${EUSTACK[*]:-none}"
+        cat "$out/gpu.txt" 2>/dev/null || true
+    } | tee "$work/env.txt"
+    local device driver
+    device=$(cut -d, -f1 "$out/gpu.txt" 2>/dev/null | xargs || true)
+    driver=$(cut -d, -f2 "$out/gpu.txt" 2>/dev/null | xargs || true)
+    : >"$out/hunt.jsonl"
+    local spec label bin runs limit lock filter failing=()
+    for spec in \
+        "first-off test-root ${HUNT_FIRST_OFF_RUNS:-2} ${HUNT_FIRST_OFF_LIMIT:-120} off concurrency::first_contexts" \
+        "first test-root ${HUNT_FIRST_RUNS:-2} ${HUNT_FIRST_LIMIT:-120} on concurrency::first_contexts" \
+        "churn-off test-root ${HUNT_CHURN_OFF_RUNS:-0} ${HUNT_CHURN_OFF_LIMIT:-60} off concurrency::contexts_made_and_dropped" \
+        "churn test-root ${HUNT_CHURN_RUNS:-2} ${HUNT_CHURN_LIMIT:-60} on concurrency::contexts_made_and_dropped" \
+        "unit test-wgpu_metric_learning ${HUNT_UNIT_RUNS:-20} ${HUNT_UNIT_LIMIT:-45} on" \
+        "integration test-root ${HUNT_INTEGRATION_RUNS:-10} ${HUNT_INTEGRATION_LIMIT:-240} on"; do
+        read -r label bin runs limit lock filter <<<"$spec"
+        [ -x ".devbin/$bin" ] && [ "$runs" -gt 0 ] || continue
+        local passed=0 hangs=0 crashes=0 failed=0 done_runs=0 under_gdb=0 i status
+        for ((i = 1; i <= runs; i++)); do
+            if [ $((SECONDS - started + limit)) -gt "$deadline" ]; then
+                echo "hunt: deadline, $label stopped after $done_runs runs" | tee -a "$work/summary.txt"
+                break
+            fi
+            status=$(WML_DEVICE_LOCK=$lock HUNT_FILTER=$filter \
+                hunt_once "$work/$label-$i" ".devbin/$bin" "$limit" "$threads" "$under_gdb")
+            done_runs=$((done_runs + 1))
+            case $status in
+            pass) passed=$((passed + 1)) ;;
+            hang) hangs=$((hangs + 1)) ;;
+            crash*)
+                crashes=$((crashes + 1))
+                # No core to read: the next runs go under gdb to catch the next fault.
+                [ "$status" = crash-nocore ] && [ ${#GDB[@]} -gt 0 ] && under_gdb=1
+                ;;
+            *) failed=$((failed + 1)) ;;
+            esac
+            echo "hunt: $label run $i: $status ($(grep -c ' ok$' "$work/$label-$i/log") tests ok, $(grep -h 'contexts made' "$work/$label-$i/log" | head -1) $((SECONDS - started)) s)" |
+                tee -a "$work/summary.txt"
+            pack_hunt "$work" "$out"
+        done
+        printf '{"case": "inprocess-%s", "runs": %d, "passed": %d, "hangs": %d, "crashes": %d, "failed": %d, "threads": %d, "device_lock": "%s", "device": "%s", "driver": "%s"}\n' \
+            "$label" "$done_runs" "$passed" "$hangs" "$crashes" "$failed" "$threads" "$lock" "$device" "$driver" |
+            tee -a "$out/hunt.jsonl"
+        [ $((hangs + crashes)) -gt 0 ] && [ -z "$filter" ] && failing+=("$bin $limit")
+    done
+    if [ "${HUNT_BISECT:-0}" = 1 ]; then
+        for spec in "${failing[@]}"; do
+            read -r bin limit <<<"$spec"
+            bisect_modules "$work" ".devbin/$bin" "$limit" "$threads" "$started" "$deadline"
+        done
+    fi
+    pack_hunt "$work" "$out"
+    cat "$work/summary.txt" 2>/dev/null || true
+}
+
+# The hunt's files into $2: its summary, and everything packed (a GPU server returns only a
+# few files).
+pack_hunt() {
+    cp "$1/summary.txt" "$2/hunt-summary.txt" 2>/dev/null || true
+    tar -czf "$2/hunt.tar.gz.part" -C "$(dirname "$1")" "$(basename "$1")" && mv "$2/hunt.tar.gz.part" "$2/hunt.tar.gz"
+}
+
+# GDB and EUSTACK: commands that run gdb and eu-stack, the server's own or the ones `build`
+# carried in .gl/dbg (Debian's gdb-minimal and elfutils, with a libdebuginfod stand-in, run
+# from /tmp/wml-dbg with their own libraries).
+debuggers() {
+    GDB=() EUSTACK=()
+    local root=/tmp/wml-dbg lib
+    if ls .gl/dbg/*.deb >/dev/null 2>&1 && [ ! -d $root ]; then
+        for f in .gl/dbg/*.deb; do dpkg -x "$f" $root; done
+        cp .gl/dbg/libdebuginfod.so.1 $root/usr/lib/x86_64-linux-gnu/ 2>/dev/null || true
+    fi
+    lib=$root/usr/lib/x86_64-linux-gnu:$root/lib/x86_64-linux-gnu
+    if command -v gdb >/dev/null; then
+        GDB=(gdb)
+    elif [ -x $root/usr/bin/gdb ]; then GDB=(env "LD_LIBRARY_PATH=$lib" $root/usr/bin/gdb); fi
+    if command -v eu-stack >/dev/null; then
+        EUSTACK=(eu-stack)
+    elif [ -x $root/usr/bin/eu-stack ]; then EUSTACK=(env "LD_LIBRARY_PATH=$lib" $root/usr/bin/eu-stack); fi
+}
+
+# One run of binary $2 at $4 threads under a $3-second watchdog, in directory $1 (under gdb
+# when $5 = 1). Prints pass, fail, hang, crash (a core read) or crash-nocore.
+hunt_once() {
+    local dir=$1 bin=$2 limit=$3 threads=$4 gdb=$5 pid target t0=$SECONDS rc=0
+    mkdir -p "$dir"
+    (
+        cd "$dir" || exit 1
+        export WML_REQUIRE_GPU=1 WML_SOAK_SECS=${WML_SOAK_SECS:-10} RUST_BACKTRACE=1
+        if [ "$gdb" = 1 ]; then
+            exec "${GDB[@]}" -q -batch -ex 'set pagination off' -ex 'handle SIGPIPE nostop noprint' \
+                -ex run -ex 'info threads' -ex 'thread apply all bt 40' -ex kill \
+                --args "$OLDPWD/$bin" --test-threads="$threads" ${HUNT_FILTER:+"$HUNT_FILTER" --nocapture}
+        fi
+        exec "$OLDPWD/$bin" --test-threads="$threads" ${HUNT_FILTER:+"$HUNT_FILTER" --nocapture}
+    ) >"$dir/log" 2>&1 &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 0.5; done
+    if kill -0 "$pid" 2>/dev/null; then
+        target=$pid
+        [ "$gdb" = 1 ] && target=$(pgrep -P "$pid" | head -1)
+        stacks "$target" "$dir"
+        if [ "$gdb" = 1 ]; then
+            # gdb stops the program on SIGINT and runs the batch's backtrace commands.
+            kill -INT "$target" 2>/dev/null || true
+            sleep 10
+        fi
+        kill -9 "$pid" "$target" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+        echo hang
+        return
+    fi
+    wait "$pid" || rc=$?
+    echo "exit $rc" >>"$dir/log"
+    # Cores of the run's own child processes (a test that runs itself in a child).
+    local core n=0
+    for core in "$dir"/core*; do
+        [ -f "$core" ] && [ ${#GDB[@]} -gt 0 ] || continue
+        n=$((n + 1))
+        "${GDB[@]}" -q -batch -ex 'info threads' -ex 'thread apply all bt 40' "$bin" "$core" >"$dir/stacks-$n.txt" 2>&1 || true
+        rm -f "$core"
+    done
+    if grep -q '^test result: ok' "$dir/log"; then
+        echo pass
+    elif grep -q 'hung for 120 s' "$dir/log"; then
+        echo hang # a child process of the test
+    elif grep -q 'failed (signal: ' "$dir/log"; then
+        echo crash # a child process of the test
+    elif [ "$rc" -gt 128 ] || grep -q 'received signal SIG\|Program terminated with signal' "$dir/log"; then
+        if [ "$n" -gt 0 ]; then
+            echo crash
+        elif grep -q 'received signal SIG' "$dir/log"; then
+            echo crash # under gdb: the stacks are in the log
+        else
+            echo crash-nocore
+        fi
+    else
+        echo fail
+    fi
+}
+
+# Every thread of process $1 into $2/stacks.txt: its name, state, kernel wait channel and
+# system call, then user-space stacks by gdb (attached) or eu-stack.
+stacks() {
+    local pid=$1 dir=$2 task
+    {
+        for task in /proc/"$pid"/task/*; do
+            echo "$(basename "$task") $(cat "$task/comm") state=$(awk '{print $3}' "$task/stat") wchan=$(cat "$task/wchan" 2>/dev/null) syscall=$(cut -d' ' -f1 "$task/syscall" 2>/dev/null)"
+        done
+        echo
+        if [ ${#GDB[@]} -gt 0 ]; then
+            timeout 60 "${GDB[@]}" -q -batch -p "$pid" -ex 'set pagination off' -ex 'info threads' \
+                -ex 'thread apply all bt 40' 2>&1
+        fi
+        if [ ${#EUSTACK[@]} -gt 0 ]; then
+            timeout 30 "${EUSTACK[@]}" -p "$pid" 2>&1
+        fi
+    } >"$dir/stacks.txt" 2>&1 || true
+}
+
+# With failures seen: binary $2's top-level modules (the first path component of its tests),
+# each run alone in one process HUNT_BISECT_RUNS (5) times while time remains.
+bisect_modules() {
+    local dir=$1 bin=$2 limit=$3 threads=$4 started=$5 deadline=$6 m i status
+    for m in $("$bin" --list 2>/dev/null | sed -n 's/: test$//p' | cut -d: -f1 | sort -u); do
+        local fails=0 n=0
+        for ((i = 1; i <= ${HUNT_BISECT_RUNS:-5}; i++)); do
+            [ $((SECONDS - started + limit)) -gt "$deadline" ] && break 2
+            # A module filter: only tests whose path starts with it (libtest matches substrings).
+            status=$(HUNT_FILTER="$m::" hunt_once "$dir/bisect-$m-$i" "$bin" "$limit" "$threads" 0)
+            pack_hunt "$dir" "${OUT:-$PWD/gpu-report-out}"
+            n=$((n + 1))
+            [ "$status" = pass ] || fails=$((fails + 1))
+        done
+        echo "hunt: bisect $(basename "$bin") $m::: $fails of $n runs failed" | tee -a "$dir/summary.txt"
+    done
+}
+
 case "${1:-}" in
 build) build ;;
 run) run "${2:-}" ;;
+hunt) hunt ;;
 *)
-    echo "usage: benches/gpu-report.sh build | run [--quick]" >&2
+    echo "usage: benches/gpu-report.sh build | run [--quick] | hunt" >&2
     exit 2
     ;;
 esac

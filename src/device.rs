@@ -4,16 +4,50 @@
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::mem::ManuallyDrop;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::memory::{MemoryTracker, TransferCounter};
 
+/// The process-wide guard of what must not run concurrently on some drivers: enumerating
+/// adapters and querying them, making a device, compiling a pipeline, and destroying a
+/// device (its pipelines, queue and device).
+///
+/// Why: NVIDIA's Vulkan driver (580.159.04, H100 and H200) crashed or hung processes whose
+/// threads made their first contexts at once. The crash's core shows a SIGSEGV in
+/// `libnvidia-eglcore` under wgpu-hal's `expose_adapter`, while five other threads were in
+/// `vkEnumeratePhysicalDevices` or in the driver's `vk_icdGetPhysicalDeviceProcAddr` on the
+/// same instance (RELIABILITY.md). Concurrent device and pipeline creation crashes NVIDIA's
+/// Windows driver too (wgpu issue #10234), so those are under the guard as well. All of
+/// these are rare, millisecond-long events: one lock across them costs an application
+/// nothing measurable, while dispatches, uploads and readbacks (the hot path) never take it.
+///
+/// `WML_DEVICE_LOCK=off` turns the guard off, only to reproduce the driver's fault
+/// (`benches/gpu-report.sh hunt`); read once per process.
+pub(crate) fn lifecycle_lock() -> Option<MutexGuard<'static, ()>> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    static OFF: OnceLock<bool> = OnceLock::new();
+    let off = *OFF.get_or_init(|| {
+        std::env::var("WML_DEVICE_LOCK").is_ok_and(|v| v.eq_ignore_ascii_case("off"))
+    });
+    // A poisoned lock only means a panic while it was held; it guards no data.
+    (!off).then(|| {
+        LOCK.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    })
+}
+
 /// A wgpu device and queue with everything the kernels need to know about them.
+///
+/// Dropping it waits for the device's work to finish, then destroys its pipelines, queue
+/// and device under [`lifecycle_lock`].
 #[derive(Debug)]
 pub(crate) struct GpuDevice {
-    pub(crate) device: wgpu::Device,
-    pub(crate) queue: wgpu::Queue,
+    /// Dropped by hand, under [`lifecycle_lock`] (see `Drop`).
+    pub(crate) device: ManuallyDrop<wgpu::Device>,
+    /// Dropped by hand, with the device.
+    pub(crate) queue: ManuallyDrop<wgpu::Queue>,
     pub(crate) info: wgpu::AdapterInfo,
     pub(crate) limits: wgpu::Limits,
     lost: Arc<Mutex<Option<(wgpu::DeviceLostReason, String)>>>,
@@ -68,8 +102,8 @@ impl GpuDevice {
         }
         let limits = device.limits();
         Self {
-            device,
-            queue,
+            device: ManuallyDrop::new(device),
+            queue: ManuallyDrop::new(queue),
             info,
             limits,
             lost,
@@ -139,6 +173,29 @@ impl GpuDevice {
     fn cached<K: Kernel>(&self, key: TypeId) -> Option<Arc<K>> {
         let map = self.kernels.lock().ok()?;
         Arc::clone(map.get(&key)?).downcast::<K>().ok()
+    }
+}
+
+impl Drop for GpuDevice {
+    fn drop(&mut self) {
+        // Finish the device's work outside the lock (bounded: a hung device must not hang
+        // the drop), so that the destruction under it is short.
+        let _ = self.device.poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: Some(std::time::Duration::from_secs(60)),
+        });
+        let kernels = self
+            .kernels
+            .get_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
+        let _guard = lifecycle_lock();
+        drop(kernels);
+        // SAFETY: each is dropped once, here, and never used after: `drop` is the last use.
+        unsafe {
+            ManuallyDrop::drop(&mut self.queue);
+            ManuallyDrop::drop(&mut self.device);
+        }
     }
 }
 

@@ -88,6 +88,161 @@ fn run(ctx: &Context, op: usize, i: usize) -> String {
     }
 }
 
+/// Contexts made and dropped on several threads while others run kernels on a context of
+/// their own and read the results back: a user's process with a trainer, a data loader and
+/// an evaluation thread, each making its own context. This is the pattern that hung or
+/// crashed NVIDIA's Vulkan driver until device creation, pipeline compilation and device
+/// destruction were serialised (`lifecycle_lock`, RELIABILITY.md). Every answer must be the
+/// bits of a sequential run on a context of the same adapter. `WML_CHURN_CONTEXTS` sets the
+/// contexts each churning thread makes (default 3; the GPU hunt uses hundreds).
+#[test]
+fn contexts_made_and_dropped_beside_running_kernels() {
+    const CHURNERS: usize = 4;
+    const WORKERS: usize = 4;
+    let per_thread: usize = std::env::var("WML_CHURN_CONTEXTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let Some(first) = common::gpu_context(None) else {
+        return;
+    };
+    let expected: Vec<String> = (0..5).map(|op| run(&first, op, op)).collect();
+    let churned = std::sync::atomic::AtomicUsize::new(0);
+    let started = std::time::Instant::now();
+    let worker_ops = std::thread::scope(|scope| {
+        let churners: Vec<_> = (0..CHURNERS)
+            .map(|t| {
+                let (expected, churned) = (&expected, &churned);
+                scope.spawn(move || {
+                    for n in 0..per_thread {
+                        let ctx = common::gpu_context(None).expect("an adapter, as before");
+                        let op = (t + n) % 5;
+                        assert_eq!(run(&ctx, op, op), expected[op], "churner {t}, context {n}");
+                        drop(ctx);
+                        churned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        let workers: Vec<_> = (0..WORKERS)
+            .map(|t| {
+                let (expected, churned) = (&expected, &churned);
+                scope.spawn(move || {
+                    let ctx = common::gpu_context(None).expect("an adapter, as before");
+                    let mut n = 0;
+                    // At least one operation each, then until every churner is done.
+                    while n == 0
+                        || churned.load(std::sync::atomic::Ordering::Relaxed)
+                            < CHURNERS * per_thread
+                    {
+                        let op = (t + n) % 5;
+                        assert_eq!(run(&ctx, op, op), expected[op], "worker {t}, op {n}");
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        for c in churners {
+            c.join().expect("a churning thread panicked");
+        }
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("a working thread panicked"))
+            .sum::<usize>()
+    });
+    eprintln!(
+        "{} contexts made and dropped beside {worker_ops} operations in {:.1} s on {}",
+        CHURNERS * per_thread,
+        started.elapsed().as_secs_f64(),
+        first.device_name()
+    );
+}
+
+/// The test that [`first_contexts_of_a_process_made_by_many_threads`] runs in a child
+/// process of its own, by name.
+const FIRST_CONTEXTS: &str = "concurrency::first_contexts_of_a_process_made_by_many_threads";
+
+/// A process whose first contexts are made by 8 threads at once, each then running an
+/// operation and dropping its context: a fresh process each time, since the library's
+/// shared Vulkan instance is made once per process. This is what crashed NVIDIA's driver
+/// (concurrent physical-device enumeration on a new instance; RELIABILITY.md). The test
+/// runs itself as a child process `WML_FIRST_CONTEXT_RUNS` times (default 3), each under a
+/// 120-second watchdog, and every answer must be the bits of a context made afterwards.
+#[test]
+fn first_contexts_of_a_process_made_by_many_threads() {
+    if std::env::var_os("WML_FIRST_CONTEXTS_CHILD").is_some() {
+        return first_contexts_child();
+    }
+    // Whether there is an adapter (or a skip, without WML_REQUIRE_GPU=1), before any child.
+    if common::gpu_context(None).is_none() {
+        return;
+    }
+    let runs: usize = std::env::var("WML_FIRST_CONTEXT_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let exe = std::env::current_exe().expect("the test binary's path");
+    for run in 0..runs {
+        let mut child = std::process::Command::new(&exe)
+            .args(["--exact", FIRST_CONTEXTS, "--nocapture", "--test-threads=1"])
+            .env("WML_FIRST_CONTEXTS_CHILD", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the child process starts");
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("the child's status") {
+                break Some(status);
+            }
+            if started.elapsed() > std::time::Duration::from_secs(120) {
+                let _ = child.kill();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let output = child.wait_with_output().expect("the child's output");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        match status {
+            Some(s) if s.success() && text.contains("1 passed") => {}
+            Some(s) => panic!("child {run} of {runs} failed ({s}):\n{text}"),
+            None => panic!("child {run} of {runs} hung for 120 s:\n{text}"),
+        }
+    }
+}
+
+/// In the child: 8 threads released at once, each making its context and running one
+/// operation; then the answers compared with those of a context made afterwards.
+fn first_contexts_child() {
+    const THREADS: usize = 8;
+    let barrier = std::sync::Barrier::new(THREADS);
+    let answers: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    barrier.wait();
+                    let ctx = common::gpu_context(None).expect("an adapter, as the parent found");
+                    run(&ctx, t % 5, t)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a thread panicked"))
+            .collect()
+    });
+    let after = common::gpu_context(None).expect("an adapter");
+    for (t, got) in answers.iter().enumerate() {
+        assert_eq!(*got, run(&after, t % 5, t), "thread {t}");
+    }
+}
+
 /// The ring-buffer model of the bank: slot contents as `(label, first float)`.
 struct Model {
     slots: Vec<(u32, f32)>,

@@ -122,6 +122,10 @@ pub(crate) fn enumerate(backends: Option<wgpu::Backends>, listing: Listing) -> E
     let mut adapters = Vec::new();
     let mut gl_lock = None;
     if !native.is_empty() {
+        // One enumeration at a time: NVIDIA's driver crashed (SIGSEGV in libnvidia-eglcore,
+        // under wgpu-hal's `expose_adapter`) when several threads enumerated the physical
+        // devices of one instance at once, as the first contexts of a process do.
+        let _guard = crate::device::lifecycle_lock();
         let shared = SHARED.get_or_init(|| instance(wgpu::Backends::all() - wgpu::Backends::GL));
         adapters.extend(pollster::block_on(shared.enumerate_adapters(native)));
     }
@@ -237,6 +241,8 @@ pub(crate) fn select_adapter(
 /// device-local heap on Vulkan, Metal's `recommendedMaxWorkingSetSize`; `None` elsewhere (DX12,
 /// GL, where [`crate::DEFAULT_BUDGET_BYTES`] applies).
 pub(crate) fn reported_device_memory(adapter: &wgpu::Adapter) -> Option<u64> {
+    // A physical-device query: under the guard, as enumeration is.
+    let _guard = crate::device::lifecycle_lock();
     match adapter.get_info().backend {
         wgpu::Backend::Vulkan => vulkan_device_memory(adapter),
         wgpu::Backend::Metal => metal_working_set(adapter),

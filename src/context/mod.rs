@@ -205,15 +205,18 @@ impl Context {
             }
             return Err(e);
         }
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("wgpu-metric-learning"),
-            required_features: wgpu::Features::empty(),
-            required_limits,
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
-            memory_hints: wgpu::MemoryHints::Performance,
-            trace: wgpu::Trace::Off,
-        }))
-        .map_err(|source| Error::RequestDevice {
+        let requested = {
+            let _guard = crate::device::lifecycle_lock();
+            pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+                label: Some("wgpu-metric-learning"),
+                required_features: wgpu::Features::empty(),
+                required_limits,
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            }))
+        };
+        let (device, queue) = requested.map_err(|source| Error::RequestDevice {
             adapter: info.name.clone(),
             source,
         })?;
@@ -366,7 +369,7 @@ impl Context {
     /// assert!(Context::native_cpu(None).wgpu_device().is_none());
     /// ```
     pub fn wgpu_device(&self) -> Option<(&wgpu::Device, &wgpu::Queue)> {
-        self.gpu().map(|g| (&g.device, &g.queue))
+        self.gpu().map(|g| (&*g.device, &*g.queue))
     }
 
     /// Tracked memory: current and peak bytes, and the budget.

@@ -245,6 +245,7 @@ impl Pipeline {
             })
             .collect();
         checked(gpu, spec.kernel.stem, || {
+            let _guard = crate::device::lifecycle_lock();
             let module = gpu
                 .device
                 .create_shader_module(wgpu::ShaderModuleDescriptor {
