@@ -26,7 +26,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BENCHES=(bench_report bench_knn bench_mining bench_bank)
+BENCHES=(bench_report bench_knn bench_mining bench_bank bench_gemm)
 LIMIT_MIB=56
 
 build() {
@@ -242,6 +242,44 @@ isolated() {
     rm -rf "$dir"
 }
 
+# The GPU core's figures, quickly (about 2 minutes on an H100): the FMA-loop and copy peaks,
+# the distance GEMM of every variant checked and trusted with its kernel time by timestamps,
+# the tuner's choice, kNN 10 000 x 100 000 x 128 with every kernel's time (k = 10 and 100,
+# end to end), NTXent and MNRL at B = 4 096, d = 768, and torch/PML on CUDA beside them
+# (cuBLAS fp32 GEMM, CustomKNN, the full-matrix losses). Writes $OUT/results.jsonl,
+# $OUT/pml.jsonl and $OUT/report.json (`benches/gpu_report.py --json`). `--quick`: small
+# shapes, to check the script on any adapter.
+core() {
+    local quick=${1:-}
+    local out=${OUT:-$PWD/gpu-report-out}
+    mkdir -p "$out"
+    prepare "$out"
+    export WML_TUNE_CACHE=${WML_TUNE_CACHE:-/tmp/wml-tune.tsv}
+    local q=10000 n=100000 reps=3 infonce_b=4096 gemm_args=()
+    if [ "$quick" = --quick ]; then
+        q=500 n=5000 reps=1 infonce_b=256 gemm_args=(--quick)
+    fi
+    : >"$out/results.jsonl"
+    .devbin/bench_gemm "${gemm_args[@]}" --knn "${q}x${n}x128" | tee -a "$out/results.jsonl"
+    for k in 10 100; do
+        .devbin/bench_knn --func knn --path wgpu --Q $q --N $n --k $k --reps $reps | tee -a "$out/results.jsonl"
+    done
+    for func in loss_ntxent loss_mnrl; do
+        .devbin/bench_mining --path wgpu --func $func --B "$infonce_b" --D 768 --budget-mib 1024 \
+            --reps $reps | tee -a "$out/results.jsonl"
+    done
+    if python3 -c 'import torch' 2>/dev/null; then
+        local site=/tmp/wml-pml-site
+        if ls .whl/*.whl >/dev/null 2>&1; then
+            python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl || true
+        fi
+        PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} python3 benches/pml_cuda.py --Q $q --N $n \
+            --reps $reps --infonce "$infonce_b,768" --gemm 2048,16384,128 "$q,$n,128" |
+            tee "$out/pml.jsonl" || true
+    fi
+    python3 benches/gpu_report.py --json "$out" >"$out/report.json" || true
+}
+
 # The in-process hunt (the hang and the crash of the unit tests in one process on NVIDIA):
 # test binaries run whole, many times, at HUNT_THREADS (8) threads, as a user's process
 # would, each run under a watchdog. A run that outlives its limit is a hang: every thread's
@@ -383,6 +421,12 @@ hunt_once() {
         target=$pid
         [ "$gdb" = 1 ] && target=$(pgrep -P "$pid" | head -1)
         stacks "$target" "$dir"
+        # A test that runs itself in child processes: each child's stacks too.
+        local child n=0
+        for child in $(pgrep -P "$target" 2>/dev/null); do
+            n=$((n + 1))
+            stacks "$child" "$dir" "child-$n"
+        done
         if [ "$gdb" = 1 ]; then
             # gdb stops the program on SIGINT and runs the batch's backtrace commands.
             kill -INT "$target" 2>/dev/null || true
@@ -405,7 +449,7 @@ hunt_once() {
     done
     if grep -q '^test result: ok' "$dir/log"; then
         echo pass
-    elif grep -q 'hung for 120 s' "$dir/log"; then
+    elif grep -q 'hung for [0-9]* s' "$dir/log"; then
         echo hang # a child process of the test
     elif grep -q 'failed (signal: ' "$dir/log"; then
         echo crash # a child process of the test
@@ -422,10 +466,10 @@ hunt_once() {
     fi
 }
 
-# Every thread of process $1 into $2/stacks.txt: its name, state, kernel wait channel and
-# system call, then user-space stacks by gdb (attached) or eu-stack.
+# Every thread of process $1 into $2/${3:-stacks}.txt: its name, state, kernel wait channel
+# and system call, then user-space stacks by gdb (attached) or eu-stack.
 stacks() {
-    local pid=$1 dir=$2 task
+    local pid=$1 dir=$2 name=${3:-stacks} task
     {
         for task in /proc/"$pid"/task/*; do
             echo "$(basename "$task") $(cat "$task/comm") state=$(awk '{print $3}' "$task/stat") wchan=$(cat "$task/wchan" 2>/dev/null) syscall=$(cut -d' ' -f1 "$task/syscall" 2>/dev/null)"
@@ -438,7 +482,7 @@ stacks() {
         if [ ${#EUSTACK[@]} -gt 0 ]; then
             timeout 30 "${EUSTACK[@]}" -p "$pid" 2>&1
         fi
-    } >"$dir/stacks.txt" 2>&1 || true
+    } >"$dir/$name.txt" 2>&1 || true
 }
 
 # With failures seen: binary $2's top-level modules (the first path component of its tests),
@@ -463,8 +507,9 @@ case "${1:-}" in
 build) build ;;
 run) run "${2:-}" ;;
 hunt) hunt ;;
+core) core "${2:-}" ;;
 *)
-    echo "usage: benches/gpu-report.sh build | run [--quick] | hunt" >&2
+    echo "usage: benches/gpu-report.sh build | run [--quick] | core [--quick] | hunt" >&2
     exit 2
     ;;
 esac

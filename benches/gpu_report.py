@@ -11,6 +11,13 @@
 Usage: gpu_report.py DIR > DIR/report.md. The fp32 peak comes from WML_FP32_PEAK_TFLOPS, else
 from the table below by device name (vendor figures at boost clock, non-tensor fp32), else the
 column says "unknown".
+
+gpu_report.py --json DIR > DIR/report.json writes the rows as one JSON array instead (the
+file committed as benches/results/<date>-<device>.json): per case `case`, `ours_seconds`,
+`anchor_seconds`, `anchor`, `ratio` (anchor / ours: above 1, we are faster), `kernel_tflops`,
+`peak_tflops` (the FMA-loop peak of the same run), `vendor_peak_tflops`, `device`, `driver`,
+plus the case's own fields; `bench_gemm`'s rows (peaks, every GEMM variant), the kNN and
+loss benches against PML/torch on CUDA, and `hunt.jsonl`'s in-process rows when present.
 """
 import json
 import os
@@ -113,6 +120,8 @@ def main():
     print("| case | ours s | GFLOP/s | % fp32 peak | host waits per op | submissions per op | PML CUDA s | × PML |")
     print("|---|---|---|---|---|---|---|---|")
     for r in ours:
+        if "func" not in r:
+            continue
         if r["func"] == "knn":
             case = f"kNN {r['Q']} × {r['N']} × 128, k = {r['k']}, cosine"
             key = ("knn", r["k"])
@@ -142,5 +151,70 @@ def main():
           "uploading the inputs and reading the results back to the host.")
 
 
+def report_json(d):
+    """The rows of report.json (see the module docs)."""
+    ours = records(os.path.join(d, "results.jsonl"))
+    pml = records(os.path.join(d, "pml.jsonl"))
+    hunt = records(os.path.join(d, "hunt.jsonl"))
+    gpu = open(os.path.join(d, "gpu.txt")).read().strip() if os.path.exists(os.path.join(d, "gpu.txt")) else ""
+    device = next((r["device"] for r in ours if r.get("device")), gpu.split(",")[0] if gpu else "unknown")
+    driver = next((r["driver"] for r in ours if r.get("driver")), "unknown")
+    if gpu and "," in gpu:
+        driver = f"{driver} (nvidia-smi: {gpu.split(',')[1].strip()})"
+    vendor_peak, _ = peak_tflops(gpu or device)
+    fma = next((r["kernel_tflops"] for r in ours if r.get("case") == "peak-fma"), None)
+    rows = []
+
+    def row(case, ours_s, anchor_s=None, anchor=None, **extra):
+        out = {"case": case, "ours_seconds": ours_s, "anchor_seconds": anchor_s, "anchor": anchor,
+               "ratio": (anchor_s / ours_s) if (anchor_s and ours_s) else None,
+               "peak_tflops": fma, "vendor_peak_tflops": vendor_peak, "device": device, "driver": driver}
+        out.update(extra)
+        rows.append(out)
+
+    torch_gemm = {(r["Q"], r["N"], r["D"]): r for r in pml if r.get("func") == "gemm"}
+    pml_knn = {r["k"]: r for r in pml if r.get("func") == "knn"}
+    torch_loss = {(r["func"], r["B"]): r for r in pml if r.get("func") in ("loss_ntxent", "loss_mnrl")}
+    skip = ("case", "device", "driver", "peak_tflops")
+    for r in ours:
+        case = r.get("case")
+        if case in ("peak-fma", "peak-copy"):
+            row(case, None, **{k: v for k, v in r.items() if k not in skip})
+        elif case and case.startswith("gemm-knn-"):
+            q, n, dim = (int(v) for v in case[len("gemm-knn-"):].split("-")[0].split("x"))
+            t = torch_gemm.get((q, n, dim))
+            extra = {k: v for k, v in r.items() if k not in skip + ("ours_seconds",)}
+            # The kNN's distance GEMM by timestamps against cuBLAS's product of the same shape.
+            row(case, r["gemm_seconds"], t["median_s"] if t else None,
+                "torch fp32 q @ r.T (cuBLAS, TF32 off), on the device" if t else None,
+                wall_seconds=r["ours_seconds"], **extra)
+        elif case and case.startswith("gemm-") and "skipped" not in r:
+            q, n, dim = (int(v) for v in case[5:].split("x"))
+            t = torch_gemm.get((q, n, dim))
+            extra = {k: v for k, v in r.items() if k not in skip + ("ours_seconds",)}
+            # Device-side both: our kernel's time by timestamps against cuBLAS's product.
+            row(case, r["kernel_seconds"], t["median_s"] if t else None,
+                "torch fp32 q @ r.T (cuBLAS, TF32 off), on the device" if t else None,
+                wall_seconds=r["ours_seconds"], **extra)
+        elif r.get("func") == "knn":
+            t = pml_knn.get(r["k"])
+            row(f"knn-{r['Q']}x{r['N']}x128-k{r['k']}", r["median_s"], t["median_s"] if t else None,
+                "PML CustomKNN on CUDA (tensors on the device)" if t else None,
+                kernel_tflops=(r.get("gflops") or 0) / 1000 or None, host_waits=r.get("host_waits"))
+        elif r.get("func") in ("loss_ntxent", "loss_mnrl"):
+            t = torch_loss.get((r["func"], r["B"]))
+            name = "loss-ntxent" if r["func"] == "loss_ntxent" else "loss-mnrl"
+            suffix = "-native" if r.get("path") == "cpu" else ""
+            row(f"{name}-{r['B']}x768{suffix}", r["median_s"], t["median_s"] if t else None,
+                "torch full-matrix loss on CUDA, forward and backward" if t else None,
+                peak_device_mib=r.get("peak_device_mib"))
+    for r in hunt:
+        row(r["case"], None, **{k: v for k, v in r.items() if k not in ("case", "device", "driver")})
+    return rows
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 2 and sys.argv[1] == "--json":
+        print(json.dumps(report_json(sys.argv[2]), indent=1))
+    else:
+        main()

@@ -14,6 +14,7 @@ so the ratios are conservative for us). Prints one JSON line per case:
                   torch's full-matrix NTXent (two noisy views of B/2 items, temperature 0.07)
                   and MNRL (B anchors against their noisy positives, scale 20), forward and
                   backward, in D dimensions (benches/compare_losses.py's forms)
+  gemm            torch's fp32 q @ r.T (cuBLAS, TF32 off) of Q x D by N x D: the GEMM reference
   loss_triplet_<type>
                   TripletMarginLoss()(emb, labels, miner(...), ref, ref_labels).backward() with
                   emb requiring grad: every valid triplet (type all) or TripletMarginMiner(0.2,
@@ -55,6 +56,8 @@ def main():
                    help="B,M,C,type: TripletMarginLoss with its backward (type: all|hard|semihard)")
     p.add_argument("--infonce", nargs="*", default=[],
                    help="B,D: NTXent and MNRL in torch's full-matrix form with their backward")
+    p.add_argument("--gemm", nargs="*", default=[],
+                   help="Q,N,D: torch's fp32 q @ r.T on CUDA (cuBLAS, TF32 off), the GEMM reference")
     p.add_argument("--reps", type=int, default=5)
     a = p.parse_args()
     try:
@@ -72,6 +75,15 @@ def main():
     dev = torch.device("cuda")
     name = torch.cuda.get_device_name(0)
     g = torch.Generator(device=dev).manual_seed(0)
+    # Plain fp32 products: no TF32 (our kernels are fp32 FMA).
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for case in a.gemm:
+        gq, gn, gd = (int(v) for v in case.split(","))
+        x = torch.randn(gq, gd, device=dev, generator=g)
+        y = torch.randn(gn, gd, device=dev, generator=g)
+        secs, _ = timed(lambda: x @ y.T, a.reps)
+        print(json.dumps({"impl": "torch-cuda", "device": name, "func": "gemm", "Q": gq, "N": gn, "D": gd,
+                          "median_s": secs, "tflops": 2 * gq * gn * gd / secs / 1e12}), flush=True)
     d = 128
     q = torch.nn.functional.normalize(torch.randn(a.Q, d, device=dev, generator=g), dim=1)
     ref = torch.nn.functional.normalize(torch.randn(a.N, d, device=dev, generator=g), dim=1)

@@ -6,6 +6,7 @@
 //! ```sh
 //! flock /tmp/bench.lock cargo run --release --example bench_report
 //! cargo run --release --example bench_report -- --budget-mib 8   # tiles under a tight budget
+//! cargo run --release --example bench_report -- --kernel hand-written  # or a GEMM variant's name
 //! ```
 
 use std::time::Instant;
@@ -13,7 +14,7 @@ use std::time::Instant;
 use ndarray::Array2;
 use wgpu_metric_learning::{
     pairwise_distances, BackendChoice, Context, ContextConfig, Distance, DistanceConfig,
-    PairwiseConfig,
+    DistanceKernel, GemmVariant, PairwiseConfig,
 };
 
 fn data(rows: usize, d: usize, seed: f32) -> Array2<f32> {
@@ -43,9 +44,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         budget_bytes,
         ..Default::default()
     })?];
+    // The distance kernel: tuned (default), hand-written, or one GEMM variant by name.
+    let distance_kernel = match args
+        .iter()
+        .position(|a| a == "--kernel")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+    {
+        None | Some("tuned") => DistanceKernel::Tuned,
+        Some("hand-written") => DistanceKernel::HandWritten,
+        Some(name) => DistanceKernel::Variant(
+            GemmVariant::parse(name).ok_or(format!("--kernel {name}: not a GEMM variant"))?,
+        ),
+    };
     match Context::new(&ContextConfig {
         backend: BackendChoice::Wgpu,
         budget_bytes,
+        distance_kernel,
         ..Default::default()
     }) {
         Ok(ctx) => contexts.push(ctx),

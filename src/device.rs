@@ -38,6 +38,63 @@ pub(crate) fn lifecycle_lock() -> Option<MutexGuard<'static, ()>> {
     })
 }
 
+/// Whether kernel modules keep naga's runtime checks (bounds checks on every index, a
+/// counter on every loop). Only kernels whose every index is bounded by construction are ever
+/// built without them (the GEMM family; each wrapper says why it is safe).
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{ContextConfig, ShaderChecks};
+/// // Force the checked modules, e.g. to rule out a kernel when hunting a device fault.
+/// let cfg = ContextConfig { shader_checks: ShaderChecks::Checked, ..Default::default() };
+/// assert_eq!(ShaderChecks::default(), ShaderChecks::Auto);
+/// # let _ = cfg;
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ShaderChecks {
+    /// Trusted modules in release builds, checked ones in debug builds (the test suite's).
+    #[default]
+    Auto,
+    /// Every module keeps naga's checks.
+    Checked,
+    /// Kernels safe by construction are built without checks, in every build.
+    Trusted,
+}
+
+impl ShaderChecks {
+    /// Whether modules keep their checks under this setting in this build.
+    pub(crate) fn checked(self) -> bool {
+        match self {
+            ShaderChecks::Auto => cfg!(debug_assertions),
+            ShaderChecks::Checked => true,
+            ShaderChecks::Trusted => false,
+        }
+    }
+}
+
+/// How the GEMM family's variant is chosen for each device and shape bucket.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{ContextConfig, Tuning};
+/// // A fixed, documented variant: no timing on the device, no cache file.
+/// let cfg = ContextConfig { tuning: Tuning::Off, ..Default::default() };
+/// assert_eq!(Tuning::default(), Tuning::Cached);
+/// # let _ = cfg;
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Tuning {
+    /// No tuning: the documented default variant (`128x128x16_8x8` where it fits the
+    /// device, else `64x64x16_4x4`). Software adapters are never tuned.
+    Off,
+    /// Tune once per key (adapter, driver, wgpu and kernel versions, shape bucket) on first
+    /// use, then reuse the winner from the user's cache directory.
+    #[default]
+    Cached,
+    /// Tune on first use in this process whatever the cache holds (and update it).
+    Eager,
+}
+
 /// A wgpu device and queue with everything the kernels need to know about them.
 ///
 /// Dropping it waits for the device's work to finish, then destroys its pipelines, queue
@@ -62,7 +119,15 @@ pub(crate) struct GpuDevice {
     /// Fault injection: the device pretends to hold only this many bytes.
     pub(crate) simulated_device_bytes: Option<u64>,
     /// Submissions, waits and bytes moved, over the device's life.
-    pub(crate) transfers: TransferCounter,
+    pub(crate) transfers: Arc<TransferCounter>,
+    /// Build every module with naga's runtime checks ([`ShaderChecks`]).
+    pub(crate) checked_shaders: bool,
+    /// How GEMM variants are chosen.
+    pub(crate) tuning: Tuning,
+    /// Time every dispatch with timestamps (the context asked, and the device can).
+    pub(crate) kernel_timing: bool,
+    /// Whether the device has `TIMESTAMP_QUERY` (the tuner times by timestamps then).
+    pub(crate) timestamps: bool,
 }
 
 /// How a [`GpuDevice`] accounts for what it does: the context's settings.
@@ -70,6 +135,9 @@ pub(crate) struct Accounting {
     pub(crate) memory: Arc<MemoryTracker>,
     pub(crate) fill_sentinel: bool,
     pub(crate) simulated_device_bytes: Option<u64>,
+    pub(crate) shader_checks: ShaderChecks,
+    pub(crate) tuning: Tuning,
+    pub(crate) kernel_timing: bool,
 }
 
 /// A compiled kernel: pipeline and bind-group layout, built once per device.
@@ -101,6 +169,7 @@ impl GpuDevice {
             });
         }
         let limits = device.limits();
+        let timestamps = device.features().contains(wgpu::Features::TIMESTAMP_QUERY);
         Self {
             device: ManuallyDrop::new(device),
             queue: ManuallyDrop::new(queue),
@@ -115,7 +184,11 @@ impl GpuDevice {
             memory: accounting.memory,
             fill_sentinel: accounting.fill_sentinel,
             simulated_device_bytes: accounting.simulated_device_bytes,
-            transfers: TransferCounter::default(),
+            transfers: Arc::new(TransferCounter::default()),
+            checked_shaders: accounting.shader_checks.checked(),
+            tuning: accounting.tuning,
+            kernel_timing: accounting.kernel_timing && timestamps,
+            timestamps,
         }
     }
 
@@ -168,6 +241,14 @@ impl GpuDevice {
             }
         }
         Ok(built)
+    }
+
+    /// Installs `k` as this device's kernel `K` (one built with settings `Kernel::build`
+    /// cannot see), replacing any built before.
+    pub(crate) fn install<K: Kernel>(&self, k: K) {
+        if let Ok(mut map) = self.kernels.lock() {
+            map.insert(TypeId::of::<K>(), Arc::new(k));
+        }
     }
 
     fn cached<K: Kernel>(&self, key: TypeId) -> Option<Arc<K>> {

@@ -37,7 +37,8 @@ pub use accuracy::{
 pub use bank::{BankConfig, BankSnapshot, CheckpointLabel, Enqueued, MemoryBank, Saved};
 pub use context::{
     list_adapters, AdapterSelector, AdapterSummary, BackendChoice, ComputePath, Context,
-    ContextConfig, DEFAULT_BUDGET_BYTES, DEFAULT_CPU_BUDGET_BYTES,
+    ContextConfig, DistanceKernel, ShaderChecks, TuneReport, Tuning, DEFAULT_BUDGET_BYTES,
+    DEFAULT_CPU_BUDGET_BYTES,
 };
 pub use device_embeddings::DeviceEmbeddings;
 pub use device_output::{DeviceArray, DeviceElement};
@@ -47,6 +48,7 @@ pub use distance::{
 pub use error::{Error, Result};
 pub use hooks::{CancelToken, Hooks, Progress};
 pub use inputs::{BankRows, Embeddings, MiningSet, SelfExclusion};
+pub use kernels::gemm_tile::{gemm_kernels, GemmVariant, GEMM_CANDIDATES};
 pub use kernels::{WgslKernel, WGSL_KERNELS};
 pub use kmeans::{kmeans, Kmeans, KmeansConfig};
 pub use knn::{knn, knn_on_device, knn_plan, knn_sharded, Knn, KnnConfig, KnnOnDevice};
@@ -54,7 +56,7 @@ pub use loss::{
     multiple_negatives_ranking_loss, ntxent_loss, triplet_margin_loss, InfoNceConfig, InfoNceLoss,
     MnrlConfig, TripletLoss, TripletLossConfig,
 };
-pub use memory::{MemoryStats, Transfers};
+pub use memory::{HostTimes, KernelTime, KernelTimes, MemoryStats, Transfers};
 pub use metric::{Distance, DistanceConfig};
 pub use miners::{
     all_pairs, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets,

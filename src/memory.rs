@@ -49,42 +49,230 @@ pub struct Transfers {
     pub bytes_up: u64,
     /// Bytes read back from the device to the host.
     pub bytes_down: u64,
+    /// Where the host's time went: uploads, waits, readbacks, tuning.
+    pub host: HostTimes,
+    /// GPU time per kernel, measured by timestamps when the context times kernels
+    /// ([`crate::ContextConfig::kernel_timing`]); empty otherwise.
+    pub kernels: KernelTimes,
 }
 
 impl Transfers {
+    /// Nothing counted (`Default::default()`, usable in constants).
+    pub(crate) const ZERO: Transfers = Transfers {
+        host_waits: 0,
+        submissions: 0,
+        bytes_up: 0,
+        bytes_down: 0,
+        host: HostTimes {
+            upload_ns: 0,
+            wait_ns: 0,
+            readback_ns: 0,
+            tune_ns: 0,
+        },
+        kernels: KernelTimes {
+            dispatches: [0; KERNEL_STEMS.len()],
+            gpu_ns: [0; KERNEL_STEMS.len()],
+        },
+    };
+
     pub(crate) fn add(&mut self, other: Transfers) {
         self.host_waits += other.host_waits;
         self.submissions += other.submissions;
         self.bytes_up += other.bytes_up;
         self.bytes_down += other.bytes_down;
+        self.host.add(&other.host);
+        self.kernels.add(&other.kernels);
+    }
+
+    /// What was counted between `before` and `self` (both totals of one context), field by
+    /// field, saturating at 0.
+    ///
+    /// # Example
+    /// ```
+    /// use wgpu_metric_learning::Transfers;
+    /// let before = Transfers { host_waits: 2, ..Default::default() };
+    /// let now = Transfers { host_waits: 5, ..Default::default() };
+    /// assert_eq!(now.since(&before).host_waits, 3);
+    /// ```
+    pub fn since(&self, before: &Transfers) -> Transfers {
+        Transfers {
+            host_waits: self.host_waits.saturating_sub(before.host_waits),
+            submissions: self.submissions.saturating_sub(before.submissions),
+            bytes_up: self.bytes_up.saturating_sub(before.bytes_up),
+            bytes_down: self.bytes_down.saturating_sub(before.bytes_down),
+            host: HostTimes {
+                upload_ns: self.host.upload_ns.saturating_sub(before.host.upload_ns),
+                wait_ns: self.host.wait_ns.saturating_sub(before.host.wait_ns),
+                readback_ns: self
+                    .host
+                    .readback_ns
+                    .saturating_sub(before.host.readback_ns),
+                tune_ns: self.host.tune_ns.saturating_sub(before.host.tune_ns),
+            },
+            kernels: self.kernels.since(&before.kernels),
+        }
+    }
+}
+
+/// Host time of a call (or of a context's life), in nanoseconds (integers, so that
+/// [`Transfers`] compares exactly): copying uploads into the driver's staging, blocking on the
+/// device, copying results out of mapped memory, and tuning kernels on the device.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::HostTimes;
+/// let t = HostTimes { wait_ns: 1_500_000_000, ..Default::default() };
+/// assert_eq!(t.seconds(t.wait_ns), 1.5);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostTimes {
+    /// `queue.write_buffer` calls (the host's copy; the transfer itself overlaps).
+    pub upload_ns: u64,
+    /// Blocking waits for the device (the counted `host_waits`).
+    pub wait_ns: u64,
+    /// Copies out of mapped staging memory.
+    pub readback_ns: u64,
+    /// Timing candidate kernels on the device ([`crate::Tuning`]).
+    pub tune_ns: u64,
+}
+
+impl HostTimes {
+    fn add(&mut self, o: &HostTimes) {
+        self.upload_ns += o.upload_ns;
+        self.wait_ns += o.wait_ns;
+        self.readback_ns += o.readback_ns;
+        self.tune_ns += o.tune_ns;
+    }
+
+    /// `ns` in seconds.
+    ///
+    /// See the example of [`HostTimes`].
+    pub fn seconds(&self, ns: u64) -> f64 {
+        ns as f64 * 1e-9
+    }
+}
+
+/// The kernel stems that [`KernelTimes`] has a slot for: every shipped WGSL kernel (checked
+/// against [`crate::WGSL_KERNELS`] by a test) and the generated GEMM family.
+pub(crate) const KERNEL_STEMS: &[&str] = &[
+    "distance_tile",
+    "gemm_tile",
+    "info_nce_weights",
+    "knn_select",
+    "knn_sort",
+    "loss_backward",
+    "negative_buckets",
+    "pair_select",
+    "row_norms",
+    "triplet_expand",
+    "triplet_lists",
+    "triplet_select",
+    "triplet_weights",
+];
+
+/// GPU time per kernel stem, from timestamp queries around each dispatch: how many dispatches
+/// ran and their summed GPU nanoseconds.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::KernelTimes;
+/// let none = KernelTimes::default();
+/// assert_eq!(none.iter().count(), 0); // only kernels that ran are listed
+/// assert_eq!(none.total_gpu_seconds(), 0.0);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelTimes {
+    dispatches: [u64; KERNEL_STEMS.len()],
+    gpu_ns: [u64; KERNEL_STEMS.len()],
+}
+
+/// One kernel's line of [`KernelTimes`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KernelTime {
+    /// The kernel's stem (`shaders/<stem>.wgsl`).
+    pub stem: &'static str,
+    /// Dispatches timed.
+    pub dispatches: u64,
+    /// Their summed GPU time, in seconds.
+    pub gpu_seconds: f64,
+}
+
+impl KernelTimes {
+    /// The kernels that ran, in stem order.
+    ///
+    /// See the example of [`KernelTimes`].
+    pub fn iter(&self) -> impl Iterator<Item = KernelTime> + '_ {
+        KERNEL_STEMS
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| self.dispatches[i] > 0)
+            .map(|(i, &stem)| KernelTime {
+                stem,
+                dispatches: self.dispatches[i],
+                gpu_seconds: self.gpu_ns[i] as f64 * 1e-9,
+            })
+    }
+
+    /// The line of `stem`, if it ran.
+    ///
+    /// See the example of [`KernelTimes`].
+    pub fn get(&self, stem: &str) -> Option<KernelTime> {
+        self.iter().find(|k| k.stem == stem)
+    }
+
+    /// The GPU seconds of every kernel together.
+    ///
+    /// See the example of [`KernelTimes`].
+    pub fn total_gpu_seconds(&self) -> f64 {
+        self.gpu_ns.iter().sum::<u64>() as f64 * 1e-9
+    }
+
+    /// Adds one dispatch of `stem` that took `ns` (a stem without a slot is ignored).
+    pub(crate) fn record(&mut self, stem: &str, ns: u64) {
+        if let Some(i) = KERNEL_STEMS.iter().position(|&s| s == stem) {
+            self.dispatches[i] += 1;
+            self.gpu_ns[i] += ns;
+        }
+    }
+
+    pub(crate) fn add(&mut self, o: &KernelTimes) {
+        for i in 0..KERNEL_STEMS.len() {
+            self.dispatches[i] += o.dispatches[i];
+            self.gpu_ns[i] += o.gpu_ns[i];
+        }
+    }
+
+    fn since(&self, before: &KernelTimes) -> KernelTimes {
+        let mut out = *self;
+        for i in 0..KERNEL_STEMS.len() {
+            out.dispatches[i] = out.dispatches[i].saturating_sub(before.dispatches[i]);
+            out.gpu_ns[i] = out.gpu_ns[i].saturating_sub(before.gpu_ns[i]);
+        }
+        out
     }
 }
 
 /// A context's running totals, shared by every thread using it.
 #[derive(Debug, Default)]
 pub(crate) struct TransferCounter {
-    host_waits: AtomicU64,
-    submissions: AtomicU64,
-    bytes_up: AtomicU64,
-    bytes_down: AtomicU64,
+    totals: std::sync::Mutex<Transfers>,
 }
 
 impl TransferCounter {
     /// Adds `t` to the totals.
     pub(crate) fn add(&self, t: Transfers) {
-        self.host_waits.fetch_add(t.host_waits, Ordering::Relaxed);
-        self.submissions.fetch_add(t.submissions, Ordering::Relaxed);
-        self.bytes_up.fetch_add(t.bytes_up, Ordering::Relaxed);
-        self.bytes_down.fetch_add(t.bytes_down, Ordering::Relaxed);
+        // A poisoned lock only means a panic while adding; the totals are still counts.
+        self.totals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .add(t);
     }
 
     pub(crate) fn totals(&self) -> Transfers {
-        Transfers {
-            host_waits: self.host_waits.load(Ordering::Relaxed),
-            submissions: self.submissions.load(Ordering::Relaxed),
-            bytes_up: self.bytes_up.load(Ordering::Relaxed),
-            bytes_down: self.bytes_down.load(Ordering::Relaxed),
-        }
+        *self
+            .totals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -168,7 +168,9 @@ const FIRST_CONTEXTS: &str = "concurrency::first_contexts_of_a_process_made_by_m
 /// shared Vulkan instance is made once per process. This is what crashed NVIDIA's driver
 /// (concurrent physical-device enumeration on a new instance; RELIABILITY.md). The test
 /// runs itself as a child process `WML_FIRST_CONTEXT_RUNS` times (default 3), each under a
-/// 120-second watchdog, and every answer must be the bits of a context made afterwards.
+/// watchdog (`WML_FIRST_CONTEXT_TIMEOUT` seconds, default 60), and every answer must be the
+/// bits of a context made afterwards. With the guard off (`WML_DEVICE_LOCK=off`) the first
+/// child hung on an H200; with it, ten of ten passed.
 #[test]
 fn first_contexts_of_a_process_made_by_many_threads() {
     if std::env::var_os("WML_FIRST_CONTEXTS_CHILD").is_some() {
@@ -182,6 +184,12 @@ fn first_contexts_of_a_process_made_by_many_threads() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
+    // Shorter than the GPU hunt's watchdog (120 s), which then finds the hung child alive
+    // and takes its stacks.
+    let child_limit: u64 = std::env::var("WML_FIRST_CONTEXT_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
     let exe = std::env::current_exe().expect("the test binary's path");
     for run in 0..runs {
         let mut child = std::process::Command::new(&exe)
@@ -196,7 +204,7 @@ fn first_contexts_of_a_process_made_by_many_threads() {
             if let Some(status) = child.try_wait().expect("the child's status") {
                 break Some(status);
             }
-            if started.elapsed() > std::time::Duration::from_secs(120) {
+            if started.elapsed() > std::time::Duration::from_secs(child_limit) {
                 let _ = child.kill();
                 break None;
             }
@@ -211,7 +219,7 @@ fn first_contexts_of_a_process_made_by_many_threads() {
         match status {
             Some(s) if s.success() && text.contains("1 passed") => {}
             Some(s) => panic!("child {run} of {runs} failed ({s}):\n{text}"),
-            None => panic!("child {run} of {runs} hung for 120 s:\n{text}"),
+            None => panic!("child {run} of {runs} hung for {child_limit} s:\n{text}"),
         }
     }
 }

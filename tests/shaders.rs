@@ -9,7 +9,12 @@ use std::path::Path;
 use naga::back::pipeline_constants::process_overrides;
 use naga::back::{glsl, hlsl, msl, spv, PipelineConstants};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
-use wgpu_metric_learning::{WgslKernel, WGSL_KERNELS};
+use wgpu_metric_learning::{gemm_kernels, WgslKernel, WGSL_KERNELS};
+
+/// Every kernel the crate can build: the shipped files and the generated GEMM variants.
+fn all_kernels() -> Vec<WgslKernel> {
+    WGSL_KERNELS.iter().copied().chain(gemm_kernels()).collect()
+}
 
 fn parse_and_validate(stem: &str, source: &str) -> (naga::Module, naga::valid::ModuleInfo) {
     let module = naga::front::wgsl::parse_str(source)
@@ -33,7 +38,7 @@ fn every_shader_validates_and_translates_to_all_four_languages() {
         stem,
         source,
         constants,
-    } in WGSL_KERNELS
+    } in all_kernels()
     {
         let (module, info) = parse_and_validate(stem, source);
         let entries: Vec<String> = module
@@ -150,10 +155,10 @@ fn stems_in(dir: &str, ext: &str) -> BTreeSet<String> {
 #[test]
 fn every_stem_has_its_four_files() {
     let files = stems_in("shaders", "wgsl");
-    let registered: BTreeSet<String> = WGSL_KERNELS.iter().map(|k| k.stem.to_string()).collect();
+    let registered: BTreeSet<String> = all_kernels().iter().map(|k| k.stem.to_string()).collect();
     assert_eq!(
         files, registered,
-        "shaders/*.wgsl and WGSL_KERNELS must list the same kernels"
+        "shaders/*.wgsl and WGSL_KERNELS (with the generated gemm_tile) must list the same kernels"
     );
     let wrappers = stems_in("src/kernels", "rs");
     let references = stems_in("src/reference", "rs");
@@ -183,6 +188,14 @@ fn registered_sources_are_the_files_on_disk() {
         assert_eq!(
             &on_disk, source,
             "{stem}: the registry embeds shaders/{stem}.wgsl"
+        );
+    }
+    // A generated variant is the family's file followed by its entry point.
+    let prelude = std::fs::read_to_string(dir.join("gemm_tile.wgsl")).expect("gemm_tile.wgsl");
+    for k in gemm_kernels() {
+        assert!(
+            k.source.starts_with(&prelude),
+            "a gemm_tile variant embeds shaders/gemm_tile.wgsl"
         );
     }
 }

@@ -23,13 +23,7 @@ fn data(rows: usize, d: usize, classes: usize) -> (Array2<f32>, Array1<u32>) {
 
 /// What the context counted since `before`.
 fn since(ctx: &Context, before: Transfers) -> Transfers {
-    let now = ctx.transfers();
-    Transfers {
-        host_waits: now.host_waits - before.host_waits,
-        submissions: now.submissions - before.submissions,
-        bytes_up: now.bytes_up - before.bytes_up,
-        bytes_down: now.bytes_down - before.bytes_down,
-    }
+    ctx.transfers().since(&before)
 }
 
 #[test]

@@ -7,8 +7,11 @@ use std::sync::Arc;
 pub use adapter::{list_adapters, AdapterSelector, AdapterSummary};
 
 use crate::device::{Accounting, GpuDevice};
+pub use crate::device::{ShaderChecks, Tuning};
 use crate::error::{Error, Result};
 use crate::kernels;
+pub use crate::kernels::gemm_tile::DistanceKernel;
+use crate::kernels::gemm_tile::GemmVariant;
 use crate::memory::{MemoryStats, MemoryTracker, Transfers};
 #[cfg(feature = "mpi")]
 pub(crate) use adapter::nth_best_adapter;
@@ -92,6 +95,22 @@ pub struct ContextConfig {
     /// while the budget still allows it. Operations then retry with smaller tiles. Default
     /// `None`: only the real device refuses.
     pub simulated_device_bytes: Option<u64>,
+    /// Whether kernel modules keep naga's runtime checks. Default [`ShaderChecks::Auto`]:
+    /// trusted modules for the kernels that are safe by construction in release builds,
+    /// checked ones in debug builds.
+    pub shader_checks: ShaderChecks,
+    /// How the distance GEMM's variant is chosen per device and shape. Default
+    /// [`Tuning::Cached`]: tuned once on the device (software adapters are never tuned: they
+    /// get their class's default variant), the winner kept under the user's cache directory.
+    pub tuning: Tuning,
+    /// Time every dispatch by GPU timestamps, per kernel stem, into each result's
+    /// [`crate::Transfers::kernels`]. Default `false`: it adds two timestamp writes per
+    /// dispatch and one small readback per submission. Ignored (see
+    /// [`Context::kernel_timing`]) where the adapter has no `TIMESTAMP_QUERY`.
+    pub kernel_timing: bool,
+    /// Which kernel computes distance tiles. Default [`DistanceKernel::Tuned`]; the others
+    /// are for benchmarks and tests (every choice gives the same bits).
+    pub distance_kernel: DistanceKernel,
 }
 
 /// The path an operation actually ran on; every result carries one.
@@ -139,6 +158,8 @@ enum Engine {
 pub struct Context {
     engine: Engine,
     memory: Arc<MemoryTracker>,
+    /// [`ContextConfig::kernel_timing`], for [`Context::kernel_timing`]'s answer.
+    timing_asked: bool,
 }
 
 impl Context {
@@ -209,7 +230,9 @@ impl Context {
             let _guard = crate::device::lifecycle_lock();
             pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
                 label: Some("wgpu-metric-learning"),
-                required_features: wgpu::Features::empty(),
+                // Timestamps whenever the adapter has them: the tuner times candidates with
+                // them, and `kernel_timing` times every dispatch.
+                required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
                 required_limits,
                 experimental_features: wgpu::ExperimentalFeatures::disabled(),
                 memory_hints: wgpu::MemoryHints::Performance,
@@ -276,11 +299,18 @@ impl Context {
             memory: Arc::clone(&memory),
             fill_sentinel: config.fill_outputs_with_sentinel,
             simulated_device_bytes: config.simulated_device_bytes,
+            shader_checks: config.shader_checks,
+            tuning: config.tuning,
+            kernel_timing: config.kernel_timing,
         };
         let gpu = GpuDevice::new(device, queue, info, own, accounting);
+        gpu.install(kernels::distance_tile::DistanceTile::with_setting(
+            config.distance_kernel,
+        ));
         Self {
             engine: Engine::Gpu(Box::new(gpu)),
             memory,
+            timing_asked: config.kernel_timing,
         }
     }
 
@@ -306,6 +336,7 @@ impl Context {
             memory: Arc::new(MemoryTracker::new(
                 config.budget_bytes.unwrap_or(DEFAULT_CPU_BUDGET_BYTES),
             )),
+            timing_asked: config.kernel_timing,
         }
     }
 
@@ -390,6 +421,75 @@ impl Context {
         self.memory.stats()
     }
 
+    /// Whether dispatches are timed: `Ok(true)` when [`ContextConfig::kernel_timing`] asked
+    /// and the device has timestamps, `Ok(false)` when it did not ask, and `Err(reason)`
+    /// when it asked but cannot (the native path, or an adapter without `TIMESTAMP_QUERY`).
+    ///
+    /// # Example
+    /// ```
+    /// use wgpu_metric_learning::Context;
+    /// assert!(Context::native_cpu(None).kernel_timing().is_err());
+    /// ```
+    pub fn kernel_timing(&self) -> std::result::Result<bool, String> {
+        match self.gpu() {
+            None => Err("the native CPU path runs no kernels".into()),
+            Some(g) if g.kernel_timing => Ok(true),
+            Some(g) if self.timing_asked && !g.timestamps => Err(format!(
+                "{} ({:?}) has no TIMESTAMP_QUERY",
+                g.info.name, g.info.backend
+            )),
+            Some(_) => Ok(false),
+        }
+    }
+
+    /// Tunes the distance GEMM for tiles of `(rows, cols)` at dimension `d` on this context's
+    /// device now, whatever [`ContextConfig::tuning`] says, and makes the winner this
+    /// context's choice for that shape bucket; with `use_cache` a cached winner is taken as
+    /// it is. The winner is written to the cache (see [`Tuning`]). Cost: one compilation
+    /// and six dispatches of each candidate on a tile of at most 2048 × 8192 × `d` (well
+    /// under a second on a discrete GPU; `wml tune` does this for the usual shapes).
+    ///
+    /// # Errors
+    /// [`Error::NoDevice`] on the native CPU path; [`Error::OverBudget`]-like errors when the
+    /// budget cannot hold the tile; a wgpu error if the device fails.
+    ///
+    /// # Example
+    /// ```no_run
+    /// use wgpu_metric_learning::{Context, ContextConfig};
+    /// let ctx = Context::new(&ContextConfig::default())?;
+    /// let report = ctx.tune_distance(10_000, 100_000, 128, false)?;
+    /// println!("{}: {:?}", report.bucket, report.chosen.map(|v| v.name()));
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
+    pub fn tune_distance(
+        &self,
+        rows: usize,
+        cols: usize,
+        d: usize,
+        use_cache: bool,
+    ) -> Result<TuneReport> {
+        let gpu = self.gpu().ok_or(Error::NoDevice {
+            op: "tune_distance",
+        })?;
+        let started = std::time::Instant::now();
+        let (bucket, t) = kernels::tune::tune_now(
+            gpu,
+            rows as u64,
+            cols as u64,
+            d.div_ceil(4) as u64,
+            use_cache,
+        )?;
+        Ok(TuneReport {
+            bucket,
+            chosen: t.chosen,
+            candidates: t.timings,
+            tile: (t.shape.0 as usize, t.shape.1 as usize, t.shape.2 as usize),
+            by_timestamps: t.by_timestamps,
+            from_cache: t.from_cache,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
     /// Host–device traffic over the context's life: blocking waits, submissions, bytes moved
     /// each way (zero on the native path). Every result also carries its own call's.
     ///
@@ -420,6 +520,26 @@ impl Context {
     pub(crate) fn tracker(&self) -> &Arc<MemoryTracker> {
         &self.memory
     }
+}
+
+/// What [`Context::tune_distance`] found for one shape bucket.
+#[derive(Debug, Clone)]
+pub struct TuneReport {
+    /// The bucket: `ROWSxCOLSxD`, each a power of two (rows ≤ 4096, columns ≤ 65 536).
+    pub bucket: String,
+    /// The winner (`None` when no candidate fits the device: the hand-written kernel runs).
+    pub chosen: Option<GemmVariant>,
+    /// Each candidate that ran and its median seconds on the tile (only the winner's, from
+    /// the cache).
+    pub candidates: Vec<(GemmVariant, f64)>,
+    /// The tile the candidates ran on, `(rows, cols, d)`; zeros when taken from the cache.
+    pub tile: (usize, usize, usize),
+    /// Timed by GPU timestamps (else by the wall clock of a submit-and-wait).
+    pub by_timestamps: bool,
+    /// Taken from the cache without running anything.
+    pub from_cache: bool,
+    /// Seconds the tuning took.
+    pub seconds: f64,
 }
 
 /// A wgpu context with sentinel-filled outputs for the crate's unit tests, or `None` (with a

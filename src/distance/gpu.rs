@@ -217,7 +217,7 @@ pub(crate) fn tiles(
             ref_sq_norms: &r_norms,
             out: &out,
         };
-        tile.encode(&mut rec, rows as u64, cols as u64, &buffers)?;
+        tile.encode(&mut rec, &params, &buffers)?;
         let bytes = 4 * (rows * cols) as u64;
         rec.read_back(&out, 0, st, 0, bytes);
         Ok((rec.submit()?, bytes))
@@ -407,7 +407,7 @@ impl DistanceRows {
                 ref_sq_norms: norms,
                 out: &self.distances,
             };
-            self.tile.encode(rec, rows as u64, cols as u64, &buffers)?;
+            self.tile.encode(rec, &tile_params, &buffers)?;
         }
         Ok(())
     }

@@ -1,7 +1,11 @@
 //! Wrapper of `shaders/distance_tile.wgsl`: one `(rows, cols)` tile of a distance matrix.
 
+use std::sync::OnceLock;
+
 use crate::device::{GpuDevice, Kernel};
 use crate::error::{Error, Result};
+use crate::kernels::gemm_tile::{DistanceKernel, GemmTile};
+use crate::kernels::tune;
 use crate::kernels::{fields, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;
 use crate::transfer::Recorder;
@@ -64,11 +68,35 @@ pub(crate) const SPEC: Spec = Spec {
     },
 };
 
-pub(crate) struct DistanceTile(Pipeline);
+/// The distance tile: which kernel computes it (the context's setting) and the hand-written
+/// kernel's pipeline, compiled on first use.
+pub(crate) struct DistanceTile {
+    setting: DistanceKernel,
+    hand_written: OnceLock<Pipeline>,
+}
 
 impl Kernel for DistanceTile {
-    fn build(gpu: &GpuDevice) -> Result<Self> {
-        Pipeline::new(gpu, &SPEC, "main").map(Self)
+    fn build(_gpu: &GpuDevice) -> Result<Self> {
+        Ok(Self::with_setting(DistanceKernel::Tuned))
+    }
+}
+
+impl DistanceTile {
+    /// The tile as `setting` asks (installed on each device when its context is made).
+    pub(crate) fn with_setting(setting: DistanceKernel) -> Self {
+        Self {
+            setting,
+            hand_written: OnceLock::new(),
+        }
+    }
+
+    fn hand_written(&self, gpu: &GpuDevice) -> Result<&Pipeline> {
+        if let Some(p) = self.hand_written.get() {
+            return Ok(p);
+        }
+        let built = Pipeline::new(gpu, &SPEC, "main")?;
+        // Two threads racing here merely build it twice.
+        Ok(self.hand_written.get_or_init(|| built))
     }
 }
 
@@ -88,14 +116,29 @@ impl DistanceTile {
         (cols.div_ceil(BLOCK).max(1), rows.div_ceil(BLOCK).max(1))
     }
 
-    /// Records the tile `out[r * out_stride + out_col0 + c] = metric(queries[r], refs[c])`.
+    /// Records the tile `out[r * out_stride + out_col0 + c] = metric(queries[r], refs[c])`
+    /// described by `p` (which the caller uploads to `b.params`): by the GEMM variant the
+    /// context's [`DistanceKernel`] setting picks for this shape, or by this hand-written
+    /// kernel where none fits the device. Every choice gives the same bits.
     pub(crate) fn encode(
         &self,
         rec: &mut Recorder<'_>,
-        rows: u64,
-        cols: u64,
+        p: &Params,
         b: &TileBuffers<'_>,
     ) -> Result<()> {
+        let gpu = rec.gpu();
+        let (rows, cols, dim4) = (u64::from(p.rows), u64::from(p.cols), u64::from(p.dim4));
+        let variant = match self.setting {
+            DistanceKernel::HandWritten => None,
+            DistanceKernel::Variant(v) if v.fits(&gpu.limits) => Some(v),
+            DistanceKernel::Variant(_) | DistanceKernel::Tuned => {
+                let family = gpu.kernel::<GemmTile>()?;
+                tune::choose(gpu, &family, rows, cols, dim4)
+            }
+        };
+        if let Some(v) = variant {
+            return gpu.kernel::<GemmTile>()?.encode(rec, v, p, b);
+        }
         let (x, y) = Self::workgroups(rows, cols);
         let limit = u64::from(rec.gpu().limits.max_compute_workgroups_per_dimension);
         if x.max(y) > limit {
@@ -114,6 +157,7 @@ impl DistanceTile {
             b.ref_sq_norms,
             b.out,
         ];
-        self.0.dispatch(rec, &buffers, [x as u32, y as u32, 1])
+        self.hand_written(gpu)?
+            .dispatch(rec, &buffers, [x as u32, y as u32, 1])
     }
 }

@@ -8,6 +8,7 @@
 //! shader with naga and compares it with its spec, so the two cannot drift apart.
 
 pub(crate) mod distance_tile;
+pub(crate) mod gemm_tile;
 pub(crate) mod info_nce_weights;
 pub(crate) mod knn_select;
 pub(crate) mod knn_sort;
@@ -19,6 +20,7 @@ pub(crate) mod triplet_expand;
 pub(crate) mod triplet_lists;
 pub(crate) mod triplet_select;
 pub(crate) mod triplet_weights;
+pub(crate) mod tune;
 
 use crate::device::{checked, GpuDevice};
 use crate::error::{Error, Result};
@@ -215,6 +217,8 @@ pub(crate) struct Pipeline {
     pub(crate) layout: wgpu::BindGroupLayout,
     /// `"<stem>::<entry>"`, for labels and errors.
     label: String,
+    /// The kernel's stem, for its timings.
+    stem: &'static str,
     /// The `@binding` number of each buffer [`Pipeline::dispatch`] is given, in order.
     slots: Vec<u32>,
 }
@@ -224,6 +228,27 @@ impl Pipeline {
     /// override constants, under an error scope so that a bad shader is an `Error::Wgpu`
     /// naming the kernel, not a panic.
     pub(crate) fn new(gpu: &GpuDevice, spec: &'static Spec, entry: &'static str) -> Result<Self> {
+        Self::build(gpu, spec, entry, false)
+    }
+
+    /// [`Pipeline::new`] for a kernel whose every index is bounded by construction: the
+    /// module is built without naga's bounds checks and loop bounding (trusted), unless the
+    /// context asks for checked modules ([`crate::ShaderChecks`]). The kernel's wrapper says
+    /// why it is safe.
+    pub(crate) fn new_trusted(
+        gpu: &GpuDevice,
+        spec: &'static Spec,
+        entry: &'static str,
+    ) -> Result<Self> {
+        Self::build(gpu, spec, entry, !gpu.checked_shaders)
+    }
+
+    fn build(
+        gpu: &GpuDevice,
+        spec: &'static Spec,
+        entry: &'static str,
+        trusted: bool,
+    ) -> Result<Self> {
         let e = spec.entry(entry)?;
         let label = format!("{}::{}", spec.kernel.stem, entry);
         let entries: Vec<wgpu::BindGroupLayoutEntry> = e
@@ -246,12 +271,20 @@ impl Pipeline {
             .collect();
         checked(gpu, spec.kernel.stem, || {
             let _guard = crate::device::lifecycle_lock();
-            let module = gpu
-                .device
-                .create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(&label),
-                    source: wgpu::ShaderSource::Wgsl(spec.kernel.source.into()),
-                });
+            let desc = wgpu::ShaderModuleDescriptor {
+                label: Some(&label),
+                source: wgpu::ShaderSource::Wgsl(spec.kernel.source.into()),
+            };
+            let module = if trusted {
+                // SAFETY: only kernels whose every index is bounded by construction (their
+                // wrapper says how) and whose loops all terminate are built trusted.
+                unsafe {
+                    gpu.device
+                        .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+                }
+            } else {
+                gpu.device.create_shader_module(desc)
+            };
             let layout = gpu
                 .device
                 .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
@@ -284,6 +317,7 @@ impl Pipeline {
                 layout,
                 slots: e.bindings.iter().map(|&(slot, _, _)| slot).collect(),
                 label: label.clone(),
+                stem: spec.kernel.stem,
             }
         })
     }
@@ -308,6 +342,33 @@ impl Pipeline {
         buffers: &[(&TrackedBuffer, Option<(u64, u64)>)],
         workgroups: [u32; 3],
     ) -> Result<()> {
+        let group = self.bind_ranges(rec.gpu(), buffers)?;
+        let tracked: Vec<&TrackedBuffer> = buffers.iter().map(|b| b.0).collect();
+        rec.dispatch(
+            &self.label,
+            self.stem,
+            &self.pipeline,
+            &group,
+            &tracked,
+            workgroups,
+        )
+    }
+
+    /// A bind group of `buffers` (whole) for this pipeline, in its bindings' order.
+    pub(crate) fn bind(
+        &self,
+        gpu: &GpuDevice,
+        buffers: &[&TrackedBuffer],
+    ) -> Result<wgpu::BindGroup> {
+        let whole: Vec<_> = buffers.iter().map(|&b| (b, None)).collect();
+        self.bind_ranges(gpu, &whole)
+    }
+
+    fn bind_ranges(
+        &self,
+        gpu: &GpuDevice,
+        buffers: &[(&TrackedBuffer, Option<(u64, u64)>)],
+    ) -> Result<wgpu::BindGroup> {
         if let Some((b, _)) = buffers
             .iter()
             .find(|b| b.1.is_some_and(|(_, size)| size == 0))
@@ -344,17 +405,13 @@ impl Pipeline {
                 },
             })
             .collect();
-        let gpu = rec.gpu();
-        let group = checked(gpu, "bind group", || {
+        checked(gpu, "bind group", || {
             gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&self.label),
                 layout: &self.layout,
                 entries: &entries,
             })
-        })?;
-        let tracked: Vec<&TrackedBuffer> = buffers.iter().map(|b| b.0).collect();
-        rec.dispatch(&self.label, &self.pipeline, &group, &tracked, workgroups);
-        Ok(())
+        })
     }
 }
 
@@ -405,6 +462,14 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn kernel_times_have_a_slot_for_every_kernel() {
+        let mut stems: Vec<&str> = WGSL_KERNELS.iter().map(|k| k.stem).collect();
+        stems.push("gemm_tile");
+        stems.sort_unstable();
+        assert_eq!(stems, crate::memory::KERNEL_STEMS, "memory::KERNEL_STEMS");
     }
 
     #[test]

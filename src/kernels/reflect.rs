@@ -255,9 +255,22 @@ fn component_stores(module: &naga::Module, info: &ModuleInfo) -> Vec<String> {
     out
 }
 
+/// The shipped kernels' specs and every generated GEMM variant's.
+fn all_specs() -> Vec<&'static Spec> {
+    SPECS
+        .iter()
+        .copied()
+        .chain(
+            super::gemm_tile::GEMM_CANDIDATES
+                .iter()
+                .map(|&v| super::gemm_tile::spec(v)),
+        )
+        .collect()
+}
+
 #[test]
 fn no_shader_stores_one_component_of_a_workgroup_vector() {
-    for spec in SPECS {
+    for spec in all_specs() {
         let source = spec.kernel.source;
         let module = naga::front::wgsl::parse_str(source).expect("parses");
         let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
@@ -312,7 +325,7 @@ fn every_shader_matches_its_wrapper_spec() {
         "one spec per shipped kernel"
     );
     let mut all = Vec::new();
-    for spec in SPECS {
+    for spec in all_specs() {
         all.extend(mismatches(spec, spec.kernel.source));
     }
     assert!(

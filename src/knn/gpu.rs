@@ -479,8 +479,7 @@ fn run(
             rec.sentinel(&b.block, f32s(rows * range.cols))?;
             tile.encode(
                 rec,
-                rows as u64,
-                range.cols as u64,
+                &params,
                 &TileBuffers {
                     params: tile_params,
                     queries: query_rows,

@@ -8,6 +8,7 @@
 //! blocking wait and every byte moved is counted ([`Transfers`]).
 
 mod recorder;
+pub(crate) mod timing;
 
 use std::cell::Cell;
 use std::time::Duration;
@@ -18,12 +19,12 @@ pub(crate) use recorder::{pipelined, Readback, Recorder, Staging, Submitted};
 
 use crate::device::{scoped, GpuDevice};
 use crate::error::{Error, Result};
-use crate::memory::{TrackedBuffer, Transfers};
+use crate::memory::{HostTimes, TrackedBuffer, Transfers};
 
 thread_local! {
     /// The traffic of the call running on this thread ([`measure`]).
     static CALL: Cell<Transfers> = const {
-        Cell::new(Transfers { host_waits: 0, submissions: 0, bytes_up: 0, bytes_down: 0 })
+        Cell::new(Transfers::ZERO)
     };
 }
 
@@ -51,9 +52,30 @@ pub(crate) fn measure<T>(f: impl FnOnce() -> T) -> (T, Transfers) {
     }
     let enclosing = Enclosing(CALL.with(|c| c.replace(Transfers::default())));
     let out = f();
+    // The call's timed dispatches: its waits have covered their submissions.
+    let kernels = timing::collect();
+    CALL.with(|c| {
+        let mut now = c.get();
+        now.kernels.add(&kernels);
+        c.set(now);
+    });
     let inner = CALL.with(Cell::get);
     drop(enclosing);
     (out, inner)
+}
+
+/// Counts `elapsed` of tuning kernels on the device for the context and the running call.
+pub(crate) fn count_tuning(gpu: &GpuDevice, elapsed: Duration) {
+    count(
+        gpu,
+        Transfers {
+            host: HostTimes {
+                tune_ns: elapsed.as_nanos() as u64,
+                ..HostTimes::default()
+            },
+            ..Transfers::default()
+        },
+    );
 }
 
 /// Adds traffic measured on another thread (a shard's) to the call running on this one.
@@ -187,6 +209,7 @@ pub(crate) fn write<T: Pod>(
         return Ok(());
     }
     // write_buffer needs a multiple of 4 bytes; every Pod we upload is 4-byte sized.
+    let started = std::time::Instant::now();
     scoped(gpu, "write_buffer", bytes.len() as u64, || {
         gpu.queue.write_buffer(buffer.buffer(), offset, bytes)
     })?;
@@ -194,6 +217,10 @@ pub(crate) fn write<T: Pod>(
         gpu,
         Transfers {
             bytes_up: bytes.len() as u64,
+            host: HostTimes {
+                upload_ns: started.elapsed().as_nanos() as u64,
+                ..HostTimes::default()
+            },
             ..Transfers::default()
         },
     );
@@ -242,22 +269,26 @@ pub(crate) fn wait_all(gpu: &GpuDevice) -> Result<()> {
 
 fn wait_for(gpu: &GpuDevice, index: Option<wgpu::SubmissionIndex>) -> Result<()> {
     const TIMEOUT: Duration = Duration::from_secs(600);
+    let started = std::time::Instant::now();
+    let polled = gpu.device.poll(wgpu::PollType::Wait {
+        submission_index: index,
+        timeout: Some(TIMEOUT),
+    });
     count(
         gpu,
         Transfers {
             host_waits: 1,
+            host: HostTimes {
+                wait_ns: started.elapsed().as_nanos() as u64,
+                ..HostTimes::default()
+            },
             ..Transfers::default()
         },
     );
-    gpu.device
-        .poll(wgpu::PollType::Wait {
-            submission_index: index,
-            timeout: Some(TIMEOUT),
-        })
-        .map_err(|source| match gpu.check_lost_after_error() {
-            Err(lost) => lost,
-            Ok(()) => Error::Poll { op: "wait", source },
-        })?;
+    polled.map_err(|source| match gpu.check_lost_after_error() {
+        Err(lost) => lost,
+        Ok(()) => Error::Poll { op: "wait", source },
+    })?;
     gpu.check_alive()
 }
 

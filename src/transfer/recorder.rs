@@ -5,10 +5,11 @@ use std::sync::mpsc;
 
 use bytemuck::Pod;
 
+use super::timing::{self, PassTimes};
 use super::{count, create_buffer, wait, SENTINEL_BITS};
 use crate::device::{scoped, GpuDevice};
 use crate::error::{Error, Result};
-use crate::memory::{TrackedBuffer, Transfers};
+use crate::memory::{HostTimes, TrackedBuffer, Transfers};
 
 /// A command encoder labelled for the operation recording into it: the recorder is the only
 /// owner of encoders.
@@ -33,6 +34,8 @@ pub(crate) struct Recorder<'a> {
     /// Buffers written or bound since the last submission.
     touched: HashSet<u64>,
     last: Option<wgpu::SubmissionIndex>,
+    /// Timestamps of this submission's passes, when the context times kernels.
+    times: Option<PassTimes>,
 }
 
 impl<'a> Recorder<'a> {
@@ -44,6 +47,7 @@ impl<'a> Recorder<'a> {
             commands: 0,
             touched: HashSet::new(),
             last: None,
+            times: None,
         }
     }
 
@@ -84,28 +88,39 @@ impl<'a> Recorder<'a> {
         self.commands += 1;
     }
 
-    /// Records one dispatch of `pipeline` with `group` (which binds `buffers`), in a compute
-    /// pass of its own.
+    /// Records one dispatch of `pipeline` (kernel `stem`) with `group` (which binds
+    /// `buffers`), in a compute pass of its own, timed when the context times kernels.
     pub(crate) fn dispatch(
         &mut self,
         label: &str,
+        stem: &'static str,
         pipeline: &wgpu::ComputePipeline,
         group: &wgpu::BindGroup,
         buffers: &[&TrackedBuffer],
         workgroups: [u32; 3],
-    ) {
+    ) -> Result<()> {
+        if self.gpu.kernel_timing {
+            if self.times.as_ref().is_some_and(PassTimes::is_full) {
+                self.flush()?;
+            }
+            if self.times.is_none() {
+                self.times = Some(PassTimes::new(self.gpu, timing::PASSES)?);
+            }
+        }
         for b in buffers {
             self.touch(b);
         }
+        let timestamp_writes = self.times.as_mut().and_then(|t| t.next(stem));
         let mut pass = self
             .encoder
             .begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some(label),
-                timestamp_writes: None,
+                timestamp_writes,
             });
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, group, &[]);
         pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+        Ok(())
     }
 
     /// Records a copy of `bytes` bytes (rounded up to 4) from `src` at `src_offset` to `dst`
@@ -186,9 +201,16 @@ impl<'a> Recorder<'a> {
             self.touched.clear();
             return Ok(());
         }
-        let encoder = std::mem::replace(&mut self.encoder, encoder(self.gpu, self.label));
+        let mut encoder = std::mem::replace(&mut self.encoder, encoder(self.gpu, self.label));
+        let times = self.times.take().filter(|t| !t.is_empty());
+        if let Some(t) = &times {
+            t.resolve(&mut encoder);
+        }
         let gpu = self.gpu;
         let index = scoped(gpu, self.label, 0, || gpu.queue.submit([encoder.finish()]))?;
+        if let Some(t) = times {
+            timing::park(t.map(gpu, index.clone()));
+        }
         count(
             self.gpu,
             Transfers {
@@ -333,6 +355,7 @@ impl Readback<'_> {
             source: Box::new(e),
         })?;
         let buffer = self.staging.buffer.buffer();
+        let copying = std::time::Instant::now();
         let result = {
             let view =
                 buffer
@@ -350,6 +373,10 @@ impl Readback<'_> {
             gpu,
             Transfers {
                 bytes_down: want,
+                host: HostTimes {
+                    readback_ns: copying.elapsed().as_nanos() as u64,
+                    ..HostTimes::default()
+                },
                 ..Transfers::default()
             },
         );

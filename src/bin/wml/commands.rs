@@ -43,6 +43,8 @@ pub(crate) fn context_config(common: &Common) -> ContextConfig {
         backend,
         wgpu_backends: backends,
         budget_bytes: common.budget,
+        // --stats reports each kernel's GPU time (two timestamps per dispatch).
+        kernel_timing: common.stats,
         ..Default::default()
     }
 }
@@ -92,14 +94,40 @@ pub(crate) fn timed<T>(
             ComputePath::Wgpu => "wgpu",
             ComputePath::NativeCpu => "native-cpu",
         };
+        let t = after.since(&before);
+        let h = &t.host;
+        let kernels = match ctx.kernel_timing() {
+            Ok(true) => {
+                let lines: Vec<String> = t
+                    .kernels
+                    .iter()
+                    .map(|k| {
+                        format!(
+                            "\"{}\": {{\"dispatches\": {}, \"gpu_seconds\": {:.6}}}",
+                            k.stem, k.dispatches, k.gpu_seconds
+                        )
+                    })
+                    .collect();
+                format!("\"kernels\": {{{}}}", lines.join(", "))
+            }
+            Ok(false) => "\"kernel_timing\": \"off\"".to_string(),
+            Err(reason) => format!(
+                "\"kernel_timing\": {}",
+                json_string(&format!("unavailable: {reason}"))
+            ),
+        };
         eprintln!(
-            "{{\"op\": \"{name}\", \"seconds\": {seconds:.6}, \"peak_device_bytes\": {}, \"budget_bytes\": {}, \"host_waits\": {}, \"submissions\": {}, \"bytes_up\": {}, \"bytes_down\": {}, \"adapter\": {}, \"path\": \"{path}\"}}",
+            "{{\"op\": \"{name}\", \"seconds\": {seconds:.6}, \"peak_device_bytes\": {}, \"budget_bytes\": {}, \"host_waits\": {}, \"submissions\": {}, \"bytes_up\": {}, \"bytes_down\": {}, \"host\": {{\"upload_seconds\": {:.6}, \"wait_seconds\": {:.6}, \"readback_seconds\": {:.6}, \"tune_seconds\": {:.6}}}, {kernels}, \"adapter\": {}, \"path\": \"{path}\"}}",
             mem.peak_bytes,
             mem.budget_bytes,
-            after.host_waits - before.host_waits,
-            after.submissions - before.submissions,
-            after.bytes_up - before.bytes_up,
-            after.bytes_down - before.bytes_down,
+            t.host_waits,
+            t.submissions,
+            t.bytes_up,
+            t.bytes_down,
+            h.seconds(h.upload_ns),
+            h.seconds(h.wait_ns),
+            h.seconds(h.readback_ns),
+            h.seconds(h.tune_ns),
             json_string(&ctx.device_name())
         );
     }
@@ -639,4 +667,82 @@ fn print_info_nce(loss: f64, positive_pairs: u64, negative_pairs: u64) {
         "{{\"loss\": {}, \"positive_pairs\": {positive_pairs}, \"negative_pairs\": {negative_pairs}}}",
         json_number(loss)
     );
+}
+
+/// `wml tune`: each shape's bucket tuned on the device, the winners cached, the table printed.
+pub(crate) fn tune(a: &crate::TuneOptions) -> Result<(), Failure> {
+    let ctx = context(&a.common)?;
+    let mut shapes = Vec::new();
+    for s in a.shapes.split(',').filter(|s| !s.trim().is_empty()) {
+        let dims: Vec<usize> = s
+            .trim()
+            .split('x')
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|_| Failure::Message(format!("--shapes: {s:?} is not ROWSxCOLSxD")))?;
+        match dims.as_slice() {
+            &[r, c, d] if r > 0 && c > 0 && d > 0 => shapes.push((r, c, d)),
+            _ => {
+                return Err(Failure::Message(format!(
+                    "--shapes: {s:?} is not ROWSxCOLSxD"
+                )))
+            }
+        }
+    }
+    if !a.json {
+        println!("tuning the distance GEMM on {}", ctx.device_name());
+    }
+    for (rows, cols, d) in shapes {
+        let r = ctx.tune_distance(rows, cols, d, a.cached).map_err(|e| {
+            Failure::Message(format!("tune {rows}x{cols}x{d}: {}", with_causes(&e)))
+        })?;
+        let (tr, tc, td) = r.tile;
+        let gflops = |s: f64| 2.0 * (tr * tc * td) as f64 / s * 1e-9;
+        let winner = r.chosen.map_or("hand-written".to_string(), |v| v.name());
+        if a.json {
+            let cands: Vec<String> = r
+                .candidates
+                .iter()
+                .map(|(v, s)| format!("{{\"variant\": \"{}\", \"seconds\": {s:e}}}", v.name()))
+                .collect();
+            println!(
+                "{{\"shape\": \"{rows}x{cols}x{d}\", \"bucket\": \"{}\", \"winner\": \"{winner}\", \"tile\": [{tr}, {tc}, {td}], \"by_timestamps\": {}, \"from_cache\": {}, \"tune_seconds\": {:.3}, \"candidates\": [{}]}}",
+                r.bucket,
+                r.by_timestamps,
+                r.from_cache,
+                r.seconds,
+                cands.join(", ")
+            );
+            continue;
+        }
+        println!(
+            "\n{rows}x{cols}x{d} (bucket {}, tile {tr}x{tc}x{td}, {}{}, {:.2} s)",
+            r.bucket,
+            if r.by_timestamps {
+                "timestamps"
+            } else {
+                "wall clock"
+            },
+            if r.from_cache { ", from the cache" } else { "" },
+            r.seconds
+        );
+        for (v, s) in &r.candidates {
+            let mark = if Some(*v) == r.chosen {
+                "  <- winner"
+            } else {
+                ""
+            };
+            if r.from_cache {
+                println!("  {:<20} {:>9.3} ms{mark}", v.name(), s * 1e3);
+            } else {
+                println!(
+                    "  {:<20} {:>9.3} ms {:>9.1} GFLOP/s{mark}",
+                    v.name(),
+                    s * 1e3,
+                    gflops(*s)
+                );
+            }
+        }
+    }
+    Ok(())
 }

@@ -10,6 +10,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub(crate) use self::TuneArgs as TuneOptions;
 use wgpu_metric_learning::{CancelToken, Hooks, Progress};
 
 /// The GPU core of metric learning on .npy files: triplet mining, PML's miners, kNN and
@@ -57,6 +59,30 @@ enum Command {
     /// as float32 .npy arrays of the inputs' shapes.
     #[command(subcommand)]
     Loss(LossCommand),
+    /// Tunes the distance GEMM on this machine's GPU ahead of time: times every kernel variant
+    /// on each --shapes bucket, keeps the winners in the tuning cache (later runs reuse them)
+    /// and prints the table: per shape, each variant's median milliseconds and TFLOP/s on its
+    /// tile, the winner marked. --json prints one JSON object per shape instead.
+    Tune(TuneArgs),
+}
+
+#[derive(Args)]
+struct TuneArgs {
+    /// Comma-separated shapes ROWSxCOLSxD (queries x references x dimension); each is tuned
+    /// for its bucket (powers of two; rows up to 4096, columns up to 65536).
+    #[arg(
+        long,
+        default_value = "1024x4096x128,2048x16384x128,4096x65536x128,4096x4096x768"
+    )]
+    shapes: String,
+    /// Take a cached winner as it is instead of timing again.
+    #[arg(long)]
+    cached: bool,
+    /// One JSON object per shape on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    common: Common,
 }
 
 #[derive(Subcommand)]
@@ -190,6 +216,7 @@ impl Command {
             Command::Loss(LossCommand::TripletMargin(a)) => &a.common,
             Command::Loss(LossCommand::Ntxent(a)) => &a.common,
             Command::Loss(LossCommand::Mnrl(a)) => &a.common,
+            Command::Tune(a) => &a.common,
         }
     }
 }
@@ -603,6 +630,7 @@ fn main() -> ExitCode {
         Command::Loss(LossCommand::TripletMargin(a)) => commands::triplet_loss(&a, &hooks),
         Command::Loss(LossCommand::Ntxent(a)) => commands::ntxent(&a, &hooks),
         Command::Loss(LossCommand::Mnrl(a)) => commands::mnrl(&a, &hooks),
+        Command::Tune(a) => commands::tune(&a),
     };
     match done {
         Ok(()) => ExitCode::SUCCESS,
