@@ -450,8 +450,9 @@ impl Context {
     /// under a second on a discrete GPU; `wml tune` does this for the usual shapes).
     ///
     /// # Errors
-    /// [`Error::NoDevice`] on the native CPU path; [`Error::OverBudget`]-like errors when the
-    /// budget cannot hold the tile; a wgpu error if the device fails.
+    /// [`Error::NoDevice`] on the native CPU path; [`Error::BudgetExceeded`] when the budget
+    /// cannot hold even a 64-column tile; [`Error::Wgpu`], [`Error::Poll`] or
+    /// [`Error::DeviceLost`] if the device fails.
     ///
     /// # Example
     /// ```no_run

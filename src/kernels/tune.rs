@@ -1,5 +1,12 @@
 //! The per-device autotuner of the GEMM family ([`super::gemm_tile`]).
 //!
+//! Tuning runs inside the operation that first meets a bucket, before its first tile of that
+//! bucket, on at most half of the budget's free room (never over the budget: when even a
+//! 64-column tile does not fit, that tile runs the default and the next one tries again). A
+//! cancellation is seen at the operation's next chunk; tuning takes a fraction of a second
+//! on a GPU, and its time is counted in the call's `Transfers::host.tune_ns`, never in its
+//! host waits or submissions.
+//!
 //! The choice is made per device and per shape bucket: rows, columns and `vec4`s of depth,
 //! each rounded up to a power of two (rows 64–4096, columns 64–65536, depth 1–256 vec4s). For
 //! a bucket it has not seen, the device's [`GemmTile`] looks in this process's memory, then
@@ -28,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::device::{GpuDevice, Tuning};
+use crate::device::{checked, GpuDevice, Tuning};
 use crate::error::Result;
 use crate::kernels::distance_tile::{Params, TileBuffers};
 use crate::kernels::gemm_tile::{GemmTile, GemmVariant, GEMM_CANDIDATES};
@@ -108,11 +115,13 @@ pub(crate) fn choose(
             match tune(gpu, family, bucket, gpu.tuning == Tuning::Cached) {
                 Ok(t) => t.chosen.or_else(|| default_variant(gpu)),
                 Err(e) => {
+                    // Not remembered: the next tile of this bucket tries again (the budget's
+                    // free room may have grown).
                     log::warn!(
                         "gemm_tile: tuning {} failed ({e}); using the default",
                         bucket.label()
                     );
-                    default_variant(gpu)
+                    return default_variant(gpu);
                 }
             }
         }
@@ -230,10 +239,18 @@ impl Buffers {
         let q_norms = storage("tune::query_norms", rows)?;
         let r_norms = storage("tune::ref_norms", cols)?;
         let out = storage("tune::out", rows * cols)?;
-        transfer::write(gpu, &queries, 0, &pattern(rows * dim4 * 4))?;
-        transfer::write(gpu, &refs, 0, &pattern(cols * dim4 * 4))?;
-        transfer::write(gpu, &q_norms, 0, &vec![1.0f32; rows as usize])?;
-        transfer::write(gpu, &r_norms, 0, &vec![1.0f32; cols as usize])?;
+        // Written directly, not through `transfer::write`: the tuner's bytes are not the
+        // calling operation's traffic.
+        let write = |b: &TrackedBuffer, data: &[f32]| {
+            checked(gpu, "tune::write", || {
+                gpu.queue
+                    .write_buffer(b.buffer(), 0, bytemuck::cast_slice(data))
+            })
+        };
+        write(&queries, &pattern(rows * dim4 * 4))?;
+        write(&refs, &pattern(cols * dim4 * 4))?;
+        write(&q_norms, &vec![1.0f32; rows as usize])?;
+        write(&r_norms, &vec![1.0f32; cols as usize])?;
         let p = Params {
             rows: rows as u32,
             cols: cols as u32,
@@ -244,7 +261,16 @@ impl Buffers {
             out_col0: 0,
             ref_row0: 0,
         };
-        let params = transfer::uniform(gpu, "tune::params", &p)?;
+        let params = transfer::create_buffer(
+            gpu,
+            "tune::params",
+            std::mem::size_of::<Params>() as u64,
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        )?;
+        checked(gpu, "tune::write", || {
+            gpu.queue
+                .write_buffer(params.buffer(), 0, bytemuck::bytes_of(&p))
+        })?;
         Ok(Self {
             params,
             queries,

@@ -107,24 +107,36 @@ pub(crate) fn uniform_size<T>() -> u64 {
     buffer_size(std::mem::size_of::<T>() as u64)
 }
 
-/// Rows `start .. start + count` of `x` `(n, d)` as a row-major `(count, 4 * dim4)` f32 vector,
-/// each row zero-padded from `d` to `4 * dim4` so kernels can read it as `vec4`s. Works for
-/// any view layout (transposed, strided), copying element by element.
+/// Rows `start .. start + count` of `x` `(n, d)` as a row-major `(count, 4 * dim4)` f32 slice,
+/// each row zero-padded from `d` to `4 * dim4` so kernels can read it as `vec4`s. Borrowed
+/// from `x` when its rows are already that (standard layout, `d` a multiple of 4): no copy of
+/// what is only uploaded. Otherwise copied, row by row where rows are contiguous, element by
+/// element for any other layout (transposed, strided).
 pub(crate) fn padded_rows(
     x: ndarray::ArrayView2<'_, f32>,
     start: usize,
     count: usize,
     dim4: usize,
-) -> Vec<f32> {
+) -> std::borrow::Cow<'_, [f32]> {
     let width = 4 * dim4;
-    let mut out = vec![0.0f32; count * width];
-    let rows = x.slice(ndarray::s![start..start + count, ..]);
-    for (dst, row) in out.chunks_exact_mut(width).zip(rows.rows()) {
-        for (o, v) in dst.iter_mut().zip(row.iter()) {
-            *o = *v;
+    let rows = x.slice_move(ndarray::s![start..start + count, ..]);
+    if rows.ncols() == width {
+        if let Some(slice) = rows.to_slice() {
+            return std::borrow::Cow::Borrowed(slice);
         }
     }
-    out
+    let mut out = vec![0.0f32; count * width];
+    for (dst, row) in out.chunks_exact_mut(width).zip(rows.rows()) {
+        match row.as_slice() {
+            Some(src) => dst[..src.len()].copy_from_slice(src),
+            None => {
+                for (o, v) in dst.iter_mut().zip(row.iter()) {
+                    *o = *v;
+                }
+            }
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// The inverse of [`padded_rows`]: the first `out.ncols()` values of each `4 * dim4`-wide
