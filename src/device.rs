@@ -97,8 +97,8 @@ pub enum Tuning {
 
 /// A wgpu device and queue with everything the kernels need to know about them.
 ///
-/// Dropping it waits for the device's work to finish, then destroys its pipelines, queue
-/// and device under [`lifecycle_lock`].
+/// Dropping it waits for the device's work to finish (a device the library made), then
+/// destroys its pipelines, queue and device under [`lifecycle_lock`].
 #[derive(Debug)]
 pub(crate) struct GpuDevice {
     /// Dropped by hand, under [`lifecycle_lock`] (see `Drop`).
@@ -128,6 +128,8 @@ pub(crate) struct GpuDevice {
     pub(crate) kernel_timing: bool,
     /// Whether the device has `TIMESTAMP_QUERY` (the tuner times by timestamps then).
     pub(crate) timestamps: bool,
+    /// The library made the device (else it is an application's, shared).
+    own: bool,
 }
 
 /// How a [`GpuDevice`] accounts for what it does: the context's settings.
@@ -189,6 +191,7 @@ impl GpuDevice {
             tuning: accounting.tuning,
             kernel_timing: accounting.kernel_timing && timestamps,
             timestamps,
+            own,
         }
     }
 
@@ -260,11 +263,14 @@ impl GpuDevice {
 impl Drop for GpuDevice {
     fn drop(&mut self) {
         // Finish the device's work outside the lock (bounded: a hung device must not hang
-        // the drop), so that the destruction under it is short.
-        let _ = self.device.poll(wgpu::PollType::Wait {
-            submission_index: None,
-            timeout: Some(std::time::Duration::from_secs(60)),
-        });
+        // the drop), so that the destruction under it is short. Not an application's device:
+        // dropping our handles destroys nothing there, and its work is not ours to wait for.
+        if self.own {
+            let _ = self.device.poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: Some(std::time::Duration::from_secs(60)),
+            });
+        }
         let kernels = self
             .kernels
             .get_mut()

@@ -216,9 +216,26 @@ thread_local! {
     static PARKED: RefCell<Vec<Parked>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Parks `p` until this thread's call collects it.
+/// At most this many timed submissions wait on a thread for its call to collect them.
+const MAX_PARKED: usize = 64;
+
+/// Parks `p` until this thread's call collects it. Dispatches recorded outside an
+/// operation's call (none collects them) cannot pile up: past [`MAX_PARKED`], the oldest are
+/// read into the context's totals alone and their buffers released.
 pub(crate) fn park(p: Parked) {
-    PARKED.with(|v| v.borrow_mut().push(p));
+    let overflow = PARKED.with(|v| {
+        let mut v = v.borrow_mut();
+        v.push(p);
+        if v.len() > MAX_PARKED {
+            let half = v.len() / 2;
+            v.drain(..half).collect::<Vec<_>>()
+        } else {
+            Vec::new()
+        }
+    });
+    for p in overflow {
+        p.read();
+    }
 }
 
 /// Every kernel time parked on this thread, read and summed.
