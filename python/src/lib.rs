@@ -205,13 +205,14 @@ struct PyContext {
 #[pymethods]
 impl PyContext {
     #[new]
-    #[pyo3(signature = (backend = "auto", budget = None, adapter = None, fill_outputs_with_sentinel = false))]
+    #[pyo3(signature = (backend = "auto", budget = None, adapter = None, fill_outputs_with_sentinel = false, kernel_timing = false))]
     fn new(
         py: Python<'_>,
         backend: &str,
         budget: Option<u64>,
         adapter: Option<&Bound<'_, PyAny>>,
         fill_outputs_with_sentinel: bool,
+        kernel_timing: bool,
     ) -> PyResult<Self> {
         let (backend, wgpu_backends) = match backend {
             "auto" => (BackendChoice::Auto, None),
@@ -248,6 +249,7 @@ impl PyContext {
             wgpu_backends,
             budget_bytes: budget,
             fill_outputs_with_sentinel,
+            kernel_timing,
             ..Default::default()
         };
         let inner = run(py, move |_| Context::new(&config))?;
@@ -311,6 +313,20 @@ fn transfers_dict<'py>(py: Python<'py>, t: &wml::Transfers) -> PyResult<Bound<'p
     d.set_item("submissions", t.submissions)?;
     d.set_item("bytes_up", t.bytes_up)?;
     d.set_item("bytes_down", t.bytes_down)?;
+    let h = &t.host;
+    d.set_item("upload_seconds", h.seconds(h.upload_ns))?;
+    d.set_item("wait_seconds", h.seconds(h.wait_ns))?;
+    d.set_item("readback_seconds", h.seconds(h.readback_ns))?;
+    d.set_item("tune_seconds", h.seconds(h.tune_ns))?;
+    // Each kernel's dispatches and GPU seconds (with kernel timing on; empty otherwise).
+    let kernels = PyDict::new(py);
+    for k in t.kernels.iter() {
+        let line = PyDict::new(py);
+        line.set_item("dispatches", k.dispatches)?;
+        line.set_item("gpu_seconds", k.gpu_seconds)?;
+        kernels.set_item(k.stem, line)?;
+    }
+    d.set_item("kernels", kernels)?;
     Ok(d)
 }
 

@@ -260,3 +260,22 @@ def test_the_gil_is_released_while_computing():
         done.set()
         t.join()
     assert len(ticks) > 10
+
+
+def test_transfers_time_the_host_and_with_kernel_timing_each_kernel():
+    x, _ = _data(200, 16)
+    if not wml.list_adapters():
+        pytest.skip("no adapter (WML_REQUIRE_GPU=1 fails in conftest instead)")
+    timed = wml.Context(backend="gpu", kernel_timing=True)
+    before = timed.transfers()
+    wml.knn(timed, x, k=5)
+    after = timed.transfers()
+    for key in ("upload_seconds", "wait_seconds", "readback_seconds", "tune_seconds"):
+        assert after[key] >= before[key] >= 0.0
+    assert after["wait_seconds"] > before["wait_seconds"], "a kNN waits for the device"
+    kernels = after["kernels"]
+    # Timestamps where the adapter has them (lavapipe does): every kernel that ran, timed.
+    if kernels:
+        assert "knn_select" in kernels and "row_norms" in kernels, kernels
+        assert all(k["dispatches"] > 0 and k["gpu_seconds"] > 0 for k in kernels.values())
+    assert wml.Context(backend="cpu").transfers()["kernels"] == {}

@@ -19,7 +19,8 @@ class Context:
     ``backend``: ``"auto"`` (a hardware GPU if any, else the CPU path), ``"gpu"``/``"wgpu"``,
     ``"cpu"``/``"native"``, or one wgpu backend: ``"vulkan"``, ``"metal"``, ``"dx12"``,
     ``"gl"``. ``budget``: device bytes (default: a share of the device's memory).
-    ``adapter``: an index into :func:`list_adapters` or part of a name."""
+    ``adapter``: an index into :func:`list_adapters` or part of a name. ``kernel_timing``:
+    time every dispatch by GPU timestamps (see :meth:`transfers`)."""
 
     def __init__(
         self,
@@ -27,6 +28,7 @@ class Context:
         budget: Optional[int] = None,
         adapter: Union[None, int, str] = None,
         fill_outputs_with_sentinel: bool = False,
+        kernel_timing: bool = False,
     ) -> None: ...
     @property
     def path(self) -> str:
@@ -35,8 +37,11 @@ class Context:
     def device_name(self) -> str: ...
     def memory(self) -> Dict[str, int]:
         """``current_bytes``, ``peak_bytes`` and ``budget_bytes`` of tracked device memory."""
-    def transfers(self) -> Dict[str, int]:
-        """``host_waits``, ``submissions``, ``bytes_up``, ``bytes_down`` so far."""
+    def transfers(self) -> Dict[str, Any]:
+        """``host_waits``, ``submissions``, ``bytes_up``, ``bytes_down`` so far; the host's
+        ``upload_seconds``, ``wait_seconds``, ``readback_seconds`` and ``tune_seconds``; and
+        ``kernels``: each kernel's ``dispatches`` and ``gpu_seconds`` (empty unless the
+        context times kernels)."""
     def reset_peak(self) -> None: ...
 
 def list_adapters() -> List[Dict[str, Any]]:
