@@ -89,6 +89,9 @@ pub const GEMM_CANDIDATES: &[GemmVariant] = &[
     v(64, 64, 16, 4, 4, false),
     v(64, 64, 32, 4, 4, true),
     v(128, 64, 16, 8, 4, true),
+    // Two staging slots per invocation, the second half-used: the generator's partial-slot
+    // path, small enough (25.6 KiB) for lavapipe's tests.
+    v(128, 64, 32, 8, 4, false),
     v(64, 128, 16, 4, 8, true),
     v(128, 128, 8, 8, 8, true),
     v(128, 128, 16, 8, 8, true),
