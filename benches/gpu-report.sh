@@ -200,14 +200,8 @@ run() {
         done
     done
 
-    if python3 -c 'import torch' 2>/dev/null; then
-        local site=/tmp/wml-pml-site
-        if ls .whl/*.whl >/dev/null 2>&1; then
-            python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl || true
-        fi
-        PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} python3 benches/pml_cuda.py --Q $q --N $n \
-            --reps $reps --mining "${pml_cases[@]}" --loss "${loss_cases[@]}" --infonce "$infonce_b,768" | tee "$out/pml.jsonl" || true
-    fi
+    pml_cuda --Q $q --N $n --reps $reps --mining "${pml_cases[@]}" --loss "${loss_cases[@]}" \
+        --infonce "$infonce_b,768" | tee "$out/pml.jsonl" || true
     python3 benches/gpu_report.py "$out" >"$out/report.md"
     cat "$out/report.md"
 }
@@ -242,6 +236,20 @@ isolated() {
     rm -rf "$dir"
 }
 
+# benches/pml_cuda.py with "$@", PML's wheel from .whl/ on its path, where python3 has torch;
+# nothing (and a note) otherwise.
+pml_cuda() {
+    if ! python3 -c 'import torch' 2>/dev/null; then
+        echo "gpu-report: no torch here, no PML/torch comparison" >&2
+        return 0
+    fi
+    local site=/tmp/wml-pml-site
+    if ls .whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl || true
+    fi
+    PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} python3 benches/pml_cuda.py "$@"
+}
+
 # The GPU core's figures, quickly (about 2 minutes on an H100): the FMA-loop and copy peaks,
 # the distance GEMM of every variant checked and trusted with its kernel time by timestamps,
 # the tuner's choice, kNN 10 000 x 100 000 x 128 with every kernel's time (k = 10 and 100,
@@ -268,15 +276,8 @@ core() {
         .devbin/bench_mining --path wgpu --func $func --B "$infonce_b" --D 768 --budget-mib 1024 \
             --reps $reps | tee -a "$out/results.jsonl"
     done
-    if python3 -c 'import torch' 2>/dev/null; then
-        local site=/tmp/wml-pml-site
-        if ls .whl/*.whl >/dev/null 2>&1; then
-            python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl || true
-        fi
-        PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} python3 benches/pml_cuda.py --Q $q --N $n \
-            --reps $reps --infonce "$infonce_b,768" --gemm 2048,16384,128 "$q,$n,128" |
-            tee "$out/pml.jsonl" || true
-    fi
+    pml_cuda --Q $q --N $n --reps $reps --infonce "$infonce_b,768" \
+        --gemm 2048,16384,128 "$q,$n,128" | tee "$out/pml.jsonl" || true
     python3 benches/gpu_report.py --json "$out" >"$out/report.json" || true
 }
 

@@ -180,20 +180,15 @@ def report_json(d):
         case = r.get("case")
         if case in ("peak-fma", "peak-copy"):
             row(case, None, **{k: v for k, v in r.items() if k not in skip})
-        elif case and case.startswith("gemm-knn-"):
-            q, n, dim = (int(v) for v in case[len("gemm-knn-"):].split("-")[0].split("x"))
-            t = torch_gemm.get((q, n, dim))
-            extra = {k: v for k, v in r.items() if k not in skip + ("ours_seconds",)}
-            # The kNN's distance GEMM by timestamps against cuBLAS's product of the same shape.
-            row(case, r["gemm_seconds"], t["median_s"] if t else None,
-                "torch fp32 q @ r.T (cuBLAS, TF32 off), on the device" if t else None,
-                wall_seconds=r["ours_seconds"], **extra)
         elif case and case.startswith("gemm-") and "skipped" not in r:
-            q, n, dim = (int(v) for v in case[5:].split("x"))
+            # gemm-QxNxD (the tile) or gemm-knn-QxNxD-kK (kNN's distance GEMM). Device-side
+            # both: our kernel's time by timestamps against cuBLAS's product of that shape.
+            shape = case.removeprefix("gemm-").removeprefix("knn-").split("-")[0]
+            q, n, dim = (int(v) for v in shape.split("x"))
             t = torch_gemm.get((q, n, dim))
             extra = {k: v for k, v in r.items() if k not in skip + ("ours_seconds",)}
-            # Device-side both: our kernel's time by timestamps against cuBLAS's product.
-            row(case, r["kernel_seconds"], t["median_s"] if t else None,
+            ours = r["gemm_seconds"] if "gemm_seconds" in r else r["kernel_seconds"]
+            row(case, ours, t["median_s"] if t else None,
                 "torch fp32 q @ r.T (cuBLAS, TF32 off), on the device" if t else None,
                 wall_seconds=r["ours_seconds"], **extra)
         elif r.get("func") == "knn":

@@ -20,7 +20,8 @@ use std::time::Instant;
 use ndarray::Array2;
 use wgpu_metric_learning::{
     knn, pairwise_distances, BackendChoice, Context, ContextConfig, Distance, DistanceConfig,
-    DistanceKernel, GemmVariant, KnnConfig, PairwiseConfig, ShaderChecks, GEMM_CANDIDATES,
+    DistanceKernel, GemmVariant, KernelTimes, KnnConfig, PairwiseConfig, ShaderChecks,
+    GEMM_CANDIDATES,
 };
 
 fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
@@ -40,6 +41,15 @@ fn data(rows: usize, d: usize, seed: f32) -> Array2<f32> {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The GPU seconds of the distance kernels (a GEMM variant or the hand-written tile).
+fn distance_seconds(kernels: &KernelTimes) -> f64 {
+    kernels
+        .iter()
+        .filter(|k| k.stem == "gemm_tile" || k.stem == "distance_tile")
+        .map(|k| k.gpu_seconds)
+        .sum()
 }
 
 fn json_str(s: &str) -> String {
@@ -158,13 +168,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let out = pairwise_distances(&ctx, queries.view(), refs.view(), &cfg)?;
                 wall_s.push(t.elapsed().as_secs_f64());
                 let tr = out.transfers;
-                let gemm: f64 = tr
-                    .kernels
-                    .iter()
-                    .filter(|k| k.stem == "gemm_tile" || k.stem == "distance_tile")
-                    .map(|k| k.gpu_seconds)
-                    .sum();
-                kernel_s.push(gemm);
+                kernel_s.push(distance_seconds(&tr.kernels));
                 up.push(tr.host.seconds(tr.host.upload_ns));
                 wait.push(tr.host.seconds(tr.host.wait_ns));
                 down.push(tr.host.seconds(tr.host.readback_ns));
@@ -219,12 +223,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 )
             })
             .collect();
-        let gemm: f64 = tr
-            .kernels
-            .iter()
-            .filter(|k| k.stem == "gemm_tile" || k.stem == "distance_tile")
-            .map(|k| k.gpu_seconds)
-            .sum();
+        let gemm = distance_seconds(&tr.kernels);
         let flop = 2.0 * (kq * kn * kd) as f64;
         println!(
             "{{\"case\": \"gemm-knn-{kq}x{kn}x{kd}-k{k}\", \"variant\": \"{}\", \"ours_seconds\": {:.6}, \"gemm_seconds\": {gemm:.6}, \"kernel_tflops\": {:.3}, \"peak_tflops\": {fma_tflops:.3}, \"kernels\": {{{}}}, \"wait_seconds\": {:.6}, \"upload_seconds\": {:.6}, \"readback_seconds\": {:.6}, {tag}}}",

@@ -43,6 +43,23 @@ pub(crate) struct Params {
     pub(crate) ref_row0: u32,
 }
 
+/// The tile's bindings, in `dispatch` order ([`TileBuffers::in_order`]): shared by the
+/// generated GEMM family, which takes the same `Params` and buffers.
+pub(crate) const BINDINGS: &[(u32, Binding, u64)] = &[
+    (0, Binding::Uniform, std::mem::size_of::<Params>() as u64),
+    (1, Binding::ReadOnly, 16),
+    (2, Binding::ReadOnly, 16),
+    (3, Binding::ReadOnly, 4),
+    (4, Binding::ReadOnly, 4),
+    (5, Binding::ReadWrite, 4),
+];
+
+/// `Params`' layout, as the shaders of the tile and of the GEMM family declare it.
+pub(crate) const PARAMS_LAYOUT: Layout = Layout {
+    size: std::mem::size_of::<Params>(),
+    fields: fields!(Params: rows, cols, dim4, metric, normalize, out_stride, out_col0, ref_row0),
+};
+
 pub(crate) const SPEC: Spec = Spec {
     kernel: WgslKernel {
         stem: "distance_tile",
@@ -53,19 +70,9 @@ pub(crate) const SPEC: Spec = Spec {
         name: "main",
         workgroup_size: [THREADS, THREADS, 1],
         workgroup_bytes: WORKGROUP_STORAGE,
-        bindings: &[
-            (0, Binding::Uniform, std::mem::size_of::<Params>() as u64),
-            (1, Binding::ReadOnly, 16),
-            (2, Binding::ReadOnly, 16),
-            (3, Binding::ReadOnly, 4),
-            (4, Binding::ReadOnly, 4),
-            (5, Binding::ReadWrite, 4),
-        ],
+        bindings: BINDINGS,
     }],
-    params: Layout {
-        size: std::mem::size_of::<Params>(),
-        fields: fields!(Params: rows, cols, dim4, metric, normalize, out_stride, out_col0, ref_row0),
-    },
+    params: PARAMS_LAYOUT,
 };
 
 /// The distance tile: which kernel computes it (the context's setting) and the hand-written
@@ -110,6 +117,20 @@ pub(crate) struct TileBuffers<'a> {
     pub(crate) out: &'a TrackedBuffer,
 }
 
+impl<'a> TileBuffers<'a> {
+    /// The buffers in the order of [`BINDINGS`].
+    pub(crate) fn in_order(&self) -> [&'a TrackedBuffer; 6] {
+        [
+            self.params,
+            self.queries,
+            self.refs,
+            self.query_sq_norms,
+            self.ref_sq_norms,
+            self.out,
+        ]
+    }
+}
+
 impl DistanceTile {
     /// Workgroups `(x, y)` for a tile of `rows` queries × `cols` refs.
     pub(crate) fn workgroups(rows: u64, cols: u64) -> (u64, u64) {
@@ -128,16 +149,15 @@ impl DistanceTile {
     ) -> Result<()> {
         let gpu = rec.gpu();
         let (rows, cols, dim4) = (u64::from(p.rows), u64::from(p.cols), u64::from(p.dim4));
-        let variant = match self.setting {
-            DistanceKernel::HandWritten => None,
-            DistanceKernel::Variant(v) if v.fits(&gpu.limits) => Some(v),
-            DistanceKernel::Variant(_) | DistanceKernel::Tuned => {
-                let family = gpu.kernel::<GemmTile>()?;
-                tune::choose(gpu, &family, rows, cols, dim4)
+        if self.setting != DistanceKernel::HandWritten {
+            let family = gpu.kernel::<GemmTile>()?;
+            let variant = match self.setting {
+                DistanceKernel::Variant(v) if v.fits(&gpu.limits) => Some(v),
+                _ => tune::choose(gpu, &family, rows, cols, dim4),
+            };
+            if let Some(v) = variant {
+                return family.encode(rec, v, p, b);
             }
-        };
-        if let Some(v) = variant {
-            return gpu.kernel::<GemmTile>()?.encode(rec, v, p, b);
         }
         let (x, y) = Self::workgroups(rows, cols);
         let limit = u64::from(rec.gpu().limits.max_compute_workgroups_per_dimension);
@@ -149,15 +169,7 @@ impl DistanceTile {
                 limit,
             });
         }
-        let buffers = [
-            b.params,
-            b.queries,
-            b.refs,
-            b.query_sq_norms,
-            b.ref_sq_norms,
-            b.out,
-        ];
         self.hand_written(gpu)?
-            .dispatch(rec, &buffers, [x as u32, y as u32, 1])
+            .dispatch(rec, &b.in_order(), [x as u32, y as u32, 1])
     }
 }

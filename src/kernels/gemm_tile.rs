@@ -22,9 +22,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::device::GpuDevice;
 use crate::error::{Error, Result};
-use crate::kernels::distance_tile::{Params, TileBuffers};
+use crate::kernels::distance_tile::{Params, TileBuffers, BINDINGS, PARAMS_LAYOUT};
 use crate::kernels::tune::Bucket;
-use crate::kernels::{fields, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
+use crate::kernels::{Entry, Pipeline, Spec, WgslKernel};
 use crate::transfer::Recorder;
 
 /// Which kernel computes distance tiles: the tuned GEMM family, one variant of it, or the
@@ -134,8 +134,6 @@ impl GemmVariant {
             && self.bm.is_multiple_of(self.tm)
             && self.bn.is_multiple_of(self.tn)
             && (32..=256).contains(&self.threads())
-            && self.bm >= 4 * (self.tm / 4)
-            && self.bn >= 4 * (self.tn / 4)
     }
 
     /// Bytes of workgroup memory it uses.
@@ -418,16 +416,6 @@ fn generate(v: &GemmVariant, s: &mut String) {
     w!("}}");
 }
 
-/// The bindings, in `dispatch` order: those of `distance_tile` (same `Params`, same buffers).
-const BINDINGS: &[(u32, Binding, u64)] = &[
-    (0, Binding::Uniform, std::mem::size_of::<Params>() as u64),
-    (1, Binding::ReadOnly, 16),
-    (2, Binding::ReadOnly, 16),
-    (3, Binding::ReadOnly, 4),
-    (4, Binding::ReadOnly, 4),
-    (5, Binding::ReadWrite, 4),
-];
-
 /// The `'static` spec of `v` (its generated source, entry and bindings), made once per
 /// variant per process: the pipeline machinery and the reflection tests take specs.
 pub(crate) fn spec(v: GemmVariant) -> &'static Spec {
@@ -452,10 +440,7 @@ pub(crate) fn spec(v: GemmVariant) -> &'static Spec {
                 constants: &[],
             },
             entries,
-            params: Layout {
-                size: std::mem::size_of::<Params>(),
-                fields: fields!(Params: rows, cols, dim4, metric, normalize, out_stride, out_col0, ref_row0),
-            },
+            params: PARAMS_LAYOUT,
         }))
     })
 }
@@ -516,7 +501,7 @@ impl GemmTile {
     ) -> Result<()> {
         let (x, y) = check(gpu, v, p, b)?;
         let pipeline = self.pipeline(gpu, v)?;
-        let group = pipeline.bind(gpu, &Self::order(b))?;
+        let group = pipeline.bind(gpu, &b.in_order())?;
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("gemm_tile::tune"),
             timestamp_writes: timestamps,
@@ -527,16 +512,6 @@ impl GemmTile {
         Ok(())
     }
 
-    fn order<'b>(b: &TileBuffers<'b>) -> [&'b crate::memory::TrackedBuffer; 6] {
-        [
-            b.params,
-            b.queries,
-            b.refs,
-            b.query_sq_norms,
-            b.ref_sq_norms,
-            b.out,
-        ]
-    }
     /// The pipeline of `v`, compiled on first use. Trusted (no bounds checks, no loop
     /// bounding) unless the context asks for checked modules: every global index is guarded
     /// by `rows`, `cols` and `dim4` and checked against the buffers' sizes in [`Self::encode`],
@@ -574,7 +549,7 @@ impl GemmTile {
     ) -> Result<()> {
         let (x, y) = check(rec.gpu(), v, p, b)?;
         let pipeline = self.pipeline(rec.gpu(), v)?;
-        pipeline.dispatch(rec, &Self::order(b), [x, y, 1])
+        pipeline.dispatch(rec, &b.in_order(), [x, y, 1])
     }
 }
 
