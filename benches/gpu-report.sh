@@ -6,6 +6,7 @@
 #
 #   benches/gpu-report.sh build          # here, with the toolchain: fills .devbin/, .gl/, .whl/
 #   benches/gpu-report.sh run [--quick]  # there, from the project root, with them carried
+#   benches/gpu-report.sh core [--quick] | hunt | hunt-parallel | prepare   # see each below
 #
 # `build` compiles the test binaries (`cargo test --release --no-run`: the integration tests
 # are one binary, plus the library's unit tests), the bench examples and `wml` in release,
@@ -305,10 +306,12 @@ core() {
 # device, driver), $OUT/hunt-summary.txt, and every run's log and stacks packed in
 # $OUT/hunt.tar.gz (rewritten after each run, so that a run cut short still returns them).
 # With HUNT_BISECT=1 and time left, a failing binary's top-level modules then run alone,
-# HUNT_BISECT_RUNS (5) times each.
+# HUNT_BISECT_RUNS (5) times each. HUNT_STAGES (a space-separated list of labels) runs only
+# those stages; HUNT_TAG names this hunt's files (hunt-<tag>.jsonl, …) so that hunts can run
+# side by side (`hunt-parallel`).
 hunt() {
-    local out=${OUT:-$PWD/gpu-report-out}
-    local work=/tmp/wml-hunt
+    local out=${OUT:-$PWD/gpu-report-out} tag=${HUNT_TAG:+-$HUNT_TAG}
+    local work=/tmp/wml-hunt$tag
     rm -rf "$work" && mkdir -p "$work" "$out"
     prepare "$out"
     local started=$SECONDS deadline=${HUNT_DEADLINE:-420} threads=${HUNT_THREADS:-8}
@@ -326,7 +329,7 @@ hunt() {
     local device driver
     device=$(cut -d, -f1 "$out/gpu.txt" 2>/dev/null | xargs || true)
     driver=$(cut -d, -f2 "$out/gpu.txt" 2>/dev/null | xargs || true)
-    : >"$out/hunt.jsonl"
+    : >"$out/hunt$tag.jsonl"
     local spec label bin runs limit lock filter failing=()
     for spec in \
         "first-off test-root ${HUNT_FIRST_OFF_RUNS:-2} ${HUNT_FIRST_OFF_LIMIT:-120} off concurrency::first_contexts" \
@@ -337,6 +340,7 @@ hunt() {
         "integration test-root ${HUNT_INTEGRATION_RUNS:-10} ${HUNT_INTEGRATION_LIMIT:-240} on"; do
         read -r label bin runs limit lock filter <<<"$spec"
         [ -x ".devbin/$bin" ] && [ "$runs" -gt 0 ] || continue
+        [ -z "${HUNT_STAGES:-}" ] || [[ " $HUNT_STAGES " == *" $label "* ]] || continue
         local passed=0 hangs=0 crashes=0 failed=0 done_runs=0 under_gdb=0 i status
         for ((i = 1; i <= runs; i++)); do
             if [ $((SECONDS - started + limit)) -gt "$deadline" ]; then
@@ -358,28 +362,48 @@ hunt() {
             esac
             echo "hunt: $label run $i: $status ($(grep -c ' ok$' "$work/$label-$i/log") tests ok, $(grep -h 'contexts made' "$work/$label-$i/log" | head -1) $((SECONDS - started)) s)" |
                 tee -a "$work/summary.txt"
-            pack_hunt "$work" "$out"
+            pack_hunt "$work" "$out" "$tag"
         done
         printf '{"case": "inprocess-%s", "runs": %d, "passed": %d, "hangs": %d, "crashes": %d, "failed": %d, "threads": %d, "device_lock": "%s", "device": "%s", "driver": "%s"}\n' \
             "$label" "$done_runs" "$passed" "$hangs" "$crashes" "$failed" "$threads" "$lock" "$device" "$driver" |
-            tee -a "$out/hunt.jsonl"
+            tee -a "$out/hunt$tag.jsonl"
         [ $((hangs + crashes)) -gt 0 ] && [ -z "$filter" ] && failing+=("$bin $limit")
     done
     if [ "${HUNT_BISECT:-0}" = 1 ]; then
         for spec in "${failing[@]}"; do
             read -r bin limit <<<"$spec"
-            bisect_modules "$work" ".devbin/$bin" "$limit" "$threads" "$started" "$deadline"
+            bisect_modules "$work" ".devbin/$bin" "$limit" "$threads" "$started" "$deadline" "$tag"
         done
     fi
-    pack_hunt "$work" "$out"
+    pack_hunt "$work" "$out" "$tag"
     cat "$work/summary.txt" 2>/dev/null || true
 }
 
-# The hunt's files into $2: its summary, and everything packed (a GPU server returns only a
-# few files).
+# The hunt's files into $2 (names tagged by $3): its summary, and everything packed (a GPU
+# server returns only a few files).
 pack_hunt() {
-    cp "$1/summary.txt" "$2/hunt-summary.txt" 2>/dev/null || true
-    tar -czf "$2/hunt.tar.gz.part" -C "$(dirname "$1")" "$(basename "$1")" && mv "$2/hunt.tar.gz.part" "$2/hunt.tar.gz"
+    cp "$1/summary.txt" "$2/hunt$3-summary.txt" 2>/dev/null || true
+    tar -czf "$2/hunt$3.tar.gz.part" -C "$(dirname "$1")" "$(basename "$1")" &&
+        mv "$2/hunt$3.tar.gz.part" "$2/hunt$3.tar.gz"
+}
+
+# Hunts side by side on one device, so that both test binaries get their runs in one lease:
+# HUNT_PARALLEL lists each hunt's stages, hunts separated by ";" (default "first churn
+# unit;integration"), tagged a, b, c, … in that order, each process at HUNT_THREADS threads
+# (two processes of 8 threads on a 16-core server). The other processes are load that a
+# user's machine may have too; a run's verdict is still its own process's.
+hunt_parallel() {
+    local out=${OUT:-$PWD/gpu-report-out} stages pids=() tags=(a b c d e f) n=0
+    mkdir -p "$out"
+    prepare "$out" >/dev/null
+    IFS=';' read -r -a stages <<<"${HUNT_PARALLEL:-first churn unit;integration}"
+    for s in "${stages[@]}"; do
+        HUNT_TAG=${tags[$n]} HUNT_STAGES=$s hunt >/dev/null 2>&1 &
+        pids+=($!)
+        n=$((n + 1))
+    done
+    wait "${pids[@]}" || true
+    cat "$out"/hunt-*-summary.txt "$out"/hunt-*.jsonl 2>/dev/null || true
 }
 
 # GDB and EUSTACK: commands that run gdb and eu-stack, the server's own or the ones `build`
@@ -489,14 +513,14 @@ stacks() {
 # With failures seen: binary $2's top-level modules (the first path component of its tests),
 # each run alone in one process HUNT_BISECT_RUNS (5) times while time remains.
 bisect_modules() {
-    local dir=$1 bin=$2 limit=$3 threads=$4 started=$5 deadline=$6 m i status
+    local dir=$1 bin=$2 limit=$3 threads=$4 started=$5 deadline=$6 tag=$7 m i status
     for m in $("$bin" --list 2>/dev/null | sed -n 's/: test$//p' | cut -d: -f1 | sort -u); do
         local fails=0 n=0
         for ((i = 1; i <= ${HUNT_BISECT_RUNS:-5}; i++)); do
             [ $((SECONDS - started + limit)) -gt "$deadline" ] && break 2
             # A module filter: only tests whose path starts with it (libtest matches substrings).
             status=$(HUNT_FILTER="$m::" hunt_once "$dir/bisect-$m-$i" "$bin" "$limit" "$threads" 0)
-            pack_hunt "$dir" "${OUT:-$PWD/gpu-report-out}"
+            pack_hunt "$dir" "${OUT:-$PWD/gpu-report-out}" "$tag"
             n=$((n + 1))
             [ "$status" = pass ] || fails=$((fails + 1))
         done
@@ -507,10 +531,15 @@ bisect_modules() {
 case "${1:-}" in
 build) build ;;
 run) run "${2:-}" ;;
+prepare)
+    mkdir -p "${OUT:-$PWD/gpu-report-out}"
+    prepare "${OUT:-$PWD/gpu-report-out}"
+    ;;
 hunt) hunt ;;
+hunt-parallel) hunt_parallel ;;
 core) core "${2:-}" ;;
 *)
-    echo "usage: benches/gpu-report.sh build | run [--quick] | core [--quick] | hunt" >&2
+    echo "usage: benches/gpu-report.sh build | run [--quick] | core [--quick] | hunt | hunt-parallel | prepare" >&2
     exit 2
     ;;
 esac

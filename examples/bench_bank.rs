@@ -9,14 +9,14 @@
 //! `--func`: `enqueue` (enqueue only), `cbm_<all|hard|semihard|easy>` (enqueue + mine, the
 //! triplets as arrays) or `cbm_<type>_count` (enqueue + count only). `--path wgpu|cpu`,
 //! `--B` (default 128), `--reps` (default 5, after one warm-up step), `--budget-mib` (default:
-//! the context's default budget).
+//! the context's default budget), `--kernel-timing` (GPU seconds per kernel in `kernels`).
 
 mod support;
 
 use std::time::Instant;
 
 use ndarray::{Array1, Array2};
-use support::{embeddings, flag, peak_rss_mib, summary, traffic, Rng};
+use support::{embeddings, flag, kernel_timing_flag, peak_rss_mib, summary, traffic, Rng};
 use wgpu_metric_learning::{
     count_triplets, mine_triplets, BackendChoice, BankConfig, Context, ContextConfig, MemoryBank,
     MiningSet, TripletConfig, TripletType,
@@ -43,6 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = Context::new(&ContextConfig {
         backend,
         budget_bytes: budget,
+        kernel_timing: kernel_timing_flag(),
         ..Default::default()
     })?;
     let kind = match func.trim_end_matches("_count") {

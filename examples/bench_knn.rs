@@ -13,13 +13,15 @@
 //! `--path wgpu|cpu`, `--reps` (default 3, after a warm-up on a small input that compiles
 //! the pipelines), `--budget-mib` (default: the context's), `--output host|device` (`knn` only;
 //! `device`: `knn_on_device`, the lists read back after the timing).
+//! `--kernel-timing`: every kernel timed by timestamps, its GPU seconds per operation in
+//! the line's `kernels`.
 
 mod support;
 
 use std::time::Instant;
 
 use ndarray::{Array1, Array2};
-use support::{embeddings, flag, peak_rss_mib, summary, traffic, Rng};
+use support::{embeddings, flag, kernel_timing_flag, peak_rss_mib, summary, traffic, Rng};
 use wgpu_metric_learning::{
     accuracy, knn, knn_on_device, AccuracyConfig, AccuracyK, BackendChoice, Context, ContextConfig,
     Distance, DistanceConfig, KnnConfig, MiningSet,
@@ -42,6 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             BackendChoice::Wgpu
         },
         budget_bytes: budget,
+        kernel_timing: kernel_timing_flag(),
         ..Default::default()
     })?;
     let mut rng = Rng(0xC0FFEE);

@@ -21,6 +21,8 @@
 //! noisy views of `B/2` items) and `loss_mnrl` (sentence-transformers' MNRL, `B` anchors
 //! against their noisy positives), `--D` dimensions (default 768); `count` is the positive
 //! pairs.
+//! `--kernel-timing`: every kernel timed by timestamps, its GPU seconds per operation in
+//! the line's `kernels`.
 //! Inputs follow the anchors: labels uniform over C classes, embeddings N(0, 1) in 128-d,
 //! normalised, from a fixed seed (a different generator than torch's, so counts differ by
 //! sampling noise only).
@@ -31,7 +33,7 @@ use std::ops::ControlFlow;
 use std::time::Instant;
 
 use ndarray::{Array1, Array2};
-use support::{embeddings, flag, peak_rss_mib, summary, traffic, Rng};
+use support::{embeddings, flag, kernel_timing_flag, peak_rss_mib, summary, traffic, Rng};
 use wgpu_metric_learning::{
     all_pairs, batch_easy_hard_pairs, count_triplets, mine_pairs_on_device, mine_triplets,
     mine_triplets_on_device, mine_triplets_streaming, multi_similarity_pairs,
@@ -58,6 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = Context::new(&ContextConfig {
         backend,
         budget_bytes: Some(budget),
+        kernel_timing: kernel_timing_flag(),
         ..Default::default()
     })?;
 

@@ -7,17 +7,45 @@ use wgpu_metric_learning::{BackendChoice, Context, ContextConfig, Transfers};
 
 /// The host–device traffic of each of `ops` operations since `before` (the context's
 /// counters), as JSON fields: `"host_waits": …, "submissions": …, "bytes_up": …,
-/// "bytes_down": …` (per operation; zero on the native path).
+/// "bytes_down": …, "host_s": {…}` (per operation; zero on the native path), then
+/// `"kernels": {stem: [dispatches, gpu_s], …}` per operation where the context times
+/// kernels (`--kernel-timing`).
 pub(crate) fn traffic(ctx: &Context, before: Transfers, ops: usize) -> String {
-    let now = ctx.transfers();
-    let per = |a: u64, b: u64| (a - b) as f64 / ops.max(1) as f64;
-    format!(
-        "\"host_waits\": {:.1}, \"submissions\": {:.1}, \"bytes_up\": {:.0}, \"bytes_down\": {:.0}",
-        per(now.host_waits, before.host_waits),
-        per(now.submissions, before.submissions),
-        per(now.bytes_up, before.bytes_up),
-        per(now.bytes_down, before.bytes_down),
-    )
+    let t = ctx.transfers().since(&before);
+    let n = ops.max(1) as f64;
+    let per = |a: u64| a as f64 / n;
+    let s = |ns: u64| ns as f64 * 1e-9 / n;
+    let mut out = format!(
+        "\"host_waits\": {:.1}, \"submissions\": {:.1}, \"bytes_up\": {:.0}, \"bytes_down\": {:.0}, \"host_s\": {{\"upload\": {:.6}, \"wait\": {:.6}, \"readback\": {:.6}}}",
+        per(t.host_waits),
+        per(t.submissions),
+        per(t.bytes_up),
+        per(t.bytes_down),
+        s(t.host.upload_ns),
+        s(t.host.wait_ns),
+        s(t.host.readback_ns),
+    );
+    if ctx.kernel_timing() == Ok(true) {
+        let lines: Vec<String> = t
+            .kernels
+            .iter()
+            .map(|k| {
+                format!(
+                    "\"{}\": [{:.1}, {:.6}]",
+                    k.stem,
+                    k.dispatches as f64 / n,
+                    k.gpu_seconds / n
+                )
+            })
+            .collect();
+        out.push_str(&format!(", \"kernels\": {{{}}}", lines.join(", ")));
+    }
+    out
+}
+
+/// Whether `--kernel-timing` is on the command line (time every kernel by timestamps).
+pub(crate) fn kernel_timing_flag() -> bool {
+    std::env::args().any(|a| a == "--kernel-timing")
 }
 
 /// A small deterministic generator (SplitMix64), enough for benchmark inputs.
