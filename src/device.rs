@@ -5,37 +5,112 @@
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::memory::{MemoryTracker, TransferCounter};
 
 /// The process-wide guard of what must not run concurrently on some drivers: enumerating
 /// adapters and querying them, making a device, compiling a pipeline, and destroying a
-/// device (its pipelines, queue and device).
+/// device (its pipelines, queue and device) take it whole; queue submissions and device
+/// polls share it ([`submit`], [`poll`]), so that none of them runs while a device is made or
+/// destroyed, while they still run side by side with each other.
 ///
 /// Why: NVIDIA's Vulkan driver (580.159.04, H100 and H200) crashed or hung processes whose
 /// threads made their first contexts at once. The crash's core shows a SIGSEGV in
 /// `libnvidia-eglcore` under wgpu-hal's `expose_adapter`, while five other threads were in
 /// `vkEnumeratePhysicalDevices` or in the driver's `vk_icdGetPhysicalDeviceProcAddr` on the
-/// same instance (RELIABILITY.md). Concurrent device and pipeline creation crashes NVIDIA's
-/// Windows driver too (wgpu issue #10234), so those are under the guard as well. All of
-/// these are rare, millisecond-long events: one lock across them costs an application
-/// nothing measurable, while dispatches, uploads and readbacks (the hot path) never take it.
+/// same instance (RELIABILITY.md). With creation serialised, the integration tests in one
+/// process still hung: one thread in `vkDestroyDevice` and two others in `vkQueueSubmit` on
+/// other devices, all three waiting inside the driver for good. Concurrent device and
+/// pipeline creation crashes NVIDIA's Windows driver too (wgpu issue #10234). Creation and
+/// destruction are rare, millisecond-long events; a submission or a poll takes the shared
+/// side (an uncontended read lock, tens of nanoseconds), and a long wait is cut into slices
+/// ([`WAIT_SLICE`]) so that a device's creation never waits behind another's GPU work.
 ///
 /// `WML_DEVICE_LOCK=off` turns the guard off, only to reproduce the driver's fault
 /// (`benches/gpu-report.sh hunt`); read once per process.
-pub(crate) fn lifecycle_lock() -> Option<MutexGuard<'static, ()>> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    static OFF: OnceLock<bool> = OnceLock::new();
-    let off = *OFF.get_or_init(|| {
-        std::env::var("WML_DEVICE_LOCK").is_ok_and(|v| v.eq_ignore_ascii_case("off"))
-    });
+pub(crate) fn lifecycle_lock() -> Option<RwLockWriteGuard<'static, ()>> {
     // A poisoned lock only means a panic while it was held; it guards no data.
-    (!off).then(|| {
-        LOCK.lock()
+    guard_on().then(|| {
+        LIFECYCLE
+            .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     })
+}
+
+static LIFECYCLE: RwLock<()> = RwLock::new(());
+
+fn guard_on() -> bool {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    !*OFF.get_or_init(|| {
+        std::env::var("WML_DEVICE_LOCK").is_ok_and(|v| v.eq_ignore_ascii_case("off"))
+    })
+}
+
+/// The shared side of [`lifecycle_lock`]. Never held across another acquisition: a waiting
+/// writer blocks new readers, so a nested read could deadlock.
+fn shared_lock() -> Option<RwLockReadGuard<'static, ()>> {
+    guard_on().then(|| {
+        LIFECYCLE
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    })
+}
+
+/// The longest single wait under the shared lock: a device made or destroyed meanwhile
+/// waits at most this long for the lock.
+pub(crate) const WAIT_SLICE: Duration = Duration::from_millis(20);
+
+/// `queue.submit(commands)` under the shared side of the lifecycle guard.
+pub(crate) fn submit(
+    queue: &wgpu::Queue,
+    commands: impl IntoIterator<Item = wgpu::CommandBuffer>,
+) -> wgpu::SubmissionIndex {
+    let _shared = shared_lock();
+    queue.submit(commands)
+}
+
+/// `device.poll(kind)` under the shared side of the lifecycle guard; a wait is made of waits
+/// of at most [`WAIT_SLICE`], the lock released between them, up to `kind`'s timeout.
+pub(crate) fn poll(
+    device: &wgpu::Device,
+    kind: wgpu::PollType,
+) -> std::result::Result<wgpu::PollStatus, wgpu::PollError> {
+    let wgpu::PollType::Wait {
+        submission_index,
+        timeout,
+    } = kind
+    else {
+        let _shared = shared_lock();
+        return device.poll(kind);
+    };
+    sliced_wait(timeout, |step| {
+        let _shared = shared_lock();
+        device.poll(wgpu::PollType::Wait {
+            submission_index: submission_index.clone(),
+            timeout: Some(step),
+        })
+    })
+}
+
+/// Calls `wait` with steps of at most [`WAIT_SLICE`] while it times out, up to `timeout` in
+/// all (`None`: for as long as it takes).
+fn sliced_wait(
+    timeout: Option<Duration>,
+    mut wait: impl FnMut(Duration) -> std::result::Result<wgpu::PollStatus, wgpu::PollError>,
+) -> std::result::Result<wgpu::PollStatus, wgpu::PollError> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        let step = deadline.map_or(WAIT_SLICE, |d| {
+            d.saturating_duration_since(Instant::now()).min(WAIT_SLICE)
+        });
+        match wait(step) {
+            Err(wgpu::PollError::Timeout) if deadline.is_none_or(|d| Instant::now() < d) => {}
+            other => return other,
+        }
+    }
 }
 
 /// Whether kernel modules keep naga's runtime checks (bounds checks on every index, a
@@ -85,13 +160,15 @@ impl ShaderChecks {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Tuning {
     /// No tuning: the documented default variant (`128x128x16_8x8` where it fits the
-    /// device, else `64x64x16_4x4`). Software adapters are never tuned.
+    /// device, else `64x64x16_4x4`).
     Off,
     /// Tune once per key (adapter, driver, wgpu and kernel versions, shape bucket) on first
-    /// use, then reuse the winner from the user's cache directory.
+    /// use, then reuse the winner from the user's cache directory. Software adapters are not
+    /// tuned (they get the default).
     #[default]
     Cached,
-    /// Tune on first use in this process whatever the cache holds (and update it).
+    /// Tune on first use in this process whatever the cache holds (and update it), software
+    /// adapters included.
     Eager,
 }
 
@@ -198,7 +275,7 @@ impl GpuDevice {
     /// After wgpu reported an error: `Err(DeviceLost)` if that is why. A destroyed device is
     /// only marked invalid at once; its lost callback runs at the next poll, so poll first.
     pub(crate) fn check_lost_after_error(&self) -> Result<()> {
-        let _ = self.device.poll(wgpu::PollType::Poll);
+        let _ = poll(&self.device, wgpu::PollType::Poll);
         self.check_alive()
     }
 
@@ -206,7 +283,7 @@ impl GpuDevice {
     /// caller is already returning one). A call that stops early (cancelled) settles before it
     /// returns, so the buffers it releases are no longer in use.
     pub(crate) fn settle(&self) {
-        let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
+        let _ = poll(&self.device, wgpu::PollType::wait_indefinitely());
     }
 
     /// `result`, after settling if it is an error: a call that fails or is cancelled with work
@@ -266,10 +343,13 @@ impl Drop for GpuDevice {
         // the drop), so that the destruction under it is short. Not an application's device:
         // dropping our handles destroys nothing there, and its work is not ours to wait for.
         if self.own {
-            let _ = self.device.poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: Some(std::time::Duration::from_secs(60)),
-            });
+            let _ = poll(
+                &self.device,
+                wgpu::PollType::Wait {
+                    submission_index: None,
+                    timeout: Some(Duration::from_secs(60)),
+                },
+            );
         }
         let kernels = self
             .kernels
@@ -317,4 +397,39 @@ pub(crate) fn scoped<T>(
 /// Runs `f` (pipeline or bind-group creation, encoding) under a validation scope.
 pub(crate) fn checked<T>(gpu: &GpuDevice, op: &'static str, f: impl FnOnce() -> T) -> Result<T> {
     scoped(gpu, op, 0, f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_are_sliced_and_keep_their_timeout() {
+        let mut steps = Vec::new();
+        let started = Instant::now();
+        let got = sliced_wait(Some(Duration::from_millis(100)), |step| {
+            steps.push(step);
+            std::thread::sleep(step);
+            Err(wgpu::PollError::Timeout)
+        });
+        assert!(matches!(got, Err(wgpu::PollError::Timeout)), "{got:?}");
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        assert!(steps.len() >= 5, "{steps:?}");
+        assert!(steps.iter().all(|&s| s <= WAIT_SLICE), "{steps:?}");
+        let mut calls = 0;
+        let got = sliced_wait(None, |_| {
+            calls += 1;
+            if calls < 3 {
+                Err(wgpu::PollError::Timeout)
+            } else {
+                Ok(wgpu::PollStatus::WaitSucceeded)
+            }
+        });
+        assert!(matches!(got, Ok(wgpu::PollStatus::WaitSucceeded)) && calls == 3);
+        let got = sliced_wait(None, |_| Err(wgpu::PollError::WrongSubmissionIndex(2, 1)));
+        assert!(matches!(
+            got,
+            Err(wgpu::PollError::WrongSubmissionIndex(2, 1))
+        ));
+    }
 }

@@ -14,8 +14,9 @@ use ndarray::Array2;
 use proptest::prelude::*;
 use wgpu_metric_learning::reference::gemm_tile::gemm_tile;
 use wgpu_metric_learning::{
-    knn, pairwise_distances, Context, ContextConfig, Distance, DistanceConfig, DistanceKernel,
-    GemmVariant, KnnConfig, PairwiseConfig, ShaderChecks, GEMM_CANDIDATES,
+    knn, pairwise_distances, pairwise_distances_plan, Context, ContextConfig, Distance,
+    DistanceConfig, DistanceKernel, GemmVariant, KnnConfig, PairwiseConfig, ShaderChecks, Tuning,
+    GEMM_CANDIDATES,
 };
 
 /// One context per (kernel, checks): the hand-written kernel first, then every variant that
@@ -285,4 +286,73 @@ fn tuning_times_every_candidate_and_the_cache_returns_the_winner() {
         .iter()
         .zip(want.iter())
         .all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+/// Tuning inside an operation (`Tuning::Eager` tunes any adapter, lavapipe included) times
+/// the operation's own tile: the call holds no more than its plan says, works under bindings
+/// smaller than a tuning tile of its own would need, and gives the hand-written kernel's
+/// bits. (The first tuner timed a tile of its own: on an H100 the plans' peaks went over and
+/// every candidate failed under 16 KiB bindings.)
+#[test]
+fn tuning_inside_an_operation_stays_within_its_plan_and_small_bindings() {
+    let Some(probe) = common::shared_gpu() else {
+        return;
+    };
+    let limits = wgpu::Limits {
+        max_storage_buffer_binding_size: 16 << 10,
+        ..probe.limits().cloned().expect("a wgpu context has limits")
+    };
+    let eager = |limits: Option<wgpu::Limits>, kernel| {
+        common::gpu_context_with(ContextConfig {
+            tuning: Tuning::Eager,
+            limits,
+            budget_bytes: Some(8 << 20),
+            distance_kernel: kernel,
+            ..Default::default()
+        })
+        .expect("an adapter, as before")
+    };
+    let q = Array2::from_shape_fn((90, 12), |(i, k)| ((i * 5 + k) % 9) as f32 - 4.0);
+    let r = Array2::from_shape_fn((200, 12), |(i, k)| ((i * 3 + k * 2) % 7) as f32 - 3.0);
+    let hand = eager(None, DistanceKernel::HandWritten);
+    for limits in [None, Some(limits)] {
+        let small = limits.is_some();
+        let ctx = eager(limits, DistanceKernel::Tuned);
+        for distance in [Distance::Euclidean, Distance::Cosine] {
+            let cfg = PairwiseConfig {
+                distance: DistanceConfig {
+                    distance,
+                    normalize: true,
+                },
+                ..Default::default()
+            };
+            let plan = pairwise_distances_plan(&ctx, q.view(), r.view(), &cfg).expect("plan");
+            ctx.reset_peak();
+            let before = ctx.transfers();
+            let got = pairwise_distances(&ctx, q.view(), r.view(), &cfg).expect("distances");
+            let spent = ctx.transfers().since(&before);
+            let peak = ctx.memory().peak_bytes;
+            assert!(
+                peak <= plan.bytes,
+                "small bindings {small}: peak {peak} above the plan's {plan:?}"
+            );
+            if distance == Distance::Euclidean {
+                assert!(
+                    spent.host.tune_ns > 0,
+                    "small bindings {small}: tuned first"
+                );
+            }
+            let want = pairwise_distances(&hand, q.view(), r.view(), &cfg).expect("hand");
+            assert!(
+                got.values
+                    .iter()
+                    .zip(want.values.iter())
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "small bindings {small}, {distance:?}: not the hand-written kernel's bits"
+            );
+        }
+        let found = knn(&ctx, q.view(), r.view(), &KnnConfig::default()).expect("knn");
+        let want = knn(&hand, q.view(), r.view(), &KnnConfig::default()).expect("knn");
+        assert_eq!(found.indices, want.indices, "small bindings {small}");
+    }
 }

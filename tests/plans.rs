@@ -9,7 +9,7 @@ use wgpu_metric_learning::{
     accuracy, accuracy_plan, knn, knn_plan, mine_triplets, mine_triplets_plan, miners_plan,
     pair_margin_pairs, pairwise_distances, pairwise_distances_plan, AccuracyConfig, AccuracyK,
     BackendChoice, ComputePath, Context, ContextConfig, Error, KnnConfig, MiningSet,
-    PairMarginConfig, Plan, Result, TripletConfig, TripletType,
+    PairMarginConfig, Plan, Result, TripletConfig, TripletType, Tuning,
 };
 
 fn data(rows: usize, d: usize, classes: usize) -> (Array2<f32>, Array1<u32>) {
@@ -20,13 +20,15 @@ fn data(rows: usize, d: usize, classes: usize) -> (Array2<f32>, Array1<u32>) {
     (x, y)
 }
 
-/// A context on `path` with `budget` bytes (the GPU one with sentinels, as every GPU test).
+/// A context on `path` with `budget` bytes (the GPU one with sentinels, as every GPU test, and
+/// tuning its distance kernel inside the calls, as on a hardware GPU, whatever the adapter).
 fn context(path: ComputePath, budget: u64) -> Option<Context> {
     match path {
         ComputePath::NativeCpu => Some(Context::native_cpu(Some(budget))),
         ComputePath::Wgpu => common::gpu_context_with(ContextConfig {
             backend: BackendChoice::Wgpu,
             budget_bytes: Some(budget),
+            tuning: Tuning::Eager,
             ..Default::default()
         }),
     }

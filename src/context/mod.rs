@@ -100,8 +100,8 @@ pub struct ContextConfig {
     /// checked ones in debug builds.
     pub shader_checks: ShaderChecks,
     /// How the distance GEMM's variant is chosen per device and shape. Default
-    /// [`Tuning::Cached`]: tuned once on the device (software adapters are never tuned: they
-    /// get their class's default variant), the winner kept under the user's cache directory.
+    /// [`Tuning::Cached`]: tuned once on the device (software adapters are not: they get the
+    /// default variant), the winner kept under the user's cache directory.
     pub tuning: Tuning,
     /// Time every dispatch by GPU timestamps, per kernel stem, into each result's
     /// [`crate::Transfers::kernels`]. Default `false`: it adds two timestamp writes per
@@ -451,7 +451,7 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::NoDevice`] on the native CPU path; [`Error::BudgetExceeded`] when the budget
-    /// cannot hold even a 64-column tile; [`Error::Wgpu`], [`Error::Poll`] or
+    /// cannot hold even a one-row tile; [`Error::Wgpu`], [`Error::Poll`] or
     /// [`Error::DeviceLost`] if the device fails.
     ///
     /// # Example
@@ -563,6 +563,9 @@ pub(crate) fn test_gpu_context() -> Option<Context> {
         }
     }
 }
+
+#[cfg(test)]
+mod device_guard_tests;
 
 #[cfg(test)]
 mod tests {

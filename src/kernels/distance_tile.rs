@@ -148,12 +148,12 @@ impl DistanceTile {
         b: &TileBuffers<'_>,
     ) -> Result<()> {
         let gpu = rec.gpu();
-        let (rows, cols, dim4) = (u64::from(p.rows), u64::from(p.cols), u64::from(p.dim4));
+        let (rows, cols) = (u64::from(p.rows), u64::from(p.cols));
         if self.setting != DistanceKernel::HandWritten {
             let family = gpu.kernel::<GemmTile>()?;
             let variant = match self.setting {
                 DistanceKernel::Variant(v) if v.fits(&gpu.limits) => Some(v),
-                _ => tune::choose(gpu, &family, rows, cols, dim4),
+                _ => tune::choose(rec, &family, p, b)?,
             };
             if let Some(v) = variant {
                 return family.encode(rec, v, p, b);

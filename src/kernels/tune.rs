@@ -1,19 +1,28 @@
 //! The per-device autotuner of the GEMM family ([`super::gemm_tile`]).
 //!
-//! Tuning runs inside the operation that first meets a bucket, before its first tile of that
-//! bucket, on at most half of the budget's free room (never over the budget: when even a
-//! 64-column tile does not fit, that tile runs the default and the next one tries again). A
-//! cancellation is seen at the operation's next chunk; tuning takes a fraction of a second
-//! on a GPU, and its time is counted in the call's `Transfers::host.tune_ns`, never in its
-//! host waits or submissions.
+//! Tuning runs inside the operation that first meets a bucket, at its first tile of that
+//! bucket, and times the candidates on that very tile: its buffers are the operation's own,
+//! so tuning allocates nothing and an operation never holds more than its plan says (the
+//! first version timed a tile of its own, which broke the plans' promise on hardware and
+//! exceeded small binding limits). What the operation recorded so far is submitted first
+//! (one more submission, once per bucket), so that every earlier command runs before the
+//! candidates write the tile's output and the tile's own dispatch runs after them. A
+//! cancellation is seen at the operation's next chunk; tuning costs one compilation of each
+//! candidate (the larger part on a discrete GPU: about 0.2 s each on an H100) and six
+//! dispatches of it, counted in the call's `Transfers::host.tune_ns`, never in its host
+//! waits. Inside an operation each dispatch is timed by the wall clock of its own
+//! submit-and-wait (timestamps would need buffers beyond the operation's plan; the
+//! submission's fixed cost, tens of microseconds, is the same for every candidate).
 //!
 //! The choice is made per device and per shape bucket: rows, columns and `vec4`s of depth,
 //! each rounded up to a power of two (rows 64–4096, columns 64–65536, depth 1–256 vec4s). For
 //! a bucket it has not seen, the device's [`GemmTile`] looks in this process's memory, then
 //! (with [`Tuning::Cached`]) in the cache file, then times every candidate that fits the
-//! device on a representative tile (at most 2048 × 8192 of the bucket's depth, smaller when
-//! the budget has less room): one warm-up and five timed dispatches each, by timestamps where
-//! the device has them, by the wall clock of a submit-and-wait otherwise; the median wins.
+//! device: one warm-up and five timed dispatches each; the median wins. An explicit
+//! [`crate::Context::tune_distance`] (and `wml tune`) has no operation's tile: it times a
+//! tile of the bucket of its own, at most 2048 × 8192, halved until it takes at most half of
+//! the budget's free room and each buffer fits one binding, and times them by timestamps
+//! where the device has them.
 //!
 //! The cache is one tab-separated line per key (`key`, variant, seconds) in
 //! `$WML_TUNE_CACHE`, else `$XDG_CACHE_HOME/wgpu-metric-learning/tune-v1.tsv`, else
@@ -24,8 +33,8 @@
 //! line that does not parse, or names a variant that is not a candidate or does not fit, is
 //! ignored with a warning.
 //!
-//! Without tuning ([`Tuning::Off`], software adapters, or a tuning run that cannot allocate
-//! its buffers) the default applies: `128x128x16_8x8` (16.5 KiB of workgroup memory, 256
+//! Without tuning ([`Tuning::Off`], software adapters under [`Tuning::Cached`], or a tuning
+//! run that failed) the default applies: `128x128x16_8x8` (16.5 KiB of workgroup memory, 256
 //! invocations) where it fits the device's limits, else `64x64x16_4x4` (8.5 KiB), else the
 //! first candidate that fits. Measured: the fastest on lavapipe (1.75× the hand-written
 //! kernel at 2048 × 16384 × 128) and within 2 % of the tuned winner on an H200.
@@ -40,7 +49,7 @@ use crate::error::Result;
 use crate::kernels::distance_tile::{Params, TileBuffers};
 use crate::kernels::gemm_tile::{GemmTile, GemmVariant, GEMM_CANDIDATES};
 use crate::memory::TrackedBuffer;
-use crate::transfer::{self, timing::PassTimes};
+use crate::transfer::{self, timing::PassTimes, Recorder};
 
 /// A shape bucket: powers of two of rows, columns and depth (`vec4`s).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -86,18 +95,22 @@ pub(crate) fn default_variant(gpu: &GpuDevice) -> Option<GemmVariant> {
         .find(|v| v.fits(&gpu.limits))
 }
 
-/// The variant for a `(rows, cols, dim4)` tile on `gpu`, tuning when the setting asks and the
-/// bucket is new. `None`: no variant fits the device (the hand-written kernel runs).
+/// The variant for the tile `p` (its buffers `b`) that `rec` is recording, tuning when the
+/// setting asks and the bucket is new. Tuning then times the candidates on this very tile
+/// (its buffers are the operation's own, so the operation holds no more than it planned),
+/// after submitting what `rec` recorded so far: every earlier command then runs before the
+/// candidates write the tile's output, and the tile's own dispatch after them. `None`: no
+/// variant fits the device (the hand-written kernel runs).
 pub(crate) fn choose(
-    gpu: &GpuDevice,
+    rec: &mut Recorder<'_>,
     family: &GemmTile,
-    rows: u64,
-    cols: u64,
-    dim4: u64,
-) -> Option<GemmVariant> {
-    let bucket = Bucket::of(rows, cols, dim4);
+    p: &Params,
+    b: &TileBuffers<'_>,
+) -> Result<Option<GemmVariant>> {
+    let gpu = rec.gpu();
+    let bucket = Bucket::of(u64::from(p.rows), u64::from(p.cols), u64::from(p.dim4));
     if let Some(&v) = family.choices().get(&bucket) {
-        return v;
+        return Ok(v);
     }
     // One tuning run at a time on this device; another thread may have chosen meanwhile.
     let _tuning = family
@@ -105,33 +118,42 @@ pub(crate) fn choose(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(&v) = family.choices().get(&bucket) {
-        return v;
+        return Ok(v);
     }
     let software = gpu.info.device_type == wgpu::DeviceType::Cpu;
     let chosen = match gpu.tuning {
-        _ if software => default_variant(gpu),
         Tuning::Off => default_variant(gpu),
+        Tuning::Cached if software => default_variant(gpu),
         Tuning::Cached | Tuning::Eager => {
-            match tune(gpu, family, bucket, gpu.tuning == Tuning::Cached) {
+            rec.flush()?;
+            // Timed by the wall clock: timestamps would need buffers of their own, beyond
+            // what the operation planned to hold.
+            match tune(
+                gpu,
+                family,
+                bucket,
+                gpu.tuning == Tuning::Cached,
+                (p, b, false),
+            ) {
                 Ok(t) => t.chosen.or_else(|| default_variant(gpu)),
                 Err(e) => {
-                    // Not remembered: the next tile of this bucket tries again (the budget's
-                    // free room may have grown).
+                    // Not remembered: the next tile of this bucket tries again.
                     log::warn!(
                         "gemm_tile: tuning {} failed ({e}); using the default",
                         bucket.label()
                     );
-                    return default_variant(gpu);
+                    return Ok(default_variant(gpu));
                 }
             }
         }
     };
     family.choices().insert(bucket, chosen);
-    chosen
+    Ok(chosen)
 }
 
 /// Tunes the bucket of a `(rows, cols, dim4)` tile now (from the cache when `use_cache` and
-/// it has the key), and makes the winner this device's choice for the bucket.
+/// it has the key) on a representative tile of its own, and makes the winner this device's
+/// choice for the bucket.
 pub(crate) fn tune_now(
     gpu: &GpuDevice,
     rows: u64,
@@ -145,20 +167,24 @@ pub(crate) fn tune_now(
         .tuning
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let tuned = tune(gpu, &family, bucket, use_cache)?;
+    let own = Buffers::new(gpu, bucket)?;
+    let tile = (&own.p, &own.tile(), gpu.timestamps);
+    let tuned = tune(gpu, &family, bucket, use_cache, tile)?;
     family
         .choices()
         .insert(bucket, tuned.chosen.or_else(|| default_variant(gpu)));
     Ok((bucket.label(), tuned))
 }
 
-/// Tunes `bucket` on `gpu` (from the cache when `use_cache` and it has the key), records the
+/// Tunes `bucket` on `gpu` (from the cache when `use_cache` and it has the key) by timing the
+/// candidates on `tile` (its parameters, its buffers, and whether by timestamps), records the
 /// winner in the cache, and returns what it measured.
-pub(crate) fn tune(
+fn tune(
     gpu: &GpuDevice,
     family: &GemmTile,
     bucket: Bucket,
     use_cache: bool,
+    tile: (&Params, &TileBuffers<'_>, bool),
 ) -> Result<Tuned> {
     let started = Instant::now();
     let key = cache_key(gpu, bucket);
@@ -173,7 +199,7 @@ pub(crate) fn tune(
             });
         }
     }
-    let result = measure(gpu, family, bucket);
+    let result = measure(gpu, family, tile);
     transfer::count_tuning(gpu, started.elapsed());
     let tuned = result?;
     if let Some(v) = tuned.chosen {
@@ -183,24 +209,16 @@ pub(crate) fn tune(
     Ok(tuned)
 }
 
-/// Times every candidate that fits on the bucket's representative tile.
-fn measure(gpu: &GpuDevice, family: &GemmTile, bucket: Bucket) -> Result<Tuned> {
-    let dim4 = u64::from(bucket.dim4);
-    let rows = u64::from(bucket.rows).min(2048);
-    let mut cols = u64::from(bucket.cols).min(8192);
-    let bytes = |cols: u64| (rows + cols) * (dim4 * 16 + 4) + rows * cols * 4 + 256;
-    let room = {
-        let m = gpu.memory.stats();
-        m.budget_bytes.saturating_sub(m.current_bytes)
-    };
-    while bytes(cols) > room / 2 && cols > 64 {
-        cols /= 2;
-    }
-    let buffers = Buffers::new(gpu, rows, cols, dim4)?;
-    let by_timestamps = gpu.timestamps;
+/// Times every candidate that fits the device on `tile`.
+fn measure(
+    gpu: &GpuDevice,
+    family: &GemmTile,
+    (p, b, by_timestamps): (&Params, &TileBuffers<'_>, bool),
+) -> Result<Tuned> {
+    let by_timestamps = by_timestamps && gpu.timestamps;
     let mut timings = Vec::new();
     for &v in GEMM_CANDIDATES.iter().filter(|v| v.fits(&gpu.limits)) {
-        match time_variant(gpu, family, v, &buffers, by_timestamps) {
+        match time_variant(gpu, family, v, p, b, by_timestamps) {
             Ok(seconds) => timings.push((v, seconds)),
             Err(e) => log::warn!("gemm_tile: candidate {} failed ({e})", v.name()),
         }
@@ -212,7 +230,7 @@ fn measure(gpu: &GpuDevice, family: &GemmTile, bucket: Bucket) -> Result<Tuned> 
     Ok(Tuned {
         chosen,
         timings,
-        shape: (rows, cols, 4 * dim4),
+        shape: (u64::from(p.rows), u64::from(p.cols), 4 * u64::from(p.dim4)),
         by_timestamps,
         from_cache: false,
     })
@@ -230,7 +248,31 @@ struct Buffers {
 }
 
 impl Buffers {
-    fn new(gpu: &GpuDevice, rows: u64, cols: u64, dim4: u64) -> Result<Self> {
+    /// A tile of the bucket, at most 2048 × 8192, halved (columns first) until it takes at
+    /// most half of the budget's free room and each buffer fits one binding.
+    fn new(gpu: &GpuDevice, bucket: Bucket) -> Result<Self> {
+        let dim4 = u64::from(bucket.dim4);
+        let mut rows = u64::from(bucket.rows).min(2048);
+        let mut cols = u64::from(bucket.cols).min(8192);
+        let room = {
+            let m = gpu.memory.stats();
+            m.budget_bytes.saturating_sub(m.current_bytes)
+        };
+        let binding = gpu
+            .limits
+            .max_storage_buffer_binding_size
+            .min(gpu.limits.max_buffer_size);
+        let fits = |rows: u64, cols: u64| {
+            let bytes = (rows + cols) * (dim4 * 16 + 4) + rows * cols * 4 + 256;
+            bytes <= room / 2 && rows * cols * 4 <= binding && rows.max(cols) * dim4 * 16 <= binding
+        };
+        while !fits(rows, cols) && (rows > 1 || cols > 1) {
+            if cols >= rows && cols > 1 {
+                cols /= 2;
+            } else {
+                rows /= 2;
+            }
+        }
         let storage = |label, n: u64| transfer::output(gpu, label, 4 * n);
         let pattern =
             |n: u64| -> Vec<f32> { (0..n).map(|i| ((i % 97) as f32) * 0.01 - 0.4).collect() };
@@ -302,7 +344,8 @@ fn time_variant(
     gpu: &GpuDevice,
     family: &GemmTile,
     v: GemmVariant,
-    b: &Buffers,
+    p: &Params,
+    b: &TileBuffers<'_>,
     by_timestamps: bool,
 ) -> Result<f64> {
     // Compile (and warm) outside the timed part.
@@ -316,17 +359,10 @@ fn time_variant(
                 label: Some("tune"),
             });
         for _ in 0..=SAMPLES {
-            family.record_timed(
-                gpu,
-                &mut encoder,
-                v,
-                &b.p,
-                &b.tile(),
-                times.next("gemm_tile"),
-            )?;
+            family.record_timed(gpu, &mut encoder, v, p, b, times.next("gemm_tile"))?;
         }
         times.resolve(&mut encoder);
-        let index = gpu.queue.submit([encoder.finish()]);
+        let index = crate::device::submit(&gpu.queue, [encoder.finish()]);
         let (tx, rx) = std::sync::mpsc::channel();
         times
             .read_buffer()
@@ -350,9 +386,9 @@ fn time_variant(
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                     label: Some("tune"),
                 });
-            family.record_timed(gpu, &mut encoder, v, &b.p, &b.tile(), None)?;
+            family.record_timed(gpu, &mut encoder, v, p, b, None)?;
             let t0 = Instant::now();
-            let index = gpu.queue.submit([encoder.finish()]);
+            let index = crate::device::submit(&gpu.queue, [encoder.finish()]);
             wait_uncounted(gpu, index)?;
             if i > 0 {
                 samples.push(t0.elapsed().as_secs_f64());
@@ -366,12 +402,14 @@ fn time_variant(
 /// Waits for `index` without counting it as the calling operation's host wait (tuning is
 /// not the operation's traffic; its time is counted as `tune_ns`).
 fn wait_uncounted(gpu: &GpuDevice, index: wgpu::SubmissionIndex) -> Result<()> {
-    gpu.device
-        .poll(wgpu::PollType::Wait {
+    crate::device::poll(
+        &gpu.device,
+        wgpu::PollType::Wait {
             submission_index: Some(index),
             timeout: Some(Duration::from_secs(60)),
-        })
-        .map_err(|source| crate::error::Error::Poll { op: "tune", source })?;
+        },
+    )
+    .map_err(|source| crate::error::Error::Poll { op: "tune", source })?;
     gpu.check_alive()
 }
 

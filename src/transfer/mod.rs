@@ -282,10 +282,13 @@ pub(crate) fn wait_all(gpu: &GpuDevice) -> Result<()> {
 fn wait_for(gpu: &GpuDevice, index: Option<wgpu::SubmissionIndex>) -> Result<()> {
     const TIMEOUT: Duration = Duration::from_secs(600);
     let started = std::time::Instant::now();
-    let polled = gpu.device.poll(wgpu::PollType::Wait {
-        submission_index: index,
-        timeout: Some(TIMEOUT),
-    });
+    let polled = crate::device::poll(
+        &gpu.device,
+        wgpu::PollType::Wait {
+            submission_index: index,
+            timeout: Some(TIMEOUT),
+        },
+    );
     count(
         gpu,
         Transfers {

@@ -207,7 +207,9 @@ impl<'a> Recorder<'a> {
             t.resolve(&mut encoder);
         }
         let gpu = self.gpu;
-        let index = scoped(gpu, self.label, 0, || gpu.queue.submit([encoder.finish()]))?;
+        let index = scoped(gpu, self.label, 0, || {
+            crate::device::submit(&gpu.queue, [encoder.finish()])
+        })?;
         if let Some(t) = times {
             timing::park(t.map(gpu, index.clone()));
         }

@@ -181,10 +181,13 @@ impl Parked {
         let mapped = match self.done.try_recv() {
             Ok(r) => r,
             Err(_) => {
-                let _ = self.device.poll(wgpu::PollType::Wait {
-                    submission_index: Some(self.index.clone()),
-                    timeout: Some(std::time::Duration::from_secs(60)),
-                });
+                let _ = crate::device::poll(
+                    &self.device,
+                    wgpu::PollType::Wait {
+                        submission_index: Some(self.index.clone()),
+                        timeout: Some(std::time::Duration::from_secs(60)),
+                    },
+                );
                 self.done
                     .recv_timeout(std::time::Duration::from_secs(1))
                     .unwrap_or(Err(wgpu::BufferAsyncError))
