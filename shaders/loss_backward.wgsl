@@ -13,10 +13,13 @@
 // block once; ref_side adds the block's share to every reference row, which the host zeroes
 // before the first block.
 //
-// Each workgroup owns TILE x TILE outputs (TILE = 16, set from Rust): TILE rows (anchors or
-// references) by TILE vec4s of the dimension, one per invocation. The summed-over index is
-// walked TILE at a time, its weights and rows staged in workgroup memory, so every staged row
-// feeds TILE invocations. Tiles of rows fold y into x past 65 535; z walks the dimension.
+// Each workgroup owns (TILE * RM) output rows (anchors or references) by (TILE * CN) vec4s of
+// the dimension; each of its TILE x TILE invocations keeps RM x CN of them in registers (rows
+// lid.y + TILE m, vec4s lid.x + TILE k: neighbours read neighbouring vec4s). The summed-over
+// index is walked TILE at a time, its weights and rows staged in workgroup memory, so every
+// staged weight feeds CN and every staged vec4 RM accumulators. Every output is one chain of
+// additions over the summed index in ascending order, as in the 16 x 16 kernel this one
+// replaced: the same bits. Tiles of rows fold y into x past 65 535; z walks the dimension.
 
 struct Params {
     // Anchor rows of the block.
@@ -41,12 +44,18 @@ struct Params {
 @group(0) @binding(5) var<storage, read> ref_sq_norms: array<f32>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
 
-// Rows and vec4 columns per workgroup: set from Rust (loss_backward::TILE).
+// Invocations per side and the summed index's step: set from Rust (loss_backward::TILE).
 override TILE: u32;
-override TILE_ITEMS: u32 = TILE * TILE;
+// Output rows and vec4 columns per invocation (loss_backward::ROWS_PER and COLS_PER).
+const RM: u32 = 4u;
+const CN: u32 = 2u;
+override W_ITEMS: u32 = TILE * RM * TILE;
+override S_ITEMS: u32 = TILE * TILE * CN;
 
-var<workgroup> weights: array<f32, TILE_ITEMS>;
-var<workgroup> staged: array<vec4<f32>, TILE_ITEMS>;
+// (TILE * RM rows) x (TILE steps) weights, row-major.
+var<workgroup> weights: array<f32, W_ITEMS>;
+// (TILE steps) x (TILE * CN vec4s) staged rows, row-major.
+var<workgroup> staged: array<vec4<f32>, S_ITEMS>;
 
 fn scale_of(sq: f32) -> f32 {
     if (params.normalize != 0u) {
@@ -74,33 +83,131 @@ fn weight(a: u32, j: u32) -> f32 {
     return u[a * params.refs + j];
 }
 
+// Stages the TILE steps from `k0` of the summed index: the weights of the workgroup's rows
+// (from `row0`) and the rows of `side` at its vec4s (from `col0`). Query side: weight (row,
+// step) = U[row0 + row, k0 + step]; ref side: U[k0 + step, row0 + row], read along the row so
+// that neighbouring invocations read neighbouring words.
+fn stage(t: u32, query: bool, row0: u32, col0: u32, k0: u32) {
+    for (var s = 0u; s < RM; s++) {
+        let e = t + s * TILE * TILE;
+        if (query) {
+            let row = e / TILE;
+            let step = e % TILE;
+            weights[row * TILE + step] = weight(row0 + row, k0 + step);
+        } else {
+            let row = e % (TILE * RM);
+            let step = e / (TILE * RM);
+            weights[row * TILE + step] = weight(k0 + step, row0 + row);
+        }
+    }
+    for (var s = 0u; s < CN; s++) {
+        let e = t + s * TILE * TILE;
+        let step = e / (TILE * CN);
+        let c = e % (TILE * CN);
+        if (query) {
+            staged[e] = row_hat(1u, k0 + step, col0 + c, params.refs);
+        } else {
+            staged[e] = row_hat(0u, k0 + step, col0 + c, params.rows);
+        }
+    }
+}
+
+// One term of an output's sum: weight `w` times the other side's row `x` (similarities), or
+// times the difference of this output's row `mine` and `x` (Euclidean forms).
+fn term(w: f32, x: vec4<f32>, mine: vec4<f32>, euclidean: bool) -> vec4<f32> {
+    return w * select(x, mine - x, euclidean);
+}
+
+// Writes (query) or adds (ref side) output row `row` at vec4 `c`, inside the output.
+fn emit(query: bool, row: u32, c: u32, out_rows: u32, value: vec4<f32>) {
+    if (row >= out_rows || c >= params.dim4) {
+        return;
+    }
+    if (query) {
+        out[(params.out_row0 + row) * params.dim4 + c] = value;
+    } else {
+        let at = row * params.dim4 + c;
+        out[at] = out[at] + value;
+    }
+}
+
+// Both products: `query` sums over references into anchor rows, else over anchors into
+// reference rows (added to `out`). The RM x CN outputs of an invocation are named registers
+// (a<m><k>, with their own rows m<m><k>), not an array: no dynamic index to bound-check, so
+// every compiler keeps them in registers. RM = 4 and CN = 2 are spelled out below.
+fn product(lid: vec3<u32>, wid: vec3<u32>, groups: vec3<u32>, query: bool) {
+    let row0 = (wid.x + wid.y * groups.x) * TILE * RM;
+    let col0 = wid.z * TILE * CN;
+    let t = lid.y * TILE + lid.x;
+    let e = params.metric < 2u;
+    var out_rows = params.refs;
+    var summed = params.rows;
+    var own = 1u;
+    if (query) {
+        out_rows = params.rows;
+        summed = params.refs;
+        own = 0u;
+    }
+    let r0 = row0 + lid.y;
+    let r1 = r0 + TILE;
+    let r2 = r1 + TILE;
+    let r3 = r2 + TILE;
+    let c0 = col0 + lid.x;
+    let c1 = c0 + TILE;
+    let m00 = row_hat(own, r0, c0, out_rows);
+    let m01 = row_hat(own, r0, c1, out_rows);
+    let m10 = row_hat(own, r1, c0, out_rows);
+    let m11 = row_hat(own, r1, c1, out_rows);
+    let m20 = row_hat(own, r2, c0, out_rows);
+    let m21 = row_hat(own, r2, c1, out_rows);
+    let m30 = row_hat(own, r3, c0, out_rows);
+    let m31 = row_hat(own, r3, c1, out_rows);
+    var a00 = vec4<f32>(0.0);
+    var a01 = vec4<f32>(0.0);
+    var a10 = vec4<f32>(0.0);
+    var a11 = vec4<f32>(0.0);
+    var a20 = vec4<f32>(0.0);
+    var a21 = vec4<f32>(0.0);
+    var a30 = vec4<f32>(0.0);
+    var a31 = vec4<f32>(0.0);
+    for (var k0 = 0u; k0 < summed; k0 += TILE) {
+        stage(t, query, row0, col0, k0);
+        workgroupBarrier();
+        for (var i = 0u; i < TILE; i++) {
+            let x0 = staged[i * TILE * CN + lid.x];
+            let x1 = staged[i * TILE * CN + lid.x + TILE];
+            let w0 = weights[lid.y * TILE + i];
+            let w1 = weights[(lid.y + TILE) * TILE + i];
+            let w2 = weights[(lid.y + 2u * TILE) * TILE + i];
+            let w3 = weights[(lid.y + 3u * TILE) * TILE + i];
+            a00 += term(w0, x0, m00, e);
+            a01 += term(w0, x1, m01, e);
+            a10 += term(w1, x0, m10, e);
+            a11 += term(w1, x1, m11, e);
+            a20 += term(w2, x0, m20, e);
+            a21 += term(w2, x1, m21, e);
+            a30 += term(w3, x0, m30, e);
+            a31 += term(w3, x1, m31, e);
+        }
+        workgroupBarrier();
+    }
+    emit(query, r0, c0, out_rows, a00);
+    emit(query, r0, c1, out_rows, a01);
+    emit(query, r1, c0, out_rows, a10);
+    emit(query, r1, c1, out_rows, a11);
+    emit(query, r2, c0, out_rows, a20);
+    emit(query, r2, c1, out_rows, a21);
+    emit(query, r3, c0, out_rows, a30);
+    emit(query, r3, c1, out_rows, a31);
+}
+
 @compute @workgroup_size(TILE, TILE, 1)
 fn query_side(
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
 ) {
-    let a = (wid.x + wid.y * groups.x) * TILE + lid.y;
-    let c = wid.z * TILE + lid.x;
-    let mine = row_hat(0u, a, c, params.rows);
-    let euclidean = params.metric < 2u;
-    var acc = vec4<f32>(0.0);
-    for (var j0 = 0u; j0 < params.refs; j0 += TILE) {
-        // Invocation (x, y) stages the weight of (row y, reference j0 + x) and reference
-        // j0 + y at vec4 c.
-        weights[lid.y * TILE + lid.x] = weight(a, j0 + lid.x);
-        staged[lid.y * TILE + lid.x] = row_hat(1u, j0 + lid.y, c, params.refs);
-        workgroupBarrier();
-        for (var i = 0u; i < TILE; i++) {
-            let w = weights[lid.y * TILE + i];
-            let r = staged[i * TILE + lid.x];
-            acc += w * select(r, mine - r, euclidean);
-        }
-        workgroupBarrier();
-    }
-    if (a < params.rows && c < params.dim4) {
-        out[(params.out_row0 + a) * params.dim4 + c] = acc;
-    }
+    product(lid, wid, groups, true);
 }
 
 @compute @workgroup_size(TILE, TILE, 1)
@@ -109,27 +216,5 @@ fn ref_side(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
 ) {
-    let j0 = (wid.x + wid.y * groups.x) * TILE;
-    let j = j0 + lid.y;
-    let c = wid.z * TILE + lid.x;
-    let mine = row_hat(1u, j, c, params.refs);
-    let euclidean = params.metric < 2u;
-    var acc = vec4<f32>(0.0);
-    for (var a0 = 0u; a0 < params.rows; a0 += TILE) {
-        // Invocation (x, y) stages the weight of (anchor a0 + y, reference j0 + x) and anchor
-        // a0 + y at vec4 c.
-        weights[lid.y * TILE + lid.x] = weight(a0 + lid.y, j0 + lid.x);
-        staged[lid.y * TILE + lid.x] = row_hat(0u, a0 + lid.y, c, params.rows);
-        workgroupBarrier();
-        for (var i = 0u; i < TILE; i++) {
-            let w = weights[i * TILE + lid.y];
-            let q = staged[i * TILE + lid.x];
-            acc += w * select(q, mine - q, euclidean);
-        }
-        workgroupBarrier();
-    }
-    if (j < params.refs && c < params.dim4) {
-        let at = j * params.dim4 + c;
-        out[at] = out[at] + acc;
-    }
+    product(lid, wid, groups, false);
 }

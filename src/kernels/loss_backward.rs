@@ -7,12 +7,19 @@ use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, Wg
 use crate::memory::TrackedBuffer;
 use crate::transfer::Recorder;
 
-/// Rows and `vec4` columns of the outputs one workgroup computes; `TILE` in the shader, set
-/// from here.
+/// Invocations per side of a workgroup, and the summed index's step; `TILE` in the shader,
+/// set from here.
 pub(crate) const TILE: u64 = 16;
 
-/// Workgroup memory: `TILE²` weights and `TILE²` staged `vec4` rows.
-pub(crate) const WORKGROUP_STORAGE: u64 = TILE * TILE * (4 + 16);
+/// Output rows per invocation (`RM` in the shader).
+pub(crate) const ROWS_PER: u64 = 4;
+
+/// Output `vec4` columns per invocation (`CN` in the shader).
+pub(crate) const COLS_PER: u64 = 2;
+
+/// Workgroup memory: `TILE · ROWS_PER` rows of `TILE` weights, and `TILE` steps of
+/// `TILE · COLS_PER` staged `vec4`s.
+pub(crate) const WORKGROUP_STORAGE: u64 = TILE * ROWS_PER * TILE * 4 + TILE * TILE * COLS_PER * 16;
 
 /// The kernel's uniform block, laid out as `Params` in the shader.
 #[repr(C)]
@@ -102,7 +109,8 @@ impl Kernel for LossBackward {
 
 impl LossBackward {
     /// Workgroups of `side` for `rows` anchors against `refs` references of `dim4` `vec4`s:
-    /// tiles of output rows (folded into 2-D past `max_per_dim`) by tiles of the dimension.
+    /// tiles of `TILE · ROWS_PER` output rows (folded into 2-D past `max_per_dim`) by tiles of
+    /// `TILE · COLS_PER` `vec4`s of the dimension.
     pub(crate) fn workgroups(
         side: Side,
         (rows, refs, dim4): (u64, u64, u64),
@@ -112,8 +120,8 @@ impl LossBackward {
             Side::Query => rows,
             Side::Ref => refs,
         };
-        let (x, y) = grid_2d(out_rows.div_ceil(TILE), max_per_dim);
-        [x, y, dim4.div_ceil(TILE).max(1) as u32]
+        let (x, y) = grid_2d(out_rows.div_ceil(TILE * ROWS_PER), max_per_dim);
+        [x, y, dim4.div_ceil(TILE * COLS_PER).max(1) as u32]
     }
 
     pub(crate) fn encode(
