@@ -61,6 +61,44 @@ pub(crate) fn par_items<S, T: Send>(
     done.into_iter().map(|d| d.1).collect()
 }
 
+/// Rows of `out` per task in [`par_rows`] and below which it runs on the calling thread: a
+/// task of fewer than this many values costs more to hand out than to do.
+const PAR_ROWS_MIN_VALUES: usize = 1 << 16;
+
+/// Runs `work(row0, rows, state)` over `out`'s rows in chunks on up to every core (each worker
+/// with its own `state` from `init`), where `rows` is `out`'s rows from `row0`; on the calling
+/// thread alone when `out` is small. Each chunk is one task's, so `work` sees every row once,
+/// and a row's result cannot depend on how rows are split.
+pub(crate) fn par_rows<S>(
+    mut out: ndarray::ArrayViewMut2<'_, f32>,
+    init: impl Fn() -> S + Sync,
+    work: impl Fn(usize, ndarray::ArrayViewMut2<'_, f32>, &mut S) + Sync,
+) {
+    let (rows, cols) = out.dim();
+    let per = PAR_ROWS_MIN_VALUES.div_ceil(cols.max(1)).max(1);
+    let workers = threads().min(rows.div_ceil(per));
+    if workers <= 1 {
+        work(0, out, &mut init());
+        return;
+    }
+    // A chunk per task, several per worker so that uneven cores balance.
+    let chunk = rows.div_ceil(4 * workers).max(per);
+    let chunks: Vec<std::sync::Mutex<Option<ndarray::ArrayViewMut2<'_, f32>>>> = out
+        .axis_chunks_iter_mut(ndarray::Axis(0), chunk)
+        .map(|c| std::sync::Mutex::new(Some(c)))
+        .collect();
+    par_items(workers, chunks.len(), init, |i, state| {
+        // Each chunk is taken by exactly one task: the lock is never contended.
+        let taken = chunks[i]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(rows) = taken {
+            work(i * chunk, rows, state);
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +133,24 @@ mod tests {
                 },
             );
             assert_eq!(got, (0..20).map(|i| i * i).collect::<Vec<_>>(), "{workers}");
+        }
+    }
+
+    #[test]
+    fn every_row_is_worked_once_whatever_the_size() {
+        for (rows, cols) in [(0, 3), (1, 1), (5, 7), (3000, 40), (70_000, 1)] {
+            let mut out = ndarray::Array2::<f32>::zeros((rows, cols));
+            par_rows(
+                out.view_mut(),
+                || (),
+                |row0, mut chunk, _| {
+                    for (r, mut row) in chunk.rows_mut().into_iter().enumerate() {
+                        row += (row0 + r) as f32 + 1.0;
+                    }
+                },
+            );
+            let want = ndarray::Array2::from_shape_fn((rows, cols), |(r, _)| r as f32 + 1.0);
+            assert_eq!(out, want, "{rows} x {cols}");
         }
     }
 }

@@ -94,24 +94,33 @@ pub(super) fn ref_side_into(
 /// Takes `g` `(n, dim)`, the gradient with respect to the normalised rows of `x` `(n, dim)`,
 /// through `x̂ = x / max(|x|, 1e-12)` (torch's `normalize`: `(g − x̂ (x̂·g)) / |x|`, or
 /// `g / 1e-12` where the norm is clamped), when `normalizes`; then multiplies it by `factor`.
+/// Rows on every core (each row's arithmetic is its own: the same bits on any split).
 pub(super) fn through_normalization(
     g: &mut Array2<f32>,
     x: ArrayView2<'_, f32>,
     normalizes: bool,
     factor: f32,
 ) {
-    for (mut g, x) in g.rows_mut().into_iter().zip(x.rows()) {
-        if normalizes {
-            let norm = x.dot(&x).sqrt();
-            if norm > 1e-12 {
-                let x_hat = x.mapv(|v| v / norm);
-                let along = x_hat.dot(&g);
-                g.scaled_add(-along, &x_hat);
-                g /= norm;
-            } else {
-                g /= 1e-12;
+    let dim = x.ncols();
+    crate::native::par_rows(
+        g.view_mut(),
+        || ndarray::Array1::<f32>::zeros(dim),
+        |row0, mut chunk, x_hat| {
+            let rows = chunk.rows_mut().into_iter();
+            for (mut g, x) in rows.zip(x.slice(ndarray::s![row0.., ..]).rows()) {
+                if normalizes {
+                    let norm = x.dot(&x).sqrt();
+                    if norm > 1e-12 {
+                        x_hat.zip_mut_with(&x, |h, &v| *h = v / norm);
+                        let along = x_hat.dot(&g);
+                        g.scaled_add(-along, x_hat);
+                        g /= norm;
+                    } else {
+                        g /= 1e-12;
+                    }
+                }
+                g *= factor;
             }
-        }
-        g *= factor;
-    }
+        },
+    );
 }

@@ -140,21 +140,28 @@ pub(crate) fn padded_rows(
 }
 
 /// The inverse of [`padded_rows`]: the first `out.ncols()` values of each `4 * dim4`-wide
-/// row of `values` into the rows of `out`, as many as both have.
-pub(crate) fn unpad_rows_into(
-    values: &[f32],
-    dim4: usize,
-    mut out: ndarray::ArrayViewMut2<'_, f32>,
-) {
+/// row of `values` into the rows of `out`, as many as both have. On every core when large:
+/// `values` is often mapped device memory, which one core reads at a fraction of the
+/// memory's bandwidth.
+pub(crate) fn unpad_rows_into(values: &[f32], dim4: usize, out: ndarray::ArrayViewMut2<'_, f32>) {
     let width = 4 * dim4;
     if width == 0 {
         return;
     }
-    for (mut dst, row) in out.rows_mut().into_iter().zip(values.chunks_exact(width)) {
-        for (o, v) in dst.iter_mut().zip(row) {
-            *o = *v;
-        }
-    }
+    let rows = out.nrows().min(values.len() / width);
+    let out = out.slice_move(ndarray::s![..rows, ..]);
+    crate::native::par_rows(
+        out,
+        || (),
+        |row0, mut chunk, _| {
+            let from = &values[row0 * width..];
+            for (mut dst, row) in chunk.rows_mut().into_iter().zip(from.chunks_exact(width)) {
+                for (o, v) in dst.iter_mut().zip(row) {
+                    *o = *v;
+                }
+            }
+        },
+    );
 }
 
 /// Creates a device buffer of `size` bytes (rounded up to 4) through the budget accounting.
