@@ -13,7 +13,8 @@
 //! `--path wgpu|cpu`, `--reps` (default 3, after a warm-up on a small input that compiles
 //! the pipelines), `--budget-mib` (default: the context's), `--output host|device` (`knn` only;
 //! `device`: `knn_on_device`, the lists read back after the timing).
-//! `--kernel-timing`: every kernel timed by timestamps, its GPU seconds per operation in
+//! `--kernel auto|fused|blocks` (the native path's kNN kernel for `k ≤ 128`, default auto:
+//! `ContextConfig::native_knn_kernel`). `--kernel-timing`: every kernel timed by timestamps, its GPU seconds per operation in
 //! the line's `kernels`.
 
 mod support;
@@ -24,7 +25,7 @@ use ndarray::{Array1, Array2};
 use support::{embeddings, flag, kernel_timing_flag, peak_rss_mib, summary, traffic, Rng};
 use wgpu_metric_learning::{
     accuracy, knn, knn_on_device, AccuracyConfig, AccuracyK, BackendChoice, Context, ContextConfig,
-    Distance, DistanceConfig, KnnConfig, MiningSet,
+    Distance, DistanceConfig, KnnConfig, MiningSet, NativeKnnKernel,
 };
 
 const DIM: usize = 128;
@@ -37,6 +38,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         mib => Some(mib.parse::<u64>()? << 20),
     };
     let path = flag("--path", "wgpu");
+    let native_knn_kernel = match flag("--kernel", "auto").as_str() {
+        "auto" => NativeKnnKernel::Auto,
+        "fused" => NativeKnnKernel::Fused,
+        "blocks" => NativeKnnKernel::Blocks,
+        other => return Err(format!("--kernel auto|fused|blocks, not {other}").into()),
+    };
     let ctx = Context::new(&ContextConfig {
         backend: if path == "cpu" {
             BackendChoice::NativeCpu
@@ -45,6 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         budget_bytes: budget,
         kernel_timing: kernel_timing_flag(),
+        native_knn_kernel,
         ..Default::default()
     })?;
     let mut rng = Rng(0xC0FFEE);
@@ -158,9 +166,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (median, min, max) = summary(&mut times);
     let mem = ctx.memory();
     println!(
-        "RESULT {{\"impl\": \"wml\", \"path\": \"{path}\", \"device\": \"{}\", \"driver\": \"{}\", \"func\": \"{func}\", {extra}, {moved}, \"median_s\": {median:.4}, \"min_s\": {min:.4}, \"max_s\": {max:.4}, \"peak_device_mib\": {:.1}, \"budget_mib\": {}, \"peak_rss_mb\": {:.1}}}",
+        "RESULT {{\"impl\": \"wml\", \"path\": \"{path}\", \"device\": \"{}\", \"driver\": \"{}\", \"func\": \"{func}\", \"kernel\": \"{}\", {extra}, {moved}, \"median_s\": {median:.4}, \"min_s\": {min:.4}, \"max_s\": {max:.4}, \"peak_device_mib\": {:.1}, \"budget_mib\": {}, \"peak_rss_mb\": {:.1}}}",
         ctx.device_name(),
         driver.trim().replace('"', "'"),
+        flag("--kernel", "auto"),
         mem.peak_bytes as f64 / (1 << 20) as f64,
         mem.budget_bytes >> 20,
         peak_rss_mib()

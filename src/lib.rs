@@ -37,8 +37,8 @@ pub use accuracy::{
 pub use bank::{BankConfig, BankSnapshot, CheckpointLabel, Enqueued, MemoryBank, Saved};
 pub use context::{
     list_adapters, AdapterSelector, AdapterSummary, BackendChoice, ComputePath, Context,
-    ContextConfig, DistanceKernel, ShaderChecks, TuneReport, Tuning, DEFAULT_BUDGET_BYTES,
-    DEFAULT_CPU_BUDGET_BYTES,
+    ContextConfig, DistanceKernel, NativeKnnKernel, ShaderChecks, TuneReport, Tuning,
+    DEFAULT_BUDGET_BYTES, DEFAULT_CPU_BUDGET_BYTES,
 };
 pub use device_embeddings::DeviceEmbeddings;
 pub use device_output::{DeviceArray, DeviceElement};

@@ -14,9 +14,9 @@ use ndarray::{s, Array1, Array2};
 use proptest::prelude::*;
 use wgpu_metric_learning::reference::knn_select::knn_select;
 use wgpu_metric_learning::{
-    knn, knn_plan, knn_sharded, pairwise_distances, BankConfig, Context, ContextConfig, Distance,
-    DistanceConfig, Error, Hooks, Knn, KnnConfig, MemoryBank, MiningSet, PairwiseConfig, Progress,
-    SelfExclusion,
+    knn, knn_plan, knn_sharded, pairwise_distances, BackendChoice, BankConfig, Context,
+    ContextConfig, Distance, DistanceConfig, Error, Hooks, Knn, KnnConfig, MemoryBank, MiningSet,
+    NativeKnnKernel, PairwiseConfig, Progress, SelfExclusion,
 };
 
 /// Embeddings with frequent exact duplicates (small integers) or spread values.
@@ -262,6 +262,17 @@ proptest! {
         let fused = knn(&native, queries.view(), refs.view(), &cfg).expect("fused");
         let general = knn(&tight, queries.view(), refs.view(), &cfg).expect("tight");
         assert_same(&fused, &general, &format!("{cfg:?}"));
+        // Each kernel chosen by name, with the whole default budget: the same answer.
+        for kernel in [NativeKnnKernel::Blocks, NativeKnnKernel::Fused] {
+            let chosen = Context::new(&ContextConfig {
+                backend: BackendChoice::NativeCpu,
+                native_knn_kernel: kernel,
+                ..Default::default()
+            })
+            .expect("a native context");
+            let got = knn(&chosen, queries.view(), refs.view(), &cfg).expect("chosen kernel");
+            assert_same(&got, &fused, &format!("{kernel:?}, {cfg:?}"));
+        }
         // k = 1 is also the first neighbour of k = 2 (fused as well, by candidate lists).
         if cfg.k == 1 && refs.nrows() >= 3 {
             let two = KnnConfig { k: 2, ..cfg.clone() };
@@ -285,7 +296,7 @@ fn native_fused_blocks_shards_and_overflow_match_the_general_path() {
     // which the compiler does not keep: the paths must agree, whatever it is.)
     let nan_first = Array2::from_shape_fn((130, 2), |(i, _)| if i < 100 { 1e20 } else { 1.0 });
     let cases = [
-        // 3 query blocks of 2 048 rows.
+        // At least 3 query blocks.
         (embeddings(5000, 3, 1, true), embeddings(70, 3, 2, true)),
         // 3 queries: the references are split in shards over the threads.
         (embeddings(3, 7, 3, true), embeddings(1000, 7, 4, true)),
@@ -323,8 +334,15 @@ fn native_fused_blocks_shards_and_overflow_match_the_general_path() {
             embeddings(90, 600, 15, false),
         ),
     ];
-    let plan = knn_plan(&native, &cases[0].0, &cases[0].1, &KnnConfig::default());
-    assert_eq!(plan.expect("plan").rows, 2048, "the fused kernel's blocks");
+    // The fused kernel's blocks: at most 2 048 rows, as many per thread (so on any machine
+    // at least three blocks of these 5 000 queries).
+    let rows = knn_plan(&native, &cases[0].0, &cases[0].1, &KnnConfig::default())
+        .expect("plan")
+        .rows;
+    assert!(
+        rows <= 2048 && 5000usize.div_ceil(rows) >= 3,
+        "{rows} rows a block"
+    );
     for (queries, refs) in &cases {
         for distance in DISTANCES {
             for (normalize, self_exclusion) in [

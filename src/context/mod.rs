@@ -99,7 +99,9 @@ pub struct ContextConfig {
     /// trusted modules for the kernels that are safe by construction in release builds,
     /// checked ones in debug builds.
     pub shader_checks: ShaderChecks,
-    /// How the distance GEMM's variant is chosen per device and shape. Default
+    /// How the distance GEMM's variant is chosen per device and shape, and on the native
+    /// path whether kNN's `k ≤ 128` searches run the fused kernel or GEMM blocks (timed once
+    /// per CPU model and shape bucket, see [`NativeKnnKernel`]). Default
     /// [`Tuning::Cached`]: tuned once on the device (software adapters are not: they get the
     /// default variant), the winner kept under the user's cache directory.
     pub tuning: Tuning,
@@ -111,6 +113,44 @@ pub struct ContextConfig {
     /// Which kernel computes distance tiles. Default [`DistanceKernel::Tuned`]; the others
     /// are for benchmarks and tests (every choice gives the same bits).
     pub distance_kernel: DistanceKernel,
+    /// Which kernel the native path's kNN uses for `k ≤ 128`. Default
+    /// [`NativeKnnKernel::Auto`]; the others are for benchmarks and tests (every choice gives
+    /// the same bits).
+    pub native_knn_kernel: NativeKnnKernel,
+}
+
+/// Which kernel the native CPU path's kNN (and k-means' assignment step) uses for `k ≤ 128`.
+/// Above that `k`, and where a kernel's scratch does not fit the budget, the other runs.
+/// Every choice gives the same neighbours and the same bits of their scores.
+///
+/// Measured (BENCHMARKS.md): which is faster depends on the CPU kind and `k` (the fused
+/// kernel 1.2–2.1× GEMM blocks on an AVX-512 Xeon; GEMM blocks 1.25× the fused kernel on an
+/// AVX2-only EPYC and 1.07–1.11× on a Zen 4), so [`NativeKnnKernel::Auto`] times both on the
+/// running CPU the first time a shape bucket is met (with [`Tuning::Cached`] or
+/// [`Tuning::Eager`]; about 0.1–1 s, then kept in the tuning cache) and runs the faster.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{BackendChoice, ContextConfig, NativeKnnKernel};
+/// let cfg = ContextConfig {
+///     backend: BackendChoice::NativeCpu,
+///     native_knn_kernel: NativeKnnKernel::Blocks,
+///     ..Default::default()
+/// };
+/// assert_eq!(NativeKnnKernel::default(), NativeKnnKernel::Auto);
+/// # let _ = cfg;
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NativeKnnKernel {
+    /// The kernel measured faster on this CPU for the search's `k` and `d` (with
+    /// [`Tuning::Off`], or for searches under 10⁹ flops, the fused kernel), with whole blocks
+    /// where its scratch fits; else GEMM blocks; else the fused kernel on fewer rows.
+    #[default]
+    Auto,
+    /// The fused kernel, on fewer rows before GEMM blocks where whole blocks do not fit.
+    Fused,
+    /// GEMM blocks and a selection pass over each, whatever `k` (the fused kernel never runs).
+    Blocks,
 }
 
 /// The path an operation actually ran on; every result carries one.
@@ -160,6 +200,10 @@ pub struct Context {
     memory: Arc<MemoryTracker>,
     /// [`ContextConfig::kernel_timing`], for [`Context::kernel_timing`]'s answer.
     timing_asked: bool,
+    /// [`ContextConfig::native_knn_kernel`].
+    native_knn_kernel: NativeKnnKernel,
+    /// [`ContextConfig::tuning`] (the native kNN kernel's choice as well as the GPU's).
+    tuning: Tuning,
 }
 
 impl Context {
@@ -311,6 +355,8 @@ impl Context {
             engine: Engine::Gpu(Box::new(gpu)),
             memory,
             timing_asked: config.kernel_timing,
+            native_knn_kernel: config.native_knn_kernel,
+            tuning: config.tuning,
         }
     }
 
@@ -337,7 +383,19 @@ impl Context {
                 config.budget_bytes.unwrap_or(DEFAULT_CPU_BUDGET_BYTES),
             )),
             timing_asked: config.kernel_timing,
+            native_knn_kernel: config.native_knn_kernel,
+            tuning: config.tuning,
         }
+    }
+
+    /// [`ContextConfig::native_knn_kernel`].
+    pub(crate) fn native_knn_kernel(&self) -> NativeKnnKernel {
+        self.native_knn_kernel
+    }
+
+    /// [`ContextConfig::tuning`].
+    pub(crate) fn tuning(&self) -> Tuning {
+        self.tuning
     }
 
     /// The path this context's operations run on.

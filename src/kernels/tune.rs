@@ -466,8 +466,9 @@ pub(crate) fn cache_path() -> Option<PathBuf> {
 /// Serialises the cache's read-modify-write within this process.
 static CACHE_LOCK: Mutex<()> = Mutex::new(());
 
-/// The entries of the cache at `path`, a corrupt or stale line ignored with a warning.
-fn cache_read(path: &Path) -> HashMap<String, (GemmVariant, f64)> {
+/// The entries of the cache at `path` (key → value, seconds), a line that is not three
+/// tab-separated fields ending in a number ignored with a warning.
+fn cache_read(path: &Path) -> HashMap<String, (String, f64)> {
     let mut map = HashMap::new();
     let Ok(text) = std::fs::read_to_string(path) else {
         return map;
@@ -475,10 +476,10 @@ fn cache_read(path: &Path) -> HashMap<String, (GemmVariant, f64)> {
     for (n, line) in text.lines().enumerate() {
         let mut parts = line.split('\t');
         let parsed = match (parts.next(), parts.next(), parts.next(), parts.next()) {
-            (Some(key), Some(variant), Some(seconds), None) => GemmVariant::parse(variant)
-                .filter(|v| GEMM_CANDIDATES.contains(v))
-                .zip(seconds.parse::<f64>().ok())
-                .map(|entry| (key.to_string(), entry)),
+            (Some(key), Some(value), Some(seconds), None) if !value.is_empty() => seconds
+                .parse::<f64>()
+                .ok()
+                .map(|s| (key.to_string(), (value.to_string(), s))),
             _ => None,
         };
         match parsed {
@@ -491,31 +492,52 @@ fn cache_read(path: &Path) -> HashMap<String, (GemmVariant, f64)> {
     map
 }
 
-fn cache_get(key: &str) -> Option<(GemmVariant, f64)> {
+/// The cached value and seconds of `key` (any tuner's: the GEMM variants', the native kNN
+/// kernel's), if the cache has it.
+pub(crate) fn cached(key: &str) -> Option<(String, f64)> {
     let _guard = CACHE_LOCK
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    cache_read(&cache_path()?).get(key).copied()
+    cache_read(&cache_path()?).remove(key)
 }
 
 /// Adds (or replaces) `key` in the cache; a failure is a warning.
-fn cache_put(key: &str, v: GemmVariant, seconds: f64) {
+pub(crate) fn cache_store(key: &str, value: &str, seconds: f64) {
     let _guard = CACHE_LOCK
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(path) = cache_path() {
-        cache_put_at(&path, key, v, seconds);
+        cache_put_at(&path, key, value, seconds);
     }
+}
+
+/// The cached GEMM variant of `key`: an entry that names no candidate is ignored (warned).
+fn cache_get(key: &str) -> Option<(GemmVariant, f64)> {
+    let (value, seconds) = cached(key)?;
+    let v = variant_of(&value);
+    if v.is_none() {
+        log::warn!("tuning cache: {value:?} is not a GEMM candidate, ignored");
+    }
+    v.map(|v| (v, seconds))
+}
+
+/// The candidate named `value`, if any.
+fn variant_of(value: &str) -> Option<GemmVariant> {
+    GemmVariant::parse(value).filter(|v| GEMM_CANDIDATES.contains(v))
+}
+
+fn cache_put(key: &str, v: GemmVariant, seconds: f64) {
+    cache_store(key, &v.name(), seconds);
 }
 
 /// Adds (or replaces) `key` in the cache at `path`: the whole file written to a temporary
 /// beside it and renamed over it, so that a reader never sees half of it.
-fn cache_put_at(path: &Path, key: &str, v: GemmVariant, seconds: f64) {
+fn cache_put_at(path: &Path, key: &str, value: &str, seconds: f64) {
     let mut map = cache_read(path);
-    map.insert(key.to_string(), (v, seconds));
+    map.insert(key.to_string(), (value.to_string(), seconds));
     let mut lines: Vec<String> = map
         .iter()
-        .map(|(k, (v, s))| format!("{k}\t{}\t{s:e}", v.name()))
+        .map(|(k, (v, s))| format!("{k}\t{v}\t{s:e}"))
         .collect();
     lines.sort();
     let write = || -> std::io::Result<()> {
@@ -548,12 +570,12 @@ mod tests {
         let path = temp_cache("round-trip");
         let a = GEMM_CANDIDATES[0];
         let b = GEMM_CANDIDATES[1];
-        cache_put_at(&path, "key one", a, 1e-3);
-        cache_put_at(&path, "key two", b, 2e-3);
-        cache_put_at(&path, "key one", b, 5e-4);
+        cache_put_at(&path, "key one", &a.name(), 1e-3);
+        cache_put_at(&path, "key two", &b.name(), 2e-3);
+        cache_put_at(&path, "key one", &b.name(), 5e-4);
         let map = cache_read(&path);
-        assert_eq!(map.get("key one"), Some(&(b, 5e-4)), "replaced");
-        assert_eq!(map.get("key two"), Some(&(b, 2e-3)));
+        assert_eq!(map.get("key one"), Some(&(b.name(), 5e-4)), "replaced");
+        assert_eq!(map.get("key two"), Some(&(b.name(), 2e-3)));
         let dir = path.parent().expect("a directory");
         let names: Vec<_> = std::fs::read_dir(dir)
             .expect("the directory")
@@ -580,11 +602,14 @@ mod tests {
         )
         .expect("write");
         let map = cache_read(&path);
-        assert_eq!(map.len(), 1, "{map:?}");
-        assert_eq!(map.get("k1"), Some(&(good, 1e-3)));
-        // Writing keeps the good entry and drops the rest.
-        cache_put_at(&path, "k5", good, 2e-3);
-        assert_eq!(cache_read(&path).len(), 2);
+        assert_eq!(map.len(), 2, "{map:?}");
+        assert_eq!(map.get("k1"), Some(&(name.clone(), 1e-3)));
+        // A well-formed line naming no GEMM candidate is kept, but never taken as a variant.
+        assert_eq!(map.get("k2").and_then(|e| variant_of(&e.0)), None);
+        assert_eq!(variant_of(&map["k1"].0), Some(good));
+        // Writing keeps the well-formed entries and drops the rest.
+        cache_put_at(&path, "k5", &name, 2e-3);
+        assert_eq!(cache_read(&path).len(), 3);
         assert!(
             cache_read(&temp_cache("missing")).is_empty(),
             "no file, no entries"

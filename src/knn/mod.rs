@@ -1,6 +1,7 @@
 //! k-nearest neighbours of queries among references: exact, any `k`, under the budget, on one
 //! device or sharded over several.
 
+mod calibrate;
 mod candidates;
 mod gpu;
 mod native;

@@ -8,10 +8,11 @@ use std::ops::Range;
 
 use ndarray::{s, Array2, ArrayView2};
 
+use super::calibrate;
 use super::candidates::{admitted, shrink, Candidates};
 use super::native_fused::{self, Block};
 use super::{sort_rows, KnnConfig, Neighbours};
-use crate::context::{ComputePath, Context};
+use crate::context::{ComputePath, Context, NativeKnnKernel};
 use crate::distance::native::{finish, Norms};
 use crate::error::{Error, Result};
 use crate::hooks::Reporter;
@@ -267,7 +268,8 @@ fn plan_with(
         };
         threads * native_fused::scratch_bytes(qb, (n, d), k) + lists
     };
-    let small_k = k <= native_fused::MAX_K;
+    let kernel = ctx.native_knn_kernel();
+    let small_k = k <= native_fused::MAX_K && kernel != NativeKnnKernel::Blocks;
     let available = ctx.tracker().available();
     // With few references the fused kernel's chunk is small, and its one-row plan can be the
     // least of all.
@@ -290,10 +292,17 @@ fn plan_with(
             min_scratch,
         }
     };
-    // The fused kernel with whole blocks where it fits; else the general path's blocks,
-    // shrunk to fit; else the fused kernel's, shrunk.
-    let whole = native_fused::QUERY_BLOCK.min(q).max(1);
-    if small_k && fused_for(whole) <= available {
+    // The fused kernel with whole blocks where it fits (and the setting or, with `Auto`, this
+    // CPU's measured choice takes it first); else the general path's blocks, shrunk to fit;
+    // else the fused kernel's, shrunk (with `Fused`, those two swapped).
+    // Whole blocks, as many per thread: 10 000 queries in 2 048-row blocks would be 5 blocks
+    // on 2 threads, one thread idle for a fifth of the search; 6 blocks of 1 667 rows are not.
+    let whole = {
+        let blocks = q.div_ceil(native_fused::QUERY_BLOCK).max(1);
+        q.div_ceil(blocks.next_multiple_of(workers.max(1)))
+            .clamp(1, native_fused::QUERY_BLOCK)
+    };
+    if small_k && fused_for(whole) <= available && calibrate::fused_first(ctx, (q, n, d), k) {
         return Ok(plan(whole, true));
     }
     let shrunk = |start: usize, scratch: &dyn Fn(usize) -> u64| {
@@ -303,15 +312,21 @@ fn plan_with(
         }
         qb
     };
+    let fused_shrunk = || {
+        let qb = shrunk(native_fused::QUERY_BLOCK, &fused_for);
+        (small_k && fused_for(qb) <= available).then(|| plan(qb, true))
+    };
+    if kernel == NativeKnnKernel::Fused {
+        if let Some(p) = fused_shrunk() {
+            return Ok(p);
+        }
+    }
     let qb = shrunk(QUERY_BLOCK, &scratch_for);
     if scratch_for(qb) <= available {
         return Ok(plan(qb, false));
     }
-    if small_k {
-        let qb = shrunk(native_fused::QUERY_BLOCK, &fused_for);
-        if fused_for(qb) <= available {
-            return Ok(plan(qb, true));
-        }
+    if let Some(p) = fused_shrunk() {
+        return Ok(p);
     }
     let memory = ctx.memory();
     if min_scratch > memory.budget_bytes {
