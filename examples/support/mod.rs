@@ -16,12 +16,13 @@ pub(crate) fn traffic(ctx: &Context, before: Transfers, ops: usize) -> String {
     let per = |a: u64| a as f64 / n;
     let s = |ns: u64| ns as f64 * 1e-9 / n;
     let mut out = format!(
-        "\"host_waits\": {:.1}, \"submissions\": {:.1}, \"bytes_up\": {:.0}, \"bytes_down\": {:.0}, \"host_s\": {{\"upload\": {:.6}, \"wait\": {:.6}, \"readback\": {:.6}}}",
+        "\"host_waits\": {:.1}, \"submissions\": {:.1}, \"bytes_up\": {:.0}, \"bytes_down\": {:.0}, \"host_s\": {{\"upload\": {:.6}, \"submit\": {:.6}, \"wait\": {:.6}, \"readback\": {:.6}}}",
         per(t.host_waits),
         per(t.submissions),
         per(t.bytes_up),
         per(t.bytes_down),
         s(t.host.upload_ns),
+        s(t.host.submit_ns),
         s(t.host.wait_ns),
         s(t.host.readback_ns),
     );

@@ -318,6 +318,7 @@ fn transfers_dict<'py>(py: Python<'py>, t: &wml::Transfers) -> PyResult<Bound<'p
     d.set_item("wait_seconds", h.seconds(h.wait_ns))?;
     d.set_item("readback_seconds", h.seconds(h.readback_ns))?;
     d.set_item("tune_seconds", h.seconds(h.tune_ns))?;
+    d.set_item("submit_seconds", h.seconds(h.submit_ns))?;
     // Each kernel's dispatches and GPU seconds (with kernel timing on; empty otherwise).
     let kernels = PyDict::new(py);
     for k in t.kernels.iter() {

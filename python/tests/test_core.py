@@ -270,7 +270,13 @@ def test_transfers_time_the_host_and_with_kernel_timing_each_kernel():
     before = timed.transfers()
     wml.knn(timed, x, k=5)
     after = timed.transfers()
-    for key in ("upload_seconds", "wait_seconds", "readback_seconds", "tune_seconds"):
+    for key in (
+        "upload_seconds",
+        "wait_seconds",
+        "readback_seconds",
+        "tune_seconds",
+        "submit_seconds",
+    ):
         assert after[key] >= before[key] >= 0.0
     assert after["wait_seconds"] > before["wait_seconds"], "a kNN waits for the device"
     kernels = after["kernels"]

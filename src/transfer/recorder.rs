@@ -207,9 +207,11 @@ impl<'a> Recorder<'a> {
             t.resolve(&mut encoder);
         }
         let gpu = self.gpu;
+        let started = std::time::Instant::now();
         let index = scoped(gpu, self.label, 0, || {
             crate::device::submit(&gpu.queue, [encoder.finish()])
         })?;
+        let submit_ns = started.elapsed().as_nanos() as u64;
         if let Some(t) = times {
             timing::park(t.map(gpu, index.clone()));
         }
@@ -217,6 +219,10 @@ impl<'a> Recorder<'a> {
             self.gpu,
             Transfers {
                 submissions: 1,
+                host: HostTimes {
+                    submit_ns,
+                    ..HostTimes::default()
+                },
                 ..Transfers::default()
             },
         );

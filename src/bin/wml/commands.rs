@@ -117,7 +117,7 @@ pub(crate) fn timed<T>(
             ),
         };
         eprintln!(
-            "{{\"op\": \"{name}\", \"seconds\": {seconds:.6}, \"peak_device_bytes\": {}, \"budget_bytes\": {}, \"host_waits\": {}, \"submissions\": {}, \"bytes_up\": {}, \"bytes_down\": {}, \"host\": {{\"upload_seconds\": {:.6}, \"wait_seconds\": {:.6}, \"readback_seconds\": {:.6}, \"tune_seconds\": {:.6}}}, {kernels}, \"adapter\": {}, \"path\": \"{path}\"}}",
+            "{{\"op\": \"{name}\", \"seconds\": {seconds:.6}, \"peak_device_bytes\": {}, \"budget_bytes\": {}, \"host_waits\": {}, \"submissions\": {}, \"bytes_up\": {}, \"bytes_down\": {}, \"host\": {{\"upload_seconds\": {:.6}, \"wait_seconds\": {:.6}, \"readback_seconds\": {:.6}, \"tune_seconds\": {:.6}, \"submit_seconds\": {:.6}}}, {kernels}, \"adapter\": {}, \"path\": \"{path}\"}}",
             mem.peak_bytes,
             mem.budget_bytes,
             t.host_waits,
@@ -128,6 +128,7 @@ pub(crate) fn timed<T>(
             h.seconds(h.wait_ns),
             h.seconds(h.readback_ns),
             h.seconds(h.tune_ns),
+            h.seconds(h.submit_ns),
             json_string(&ctx.device_name())
         );
     }
