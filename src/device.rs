@@ -6,7 +6,7 @@ use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::memory::{MemoryTracker, TransferCounter};
@@ -26,8 +26,8 @@ use crate::memory::{MemoryTracker, TransferCounter};
 /// other devices, all three waiting inside the driver for good. Concurrent device and
 /// pipeline creation crashes NVIDIA's Windows driver too (wgpu issue #10234). Creation and
 /// destruction are rare, millisecond-long events; a submission or a poll takes the shared
-/// side (an uncontended read lock, tens of nanoseconds), and a long wait is cut into slices
-/// ([`WAIT_SLICE`]) so that a device's creation never waits behind another's GPU work.
+/// side (an uncontended read lock, tens of nanoseconds). A device made or destroyed while
+/// another thread waits for the GPU waits for that wait to end.
 ///
 /// `WML_DEVICE_LOCK=off` turns the guard off, only to reproduce the driver's fault
 /// (`benches/gpu-report.sh hunt`); read once per process.
@@ -59,10 +59,6 @@ fn shared_lock() -> Option<RwLockReadGuard<'static, ()>> {
     })
 }
 
-/// The longest single wait under the shared lock: a device made or destroyed meanwhile
-/// waits at most this long for the lock.
-pub(crate) const WAIT_SLICE: Duration = Duration::from_millis(20);
-
 /// `queue.submit(commands)` under the shared side of the lifecycle guard.
 pub(crate) fn submit(
     queue: &wgpu::Queue,
@@ -72,45 +68,18 @@ pub(crate) fn submit(
     queue.submit(commands)
 }
 
-/// `device.poll(kind)` under the shared side of the lifecycle guard; a wait is made of waits
-/// of at most [`WAIT_SLICE`], the lock released between them, up to `kind`'s timeout.
+/// `device.poll(kind)` under the shared side of the lifecycle guard, a wait included: a
+/// device made or destroyed meanwhile waits for it. A wait is never cut into shorter timed
+/// waits: in wgpu-core 30.0.1 a timed wait that ends early, while another thread polls or
+/// submits on the same device, can trip a defensive assert in `Device::maintain` ("If the
+/// queue is empty, the current submission index … should be at least the wait submission
+/// index"; fixed upstream by gfx-rs/wgpu#9958), which eight threads on one context did.
 pub(crate) fn poll(
     device: &wgpu::Device,
     kind: wgpu::PollType,
 ) -> std::result::Result<wgpu::PollStatus, wgpu::PollError> {
-    let wgpu::PollType::Wait {
-        submission_index,
-        timeout,
-    } = kind
-    else {
-        let _shared = shared_lock();
-        return device.poll(kind);
-    };
-    sliced_wait(timeout, |step| {
-        let _shared = shared_lock();
-        device.poll(wgpu::PollType::Wait {
-            submission_index: submission_index.clone(),
-            timeout: Some(step),
-        })
-    })
-}
-
-/// Calls `wait` with steps of at most [`WAIT_SLICE`] while it times out, up to `timeout` in
-/// all (`None`: for as long as it takes).
-fn sliced_wait(
-    timeout: Option<Duration>,
-    mut wait: impl FnMut(Duration) -> std::result::Result<wgpu::PollStatus, wgpu::PollError>,
-) -> std::result::Result<wgpu::PollStatus, wgpu::PollError> {
-    let deadline = timeout.map(|t| Instant::now() + t);
-    loop {
-        let step = deadline.map_or(WAIT_SLICE, |d| {
-            d.saturating_duration_since(Instant::now()).min(WAIT_SLICE)
-        });
-        match wait(step) {
-            Err(wgpu::PollError::Timeout) if deadline.is_none_or(|d| Instant::now() < d) => {}
-            other => return other,
-        }
-    }
+    let _shared = shared_lock();
+    device.poll(kind)
 }
 
 /// Whether kernel modules keep naga's runtime checks (bounds checks on every index, a
@@ -397,39 +366,4 @@ pub(crate) fn scoped<T>(
 /// Runs `f` (pipeline or bind-group creation, encoding) under a validation scope.
 pub(crate) fn checked<T>(gpu: &GpuDevice, op: &'static str, f: impl FnOnce() -> T) -> Result<T> {
     scoped(gpu, op, 0, f)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn waits_are_sliced_and_keep_their_timeout() {
-        let mut steps = Vec::new();
-        let started = Instant::now();
-        let got = sliced_wait(Some(Duration::from_millis(100)), |step| {
-            steps.push(step);
-            std::thread::sleep(step);
-            Err(wgpu::PollError::Timeout)
-        });
-        assert!(matches!(got, Err(wgpu::PollError::Timeout)), "{got:?}");
-        assert!(started.elapsed() >= Duration::from_millis(100));
-        assert!(steps.len() >= 5, "{steps:?}");
-        assert!(steps.iter().all(|&s| s <= WAIT_SLICE), "{steps:?}");
-        let mut calls = 0;
-        let got = sliced_wait(None, |_| {
-            calls += 1;
-            if calls < 3 {
-                Err(wgpu::PollError::Timeout)
-            } else {
-                Ok(wgpu::PollStatus::WaitSucceeded)
-            }
-        });
-        assert!(matches!(got, Ok(wgpu::PollStatus::WaitSucceeded)) && calls == 3);
-        let got = sliced_wait(None, |_| Err(wgpu::PollError::WrongSubmissionIndex(2, 1)));
-        assert!(matches!(
-            got,
-            Err(wgpu::PollError::WrongSubmissionIndex(2, 1))
-        ));
-    }
 }
