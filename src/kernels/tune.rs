@@ -167,9 +167,20 @@ pub(crate) fn tune_now(
         .tuning
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let own = Buffers::new(gpu, bucket)?;
-    let tile = (&own.p, &own.tile(), gpu.timestamps);
-    let tuned = tune(gpu, &family, bucket, use_cache, tile)?;
+    // A cached winner needs no tile: the buffers are made only to time.
+    let tuned = match use_cache.then(|| from_cache(gpu, bucket)).flatten() {
+        Some(tuned) => tuned,
+        None => {
+            let own = Buffers::new(gpu, bucket)?;
+            tune(
+                gpu,
+                &family,
+                bucket,
+                false,
+                (&own.p, &own.tile(), gpu.timestamps),
+            )?
+        }
+    };
     family
         .choices()
         .insert(bucket, tuned.chosen.or_else(|| default_variant(gpu)));
@@ -188,16 +199,8 @@ fn tune(
 ) -> Result<Tuned> {
     let started = Instant::now();
     let key = cache_key(gpu, bucket);
-    if use_cache {
-        if let Some((v, seconds)) = cache_get(&key).filter(|(v, _)| v.fits(&gpu.limits)) {
-            return Ok(Tuned {
-                chosen: Some(v),
-                timings: vec![(v, seconds)],
-                shape: (0, 0, 0),
-                by_timestamps: false,
-                from_cache: true,
-            });
-        }
+    if let Some(tuned) = use_cache.then(|| from_cache(gpu, bucket)).flatten() {
+        return Ok(tuned);
     }
     let result = measure(gpu, family, tile);
     transfer::count_tuning(gpu, started.elapsed());
@@ -207,6 +210,18 @@ fn tune(
         cache_put(&key, v, seconds);
     }
     Ok(tuned)
+}
+
+/// The cache's winner for `bucket` on `gpu`, if it has one that fits the device.
+fn from_cache(gpu: &GpuDevice, bucket: Bucket) -> Option<Tuned> {
+    let (v, seconds) = cache_get(&cache_key(gpu, bucket)).filter(|(v, _)| v.fits(&gpu.limits))?;
+    Some(Tuned {
+        chosen: Some(v),
+        timings: vec![(v, seconds)],
+        shape: (0, 0, 0),
+        by_timestamps: false,
+        from_cache: true,
+    })
 }
 
 /// Times every candidate that fits the device on `tile`.
