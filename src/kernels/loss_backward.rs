@@ -17,6 +17,12 @@ pub(crate) const ROWS_PER: u64 = 4;
 /// Output `vec4` columns per invocation (`CN` in the shader).
 pub(crate) const COLS_PER: u64 = 2;
 
+/// Output rows of one workgroup.
+pub(crate) const GROUP_ROWS: u64 = TILE * ROWS_PER;
+
+/// Output `vec4` columns of one workgroup.
+pub(crate) const GROUP_VEC4S: u64 = TILE * COLS_PER;
+
 /// Workgroup memory: `TILE · ROWS_PER` rows of `TILE` weights, and `TILE` steps of
 /// `TILE · COLS_PER` staged `vec4`s.
 pub(crate) const WORKGROUP_STORAGE: u64 = TILE * ROWS_PER * TILE * 4 + TILE * TILE * COLS_PER * 16;
@@ -120,8 +126,8 @@ impl LossBackward {
             Side::Query => rows,
             Side::Ref => refs,
         };
-        let (x, y) = grid_2d(out_rows.div_ceil(TILE * ROWS_PER), max_per_dim);
-        [x, y, dim4.div_ceil(TILE * COLS_PER).max(1) as u32]
+        let (x, y) = grid_2d(out_rows.div_ceil(GROUP_ROWS), max_per_dim);
+        [x, y, dim4.div_ceil(GROUP_VEC4S).max(1) as u32]
     }
 
     pub(crate) fn encode(

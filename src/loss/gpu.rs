@@ -87,12 +87,12 @@ fn footprint(
         bytes: buffers.iter().sum(),
         largest_buffer: buffers.iter().copied().max().unwrap_or(0),
         // The distance tiles' row blocks, and the folded second dimension of the weights
-        // (a block of a row each) and the products (tiles of 16 rows).
+        // (a block of a row each) and the products (tiles of 64 rows).
         workgroups: (rows as u64)
             .div_ceil(distance_tile::BLOCK)
             .max(folded(rows as u64 * blocks, max_per_dim))
             .max(folded(
-                (rows as u64).div_ceil(loss_backward::TILE),
+                (rows as u64).div_ceil(loss_backward::GROUP_ROWS),
                 max_per_dim,
             )),
         workgroup_storage: distance_tile::WORKGROUP_STORAGE
@@ -148,10 +148,10 @@ pub(super) fn run(
         (_, Err(_)) => return Ok(None),
     };
     let max_per_dim = u64::from(caps.max_workgroups_per_dimension);
-    let tiles = |n: usize| (n as u64).div_ceil(loss_backward::TILE);
+    let groups = |n: usize, per: u64| (n as u64).div_ceil(per);
     if pages > 1
-        || folded(tiles(m), max_per_dim) > max_per_dim
-        || tiles(d.div_ceil(4)) > max_per_dim
+        || folded(groups(m, loss_backward::GROUP_ROWS), max_per_dim) > max_per_dim
+        || groups(d.div_ceil(4), loss_backward::GROUP_VEC4S) > max_per_dim
     {
         return Ok(None);
     }
