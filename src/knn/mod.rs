@@ -157,7 +157,10 @@ pub fn knn<'q, 'r>(
 
 /// How [`knn`] would run with these arguments on `ctx`: its query chunks and reference
 /// ranges, whether the references stay resident, and the memory that holds, planned for the
-/// budget available now. Nothing is searched.
+/// budget available now. Nothing of this search runs; on the native path, the first plan
+/// or call of a `(k, d)` bucket on a CPU may time its two kernels once on synthetic rows
+/// (about half a second, then cached: see [`crate::NativeKnnKernel`]), so that the plan
+/// names the kernel the call will run.
 ///
 /// # Errors
 /// As [`knn`] for bad inputs; [`Error::OverBudget`] (naming the bytes of the smallest chunk)
