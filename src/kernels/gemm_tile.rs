@@ -41,7 +41,7 @@ use crate::transfer::Recorder;
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum DistanceKernel {
-    /// The GEMM variant [`Tuning`] picks per shape (the hand-written kernel where none fits).
+    /// The GEMM variant [`Tuning`](crate::Tuning) picks per shape (the hand-written kernel where none fits).
     #[default]
     Tuned,
     /// This GEMM variant wherever it fits the device (the tuned choice where it does not).
