@@ -3,7 +3,7 @@
 use std::sync::OnceLock;
 
 use crate::device::{GpuDevice, Kernel};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels::gemm_tile::{DistanceKernel, GemmTile};
 use crate::kernels::tune;
 use crate::kernels::{fields, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
@@ -160,15 +160,7 @@ impl DistanceTile {
             }
         }
         let (x, y) = Self::workgroups(rows, cols);
-        let limit = u64::from(rec.gpu().limits.max_compute_workgroups_per_dimension);
-        if x.max(y) > limit {
-            return Err(Error::DeviceLimit {
-                op: "distance_tile",
-                what: "max_compute_workgroups_per_dimension",
-                requested: x.max(y),
-                limit,
-            });
-        }
+        super::within_dispatch_limit(gpu, "distance_tile", &[x, y])?;
         self.hand_written(gpu)?
             .dispatch(rec, &b.in_order(), [x as u32, y as u32, 1])
     }

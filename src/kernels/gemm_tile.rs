@@ -583,15 +583,7 @@ fn check(gpu: &GpuDevice, v: GemmVariant, p: &Params, b: &TileBuffers<'_>) -> Re
             });
         }
         let (x, y) = v.workgroups(rows, cols);
-        let limit = u64::from(gpu.limits.max_compute_workgroups_per_dimension);
-        if x.max(y) > limit {
-            return Err(Error::DeviceLimit {
-                op: "gemm_tile",
-                what: "max_compute_workgroups_per_dimension",
-                requested: x.max(y),
-                limit,
-            });
-        }
+        super::within_dispatch_limit(gpu, "gemm_tile", &[x, y])?;
         Ok((x as u32, y as u32))
     }
 }

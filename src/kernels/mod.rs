@@ -415,6 +415,27 @@ impl Pipeline {
     }
 }
 
+/// `Ok` when no dimension of a grid of `groups` workgroups exceeds the device's
+/// `max_compute_workgroups_per_dimension`; else [`Error::DeviceLimit`] naming `op` and the
+/// largest dimension.
+pub(crate) fn within_dispatch_limit(
+    gpu: &GpuDevice,
+    op: &'static str,
+    groups: &[u64],
+) -> Result<()> {
+    let limit = u64::from(gpu.limits.max_compute_workgroups_per_dimension);
+    let requested = groups.iter().copied().max().unwrap_or(0);
+    if requested > limit {
+        return Err(Error::DeviceLimit {
+            op,
+            what: "max_compute_workgroups_per_dimension",
+            requested,
+            limit,
+        });
+    }
+    Ok(())
+}
+
 /// Splits `groups` workgroups into an `(x, y)` grid with `x` at most `max_per_dim`, for
 /// kernels that fold `y` into a linear index.
 pub(crate) fn grid_2d(groups: u64, max_per_dim: u32) -> (u32, u32) {

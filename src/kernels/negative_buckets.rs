@@ -296,14 +296,7 @@ impl BucketBuffers<'_> {
 fn grid(gpu: &GpuDevice, invocations: u64) -> Result<[u32; 3]> {
     let limit = gpu.limits.max_compute_workgroups_per_dimension;
     let (x, y) = grid_2d(invocations.div_ceil(WORKGROUP_SIZE), limit);
-    if y > limit {
-        return Err(Error::DeviceLimit {
-            op: "negative_buckets",
-            what: "max_compute_workgroups_per_dimension",
-            requested: u64::from(y),
-            limit: u64::from(limit),
-        });
-    }
+    super::within_dispatch_limit(gpu, "negative_buckets", &[u64::from(y)])?;
     Ok([x, y, 1])
 }
 

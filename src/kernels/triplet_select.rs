@@ -3,7 +3,7 @@
 //! invocation per pair).
 
 use crate::device::{GpuDevice, Kernel};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::memory::TrackedBuffer;
 use crate::transfer::Recorder;
@@ -153,14 +153,7 @@ impl TripletSelect {
     ) -> Result<()> {
         let limit = rec.gpu().limits.max_compute_workgroups_per_dimension;
         let (x, y) = Self::workgroups(pass, pairs, limit);
-        if y > limit {
-            return Err(Error::DeviceLimit {
-                op: "triplet_select",
-                what: "max_compute_workgroups_per_dimension",
-                requested: u64::from(y),
-                limit: u64::from(limit),
-            });
-        }
+        super::within_dispatch_limit(rec.gpu(), "triplet_select", &[u64::from(y)])?;
         let mut buffers = vec![
             b.params,
             b.distances,
