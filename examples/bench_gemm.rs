@@ -15,6 +15,8 @@
 //! ```
 //! Prints nothing for a kernel kind without timestamps but says so (`"timing": "wall"`).
 
+mod support;
+
 use std::time::Instant;
 
 use ndarray::Array2;
@@ -213,24 +215,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             last = Some(found.transfers);
         }
         let tr = last.ok_or("no run")?;
-        let per: Vec<String> = tr
-            .kernels
-            .iter()
-            .map(|k| {
-                format!(
-                    "\"{}\": {{\"dispatches\": {}, \"gpu_seconds\": {:.6}}}",
-                    k.stem, k.dispatches, k.gpu_seconds
-                )
-            })
-            .collect();
         let gemm = distance_seconds(&tr.kernels);
         let flop = 2.0 * (kq * kn * kd) as f64;
         println!(
-            "{{\"case\": \"gemm-knn-{kq}x{kn}x{kd}-k{k}\", \"variant\": \"{}\", \"ours_seconds\": {:.6}, \"gemm_seconds\": {gemm:.6}, \"kernel_tflops\": {:.3}, \"peak_tflops\": {fma_tflops:.3}, \"kernels\": {{{}}}, \"wait_seconds\": {:.6}, \"upload_seconds\": {:.6}, \"readback_seconds\": {:.6}, {tag}}}",
+            "{{\"case\": \"gemm-knn-{kq}x{kn}x{kd}-k{k}\", \"variant\": \"{}\", \"ours_seconds\": {:.6}, \"gemm_seconds\": {gemm:.6}, \"kernel_tflops\": {:.3}, \"peak_tflops\": {fma_tflops:.3}, \"kernels\": {}, \"wait_seconds\": {:.6}, \"upload_seconds\": {:.6}, \"readback_seconds\": {:.6}, {tag}}}",
             report.chosen.map_or("hand-written".to_string(), |v: GemmVariant| v.name()),
             median(walls),
             flop / gemm * 1e-12,
-            per.join(", "),
+            support::kernels_json(&tr.kernels, 1.0),
             tr.host.seconds(tr.host.wait_ns),
             tr.host.seconds(tr.host.upload_ns),
             tr.host.seconds(tr.host.readback_ns),

@@ -3,13 +3,13 @@
 #![allow(dead_code, reason = "each example uses a different subset")]
 
 use ndarray::{Array1, Array2};
-use wgpu_metric_learning::{BackendChoice, Context, ContextConfig, Transfers};
+use wgpu_metric_learning::{BackendChoice, Context, ContextConfig, KernelTimes, Transfers};
 
 /// The host–device traffic of each of `ops` operations since `before` (the context's
 /// counters), as JSON fields: `"host_waits": …, "submissions": …, "bytes_up": …,
 /// "bytes_down": …, "host_s": {…}` (per operation; zero on the native path), then
-/// `"kernels": {stem: [dispatches, gpu_s], …}` per operation where the context times
-/// kernels (`--kernel-timing`).
+/// `"kernels": {…}` ([`kernels_json`], per operation) where the context times kernels
+/// (`--kernel-timing`).
 pub(crate) fn traffic(ctx: &Context, before: Transfers, ops: usize) -> String {
     let t = ctx.transfers().since(&before);
     let n = ops.max(1) as f64;
@@ -27,21 +27,26 @@ pub(crate) fn traffic(ctx: &Context, before: Transfers, ops: usize) -> String {
         s(t.host.readback_ns),
     );
     if ctx.kernel_timing() == Ok(true) {
-        let lines: Vec<String> = t
-            .kernels
-            .iter()
-            .map(|k| {
-                format!(
-                    "\"{}\": [{:.1}, {:.6}]",
-                    k.stem,
-                    k.dispatches as f64 / n,
-                    k.gpu_seconds / n
-                )
-            })
-            .collect();
-        out.push_str(&format!(", \"kernels\": {{{}}}", lines.join(", ")));
+        out.push_str(&format!(", \"kernels\": {}", kernels_json(&t.kernels, n)));
     }
     out
+}
+
+/// `kernels` as a JSON object, each stem's dispatches and GPU seconds divided by `ops`:
+/// `{"gemm_tile": {"dispatches": 7.0, "gpu_seconds": 0.0103}, …}` (`wml --stats`' shape).
+pub(crate) fn kernels_json(kernels: &KernelTimes, ops: f64) -> String {
+    let lines: Vec<String> = kernels
+        .iter()
+        .map(|k| {
+            format!(
+                "\"{}\": {{\"dispatches\": {:.1}, \"gpu_seconds\": {:.6}}}",
+                k.stem,
+                k.dispatches as f64 / ops,
+                k.gpu_seconds / ops
+            )
+        })
+        .collect();
+    format!("{{{}}}", lines.join(", "))
 }
 
 /// Whether `--kernel-timing` is on the command line (time every kernel by timestamps).
