@@ -1,7 +1,14 @@
-//! The crate's modules import each other without cycles: reading `src/`, every top-level
-//! module's `crate::…` paths form a graph that must be acyclic, and so must the `super::…`
-//! paths between sibling files of one directory module (a child may use its parent, which
-//! owns it).
+//! The crate's folders are its layers, and imports run only down them:
+//!
+//! ```text
+//! distributed, reference -> ops -> data -> context -> kernels -> runtime -> leaves
+//! ```
+//!
+//! (`leaves` are the loose files beside `lib.rs`: error, hooks, metric, rng, validate.) Every
+//! `crate::…` path in the code of `src/` is resolved (through `lib.rs`'s `pub use` list for the
+//! names re-exported at the root) to the folder it lands in, which must be at or below the
+//! importing file's. Inside a layer, the units (`ops::knn`, `runtime::transfer`, a leaf file)
+//! must import each other without cycles, and so must sibling files of one directory.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -24,38 +31,68 @@ fn sources(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The identifiers that follow `prefix` (`crate::` or `super::`) in `text`, also inside
-/// `use prefix{a, b::c}` groups.
-fn paths_after(text: &str, prefix: &str) -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
-    let ident = |s: &str| -> String {
-        s.chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect()
-    };
+/// The paths that follow `prefix` (`crate::` or `super::`) in `text`, as their segments,
+/// with `use prefix{a, b::{c, d}}` groups expanded.
+fn paths_after(text: &str, prefix: &str) -> Vec<Vec<String>> {
+    let mut found = Vec::new();
     for (i, _) in text.match_indices(prefix) {
         // Only whole path segments: not `foo_crate::`.
         let before = text[..i].chars().last();
         if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
             continue;
         }
-        let rest = &text[i + prefix.len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let end = group.find('}').unwrap_or(group.len());
-            for item in group[..end].split(',') {
-                let name = ident(item.trim());
-                if !name.is_empty() {
-                    found.insert(name);
-                }
-            }
-        } else {
-            let name = ident(rest);
-            if !name.is_empty() {
-                found.insert(name);
-            }
-        }
+        expand(&text[i + prefix.len()..], Vec::new(), &mut found);
     }
     found
+}
+
+/// One item of a `{…}` group (none after a trailing comma).
+fn item(text: &str, head: &[String], out: &mut Vec<Vec<String>>) {
+    if !text.trim().is_empty() {
+        expand(text, head.to_vec(), out);
+    }
+}
+
+/// The path at the start of `rest` below `head`, into `out` (groups expanded recursively).
+fn expand(rest: &str, head: Vec<String>, out: &mut Vec<Vec<String>>) {
+    let rest = rest.trim_start();
+    if let Some(group) = rest.strip_prefix('{') {
+        // The group's items, split at its own top-level commas.
+        let (mut depth, mut from) = (0usize, 0usize);
+        for (j, c) in group.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => {
+                    item(&group[from..j], &head, out);
+                    return;
+                }
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    item(&group[from..j], &head, out);
+                    from = j + 1;
+                }
+                _ => {}
+            }
+        }
+        return;
+    }
+    let name: String = rest
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    if name.is_empty() || name == "self" {
+        if !head.is_empty() {
+            out.push(head);
+        }
+        return;
+    }
+    let mut path = head;
+    let after = &rest[name.len()..];
+    path.push(name);
+    match after.strip_prefix("::") {
+        Some(more) => expand(more, path, out),
+        None => out.push(path),
+    }
 }
 
 /// Text without `//` comments (doc examples name public paths, not imports).
@@ -102,14 +139,58 @@ fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
         .find_map(|n| visit(n, graph, &mut Vec::new(), &mut done))
 }
 
-#[test]
-fn no_module_imports_one_that_imports_it_back() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut top: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut siblings: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for file in sources(&src) {
-        let rel = file.strip_prefix(&src).expect("under src");
-        let parts: Vec<String> = rel
+/// The layers, bottom first; a folder's rank is its index.
+const LAYERS: [&str; 6] = ["", "runtime", "kernels", "context", "data", "ops"];
+/// Above the operations: the MPI front end and the test oracles (which name public types).
+const TOP: [&str; 2] = ["distributed", "reference"];
+
+/// The rank of the top-level module `first` (a folder or a leaf file).
+fn rank(first: &str) -> usize {
+    if TOP.contains(&first) {
+        LAYERS.len()
+    } else {
+        LAYERS.iter().position(|l| *l == first).unwrap_or(0)
+    }
+}
+
+/// The layering unit of a module path: `ops::knn` inside a layer folder, else the leaf.
+fn unit(path: &[String]) -> String {
+    match path {
+        [first, second, ..] if rank(first) > 0 => format!("{first}::{second}"),
+        [first, ..] => first.clone(),
+        [] => String::new(),
+    }
+}
+
+/// Each name that `lib.rs` re-exports at the root, to the module path it comes from.
+fn root_exports(src: &Path) -> BTreeMap<String, Vec<String>> {
+    let code = code_of(&src.join("lib.rs"));
+    let mut names = BTreeMap::new();
+    for path in paths_after(&code, "pub use ") {
+        if let Some((name, module)) = path.split_last() {
+            names.insert(name.clone(), module.to_vec());
+        }
+    }
+    names
+}
+
+/// Each file's upward imports and the unit and sibling graphs of `src`.
+struct Imports {
+    upward: Vec<String>,
+    units: BTreeMap<String, BTreeSet<String>>,
+    siblings: BTreeMap<String, BTreeSet<String>>,
+}
+
+fn imports_of(src: &Path) -> Imports {
+    let exports = root_exports(src);
+    let mut found = Imports {
+        upward: Vec::new(),
+        units: BTreeMap::new(),
+        siblings: BTreeMap::new(),
+    };
+    for file in sources(src) {
+        let rel = file.strip_prefix(src).expect("under src");
+        let mut parts: Vec<String> = rel
             .iter()
             .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string())
             .collect();
@@ -117,42 +198,98 @@ fn no_module_imports_one_that_imports_it_back() {
         if parts[0] == "bin" || parts[0] == "lib" {
             continue;
         }
-        let module = parts[0].clone();
+        let file_parts = parts.clone();
+        if parts.last().is_some_and(|p| p == "mod") {
+            parts.pop();
+        }
+        let me = unit(&parts);
+        let my_rank = rank(&parts[0]);
         let code = code_of(&file);
-        let used: BTreeSet<String> = paths_after(&code, "crate::")
-            .into_iter()
-            .filter(|m| m != &module)
-            .collect();
-        top.entry(module.clone()).or_default().extend(used);
-        // A file of a directory module (not its mod.rs) and the siblings it names.
-        if parts.len() == 2 && parts[1] != "mod" {
-            let me = format!("{module}::{}", parts[1]);
-            let names = paths_after(&code, "super::");
-            let dir = src.join(&module);
-            let edges = siblings.entry(me).or_default();
-            for name in names {
-                if dir.join(format!("{name}.rs")).exists() {
-                    edges.insert(format!("{module}::{name}"));
+        let edges = found.units.entry(me.clone()).or_default();
+        for path in paths_after(&code, "crate::") {
+            // A name re-exported at the root stands for the module it comes from.
+            let target = match path.first() {
+                Some(first) if exports.contains_key(first) => exports[first].clone(),
+                _ => path.clone(),
+            };
+            let Some(first) = target.first() else {
+                continue;
+            };
+            let is_module = src.join(first).is_dir() || src.join(format!("{first}.rs")).exists();
+            assert!(
+                is_module,
+                "{}: `crate::{}` names neither a module nor a root re-export",
+                rel.display(),
+                path.join("::")
+            );
+            if rank(first) > my_rank {
+                found.upward.push(format!(
+                    "{} imports crate::{} from a layer above",
+                    rel.display(),
+                    path.join("::")
+                ));
+            }
+            let to = unit(&target);
+            if to != me && !to.is_empty() {
+                edges.insert(to);
+            }
+        }
+        // A file of a directory (not its mod.rs) and the sibling files it names.
+        if file_parts.last().is_some_and(|p| p != "mod") && file_parts.len() >= 2 {
+            let dir: PathBuf = file_parts[..file_parts.len() - 1].iter().collect();
+            let dir_name = dir.to_string_lossy().to_string();
+            let node = format!("{dir_name}/{}", file_parts[file_parts.len() - 1]);
+            let edges = found.siblings.entry(node).or_default();
+            for path in paths_after(&code, "super::") {
+                if let Some(name) = path.first() {
+                    if src.join(&dir).join(format!("{name}.rs")).exists() {
+                        edges.insert(format!("{dir_name}/{name}"));
+                    }
                 }
             }
         }
     }
-    // Keep only edges to modules of the crate (not `crate::Error` and other re-exports
-    // through the root, which lib.rs resolves to their modules: those would hide nothing).
-    let modules: BTreeSet<String> = top.keys().cloned().collect();
-    for edges in top.values_mut() {
-        edges.retain(|m| modules.contains(m));
-    }
+    found
+}
+
+#[test]
+fn imports_run_down_the_layers_without_cycles() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let found = imports_of(&src);
     assert!(
-        top.len() > 15,
-        "found the crate's modules: {:?}",
-        top.keys()
+        found.units.len() > 25 && found.units.contains_key("ops::knn"),
+        "found the crate's units: {:?}",
+        found.units.keys()
     );
-    if let Some(c) = cycle(&top) {
+    assert!(
+        found.upward.is_empty(),
+        "imports that run up the layers:\n{}",
+        found.upward.join("\n")
+    );
+    if let Some(c) = cycle(&found.units) {
         panic!("modules import each other: {}", c.join(" -> "));
     }
-    if let Some(c) = cycle(&siblings) {
+    if let Some(c) = cycle(&found.siblings) {
         panic!("sibling files import each other: {}", c.join(" -> "));
+    }
+}
+
+#[test]
+fn every_folder_of_src_is_a_layer() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for entry in std::fs::read_dir(&src).expect("src") {
+        let path = entry.expect("an entry").path();
+        let name = path
+            .file_name()
+            .expect("a name")
+            .to_string_lossy()
+            .to_string();
+        if path.is_dir() && name != "bin" {
+            assert!(
+                LAYERS.contains(&name.as_str()) || TOP.contains(&name.as_str()),
+                "src/{name}/ is a folder outside the layers {LAYERS:?} and {TOP:?}"
+            );
+        }
     }
 }
 
@@ -169,15 +306,20 @@ fn the_cycle_finder_finds_a_cycle() {
         "a -> b -> c -> a"
     );
     let use_group = paths_after(
-        "use crate::{bank, inputs::X};\nlet x = crate::knn::run();",
+        "use crate::{bank, ops::{knn::Knn, loss,},};\nlet x = crate::knn::run(); foo_crate::x",
         "crate::",
     );
+    let joined: Vec<String> = use_group.iter().map(|p| p.join("::")).collect();
     assert_eq!(
-        use_group,
-        ["bank", "inputs", "knn"]
-            .into_iter()
-            .map(String::from)
-            .collect(),
-        "use groups and paths in expressions"
+        joined,
+        ["bank", "ops::knn::Knn", "ops::loss", "knn::run"],
+        "use groups, nested groups and paths in expressions"
     );
+    assert_eq!(rank("ops"), 5);
+    assert!(rank("distributed") > rank("ops") && rank("error") == 0);
+    assert_eq!(
+        unit(&["ops".into(), "knn".into(), "gpu".into()]),
+        "ops::knn"
+    );
+    assert_eq!(unit(&["metric".into()]), "metric");
 }

@@ -1,4 +1,4 @@
-//! Recovery from device out-of-memory (`src/oom_retry.rs`): a context that pretends its device
+//! Recovery from device out-of-memory (`src/context/oom_retry.rs`): a context that pretends its device
 //! holds only a few MiB (`ContextConfig::simulated_device_bytes`, failing allocations the way
 //! the driver's out-of-memory does) while its budget allows 64 MiB. Every wgpu operation must
 //! retry with smaller tiles and give exactly the answer of an unconstrained context, hand a

@@ -125,7 +125,7 @@ pub(crate) fn enumerate(backends: Option<wgpu::Backends>, listing: Listing) -> E
         // One enumeration at a time: NVIDIA's driver crashed (SIGSEGV in libnvidia-eglcore,
         // under wgpu-hal's `expose_adapter`) when several threads enumerated the physical
         // devices of one instance at once, as the first contexts of a process do.
-        let _guard = crate::device::lifecycle_lock();
+        let _guard = crate::runtime::device::lifecycle_lock();
         let shared = SHARED.get_or_init(|| instance(wgpu::Backends::all() - wgpu::Backends::GL));
         adapters.extend(pollster::block_on(shared.enumerate_adapters(native)));
     }
@@ -242,7 +242,7 @@ pub(crate) fn select_adapter(
 /// GL, where [`crate::DEFAULT_BUDGET_BYTES`] applies).
 pub(crate) fn reported_device_memory(adapter: &wgpu::Adapter) -> Option<u64> {
     // A physical-device query: under the guard, as enumeration is.
-    let _guard = crate::device::lifecycle_lock();
+    let _guard = crate::runtime::device::lifecycle_lock();
     match adapter.get_info().backend {
         wgpu::Backend::Vulkan => vulkan_device_memory(adapter),
         wgpu::Backend::Metal => metal_working_set(adapter),

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::test_gpu_context;
-use crate::device::{lifecycle_lock, poll, submit};
+use crate::runtime::device::{lifecycle_lock, poll, submit};
 
 #[test]
 fn submissions_and_polls_wait_while_a_device_is_made_or_destroyed() {

@@ -1,18 +1,20 @@
 //! The execution context: which path runs (wgpu or native CPU), on which adapter, under which budget.
 
 mod adapter;
+pub(crate) mod oom_retry;
+pub(crate) mod plan;
 
 use std::sync::Arc;
 
 pub use adapter::{list_adapters, AdapterSelector, AdapterSummary};
 
-use crate::device::{Accounting, GpuDevice};
-pub use crate::device::{ShaderChecks, Tuning};
 use crate::error::{Error, Result};
 use crate::kernels;
-pub use crate::kernels::gemm_tile::DistanceKernel;
+pub use crate::kernels::distance::DistanceKernel;
 use crate::kernels::gemm_tile::GemmVariant;
-use crate::memory::{MemoryStats, MemoryTracker, Transfers};
+use crate::runtime::device::{Accounting, GpuDevice};
+pub use crate::runtime::device::{ShaderChecks, Tuning};
+use crate::runtime::memory::{MemoryStats, MemoryTracker, Transfers};
 #[cfg(feature = "mpi")]
 pub(crate) use adapter::nth_best_adapter;
 use adapter::{enumerate, reported_device_memory, select_adapter, Listing};
@@ -271,7 +273,7 @@ impl Context {
             return Err(e);
         }
         let requested = {
-            let _guard = crate::device::lifecycle_lock();
+            let _guard = crate::runtime::device::lifecycle_lock();
             pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
                 label: Some("wgpu-metric-learning"),
                 // Timestamps whenever the adapter has them: the tuner times candidates with
@@ -348,7 +350,7 @@ impl Context {
             kernel_timing: config.kernel_timing,
         };
         let gpu = GpuDevice::new(device, queue, info, own, accounting);
-        gpu.install(kernels::distance_tile::DistanceTile::with_setting(
+        gpu.install(kernels::distance::DistanceTile::with_setting(
             config.distance_kernel,
         ));
         Self {

@@ -7,12 +7,12 @@ use mpi::traits::Equivalence;
 use ndarray::ArrayView2;
 
 use super::{knn, Group};
-use crate::accuracy::{query_metrics, search_k, summarize};
-use crate::accuracy::{Accuracy, AccuracyConfig, AccuracyMetrics};
 use crate::context::Context;
+use crate::data::inputs::{Embeddings, MiningSet, SelfExclusion, NO_SLOT};
 use crate::error::{Error, Result};
-use crate::inputs::{Embeddings, MiningSet, SelfExclusion, NO_SLOT};
-use crate::knn::KnnConfig;
+use crate::ops::accuracy::{query_metrics, search_k, summarize};
+use crate::ops::accuracy::{Accuracy, AccuracyConfig, AccuracyMetrics};
+use crate::ops::knn::KnnConfig;
 use crate::validate;
 
 const OP: &str = "distributed accuracy";

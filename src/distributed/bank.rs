@@ -6,10 +6,10 @@ use mpi::traits::Equivalence;
 use ndarray::{Array1, Array2};
 
 use super::Group;
-use crate::bank::{Enqueued, MemoryBank};
 use crate::context::Context;
+use crate::data::inputs::{Embeddings, MiningSet, SelfExclusion};
 use crate::error::{Error, Result};
-use crate::inputs::{Embeddings, MiningSet, SelfExclusion};
+use crate::ops::bank::{Enqueued, MemoryBank};
 use crate::validate;
 
 const OP: &str = "distributed enqueue";

@@ -4,16 +4,16 @@
 use ndarray::{s, Array1, Array2, ArrayView2};
 
 use super::Group;
-use crate::bank::{BankConfig, MemoryBank};
 use crate::context::Context;
-use crate::device_rows::Rows;
+use crate::data::device_rows::Rows;
+use crate::data::inputs::{Embeddings, MiningSet, SelfExclusion, MAX_ROWS, NO_SLOT};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
-use crate::inputs::{Embeddings, MiningSet, SelfExclusion, MAX_ROWS, NO_SLOT};
 use crate::kernels::knn_select::EMPTY_INDEX;
-use crate::knn::{merge, search_step, Knn, KnnConfig, Neighbours};
-use crate::memory::Transfers;
-use crate::transfer;
+use crate::ops::bank::{BankConfig, MemoryBank};
+use crate::ops::knn::{merge, search_step, Knn, KnnConfig, Neighbours};
+use crate::runtime::memory::Transfers;
+use crate::runtime::transfer;
 use crate::validate;
 
 const OP: &str = "distributed knn";

@@ -1,14 +1,10 @@
 //! Wrapper of `shaders/distance_tile.wgsl`: one `(rows, cols)` tile of a distance matrix.
 
-use std::sync::OnceLock;
+//! Its bindings and `Params` are shared by the generated GEMM family (`gemm_tile`); which of
+//! them computes a tile is `kernels::distance`'s choice.
 
-use crate::device::{GpuDevice, Kernel};
-use crate::error::Result;
-use crate::kernels::gemm_tile::{DistanceKernel, GemmTile};
-use crate::kernels::tune;
-use crate::kernels::{fields, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
-use crate::memory::TrackedBuffer;
-use crate::transfer::Recorder;
+use crate::kernels::{fields, Binding, Entry, Layout, Spec, WgslKernel};
+use crate::runtime::memory::TrackedBuffer;
 
 /// Rows and columns of the tile one workgroup computes; `BLOCK` in the shader, set from here.
 pub(crate) const BLOCK: u64 = 64;
@@ -75,38 +71,6 @@ pub(crate) const SPEC: Spec = Spec {
     params: PARAMS_LAYOUT,
 };
 
-/// The distance tile: which kernel computes it (the context's setting) and the hand-written
-/// kernel's pipeline, compiled on first use.
-pub(crate) struct DistanceTile {
-    setting: DistanceKernel,
-    hand_written: OnceLock<Pipeline>,
-}
-
-impl Kernel for DistanceTile {
-    fn build(_gpu: &GpuDevice) -> Result<Self> {
-        Ok(Self::with_setting(DistanceKernel::Tuned))
-    }
-}
-
-impl DistanceTile {
-    /// The tile as `setting` asks (installed on each device when its context is made).
-    pub(crate) fn with_setting(setting: DistanceKernel) -> Self {
-        Self {
-            setting,
-            hand_written: OnceLock::new(),
-        }
-    }
-
-    fn hand_written(&self, gpu: &GpuDevice) -> Result<&Pipeline> {
-        if let Some(p) = self.hand_written.get() {
-            return Ok(p);
-        }
-        let built = Pipeline::new(gpu, &SPEC, "main")?;
-        // Two threads racing here merely build it twice.
-        Ok(self.hand_written.get_or_init(|| built))
-    }
-}
-
 /// Buffers of one tile, in binding order after the uniform.
 pub(crate) struct TileBuffers<'a> {
     pub(crate) params: &'a TrackedBuffer,
@@ -128,40 +92,5 @@ impl<'a> TileBuffers<'a> {
             self.ref_sq_norms,
             self.out,
         ]
-    }
-}
-
-impl DistanceTile {
-    /// Workgroups `(x, y)` for a tile of `rows` queries × `cols` refs.
-    pub(crate) fn workgroups(rows: u64, cols: u64) -> (u64, u64) {
-        (cols.div_ceil(BLOCK).max(1), rows.div_ceil(BLOCK).max(1))
-    }
-
-    /// Records the tile `out[r * out_stride + out_col0 + c] = metric(queries[r], refs[c])`
-    /// described by `p` (which the caller uploads to `b.params`): by the GEMM variant the
-    /// context's [`DistanceKernel`] setting picks for this shape, or by this hand-written
-    /// kernel where none fits the device. Every choice gives the same bits.
-    pub(crate) fn encode(
-        &self,
-        rec: &mut Recorder<'_>,
-        p: &Params,
-        b: &TileBuffers<'_>,
-    ) -> Result<()> {
-        let gpu = rec.gpu();
-        let (rows, cols) = (u64::from(p.rows), u64::from(p.cols));
-        if self.setting != DistanceKernel::HandWritten {
-            let family = gpu.kernel::<GemmTile>()?;
-            let variant = match self.setting {
-                DistanceKernel::Variant(v) if v.fits(&gpu.limits) => Some(v),
-                _ => tune::choose(rec, &family, p, b)?,
-            };
-            if let Some(v) = variant {
-                return family.encode(rec, v, p, b);
-            }
-        }
-        let (x, y) = Self::workgroups(rows, cols);
-        super::within_dispatch_limit(gpu, "distance_tile", &[x, y])?;
-        self.hand_written(gpu)?
-            .dispatch(rec, &b.in_order(), [x as u32, y as u32, 1])
     }
 }

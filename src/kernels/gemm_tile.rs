@@ -12,7 +12,7 @@
 //!
 //! Every variant computes each output as one fused multiply-add chain over the dimension,
 //! ascending, from +0: the same bits as every other variant and as `distance_tile.wgsl`
-//! (tested on every variant). The tuner (`crate::tune`) picks a variant per device and shape.
+//! (tested on every variant). The tuner (`kernels::tune`) picks a variant per device and shape.
 //!
 //! Modules are built trusted (no bounds checks, no loop bounding; see [`GemmTile::build`]).
 
@@ -20,34 +20,33 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::device::GpuDevice;
 use crate::error::{Error, Result};
 use crate::kernels::distance_tile::{Params, TileBuffers, BINDINGS, PARAMS_LAYOUT};
-use crate::kernels::tune::Bucket;
 use crate::kernels::{Entry, Pipeline, Spec, WgslKernel};
-use crate::transfer::Recorder;
+use crate::runtime::device::GpuDevice;
+use crate::runtime::transfer::Recorder;
 
-/// Which kernel computes distance tiles: the tuned GEMM family, one variant of it, or the
-/// hand-written 64 × 64 kernel (`shaders/distance_tile.wgsl`). All give the same bits; this is
-/// for benchmarks and tests.
-///
-/// # Example
-/// ```
-/// use wgpu_metric_learning::{ContextConfig, DistanceKernel, GemmVariant};
-/// let v = GemmVariant::parse("64x64x16_4x4_db").expect("a variant");
-/// let cfg = ContextConfig { distance_kernel: DistanceKernel::Variant(v), ..Default::default() };
-/// assert_eq!(DistanceKernel::default(), DistanceKernel::Tuned);
-/// # let _ = cfg;
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum DistanceKernel {
-    /// The GEMM variant [`Tuning`](crate::Tuning) picks per shape (the hand-written kernel where none fits).
-    #[default]
-    Tuned,
-    /// This GEMM variant wherever it fits the device (the tuned choice where it does not).
-    Variant(GemmVariant),
-    /// The hand-written kernel.
-    HandWritten,
+/// A shape bucket of the tuner's choices: powers of two of rows, columns and depth (`vec4`s).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Bucket {
+    pub(crate) rows: u32,
+    pub(crate) cols: u32,
+    pub(crate) dim4: u32,
+}
+
+impl Bucket {
+    pub(crate) fn of(rows: u64, cols: u64, dim4: u64) -> Self {
+        let pow2 = |x: u64, lo: u64, hi: u64| x.clamp(lo, hi).next_power_of_two() as u32;
+        Self {
+            rows: pow2(rows, 64, 4096),
+            cols: pow2(cols, 64, 65_536),
+            dim4: pow2(dim4, 1, 256),
+        }
+    }
+
+    pub(crate) fn label(&self) -> String {
+        format!("{}x{}x{}", self.rows, self.cols, 4 * self.dim4)
+    }
 }
 
 /// The family's shared WGSL (everything but the generated entry point).
@@ -467,7 +466,7 @@ pub(crate) struct GemmTile {
     pub(crate) tuning: Mutex<()>,
 }
 
-impl crate::device::Kernel for GemmTile {
+impl crate::runtime::device::Kernel for GemmTile {
     fn build(_gpu: &GpuDevice) -> Result<Self> {
         Ok(Self {
             pipelines: Mutex::new(HashMap::new()),

@@ -1,10 +1,10 @@
 //! Wrapper of `shaders/info_nce_weights.wgsl`: per anchor row of a block's distances, the
 //! InfoNCE loss's sums and the weights `U` of its gradient.
 
-use crate::device::{GpuDevice, Kernel};
 use crate::error::Result;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
-use crate::transfer::Recorder;
+use crate::runtime::device::{GpuDevice, Kernel};
+use crate::runtime::transfer::Recorder;
 
 /// Invocations per workgroup (one workgroup per anchor); `WORKGROUP_SIZE` in the shader, set
 /// from here.
@@ -73,7 +73,7 @@ impl InfoNceWeights {
         &self,
         rec: &mut Recorder<'_>,
         anchors: u64,
-        buffers: &[&crate::memory::TrackedBuffer; 9],
+        buffers: &[&crate::runtime::memory::TrackedBuffer; 9],
     ) -> Result<()> {
         let groups = grid_2d(
             anchors,

@@ -1,11 +1,11 @@
 //! Wrapper of `shaders/knn_select.wgsl`: per query row, the k best of its running list and one
 //! block of scores, by radix selection.
 
-use crate::device::{GpuDevice, Kernel};
 use crate::error::Result;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
-use crate::memory::TrackedBuffer;
-use crate::transfer::Recorder;
+use crate::runtime::device::{GpuDevice, Kernel};
+use crate::runtime::memory::TrackedBuffer;
+use crate::runtime::transfer::Recorder;
 
 /// Invocations per workgroup (one workgroup per row); `WORKGROUP_SIZE` in the shader, set
 /// from here.

@@ -2,12 +2,12 @@
 //! `(key, index)` and the row's indices and scores written out, so that a search's answer
 //! stays on the device.
 
-use crate::device::{GpuDevice, Kernel};
 use crate::error::Result;
 use crate::kernels::knn_select::{EMPTY_INDEX, SLOT_BYTES};
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
-use crate::memory::TrackedBuffer;
-use crate::transfer::Recorder;
+use crate::runtime::device::{GpuDevice, Kernel};
+use crate::runtime::memory::TrackedBuffer;
+use crate::runtime::transfer::Recorder;
 
 /// Invocations per workgroup (one workgroup per row); `WORKGROUP_SIZE` in the shader, set
 /// from here.

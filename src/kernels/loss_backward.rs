@@ -1,11 +1,11 @@
 //! Wrapper of `shaders/loss_backward.wgsl`: a loss's gradient with respect to the normalised
 //! embeddings from one block's weights `U`, for the block's anchors and for every reference.
 
-use crate::device::{GpuDevice, Kernel};
 use crate::error::Result;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
-use crate::memory::TrackedBuffer;
-use crate::transfer::Recorder;
+use crate::runtime::device::{GpuDevice, Kernel};
+use crate::runtime::memory::TrackedBuffer;
+use crate::runtime::transfer::Recorder;
 
 /// Invocations per side of a workgroup, and the summed index's step; `TILE` in the shader,
 /// set from here.

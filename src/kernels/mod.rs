@@ -7,6 +7,7 @@
 //! are set from Rust when the pipelines are built. A unit test (`reflect` below) reflects every
 //! shader with naga and compares it with its spec, so the two cannot drift apart.
 
+pub(crate) mod distance;
 pub(crate) mod distance_tile;
 pub(crate) mod gemm_tile;
 pub(crate) mod info_nce_weights;
@@ -22,10 +23,10 @@ pub(crate) mod triplet_select;
 pub(crate) mod triplet_weights;
 pub(crate) mod tune;
 
-use crate::device::{checked, GpuDevice};
 use crate::error::{Error, Result};
-use crate::memory::TrackedBuffer;
-use crate::transfer::Recorder;
+use crate::runtime::device::{checked, GpuDevice};
+use crate::runtime::memory::TrackedBuffer;
+use crate::runtime::transfer::Recorder;
 
 /// A WGSL kernel the crate ships: its stem (`shaders/<stem>.wgsl`), its source, and the values
 /// of its pipeline-overridable constants (WGSL `override`s without a default), which the
@@ -270,7 +271,7 @@ impl Pipeline {
             })
             .collect();
         checked(gpu, spec.kernel.stem, || {
-            let _guard = crate::device::lifecycle_lock();
+            let _guard = crate::runtime::device::lifecycle_lock();
             let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(&label),
                 source: wgpu::ShaderSource::Wgsl(spec.kernel.source.into()),
@@ -490,7 +491,11 @@ mod tests {
         let mut stems: Vec<&str> = WGSL_KERNELS.iter().map(|k| k.stem).collect();
         stems.push("gemm_tile");
         stems.sort_unstable();
-        assert_eq!(stems, crate::memory::KERNEL_STEMS, "memory::KERNEL_STEMS");
+        assert_eq!(
+            stems,
+            crate::runtime::memory::KERNEL_STEMS,
+            "memory::KERNEL_STEMS"
+        );
     }
 
     #[test]

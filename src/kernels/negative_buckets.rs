@@ -3,11 +3,11 @@
 //! negatives), so that each (anchor, positive) pair counts and emits its kept negatives
 //! without testing every one.
 
-use crate::device::{GpuDevice, Kernel};
 use crate::error::{Error, Result};
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
-use crate::memory::TrackedBuffer;
-use crate::transfer::Recorder;
+use crate::runtime::device::{GpuDevice, Kernel};
+use crate::runtime::memory::TrackedBuffer;
+use crate::runtime::transfer::Recorder;
 
 /// Invocations per workgroup; `WORKGROUP_SIZE` in the shader, set from here.
 pub(crate) const WORKGROUP_SIZE: u64 = 64;

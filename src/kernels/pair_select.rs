@@ -1,11 +1,11 @@
 //! Wrapper of `shaders/pair_select.wgsl`: the pair miners' choice per anchor row, counted or
 //! written as `(anchor, reference)` rows on the device.
 
-use crate::device::{GpuDevice, Kernel};
 use crate::error::Result;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
-use crate::memory::TrackedBuffer;
-use crate::transfer::Recorder;
+use crate::runtime::device::{GpuDevice, Kernel};
+use crate::runtime::memory::TrackedBuffer;
+use crate::runtime::transfer::Recorder;
 
 /// Invocations per workgroup (one workgroup per anchor); `WORKGROUP_SIZE` in the shader, set
 /// from here. A tile's kept count (at most this) must fit the 16 bits of a packed scan.

@@ -1,11 +1,11 @@
 //! Wrapper of `shaders/triplet_expand.wgsl`: triplet rows written on the device from
 //! `(anchor, positive)` segments and their runs of negatives.
 
-use crate::device::{GpuDevice, Kernel};
 use crate::error::Result;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
-use crate::memory::TrackedBuffer;
-use crate::transfer::Recorder;
+use crate::runtime::device::{GpuDevice, Kernel};
+use crate::runtime::memory::TrackedBuffer;
+use crate::runtime::transfer::Recorder;
 
 /// Invocations per workgroup (one per output row); `WORKGROUP_SIZE` in the shader, set from
 /// here.

@@ -1,10 +1,10 @@
 //! Wrapper of `shaders/triplet_lists.wgsl`: each anchor's ascending positive and negative lists.
 
-use crate::device::{GpuDevice, Kernel};
 use crate::error::Result;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
-use crate::memory::TrackedBuffer;
-use crate::transfer::Recorder;
+use crate::runtime::device::{GpuDevice, Kernel};
+use crate::runtime::memory::TrackedBuffer;
+use crate::runtime::transfer::Recorder;
 
 /// Invocations per workgroup (one workgroup per anchor); `WORKGROUP_SIZE` in the shader, set
 /// from here.

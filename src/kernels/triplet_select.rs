@@ -2,11 +2,11 @@
 //! workgroup per pair scanning the negatives), then the triplets themselves (`emit`, an
 //! invocation per pair).
 
-use crate::device::{GpuDevice, Kernel};
 use crate::error::Result;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
-use crate::memory::TrackedBuffer;
-use crate::transfer::Recorder;
+use crate::runtime::device::{GpuDevice, Kernel};
+use crate::runtime::memory::TrackedBuffer;
+use crate::runtime::transfer::Recorder;
 
 /// Invocations per workgroup; `WORKGROUP_SIZE` in the shader, set from here.
 pub(crate) const WORKGROUP_SIZE: u64 = 64;

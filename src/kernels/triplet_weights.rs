@@ -1,11 +1,11 @@
 //! Wrapper of `shaders/triplet_weights.wgsl`: per anchor row of a block's distances, the
 //! triplet loss's sums and the weights `U` of its gradient.
 
-use crate::device::{GpuDevice, Kernel};
 use crate::error::Result;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
-use crate::memory::TrackedBuffer;
-use crate::transfer::Recorder;
+use crate::runtime::device::{GpuDevice, Kernel};
+use crate::runtime::memory::TrackedBuffer;
+use crate::runtime::transfer::Recorder;
 
 /// Invocations per workgroup (one workgroup per anchor, one column per invocation at a
 /// time); `WORKGROUP_SIZE` in the shader, set from here.

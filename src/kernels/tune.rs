@@ -44,35 +44,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::device::{checked, GpuDevice, Tuning};
 use crate::error::Result;
 use crate::kernels::distance_tile::{Params, TileBuffers};
-use crate::kernels::gemm_tile::{GemmTile, GemmVariant, GEMM_CANDIDATES};
-use crate::memory::TrackedBuffer;
-use crate::transfer::{self, timing::PassTimes, Recorder};
-
-/// A shape bucket: powers of two of rows, columns and depth (`vec4`s).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Bucket {
-    rows: u32,
-    cols: u32,
-    dim4: u32,
-}
-
-impl Bucket {
-    pub(crate) fn of(rows: u64, cols: u64, dim4: u64) -> Self {
-        let pow2 = |x: u64, lo: u64, hi: u64| x.clamp(lo, hi).next_power_of_two() as u32;
-        Self {
-            rows: pow2(rows, 64, 4096),
-            cols: pow2(cols, 64, 65_536),
-            dim4: pow2(dim4, 1, 256),
-        }
-    }
-
-    fn label(&self) -> String {
-        format!("{}x{}x{}", self.rows, self.cols, 4 * self.dim4)
-    }
-}
+use crate::kernels::gemm_tile::{Bucket, GemmTile, GemmVariant, GEMM_CANDIDATES};
+use crate::runtime::device::{checked, GpuDevice, Tuning};
+use crate::runtime::memory::TrackedBuffer;
+use crate::runtime::transfer::{self, timing::PassTimes, Recorder};
 
 /// What one tuning run found.
 #[derive(Clone, Debug)]
@@ -377,7 +354,7 @@ fn time_variant(
             family.record_timed(gpu, &mut encoder, v, p, b, times.next("gemm_tile"))?;
         }
         times.resolve(&mut encoder);
-        let index = crate::device::submit(&gpu.queue, [encoder.finish()]);
+        let index = crate::runtime::device::submit(&gpu.queue, [encoder.finish()]);
         let (tx, rx) = std::sync::mpsc::channel();
         times
             .read_buffer()
@@ -403,7 +380,7 @@ fn time_variant(
                 });
             family.record_timed(gpu, &mut encoder, v, p, b, None)?;
             let t0 = Instant::now();
-            let index = crate::device::submit(&gpu.queue, [encoder.finish()]);
+            let index = crate::runtime::device::submit(&gpu.queue, [encoder.finish()]);
             wait_uncounted(gpu, index)?;
             if i > 0 {
                 samples.push(t0.elapsed().as_secs_f64());
@@ -417,7 +394,7 @@ fn time_variant(
 /// Waits for `index` without counting it as the calling operation's host wait (tuning is
 /// not the operation's traffic; its time is counted as `tune_ns`).
 fn wait_uncounted(gpu: &GpuDevice, index: wgpu::SubmissionIndex) -> Result<()> {
-    crate::device::poll(
+    crate::runtime::device::poll(
         &gpu.device,
         wgpu::PollType::Wait {
             submission_index: Some(index),

@@ -57,7 +57,7 @@ mod tests {
     use crate::context::{test_gpu_context, Context};
     use crate::kernels::knn_select::key_of;
     use crate::kernels::knn_sort::{KnnSort, Params, SortBuffers};
-    use crate::transfer::{self, f32s, test_input, test_read, Recorder};
+    use crate::runtime::transfer::{self, f32s, test_input, test_read, Recorder};
     use proptest::prelude::*;
 
     /// Runs the kernel over `(keys, indices)` `(rows, k)` and reads both outputs back.

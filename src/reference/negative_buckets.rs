@@ -2,7 +2,7 @@
 
 use ndarray::{Array2, ArrayView2};
 
-use crate::triplets::{TripletRule, TripletType};
+use crate::ops::triplets::{TripletRule, TripletType};
 
 /// The bucket of each negative of each anchor: with `values` `(b, m)` (distances, or
 /// similarities when `similarity`), anchor `a`'s first `counts[2a]` positives and first

@@ -3,7 +3,7 @@
 
 use ndarray::{Array2, ArrayView2};
 
-use crate::miners::{PairRule, Strategy};
+use crate::ops::miners::{PairRule, Strategy};
 
 /// The pairs a rule keeps, as `(positives, negatives)`, each `(k, 2)` of
 /// `(anchor, reference)` rows in anchor order.

@@ -36,7 +36,7 @@ mod tests {
     use super::*;
     use crate::context::{test_gpu_context, Context};
     use crate::kernels::triplet_expand::{ExpandBuffers, Params, TripletExpand};
-    use crate::transfer::{self, f32s, test_input, test_read, Recorder};
+    use crate::runtime::transfer::{self, f32s, test_input, test_read, Recorder};
     use proptest::prelude::*;
 
     fn run(

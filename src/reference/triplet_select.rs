@@ -2,7 +2,7 @@
 
 use ndarray::{Array2, ArrayView2};
 
-use crate::triplets::{TripletRule, TripletType};
+use crate::ops::triplets::{TripletRule, TripletType};
 
 /// Every kept triplet `(a, p, n)`, in lexicographic order, as a `(t, 3)` array.
 ///

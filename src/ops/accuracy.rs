@@ -1,0 +1,842 @@
+//! PML's `AccuracyCalculator` metrics on any path: precision@1, R-precision, MAP@R, MAP and
+//! MRR over an exact kNN, with lone-query exclusion, per-class results and `avg_of_avgs`; NMI
+//! and AMI of a k-means clustering of the queries.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::hash::Hash;
+use std::str::FromStr;
+
+use ndarray::ArrayView2;
+
+use crate::context::plan::Plan;
+use crate::context::{ComputePath, Context};
+use crate::data::inputs::{
+    self, Embeddings, Imports, Labelled, MiningSet, Pair, SelfExclusion, NO_SLOT,
+};
+use crate::error::{Error, Result};
+use crate::hooks::{Hooks, Reporter};
+use crate::metric::{Distance, DistanceConfig};
+use crate::ops::kmeans::{self, KmeansConfig};
+use crate::ops::knn::{self, KnnConfig};
+use crate::ops::mutual_info::{adjusted_mutual_info, normalized_mutual_info};
+use crate::runtime::memory::Transfers;
+use crate::runtime::transfer;
+
+const OP: &str = "accuracy";
+
+/// One metric of PML's `AccuracyCalculator`, named as PML names it in `include` and in its
+/// result (see [`AccuracyMetric::name`]).
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::AccuracyMetric;
+/// let nmi: AccuracyMetric = "NMI".parse()?;
+/// assert_eq!(nmi, AccuracyMetric::Nmi);
+/// assert_eq!(AccuracyMetric::MeanAveragePrecisionAtR.name(), "mean_average_precision_at_r");
+/// assert!("nmi".parse::<AccuracyMetric>().is_err()); // PML's names are case-sensitive
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AccuracyMetric {
+    /// `precision_at_1`.
+    PrecisionAt1,
+    /// `r_precision`.
+    RPrecision,
+    /// `mean_average_precision_at_r`.
+    MeanAveragePrecisionAtR,
+    /// `mean_average_precision`.
+    MeanAveragePrecision,
+    /// `mean_reciprocal_rank`.
+    MeanReciprocalRank,
+    /// `NMI`: normalised mutual information between the query labels and a k-means
+    /// clustering of the queries into as many clusters as there are query labels.
+    Nmi,
+    /// `AMI`: adjusted mutual information, on the same clustering as [`AccuracyMetric::Nmi`].
+    Ami,
+}
+
+impl AccuracyMetric {
+    /// Every metric, in PML's order.
+    pub const ALL: [AccuracyMetric; 7] = [
+        Self::PrecisionAt1,
+        Self::RPrecision,
+        Self::MeanAveragePrecisionAtR,
+        Self::MeanAveragePrecision,
+        Self::MeanReciprocalRank,
+        Self::Nmi,
+        Self::Ami,
+    ];
+
+    /// The five kNN metrics: [`AccuracyConfig::include`]'s default.
+    pub const KNN: [AccuracyMetric; 5] = [
+        Self::PrecisionAt1,
+        Self::RPrecision,
+        Self::MeanAveragePrecisionAtR,
+        Self::MeanAveragePrecision,
+        Self::MeanReciprocalRank,
+    ];
+
+    /// PML's name of the metric (its `include` entry and result key).
+    ///
+    /// See the example of [`AccuracyMetric`].
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::PrecisionAt1 => "precision_at_1",
+            Self::RPrecision => "r_precision",
+            Self::MeanAveragePrecisionAtR => "mean_average_precision_at_r",
+            Self::MeanAveragePrecision => "mean_average_precision",
+            Self::MeanReciprocalRank => "mean_reciprocal_rank",
+            Self::Nmi => "NMI",
+            Self::Ami => "AMI",
+        }
+    }
+
+    /// Whether the metric is read off the kNN (rather than the clustering).
+    pub(crate) fn needs_knn(self) -> bool {
+        !matches!(self, Self::Nmi | Self::Ami)
+    }
+}
+
+impl fmt::Display for AccuracyMetric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for AccuracyMetric {
+    type Err = Error;
+
+    /// PML's name of a metric.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParameter`] for any other string.
+    fn from_str(s: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| Error::InvalidParameter {
+                op: OP,
+                what: "include",
+                value: s.to_string(),
+                rule: "one of precision_at_1, r_precision, mean_average_precision_at_r, mean_average_precision, mean_reciprocal_rank, NMI, AMI",
+            })
+    }
+}
+
+/// How many neighbours the metrics look at (PML's `k`).
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{accuracy, AccuracyConfig, AccuracyK, Context, MiningSet};
+/// let x = ndarray::array![[0.0f32], [0.1], [0.2], [5.0]];
+/// let y = ndarray::array![0u8, 0, 0, 1];
+/// let cfg = AccuracyConfig { k: AccuracyK::MaxBinCount, ..Default::default() };
+/// let acc = accuracy(&Context::native_cpu(None), &MiningSet::new(&x, &y), None, &cfg)?;
+/// assert_eq!(acc.k, 2); // class 0 has three points: two others per query
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AccuracyK {
+    /// Every reference (less the query itself): PML's `k=None`, the default. Exact MAP.
+    #[default]
+    All,
+    /// The largest number of references sharing a query's label (less the query itself):
+    /// PML's `"max_bin_count"`, enough for R-precision and MAP@R and much cheaper than `All`.
+    MaxBinCount,
+    /// A fixed `k ≥ 1`. Below the largest class, R-precision and MAP@R only see `k`
+    /// neighbours (PML warns about the same).
+    Fixed(usize),
+}
+
+/// Settings of [`accuracy`]. Every field has a documented default.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{AccuracyConfig, AccuracyK, Distance};
+/// let cfg = AccuracyConfig { k: AccuracyK::MaxBinCount, ..Default::default() };
+/// assert_eq!(cfg.distance.distance, Distance::SquaredEuclidean);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccuracyConfig {
+    /// Neighbours considered. Default [`AccuracyK::All`] (PML's default).
+    pub k: AccuracyK,
+    /// How neighbours are ranked. Default squared Euclidean on the raw embeddings: what
+    /// PML's `AccuracyCalculator` gets from its default Faiss `IndexFlatL2`.
+    pub distance: DistanceConfig,
+    /// Which reference is each query itself, skipped as its neighbour and not counted as
+    /// relevant to it. Default [`SelfExclusion::Auto`]: each query skips itself when the
+    /// references are the queries (`refs = None`), nothing otherwise.
+    /// [`SelfExclusion::SameIndex`] with explicit references is PML's `ref_includes_query`
+    /// (their first `q` rows must then be the queries); a memory bank's enqueue gives
+    /// [`SelfExclusion::QuerySlots`].
+    pub self_exclusion: SelfExclusion,
+    /// Average per class first, then over classes (PML's `avg_of_avgs`). Default `false`:
+    /// the mean over queries.
+    pub avg_of_avgs: bool,
+    /// The metrics to compute (PML's `include`), at least one. Default the five kNN metrics
+    /// ([`AccuracyMetric::KNN`]), where PML's default also has NMI and AMI: here they are
+    /// asked for, as they cost a k-means. NMI and AMI cluster the raw query embeddings, as PML
+    /// does (`distance` ranks the kNN metrics only); without a kNN metric no kNN search runs
+    /// and `k` is not checked.
+    pub include: Vec<AccuracyMetric>,
+    /// The k-means behind NMI and AMI. Its `clusters` is replaced by the number of distinct
+    /// query labels and its `hooks` by these, as PML asks Faiss. Default
+    /// [`KmeansConfig::default`]: Faiss's settings with PML's 20 iterations.
+    pub kmeans: KmeansConfig,
+    /// Progress (query–reference pairs compared by the kNN search, then query–centroid
+    /// pairs of the k-means) and cancellation. Default: none.
+    pub hooks: Hooks,
+}
+
+impl Default for AccuracyConfig {
+    fn default() -> Self {
+        Self {
+            k: AccuracyK::All,
+            distance: DistanceConfig {
+                distance: Distance::SquaredEuclidean,
+                normalize: false,
+            },
+            self_exclusion: SelfExclusion::Auto,
+            avg_of_avgs: false,
+            include: AccuracyMetric::KNN.to_vec(),
+            kmeans: KmeansConfig::default(),
+            hooks: Hooks::default(),
+        }
+    }
+}
+
+/// The five kNN metrics, each in `[0, 1]`; NaN when every query is lone, and for a metric not
+/// in [`AccuracyConfig::include`].
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{accuracy, AccuracyConfig, Context, MiningSet};
+/// let x = ndarray::array![[0.0f32], [1.0], [2.0]];
+/// let y = ndarray::array![0u32, 1, 2]; // every query is lone
+/// let acc = accuracy(&Context::native_cpu(None), &MiningSet::new(&x, &y), None, &AccuracyConfig::default())?;
+/// assert!(acc.metrics.precision_at_1.is_nan());
+/// assert_eq!(acc.lone_queries, 3);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AccuracyMetrics {
+    /// Whether the nearest neighbour shares the query's label.
+    pub precision_at_1: f64,
+    /// Relevant among the first `R` neighbours, over `R` (`R`: references sharing the
+    /// query's label, less itself); when `k < R`, over the `k` retrieved, as PML's relevance
+    /// mask does.
+    pub r_precision: f64,
+    /// `(1/R) Σ_{i ≤ R} rel_i · P@i`.
+    pub mean_average_precision_at_r: f64,
+    /// `(1/R) Σ_{i ≤ k} rel_i · P@i` (divided by `R` even when `k < R`, as PML ≥ 1.6.1).
+    pub mean_average_precision: f64,
+    /// `1 / rank` of the first relevant neighbour within `k`, 0 if none.
+    pub mean_reciprocal_rank: f64,
+}
+
+impl AccuracyMetrics {
+    pub(crate) const NAN: Self = Self {
+        precision_at_1: f64::NAN,
+        r_precision: f64::NAN,
+        mean_average_precision_at_r: f64::NAN,
+        mean_average_precision: f64::NAN,
+        mean_reciprocal_rank: f64::NAN,
+    };
+
+    fn mean<'m>(items: impl Iterator<Item = &'m AccuracyMetrics>) -> Self {
+        let (mut sum, mut n) = ([0.0f64; 5], 0usize);
+        for m in items {
+            for (s, v) in sum.iter_mut().zip(m.values()) {
+                *s += v;
+            }
+            n += 1;
+        }
+        if n == 0 {
+            return Self::NAN;
+        }
+        Self::from_values(sum.map(|s| s / n as f64))
+    }
+
+    /// These metrics with those not in `include` set to NaN.
+    pub(crate) fn only(mut self, include: &[AccuracyMetric]) -> Self {
+        let fields = [
+            (AccuracyMetric::PrecisionAt1, &mut self.precision_at_1),
+            (AccuracyMetric::RPrecision, &mut self.r_precision),
+            (
+                AccuracyMetric::MeanAveragePrecisionAtR,
+                &mut self.mean_average_precision_at_r,
+            ),
+            (
+                AccuracyMetric::MeanAveragePrecision,
+                &mut self.mean_average_precision,
+            ),
+            (
+                AccuracyMetric::MeanReciprocalRank,
+                &mut self.mean_reciprocal_rank,
+            ),
+        ];
+        for (metric, value) in fields {
+            if !include.contains(&metric) {
+                *value = f64::NAN;
+            }
+        }
+        self
+    }
+
+    /// The metrics from [`AccuracyMetrics::values`]' order.
+    pub(crate) fn from_values([a, b, c, d, e]: [f64; 5]) -> Self {
+        Self {
+            precision_at_1: a,
+            r_precision: b,
+            mean_average_precision_at_r: c,
+            mean_average_precision: d,
+            mean_reciprocal_rank: e,
+        }
+    }
+
+    pub(crate) fn values(&self) -> [f64; 5] {
+        [
+            self.precision_at_1,
+            self.r_precision,
+            self.mean_average_precision_at_r,
+            self.mean_average_precision,
+            self.mean_reciprocal_rank,
+        ]
+    }
+}
+
+/// The result of [`accuracy`].
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{accuracy, AccuracyConfig, ComputePath, Context, MiningSet};
+/// let x = ndarray::array![[0.0f32], [0.1], [5.0], [5.1], [0.2]];
+/// let y = ndarray::array![7i64, 7, 9, 9, 9];
+/// let acc = accuracy(&Context::native_cpu(None), &MiningSet::new(&x, &y), None, &AccuracyConfig::default())?;
+/// let labels: Vec<i64> = acc.per_class.iter().map(|(l, _)| *l).collect();
+/// assert_eq!(labels, vec![7, 9]);
+/// assert_eq!(acc.per_class[0].1.precision_at_1, 1.0);
+/// assert_eq!(acc.path, ComputePath::NativeCpu);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Accuracy<L> {
+    /// The kNN metrics: mean over non-lone queries, or over classes with `avg_of_avgs`.
+    pub metrics: AccuracyMetrics,
+    /// Per query label (ascending), the mean over its non-lone queries: PML's
+    /// `return_per_class`. Labels whose queries are all lone are absent.
+    pub per_class: Vec<(L, AccuracyMetrics)>,
+    /// Queries left out because no reference shares their label (besides themselves).
+    pub lone_queries: usize,
+    /// NMI, when included: scikit-learn's `normalized_mutual_info_score` of the query labels
+    /// and the k-means clusters (see [`crate::normalized_mutual_info`]).
+    pub nmi: Option<f64>,
+    /// AMI, when included: scikit-learn's `adjusted_mutual_info_score` of the same
+    /// (see [`crate::adjusted_mutual_info`]).
+    pub ami: Option<f64>,
+    /// The `k` the neighbours were searched with (0 when no kNN metric was included).
+    pub k: usize,
+    /// Where the kNN ran.
+    pub path: ComputePath,
+    /// Host–device traffic of the call (its kNN search's, and importing device embeddings;
+    /// zero on the native path).
+    pub transfers: Transfers,
+}
+
+/// PML's `AccuracyCalculator.get_accuracy`. The kNN metrics rank the references of each query
+/// `(q, d)` with [`knn`](crate::knn()) and score the labels of its neighbours. Without `refs`
+/// the queries are their own references (and, by default, each query skips itself); `refs`
+/// `(n, d)` with labels `(n,)` may be a host array or a memory bank's `bank.refs()`.
+/// `cfg.self_exclusion` says which reference is each query (PML's `ref_includes_query` is
+/// [`SelfExclusion::SameIndex`]). Lone queries (no reference of their label, besides
+/// themselves) are left out, as in PML.
+///
+/// NMI and AMI, when `cfg.include` names them, compare the query labels with a
+/// [`kmeans`](crate::kmeans()) clustering of the queries into as many clusters as there are
+/// distinct query labels (PML's Faiss k-means), every query counted.
+///
+/// # Errors
+/// As every label-based operation for its inputs ([`Error::Shape`] for label lengths that
+/// differ from the rows, [`Error::InvalidParameter`] for missing embeddings, the
+/// self-exclusion rules of [`SelfExclusion`]); [`Error::InvalidParameter`] for an empty
+/// `include`, `Fixed(0)`, a `k` above the references a query can see, or
+/// [`SelfExclusion::SameIndex`] with host references whose first `q` rows or labels are not
+/// the queries'; as [`knn`](crate::knn()) and [`kmeans`](crate::kmeans()) otherwise.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{accuracy, AccuracyConfig, AccuracyMetric, Context, MiningSet};
+/// let ctx = Context::native_cpu(None);
+/// let x = array![[0.0f32, 0.0], [0.0, 0.1], [5.0, 5.0], [5.0, 5.1], [9.0, 0.0]];
+/// let y = array![0u32, 0, 1, 1, 2]; // label 2 has a single point: a lone query
+/// let acc = accuracy(&ctx, &MiningSet::new(&x, &y), None, &AccuracyConfig::default())?;
+/// assert_eq!(acc.metrics.precision_at_1, 1.0);
+/// assert_eq!(acc.lone_queries, 1);
+/// assert_eq!(acc.nmi, None);
+/// let cfg = AccuracyConfig { include: AccuracyMetric::ALL.to_vec(), ..Default::default() };
+/// let acc = accuracy(&ctx, &MiningSet::new(&x, &y), None, &cfg)?;
+/// assert_eq!(acc.nmi, Some(1.0)); // three clusters, one per label
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn accuracy<L>(
+    ctx: &Context,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
+    cfg: &AccuracyConfig,
+) -> Result<Accuracy<L>>
+where
+    L: Copy + Eq + Hash + Ord,
+{
+    let mut imports = Imports::call();
+    let job = prepare(ctx, queries, refs, cfg, &mut imports)?;
+    let lone_queries = job.relevant.iter().filter(|&&r| r == 0).count();
+    let searches = job.wants_knn && !job.nothing_to_search();
+    let kmeans_cfg = job.kmeans.clone();
+    let q = job.set.labels.len();
+    let total = match searches {
+        true => q as u64 * job.set.ref_labels.len() as u64,
+        false => 0,
+    } + match &kmeans_cfg {
+        Some(k) => kmeans::pairs_at_most(q, k),
+        None => 0,
+    };
+    let report = Reporter::new(&cfg.hooks, OP, total);
+    let mut transfers = job.set.imported;
+    let mut out = Accuracy {
+        metrics: AccuracyMetrics::NAN,
+        per_class: Vec::new(),
+        lone_queries,
+        nmi: None,
+        ami: None,
+        k: if job.wants_knn { job.k } else { 0 },
+        path: ctx.path(),
+        transfers,
+    };
+    if searches {
+        let part = report.part(q as u64 * job.set.ref_labels.len() as u64);
+        let found = knn::run_reporting(ctx, &job.pair()?, &job.knn_config(cfg), &part)?;
+        transfers.add(found.transfers);
+        let (metrics, per_class) = job.score(&found.indices, queries, cfg);
+        out.metrics = metrics.only(&cfg.include);
+        out.per_class = per_class
+            .into_iter()
+            .map(|(l, m)| (l, m.only(&cfg.include)))
+            .collect();
+        out.path = found.path;
+    } else {
+        report.check()?;
+    }
+    if let Some(kcfg) = kmeans_cfg {
+        let (nmi, ami) = match job.set.queries {
+            Some(rows) if q > 0 => {
+                let part = report.part(kmeans::pairs_at_most(q, &kcfg));
+                let (found, moved) = transfer::measure(|| kmeans::run(ctx, rows, &kcfg, &part));
+                transfers.add(moved);
+                let clusters = found?.assignments;
+                let labels = queries.labels.view();
+                (
+                    normalized_mutual_info(labels, clusters.view())?,
+                    adjusted_mutual_info(labels, clusters.view())?,
+                )
+            }
+            // No query: scikit-learn's score of two empty labelings.
+            _ => (1.0, 1.0),
+        };
+        let has = |m| cfg.include.contains(&m);
+        out.nmi = has(AccuracyMetric::Nmi).then_some(nmi);
+        out.ami = has(AccuracyMetric::Ami).then_some(ami);
+    }
+    out.transfers = transfers;
+    Ok(out)
+}
+
+/// How [`accuracy`] would run with these arguments on `ctx`: the plan of its kNN search with
+/// the `k` the labels give and, with NMI or AMI included, of its k-means (one search of every
+/// query against the centroids, and the k-means' host memory); the two run one after the
+/// other, so `bytes` is the larger of theirs and `chunks` their sum. Nothing is searched.
+///
+/// # Errors
+/// As [`accuracy`] for bad inputs; as [`knn_plan`](crate::knn_plan) when not even one query
+/// row fits.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{accuracy_plan, AccuracyConfig, AccuracyK, Context, MiningSet};
+/// let x = ndarray::Array2::<f32>::zeros((2000, 32));
+/// let y = ndarray::Array1::from_shape_fn(2000, |i| i % 20);
+/// let cfg = AccuracyConfig { k: AccuracyK::MaxBinCount, ..Default::default() };
+/// let plan = accuracy_plan(&Context::native_cpu(None), &MiningSet::new(&x, &y), None, &cfg)?;
+/// assert!(plan.bytes > 0);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn accuracy_plan<L>(
+    ctx: &Context,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
+    cfg: &AccuracyConfig,
+) -> Result<Plan>
+where
+    L: Copy + Eq + Hash + Ord,
+{
+    let mut imports = Imports::plan();
+    let job = prepare(ctx, queries, refs, cfg, &mut imports)?;
+    let search = match job.wants_knn && !job.nothing_to_search() {
+        true => {
+            let pair = job.pair()?;
+            let queries = inputs::embeddings_of(pair.queries);
+            Some(crate::ops::knn::knn_plan(
+                ctx,
+                queries,
+                pair.refs,
+                &job.knn_config(cfg),
+            )?)
+        }
+        false => None,
+    };
+    let clustering = match (&job.kmeans, job.set.queries) {
+        (Some(kcfg), Some(rows)) if rows.nrows() > 0 => Some(kmeans::plan(ctx, rows, kcfg)?),
+        _ => None,
+    };
+    let plan = match (search, clustering) {
+        // One after the other: the larger of the two at once, every chunk of both.
+        (Some(s), Some(c)) => Plan {
+            chunks: s.chunks + c.chunks,
+            bytes: s.bytes.max(c.bytes),
+            min_bytes: s.min_bytes.max(c.min_bytes),
+            ..s
+        },
+        (Some(p), None) | (None, Some(p)) => p,
+        // The call returns at once: no chunk, no memory.
+        (None, None) => Plan {
+            path: ctx.path(),
+            rows: job.set.labels.len(),
+            cols: job.set.ref_labels.len(),
+            chunks: 0,
+            bytes: 0,
+            min_bytes: 0,
+        },
+    };
+    Ok(plan.with_imports(imports.footprint()))
+}
+
+/// A validated accuracy call: its inputs, `R` per query and the `k` to search with.
+struct Job<'a> {
+    set: Labelled<'a>,
+    /// Per query, the references relevant to it: of its label, less itself.
+    relevant: Vec<usize>,
+    k: usize,
+    /// Whether a kNN metric is included.
+    wants_knn: bool,
+    /// The k-means of NMI and AMI, when included: one cluster per distinct query label, as
+    /// PML asks Faiss; the call's hooks.
+    kmeans: Option<KmeansConfig>,
+}
+
+impl<'a> Job<'a> {
+    /// Whether the call has nothing to search: `k = 0` (no references a query can see), or
+    /// every query lone.
+    fn nothing_to_search(&self) -> bool {
+        self.k == 0 || self.relevant.iter().all(|&r| r == 0)
+    }
+
+    /// The kNN inputs: the queries against the references, each skipping its own slot.
+    fn pair(&self) -> Result<Pair<'a>> {
+        match (self.set.queries, self.set.refs) {
+            (Some(queries), Some(refs)) => Ok(Pair {
+                queries,
+                refs,
+                excluded: self.set.self_slots.clone(),
+            }),
+            _ => Err(Error::Internal {
+                op: OP,
+                message: "validated inputs without embeddings".into(),
+            }),
+        }
+    }
+
+    /// The kNN metrics from the neighbours `(q, k)`: overall and per query label.
+    fn score<L: Copy + Ord>(
+        &self,
+        neighbours: &ndarray::Array2<u32>,
+        queries: &MiningSet<'_, L>,
+        cfg: &AccuracyConfig,
+    ) -> (AccuracyMetrics, Vec<(L, AccuracyMetrics)>) {
+        let set = &self.set;
+        let each = query_metrics(
+            neighbours.view(),
+            &set.labels,
+            &set.ref_labels,
+            &self.relevant,
+        );
+        summarize(queries.labels.iter().copied().zip(each), cfg.avg_of_avgs)
+    }
+
+    fn knn_config(&self, cfg: &AccuracyConfig) -> KnnConfig {
+        KnnConfig {
+            k: self.k,
+            distance: cfg.distance,
+            self_exclusion: SelfExclusion::Auto,
+            hooks: cfg.hooks.clone(),
+        }
+    }
+}
+
+fn prepare<'s, L>(
+    ctx: &Context,
+    queries: &'s MiningSet<'_, L>,
+    refs: Option<&'s MiningSet<'_, L>>,
+    cfg: &AccuracyConfig,
+    imports: &'s mut Imports,
+) -> Result<Job<'s>>
+where
+    L: Copy + Eq + Hash + Ord,
+{
+    if cfg.include.is_empty() {
+        return Err(Error::InvalidParameter {
+            op: OP,
+            what: "include",
+            value: "[]".into(),
+            rule: "at least one metric",
+        });
+    }
+    let wants_knn = cfg.include.iter().any(|m| m.needs_knn());
+    let wants_clusters = cfg.include.iter().any(|m| !m.needs_knn());
+    // R per query and k come from the labels: checked before any device work, and the
+    // embeddings are imported only when there is something to search or cluster.
+    let mut planned = (Vec::new(), 0, None);
+    let check = |set: &Labelled<'_>| -> Result<bool> {
+        // Host rows only: rows on a device are not read back to check them.
+        if let (Some(Embeddings::Host(q)), Some(r), SelfExclusion::SameIndex) =
+            (queries.embeddings, refs, &cfg.self_exclusion)
+        {
+            if let Some(Embeddings::Host(r)) = r.embeddings {
+                check_prefix(q, &set.labels, r, &set.ref_labels)?;
+            }
+        }
+        // PML sizes k only for the kNN metrics: a `k` no search uses is not checked.
+        let (relevant, k) = relevant_and_k(set, cfg, wants_knn)?;
+        let searches = wants_knn && k > 0 && relevant.iter().any(|&r| r > 0);
+        let kmeans = wants_clusters.then(|| kmeans_config(&set.labels, cfg));
+        let clusters = !set.labels.is_empty() && kmeans.is_some();
+        if let (true, Some(kcfg)) = (clusters, &kmeans) {
+            kmeans::check_config(kcfg, set.labels.len())?;
+        }
+        planned = (relevant, k, kmeans);
+        Ok(searches || clusters)
+    };
+    let set = inputs::prepare(
+        OP,
+        ctx,
+        queries,
+        refs,
+        &cfg.self_exclusion,
+        true,
+        check,
+        imports,
+    )?;
+    let (relevant, k, kmeans) = planned;
+    Ok(Job {
+        set,
+        relevant,
+        k,
+        wants_knn,
+        kmeans,
+    })
+}
+
+/// The k-means of NMI and AMI for these (dense) query labels: one cluster per distinct label,
+/// as PML asks Faiss; the call's hooks.
+fn kmeans_config(labels: &[u32], cfg: &AccuracyConfig) -> KmeansConfig {
+    let mut distinct = labels.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    KmeansConfig {
+        clusters: distinct.len(),
+        hooks: cfg.hooks.clone(),
+        ..cfg.kmeans.clone()
+    }
+}
+
+/// Per query, the references relevant to it (of its label, less itself), and the `k` to
+/// search with.
+fn relevant_and_k(
+    set: &Labelled<'_>,
+    cfg: &AccuracyConfig,
+    wants_knn: bool,
+) -> Result<(Vec<usize>, usize)> {
+    let m = set.ref_labels.len();
+    let mut counts: HashMap<u32, usize> = HashMap::new();
+    for &l in &set.ref_labels {
+        *counts.entry(l).or_insert(0) += 1;
+    }
+    // R per query: references of its label, less itself when its own slot has its label.
+    let relevant: Vec<usize> = set
+        .labels
+        .iter()
+        .zip(&set.self_slots)
+        .map(|(l, &slot)| {
+            let own = slot != NO_SLOT && set.ref_labels.get(slot as usize) == Some(l);
+            counts.get(l).copied().unwrap_or(0) - usize::from(own)
+        })
+        .collect();
+    if !wants_knn {
+        return Ok((relevant, 0));
+    }
+    // As knn: a query that excludes a reference sees one fewer.
+    let sees_itself = set.self_slots.iter().any(|&s| (s as usize) < m);
+    let visible = m - usize::from(sees_itself);
+    let k = search_k(cfg.k, visible, relevant.iter().copied().max().unwrap_or(0))?;
+    Ok((relevant, k))
+}
+
+/// Each query's kNN metrics from its neighbours `(q, k)` (indices into `ref_labels`) and its
+/// `R` (`relevant`); `None` for a lone query (`R = 0`).
+pub(crate) fn query_metrics<T: PartialEq>(
+    neighbours: ArrayView2<'_, u32>,
+    labels: &[T],
+    ref_labels: &[T],
+    relevant: &[usize],
+) -> Vec<Option<AccuracyMetrics>> {
+    neighbours
+        .rows()
+        .into_iter()
+        .zip(labels.iter().zip(relevant))
+        .map(|(neighbours, (label, &r))| {
+            let rel = neighbours
+                .iter()
+                .map(|&j| ref_labels.get(j as usize) == Some(label));
+            (r > 0).then(|| score(rel, r))
+        })
+        .collect()
+}
+
+/// The overall metrics and the per-label means from each query's label and metrics (lone
+/// queries `None`, left out), in query order: PML's mean over queries, or over labels with
+/// `avg_of_avgs`.
+pub(crate) fn summarize<L: Copy + Ord>(
+    per_query: impl Iterator<Item = (L, Option<AccuracyMetrics>)>,
+    avg_of_avgs: bool,
+) -> (AccuracyMetrics, Vec<(L, AccuracyMetrics)>) {
+    let mut by_class: BTreeMap<L, Vec<AccuracyMetrics>> = BTreeMap::new();
+    for (label, metrics) in per_query {
+        if let Some(m) = metrics {
+            by_class.entry(label).or_default().push(m);
+        }
+    }
+    let per_class: Vec<(L, AccuracyMetrics)> = by_class
+        .iter()
+        .map(|(&l, m)| (l, AccuracyMetrics::mean(m.iter())))
+        .collect();
+    let metrics = if avg_of_avgs {
+        AccuracyMetrics::mean(per_class.iter().map(|(_, m)| m))
+    } else {
+        AccuracyMetrics::mean(by_class.values().flatten())
+    };
+    (metrics, per_class)
+}
+
+/// The `k` to search with: every visible reference, the largest `R`, or a fixed `k` checked
+/// against the `visible` references.
+pub(crate) fn search_k(k: AccuracyK, visible: usize, max_relevant: usize) -> Result<usize> {
+    match k {
+        AccuracyK::All => Ok(visible),
+        AccuracyK::MaxBinCount => Ok(max_relevant),
+        AccuracyK::Fixed(k) if k == 0 || k > visible => Err(Error::InvalidParameter {
+            op: OP,
+            what: "k",
+            value: k.to_string(),
+            rule: "1 ≤ k ≤ the references a query can see",
+        }),
+        AccuracyK::Fixed(k) => Ok(k),
+    }
+}
+
+/// One query's metrics from the relevance of its `k ≥ 1` neighbours (best first) and its
+/// `R ≥ 1`.
+fn score(rel: impl Iterator<Item = bool>, r: usize) -> AccuracyMetrics {
+    let (mut hits, mut hits_at_r, mut ap, mut ap_at_r, mut first) = (0usize, 0usize, 0.0, 0.0, 0);
+    let mut at_1 = false;
+    let mut k = 0;
+    for (i, is_rel) in rel.enumerate() {
+        k = i + 1;
+        if !is_rel {
+            continue;
+        }
+        hits += 1;
+        let precision = hits as f64 / (i + 1) as f64;
+        ap += precision;
+        if i < r {
+            hits_at_r += 1;
+            ap_at_r += precision;
+        }
+        if first == 0 {
+            first = i + 1;
+        }
+        at_1 |= i == 0;
+    }
+    AccuracyMetrics {
+        precision_at_1: f64::from(u8::from(at_1)),
+        // PML divides by its relevance mask's width, min(R, k); MAP@R and MAP keep R.
+        r_precision: hits_at_r as f64 / r.min(k).max(1) as f64,
+        mean_average_precision_at_r: ap_at_r / r as f64,
+        mean_average_precision: ap / r as f64,
+        mean_reciprocal_rank: if first == 0 { 0.0 } else { 1.0 / first as f64 },
+    }
+}
+
+/// With [`SelfExclusion::SameIndex`] (PML's `ref_includes_query`), the first `q` references
+/// must be the queries (labels equal, embeddings equal within `torch.allclose`'s default
+/// tolerances), as PML requires. `SelfExclusion` already checked that there are `q` of them.
+fn check_prefix(
+    queries: ArrayView2<'_, f32>,
+    query_labels: &[u32],
+    refs: ArrayView2<'_, f32>,
+    ref_labels: &[u32],
+) -> Result<()> {
+    let labels_match = query_labels.iter().zip(ref_labels).all(|(a, b)| a == b);
+    let rows_match = queries.ncols() == refs.ncols()
+        && queries.outer_iter().zip(refs.outer_iter()).all(|(a, b)| {
+            a.iter()
+                .zip(b)
+                .all(|(x, y)| (x - y).abs() <= 1e-8 + 1e-5 * y.abs())
+        });
+    if labels_match && rows_match {
+        return Ok(());
+    }
+    Err(Error::InvalidParameter {
+        op: OP,
+        what: "self_exclusion",
+        value: "SameIndex".into(),
+        rule: "the first q references (rows and labels) must be the queries",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_query_by_hand() {
+        // Neighbours: rel, not, rel, rel; R = 4 (one relevant reference was not retrieved).
+        let m = score([true, false, true, true].into_iter(), 4);
+        assert_eq!(m.precision_at_1, 1.0);
+        assert_eq!(m.r_precision, 3.0 / 4.0);
+        let ap = (1.0 + 2.0 / 3.0 + 3.0 / 4.0) / 4.0;
+        assert!((m.mean_average_precision_at_r - ap).abs() < 1e-12);
+        assert!((m.mean_average_precision - ap).abs() < 1e-12);
+        assert_eq!(m.mean_reciprocal_rank, 1.0);
+        // R = 2 cuts R-precision and MAP@R at two neighbours, not MAP.
+        let m = score([false, true, true].into_iter(), 2);
+        assert_eq!((m.precision_at_1, m.r_precision), (0.0, 0.5));
+        assert!((m.mean_average_precision_at_r - 0.25).abs() < 1e-12);
+        assert!((m.mean_average_precision - (0.5 + 2.0 / 3.0) / 2.0).abs() < 1e-12);
+        assert_eq!(m.mean_reciprocal_rank, 0.5);
+        // k = 3 < R = 5: R-precision over the three retrieved (PML), MAP@R and MAP over R.
+        let m = score([true, false, true].into_iter(), 5);
+        assert_eq!(m.r_precision, 2.0 / 3.0);
+        assert!((m.mean_average_precision_at_r - (1.0 + 2.0 / 3.0) / 5.0).abs() < 1e-12);
+        assert!((m.mean_average_precision - (1.0 + 2.0 / 3.0) / 5.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,277 @@
+//! Pairwise distances between query and reference embeddings, tiled under the budget, and the
+//! row blocks of the distance matrix that the miners consume.
+
+pub(crate) mod gpu;
+pub(crate) mod native;
+
+use ndarray::{s, Array2, ArrayView2};
+
+use crate::context::oom_retry::{self, RowSink};
+use crate::context::plan::{DeviceCaps, Plan};
+use crate::context::{ComputePath, Context};
+use crate::data::inputs::{self, Embeddings, Imports, Rows};
+use crate::error::{Error, Result};
+use crate::hooks::{Hooks, Reporter};
+use crate::metric::DistanceConfig;
+use crate::runtime::memory::Transfers;
+use crate::runtime::transfer;
+
+const OP: &str = "pairwise_distances";
+
+/// One distance computation over validated queries: whose call it is, where it runs,
+/// how rows compare, how many rows a block may have, and whom to tell of its progress.
+#[derive(Clone, Copy)]
+pub(crate) struct Job<'j> {
+    pub(crate) op: &'static str,
+    pub(crate) ctx: &'j Context,
+    pub(crate) queries: Rows<'j>,
+    pub(crate) cfg: &'j DistanceConfig,
+    /// Most rows per block handed over (`usize::MAX`: as many as fit).
+    pub(crate) max_rows: usize,
+    pub(crate) report: &'j Reporter<'j>,
+}
+
+/// Settings of [`pairwise_distances`]. Every field has a documented default.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{Distance, DistanceConfig, PairwiseConfig};
+/// let cfg = PairwiseConfig {
+///     distance: DistanceConfig { distance: Distance::Cosine, normalize: true },
+///     ..Default::default()
+/// };
+/// assert_eq!(PairwiseConfig::default().distance, DistanceConfig::default());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PairwiseConfig {
+    /// How queries and references are compared. Default [`DistanceConfig::default`]
+    /// (Euclidean on L2-normalised embeddings, as PML).
+    pub distance: DistanceConfig,
+    /// Progress (pairs computed) and cancellation. Default: none.
+    pub hooks: Hooks,
+}
+
+/// The result of [`pairwise_distances`].
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{pairwise_distances, Context};
+/// let x = ndarray::array![[1.0f32, 0.0], [0.0, 1.0], [1.0, 1.0]];
+/// let d = pairwise_distances(&Context::native_cpu(None), &x, &x, &Default::default())?;
+/// assert_eq!(d.values.dim(), (3, 3));
+/// assert!(d.values[[0, 0]].abs() < 1e-6);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct PairwiseDistances {
+    /// `(q, n)`: `values[[i, j]]` compares query `i` with reference `j`.
+    pub values: Array2<f32>,
+    /// Where it was computed.
+    pub path: ComputePath,
+    /// Host–device traffic of the call (zero on the native path).
+    pub transfers: Transfers,
+}
+
+/// Distances between every query `(q, d)` and every reference `(n, d)` → `(q, n)`.
+///
+/// The references may be a host array or a memory bank's rows (`bank.rows()`, read where they
+/// are). On the wgpu path the matrix is computed in tiles whose working set (inputs, norms,
+/// output and readback staging) fits the context's remaining budget and the device's limits;
+/// each tile is one dispatch of `shaders/distance_tile.wgsl`. Any array layout is accepted.
+///
+/// # Errors
+/// [`Error::Shape`] if `d = 0` or the two `d` differ; [`Error::NonFinite`] for a NaN or
+/// infinity; [`Error::InvalidParameter`] for a bank of another context; for device
+/// embeddings, the errors of [`DeviceEmbeddings`](crate::DeviceEmbeddings); [`Error::OverBudget`] / [`Error::DeviceLimit`] if not even a 1 × 1 tile fits;
+/// [`Error::Cancelled`]; device errors as [`Error`] variants.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{pairwise_distances, Context, Distance, DistanceConfig, PairwiseConfig};
+/// let ctx = Context::native_cpu(None);
+/// let q = array![[1.0f32, 0.0], [0.0, 2.0]];
+/// let cfg = PairwiseConfig {
+///     distance: DistanceConfig { distance: Distance::Cosine, ..Default::default() },
+///     ..Default::default()
+/// };
+/// let d = pairwise_distances(&ctx, &q, &q, &cfg)?;
+/// assert!((d.values[[0, 0]] - 1.0).abs() < 1e-6 && d.values[[0, 1]].abs() < 1e-6);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn pairwise_distances<'q, 'r>(
+    ctx: &Context,
+    queries: impl Into<Embeddings<'q>>,
+    refs: impl Into<Embeddings<'r>>,
+    cfg: &PairwiseConfig,
+) -> Result<PairwiseDistances> {
+    let (queries, refs) = (queries.into(), refs.into());
+    let mut imports = Imports::call();
+    let (pair, imported) = transfer::measure(|| {
+        let sides = (queries.reborrow(), refs.reborrow());
+        inputs::prepare_pair(OP, ctx, sides, None, |_, _| Ok(()), &mut imports)
+    });
+    let pair = pair?;
+    let (q, n) = (pair.queries.nrows(), pair.refs.dim().0);
+    let report = Reporter::new(&cfg.hooks, OP, q as u64 * n as u64);
+    let job = Job {
+        op: OP,
+        ctx,
+        queries: pair.queries,
+        cfg: &cfg.distance,
+        max_rows: usize::MAX,
+        report: &report,
+    };
+    let (values, transfers) = transfer::measure(|| match (ctx.gpu(), pair.refs) {
+        (_, _) if q == 0 || n == 0 => Ok(Array2::zeros((q, n))),
+        (None, Embeddings::Host(r)) => {
+            native::pairwise_distances(pair.queries.host(OP)?, r, &cfg.distance, &report)
+        }
+        (Some(gpu), Embeddings::Host(r)) => oom_retry::retry(ctx, || {
+            report.restart();
+            gpu::matrix(&job, gpu, r)
+        }),
+        (_, refs) => {
+            let mut values = Array2::zeros((q, n));
+            let mut on_block = |r0: usize, block: ArrayView2<'_, f32>| {
+                let rows = block.nrows();
+                values.slice_mut(s![r0..r0 + rows, ..]).assign(&block);
+                Ok(())
+            };
+            for_each_row_block(&job, refs, &mut on_block)?;
+            Ok(values)
+        }
+    });
+    let mut transfers = transfers;
+    transfers.add(imported);
+    Ok(PairwiseDistances {
+        values: values?,
+        path: ctx.path(),
+        transfers,
+    })
+}
+
+/// How [`pairwise_distances`] would run with these arguments on `ctx`: its tiles and the
+/// memory they hold, planned for the budget available now. Nothing is computed.
+///
+/// # Errors
+/// As [`pairwise_distances`] for bad inputs; [`Error::OverBudget`] (naming the bytes of the
+/// smallest tile) or [`Error::DeviceLimit`] when not even a 1 × 1 tile fits.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{pairwise_distances_plan, Context};
+/// let ctx = Context::native_cpu(None);
+/// let x = ndarray::Array2::<f32>::zeros((1000, 64));
+/// let plan = pairwise_distances_plan(&ctx, &x, &x, &Default::default())?;
+/// assert_eq!((plan.rows, plan.cols), (1000, 1000)); // natively, one pass; output not counted
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn pairwise_distances_plan<'q, 'r>(
+    ctx: &Context,
+    queries: impl Into<Embeddings<'q>>,
+    refs: impl Into<Embeddings<'r>>,
+    cfg: &PairwiseConfig,
+) -> Result<Plan> {
+    let (queries, refs) = (queries.into(), refs.into());
+    let mut imports = Imports::plan();
+    let sides = (queries.reborrow(), refs.reborrow());
+    let pair = inputs::prepare_pair(OP, ctx, sides, None, |_, _| Ok(()), &mut imports)?;
+    // The distance changes no buffer; `cfg` is taken for the operation's call shape.
+    let PairwiseConfig { .. } = cfg;
+    let plan = row_plan(OP, ctx, pair.queries, &pair.refs, usize::MAX)?;
+    Ok(plan.with_imports(imports.footprint()))
+}
+
+/// The plan of [`for_each_row_block`] (and of [`pairwise_distances`], whose whole matrix is
+/// its blocks) for validated inputs.
+pub(crate) fn row_plan(
+    op: &'static str,
+    ctx: &Context,
+    queries: Rows<'_>,
+    refs: &Embeddings<'_>,
+    max_rows: usize,
+) -> Result<Plan> {
+    let (q, (n, d)) = (queries.nrows(), refs.dim());
+    let budget = oom_retry::planning_budget(ctx);
+    let Some(gpu) = ctx.gpu() else {
+        // The native path allocates the blocks it hands over, and no scratch.
+        let rows = q.min(max_rows).max(1);
+        return Ok(Plan {
+            path: ComputePath::NativeCpu,
+            rows,
+            cols: n,
+            chunks: q.div_ceil(rows),
+            bytes: 0,
+            min_bytes: 0,
+        });
+    };
+    let caps = DeviceCaps::from_limits(&gpu.limits);
+    match refs {
+        Embeddings::Host(_) => {
+            let plan = gpu::tile_plan(op, (q, n, d), max_rows, budget, &caps)?;
+            let min = gpu::tile_footprint(1, 1, d.div_ceil(4), 1).bytes;
+            Ok(plan.tile.public(q, n, min))
+        }
+        Embeddings::Bank(bank) => {
+            let (plan, min) = gpu::row_block_plan(op, (q, max_rows), bank.view, budget, &caps)?;
+            Ok(plan.tile.public(q, n, min))
+        }
+        Embeddings::Device(_) => Err(inputs::unimported(op)),
+    }
+}
+
+/// Hands the distances of the job's queries `(q, d)` against `refs` `(n, d)` (validated) to
+/// `on_block` in consecutive blocks of whole rows `(row0, (rows, n))`, each at most
+/// `job.max_rows` rows, on whichever path the context runs; host memory stays bounded by one
+/// block whatever `q`. After a device out-of-memory the blocks resume where they were.
+pub(crate) fn for_each_row_block(
+    job: &Job<'_>,
+    refs: Embeddings<'_>,
+    on_block: &mut RowSink<'_>,
+) -> Result<()> {
+    let Job {
+        op,
+        ctx,
+        queries,
+        cfg,
+        report,
+        ..
+    } = *job;
+    let (q, n) = (queries.nrows(), refs.dim().0);
+    let max_rows = job.max_rows.max(1);
+    if q == 0 {
+        return Ok(());
+    }
+    match (ctx.gpu(), refs) {
+        (None, Embeddings::Host(refs)) => {
+            let queries = queries.host(op)?;
+            for r0 in (0..q).step_by(max_rows) {
+                let rows = max_rows.min(q - r0);
+                let block = queries.slice(s![r0..r0 + rows, ..]);
+                let block = native::pairwise_distances(block, refs, cfg, report)?;
+                on_block(r0, block.view())?;
+            }
+            Ok(())
+        }
+        (Some(_), _) if n == 0 => {
+            for r0 in (0..q).step_by(max_rows) {
+                on_block(r0, Array2::zeros((max_rows.min(q - r0), 0)).view())?;
+            }
+            Ok(())
+        }
+        (Some(gpu), Embeddings::Host(refs)) => oom_retry::retry_rows(ctx, on_block, |on_block| {
+            report.restart();
+            gpu::host_row_blocks(job, gpu, refs, on_block)
+        }),
+        (Some(gpu), Embeddings::Bank(bank)) => oom_retry::retry_rows(ctx, on_block, |on_block| {
+            report.restart();
+            gpu::row_blocks(job, gpu, bank.view, on_block)
+        }),
+        (None, Embeddings::Bank(_)) => Err(Error::Internal {
+            op,
+            message: "a device bank reached the native path".into(),
+        }),
+        (_, Embeddings::Device(_)) => Err(inputs::unimported(op)),
+    }
+}

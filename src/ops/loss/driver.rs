@@ -1,0 +1,518 @@
+//! The one loop every loss runs: anchors in blocks under the budget; per block the distance
+//! rows (as the miners compute them), each turned by the loss into its row of weights
+//! `W = ∂L/∂D` in place, then the block's two gradient products ([`super::backward`]).
+
+use ndarray::{s, Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis};
+
+use super::backward::{
+    add_ref_side, pair_weight, query_side, ref_side_into, through_normalization,
+};
+use super::{host_refs, host_rows, scaled};
+use crate::context::Context;
+use crate::data::inputs::{self, Embeddings, Labelled, Rows};
+use crate::error::{Error, Result};
+use crate::hooks::{Hooks, Reporter};
+use crate::metric::{Distance, DistanceConfig};
+use crate::ops::distance::native::{distances_into, Norms};
+use crate::runtime::memory::HostReservation;
+use crate::runtime::pool::{threads, workers_within};
+
+/// Sums over the anchors seen so far.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Totals {
+    /// The sum of the losses that the mean is over.
+    pub(super) loss: f64,
+    /// The mean's divisor: the losses it averages (positive triplet losses, positive pairs).
+    pub(super) count: u64,
+    /// What the loss ran over (triplets, pairs), for the caller's information.
+    pub(super) items: u64,
+}
+
+impl Totals {
+    pub(super) fn add(&mut self, other: Totals) {
+        self.loss += other.loss;
+        self.count += other.count;
+        self.items += other.items;
+    }
+
+    /// The mean; 0 over nothing.
+    pub(super) fn mean(&self) -> f32 {
+        if self.count == 0 {
+            0.0
+        } else {
+            (self.loss / self.count as f64) as f32
+        }
+    }
+}
+
+/// One thread's per-anchor scratch, reused from anchor to anchor; each loss uses what it needs.
+pub(super) struct Scratch {
+    pub(super) positives: Vec<u32>,
+    pub(super) negatives: Vec<u32>,
+    /// Negatives as (value, reference).
+    pub(super) order: Vec<(f32, u32)>,
+    pub(super) sorted: Vec<f32>,
+    pub(super) prefix: Vec<f64>,
+    pub(super) runs: Vec<i64>,
+    /// `∂L/∂D` over the anchor's row (before the mean's division), which the loss fills.
+    pub(super) weights: Vec<f64>,
+    /// Pairs of references, for a rule that scores them too ([`Job::ref_pairs`]).
+    pub(super) pairs: Option<RefPairs>,
+}
+
+impl Scratch {
+    /// Bytes for `m` references.
+    pub(super) fn bytes(m: u64) -> u64 {
+        // `prefix` and `runs` hold `m + 1`.
+        m * (4 + 4 + 8 + 4 + 8 + 8 + 8) + 16
+    }
+
+    fn new(m: usize, pairs: Option<RefPairs>) -> Self {
+        Self {
+            pairs,
+            positives: Vec::with_capacity(m),
+            negatives: Vec::with_capacity(m),
+            order: Vec::with_capacity(m),
+            sorted: Vec::with_capacity(m),
+            prefix: Vec::with_capacity(m + 1),
+            runs: Vec::with_capacity(m + 1),
+            weights: vec![0.0; m],
+        }
+    }
+}
+
+/// A loss's rule for one anchor: from its index and distance row `(m,)`, fill
+/// [`Scratch::weights`] (zeroed before) and return its sums; the rows are there for
+/// [`RefPairs`].
+pub(super) type AnchorRule<'r> =
+    dyn Fn(usize, ArrayView1<'_, f32>, &mut Scratch, &Shared<'_>) -> Totals + Sync + 'r;
+
+/// References a [`RefPairs`] scores at once against every reference.
+pub(super) const PAIR_ROWS: usize = 32;
+
+/// One thread's scratch for a rule that also scores pairs of references (the triplet loss's
+/// swap, `d(r_p, r_n)`): the distances from up to [`PAIR_ROWS`] references to every
+/// reference (computed as the anchors' rows are), the rule's weights `∂L/∂D` for them, and the
+/// thread's gradient with respect to the normalised references from those pairs.
+pub(super) struct RefPairs {
+    /// The loaded references.
+    rows: Vec<u32>,
+    /// `(PAIR_ROWS, dim)` raw rows.
+    raw: Array2<f32>,
+    /// `(PAIR_ROWS, m)` distances, then `U`.
+    distances: Array2<f32>,
+    /// With the gradient only: the rows normalised and their own gradient `(PAIR_ROWS, dim)`,
+    /// and the `PAIR_ROWS · m` weights `∂L/∂D` (without, empty: nothing to take back).
+    hat: Array2<f32>,
+    own: Array2<f32>,
+    weights: Vec<f64>,
+    /// `(m, dim)`, when a gradient goes to the references.
+    grad: Option<Array2<f32>>,
+    near: Vec<NearPair>,
+}
+
+impl RefPairs {
+    /// Bytes for `m` references of `dim` floats, with the gradient when `grad`.
+    fn bytes(m: u64, dim: u64, grad: bool) -> u64 {
+        let rows = PAIR_ROWS as u64;
+        let gradient = 2 * rows * dim * 4 + rows * m * (8 + NEAR_PAIR_BYTES) + m * dim * 4;
+        rows * 4 + rows * dim * 4 + rows * m * 4 + if grad { gradient } else { 0 }
+    }
+
+    fn new(m: usize, dim: usize, grad: bool) -> Self {
+        let with_grad = if grad { PAIR_ROWS } else { 0 };
+        Self {
+            rows: Vec::with_capacity(PAIR_ROWS),
+            raw: Array2::zeros((PAIR_ROWS, dim)),
+            distances: Array2::zeros((PAIR_ROWS, m)),
+            hat: Array2::zeros((with_grad, dim)),
+            own: Array2::zeros((with_grad, dim)),
+            weights: vec![0.0; with_grad * m],
+            grad: grad.then(|| Array2::zeros((m, dim))),
+            near: Vec::new(),
+        }
+    }
+
+    /// Loads `rows` (at most [`PAIR_ROWS`] references): their distances to every reference,
+    /// with zero weights.
+    pub(super) fn load(&mut self, shared: &Shared<'_>, rows: &[u32]) {
+        let (k, m) = (rows.len(), shared.r.nrows());
+        self.rows.clear();
+        self.rows.extend_from_slice(rows);
+        for (mut raw, &j) in self.raw.rows_mut().into_iter().zip(rows) {
+            raw.assign(&shared.r.row(j as usize));
+        }
+        distances_into(
+            self.raw.slice(s![..k, ..]),
+            shared.r,
+            shared.r_norms,
+            &shared.distance,
+            self.distances.slice_mut(s![..k, ..]),
+        );
+        if let Some(weights) = self.weights.get_mut(..k * m) {
+            weights.fill(0.0);
+        }
+    }
+
+    /// `D(r_{rows[i]}, r_j)` of the loaded rows.
+    pub(super) fn distance(&self, i: usize, j: usize) -> f32 {
+        self.distances[[i, j]]
+    }
+
+    /// Adds `w` to `∂L/∂D(r_{rows[i]}, r_j)` (nothing without the gradient).
+    pub(super) fn add_weight(&mut self, i: usize, j: usize, w: f64) {
+        let m = self.distances.ncols();
+        if let Some(weight) = self.weights.get_mut(i * m + j) {
+            *weight += w;
+        }
+    }
+
+    /// Takes the loaded rows' weights through the distance into the thread's gradient (as
+    /// the anchors' rows are: [`weights_to_u`], then both sides' products); nothing when no
+    /// gradient goes to the references or every weight is 0.
+    pub(super) fn flush(&mut self, shared: &Shared<'_>) {
+        let (k, m) = (self.rows.len(), shared.r.nrows());
+        let Some(grad) = self.grad.as_mut() else {
+            return;
+        };
+        if self.weights[..k * m].iter().all(|&w| w == 0.0) {
+            return;
+        }
+        for (i, &p) in self.rows.iter().enumerate() {
+            let p = p as usize;
+            self.hat.row_mut(i).assign(&shared.r_hat.row(p));
+            let weights = &self.weights[i * m..(i + 1) * m];
+            let x = (p, shared.r_hat.row(p), shared.r_norms.sq[p]);
+            let near = (&mut self.near, k * m);
+            weights_to_u(shared, x, self.distances.row_mut(i), weights, near);
+        }
+        let distance = shared.distance.distance;
+        let (u, hat) = (
+            self.distances.slice(s![..k, ..]),
+            self.hat.slice(s![..k, ..]),
+        );
+        ref_side_into(distance, u, hat, shared.r_hat, grad.view_mut());
+        query_side(
+            distance,
+            u,
+            hat,
+            shared.r_hat,
+            self.own.slice_mut(s![..k, ..]),
+        );
+        for (own, &p) in self.own.rows().into_iter().zip(&self.rows) {
+            let mut g = grad.row_mut(p as usize);
+            g += &own;
+        }
+        for &(p, j, w) in &self.near {
+            let diff = &shared.r_hat.row(p) - &shared.r_hat.row(j as usize);
+            grad.row_mut(p).scaled_add(w, &diff);
+            grad.row_mut(j as usize).scaled_add(-w, &diff);
+        }
+        self.near.clear();
+    }
+}
+
+/// What a loss call asks of the loop.
+pub(super) struct Job<'a> {
+    pub(super) op: &'static str,
+    pub(super) label: &'static str,
+    pub(super) set: &'a Labelled<'a>,
+    /// No references were given: the queries play both roles.
+    pub(super) refs_are_queries: bool,
+    pub(super) distance: DistanceConfig,
+    pub(super) ref_grad: bool,
+    /// The rule scores pairs of references too: every thread gets a [`RefPairs`].
+    pub(super) ref_pairs: bool,
+    pub(super) hooks: &'a Hooks,
+}
+
+/// The loss sums and the gradients: the queries' `(b, d)` (both roles when they are the
+/// references), the references' `(m, d)` when asked for and given.
+pub(super) struct Output {
+    pub(super) totals: Totals,
+    pub(super) query_grad: Array2<f32>,
+    pub(super) ref_grad: Option<Array2<f32>>,
+}
+
+/// Below this share of `|q̂|² + |r̂|²`, a squared Euclidean distance computed as
+/// `|q̂|² + |r̂|² − 2 q̂·r̂` has lost most of its digits to cancellation (identical rows give
+/// ~3e-4, not 0). Its pair's gradient `w (q̂ − r̂) / D` is then taken from the difference
+/// itself, outside the matrix products, so that near-duplicates get the exact derivative (as
+/// torch's `cdist` backward gives for small inputs; its matrix-product form, used past 25
+/// rows, is as noisy there as the distance).
+pub(super) const NEAR: f32 = 1e-3;
+
+/// A pair whose gradient is taken directly: anchor, reference, and `w / |q̂ − r̂|`.
+type NearPair = (usize, u32, f32);
+
+/// Bytes of one [`NearPair`], counted per possible pair of a block (collapsed embeddings
+/// make every pair near).
+const NEAR_PAIR_BYTES: u64 = std::mem::size_of::<NearPair>() as u64;
+
+/// The rows and norms every block reads.
+pub(super) struct Shared<'a> {
+    distance: DistanceConfig,
+    q: ArrayView2<'a, f32>,
+    r: ArrayView2<'a, f32>,
+    q_hat: ArrayView2<'a, f32>,
+    r_hat: ArrayView2<'a, f32>,
+    q_norms: &'a Norms,
+    r_norms: &'a Norms,
+}
+
+/// Runs `rule` over every anchor of `job.set` and takes the gradients back to the embeddings;
+/// the mean's division (by [`Totals::count`]) is applied to the gradients here.
+pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result<Output> {
+    let op = job.op;
+    let queries = job
+        .set
+        .queries
+        .as_ref()
+        .ok_or_else(|| inputs::unimported(op))?;
+    let refs = job.set.refs.ok_or_else(|| inputs::unimported(op))?;
+    let ((b, d), m) = (queries.dim(), refs.dim().0);
+    let report = Reporter::new(job.hooks, op, b as u64 * m as u64);
+    report.check()?;
+    // The references' gradient is needed for the caller, or for the queries' own when they
+    // are the references.
+    let ref_role = job.refs_are_queries || job.ref_grad;
+    let floats = |rows: usize| 4 * (rows * d) as u64;
+    // Host copies of device-resident rows (read back below), the normalised copies, the
+    // gradients, every thread's scratch; per block row its distances and at most `m` near
+    // pairs.
+    let resident_refs = !job.refs_are_queries && !matches!(refs, Embeddings::Host(_));
+    let read_back = if matches!(queries, Rows::Resident(_)) {
+        floats(b)
+    } else {
+        0
+    } + if resident_refs { floats(m) } else { 0 };
+    let base = read_back
+        + floats(b) * 2
+        + if job.refs_are_queries { 0 } else { floats(m) }
+        + if ref_role { floats(m) } else { 0 };
+    let pairs = job
+        .ref_pairs
+        .then(|| RefPairs::bytes(m as u64, d as u64, ref_role));
+    let scratch = Scratch::bytes(m as u64) + pairs.unwrap_or(0);
+    let per_row = (4 + NEAR_PAIR_BYTES) * m as u64;
+    let budget = ctx.tracker().stats().budget_bytes;
+    if base + scratch + per_row > budget {
+        return Err(Error::OverBudget {
+            op,
+            required: base + scratch + per_row,
+            budget,
+        });
+    }
+    // A thread per core, or as many as the budget gives a scratch and a block row each.
+    let available = ctx.tracker().available();
+    let threads = workers_within(threads(), scratch + per_row, available.saturating_sub(base));
+    let fixed = base + threads as u64 * scratch;
+    let room = available.saturating_sub(fixed);
+    let rows = usize::try_from(room.checked_div(per_row).unwrap_or(u64::MAX))
+        .unwrap_or(usize::MAX)
+        .clamp(1, b.max(1));
+    let _held = HostReservation::new(job.label, fixed + rows as u64 * per_row, ctx.tracker())?;
+    let q = host_rows(op, ctx, queries.reborrow())?;
+    // The references are the queries' rows when not given: read back once.
+    let r_own = match job.refs_are_queries {
+        true => None,
+        false => Some(host_refs(op, ctx, refs)?),
+    };
+    let q = q.view();
+    let r = r_own.as_ref().map_or(q, |r| r.view());
+
+    let distance = job.distance;
+    let q_norms = Norms::new(q, &distance);
+    let r_norms = Norms::new(r, &distance);
+    let q_hat = scaled(q, &q_norms.scale);
+    let r_hat_own = (!job.refs_are_queries).then(|| scaled(r, &r_norms.scale));
+    let r_hat = r_hat_own.as_ref().map_or(q_hat.view(), |x| x.view());
+    let shared = Shared {
+        distance,
+        q,
+        r,
+        q_hat: q_hat.view(),
+        r_hat,
+        q_norms: &q_norms,
+        r_norms: &r_norms,
+    };
+    let mut g_q = Array2::<f32>::zeros((b, d));
+    let mut g_r = ref_role.then(|| Array2::<f32>::zeros((m, d)));
+    let mut totals = Totals::default();
+    let mut block = Array2::<f32>::zeros((rows, m));
+    // Each thread's scratch, kept from block to block; the gradient its reference pairs
+    // gather is added to the references' once, after the last block.
+    let mut scratches: Vec<Scratch> = (0..threads)
+        .map(|_| Scratch::new(m, job.ref_pairs.then(|| RefPairs::new(m, d, ref_role))))
+        .collect();
+    for c0 in (0..b).step_by(rows) {
+        report.check()?;
+        let c1 = (c0 + rows).min(b);
+        let mut u = block.slice_mut(s![..c1 - c0, ..]);
+        let per = (c1 - c0).div_ceil(threads).max(1);
+        let mut g_block = g_q.slice_mut(s![c0..c1, ..]);
+        let (parts, near) = std::thread::scope(|scope| {
+            let workers: Vec<_> = u
+                .axis_chunks_iter_mut(Axis(0), per)
+                .zip(g_block.axis_chunks_iter_mut(Axis(0), per))
+                .zip(scratches.iter_mut())
+                .enumerate()
+                .map(|(t, ((u, g), scratch))| {
+                    let (shared, report) = (&shared, &report);
+                    scope.spawn(move || {
+                        block_weights(shared, rule, c0 + t * per, (u, g), scratch, report)
+                    })
+                })
+                .collect();
+            let mut parts = (Totals::default(), Vec::new());
+            for w in workers {
+                match w.join() {
+                    Ok((t, near)) => {
+                        parts.0.add(t);
+                        // Kept per thread: no second copy of the pairs.
+                        parts.1.push(near);
+                    }
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            parts
+        });
+        totals.add(parts);
+        report.check()?;
+        if let Some(g_r) = g_r.as_mut() {
+            add_ref_side(
+                distance.distance,
+                block.slice(s![..c1 - c0, ..]),
+                q_hat.slice(s![c0..c1, ..]),
+                r_hat,
+                g_r,
+            );
+            for &(a, j, w) in near.iter().flatten() {
+                let j = j as usize;
+                let mut g = g_r.row_mut(j);
+                g.scaled_add(w, &r_hat.row(j));
+                g.scaled_add(-w, &q_hat.row(a));
+            }
+        }
+    }
+    if let Some(g_r) = g_r.as_mut() {
+        for g in scratches
+            .iter()
+            .filter_map(|s| s.pairs.as_ref()?.grad.as_ref())
+        {
+            *g_r += g;
+        }
+    }
+    Ok(finish(job, totals, (g_q, g_r), (q, r)))
+}
+
+/// The mean's division and the normalisation's backward of the gradients with respect to the
+/// normalised rows, `g_q` `(b, d)` and `g_r` `(m, d)` (when a gradient goes to the
+/// references), from the raw rows `q` and `r`; with the queries as references both roles are
+/// one row's.
+pub(super) fn finish(
+    job: &Job<'_>,
+    totals: Totals,
+    (mut g_q, g_r): (Array2<f32>, Option<Array2<f32>>),
+    (q, r): (ArrayView2<'_, f32>, ArrayView2<'_, f32>),
+) -> Output {
+    let factor = if totals.count == 0 {
+        0.0
+    } else {
+        (1.0 / totals.count as f64) as f32
+    };
+    let normalizes = job.distance.normalizes();
+    if job.refs_are_queries {
+        if let Some(g_r) = &g_r {
+            g_q += g_r;
+        }
+        through_normalization(&mut g_q, q, normalizes, factor);
+        return Output {
+            totals,
+            query_grad: g_q,
+            ref_grad: None,
+        };
+    }
+    through_normalization(&mut g_q, q, normalizes, factor);
+    let ref_grad = g_r.map(|mut g| {
+        through_normalization(&mut g, r, normalizes, factor);
+        g
+    });
+    Output {
+        totals,
+        query_grad: g_q,
+        ref_grad,
+    }
+}
+
+/// One thread's anchors `a0 ..` of a block: their distance rows into `u` (from the raw rows
+/// and the references' norms, as the miners compute them), each turned into `U` by the
+/// loss's rule and [`weights_to_u`], then the anchors' gradient rows `g`; returns the sums and
+/// the near pairs, whose query side is already in `g` (reference pairs the rule scored gather
+/// their gradient in the thread's `scratch`).
+fn block_weights(
+    shared: &Shared<'_>,
+    rule: &AnchorRule<'_>,
+    a0: usize,
+    (mut u, mut g): (ArrayViewMut2<'_, f32>, ArrayViewMut2<'_, f32>),
+    scratch: &mut Scratch,
+    report: &Reporter<'_>,
+) -> (Totals, Vec<NearPair>) {
+    let n = u.nrows();
+    let mut totals = Totals::default();
+    let mut near = Vec::new();
+    let q = shared.q.slice(s![a0..a0 + n, ..]);
+    distances_into(q, shared.r, shared.r_norms, &shared.distance, u.view_mut());
+    let m = u.ncols();
+    for (i, row) in u.rows_mut().into_iter().enumerate() {
+        if report.cancelled() {
+            return (totals, near);
+        }
+        scratch.weights.fill(0.0);
+        totals.add(rule(a0 + i, row.view(), scratch, shared));
+        let x = (a0 + i, shared.q_hat.row(a0 + i), shared.q_norms.sq[a0 + i]);
+        weights_to_u(shared, x, row, &scratch.weights, (&mut near, n * m));
+        report.add(m as u64);
+    }
+    let q_hat = shared.q_hat.slice(s![a0..a0 + n, ..]);
+    let distance = shared.distance.distance;
+    query_side(distance, u.view(), q_hat, shared.r_hat, g.view_mut());
+    for &(a, j, w) in &near {
+        let mut row = g.row_mut(a - a0);
+        row.scaled_add(w, &shared.q_hat.row(a));
+        row.scaled_add(-w, &shared.r_hat.row(j as usize));
+    }
+    (totals, near)
+}
+
+/// The weights of row `a` (an anchor, or a reference of [`RefPairs`]), whose normalised row
+/// is `x_hat` and squared norm `x2`, turned into `U` ([`pair_weight`]) in place of its
+/// distances `row`; Euclidean pairs closer than [`NEAR`] go to `near` instead (their `U` is 0),
+/// a list of at most `most` pairs, the worst case the budget counts.
+fn weights_to_u(
+    shared: &Shared<'_>,
+    (a, x_hat, x2): (usize, ArrayView1<'_, f32>, f32),
+    mut row: ArrayViewMut1<'_, f32>,
+    weights: &[f64],
+    (near, most): (&mut Vec<NearPair>, usize),
+) {
+    let distance = shared.distance.distance;
+    let euclidean = distance == Distance::Euclidean;
+    for (j, (d, &w)) in row.iter_mut().zip(weights).enumerate() {
+        if euclidean && w != 0.0 && *d * *d < NEAR * (x2 + shared.r_norms.sq[j]) {
+            let diff = &x_hat - &shared.r_hat.row(j);
+            let exact = diff.dot(&diff).sqrt();
+            if exact > 0.0 {
+                if near.len() == near.capacity() {
+                    // Doubling, but never past the worst case the budget counts.
+                    let room = most.saturating_sub(near.len()).max(1);
+                    near.reserve_exact(near.capacity().max(16).min(room));
+                }
+                near.push((a, j as u32, (w / exact as f64) as f32));
+            }
+            *d = 0.0;
+        } else {
+            *d = pair_weight(distance, w, *d);
+        }
+    }
+}

@@ -1,0 +1,403 @@
+//! The InfoNCE family with in-batch and memory-bank negatives: PML's `NTXentLoss` and
+//! sentence-transformers' `MultipleNegativesRankingLoss`, with their gradients, anchor block by
+//! anchor block, so that the `(b, m)` similarity matrix never exists whole.
+//!
+//! For an anchor with logits `z = ±D / τ`, positives `P` and negatives `N`, each positive's
+//! loss is `−log(e^{z_p} / (e^{z_p} + S))` with `S = Σ_N e^{z_n}` shared by all of them; so
+//! `∂ℓ_p/∂z_p = −S / (e^{z_p} + S)` and every negative gets `e^{z_n} Σ_P 1 / (e^{z_p} + S)`:
+//! one pass over the anchor's row. On a wgpu context the same passes run on the device in f32
+//! (`info_nce_weights`, the positives' terms taken in logs so that probabilities below f32's
+//! normal range keep PML's `−log(x + ε)`), with the triplet loss's device blocks
+//! ([`super::gpu`]); natively they run in f64.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+use ndarray::{Array1, Array2, ArrayView1};
+
+use super::driver::{self, Job, Scratch, Shared, Totals};
+use super::gpu;
+use crate::context::{ComputePath, Context};
+use crate::data::inputs::{self, Embeddings, Imports, Labelled, MiningSet, SelfExclusion, NO_SLOT};
+use crate::error::{Error, Result};
+use crate::hooks::Hooks;
+use crate::metric::{Distance, DistanceConfig};
+use crate::runtime::memory::Transfers;
+use crate::runtime::transfer;
+use crate::validate;
+
+const NTXENT: &str = "ntxent_loss";
+const MNRL: &str = "multiple_negatives_ranking_loss";
+/// The label of a call's working memory.
+const SCRATCH: &str = "info_nce working memory";
+/// PML's `small_val` inside the log: f32's smallest normal number.
+const TINY: f64 = f32::MIN_POSITIVE as f64;
+
+/// How [`ntxent_loss`] computes. Defaults: PML's `NTXentLoss()` (temperature 0.07, cosine
+/// similarity).
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{Distance, InfoNceConfig};
+/// let cfg = InfoNceConfig { temperature: 0.1, ..Default::default() };
+/// assert_eq!(cfg.distance.distance, Distance::Cosine);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct InfoNceConfig {
+    /// The temperature `τ` dividing every similarity (PML default 0.07). Finite, > 0.
+    pub temperature: f32,
+    /// The distance. Default: cosine similarity (PML's default for `NTXentLoss`); with a
+    /// distance (Euclidean forms) the logits are `−D / τ`, as PML takes them.
+    pub distance: DistanceConfig,
+    /// Which reference is each query itself, never its own positive. Default
+    /// [`SelfExclusion::Auto`]: the query's row when the references are the queries.
+    pub self_exclusion: SelfExclusion,
+    /// Also return the gradient with respect to the given references. Default `false` (a
+    /// memory bank's rows are detached). Without references the queries' gradient holds both
+    /// roles.
+    pub ref_grad: bool,
+    /// Progress (query–reference pairs) and cancellation. Default: none.
+    pub hooks: Hooks,
+}
+
+impl Default for InfoNceConfig {
+    fn default() -> Self {
+        Self {
+            temperature: 0.07,
+            distance: DistanceConfig {
+                distance: Distance::Cosine,
+                normalize: true,
+            },
+            self_exclusion: SelfExclusion::Auto,
+            ref_grad: false,
+            hooks: Hooks::default(),
+        }
+    }
+}
+
+/// The result of [`ntxent_loss`] and [`multiple_negatives_ranking_loss`].
+///
+/// See the example of [`ntxent_loss`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct InfoNceLoss {
+    /// The mean over the positive pairs of `−log softmax` (0 when PML returns no loss: no
+    /// positive pair, no negative pair, or at most one of each).
+    pub loss: f32,
+    /// Positive pairs: the mean's divisor.
+    pub positive_pairs: u64,
+    /// Negative pairs (query, reference).
+    pub negative_pairs: u64,
+    /// `∂loss/∂queries` `(b, d)`; without references it also holds the queries' role as
+    /// references.
+    pub query_grad: Array2<f32>,
+    /// `∂loss/∂refs` `(m, d)` when asked for and references were given (always for
+    /// [`multiple_negatives_ranking_loss`]: the candidates').
+    pub ref_grad: Option<Array2<f32>>,
+    /// Where it ran: [`ComputePath::Wgpu`] on a wgpu context (similarities, weights in f32 and
+    /// both gradient products on the device), the native path otherwise, or where the
+    /// references take more than one storage binding or the device buffers do not fit the
+    /// budget (in f64, device rows read back); calls without a loss (no positive or negative
+    /// pair) return zeros before either, with the context's path.
+    pub path: ComputePath,
+    /// Host–device traffic of the call.
+    pub transfers: Transfers,
+}
+
+/// PML's `NTXentLoss(temperature)` of `queries` `(b, d)` against `refs` `(m, d)` (`None`: the
+/// queries themselves), with its gradient, in `(rows, m)` blocks under the budget.
+///
+/// Every positive pair `(a, p)` (same label, `p` not `a` itself) is scored against all of
+/// `a`'s negatives (other labels): `−log(e^{s_ap/τ} / (e^{s_ap/τ} + Σ_n e^{s_an/τ}))`, and the
+/// mean over the positive pairs is returned (PML's `MeanReducer`), an anchor without
+/// negatives adding 0 per positive pair. As in PML the loss is 0, with no gradient, when
+/// there is no positive pair or no negative pair, or at most one of each. The gradient is
+/// torch's, PML's `1e-38` inside the log included (a positive pair whose probability is below
+/// it passes almost none).
+///
+/// # Errors
+/// [`Error::InvalidParameter`] for a temperature that is not finite and positive; otherwise
+/// as [`crate::triplet_margin_loss`].
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{ntxent_loss, Context, InfoNceConfig, MiningSet};
+/// let ctx = Context::native_cpu(None);
+/// // Two views of two images: rows 0 and 2 are one image, rows 1 and 3 the other.
+/// let x = array![[1.0f32, 0.1], [0.1, 1.0], [0.9, 0.2], [0.0, 1.0]];
+/// let labels = array![0, 1, 0, 1];
+/// let out = ntxent_loss(&ctx, &MiningSet::new(&x, &labels), None, &InfoNceConfig::default())?;
+/// assert_eq!((out.positive_pairs, out.negative_pairs), (4, 8));
+/// assert!(out.loss > 0.0 && out.loss < 0.1);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn ntxent_loss<L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
+    cfg: &InfoNceConfig,
+) -> Result<InfoNceLoss> {
+    check_temperature(NTXENT, "temperature", cfg.temperature)?;
+    let mut imports = Imports::call();
+    let set = inputs::prepare(
+        NTXENT,
+        ctx,
+        queries,
+        refs,
+        &cfg.self_exclusion,
+        true,
+        |_| Ok(true),
+        &mut imports,
+    )?;
+    let job = Job {
+        op: NTXENT,
+        label: SCRATCH,
+        set: &set,
+        refs_are_queries: refs.is_none(),
+        distance: cfg.distance,
+        ref_grad: cfg.ref_grad,
+        ref_pairs: false,
+        hooks: &cfg.hooks,
+    };
+    run(ctx, &job, cfg.temperature, true)
+}
+
+/// How [`multiple_negatives_ranking_loss`] computes. Defaults: sentence-transformers'
+/// `MultipleNegativesRankingLoss()` (scale 20, cosine similarity).
+///
+/// # Example
+/// ```
+/// let cfg = wgpu_metric_learning::MnrlConfig::default();
+/// assert_eq!(cfg.scale, 20.0);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct MnrlConfig {
+    /// The factor on every cosine similarity (the inverse temperature). Finite, > 0.
+    pub scale: f32,
+    /// Progress and cancellation. Default: none.
+    pub hooks: Hooks,
+}
+
+impl Default for MnrlConfig {
+    fn default() -> Self {
+        Self {
+            scale: 20.0,
+            hooks: Hooks::default(),
+        }
+    }
+}
+
+/// sentence-transformers' `MultipleNegativesRankingLoss`: `anchors` `(b, d)` against
+/// `candidates` `(c, d)`, `c ≥ b`, where candidate `i` is anchor `i`'s positive and every other
+/// candidate (the other anchors' positives, hard negatives, a memory bank's rows) a negative:
+/// the mean over the anchors of the cross-entropy of `scale · cos(anchor, candidates)` with
+/// target `i`. Returns the gradients of both sides (`ref_grad` holds the candidates'), in
+/// `(rows, c)` blocks under the budget.
+///
+/// # Errors
+/// [`Error::Shape`] when there are fewer candidates than anchors or the widths differ;
+/// [`Error::InvalidParameter`] for a scale that is not finite and positive; otherwise as
+/// [`ntxent_loss`].
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{multiple_negatives_ranking_loss, Context, MnrlConfig};
+/// let ctx = Context::native_cpu(None);
+/// let anchors = array![[1.0f32, 0.0], [0.0, 1.0]];
+/// let candidates = array![[0.9f32, 0.1], [0.1, 0.9], [0.7, 0.7]]; // positives, then a hard negative
+/// let out = multiple_negatives_ranking_loss(&ctx, &anchors, &candidates, &MnrlConfig::default())?;
+/// assert_eq!(out.positive_pairs, 2);
+/// assert_eq!(out.ref_grad.map(|g| g.dim()), Some((3, 2)));
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn multiple_negatives_ranking_loss<'a>(
+    ctx: &Context,
+    anchors: impl Into<Embeddings<'a>>,
+    candidates: impl Into<Embeddings<'a>>,
+    cfg: &MnrlConfig,
+) -> Result<InfoNceLoss> {
+    check_temperature(MNRL, "scale", cfg.scale)?;
+    let (anchors, candidates) = (anchors.into(), candidates.into());
+    let (b, c) = (anchors.dim().0, candidates.dim().0);
+    if c < b {
+        return Err(Error::Shape {
+            op: MNRL,
+            what: "candidates",
+            expected: format!("at least {b} rows (one positive per anchor)"),
+            got: vec![c, candidates.dim().1],
+        });
+    }
+    // Every candidate its own class: anchor i's only positive is candidate i.
+    let (anchor_ids, candidate_ids): (Array1<u32>, Array1<u32>) =
+        ((0..b as u32).collect(), (0..c as u32).collect());
+    let queries = MiningSet {
+        embeddings: Some(anchors.reborrow()),
+        labels: anchor_ids.view(),
+    };
+    let refs = MiningSet {
+        embeddings: Some(candidates.reborrow()),
+        labels: candidate_ids.view(),
+    };
+    let mut imports = Imports::call();
+    let set = inputs::prepare(
+        MNRL,
+        ctx,
+        &queries,
+        Some(&refs),
+        &SelfExclusion::None,
+        true,
+        |_| Ok(true),
+        &mut imports,
+    )?;
+    let job = Job {
+        op: MNRL,
+        label: SCRATCH,
+        set: &set,
+        refs_are_queries: false,
+        distance: DistanceConfig {
+            distance: Distance::Cosine,
+            normalize: true,
+        },
+        ref_grad: true,
+        ref_pairs: false,
+        hooks: &cfg.hooks,
+    };
+    run(ctx, &job, 1.0 / cfg.scale, false)
+}
+
+fn check_temperature(op: &'static str, what: &'static str, value: f32) -> Result<()> {
+    validate::finite_param(op, what, value)?;
+    if value > 0.0 && (1.0 / value).is_finite() {
+        return Ok(());
+    }
+    Err(Error::InvalidParameter {
+        op,
+        what,
+        value: value.to_string(),
+        rule: "must be positive (and its inverse finite)",
+    })
+}
+
+/// Positive and negative pairs over all anchors, from the label counts.
+fn pair_counts(set: &Labelled<'_>) -> (u64, u64) {
+    let mut per_class: HashMap<u32, u64> = HashMap::new();
+    for &l in &set.ref_labels {
+        *per_class.entry(l).or_default() += 1;
+    }
+    let m = set.ref_labels.len() as u64;
+    let (mut positives, mut negatives) = (0u64, 0u64);
+    for (&label, &slot) in set.labels.iter().zip(&set.self_slots) {
+        let same = per_class.get(&label).copied().unwrap_or(0);
+        let own = slot != NO_SLOT && set.ref_labels.get(slot as usize) == Some(&label);
+        positives += same - u64::from(own);
+        negatives += m - same;
+    }
+    (positives, negatives)
+}
+
+/// `1 / (1 + e^{−t})` without overflow.
+fn sigmoid(t: f64) -> f64 {
+    if t >= 0.0 {
+        1.0 / (1.0 + (-t).exp())
+    } else {
+        let e = t.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// Runs the loss; `pml_empty` applies PML's rules for calls it returns no loss for (NTXent),
+/// which sentence-transformers' cross-entropy does not have (MNRL).
+fn run(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Result<InfoNceLoss> {
+    let (positive_pairs, negative_pairs) = pair_counts(job.set);
+    let (b, d) = job.set.queries.as_ref().map_or((0, 0), |q| q.dim());
+    let m = job.set.ref_labels.len();
+    // PML's GenericPairLoss and NTXentLoss return no loss for these; without a negative the
+    // cross-entropy is 0 anyway.
+    let pml_none = positive_pairs == 0 || (positive_pairs <= 1 && negative_pairs <= 1);
+    if negative_pairs == 0 || positive_pairs == 0 || (pml_empty && pml_none) {
+        job.hooks.check(job.op)?;
+        return Ok(InfoNceLoss {
+            loss: 0.0,
+            positive_pairs,
+            negative_pairs,
+            query_grad: Array2::zeros((b, d)),
+            ref_grad: (job.ref_grad && !job.refs_are_queries).then(|| Array2::zeros((m, d))),
+            path: ctx.path(),
+            transfers: job.set.imported,
+        });
+    }
+    let similarity = job.distance.distance.is_similarity();
+    // ∂z/∂D for the logits z = ±D / τ.
+    let dz = if similarity { 1.0 } else { -1.0 } / f64::from(temperature);
+    let set = job.set;
+    let anchor = |a: usize, row: ArrayView1<'_, f32>, s: &mut Scratch, _: &Shared<'_>| {
+        set.lists_of(a, &mut s.positives, &mut s.negatives);
+        if s.positives.is_empty() {
+            return Totals::default();
+        }
+        let z = |j: u32| dz * f64::from(row[j as usize]);
+        // L = log Σ_N e^{z_n}; a positive's probability is then x = σ(z_p − L) and every
+        // quantity below lies in [0, 1], however far apart the logits are.
+        let top = s
+            .negatives
+            .iter()
+            .map(|&n| z(n))
+            .fold(f64::NEG_INFINITY, f64::max);
+        let log_sum = top
+            + s.negatives
+                .iter()
+                .map(|&n| (z(n) - top).exp())
+                .sum::<f64>()
+                .ln();
+        let mut loss = 0.0;
+        let mut on_negatives = 0.0;
+        for &p in &s.positives {
+            // With no negatives, L = −∞: x = 1 and nothing moves.
+            let (x, rest) = if s.negatives.is_empty() {
+                (1.0, 0.0)
+            } else {
+                (sigmoid(z(p) - log_sum), sigmoid(log_sum - z(p)))
+            };
+            // PML's `−log(x + ε)`: its derivative is the plain softmax one times x / (x + ε),
+            // which flattens it where the positive's probability x is below ε (f32's smallest
+            // normal), as in PML.
+            let flat = x / (x + TINY);
+            loss -= (x + TINY).ln();
+            s.weights[p as usize] -= dz * flat * rest;
+            // ∂ℓ_p/∂z_n = flat · e^{z_n} / (e^{z_p} + e^L) = flat · (1 − x) · e^{z_n − L}.
+            on_negatives += flat * rest;
+        }
+        for &n in &s.negatives {
+            s.weights[n as usize] += dz * (z(n) - log_sum).exp() * on_negatives;
+        }
+        Totals {
+            loss,
+            count: s.positives.len() as u64,
+            items: s.negatives.len() as u64,
+        }
+    };
+    // On the device where there is one (`info_nce_weights`, in f32), else the native path.
+    let on_device = || -> Result<Option<driver::Output>> {
+        match ctx.gpu() {
+            Some(gpu) => gpu::run(ctx, gpu, job, &gpu::Rule::InfoNce { dz: dz as f32 }),
+            None => Ok(None),
+        }
+    };
+    let (out, mut transfers) = transfer::measure(|| match on_device()? {
+        Some(out) => Ok((out, ComputePath::Wgpu)),
+        None => driver::run(ctx, job, &anchor).map(|out| (out, ComputePath::NativeCpu)),
+    });
+    transfers.add(job.set.imported);
+    let (out, path) = out?;
+    Ok(InfoNceLoss {
+        loss: out.totals.mean(),
+        positive_pairs,
+        negative_pairs,
+        query_grad: out.query_grad,
+        ref_grad: out.ref_grad,
+        path,
+        transfers,
+    })
+}
