@@ -2,17 +2,13 @@
 //
 //   out[r * out_stride + out_col0 + c] = metric(queries[r], refs[c])
 //
-// The tile may be one column block of a wider row-major matrix (references split into pages):
-// out_stride is that matrix's row length and out_col0 the block's first column. Reference c is
-// row ref_row0 + c of the refs buffer, so a tile can start inside a page.
+// The uniform block, the bindings and `load` are common/tile.wgsl's (composed in front),
+// shared with the GEMM family; the epilogue is common/metric.wgsl's `metric_of`.
 //
 // Each workgroup owns a BLOCK x BLOCK block of the tile (BLOCK = 64, set from Rust); each of its
 // THREADS x THREADS invocations owns a 4 x 4 register block. The dot products are accumulated
 // over 16-wide slices of the dimension staged in workgroup memory (transposed, so that one vec4
 // read gives four rows or four columns), which makes every global load feed 64 multiply-adds.
-// Rows are padded by the host to a multiple of 4 floats with zeros, so vec4 loads need no tail
-// handling and the zeros change no dot product.
-//
 // Staging writes whole vectors: an invocation loads a 4 x 4 block (four rows, four depths),
 // transposes it in registers and stores four vec4s, one per depth. (A store to one component
 // of a vec4 in workgroup memory may rewrite the whole vector: Apple's compiler does, which
@@ -22,25 +18,6 @@
 // beforehand by row_norms.wgsl), exactly as torch.cdist does for large inputs:
 //   d2 = |q|^2 + |r|^2 - 2 q.r, clamped at 0 against round-off.
 // With normalisation, q and r are scaled by 1 / max(|x|, 1e-12) (torch F.normalize's rule).
-
-struct Params {
-    rows: u32,
-    cols: u32,
-    dim4: u32,
-    // 0: Euclidean, 1: squared Euclidean, 2: cosine similarity, 3: dot product.
-    metric: u32,
-    normalize: u32,
-    out_stride: u32,
-    out_col0: u32,
-    ref_row0: u32,
-}
-
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> queries: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> refs: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> query_sq_norms: array<f32>;
-@group(0) @binding(4) var<storage, read> ref_sq_norms: array<f32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
 // Rows and columns per workgroup: set from Rust (distance_tile::BLOCK), a multiple of 32.
 override BLOCK: u32;
@@ -55,45 +32,15 @@ var<workgroup> q_slab: array<vec4<f32>, SLAB_VECS>;
 var<workgroup> r_slab: array<vec4<f32>, SLAB_VECS>;
 
 fn finish(dot_raw: f32, row: u32, col: u32) -> f32 {
-    var q2 = query_sq_norms[row];
-    var r2 = ref_sq_norms[params.ref_row0 + col];
-    var d = dot_raw;
-    if (params.normalize != 0u) {
-        let iq = 1.0 / max(sqrt(q2), 1e-12);
-        let ir = 1.0 / max(sqrt(r2), 1e-12);
-        d = d * iq * ir;
-        q2 = q2 * iq * iq;
-        r2 = r2 * ir * ir;
-    }
-    switch params.metric {
-        case 0u: {
-            return sqrt(max(q2 + r2 - 2.0 * d, 0.0));
-        }
-        case 1u: {
-            return max(q2 + r2 - 2.0 * d, 0.0);
-        }
-        default: {
-            return d;
-        }
-    }
-}
-
-// Row `item` of `side` (0: queries, 1: references) at vec4 `k` of the dimension, zero past
-// the tile's edge or the dimension.
-fn load(side: u32, item: u32, k: u32) -> vec4<f32> {
-    if (k >= params.dim4) {
-        return vec4<f32>(0.0);
-    }
-    if (side == 0u) {
-        if (item < params.rows) {
-            return queries[item * params.dim4 + k];
-        }
-        return vec4<f32>(0.0);
-    }
-    if (item < params.cols) {
-        return refs[(params.ref_row0 + item) * params.dim4 + k];
-    }
-    return vec4<f32>(0.0);
+    let q2 = query_sq_norms[row];
+    let r2 = ref_sq_norms[params.ref_row0 + col];
+    return metric_of(
+        params.metric,
+        params.normalize,
+        dot_raw,
+        vec2<f32>(q2, inv_norm(q2)),
+        vec2<f32>(r2, inv_norm(r2)),
+    );
 }
 
 @compute @workgroup_size(THREADS, THREADS, 1)

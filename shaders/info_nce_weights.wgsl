@@ -23,7 +23,7 @@ struct Params {
     anchors: u32,
     refs: u32,
     dim4: u32,
-    // 0: Euclidean, 1: squared Euclidean, 2: cosine similarity, 3: dot product.
+    // A METRIC_* code (common/metric.wgsl).
     metric: u32,
     normalize: u32,
     // dL/dz's factor: +1/tau for similarities, -1/tau for distances.
@@ -73,15 +73,6 @@ fn role(a: u32, j: u32) -> u32 {
     return POSITIVE;
 }
 
-// log(1 + z) without losing a small z (Kahan's rewriting): WGSL has no log1p.
-fn log1p(z: f32) -> f32 {
-    let w = 1.0 + z;
-    if (w == 1.0) {
-        return z;
-    }
-    return log(w) * z / (w - 1.0);
-}
-
 // log(e^x + e^y) without overflow or underflow.
 fn log_add_exp(x: f32, y: f32) -> f32 {
     return max(x, y) + log1p(exp(-abs(x - y)));
@@ -102,49 +93,6 @@ fn sigmoid(t: f32) -> f32 {
     }
     let e = exp(t);
     return e / (1.0 + e);
-}
-
-// 1 / max(|x|, 1e-12) when normalising, else 1: the scale distance_tile.wgsl applies.
-fn scale_of(sq: f32) -> f32 {
-    if (params.normalize != 0u) {
-        return 1.0 / max(sqrt(sq), 1e-12);
-    }
-    return 1.0;
-}
-
-// |q^_a - r^_j| from the rows themselves.
-fn exact_distance(a: u32, j: u32, sq: f32, sr: f32) -> f32 {
-    var acc = 0.0;
-    for (var k = 0u; k < params.dim4; k++) {
-        let diff = queries[a * params.dim4 + k] * sq - refs[j * params.dim4 + k] * sr;
-        acc += dot(diff, diff);
-    }
-    return sqrt(acc);
-}
-
-fn pair_weight(a: u32, j: u32, w: f32, d: f32) -> f32 {
-    switch params.metric {
-        case 0u: {
-            if (w == 0.0) {
-                return 0.0;
-            }
-            let q2 = query_sq_norms[a];
-            let r2 = ref_sq_norms[j];
-            let sq = scale_of(q2);
-            let sr = scale_of(r2);
-            if (d * d < params.near * ((q2 * sq) * sq + (r2 * sr) * sr)) {
-                let exact = exact_distance(a, j, sq, sr);
-                return select(0.0, w / exact, exact > 0.0);
-            }
-            return select(0.0, w / d, d > 0.0);
-        }
-        case 1u: {
-            return 2.0 * w;
-        }
-        default: {
-            return w;
-        }
-    }
 }
 
 // The workgroup's maximum (op 0) or sum (op 1) of v, on every invocation.

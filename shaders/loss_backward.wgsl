@@ -26,7 +26,7 @@ struct Params {
     rows: u32,
     refs: u32,
     dim4: u32,
-    // 0: Euclidean, 1: squared Euclidean, 2: cosine similarity, 3: dot product.
+    // A METRIC_* code (common/metric.wgsl).
     metric: u32,
     normalize: u32,
     // query_side: the block's first row in `out`.
@@ -57,13 +57,6 @@ var<workgroup> weights: array<f32, W_ITEMS>;
 // (TILE steps) x (TILE * CN vec4s) staged rows, row-major.
 var<workgroup> staged: array<vec4<f32>, S_ITEMS>;
 
-fn scale_of(sq: f32) -> f32 {
-    if (params.normalize != 0u) {
-        return 1.0 / max(sqrt(sq), 1e-12);
-    }
-    return 1.0;
-}
-
 // Row i (< count) of `side` (0: the block's anchors, 1: references) at vec4 c, normalised; 0
 // past either edge.
 fn row_hat(side: u32, i: u32, c: u32, count: u32) -> vec4<f32> {
@@ -71,9 +64,9 @@ fn row_hat(side: u32, i: u32, c: u32, count: u32) -> vec4<f32> {
         return vec4<f32>(0.0);
     }
     if (side == 0u) {
-        return queries[i * params.dim4 + c] * scale_of(query_sq_norms[i]);
+        return queries[i * params.dim4 + c] * scale_of(query_sq_norms[i], params.normalize);
     }
-    return refs[i * params.dim4 + c] * scale_of(ref_sq_norms[i]);
+    return refs[i * params.dim4 + c] * scale_of(ref_sq_norms[i], params.normalize);
 }
 
 fn weight(a: u32, j: u32) -> f32 {
@@ -139,7 +132,7 @@ fn product(lid: vec3<u32>, wid: vec3<u32>, groups: vec3<u32>, query: bool) {
     let row0 = (wid.x + wid.y * groups.x) * TILE * RM;
     let col0 = wid.z * TILE * CN;
     let t = lid.y * TILE + lid.x;
-    let e = params.metric < 2u;
+    let e = !is_similarity(params.metric);
     var out_rows = params.refs;
     var summed = params.rows;
     var own = 1u;

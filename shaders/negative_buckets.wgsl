@@ -97,24 +97,20 @@ fn flat_id(gid: vec3<u32>, groups: vec3<u32>) -> u32 {
     return gid.x + gid.y * groups.x * WORKGROUP_SIZE;
 }
 
-fn tm_of(ap: f32, an: f32) -> f32 {
-    return select(an - ap, ap - an, params.inverted != 0u);
-}
-
 fn has_low() -> bool {
-    return params.mode == 3u || params.mode == 4u;
+    return params.mode == RULE_SEMIHARD || params.mode == RULE_EASY;
 }
 
 fn has_high() -> bool {
-    return params.mode != 4u;
+    return params.mode != RULE_EASY;
 }
 
 fn low() -> f32 {
-    return select(0.0, params.margin, params.mode == 4u);
+    return select(0.0, params.margin, params.mode == RULE_EASY);
 }
 
 fn high() -> f32 {
-    return select(params.margin, min(params.margin, 0.0), params.mode == 2u);
+    return select(params.margin, min(params.margin, 0.0), params.mode == RULE_HARD);
 }
 
 // How many of the anchor's n sorted positive values (row `row`) have tm(ap, an) <= x.
@@ -125,7 +121,7 @@ fn positives_le(row: u32, n: u32, an: f32, x: f32) -> u32 {
     var hi = n;
     while (lo < hi) {
         let mid = (lo + hi) / 2u;
-        if ((tm_of(sorted[row + mid], an) <= x) == inverted) {
+        if ((triplet_margin(sorted[row + mid], an, inverted) <= x) == inverted) {
             lo = mid + 1u;
         } else {
             hi = mid;
@@ -156,7 +152,7 @@ fn order_le(row: u32, n: u32, ap: f32, x: f32) -> u32 {
     var hi = n;
     while (lo < hi) {
         let mid = (lo + hi) / 2u;
-        if ((tm_of(ap, distances[row + order[row + mid]]) <= x) != inverted) {
+        if ((triplet_margin(ap, distances[row + order[row + mid]], inverted) <= x) != inverted) {
             lo = mid + 1u;
         } else {
             hi = mid;
@@ -181,21 +177,6 @@ fn kept_run(row: u32, n: u32, ap: f32) -> vec2<u32> {
         run = vec2<u32>(n - below_high, n - below_low);
     }
     return vec2<u32>(run.x, max(run.x, run.y));
-}
-
-// The anchor owning `pair`: the largest a with pair_base[a] <= pair.
-fn anchor_of(pair: u32) -> u32 {
-    var lo = 0u;
-    var hi = params.anchors;
-    while (hi - lo > 1u) {
-        let mid = (lo + hi) / 2u;
-        if (pair_base[mid] <= pair) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    return lo;
 }
 
 // The value of pair `pair` of anchor a: d(a, p).

@@ -74,6 +74,13 @@ struct Params {
 override WORKGROUP_SIZE: u32;
 
 const NONE: u32 = 0xFFFFFFFFu;
+// `params.rule` (src/kernels/pair_select.rs's `rule`, checked by reflection).
+const ALL_PAIRS: u32 = 0u;
+const PAIR_MARGIN: u32 = 1u;
+const MULTI_SIMILARITY: u32 = 2u;
+const EASY_HARD: u32 = 3u;
+// A side's strategy (src/kernels/pair_select.rs's `strategy`, checked by reflection).
+const HARD: u32 = 0u;
 const SEMIHARD: u32 = 1u;
 const EASY: u32 = 2u;
 const ALL: u32 = 3u;
@@ -158,7 +165,7 @@ fn reduce(lid: u32, drow: u32, label: u32, me: u32, bounded: u32, bound: f32) {
             continue;
         }
         let v = distances[drow * params.cols + r];
-        var admit = params.rule != 3u || in_range(side, v);
+        var admit = params.rule != EASY_HARD || in_range(side, v);
         if (side == bounded) {
             if (side == 0u) {
                 admit = admit && closer(v, bound);
@@ -267,16 +274,16 @@ fn main(
 
     // What each side keeps: every candidate (`all`), one reference (`pick`, NONE: nothing), or
     // (rules 1, 2) the candidates whose value passes a threshold.
-    var all_pos = params.rule == 0u;
-    var all_neg = params.rule == 0u;
+    var all_pos = params.rule == ALL_PAIRS;
+    var all_neg = params.rule == ALL_PAIRS;
     var pick_pos = NONE;
     var pick_neg = NONE;
     var first = array<vec2<u32>, 4>();
-    if (params.rule >= 2u) {
+    if (params.rule >= MULTI_SIMILARITY) {
         reduce(lid, drow, label, me, 2u, 0.0);
         first = reduced[0];
     }
-    if (params.rule == 3u) {
+    if (params.rule == EASY_HARD) {
         let ps = params.pos_strategy;
         let ns = params.neg_strategy;
         var p = first[0];
@@ -324,7 +331,7 @@ fn main(
             pick_neg = NONE;
         }
     }
-    let multi = params.rule == 2u;
+    let multi = params.rule == MULTI_SIMILARITY;
     let both = first[0].y != NONE && first[2].y != NONE;
     let eps = params.pos_margin;
     let min_pos = bitcast<f32>(first[0].x);
@@ -346,16 +353,16 @@ fn main(
         var v = 0.0;
         if (r < params.cols) {
             let side = side_of(label, me, r);
-            if (params.rule != 0u) {
+            if (params.rule != ALL_PAIRS) {
                 v = distances[drow * params.cols + r];
             }
             var keep = false;
             if (side == 0u) {
                 switch params.rule {
-                    case 1u: {
+                    case PAIR_MARGIN: {
                         keep = (sim && v < params.pos_margin) || (!sim && v > params.pos_margin);
                     }
-                    case 2u: {
+                    case MULTI_SIMILARITY: {
                         keep = both && ((sim && v - eps < max_neg) || (!sim && v + eps > min_neg));
                     }
                     default: {
@@ -365,10 +372,10 @@ fn main(
                 flags = select(0u, 1u, keep);
             } else if (side == 1u) {
                 switch params.rule {
-                    case 1u: {
+                    case PAIR_MARGIN: {
                         keep = (sim && v > params.neg_margin) || (!sim && v < params.neg_margin);
                     }
-                    case 2u: {
+                    case MULTI_SIMILARITY: {
                         keep = both && ((sim && v + eps > min_pos) || (!sim && v - eps < max_pos));
                     }
                     default: {

@@ -57,49 +57,10 @@ override WORKGROUP_SIZE: u32;
 
 var<workgroup> partial: array<u32, WORKGROUP_SIZE>;
 
-fn keep(ap: f32, an: f32) -> bool {
-    let tm = tm_of(ap, an);
-    switch params.mode {
-        case 1u: {
-            return tm <= params.margin;
-        }
-        case 2u: {
-            return tm <= params.margin && tm <= 0.0;
-        }
-        case 3u: {
-            return tm <= params.margin && tm > 0.0;
-        }
-        case 4u: {
-            return tm > params.margin;
-        }
-        default: {
-            return true;
-        }
-    }
-}
-
-// The anchor owning `pair`: the largest a with pair_base[a] <= pair.
-fn anchor_of(pair: u32) -> u32 {
-    var lo = 0u;
-    var hi = params.anchors;
-    while (hi - lo > 1u) {
-        let mid = (lo + hi) / 2u;
-        if (pair_base[mid] <= pair) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    return lo;
-}
-
 // Whether negative j of the anchor row starting at `row` is kept against value `ap`.
 fn kept(row: u32, j: u32, ap: f32) -> bool {
-    return params.mode == 0u || keep(ap, distances[row + negatives[row + j]]);
-}
-
-fn tm_of(ap: f32, an: f32) -> f32 {
-    return select(an - ap, ap - an, params.inverted != 0u);
+    return params.mode == RULE_ALL_VALID
+        || keeps(params.mode, params.margin, ap, distances[row + negatives[row + j]], params.inverted != 0u);
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
@@ -161,7 +122,7 @@ fn emit(
     let n_neg = list_counts[2u * a + 1u];
     let p = positives[row + pair - pair_base[a]];
     var ap = 0.0;
-    if (params.mode != 0u) {
+    if (params.mode != RULE_ALL_VALID) {
         ap = distances[row + p];
     }
     for (var j = 0u; j < n_neg && k < end; j++) {

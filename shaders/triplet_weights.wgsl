@@ -13,7 +13,7 @@
 //             triplets, each as a 64-bit count (low word, high word), then three zeros
 //
 // A triplet (a, p, n): label[p] == label[a] != label[n], p not the anchor's own slot. It is
-// kept when the miner rule (params.mode, as triplet_select.wgsl's `keep`) accepts
+// kept when the miner rule (params.mode: common/margin.wgsl's `keeps`) accepts
 // tm = an - ap (ap - an for similarities), and its loss is relu (or softplus) of PML's f32
 // violation (ap - an) + margin ((an - ap) + margin for similarities).
 //
@@ -35,10 +35,10 @@ struct Params {
     anchors: u32,
     refs: u32,
     dim4: u32,
-    // 0: Euclidean, 1: squared Euclidean, 2: cosine similarity, 3: dot product.
+    // A METRIC_* code (common/metric.wgsl).
     metric: u32,
     normalize: u32,
-    // The miner rule: 0 every valid triplet, 1 all, 2 hard, 3 semihard, 4 easy.
+    // The miner rule: a RULE_* code (common/margin.wgsl).
     mode: u32,
     miner_margin: f32,
     margin: f32,
@@ -87,36 +87,6 @@ var<workgroup> sum_loss: array<f32, WORKGROUP_SIZE>;
 var<workgroup> sum_count: array<vec2<u32>, WORKGROUP_SIZE>;
 var<workgroup> sum_items: array<vec2<u32>, WORKGROUP_SIZE>;
 
-fn keep(ap: f32, an: f32) -> bool {
-    let tm = select(an - ap, ap - an, params.metric >= 2u);
-    switch params.mode {
-        case 1u: {
-            return tm <= params.miner_margin;
-        }
-        case 2u: {
-            return tm <= params.miner_margin && tm <= 0.0;
-        }
-        case 3u: {
-            return tm <= params.miner_margin && tm > 0.0;
-        }
-        case 4u: {
-            return tm > params.miner_margin;
-        }
-        default: {
-            return true;
-        }
-    }
-}
-
-// log(1 + z) without losing a small z (Kahan's rewriting): WGSL has no log1p.
-fn log1p(z: f32) -> f32 {
-    let w = 1.0 + z;
-    if (w == 1.0) {
-        return z;
-    }
-    return log(w) * z / (w - 1.0);
-}
-
 // The loss of violation v, its slope, and 1 where the loss is positive: relu (torch's: slope
 // 0 at 0) or softplus (torch's, threshold 20; positive above params.softplus_floor however
 // small).
@@ -138,7 +108,7 @@ fn hinge(v: f32) -> vec3<f32> {
 }
 
 fn violation(ap: f32, an: f32) -> f32 {
-    if (params.metric >= 2u) {
+    if (is_similarity(params.metric)) {
         return (an - ap) + params.margin;
     }
     return (ap - an) + params.margin;
@@ -148,49 +118,6 @@ fn violation(ap: f32, an: f32) -> f32 {
 fn add64(x: vec2<u32>, y: vec2<u32>) -> vec2<u32> {
     let lo = x.x + y.x;
     return vec2<u32>(lo, x.y + y.y + select(0u, 1u, lo < x.x));
-}
-
-// 1 / max(|x|, 1e-12) when normalising, else 1: the scale distance_tile.wgsl applies.
-fn scale_of(sq: f32) -> f32 {
-    if (params.normalize != 0u) {
-        return 1.0 / max(sqrt(sq), 1e-12);
-    }
-    return 1.0;
-}
-
-// |q^_a - r^_j| from the rows themselves.
-fn exact_distance(a: u32, j: u32, sq: f32, sr: f32) -> f32 {
-    var acc = 0.0;
-    for (var k = 0u; k < params.dim4; k++) {
-        let diff = queries[a * params.dim4 + k] * sq - refs[j * params.dim4 + k] * sr;
-        acc += dot(diff, diff);
-    }
-    return sqrt(acc);
-}
-
-fn pair_weight(a: u32, j: u32, w: f32, d: f32) -> f32 {
-    switch params.metric {
-        case 0u: {
-            if (w == 0.0) {
-                return 0.0;
-            }
-            let q2 = query_sq_norms[a];
-            let r2 = ref_sq_norms[j];
-            let sq = scale_of(q2);
-            let sr = scale_of(r2);
-            if (d * d < params.near * ((q2 * sq) * sq + (r2 * sr) * sr)) {
-                let exact = exact_distance(a, j, sq, sr);
-                return select(0.0, w / exact, exact > 0.0);
-            }
-            return select(0.0, w / d, d > 0.0);
-        }
-        case 1u: {
-            return 2.0 * w;
-        }
-        default: {
-            return w;
-        }
-    }
 }
 
 // Sums the workgroup's (loss, count, items) into element 0 of the sum arrays.
@@ -291,7 +218,7 @@ fn main(
     let n = workgroupUniformLoad(&counts);
     let positives = n.x;
     let first_negative = m - n.y;
-    let dp = select(1.0, -1.0, params.metric >= 2u);
+    let dp = select(1.0, -1.0, is_similarity(params.metric));
 
     // This invocation's slot: a positive, a negative, or the anchor's own column.
     let first = block * WORKGROUP_SIZE;
@@ -328,7 +255,7 @@ fn main(
                 let span = min(WORKGROUP_SIZE, m - k0);
                 for (var i = 0u; i < span; i++) {
                     let an = tile_value[i];
-                    if (keep(value, an)) {
+                    if (keeps(params.mode, params.miner_margin, value, an, is_similarity(params.metric))) {
                         kept += 1u;
                         let h = hinge(violation(value, an));
                         if (h.z > 0.0) {
@@ -357,7 +284,7 @@ fn main(
                 let span = min(WORKGROUP_SIZE, positives - k0);
                 for (var i = 0u; i < span; i++) {
                     let ap = tile_value[i];
-                    if (keep(ap, value)) {
+                    if (keeps(params.mode, params.miner_margin, ap, value, is_similarity(params.metric))) {
                         let h = hinge(violation(ap, value));
                         if (h.z > 0.0) {
                             slopes += h.y;

@@ -179,23 +179,149 @@ fn every_stem_has_its_four_files() {
     }
 }
 
+/// `shaders/common/*.wgsl` by name, with their text.
+fn common_parts() -> Vec<(String, String)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders/common");
+    stems_in("shaders/common", "wgsl")
+        .into_iter()
+        .map(|name| {
+            let text = std::fs::read_to_string(dir.join(format!("{name}.wgsl")))
+                .unwrap_or_else(|e| panic!("common/{name}.wgsl: {e}"));
+            (name, text)
+        })
+        .collect()
+}
+
+/// `source` without the common parts composed in front of it, and their names in order.
+fn strip_common<'a>(mut source: &'a str, parts: &[(String, String)]) -> (Vec<String>, &'a str) {
+    let mut used = Vec::new();
+    while let Some((name, text)) = parts.iter().find(|(_, t)| source.starts_with(t.as_str())) {
+        used.push(name.clone());
+        source = &source[text.len()..];
+    }
+    (used, source)
+}
+
 #[test]
 fn registered_sources_are_the_files_on_disk() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
+    let parts = common_parts();
+    assert!(parts.len() >= 5, "shaders/common has its parts: {parts:?}");
+    let mut composed = BTreeSet::new();
     for WgslKernel { stem, source, .. } in WGSL_KERNELS {
         let on_disk = std::fs::read_to_string(dir.join(format!("{stem}.wgsl")))
             .unwrap_or_else(|e| panic!("{stem}.wgsl: {e}"));
+        let (used, own) = strip_common(source, &parts);
         assert_eq!(
-            &on_disk, source,
-            "{stem}: the registry embeds shaders/{stem}.wgsl"
+            own, on_disk,
+            "{stem}: the registry embeds common parts, then shaders/{stem}.wgsl"
         );
+        composed.extend(used);
     }
-    // A generated variant is the family's file followed by its entry point.
+    // A generated variant is the family's composed file followed by its entry point.
     let prelude = std::fs::read_to_string(dir.join("gemm_tile.wgsl")).expect("gemm_tile.wgsl");
     for k in gemm_kernels() {
+        let (used, own) = strip_common(k.source, &parts);
         assert!(
-            k.source.starts_with(&prelude),
-            "a gemm_tile variant embeds shaders/gemm_tile.wgsl"
+            own.starts_with(&prelude),
+            "a gemm_tile variant embeds common parts, then shaders/gemm_tile.wgsl"
         );
+        composed.extend(used);
     }
+    let all: BTreeSet<String> = parts.into_iter().map(|(name, _)| name).collect();
+    assert_eq!(composed, all, "every common part is composed into a kernel");
+}
+
+/// Each top-level `fn` of a WGSL text: its name and its text after the name (parameters and
+/// body) without comments and with whitespace collapsed.
+fn functions(text: &str) -> Vec<(String, String)> {
+    let code: Vec<&str> = text
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < code.len() {
+        if let Some(rest) = code[i].strip_prefix("fn ") {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            let mut body = vec![&rest[name.len()..]];
+            i += 1;
+            while i < code.len() && !code[i].starts_with('}') {
+                body.push(code[i]);
+                i += 1;
+            }
+            let flat = body
+                .join(" ")
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            out.push((name, flat));
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Functions written twice: a common part's function defined again anywhere, or one body
+/// (renamed or not) in two files.
+fn copies(files: &[(String, String)], common: &[(String, String)]) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut owner: std::collections::BTreeMap<String, String> = Default::default();
+    for (name, text) in common {
+        for (f, _) in functions(text) {
+            if let Some(other) = owner.insert(f.clone(), format!("common/{name}")) {
+                found.push(format!("{f} is in {other} and common/{name}"));
+            }
+        }
+    }
+    let mut bodies: std::collections::BTreeMap<String, String> = Default::default();
+    for (file, text) in files.iter().chain(common) {
+        for (f, body) in functions(text) {
+            if let Some(home) = owner.get(&f) {
+                if !home.ends_with(&format!("/{file}")) && !common.iter().any(|(n, _)| n == file) {
+                    found.push(format!("{f} is in {home} and again in {file}.wgsl"));
+                }
+            }
+            if let Some(first) = bodies.insert(body, format!("{file}::{f}")) {
+                found.push(format!("{file}::{f} copies {first}"));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn no_wgsl_function_is_written_twice() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
+    let files: Vec<(String, String)> = stems_in("shaders", "wgsl")
+        .into_iter()
+        .map(|stem| {
+            let text = std::fs::read_to_string(dir.join(format!("{stem}.wgsl")))
+                .unwrap_or_else(|e| panic!("{stem}.wgsl: {e}"));
+            (stem, text)
+        })
+        .collect();
+    let common = common_parts();
+    let found = copies(&files, &common);
+    assert!(
+        found.is_empty(),
+        "WGSL helpers written twice (share them through shaders/common/):\n{}",
+        found.join("\n")
+    );
+    // The check finds a copy: a helper of a common part pasted into a kernel, and one
+    // kernel's function pasted into another under a new name.
+    let mut pasted = files.clone();
+    let log1p = "fn log1p(z: f32) -> f32 {\n    return z;\n}\n";
+    pasted[0].1.push_str(log1p);
+    let renamed = functions(&files[1].1)
+        .into_iter()
+        .next()
+        .map(|(_, body)| format!("fn renamed{body}\n}}\n"))
+        .expect("a kernel has a function");
+    pasted[2].1.push_str(&renamed);
+    let found = copies(&pasted, &common);
+    assert_eq!(found.len(), 2, "both pastes are found: {found:?}");
 }

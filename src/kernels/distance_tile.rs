@@ -3,6 +3,7 @@
 //! Its bindings and `Params` are shared by the generated GEMM family (`gemm_tile`); which of
 //! them computes a tile is `kernels::distance`'s choice.
 
+use crate::kernels::common::wgsl;
 use crate::kernels::{fields, Binding, Entry, Layout, Spec, WgslKernel};
 use crate::runtime::memory::TrackedBuffer;
 
@@ -59,7 +60,7 @@ pub(crate) const PARAMS_LAYOUT: Layout = Layout {
 pub(crate) const SPEC: Spec = Spec {
     kernel: WgslKernel {
         stem: "distance_tile",
-        source: include_str!("../../shaders/distance_tile.wgsl"),
+        source: wgsl!("distance_tile", "metric", "tile"),
         constants: &[("BLOCK", BLOCK as f64)],
     },
     entries: &[Entry {
@@ -69,6 +70,7 @@ pub(crate) const SPEC: Spec = Spec {
         bindings: BINDINGS,
     }],
     params: PARAMS_LAYOUT,
+    codes: &[],
 };
 
 /// Buffers of one tile, in binding order after the uniform.

@@ -21,6 +21,7 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
+use crate::kernels::common::wgsl;
 use crate::kernels::distance_tile::{Params, TileBuffers, BINDINGS, PARAMS_LAYOUT};
 use crate::kernels::{Entry, Pipeline, Spec, WgslKernel};
 use crate::runtime::device::GpuDevice;
@@ -50,7 +51,7 @@ impl Bucket {
 }
 
 /// The family's shared WGSL (everything but the generated entry point).
-const PRELUDE: &str = include_str!("../../shaders/gemm_tile.wgsl");
+const PRELUDE: &str = wgsl!("gemm_tile", "metric", "tile");
 
 /// One member of the GEMM family: tile shape, depth step and staging.
 ///
@@ -440,6 +441,7 @@ pub(crate) fn spec(v: GemmVariant) -> &'static Spec {
             },
             entries,
             params: PARAMS_LAYOUT,
+            codes: &[],
         }))
     })
 }

@@ -2,6 +2,7 @@
 //! InfoNCE loss's sums and the weights `U` of its gradient.
 
 use crate::error::Result;
+use crate::kernels::common::wgsl;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::runtime::device::{GpuDevice, Kernel};
 use crate::runtime::transfer::Recorder;
@@ -32,7 +33,7 @@ pub(crate) struct Params {
 pub(crate) const SPEC: Spec = Spec {
     kernel: WgslKernel {
         stem: "info_nce_weights",
-        source: include_str!("../../shaders/info_nce_weights.wgsl"),
+        source: wgsl!("info_nce_weights", "math", "metric", "pair_weight"),
         constants: &[("WORKGROUP_SIZE", WORKGROUP_SIZE as f64)],
     },
     entries: &[Entry {
@@ -55,6 +56,7 @@ pub(crate) const SPEC: Spec = Spec {
         size: std::mem::size_of::<Params>(),
         fields: fields!(Params: anchors, refs, dim4, metric, normalize, dz, near, row0),
     },
+    codes: &[],
 };
 
 pub(crate) struct InfoNceWeights(Pipeline);

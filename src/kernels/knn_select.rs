@@ -2,6 +2,7 @@
 //! block of scores, by radix selection.
 
 use crate::error::Result;
+use crate::kernels::common::wgsl;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::runtime::device::{GpuDevice, Kernel};
 use crate::runtime::memory::TrackedBuffer;
@@ -47,7 +48,7 @@ pub(crate) struct Params {
 pub(crate) const SPEC: Spec = Spec {
     kernel: WgslKernel {
         stem: "knn_select",
-        source: include_str!("../../shaders/knn_select.wgsl"),
+        source: wgsl!("knn_select"),
         constants: &[
             ("WORKGROUP_SIZE", WORKGROUP_SIZE as f64),
             ("EMPTY_INDEX", EMPTY_INDEX as f64),
@@ -69,6 +70,7 @@ pub(crate) const SPEC: Spec = Spec {
         size: std::mem::size_of::<Params>(),
         fields: fields!(Params: rows, cols, block_stride, k, best_len, col_base, largest, _pad),
     },
+    codes: &[],
 };
 
 /// The order key of a score: unsigned order is "better first" (smaller distance or, with

@@ -3,6 +3,7 @@
 //! stays on the device.
 
 use crate::error::Result;
+use crate::kernels::common::wgsl;
 use crate::kernels::knn_select::{EMPTY_INDEX, SLOT_BYTES};
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::runtime::device::{GpuDevice, Kernel};
@@ -27,7 +28,7 @@ pub(crate) struct Params {
 pub(crate) const SPEC: Spec = Spec {
     kernel: WgslKernel {
         stem: "knn_sort",
-        source: include_str!("../../shaders/knn_sort.wgsl"),
+        source: wgsl!("knn_sort"),
         constants: &[
             ("WORKGROUP_SIZE", WORKGROUP_SIZE as f64),
             ("EMPTY_INDEX", EMPTY_INDEX as f64),
@@ -48,6 +49,7 @@ pub(crate) const SPEC: Spec = Spec {
         size: std::mem::size_of::<Params>(),
         fields: fields!(Params: rows, k, largest, _pad),
     },
+    codes: &[],
 };
 
 /// Buffers in binding order after the uniform: the lists `(rows, k)` of `(key, index)`

@@ -2,6 +2,7 @@
 //! embeddings from one block's weights `U`, for the block's anchors and for every reference.
 
 use crate::error::Result;
+use crate::kernels::common::wgsl;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::runtime::device::{GpuDevice, Kernel};
 use crate::runtime::memory::TrackedBuffer;
@@ -54,7 +55,7 @@ const BINDINGS: &[(u32, Binding, u64)] = &[
 pub(crate) const SPEC: Spec = Spec {
     kernel: WgslKernel {
         stem: "loss_backward",
-        source: include_str!("../../shaders/loss_backward.wgsl"),
+        source: wgsl!("loss_backward", "metric"),
         constants: &[("TILE", TILE as f64)],
     },
     entries: &[
@@ -75,6 +76,7 @@ pub(crate) const SPEC: Spec = Spec {
         size: std::mem::size_of::<Params>(),
         fields: fields!(Params: rows, refs, dim4, metric, normalize, out_row0, _pad),
     },
+    codes: &[],
 };
 
 /// Buffers in binding order after the uniform.

@@ -7,6 +7,7 @@
 //! are set from Rust when the pipelines are built. A unit test (`reflect` below) reflects every
 //! shader with naga and compares it with its spec, so the two cannot drift apart.
 
+pub(crate) mod common;
 pub(crate) mod distance;
 pub(crate) mod distance_tile;
 pub(crate) mod gemm_tile;
@@ -168,6 +169,10 @@ pub(crate) struct Spec {
     /// The uniform block, `struct Params` in the shader.
     #[cfg_attr(not(test), allow(dead_code, reason = "read by the reflection test"))]
     pub(crate) params: Layout,
+    /// `(name, value)` of the kernel's own WGSL `const` codes that Rust sets in its `Params`
+    /// (checked by reflection; the common parts' codes are in [`common::codes`]).
+    #[cfg_attr(not(test), allow(dead_code, reason = "read by the reflection test"))]
+    pub(crate) codes: &'static [(&'static str, u32)],
 }
 
 /// One compute entry point.

@@ -4,6 +4,7 @@
 //! without testing every one.
 
 use crate::error::{Error, Result};
+use crate::kernels::common::wgsl;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::runtime::device::{GpuDevice, Kernel};
 use crate::runtime::memory::TrackedBuffer;
@@ -176,7 +177,7 @@ const SORT: &[(u32, Binding, u64)] = &[PARAMS, SORTED];
 pub(crate) const SPEC: Spec = Spec {
     kernel: WgslKernel {
         stem: "negative_buckets",
-        source: include_str!("../../shaders/negative_buckets.wgsl"),
+        source: wgsl!("negative_buckets", "margin", "pairs"),
         constants: &[
             ("WORKGROUP_SIZE", WORKGROUP_SIZE as f64),
             ("LOCAL_WIDTH", LOCAL_WIDTH as f64),
@@ -242,6 +243,7 @@ pub(crate) const SPEC: Spec = Spec {
         size: std::mem::size_of::<Params>(),
         fields: fields!(Params: anchors, refs, width, stride, span, k, j, mode, inverted, margin, pair_lo, pair_hi, start, bitmap_words, _pad),
     },
+    codes: &[],
 };
 
 /// The bindings of entry point `name`.

@@ -2,6 +2,7 @@
 //! written as `(anchor, reference)` rows on the device.
 
 use crate::error::Result;
+use crate::kernels::common::wgsl;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::runtime::device::{GpuDevice, Kernel};
 use crate::runtime::memory::TrackedBuffer;
@@ -25,6 +26,18 @@ pub(crate) mod rule {
     pub(crate) const MULTI_SIMILARITY: u32 = 2;
     /// `BatchEasyHardMiner`.
     pub(crate) const EASY_HARD: u32 = 3;
+}
+
+/// The strategies of the shader's `pos_strategy` and `neg_strategy` fields.
+pub(crate) mod strategy {
+    /// The hardest pair of the side.
+    pub(crate) const HARD: u32 = 0;
+    /// The hardest pair that is easier than the other side's hardest.
+    pub(crate) const SEMIHARD: u32 = 1;
+    /// The easiest pair of the side.
+    pub(crate) const EASY: u32 = 2;
+    /// Every pair of the side.
+    pub(crate) const ALL: u32 = 3;
 }
 
 /// The kernel's uniform block, laid out as `Params` in the shader.
@@ -70,7 +83,7 @@ pub(crate) struct Params {
 pub(crate) const SPEC: Spec = Spec {
     kernel: WgslKernel {
         stem: "pair_select",
-        source: include_str!("../../shaders/pair_select.wgsl"),
+        source: wgsl!("pair_select"),
         constants: &[("WORKGROUP_SIZE", WORKGROUP_SIZE as f64)],
     },
     entries: &[Entry {
@@ -94,6 +107,16 @@ pub(crate) const SPEC: Spec = Spec {
             pos_strategy, pos_margin, neg_margin, neg_strategy, ranged, pos_range, neg_range,
             pos_base, neg_base, _pad),
     },
+    codes: &[
+        ("ALL_PAIRS", rule::ALL_PAIRS),
+        ("PAIR_MARGIN", rule::PAIR_MARGIN),
+        ("MULTI_SIMILARITY", rule::MULTI_SIMILARITY),
+        ("EASY_HARD", rule::EASY_HARD),
+        ("HARD", strategy::HARD),
+        ("SEMIHARD", strategy::SEMIHARD),
+        ("EASY", strategy::EASY),
+        ("ALL", strategy::ALL),
+    ],
 };
 
 /// A buffer bound whole, or the byte range `(offset, size)` of it.

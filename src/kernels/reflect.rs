@@ -9,9 +9,11 @@ use naga::back::pipeline_constants::process_overrides;
 use naga::back::PipelineConstants;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use naga::valid::{FunctionInfo, ModuleInfo};
-use naga::{AddressSpace, Block, ShaderStage, Statement, StorageAccess, TypeInner};
+use naga::{
+    AddressSpace, Block, Expression, Literal, ShaderStage, Statement, StorageAccess, TypeInner,
+};
 
-use super::{Binding, Spec, SPECS, WGSL_KERNELS};
+use super::{common, Binding, Spec, SPECS, WGSL_KERNELS};
 
 /// The differences between `spec` and its shader `source` (the spec's own source, or an
 /// edited copy), each as one line; empty when they agree.
@@ -149,6 +151,50 @@ fn mismatches(spec: &Spec, source: &str) -> Vec<String> {
         }
     }
     found.extend(params_mismatches(spec, &module));
+    found.extend(code_mismatches(spec, &module));
+    found
+}
+
+/// The shader's `const` codes against Rust: each of the spec's own codes is declared with
+/// its value, every code of `shaders/common/` a kernel composes has [`common::codes`]'s
+/// value, and every `const` of a common part is in that table (none goes unchecked).
+fn code_mismatches(spec: &Spec, module: &naga::Module) -> Vec<String> {
+    let stem = spec.kernel.stem;
+    let declared: BTreeMap<&str, Option<u32>> = module
+        .constants
+        .iter()
+        .filter_map(|(_, c)| {
+            let value = match module.global_expressions[c.init] {
+                Expression::Literal(Literal::U32(v)) => Some(v),
+                _ => None,
+            };
+            Some((c.name.as_deref()?, value))
+        })
+        .collect();
+    let common_codes: BTreeMap<&str, u32> = common::codes().into_iter().collect();
+    let mut found = Vec::new();
+    for &(name, value) in spec.codes {
+        if declared.get(name) != Some(&Some(value)) {
+            found.push(format!(
+                "{stem}: const {name} is {:?} in the shader, {value} in Rust",
+                declared.get(name)
+            ));
+        }
+    }
+    for (&name, &value) in &declared {
+        let in_common = common::PARTS
+            .iter()
+            .any(|(_, text)| text.contains(&format!("const {name}:")));
+        match common_codes.get(name) {
+            Some(&rust) if value != Some(rust) => found.push(format!(
+                "{stem}: common const {name} is {value:?} in the shader, {rust} in Rust"
+            )),
+            None if in_common => found.push(format!(
+                "{stem}: common const {name} has no Rust value in kernels::common::codes"
+            )),
+            _ => {}
+        }
+    }
     found
 }
 
@@ -346,7 +392,23 @@ fn a_shader_edited_without_its_wrapper_is_caught() {
         .iter()
         .find(|s| s.kernel.stem == "knn_select")
         .expect("knn_select is shipped");
-    let edits: [(&Spec, &str, &str); 6] = [
+    let pairs = SPECS
+        .iter()
+        .find(|s| s.kernel.stem == "pair_select")
+        .expect("pair_select is shipped");
+    let edits: [(&Spec, &str, &str); 8] = [
+        // A metric code of the common part changed in a kernel's composed source.
+        (
+            tile,
+            "const METRIC_COSINE: u32 = 2u;",
+            "const METRIC_COSINE: u32 = 5u;",
+        ),
+        // A kernel's own code changed.
+        (
+            pairs,
+            "const EASY_HARD: u32 = 3u;",
+            "const EASY_HARD: u32 = 4u;",
+        ),
         // A fixed workgroup size instead of the one set from Rust.
         (
             tile,

@@ -1,6 +1,7 @@
 //! Wrapper of `shaders/row_norms.wgsl`: squared L2 norm of every row of a padded matrix.
 
 use crate::error::Result;
+use crate::kernels::common::wgsl;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::runtime::device::{GpuDevice, Kernel};
 use crate::runtime::memory::TrackedBuffer;
@@ -21,7 +22,7 @@ pub(crate) struct Params {
 pub(crate) const SPEC: Spec = Spec {
     kernel: WgslKernel {
         stem: "row_norms",
-        source: include_str!("../../shaders/row_norms.wgsl"),
+        source: wgsl!("row_norms"),
         constants: &[("WORKGROUP_SIZE", WORKGROUP_SIZE as f64)],
     },
     entries: &[Entry {
@@ -38,6 +39,7 @@ pub(crate) const SPEC: Spec = Spec {
         size: std::mem::size_of::<Params>(),
         fields: fields!(Params: rows, dim4, _pad),
     },
+    codes: &[],
 };
 
 pub(crate) struct RowNorms(Pipeline);

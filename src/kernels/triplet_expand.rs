@@ -2,6 +2,7 @@
 //! `(anchor, positive)` segments and their runs of negatives.
 
 use crate::error::Result;
+use crate::kernels::common::wgsl;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::runtime::device::{GpuDevice, Kernel};
 use crate::runtime::memory::TrackedBuffer;
@@ -25,7 +26,7 @@ pub(crate) struct Params {
 pub(crate) const SPEC: Spec = Spec {
     kernel: WgslKernel {
         stem: "triplet_expand",
-        source: include_str!("../../shaders/triplet_expand.wgsl"),
+        source: wgsl!("triplet_expand"),
         constants: &[("WORKGROUP_SIZE", WORKGROUP_SIZE as f64)],
     },
     entries: &[Entry {
@@ -45,6 +46,7 @@ pub(crate) const SPEC: Spec = Spec {
         size: std::mem::size_of::<Params>(),
         fields: fields!(Params: segments, rows, _pad),
     },
+    codes: &[],
 };
 
 /// Buffers in binding order after the uniform: `starts` (segments + 1), `heads` (one

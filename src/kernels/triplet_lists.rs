@@ -1,6 +1,7 @@
 //! Wrapper of `shaders/triplet_lists.wgsl`: each anchor's ascending positive and negative lists.
 
 use crate::error::Result;
+use crate::kernels::common::wgsl;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::runtime::device::{GpuDevice, Kernel};
 use crate::runtime::memory::TrackedBuffer;
@@ -22,7 +23,7 @@ pub(crate) struct Params {
 pub(crate) const SPEC: Spec = Spec {
     kernel: WgslKernel {
         stem: "triplet_lists",
-        source: include_str!("../../shaders/triplet_lists.wgsl"),
+        source: wgsl!("triplet_lists"),
         constants: &[("WORKGROUP_SIZE", WORKGROUP_SIZE as f64)],
     },
     entries: &[Entry {
@@ -44,6 +45,7 @@ pub(crate) const SPEC: Spec = Spec {
         size: std::mem::size_of::<Params>(),
         fields: fields!(Params: anchors, refs, _pad),
     },
+    codes: &[],
 };
 
 /// Buffers in binding order after the uniform.

@@ -3,6 +3,7 @@
 //! invocation per pair).
 
 use crate::error::Result;
+use crate::kernels::common::wgsl;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::runtime::device::{GpuDevice, Kernel};
 use crate::runtime::memory::TrackedBuffer;
@@ -46,7 +47,7 @@ const OUT: (u32, Binding, u64) = (8, Binding::ReadWrite, 4);
 pub(crate) const SPEC: Spec = Spec {
     kernel: WgslKernel {
         stem: "triplet_select",
-        source: include_str!("../../shaders/triplet_select.wgsl"),
+        source: wgsl!("triplet_select", "margin", "pairs"),
         constants: &[("WORKGROUP_SIZE", WORKGROUP_SIZE as f64)],
     },
     entries: &[
@@ -84,6 +85,7 @@ pub(crate) const SPEC: Spec = Spec {
         size: std::mem::size_of::<Params>(),
         fields: fields!(Params: anchors, refs, mode, inverted, margin, pair_lo, pair_hi, _pad0, start, _pad),
     },
+    codes: &[],
 };
 
 /// Splits a u64 into the shader's (low, high) words.

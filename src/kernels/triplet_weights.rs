@@ -2,6 +2,7 @@
 //! triplet loss's sums and the weights `U` of its gradient.
 
 use crate::error::Result;
+use crate::kernels::common::wgsl;
 use crate::kernels::{fields, grid_2d, Binding, Entry, Layout, Pipeline, Spec, WgslKernel};
 use crate::runtime::device::{GpuDevice, Kernel};
 use crate::runtime::memory::TrackedBuffer;
@@ -68,7 +69,7 @@ const PARAMS: (u32, Binding, u64) = (0, Binding::Uniform, std::mem::size_of::<Pa
 pub(crate) const SPEC: Spec = Spec {
     kernel: WgslKernel {
         stem: "triplet_weights",
-        source: include_str!("../../shaders/triplet_weights.wgsl"),
+        source: wgsl!("triplet_weights", "math", "metric", "margin", "pair_weight"),
         constants: &[("WORKGROUP_SIZE", WORKGROUP_SIZE as f64)],
     },
     entries: &[
@@ -113,6 +114,7 @@ pub(crate) const SPEC: Spec = Spec {
         size: std::mem::size_of::<Params>(),
         fields: fields!(Params: anchors, refs, dim4, metric, normalize, mode, miner_margin, margin, softplus, near, row0, softplus_floor),
     },
+    codes: &[],
 };
 
 /// Blocks of [`WORKGROUP_SIZE`] slots in a row of `refs` (`main`'s workgroups per anchor).

@@ -964,12 +964,12 @@ pub enum PairRule {
 impl PairRule {
     /// The kernel's uniform block for this rule (its per-dispatch fields zero).
     fn params(&self, similarity: bool) -> gpu_params::Params {
-        use gpu_params::{rule, Params};
+        use gpu_params::{rule, strategy, Params};
         let code = |s: Strategy| match s {
-            Strategy::Hard => 0,
-            Strategy::Semihard => 1,
-            Strategy::Easy => 2,
-            Strategy::All => 3,
+            Strategy::Hard => strategy::HARD,
+            Strategy::Semihard => strategy::SEMIHARD,
+            Strategy::Easy => strategy::EASY,
+            Strategy::All => strategy::ALL,
         };
         let base = Params {
             similarity: u32::from(similarity),

@@ -144,13 +144,14 @@ impl TripletRule {
 
     /// The shader's `mode` code.
     pub(crate) fn mode(&self) -> u32 {
+        use crate::kernels::common::rule;
         match self {
-            TripletRule::AllValid => 0,
+            TripletRule::AllValid => rule::ALL_VALID,
             TripletRule::Margin { kind, .. } => match kind {
-                TripletType::All => 1,
-                TripletType::Hard => 2,
-                TripletType::Semihard => 3,
-                TripletType::Easy => 4,
+                TripletType::All => rule::ALL,
+                TripletType::Hard => rule::HARD,
+                TripletType::Semihard => rule::SEMIHARD,
+                TripletType::Easy => rule::EASY,
             },
         }
     }
