@@ -285,3 +285,17 @@ def test_transfers_time_the_host_and_with_kernel_timing_each_kernel():
         assert "knn_select" in kernels and "row_norms" in kernels, kernels
         assert all(k["dispatches"] > 0 and k["gpu_seconds"] > 0 for k in kernels.values())
     assert wml.Context(backend="cpu").transfers()["kernels"] == {}
+
+
+def test_making_a_context_prints_nothing_without_a_runtime_dir():
+    # A container or an ssh session without XDG_RUNTIME_DIR: Mesa's Vulkan device-select
+    # layer would print an error line per enumeration although nothing failed.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "NODEVICE_SELECT")}
+    code = "import wgpu_metric_learning as wml; wml.Context(); wml.Context(backend='cpu')"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""

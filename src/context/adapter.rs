@@ -126,7 +126,10 @@ pub(crate) fn enumerate(backends: Option<wgpu::Backends>, listing: Listing) -> E
         // under wgpu-hal's `expose_adapter`) when several threads enumerated the physical
         // devices of one instance at once, as the first contexts of a process do.
         let _guard = crate::runtime::device::lifecycle_lock();
-        let shared = SHARED.get_or_init(|| instance(wgpu::Backends::all() - wgpu::Backends::GL));
+        let shared = SHARED.get_or_init(|| {
+            quiet_device_select_layer();
+            instance(wgpu::Backends::all() - wgpu::Backends::GL)
+        });
         adapters.extend(pollster::block_on(shared.enumerate_adapters(native)));
     }
     let discrete = adapters
@@ -143,6 +146,36 @@ pub(crate) fn enumerate(backends: Option<wgpu::Backends>, listing: Listing) -> E
     Enumerated {
         adapters,
         _gl_lock: gl_lock,
+    }
+}
+
+/// Keeps Mesa's Vulkan device-selection layer from probing a Wayland display that cannot
+/// exist: without `XDG_RUNTIME_DIR`, libwayland prints "error: XDG_RUNTIME_DIR is invalid or
+/// not set in the environment." at every enumeration, although nothing failed (a container,
+/// ssh without a session). The layer only orders devices, which [`enumerate`]'s callers do
+/// themselves. A user who steers it (`MESA_VK_DEVICE_SELECT`, `NODEVICE_SELECT` either way) or
+/// who can reach Wayland is left alone.
+///
+/// It sets `NODEVICE_SELECT=1` once, before the crate's Vulkan instance exists, under the
+/// lifecycle lock. Changing the environment races a `getenv` in another thread of the process
+/// at that instant (glibc); it happens only in the case that would otherwise print the error,
+/// and setting `XDG_RUNTIME_DIR` or `NODEVICE_SELECT` avoids it.
+fn quiet_device_select_layer() {
+    if !cfg!(all(
+        unix,
+        not(target_vendor = "apple"),
+        not(target_os = "android")
+    )) {
+        return;
+    }
+    let var = std::env::var_os;
+    let wayland_reachable = var("XDG_RUNTIME_DIR")
+        .is_some_and(|d| std::path::Path::new(&d).is_absolute())
+        || var("WAYLAND_SOCKET").is_some()
+        || var("WAYLAND_DISPLAY").is_some_and(|d| std::path::Path::new(&d).is_absolute());
+    let steered = var("NODEVICE_SELECT").is_some() || var("MESA_VK_DEVICE_SELECT").is_some();
+    if !wayland_reachable && !steered {
+        std::env::set_var("NODEVICE_SELECT", "1");
     }
 }
 

@@ -593,25 +593,7 @@ fn cancel_on_ctrl_c() -> CancelToken {
     token
 }
 
-/// Keeps Mesa's Vulkan device-selection layer from probing a Wayland display that does not
-/// exist: without `XDG_RUNTIME_DIR` it prints "error: XDG_RUNTIME_DIR is invalid or not set in
-/// the environment." on every run, although nothing failed. The layer only orders devices,
-/// which the library does itself; a user who steers it (`MESA_VK_DEVICE_SELECT`, or
-/// `NODEVICE_SELECT` either way) is left alone. Called first in `main`, before any thread.
-fn quiet_device_select_layer() {
-    let runtime_dir_ok =
-        std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| std::path::Path::new(&d).is_absolute());
-    let steered = ["NODEVICE_SELECT", "MESA_VK_DEVICE_SELECT"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some());
-    if !runtime_dir_ok && !steered {
-        // The process has one thread so far: nothing reads the environment meanwhile.
-        std::env::set_var("NODEVICE_SELECT", "1");
-    }
-}
-
 fn main() -> ExitCode {
-    quiet_device_select_layer();
     // A panic would be a bug; still, the user gets one line, not a backtrace.
     std::panic::set_hook(Box::new(|info| {
         eprintln!("wml: internal error: {info}");
