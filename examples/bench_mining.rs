@@ -13,7 +13,7 @@
 //! triplets left on the device by `mine_triplets_on_device`, wgpu only). The pair miners with
 //! PML's defaults: `pairs_all`, `pairs_margin`, `pairs_multi` (multi-similarity),
 //! `pairs_easy_hard`; `count` is positive and negative pairs together, and `--output device`
-//! leaves them on the device (`mine_pairs_on_device`).
+//! leaves them on the device (`mine_on_device`).
 //! The triplet loss with its gradient (`triplet_margin_loss`, PML's `TripletMarginLoss`,
 //! margin 0.05, against the references without their gradient): `loss_triplet_all` (every
 //! valid triplet), `loss_triplet_<hard|semihard>` (fused with TripletMarginMiner, margin 0.2);
@@ -35,7 +35,7 @@ use std::time::Instant;
 use ndarray::{Array1, Array2};
 use support::{embeddings, flag, kernel_timing_flag, peak_rss_mib, summary, traffic, Rng};
 use wgpu_metric_learning::{
-    all_pairs, batch_easy_hard_pairs, count_triplets, mine_pairs_on_device, mine_triplets,
+    all_pairs, batch_easy_hard_pairs, count_triplets, mine_on_device, mine_triplets,
     mine_triplets_on_device, mine_triplets_streaming, multi_similarity_pairs,
     multiple_negatives_ranking_loss, ntxent_loss, pair_margin_pairs, triplet_margin_loss,
     AllPairsConfig, BackendChoice, BatchEasyHardConfig, ComputePath, Context, ContextConfig,
@@ -84,28 +84,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             match (pairs, on_device) {
                 ("all", false) => all_pairs(&ctx, &queries, r, &Default::default()).map(host),
                 ("all", true) => {
-                    mine_pairs_on_device(&ctx, &queries, r, &AllPairsConfig::default()).map(device)
+                    mine_on_device(&ctx, &queries, r, &AllPairsConfig::default()).map(device)
                 }
                 ("margin", false) => {
                     pair_margin_pairs(&ctx, &queries, r, &Default::default()).map(host)
                 }
                 ("margin", true) => {
-                    mine_pairs_on_device(&ctx, &queries, r, &PairMarginConfig::default())
-                        .map(device)
+                    mine_on_device(&ctx, &queries, r, &PairMarginConfig::default()).map(device)
                 }
                 ("multi", false) => {
                     multi_similarity_pairs(&ctx, &queries, r, &Default::default()).map(host)
                 }
                 ("multi", true) => {
-                    mine_pairs_on_device(&ctx, &queries, r, &MultiSimilarityConfig::default())
-                        .map(device)
+                    mine_on_device(&ctx, &queries, r, &MultiSimilarityConfig::default()).map(device)
                 }
                 ("easy_hard", false) => {
                     batch_easy_hard_pairs(&ctx, &queries, r, &Default::default()).map(host)
                 }
                 ("easy_hard", true) => {
-                    mine_pairs_on_device(&ctx, &queries, r, &BatchEasyHardConfig::default())
-                        .map(device)
+                    mine_on_device(&ctx, &queries, r, &BatchEasyHardConfig::default()).map(device)
                 }
                 (other, _) => Err(wgpu_metric_learning::Error::InvalidParameter {
                     op: "bench_mining",

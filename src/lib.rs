@@ -37,7 +37,7 @@ pub use ops::bank::{BankConfig, BankSnapshot, CheckpointLabel, Enqueued, MemoryB
 pub use ops::distance::{
     pairwise_distances, pairwise_distances_plan, PairwiseConfig, PairwiseDistances,
 };
-pub use ops::kmeans::{kmeans, Kmeans, KmeansConfig};
+pub use ops::kmeans::{kmeans, kmeans_plan, Kmeans, KmeansConfig};
 pub use ops::knn::{knn, knn_on_device, knn_plan, knn_sharded, Knn, KnnConfig, KnnOnDevice};
 pub use ops::loss::{
     multiple_negatives_ranking_loss, ntxent_loss, triplet_margin_loss, InfoNceConfig, InfoNceLoss,
@@ -45,11 +45,11 @@ pub use ops::loss::{
 };
 pub use ops::miners::{
     all_pairs, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets,
-    distance_weighted_triplets, hdc_pairs, mine_pairs_on_device, miners_plan,
-    multi_similarity_pairs, pair_margin_pairs, uniform_histogram_pairs, AllPairsConfig,
-    AngularConfig, BatchEasyHardConfig, BatchHardConfig, DistanceWeightedConfig, HdcConfig,
-    MinerConfig, MultiSimilarityConfig, PairMarginConfig, PairMinerConfig, PairRule, Pairs,
-    PairsOnDevice, Strategy, UniformHistogramConfig,
+    distance_weighted_triplets, hdc_pairs, mine, mine_on_device, mine_plan, multi_similarity_pairs,
+    pair_margin_pairs, uniform_histogram_pairs, AllPairsConfig, AngularConfig, BatchEasyHardConfig,
+    BatchHardConfig, DeviceMinerConfig, DistanceWeightedConfig, HdcConfig, MinerConfig,
+    MultiSimilarityConfig, PairMarginConfig, PairMinerConfig, PairRule, Pairs, PairsOnDevice,
+    Strategy, UniformHistogramConfig,
 };
 pub use ops::mutual_info::{adjusted_mutual_info, normalized_mutual_info};
 pub use ops::triplets::{

@@ -1,4 +1,4 @@
-//! Pairs mined straight into device arrays (`mine_pairs_on_device`: the distance tile, then
+//! Pairs mined straight into device arrays (`mine_on_device`: the distance tile, then
 //! `pair_select` counting and writing): the rows of the host pair miners and of
 //! `reference::pair_select`, in their order, for every pair miner and strategy, every
 //! distance, margins exactly on a value (ties), rows past a workgroup's width, bank and
@@ -14,10 +14,10 @@ use std::sync::{Arc, Mutex};
 use proptest::prelude::*;
 use wgpu_metric_learning::reference::pair_select::pair_select;
 use wgpu_metric_learning::{
-    all_pairs, batch_easy_hard_pairs, mine_pairs_on_device, multi_similarity_pairs,
-    pair_margin_pairs, pairwise_distances, AllPairsConfig, BatchEasyHardConfig, Context,
-    DeviceEmbeddings, DistanceConfig, Error, Hooks, MiningSet, MultiSimilarityConfig,
-    PairMarginConfig, PairMinerConfig, Pairs, PairwiseConfig, Progress, Strategy,
+    all_pairs, batch_easy_hard_pairs, mine_on_device, multi_similarity_pairs, pair_margin_pairs,
+    pairwise_distances, AllPairsConfig, BatchEasyHardConfig, Context, DeviceEmbeddings,
+    DistanceConfig, Error, Hooks, MiningSet, MultiSimilarityConfig, PairMarginConfig,
+    PairMinerConfig, Pairs, PairwiseConfig, Progress, Strategy,
 };
 
 use common::grid_data as data;
@@ -54,10 +54,10 @@ impl Miner {
         r: Option<&MiningSet<'_, u32>>,
     ) -> wgpu_metric_learning::Result<wgpu_metric_learning::PairsOnDevice> {
         match self {
-            Miner::All(c) => mine_pairs_on_device(ctx, q, r, c),
-            Miner::Margin(c) => mine_pairs_on_device(ctx, q, r, c),
-            Miner::Multi(c) => mine_pairs_on_device(ctx, q, r, c),
-            Miner::EasyHard(c) => mine_pairs_on_device(ctx, q, r, c),
+            Miner::All(c) => mine_on_device(ctx, q, r, c),
+            Miner::Margin(c) => mine_on_device(ctx, q, r, c),
+            Miner::Multi(c) => mine_on_device(ctx, q, r, c),
+            Miner::EasyHard(c) => mine_on_device(ctx, q, r, c),
         }
     }
 
@@ -256,7 +256,7 @@ fn every_strategy_pair_on_rows_wider_than_a_workgroup() {
             if valid {
                 check(ctx, (&q, &qy), refs, &miner);
             } else {
-                let got = mine_pairs_on_device(ctx, &MiningSet::new(&q, &qy), None, &cfg);
+                let got = mine_on_device(ctx, &MiningSet::new(&q, &qy), None, &cfg);
                 assert!(
                     matches!(
                         got,
@@ -311,7 +311,7 @@ fn several_chunks_under_a_tight_budget() {
         ..cfg
     };
     ctx.reset_peak();
-    let mined = mine_pairs_on_device(&ctx, &set, None, &cfg).expect("on device");
+    let mined = mine_on_device(&ctx, &set, None, &cfg).expect("on device");
     let memory = ctx.memory();
     assert!(memory.peak_bytes <= memory.budget_bytes, "{memory:?}");
     let done = reports.lock().expect("lock").clone();
@@ -339,7 +339,7 @@ fn bank_and_device_buffer_references() {
     let bank = common::wrapped_bank(ctx, &x, &y);
     let queries = MiningSet::new(&q, &qy);
     let cfg = MultiSimilarityConfig::default();
-    let got = mine_pairs_on_device(ctx, &queries, Some(&bank.refs()), &cfg).expect("bank");
+    let got = mine_on_device(ctx, &queries, Some(&bank.refs()), &cfg).expect("bank");
     let host = multi_similarity_pairs(ctx, &queries, Some(&bank.refs()), &cfg).expect("host");
     assert_eq!(got.positives.to_host(ctx).expect("read"), host.positives);
     assert_eq!(got.negatives.to_host(ctx).expect("read"), host.negatives);
@@ -348,7 +348,7 @@ fn bank_and_device_buffer_references() {
     let rows = DeviceEmbeddings::new(&buffer, 0, (300, 12));
     let refs = MiningSet::new(rows, &y);
     let cfg = BatchEasyHardConfig::default();
-    let got = mine_pairs_on_device(ctx, &queries, Some(&refs), &cfg).expect("device refs");
+    let got = mine_on_device(ctx, &queries, Some(&refs), &cfg).expect("device refs");
     let want =
         batch_easy_hard_pairs(ctx, &queries, Some(&MiningSet::new(&x, &y)), &cfg).expect("host");
     assert_eq!(got.positives.to_host(ctx).expect("read"), want.positives);
@@ -363,8 +363,7 @@ fn the_arrays_count_in_the_budget_and_nothing_kept_is_an_empty_array() {
     let (x, y) = data(100, 8, 3, 24);
     let set = MiningSet::new(&x, &y);
     let before = ctx.memory().current_bytes;
-    let mined =
-        mine_pairs_on_device(&ctx, &set, None, &PairMarginConfig::default()).expect("mined");
+    let mined = mine_on_device(&ctx, &set, None, &PairMarginConfig::default()).expect("mined");
     let (pos, neg) = (mined.positives.dim().0, mined.negatives.dim().0);
     assert!(pos > 0 && neg > 0);
     assert_eq!(
@@ -378,17 +377,16 @@ fn the_arrays_count_in_the_budget_and_nothing_kept_is_an_empty_array() {
     // One class: no negative; with multi-similarity, nothing at all.
     let one = Array1::<u32>::zeros(100);
     let set = MiningSet::new(&x, &one);
-    let none =
-        mine_pairs_on_device(&ctx, &set, None, &PairMarginConfig::default()).expect("one class");
+    let none = mine_on_device(&ctx, &set, None, &PairMarginConfig::default()).expect("one class");
     assert_eq!(none.negatives.to_host(&ctx).expect("read").dim(), (0, 2));
-    let none = mine_pairs_on_device(&ctx, &set, None, &MultiSimilarityConfig::default())
-        .expect("one class");
+    let none =
+        mine_on_device(&ctx, &set, None, &MultiSimilarityConfig::default()).expect("one class");
     assert_eq!(none.positives.dim(), (0, 2));
     assert_eq!(none.negatives.dim(), (0, 2));
     // No reference at all.
     let empty = (Array2::<f32>::zeros((0, 8)), Array1::<u32>::zeros(0));
     let refs = MiningSet::new(&empty.0, &empty.1);
-    let got = mine_pairs_on_device(&ctx, &set, Some(&refs), &PairMarginConfig::default())
+    let got = mine_on_device(&ctx, &set, Some(&refs), &PairMarginConfig::default())
         .expect("no reference");
     assert_eq!((got.positives.dim(), got.negatives.dim()), ((0, 2), (0, 2)));
 }
@@ -397,7 +395,7 @@ fn the_arrays_count_in_the_budget_and_nothing_kept_is_an_empty_array() {
 fn bad_calls_are_typed_errors() {
     let (x, y) = data(10, 4, 2, 25);
     let set = MiningSet::new(&x, &y);
-    let got = mine_pairs_on_device(
+    let got = mine_on_device(
         &Context::native_cpu(None),
         &set,
         None,
@@ -414,7 +412,7 @@ fn bad_calls_are_typed_errors() {
         pos_margin: f32::NAN,
         ..Default::default()
     };
-    let got = mine_pairs_on_device(ctx, &set, None, &cfg);
+    let got = mine_on_device(ctx, &set, None, &cfg);
     assert!(
         matches!(
             got,
@@ -426,14 +424,14 @@ fn bad_calls_are_typed_errors() {
         "{got:?}"
     );
     let labels_only = MiningSet::<u32>::from_labels(&y);
-    let got = mine_pairs_on_device(ctx, &labels_only, None, &PairMarginConfig::default());
+    let got = mine_on_device(ctx, &labels_only, None, &PairMarginConfig::default());
     assert!(
         matches!(got, Err(Error::InvalidParameter { .. })),
         "{got:?}"
     );
     // Labels alone are enough for every pair.
-    let got = mine_pairs_on_device(ctx, &labels_only, None, &AllPairsConfig::default())
-        .expect("labels only");
+    let got =
+        mine_on_device(ctx, &labels_only, None, &AllPairsConfig::default()).expect("labels only");
     let host = all_pairs(ctx, &labels_only, None, &AllPairsConfig::default()).expect("host");
     assert_eq!(got.positives.to_host(ctx).expect("read"), host.positives);
     assert_eq!(got.negatives.to_host(ctx).expect("read"), host.negatives);

@@ -17,6 +17,7 @@ mod concurrency;
 mod context;
 mod device_inputs;
 mod distance_tile;
+mod front_doors;
 mod gemm_tile;
 mod info_nce_weights;
 mod kmeans;

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use ndarray::{s, Array1, Array2};
 use proptest::prelude::*;
 use wgpu_metric_learning::{
-    angular_triplets, distance_weighted_triplets, hdc_pairs, miners_plan, pairwise_distances,
+    angular_triplets, distance_weighted_triplets, hdc_pairs, mine_plan, pairwise_distances,
     uniform_histogram_pairs, AngularConfig, Context, Distance, DistanceConfig,
     DistanceWeightedConfig, Error, HdcConfig, Hooks, MiningSet, PairwiseConfig, SelfExclusion,
     UniformHistogramConfig,
@@ -923,7 +923,7 @@ fn the_new_miners_report_progress_to_their_total_and_plan_their_blocks() {
     )
     .expect("uh");
     check("uniform histogram");
-    let plan = miners_plan(&native, &set, None, &HdcConfig::default()).expect("plan");
+    let plan = mine_plan(&native, &set, None, &HdcConfig::default()).expect("plan");
     assert_eq!((plan.rows, plan.cols, plan.chunks), (12, 12, 1));
 }
 

@@ -39,6 +39,7 @@ pub enum AdapterSelector {
 /// }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AdapterSummary {
     /// Position in the list; pass it as [`AdapterSelector::Index`].
     pub index: usize,

@@ -585,6 +585,7 @@ impl Context {
 
 /// What [`Context::tune_distance`] found for one shape bucket.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct TuneReport {
     /// The bucket: `ROWSxCOLSxD`, each a power of two (rows ≤ 4096, columns ≤ 65 536).
     pub bucket: String,

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 
 /// How an operation would run on a context, from its `*_plan` function
 /// ([`crate::pairwise_distances_plan`], [`crate::knn_plan`], [`crate::accuracy_plan`],
-/// [`crate::mine_triplets_plan`], [`crate::miners_plan`]): the chunks it takes and the memory
+/// [`crate::mine_triplets_plan`], [`crate::mine_plan`]): the chunks it takes and the memory
 /// they hold. A plan takes the operation's own arguments, does no work and allocates nothing;
 /// it is planned for the budget the context has available now, as the call would be.
 ///
@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Plan {
     /// Where the operation runs.
     pub path: ComputePath,

@@ -98,6 +98,22 @@ impl<T: DeviceElement> DeviceArray<T> {
         })
     }
 
+    /// A new array on `gpu` holding `values` (one queued upload, counted in the transfers).
+    pub(crate) fn from_host(
+        gpu: &GpuDevice,
+        label: &'static str,
+        values: ndarray::ArrayView2<'_, T>,
+    ) -> Result<Self> {
+        let array = Self::new(gpu, label, values.dim())?;
+        let rows = values.as_standard_layout();
+        let flat = rows.as_slice().ok_or(Error::Internal {
+            op: label,
+            message: "a standard-layout array is not contiguous".into(),
+        })?;
+        transfer::write(gpu, &array.buffer, 0, flat)?;
+        Ok(array)
+    }
+
     /// The array's buffer (for the library's kernels).
     pub(crate) fn tracked(&self) -> &TrackedBuffer {
         &self.buffer

@@ -220,6 +220,7 @@ impl Default for AccuracyConfig {
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct AccuracyMetrics {
     /// Whether the nearest neighbour shares the query's label.
     pub precision_at_1: f64,
@@ -321,6 +322,7 @@ impl AccuracyMetrics {
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Accuracy<L> {
     /// The kNN metrics: mean over non-lone queries, or over classes with `avg_of_avgs`.
     pub metrics: AccuracyMetrics,

@@ -86,6 +86,7 @@ impl Default for KmeansConfig {
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Kmeans {
     /// `(k, d)`: the final centroids.
     pub centroids: Array2<f32>,
@@ -155,6 +156,36 @@ pub fn kmeans<'x>(
     let mut found = found?;
     found.transfers = transfers;
     Ok(found)
+}
+
+/// How [`kmeans`] would run with these arguments on `ctx`, computing nothing: the plan of one
+/// assignment search (every point against the `k` centroids, in chunks under the budget) plus
+/// its host memory and, on a device, the training rows it uploads once. The iterations run
+/// that search again in the same memory.
+///
+/// # Errors
+/// As [`kmeans`] for bad inputs and settings; [`Error::OverBudget`] or
+/// [`Error::DeviceLimit`] when not even one row of a search fits.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{kmeans_plan, Context, KmeansConfig};
+/// let x = ndarray::Array2::<f32>::zeros((10_000, 32));
+/// let cfg = KmeansConfig { clusters: 100, ..Default::default() };
+/// let plan = kmeans_plan(&Context::native_cpu(None), &x, &cfg)?;
+/// assert!(plan.min_bytes <= plan.bytes);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn kmeans_plan<'x>(
+    ctx: &Context,
+    points: impl Into<Embeddings<'x>>,
+    cfg: &KmeansConfig,
+) -> Result<Plan> {
+    let points = points.into();
+    let mut imports = Imports::plan();
+    let check = |n: usize| check_config(cfg, n);
+    let rows = inputs::prepare_rows(OP, ctx, points.reborrow(), check, &mut imports)?;
+    Ok(plan(ctx, rows, cfg)?.with_imports(imports.footprint()))
 }
 
 /// The rules of [`KmeansConfig`] for `n` points.
@@ -262,7 +293,8 @@ pub(crate) fn run(
     let (n, k) = (rows.nrows(), cfg.clusters);
     let d = inputs::embeddings_of(rows.reborrow()).dim().1;
     let resident = matches!(rows, Rows::Resident(_));
-    let _held = HostReservation::new(HOST, host_bytes(n, d, resident, cfg), ctx.tracker())?;
+    let host_held = host_bytes(n, d, resident, cfg);
+    let _held = HostReservation::new(HOST, host_held, ctx.tracker())?;
     let host = inputs::host_rows(OP, ctx, rows.reborrow())?;
     // Faiss's sample of the training points, drawn before (and apart from) the centroids.
     let n_train = training_size(n, cfg);
@@ -278,6 +310,21 @@ pub(crate) fn run(
     let uploaded = match (ctx.gpu(), train_rows) {
         (Some(gpu), Rows::Host(x)) => Some(gpu.settled(DeviceRows::upload(gpu, x))?),
         _ => None,
+    };
+    // What k-means holds while its searches run: a search too big for what is left names the
+    // budget the whole call needs, as kmeans_plan's min_bytes does.
+    let held = host_held + uploaded.as_ref().map_or(0, |r| r.import_bytes().0);
+    let whole = |e: Error| match e {
+        Error::OverBudget {
+            op,
+            required,
+            budget,
+        } => Error::OverBudget {
+            op,
+            required: required.saturating_add(held),
+            budget,
+        },
+        e => e,
     };
     let train_rows = match &uploaded {
         Some(on_device) => Rows::Resident(RowsView {
@@ -305,7 +352,8 @@ pub(crate) fn run(
             &search,
             &nobody[..m],
             &part,
-        )?;
+        )
+        .map_err(whole)?;
         Ok((
             found.indices.column(0).to_vec(),
             found.scores.column(0).to_vec(),

@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 /// assert!(stats.peak_bytes <= stats.budget_bytes);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemoryStats {
     /// Bytes held by live library buffers right now.
     pub current_bytes: u64,
@@ -40,6 +41,7 @@ pub struct MemoryStats {
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Transfers {
     /// Blocking waits for the device (each `poll` that waits for a submission).
     pub host_waits: u64,
@@ -128,6 +130,7 @@ impl Transfers {
 /// assert_eq!(t.seconds(t.wait_ns), 1.5);
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HostTimes {
     /// `queue.write_buffer` calls (the host's copy; the transfer itself overlaps).
     pub upload_ns: u64,
@@ -188,6 +191,7 @@ pub(crate) const KERNEL_STEMS: &[&str] = &[
 /// assert_eq!(none.total_gpu_seconds(), 0.0);
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KernelTimes {
     dispatches: [u64; KERNEL_STEMS.len()],
     gpu_ns: [u64; KERNEL_STEMS.len()],
@@ -195,6 +199,7 @@ pub struct KernelTimes {
 
 /// One kernel's line of [`KernelTimes`].
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct KernelTime {
     /// The kernel's stem (`shaders/<stem>.wgsl`).
     pub stem: &'static str,

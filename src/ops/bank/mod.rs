@@ -64,6 +64,7 @@ impl BankConfig {
 ///
 /// See the examples of [`MemoryBank`] and [`MemoryBank::is_filled`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Enqueued {
     /// The slot each enqueued row was written to, in row order.
     pub slots: Vec<u32>,
@@ -83,6 +84,7 @@ pub struct Enqueued {
 ///
 /// See the example of [`MemoryBank::snapshot`].
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct BankSnapshot<L> {
     /// `(len, dim)`.
     pub embeddings: Array2<f32>,
@@ -94,6 +96,7 @@ pub struct BankSnapshot<L> {
 ///
 /// See the example of [`MemoryBank::save`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Saved {
     /// Bytes of the checkpoint file.
     pub bytes: u64,

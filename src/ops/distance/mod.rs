@@ -63,6 +63,7 @@ pub struct PairwiseConfig {
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct PairwiseDistances {
     /// `(q, n)`: `values[[i, j]]` compares query `i` with reference `j`.
     pub values: Array2<f32>,

@@ -81,6 +81,7 @@ impl Default for KnnConfig {
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Knn {
     /// `(q, k)`: reference indices (rows of the references, or slots of a memory bank), best
     /// first; ties are broken by the lower index.
@@ -225,6 +226,7 @@ pub(crate) fn run_reporting(
 ///
 /// See the example of [`knn_on_device`].
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct KnnOnDevice {
     /// `(q, k)`: reference indices (rows of the references, or slots of a memory bank), best
     /// first, ties broken by the lower index: [`Knn::indices`], on the device.

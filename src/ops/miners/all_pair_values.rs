@@ -10,7 +10,7 @@ use crate::hooks::{Hooks, Reporter};
 use crate::metric::DistanceConfig;
 use crate::runtime::memory::Transfers;
 
-use super::for_each_row_reporting;
+use super::rows::for_each_row_reporting;
 use crate::ops::triplets::list_sizes;
 
 /// Most pairs kept on the host between visits: 4 Mi pairs, 48 MiB.

@@ -15,7 +15,8 @@ use crate::ops::distance::{for_each_row_block, Job};
 use crate::ops::triplets::{list_sizes, Triplets};
 use crate::runtime::transfer;
 
-use super::{prepare_miner, sealed, MinerConfig, BLOCK_FLOATS};
+use super::rows::{prepare_miner, BLOCK_FLOATS};
+use super::{sealed, MinerConfig};
 
 /// The `eps` that `torch.nn.functional.pairwise_distance` adds to every difference.
 const PAIRWISE_EPS: f32 = 1e-6;
@@ -58,7 +59,7 @@ impl Default for AngularConfig {
 /// the references, in blocks of whole rows, so neither the triplets nor the `(centres, m)`
 /// matrix exist beyond one block; `‖n − c‖` comes from the tile's expansion, which can
 /// round differently from PML's direct difference for a triplet within about `10⁻⁶` of the
-/// angle. Device-resident inputs are read back to form the centres. [`crate::miners_plan`]
+/// angle. Device-resident inputs are read back to form the centres. [`crate::mine_plan`]
 /// plans blocks of anchor rows; this miner runs as many centre rows as there are positive
 /// pairs, so it makes more blocks of the same size than that plan counts.
 ///
@@ -238,6 +239,7 @@ impl Chunk {
 
 impl sealed::Sealed for AngularConfig {}
 impl MinerConfig for AngularConfig {
+    type Output = Triplets;
     fn op(&self) -> &'static str {
         "angular_triplets"
     }
@@ -265,5 +267,13 @@ impl MinerConfig for AngularConfig {
     }
     fn hooks(&self) -> &Hooks {
         &self.hooks
+    }
+    fn run<L: Hash + Eq + Copy>(
+        &self,
+        ctx: &Context,
+        queries: &MiningSet<'_, L>,
+        refs: Option<&MiningSet<'_, L>>,
+    ) -> Result<Triplets> {
+        angular_triplets(ctx, queries, refs, self)
     }
 }

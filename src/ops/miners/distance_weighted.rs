@@ -12,7 +12,8 @@ use crate::ops::triplets::{list_sizes, Triplets};
 use crate::rng::SplitMix64;
 use crate::validate;
 
-use super::{for_each_row_reporting, prepare_miner, sealed, MinerConfig};
+use super::rows::{for_each_row_reporting, prepare_miner};
+use super::{sealed, MinerConfig};
 
 /// `DistanceWeightedMiner` settings; defaults are PML's, and the seed is the library's. The
 /// distance is fixed: Euclidean on normalised embeddings, the only one PML accepts.
@@ -208,6 +209,7 @@ impl LogWeight {
 
 impl sealed::Sealed for DistanceWeightedConfig {}
 impl MinerConfig for DistanceWeightedConfig {
+    type Output = Triplets;
     fn op(&self) -> &'static str {
         "distance_weighted_triplets"
     }
@@ -227,6 +229,14 @@ impl MinerConfig for DistanceWeightedConfig {
     }
     fn hooks(&self) -> &Hooks {
         &self.hooks
+    }
+    fn run<L: Hash + Eq + Copy>(
+        &self,
+        ctx: &Context,
+        queries: &MiningSet<'_, L>,
+        refs: Option<&MiningSet<'_, L>>,
+    ) -> Result<Triplets> {
+        distance_weighted_triplets(ctx, queries, refs, self)
     }
 }
 

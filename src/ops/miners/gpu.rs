@@ -23,6 +23,9 @@ use crate::runtime::device::GpuDevice;
 use crate::runtime::memory::TrackedBuffer;
 use crate::runtime::transfer::{self, uniform_size, Recorder, Staging};
 
+/// The name of the device pair miners in errors.
+pub(super) const DEVICE_OP: &str = "mine_on_device";
+
 /// Bytes of one output row `(anchor, reference)`.
 const ROW_BYTES: u64 = 8;
 
@@ -63,7 +66,7 @@ pub(crate) fn dispatches(
         if !fits(window(start, start + 1)) {
             let bytes = window(start, start + 1).iter().flatten().map(|w| w.1).max();
             return Err(Error::DeviceLimit {
-                op: super::DEVICE_OP,
+                op: DEVICE_OP,
                 what: "max_storage_buffer_binding_size",
                 requested: bytes.unwrap_or(0),
                 limit: max_binding,
@@ -177,7 +180,7 @@ fn chunk_rows(
         workgroup_storage: distance_tile::WORKGROUP_STORAGE.max(pair_select::WORKGROUP_STORAGE),
         ..row_block_cost(rows, d.view(m), 0)
     };
-    Ok(plan_rows(super::DEVICE_OP, b, m, budget, &caps, cost)?.rows)
+    Ok(plan_rows(DEVICE_OP, b, m, budget, &caps, cost)?.rows)
 }
 
 /// What a writing dispatch binds: per side, its window of the output array (see
@@ -248,9 +251,9 @@ pub(super) fn mine_pairs<'a>(
     template: Params,
     report: &Reporter<'_>,
 ) -> Result<[DeviceArray<u32>; 2]> {
-    const OP: &str = super::DEVICE_OP;
+    const OP: &str = DEVICE_OP;
     let (b, m) = (set.labels.len(), set.ref_labels.len());
-    let empty = || DeviceArray::<u32>::new(gpu, "mine_pairs_on_device::pairs", (0, 2));
+    let empty = || DeviceArray::<u32>::new(gpu, "mine_on_device::pairs", (0, 2));
     if b == 0 || m == 0 {
         report.add(2 * (b * m) as u64);
         return Ok([empty()?, empty()?]);
@@ -347,7 +350,7 @@ pub(super) fn mine_pairs<'a>(
         });
     }
     let arrays = [0, 1].map(|side| {
-        DeviceArray::<u32>::new(gpu, "mine_pairs_on_device::pairs", (next[side] as usize, 2))
+        DeviceArray::<u32>::new(gpu, "mine_on_device::pairs", (next[side] as usize, 2))
     });
     let [positives, negatives] = arrays;
     let arrays = [positives?, negatives?];
@@ -444,7 +447,7 @@ mod tests {
     fn windows_of_the_arrays_give_the_host_miners_rows() {
         use crate::context::test_gpu_context;
         use crate::ops::miners::{
-            mine_pairs_on_device, multi_similarity_pairs, pair_margin_pairs, MultiSimilarityConfig,
+            mine_on_device, multi_similarity_pairs, pair_margin_pairs, MultiSimilarityConfig,
             PairMarginConfig,
         };
         use crate::MiningSet;
@@ -460,9 +463,9 @@ mod tests {
         // 4 KiB windows: 512 rows, while each side holds thousands.
         MAX_BINDING.with(|m| m.set(Some(4096)));
         let multi = MultiSimilarityConfig::default();
-        let got = mine_pairs_on_device(&ctx, &queries, Some(&refs), &multi);
+        let got = mine_on_device(&ctx, &queries, Some(&refs), &multi);
         let margin = PairMarginConfig::default();
-        let got_margin = mine_pairs_on_device(&ctx, &queries, Some(&refs), &margin);
+        let got_margin = mine_on_device(&ctx, &queries, Some(&refs), &margin);
         MAX_BINDING.with(|m| m.set(None));
         let (got, got_margin) = (got.expect("multi"), got_margin.expect("margin"));
         let want = multi_similarity_pairs(&ctx, &queries, Some(&refs), &multi).expect("host");

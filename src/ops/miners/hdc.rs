@@ -11,7 +11,8 @@ use crate::hooks::Hooks;
 use crate::metric::DistanceConfig;
 
 use super::all_pair_values::PairValues;
-use super::{prepare_miner, sealed, MinerConfig, Pairs};
+use super::rows::prepare_miner;
+use super::{sealed, MinerConfig, Pairs};
 
 /// `HDCMiner` settings; defaults are PML's.
 ///
@@ -197,6 +198,7 @@ fn cut_bucket(histogram: &[u64], k: u64) -> Option<u32> {
 
 impl sealed::Sealed for HdcConfig {}
 impl MinerConfig for HdcConfig {
+    type Output = Pairs;
     fn op(&self) -> &'static str {
         "hdc_pairs"
     }
@@ -221,6 +223,14 @@ impl MinerConfig for HdcConfig {
     }
     fn hooks(&self) -> &Hooks {
         &self.hooks
+    }
+    fn run<L: Hash + Eq + Copy>(
+        &self,
+        ctx: &Context,
+        queries: &MiningSet<'_, L>,
+        refs: Option<&MiningSet<'_, L>>,
+    ) -> Result<Pairs> {
+        hdc_pairs(ctx, queries, refs, self)
     }
 }
 

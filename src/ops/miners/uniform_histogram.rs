@@ -11,7 +11,8 @@ use crate::metric::DistanceConfig;
 use crate::rng::SplitMix64;
 
 use super::all_pair_values::{PairValues, Side};
-use super::{prepare_miner, sealed, MinerConfig, Pairs};
+use super::rows::prepare_miner;
+use super::{sealed, MinerConfig, Pairs};
 
 /// `UniformHistogramMiner` settings; defaults are PML's, and the seed is the library's.
 ///
@@ -201,6 +202,7 @@ fn bin_of(edges: &[f32], v: f32) -> Option<usize> {
 
 impl sealed::Sealed for UniformHistogramConfig {}
 impl MinerConfig for UniformHistogramConfig {
+    type Output = Pairs;
     fn op(&self) -> &'static str {
         "uniform_histogram_pairs"
     }
@@ -243,6 +245,14 @@ impl MinerConfig for UniformHistogramConfig {
     }
     fn hooks(&self) -> &Hooks {
         &self.hooks
+    }
+    fn run<L: Hash + Eq + Copy>(
+        &self,
+        ctx: &Context,
+        queries: &MiningSet<'_, L>,
+        refs: Option<&MiningSet<'_, L>>,
+    ) -> Result<Pairs> {
+        uniform_histogram_pairs(ctx, queries, refs, self)
     }
 }
 

@@ -274,6 +274,7 @@ impl TripletConfig {
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Triplets {
     /// `(t, 3)`: rows `(anchor, positive, negative)`; anchors index the queries, positives and
     /// negatives the references.
@@ -333,6 +334,7 @@ impl Triplets {
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TripletCount {
     /// Triplets; a `u64`, because `B·M·M` easily passes 2³².
     pub count: u64,
@@ -517,6 +519,7 @@ pub fn count_triplets<L: Hash + Eq + Copy>(
 ///
 /// See the example of [`mine_triplets_on_device`].
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct TripletsOnDevice {
     /// `(t, 3)` rows `(anchor, positive, negative)`: [`Triplets::indices`], in the same order,
     /// on the device. `t` is the count, known on the host.
