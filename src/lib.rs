@@ -11,6 +11,8 @@ mod hooks;
 mod kernels;
 mod metric;
 mod ops;
+// The plain ndarray oracles of the kernels, for tests (this crate's turn the feature on).
+#[cfg(any(test, feature = "reference"))]
 pub mod reference;
 mod rng;
 mod runtime;

@@ -23,8 +23,8 @@ use super::{
 };
 
 /// The selection of a pair miner ([`PairMinerConfig::rule`]): what
-/// [`mine_on_device`](super::mine_on_device) runs on the device, and what [`crate::reference::pair_select`]
-/// defines.
+/// [`mine_on_device`](super::mine_on_device) runs on the device, and what the test oracle
+/// `reference::pair_select` (feature `reference`) defines.
 ///
 /// # Example
 /// ```
