@@ -510,11 +510,13 @@ stacks() {
     } >"$dir/$name.txt" 2>&1 || true
 }
 
-# With failures seen: binary $2's top-level modules (the first path component of its tests),
+# With failures seen: binary $2's modules (the first path component of its tests; the
+# second under kernels:: and ops::),
 # each run alone in one process HUNT_BISECT_RUNS (5) times while time remains.
 bisect_modules() {
     local dir=$1 bin=$2 limit=$3 threads=$4 started=$5 deadline=$6 tag=$7 m i status
-    for m in $("$bin" --list 2>/dev/null | sed -n 's/: test$//p' | cut -d: -f1 | sort -u); do
+    for m in $("$bin" --list 2>/dev/null | sed -n 's/: test$//p' |
+        sed -E 's/^((kernels|ops)::[^:]+|[^:]+)::.*/\1/' | sort -u); do
         local fails=0 n=0
         for ((i = 1; i <= ${HUNT_BISECT_RUNS:-5}; i++)); do
             [ $((SECONDS - started + limit)) -gt "$deadline" ] && break 2

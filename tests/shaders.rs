@@ -162,19 +162,20 @@ fn every_stem_has_its_four_files() {
     );
     let wrappers = stems_in("src/kernels", "rs");
     let references = stems_in("src/reference", "rs");
-    let tests = stems_in("tests", "rs");
-    let root = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/root.rs"))
-        .expect("tests/root.rs");
+    let tests = stems_in("tests/kernels", "rs");
+    let root =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kernels/mod.rs"))
+            .expect("tests/kernels/mod.rs");
     for stem in &files {
         assert!(wrappers.contains(stem), "src/kernels/{stem}.rs is missing");
         assert!(
             references.contains(stem),
             "src/reference/{stem}.rs is missing"
         );
-        assert!(tests.contains(stem), "tests/{stem}.rs is missing");
+        assert!(tests.contains(stem), "tests/kernels/{stem}.rs is missing");
         assert!(
             root.contains(&format!("mod {stem};")),
-            "tests/root.rs does not declare mod {stem}"
+            "tests/kernels/mod.rs does not declare mod {stem}"
         );
     }
 }

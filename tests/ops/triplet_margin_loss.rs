@@ -5,7 +5,7 @@
 
 use crate::common;
 use crate::common::{assert_close, DISTANCES};
-use crate::triplet_weights::{self, Problem};
+use crate::kernels::triplet_weights::{self, Problem};
 
 use ndarray::{array, Array1, Array2};
 use proptest::prelude::*;

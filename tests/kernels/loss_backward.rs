@@ -4,7 +4,7 @@
 //! `vec4`s) its 32-`vec4` tiles of the dimension.
 
 use crate::common;
-use crate::triplet_weights::{check, problem};
+use crate::kernels::triplet_weights::{check, problem};
 
 use proptest::prelude::*;
 

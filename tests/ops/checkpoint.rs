@@ -282,7 +282,7 @@ fn a_process_killed_while_saving_leaves_a_whole_checkpoint() {
     for round in 0..rounds {
         let mut child = Command::new(&exe)
             .args([
-                "checkpoint::saver_process",
+                "ops::checkpoint::saver_process",
                 "--exact",
                 "--ignored",
                 "--nocapture",

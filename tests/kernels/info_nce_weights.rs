@@ -7,7 +7,7 @@
 
 use crate::common;
 use crate::common::assert_close;
-use crate::ntxent_loss::{problem_of, Problem};
+use crate::ops::ntxent_loss::{problem_of, Problem};
 
 use proptest::prelude::*;
 use wgpu_metric_learning::reference::info_nce_weights::info_nce_weights;
@@ -39,7 +39,7 @@ fn the_anchors_own_column_past_the_first_stride() {
         ctx,
         Problem {
             labels: (0..n as u32).map(|i| i % 4).collect(),
-            x: crate::triplet_weights::formula_rows(n, 3),
+            x: crate::kernels::triplet_weights::formula_rows(n, 3),
             refs: None,
             cfg: InfoNceConfig {
                 temperature: 0.5,

@@ -1,0 +1,11 @@
+//! One module per operation family, through the public API on both paths.
+
+mod accuracy;
+mod checkpoint;
+mod device_inputs;
+mod kmeans;
+mod memory_bank;
+mod miners;
+pub(crate) mod ntxent_loss;
+mod sampling_miners;
+mod triplet_margin_loss;
