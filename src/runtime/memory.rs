@@ -14,8 +14,8 @@ use crate::error::{Error, Result};
 ///
 /// # Example
 /// ```
-/// use wgpu_metric_learning::MemoryStats;
-/// let stats = MemoryStats { current_bytes: 0, peak_bytes: 4096, budget_bytes: 1 << 20 };
+/// use wgpu_metric_learning::{Context, MemoryStats};
+/// let stats: MemoryStats = Context::native_cpu(Some(1 << 20)).memory();
 /// assert!(stats.peak_bytes <= stats.budget_bytes);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,8 +93,9 @@ impl Transfers {
     /// # Example
     /// ```
     /// use wgpu_metric_learning::Transfers;
-    /// let before = Transfers { host_waits: 2, ..Default::default() };
-    /// let now = Transfers { host_waits: 5, ..Default::default() };
+    /// let (mut before, mut now) = (Transfers::default(), Transfers::default());
+    /// before.host_waits = 2;
+    /// now.host_waits = 5;
     /// assert_eq!(now.since(&before).host_waits, 3);
     /// ```
     pub fn since(&self, before: &Transfers) -> Transfers {
@@ -126,7 +127,8 @@ impl Transfers {
 /// # Example
 /// ```
 /// use wgpu_metric_learning::HostTimes;
-/// let t = HostTimes { wait_ns: 1_500_000_000, ..Default::default() };
+/// let mut t = HostTimes::default();
+/// t.wait_ns = 1_500_000_000;
 /// assert_eq!(t.seconds(t.wait_ns), 1.5);
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
