@@ -299,3 +299,10 @@ def test_making_a_context_prints_nothing_without_a_runtime_dir():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""
+
+
+def test_the_package_version_is_the_crates():
+    from importlib.metadata import version
+
+    assert wml.__version__ == version("wgpu-metric-learning")
+    assert wml.__version__.count(".") == 2

@@ -43,9 +43,10 @@ from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _native
-from ._native import Context, TripletChunks, list_adapters
+from ._native import Context, TripletChunks, __version__, list_adapters
 
 __all__ = [
+    "__version__",
     "Accuracy",
     "Clustering",
     "Context",

@@ -2,17 +2,47 @@
 package (``float32`` 2-D arrays, ``int64`` labels); call them through ``wgpu_metric_learning``."""
 
 from os import PathLike
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union, final
 
 import numpy as np
 import numpy.typing as npt
 
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
-U32 = npt.NDArray[np.uint32]
-SelfExclusion = Union[None, str, U32]
-Refs = Union[None, "MemoryBank", Tuple[Optional[F32], I64]]
+_F32 = npt.NDArray[np.float32]
+_I64 = npt.NDArray[np.int64]
+_U32 = npt.NDArray[np.uint32]
+_SelfExclusion = Union[None, str, _U32]
+_Refs = Union[None, "MemoryBank", Tuple[Optional[_F32], _I64]]
 
+__version__: str
+__all__ = [
+    "__version__",
+    "Context",
+    "MemoryBank",
+    "TripletChunks",
+    "list_adapters",
+    "pairwise_distances",
+    "knn",
+    "mine_triplets",
+    "count_triplets",
+    "all_pairs",
+    "pair_margin_pairs",
+    "multi_similarity_pairs",
+    "batch_easy_hard_pairs",
+    "batch_hard_triplets",
+    "angular_triplets",
+    "distance_weighted_triplets",
+    "hdc_pairs",
+    "uniform_histogram_pairs",
+    "accuracy",
+    "kmeans",
+    "normalized_mutual_info",
+    "adjusted_mutual_info",
+    "triplet_margin_loss",
+    "ntxent_loss",
+    "multiple_negatives_ranking_loss",
+]
+
+@final
 class Context:
     """One device (or the native CPU path) and its memory budget.
 
@@ -22,14 +52,14 @@ class Context:
     ``adapter``: an index into :func:`list_adapters` or part of a name. ``kernel_timing``:
     time every dispatch by GPU timestamps (see :meth:`transfers`)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         backend: str = "auto",
         budget: Optional[int] = None,
         adapter: Union[None, int, str] = None,
         fill_outputs_with_sentinel: bool = False,
         kernel_timing: bool = False,
-    ) -> None: ...
+    ) -> "Context": ...
     @property
     def path(self) -> str:
         """``"wgpu"`` or ``"native_cpu"``."""
@@ -48,15 +78,16 @@ def list_adapters() -> List[Dict[str, Any]]:
     """The adapters wgpu finds: ``index``, ``name``, ``backend``, ``device_type``, ``driver``,
     ``software``."""
 
+@final
 class MemoryBank:
-    def __init__(self, ctx: Context, capacity: int, dim: int) -> None: ...
+    def __new__(cls, ctx: Context, capacity: int, dim: int) -> "MemoryBank": ...
     @staticmethod
     def load(ctx: Context, path: Union[str, PathLike[str]], capacity: int, dim: int) -> "MemoryBank": ...
     def save(self, path: Union[str, PathLike[str]]) -> int: ...
     def enqueue(
-        self, embeddings: F32, labels: I64, mask: Optional[npt.NDArray[np.uint8]] = None
-    ) -> Tuple[U32, I64, Union[str, U32]]: ...
-    def snapshot(self) -> Tuple[F32, I64]: ...
+        self, embeddings: _F32, labels: _I64, mask: Optional[npt.NDArray[np.uint8]] = None
+    ) -> Tuple[_U32, _I64, Union[str, _U32]]: ...
+    def snapshot(self) -> Tuple[_F32, _I64]: ...
     def reset(self) -> None: ...
     @property
     def capacity(self) -> int: ...
@@ -68,23 +99,24 @@ class MemoryBank:
     def is_filled(self) -> bool: ...
     def __len__(self) -> int: ...
 
-class TripletChunks(Iterator[U32]):
-    def __init__(
-        self,
+@final
+class TripletChunks(Iterator[_U32]):
+    def __new__(
+        cls,
         ctx: Context,
-        embeddings: Optional[F32],
-        labels: I64,
-        refs: Optional[Tuple[Optional[F32], I64]] = None,
+        embeddings: Optional[_F32],
+        labels: _I64,
+        refs: Optional[Tuple[Optional[_F32], _I64]] = None,
         *,
         type_of_triplets: Optional[str] = None,
         margin: float = 0.2,
         distance: str = "euclidean",
         normalize: bool = True,
-        self_exclusion: SelfExclusion = None,
+        self_exclusion: _SelfExclusion = None,
         max_chunk_triplets: int = 1 << 20,
-    ) -> None: ...
+    ) -> "TripletChunks": ...
     def __iter__(self) -> "TripletChunks": ...
-    def __next__(self) -> U32: ...
+    def __next__(self) -> _U32: ...
     @property
     def count(self) -> Optional[int]:
         """The total, once the iterator is exhausted."""
@@ -92,77 +124,77 @@ class TripletChunks(Iterator[U32]):
 
 def pairwise_distances(
     ctx: Context,
-    queries: F32,
-    refs: Union[None, F32, MemoryBank] = None,
+    queries: _F32,
+    refs: Union[None, _F32, MemoryBank] = None,
     *,
     distance: str = "euclidean",
     normalize: bool = True,
-) -> F32: ...
+) -> _F32: ...
 def knn(
     ctx: Context,
-    queries: F32,
-    refs: Union[None, F32, MemoryBank] = None,
+    queries: _F32,
+    refs: Union[None, _F32, MemoryBank] = None,
     *,
     k: int = 10,
     distance: str = "euclidean",
     normalize: bool = True,
-    self_exclusion: SelfExclusion = None,
-) -> Tuple[U32, F32]: ...
+    self_exclusion: _SelfExclusion = None,
+) -> Tuple[_U32, _F32]: ...
 def mine_triplets(
     ctx: Context,
-    embeddings: Optional[F32],
-    labels: I64,
-    refs: Refs = None,
+    embeddings: Optional[_F32],
+    labels: _I64,
+    refs: _Refs = None,
     *,
     type_of_triplets: Optional[str] = None,
     margin: float = 0.2,
     distance: str = "euclidean",
     normalize: bool = True,
-    self_exclusion: SelfExclusion = None,
-) -> U32: ...
+    self_exclusion: _SelfExclusion = None,
+) -> _U32: ...
 def count_triplets(
     ctx: Context,
-    embeddings: Optional[F32],
-    labels: I64,
-    refs: Refs = None,
+    embeddings: Optional[_F32],
+    labels: _I64,
+    refs: _Refs = None,
     *,
     type_of_triplets: Optional[str] = None,
     margin: float = 0.2,
     distance: str = "euclidean",
     normalize: bool = True,
-    self_exclusion: SelfExclusion = None,
+    self_exclusion: _SelfExclusion = None,
 ) -> int: ...
 def all_pairs(
-    ctx: Context, labels: I64, refs: Refs = None, *, self_exclusion: SelfExclusion = None
-) -> Tuple[U32, U32]: ...
+    ctx: Context, labels: _I64, refs: _Refs = None, *, self_exclusion: _SelfExclusion = None
+) -> Tuple[_U32, _U32]: ...
 def pair_margin_pairs(
     ctx: Context,
-    embeddings: F32,
-    labels: I64,
-    refs: Refs = None,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
     *,
     pos_margin: float = 0.2,
     neg_margin: float = 0.8,
     distance: str = "euclidean",
     normalize: bool = True,
-    self_exclusion: SelfExclusion = None,
-) -> Tuple[U32, U32]: ...
+    self_exclusion: _SelfExclusion = None,
+) -> Tuple[_U32, _U32]: ...
 def multi_similarity_pairs(
     ctx: Context,
-    embeddings: F32,
-    labels: I64,
-    refs: Refs = None,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
     *,
     epsilon: float = 0.1,
     distance: str = "cosine",
     normalize: bool = True,
-    self_exclusion: SelfExclusion = None,
-) -> Tuple[U32, U32]: ...
+    self_exclusion: _SelfExclusion = None,
+) -> Tuple[_U32, _U32]: ...
 def batch_easy_hard_pairs(
     ctx: Context,
-    embeddings: F32,
-    labels: I64,
-    refs: Refs = None,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
     *,
     pos_strategy: str = "easy",
     neg_strategy: str = "semihard",
@@ -170,54 +202,54 @@ def batch_easy_hard_pairs(
     allowed_neg_range: Optional[Tuple[float, float]] = None,
     distance: str = "euclidean",
     normalize: bool = True,
-    self_exclusion: SelfExclusion = None,
-) -> Tuple[U32, U32]: ...
+    self_exclusion: _SelfExclusion = None,
+) -> Tuple[_U32, _U32]: ...
 def batch_hard_triplets(
     ctx: Context,
-    embeddings: F32,
-    labels: I64,
-    refs: Refs = None,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
     *,
     distance: str = "euclidean",
     normalize: bool = True,
-    self_exclusion: SelfExclusion = None,
-) -> U32: ...
+    self_exclusion: _SelfExclusion = None,
+) -> _U32: ...
 def angular_triplets(
     ctx: Context,
-    embeddings: F32,
-    labels: I64,
-    refs: Refs = None,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
     *,
     angle: float = 20.0,
-    self_exclusion: SelfExclusion = None,
-) -> U32: ...
+    self_exclusion: _SelfExclusion = None,
+) -> _U32: ...
 def distance_weighted_triplets(
     ctx: Context,
-    embeddings: F32,
-    labels: I64,
-    refs: Refs = None,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
     *,
     cutoff: float = 0.5,
     nonzero_loss_cutoff: float = 1.4,
     seed: int = 0,
-    self_exclusion: SelfExclusion = None,
-) -> U32: ...
+    self_exclusion: _SelfExclusion = None,
+) -> _U32: ...
 def hdc_pairs(
     ctx: Context,
-    embeddings: F32,
-    labels: I64,
-    refs: Refs = None,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
     *,
     filter_percentage: float = 0.5,
     distance: str = "euclidean",
     normalize: bool = True,
-    self_exclusion: SelfExclusion = None,
-) -> Tuple[U32, U32]: ...
+    self_exclusion: _SelfExclusion = None,
+) -> Tuple[_U32, _U32]: ...
 def uniform_histogram_pairs(
     ctx: Context,
-    embeddings: F32,
-    labels: I64,
-    refs: Refs = None,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
     *,
     num_bins: int = 100,
     pos_per_bin: int = 10,
@@ -225,18 +257,18 @@ def uniform_histogram_pairs(
     distance: str = "euclidean",
     normalize: bool = True,
     seed: int = 0,
-    self_exclusion: SelfExclusion = None,
-) -> Tuple[U32, U32]: ...
+    self_exclusion: _SelfExclusion = None,
+) -> Tuple[_U32, _U32]: ...
 def accuracy(
     ctx: Context,
-    embeddings: F32,
-    labels: I64,
-    refs: Refs = None,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
     *,
     k: Union[None, str, int] = None,
     distance: str = "squared_euclidean",
     normalize: bool = False,
-    self_exclusion: SelfExclusion = None,
+    self_exclusion: _SelfExclusion = None,
     avg_of_avgs: bool = False,
     include: Optional[List[str]] = None,
     kmeans_seed: int = 1234,
@@ -244,21 +276,21 @@ def accuracy(
 ) -> Dict[str, Any]: ...
 def kmeans(
     ctx: Context,
-    points: F32,
+    points: _F32,
     clusters: int,
     *,
     max_iterations: int = 20,
     tolerance: float = 0.0,
     seed: int = 1234,
     max_points_per_centroid: int = 256,
-) -> Tuple[F32, U32, F32, float, int]: ...
-def normalized_mutual_info(labels_true: I64, labels_pred: I64) -> float: ...
-def adjusted_mutual_info(labels_true: I64, labels_pred: I64) -> float: ...
+) -> Tuple[_F32, _U32, _F32, float, int]: ...
+def normalized_mutual_info(labels_true: _I64, labels_pred: _I64) -> float: ...
+def adjusted_mutual_info(labels_true: _I64, labels_pred: _I64) -> float: ...
 def triplet_margin_loss(
     ctx: Context,
-    embeddings: F32,
-    labels: I64,
-    refs: Refs = None,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
     *,
     margin: float = 0.05,
     type_of_triplets: Optional[str] = None,
@@ -267,21 +299,21 @@ def triplet_margin_loss(
     normalize: bool = True,
     smooth_loss: bool = False,
     swap: bool = False,
-    self_exclusion: SelfExclusion = None,
+    self_exclusion: _SelfExclusion = None,
     ref_grad: bool = False,
-) -> Tuple[float, int, int, F32, Optional[F32]]: ...
+) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
 def ntxent_loss(
     ctx: Context,
-    embeddings: F32,
-    labels: I64,
-    refs: Refs = None,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
     *,
     temperature: float = 0.07,
     distance: str = "cosine",
     normalize: bool = True,
-    self_exclusion: SelfExclusion = None,
+    self_exclusion: _SelfExclusion = None,
     ref_grad: bool = False,
-) -> Tuple[float, int, int, F32, Optional[F32]]: ...
+) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
 def multiple_negatives_ranking_loss(
-    ctx: Context, anchors: F32, candidates: F32, *, scale: float = 20.0
-) -> Tuple[float, int, int, F32, F32]: ...
+    ctx: Context, anchors: _F32, candidates: _F32, *, scale: float = 20.0
+) -> Tuple[float, int, int, _F32, _F32]: ...

@@ -1,0 +1,143 @@
+//! The losses with their gradients: `triplet_margin_loss`, `ntxent_loss` and
+//! `multiple_negatives_ranking_loss`.
+
+use ndarray::Array2;
+use numpy::{IntoPyArray, PyReadonlyArray1, PyReadonlyArray2};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use wgpu_metric_learning as wml;
+use wml::{InfoNceConfig, MnrlConfig, TripletLossConfig};
+
+use crate::call::{distance_config, labelled, run, self_exclusion};
+use crate::context::PyContext;
+use crate::mining::triplet_rule;
+
+/// A loss's value, its two counts and its gradients, as one tuple.
+pub(crate) fn loss_tuple<'py>(
+    py: Python<'py>,
+    loss: f32,
+    counts: (u64, u64),
+    query_grad: Array2<f32>,
+    ref_grad: Option<Array2<f32>>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let ref_grad = match ref_grad {
+        Some(g) => g.into_pyarray(py).into_any(),
+        None => py.None().into_bound(py),
+    };
+    PyTuple::new(
+        py,
+        [
+            loss.into_pyobject(py)?.into_any(),
+            counts.0.into_pyobject(py)?.into_any(),
+            counts.1.into_pyobject(py)?.into_any(),
+            query_grad.into_pyarray(py).into_any(),
+            ref_grad,
+        ],
+    )
+}
+
+/// PML's `TripletMarginLoss` and its gradient: `(loss, nonzero, triplets, grad (b, d),
+/// ref_grad (m, d) or None)`.
+#[pyfunction]
+#[pyo3(signature = (ctx, embeddings, labels, refs = None, *, margin = 0.05, type_of_triplets = None, miner_margin = 0.2, distance = "euclidean", normalize = true, smooth_loss = false, swap = false, self_exclusion = None, ref_grad = false))]
+#[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
+pub(crate) fn triplet_margin_loss<'py>(
+    py: Python<'py>,
+    ctx: &PyContext,
+    embeddings: PyReadonlyArray2<'py, f32>,
+    labels: PyReadonlyArray1<'py, i64>,
+    refs: Option<&Bound<'py, PyAny>>,
+    margin: f32,
+    type_of_triplets: Option<&str>,
+    miner_margin: f32,
+    distance: &str,
+    normalize: bool,
+    smooth_loss: bool,
+    swap: bool,
+    self_exclusion: Option<&Bound<'py, PyAny>>,
+    ref_grad: bool,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let cfg = TripletLossConfig {
+        margin,
+        triplets: triplet_rule(type_of_triplets, miner_margin)?,
+        distance: distance_config(distance, normalize)?,
+        smooth_loss,
+        swap,
+        self_exclusion: self::self_exclusion(self_exclusion)?,
+        ref_grad,
+        ..Default::default()
+    };
+    let out = labelled(
+        py,
+        ctx,
+        Some(&embeddings),
+        &labels,
+        refs,
+        move |c, q, r, hooks| {
+            wml::triplet_margin_loss(c, q, r, &TripletLossConfig { hooks, ..cfg })
+        },
+    )?;
+    loss_tuple(
+        py,
+        out.loss,
+        (out.nonzero, out.triplets),
+        out.query_grad,
+        out.ref_grad,
+    )
+}
+
+/// PML's `NTXentLoss` and its gradient: `(loss, positive_pairs, negative_pairs, grad (b, d),
+/// ref_grad (m, d) or None)`.
+#[pyfunction]
+#[pyo3(signature = (ctx, embeddings, labels, refs = None, *, temperature = 0.07, distance = "cosine", normalize = true, self_exclusion = None, ref_grad = false))]
+#[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
+pub(crate) fn ntxent_loss<'py>(
+    py: Python<'py>,
+    ctx: &PyContext,
+    embeddings: PyReadonlyArray2<'py, f32>,
+    labels: PyReadonlyArray1<'py, i64>,
+    refs: Option<&Bound<'py, PyAny>>,
+    temperature: f32,
+    distance: &str,
+    normalize: bool,
+    self_exclusion: Option<&Bound<'py, PyAny>>,
+    ref_grad: bool,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let cfg = InfoNceConfig {
+        temperature,
+        distance: distance_config(distance, normalize)?,
+        self_exclusion: self::self_exclusion(self_exclusion)?,
+        ref_grad,
+        ..Default::default()
+    };
+    let out = labelled(
+        py,
+        ctx,
+        Some(&embeddings),
+        &labels,
+        refs,
+        move |c, q, r, hooks| wml::ntxent_loss(c, q, r, &InfoNceConfig { hooks, ..cfg }),
+    )?;
+    let counts = (out.positive_pairs, out.negative_pairs);
+    loss_tuple(py, out.loss, counts, out.query_grad, out.ref_grad)
+}
+
+/// sentence-transformers' `MultipleNegativesRankingLoss` and its gradients: `(loss,
+/// positive_pairs, negative_pairs, anchor_grad (b, d), candidate_grad (c, d))`.
+#[pyfunction]
+#[pyo3(signature = (ctx, anchors, candidates, *, scale = 20.0))]
+pub(crate) fn multiple_negatives_ranking_loss<'py>(
+    py: Python<'py>,
+    ctx: &PyContext,
+    anchors: PyReadonlyArray2<'py, f32>,
+    candidates: PyReadonlyArray2<'py, f32>,
+    scale: f32,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let (a, c) = (anchors.as_array(), candidates.as_array());
+    let inner = &ctx.inner;
+    let out = run(py, move |hooks| {
+        wml::multiple_negatives_ranking_loss(inner, a, c, &MnrlConfig { scale, hooks })
+    })?;
+    let counts = (out.positive_pairs, out.negative_pairs);
+    loss_tuple(py, out.loss, counts, out.query_grad, out.ref_grad)
+}
