@@ -206,7 +206,28 @@ fn imports_of(src: &Path) -> Imports {
         let my_rank = rank(&parts[0]);
         let code = code_of(&file);
         let edges = found.units.entry(me.clone()).or_default();
-        for path in paths_after(&code, "crate::") {
+        // `crate::` paths, and `super::` paths resolved from this file's module (a chain of
+        // them may climb out of its folder).
+        let mut paths = paths_after(&code, "crate::");
+        for path in paths_after(&code, "super::") {
+            let ups = 1 + path.iter().take_while(|s| *s == "super").count();
+            let rest = &path[ups - 1..];
+            if ups > parts.len() || rest.is_empty() {
+                continue;
+            }
+            let mut resolved = parts[..parts.len() - ups].to_vec();
+            resolved.extend(rest.iter().cloned());
+            // Inside an inline `mod tests`, `super` is the file itself: a name that is no
+            // module or root re-export is such an item, not a climb.
+            let first = &resolved[0];
+            let known = src.join(first).is_dir()
+                || src.join(format!("{first}.rs")).exists()
+                || exports.contains_key(first);
+            if known {
+                paths.push(resolved);
+            }
+        }
+        for path in paths {
             // A name re-exported at the root stands for the module it comes from.
             let target = match path.first() {
                 Some(first) if exports.contains_key(first) => exports[first].clone(),

@@ -196,7 +196,10 @@ fn common_parts() -> Vec<(String, String)> {
 /// `source` without the common parts composed in front of it, and their names in order.
 fn strip_common<'a>(mut source: &'a str, parts: &[(String, String)]) -> (Vec<String>, &'a str) {
     let mut used = Vec::new();
-    while let Some((name, text)) = parts.iter().find(|(_, t)| source.starts_with(t.as_str())) {
+    while let Some((name, text)) = parts
+        .iter()
+        .find(|(_, t)| !t.is_empty() && source.starts_with(t.as_str()))
+    {
         used.push(name.clone());
         source = &source[text.len()..];
     }

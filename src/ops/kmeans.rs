@@ -1,5 +1,14 @@
 //! k-means (Lloyd's algorithm, initialised and repaired as Faiss does) whose assignment step is
 //! the library's exact top-1 search, on any path: the clustering behind PML's NMI and AMI.
+//!
+//! As Faiss: `k` distinct random points as the first centroids; then, up to
+//! `cfg.max_iterations` times, each training point is assigned its nearest centroid (squared
+//! Euclidean), each centroid becomes the mean of its points, and each empty cluster takes half of
+//! a populated one picked at random with probability growing with its size (Faiss's split,
+//! centroids perturbed by ±1/1024). Finally every point is assigned to the final centroids. The
+//! centroid update runs on the host, so rows on a device are read back once, and host points
+//! are uploaded once on a wgpu context for every search. With `n = k` every point is its own
+//! centroid.
 
 use ndarray::{Array1, Array2, ArrayView2, Axis};
 
@@ -106,18 +115,9 @@ pub struct Kmeans {
 }
 
 /// k-means of the points `(n, d)` into `cfg.clusters` clusters, as Faiss's `Kmeans` (the
-/// clustering PML's `AccuracyCalculator` runs for NMI and AMI): `k` distinct random points
-/// as the first centroids; then, up to `cfg.max_iterations` times, each training point is
-/// assigned its nearest centroid (squared Euclidean, the library's exact top-1
-/// [`knn`](crate::knn()) on `ctx`'s path, under its budget), each centroid becomes the mean of
-/// its points, and each empty cluster takes half of a populated one picked at random with
-/// probability growing with its size (Faiss's split, centroids perturbed by ±1/1024). Finally
-/// every point is assigned to the final centroids.
-///
-/// `points` may be a host array, device embeddings or a bank's rows; the centroid update runs
-/// on the host, so rows on a device are read back once (and host points are uploaded
-/// once on a wgpu context, for every search). With `n = k` every point is its own
-/// centroid (as Faiss).
+/// clustering PML's `AccuracyCalculator` runs for NMI and AMI), each assignment an exact
+/// top-1 [`knn`](crate::knn()) on `ctx`'s path under its budget: `O(iterations · n · k · d)`.
+/// `points` may be a host array, device embeddings or a bank's rows (read back once).
 ///
 /// # Errors
 /// [`Error::Shape`] if `d = 0`; [`Error::NonFinite`] for a NaN or infinity;
@@ -314,15 +314,12 @@ pub(crate) fn run(
     // What k-means holds while its searches run: a search too big for what is left names the
     // budget the whole call needs, as kmeans_plan's min_bytes does.
     let held = host_held + uploaded.as_ref().map_or(0, |r| r.import_bytes().0);
+    // (The search names the budget it planned in, what was left: the call's is the whole.)
     let whole = |e: Error| match e {
-        Error::OverBudget {
-            op,
-            required,
-            budget,
-        } => Error::OverBudget {
+        Error::OverBudget { op, required, .. } => Error::OverBudget {
             op,
             required: required.saturating_add(held),
-            budget,
+            budget: ctx.tracker().stats().budget_bytes,
         },
         e => e,
     };

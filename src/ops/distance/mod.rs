@@ -1,5 +1,9 @@
 //! Pairwise distances between query and reference embeddings, tiled under the budget, and the
 //! row blocks of the distance matrix that the miners consume.
+//!
+//! On the wgpu path the matrix is computed in tiles whose working set (inputs, norms, output
+//! and readback staging) fits the context's remaining budget and the device's limits; each tile
+//! is one dispatch of the distance tile (the tuned GEMM family or `shaders/distance_tile.wgsl`).
 
 pub(crate) mod gpu;
 pub(crate) mod native;
@@ -76,15 +80,14 @@ pub struct PairwiseDistances {
 /// Distances between every query `(q, d)` and every reference `(n, d)` → `(q, n)`.
 ///
 /// The references may be a host array or a memory bank's rows (`bank.rows()`, read where they
-/// are). On the wgpu path the matrix is computed in tiles whose working set (inputs, norms,
-/// output and readback staging) fits the context's remaining budget and the device's limits;
-/// each tile is one dispatch of `shaders/distance_tile.wgsl`. Any array layout is accepted.
+/// are); any array layout is accepted. Tiles of the matrix fit the budget left.
 ///
 /// # Errors
 /// [`Error::Shape`] if `d = 0` or the two `d` differ; [`Error::NonFinite`] for a NaN or
 /// infinity; [`Error::InvalidParameter`] for a bank of another context; for device
-/// embeddings, the errors of [`DeviceEmbeddings`](crate::DeviceEmbeddings); [`Error::OverBudget`] / [`Error::DeviceLimit`] if not even a 1 × 1 tile fits;
-/// [`Error::Cancelled`]; device errors as [`Error`] variants.
+/// embeddings, the errors of [`DeviceEmbeddings`](crate::DeviceEmbeddings);
+/// [`Error::OverBudget`] / [`Error::DeviceLimit`] if not even a 1 × 1 tile fits;
+/// [`Error::Cancelled`]; device errors.
 ///
 /// # Example
 /// ```

@@ -1,5 +1,13 @@
 //! k-nearest neighbours of queries among references: exact, any `k`, under the budget, on one
 //! device or sharded over several.
+//!
+//! On the wgpu path, distance tiles of a query chunk against a range of references
+//! (`shaders/distance_tile.wgsl`) feed a per-row radix selection that merges them into a running
+//! best list (`shaders/knn_select.wgsl`); chunk sizes come from the context's remaining budget,
+//! and references that do not fit it are streamed through in chunks. On the native path,
+//! blocked GEMM with a per-row selection, or for `k ≤ 128` a fused kernel that selects from
+//! register tiles of dot products. `knn_on_device` sorts each query chunk's lists on the device
+//! (`shaders/knn_sort.wgsl`) and copies them into the caller's arrays.
 
 mod calibrate;
 mod candidates;
@@ -113,13 +121,8 @@ impl Neighbours {
 /// The `k` nearest references of every query `(q, d)`: `refs` is a host array `(n, d)` or the
 /// filled rows of a [`crate::MemoryBank`] (`bank.rows()`), searched where they live.
 ///
-/// Exact (brute force). On the wgpu path, distance tiles of a query chunk against a range of
-/// references (`shaders/distance_tile.wgsl`) feed a per-row radix selection that merges them
-/// into a running best list (`shaders/knn_select.wgsl`), so the `(q, n)` matrix never exists;
-/// chunk sizes come from the context's remaining budget, and references that do not fit it
-/// are streamed through in chunks. On the native path, blocked GEMM with a per-row selection,
-/// or for `k ≤ 128` a fused kernel that selects from register tiles of dot products.
-/// `cfg.hooks` reports the pairs compared and can cancel between chunks.
+/// Exact (brute force), `O(q · n · d)`, in chunks under the budget (the `(q, n)` matrix never
+/// exists); `cfg.hooks` reports the pairs compared and can cancel between chunks.
 ///
 /// # Errors
 /// [`Error::Shape`] if `d = 0` or the dimensions differ, or for a self-exclusion that does
@@ -241,13 +244,9 @@ pub struct KnnOnDevice {
 
 /// [`knn`] with its answer left on the device, for a training step that uses the neighbours
 /// there (a loss that gathers them, say): the same lists, bit for bit, in two
-/// [`DeviceArray`]s. Each query chunk's lists are sorted on the device
-/// (`shaders/knn_sort.wgsl`) and copied into the arrays; nothing is read back, and the call
-/// waits once, at its end, for the device to finish.
-///
-/// The two arrays (`8 · q · k` bytes) are allocated first and count in the budget for as long
-/// as they live; the search plans its chunks in what is left. No plan covers this call:
-/// [`knn_plan`] plans [`knn`], whose lists come back.
+/// [`DeviceArray`]s; nothing is read back and the call waits once, at its end. The arrays
+/// (`8 · q · k` bytes) are allocated first and count in the budget while they live; the search
+/// plans its chunks in what is left ([`knn_plan`] plans [`knn`], not this call).
 ///
 /// # Errors
 /// As [`knn`]; [`Error::InvalidParameter`] on a native context (results on the device need a

@@ -1,5 +1,10 @@
 //! Triplet mining: every valid triplet from labels (PML `get_all_triplets_indices`) and PML's
 //! `TripletMarginMiner`, chunked by anchors under the budget, with no limit from `B·M·M`.
+//!
+//! On the wgpu path, for each chunk of anchors, the distance tile, the per-anchor
+//! positive/negative lists, the per-pair counts (prefix-summed on the host as `u64`) and the
+//! triplets are computed by kernels (`gpu/`); the native path sorts or scans each anchor's
+//! negatives (`native.rs`).
 
 use std::hash::Hash;
 use std::ops::{ControlFlow, Range};
@@ -396,11 +401,8 @@ pub(crate) const OP: &str = "mine_triplets";
 /// says which reference is each anchor itself, never its own positive (by default its own row
 /// when `refs` is `None`, nothing otherwise).
 ///
-/// On the wgpu path anchors are processed in chunks sized to the budget; for each chunk the
-/// distance tile, the per-anchor positive/negative lists, the per-pair counts (prefix-summed
-/// on the host as `u64`) and the triplets are computed by kernels. The whole result is held in
-/// host memory: for outputs larger than memory use [`mine_triplets_streaming`] or
-/// [`count_triplets`].
+/// Anchors run in chunks under the budget. The whole result is held in host memory: for
+/// outputs larger than memory use [`mine_triplets_streaming`] or [`count_triplets`].
 ///
 /// # Errors
 /// [`Error::Shape`] when labels and embeddings disagree in length, `d` is 0 or differs, the
@@ -549,23 +551,9 @@ impl TripletsOnDevice {
 /// the same `(t, 3)` rows, in the same order, in a [`DeviceArray`] sized exactly, with the
 /// count on the host.
 ///
-/// The rows are written on the device (`shaders/triplet_expand.wgsl`) from each
-/// `(anchor, positive)` pair and its run of negatives: every valid triplet expands the
-/// anchors' negative lists, a margin rule its kept negatives. The host sends each window's
-/// segments (16 bytes per `(anchor, positive)` pair with triplets; a margin rule, 8 more of
-/// offsets per pair) and reads
-/// back counts only: for a margin rule the per-pair counts (4 bytes per pair, as
-/// [`mine_triplets`]), and 8 bytes per anchor of list sizes to check. The array is sized by
-/// the count before anything is written: every valid triplet is counted by label
-/// arithmetic; a margin rule whose anchors fit one chunk, with the array beside it, is
-/// counted and written in one pass; otherwise it is counted first (one more pass over the
-/// distances), and then mined in chunks in what the array leaves of the budget. The call
-/// waits for the device once at its end, besides those counts. Progress covers both passes
-/// (`2 · b · m` pairs for a margin rule, all reported when one pass did both).
-///
-/// The array (`12 · t` bytes) is allocated before the mining is planned and counts in the
-/// budget for as long as it lives. No plan covers this call: [`mine_triplets_plan`] plans
-/// [`mine_triplets`], whose output goes to the host.
+/// Cost: [`mine_triplets`]'s (a margin rule over several chunks counts first); only counts
+/// come back. The array (`12 · t` bytes) counts in the budget while it lives
+/// ([`mine_triplets_plan`] plans [`mine_triplets`], not this call).
 ///
 /// # Errors
 /// As [`mine_triplets`]; [`Error::InvalidParameter`] on a native context (results on the
@@ -582,7 +570,6 @@ impl TripletsOnDevice {
 /// let cfg = TripletConfig::margin_miner(TripletType::Semihard);
 /// let mined = mine_triplets_on_device(&ctx, &batch, None, &cfg)?;
 /// assert_eq!(mined.triplets.to_host(&ctx)?, mine_triplets(&ctx, &batch, None, &cfg)?.indices);
-/// println!("{} triplets in {:?}", mined.len(), mined.triplets.buffer());
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
 pub fn mine_triplets_on_device<L: Hash + Eq + Copy>(

@@ -1,5 +1,17 @@
 //! Triplets left on the device: the rows expanded there, chunk by chunk and window by window,
 //! into the caller's array (`shaders/triplet_expand.wgsl`), in the host miner's order.
+//!
+//! The rows are written from each `(anchor, positive)` pair and its run of negatives: every
+//! valid triplet expands the anchors' negative lists, a margin rule its kept negatives. The
+//! host sends each window's segments (16 bytes per `(anchor, positive)` pair with triplets; a
+//! margin rule, 8 more of offsets per pair) and reads back counts only: for a margin rule the
+//! per-pair counts (4 bytes per pair, as the host miner), and 8 bytes per anchor of list sizes
+//! to check. The array is sized by the count before anything is written: every valid triplet
+//! is counted by label arithmetic; a margin rule whose anchors fit one chunk, with the array
+//! beside it, is counted and written in one pass (`mine_in_one_chunk`); otherwise it is
+//! counted first (one more pass over the distances), then mined in chunks in what the array
+//! leaves of the budget. Progress covers both passes (`2 · b · m` pairs for a margin rule,
+//! all reported when one pass did both).
 
 use super::{Miner, Segment};
 use crate::context::Context;
