@@ -70,22 +70,14 @@ const NOT_OPERATIONS: &[&str] = &["list_adapters", "gemm_kernels"];
 
 /// The lowercase names `src/lib.rs` re-exports (its functions).
 fn exported_functions() -> BTreeSet<String> {
-    let lib = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs"))
-        .expect("src/lib.rs");
-    let mut names = BTreeSet::new();
-    for block in lib.split("pub use ").skip(1) {
-        let end = block.find(';').unwrap_or(block.len());
-        let items = &block[..end];
-        let list = items.rsplit("::").next().unwrap_or(items);
-        for item in list.split([',', '{', '}']) {
-            let name = item.trim();
-            let is_function = name.chars().next().is_some_and(|c| c.is_ascii_lowercase());
-            if is_function && name.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
-                names.insert(name.to_string());
-            }
-        }
-    }
-    names
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    crate::modules::root_exports(&src)
+        .into_keys()
+        .filter(|name| {
+            name.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+                && name.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        })
+        .collect()
 }
 
 #[test]

@@ -163,7 +163,7 @@ fn unit(path: &[String]) -> String {
 }
 
 /// Each name that `lib.rs` re-exports at the root, to the module path it comes from.
-fn root_exports(src: &Path) -> BTreeMap<String, Vec<String>> {
+pub(crate) fn root_exports(src: &Path) -> BTreeMap<String, Vec<String>> {
     let code = code_of(&src.join("lib.rs"));
     let mut names = BTreeMap::new();
     for path in paths_after(&code, "pub use ") {

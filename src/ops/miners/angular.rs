@@ -239,7 +239,7 @@ impl Chunk {
 
 impl sealed::Sealed for AngularConfig {}
 impl MinerConfig for AngularConfig {
-    type Output = Triplets;
+    runs!(Triplets, angular_triplets);
     fn op(&self) -> &'static str {
         "angular_triplets"
     }
@@ -267,13 +267,5 @@ impl MinerConfig for AngularConfig {
     }
     fn hooks(&self) -> &Hooks {
         &self.hooks
-    }
-    fn run<L: Hash + Eq + Copy>(
-        &self,
-        ctx: &Context,
-        queries: &MiningSet<'_, L>,
-        refs: Option<&MiningSet<'_, L>>,
-    ) -> Result<Triplets> {
-        angular_triplets(ctx, queries, refs, self)
     }
 }

@@ -209,7 +209,7 @@ impl LogWeight {
 
 impl sealed::Sealed for DistanceWeightedConfig {}
 impl MinerConfig for DistanceWeightedConfig {
-    type Output = Triplets;
+    runs!(Triplets, distance_weighted_triplets);
     fn op(&self) -> &'static str {
         "distance_weighted_triplets"
     }
@@ -229,14 +229,6 @@ impl MinerConfig for DistanceWeightedConfig {
     }
     fn hooks(&self) -> &Hooks {
         &self.hooks
-    }
-    fn run<L: Hash + Eq + Copy>(
-        &self,
-        ctx: &Context,
-        queries: &MiningSet<'_, L>,
-        refs: Option<&MiningSet<'_, L>>,
-    ) -> Result<Triplets> {
-        distance_weighted_triplets(ctx, queries, refs, self)
     }
 }
 

@@ -290,7 +290,7 @@ pub fn batch_hard_triplets<L: Hash + Eq + Copy>(
 
 impl sealed::Sealed for BatchEasyHardConfig {}
 impl MinerConfig for BatchEasyHardConfig {
-    type Output = Pairs;
+    runs!(Pairs, batch_easy_hard_pairs);
     fn op(&self) -> &'static str {
         "batch_easy_hard_pairs"
     }
@@ -326,19 +326,11 @@ impl MinerConfig for BatchEasyHardConfig {
     fn hooks(&self) -> &Hooks {
         &self.hooks
     }
-    fn run<L: Hash + Eq + Copy>(
-        &self,
-        ctx: &Context,
-        queries: &MiningSet<'_, L>,
-        refs: Option<&MiningSet<'_, L>>,
-    ) -> Result<Pairs> {
-        batch_easy_hard_pairs(ctx, queries, refs, self)
-    }
 }
 
 impl sealed::Sealed for BatchHardConfig {}
 impl MinerConfig for BatchHardConfig {
-    type Output = Triplets;
+    runs!(Triplets, batch_hard_triplets);
     fn op(&self) -> &'static str {
         "batch_hard_triplets"
     }
@@ -353,13 +345,5 @@ impl MinerConfig for BatchHardConfig {
     }
     fn hooks(&self) -> &Hooks {
         &self.hooks
-    }
-    fn run<L: Hash + Eq + Copy>(
-        &self,
-        ctx: &Context,
-        queries: &MiningSet<'_, L>,
-        refs: Option<&MiningSet<'_, L>>,
-    ) -> Result<Triplets> {
-        batch_hard_triplets(ctx, queries, refs, self)
     }
 }

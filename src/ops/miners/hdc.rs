@@ -198,7 +198,7 @@ fn cut_bucket(histogram: &[u64], k: u64) -> Option<u32> {
 
 impl sealed::Sealed for HdcConfig {}
 impl MinerConfig for HdcConfig {
-    type Output = Pairs;
+    runs!(Pairs, hdc_pairs);
     fn op(&self) -> &'static str {
         "hdc_pairs"
     }
@@ -223,14 +223,6 @@ impl MinerConfig for HdcConfig {
     }
     fn hooks(&self) -> &Hooks {
         &self.hooks
-    }
-    fn run<L: Hash + Eq + Copy>(
-        &self,
-        ctx: &Context,
-        queries: &MiningSet<'_, L>,
-        refs: Option<&MiningSet<'_, L>>,
-    ) -> Result<Pairs> {
-        hdc_pairs(ctx, queries, refs, self)
     }
 }
 

@@ -26,6 +26,22 @@ use crate::ops::triplets::{
 };
 use crate::runtime::memory::Transfers;
 
+/// In a miner config's `MinerConfig` impl: its `Output` and the `run` that calls its
+/// PML-named function (defined before the submodules, which use it).
+macro_rules! runs {
+    ($output:ty, $miner:ident) => {
+        type Output = $output;
+        fn run<L: std::hash::Hash + Eq + Copy>(
+            &self,
+            ctx: &crate::context::Context,
+            queries: &crate::data::inputs::MiningSet<'_, L>,
+            refs: Option<&crate::data::inputs::MiningSet<'_, L>>,
+        ) -> crate::error::Result<$output> {
+            $miner(ctx, queries, refs, self)
+        }
+    };
+}
+
 mod all_pair_values;
 mod angular;
 mod distance_weighted;
@@ -238,7 +254,7 @@ pub fn mine_on_device<L: Hash + Eq + Copy, C: DeviceMinerConfig>(
 
 impl sealed::Sealed for TripletConfig {}
 impl MinerConfig for TripletConfig {
-    type Output = Triplets;
+    runs!(Triplets, mine_triplets);
     fn op(&self) -> &'static str {
         "mine_triplets"
     }
@@ -257,14 +273,6 @@ impl MinerConfig for TripletConfig {
     }
     fn hooks(&self) -> &Hooks {
         &self.hooks
-    }
-    fn run<L: Hash + Eq + Copy>(
-        &self,
-        ctx: &Context,
-        queries: &MiningSet<'_, L>,
-        refs: Option<&MiningSet<'_, L>>,
-    ) -> Result<Triplets> {
-        mine_triplets(ctx, queries, refs, self)
     }
     fn plan<L: Hash + Eq + Copy>(
         &self,

@@ -257,7 +257,7 @@ pub fn multi_similarity_pairs<L: Hash + Eq + Copy>(
 
 impl sealed::Sealed for AllPairsConfig {}
 impl MinerConfig for AllPairsConfig {
-    type Output = Pairs;
+    runs!(Pairs, all_pairs);
     fn op(&self) -> &'static str {
         "all_pairs"
     }
@@ -273,19 +273,11 @@ impl MinerConfig for AllPairsConfig {
     fn hooks(&self) -> &Hooks {
         &self.hooks
     }
-    fn run<L: Hash + Eq + Copy>(
-        &self,
-        ctx: &Context,
-        queries: &MiningSet<'_, L>,
-        refs: Option<&MiningSet<'_, L>>,
-    ) -> Result<Pairs> {
-        all_pairs(ctx, queries, refs, self)
-    }
 }
 
 impl sealed::Sealed for PairMarginConfig {}
 impl MinerConfig for PairMarginConfig {
-    type Output = Pairs;
+    runs!(Pairs, pair_margin_pairs);
     fn op(&self) -> &'static str {
         "pair_margin_pairs"
     }
@@ -302,19 +294,11 @@ impl MinerConfig for PairMarginConfig {
     fn hooks(&self) -> &Hooks {
         &self.hooks
     }
-    fn run<L: Hash + Eq + Copy>(
-        &self,
-        ctx: &Context,
-        queries: &MiningSet<'_, L>,
-        refs: Option<&MiningSet<'_, L>>,
-    ) -> Result<Pairs> {
-        pair_margin_pairs(ctx, queries, refs, self)
-    }
 }
 
 impl sealed::Sealed for MultiSimilarityConfig {}
 impl MinerConfig for MultiSimilarityConfig {
-    type Output = Pairs;
+    runs!(Pairs, multi_similarity_pairs);
     fn op(&self) -> &'static str {
         "multi_similarity_pairs"
     }
@@ -329,13 +313,5 @@ impl MinerConfig for MultiSimilarityConfig {
     }
     fn hooks(&self) -> &Hooks {
         &self.hooks
-    }
-    fn run<L: Hash + Eq + Copy>(
-        &self,
-        ctx: &Context,
-        queries: &MiningSet<'_, L>,
-        refs: Option<&MiningSet<'_, L>>,
-    ) -> Result<Pairs> {
-        multi_similarity_pairs(ctx, queries, refs, self)
     }
 }

@@ -202,7 +202,7 @@ fn bin_of(edges: &[f32], v: f32) -> Option<usize> {
 
 impl sealed::Sealed for UniformHistogramConfig {}
 impl MinerConfig for UniformHistogramConfig {
-    type Output = Pairs;
+    runs!(Pairs, uniform_histogram_pairs);
     fn op(&self) -> &'static str {
         "uniform_histogram_pairs"
     }
@@ -245,14 +245,6 @@ impl MinerConfig for UniformHistogramConfig {
     }
     fn hooks(&self) -> &Hooks {
         &self.hooks
-    }
-    fn run<L: Hash + Eq + Copy>(
-        &self,
-        ctx: &Context,
-        queries: &MiningSet<'_, L>,
-        refs: Option<&MiningSet<'_, L>>,
-    ) -> Result<Pairs> {
-        uniform_histogram_pairs(ctx, queries, refs, self)
     }
 }
 
