@@ -42,7 +42,8 @@ pub use ops::distance::{
 pub use ops::kmeans::{kmeans, kmeans_plan, Kmeans, KmeansConfig};
 pub use ops::knn::{knn, knn_on_device, knn_plan, knn_sharded, Knn, KnnConfig, KnnOnDevice};
 pub use ops::loss::{
-    multiple_negatives_ranking_loss, ntxent_loss, triplet_margin_loss, InfoNceConfig, InfoNceLoss,
+    multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan, ntxent_loss,
+    ntxent_loss_plan, triplet_margin_loss, triplet_margin_loss_plan, InfoNceConfig, InfoNceLoss,
     MnrlConfig, TripletLoss, TripletLossConfig,
 };
 pub use ops::miners::{

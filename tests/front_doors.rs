@@ -40,12 +40,18 @@ const OPERATIONS: &[(&str, Option<&str>, Option<&str>)] = &[
     ("mine_triplets_streaming", None, None),
     // Label arithmetic: no distance, no memory to plan, a count to return.
     ("count_triplets", None, None),
-    // The losses choose between the device and the native path inside the call (a device
-    // that cannot hold the whole gradients falls back); their gradients are host arrays for
-    // the autograd framework that called them. Plans: not yet (see the CHANGELOG).
-    ("ntxent_loss", None, None),
-    ("multiple_negatives_ranking_loss", None, None),
-    ("triplet_margin_loss", None, None),
+    // The losses' gradients are host arrays for the autograd framework that called them.
+    ("ntxent_loss", Some("ntxent_loss_plan"), None),
+    (
+        "multiple_negatives_ranking_loss",
+        Some("multiple_negatives_ranking_loss_plan"),
+        None,
+    ),
+    (
+        "triplet_margin_loss",
+        Some("triplet_margin_loss_plan"),
+        None,
+    ),
     // Label statistics of two clusterings, O(n) on the host.
     ("normalized_mutual_info", None, None),
     ("adjusted_mutual_info", None, None),

@@ -358,3 +358,35 @@ fn no_source_file_is_over_800_lines() {
         .collect();
     assert!(long.is_empty(), "files over 800 lines: {long:?}");
 }
+
+/// The public docs state the contract (what, shapes, cost, errors, one example) in about 15
+/// lines, the how in the module docs: none of a public item's docs runs past 25 lines.
+#[test]
+fn no_public_doc_is_over_25_lines() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut long = Vec::new();
+    for file in sources(&src) {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        let mut i = 0;
+        while i < lines.len() {
+            let doc = lines[i..]
+                .iter()
+                .take_while(|l| l.starts_with("///"))
+                .count();
+            if doc == 0 {
+                i += 1;
+                continue;
+            }
+            // The item after the docs and its attributes.
+            let item = lines[i + doc..].iter().find(|l| !l.starts_with("#["));
+            if doc > 25 && item.is_some_and(|l| l.starts_with("pub ")) {
+                long.push(format!("{}:{}: {doc} lines", file.display(), i + 1));
+            }
+            i += doc;
+        }
+    }
+    assert!(long.is_empty(), "public docs over 25 lines: {long:?}");
+}

@@ -7,9 +7,11 @@ use crate::common;
 use ndarray::{Array1, Array2};
 use wgpu_metric_learning::{
     accuracy, accuracy_plan, kmeans, kmeans_plan, knn, knn_plan, mine, mine_plan, mine_triplets,
-    mine_triplets_plan, pair_margin_pairs, pairwise_distances, pairwise_distances_plan,
-    AccuracyConfig, AccuracyK, BackendChoice, ComputePath, Context, ContextConfig, Error,
-    KmeansConfig, KnnConfig, MiningSet, PairMarginConfig, Plan, Result, TripletConfig, TripletType,
+    mine_triplets_plan, multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan,
+    ntxent_loss, ntxent_loss_plan, pair_margin_pairs, pairwise_distances, pairwise_distances_plan,
+    triplet_margin_loss, triplet_margin_loss_plan, AccuracyConfig, AccuracyK, BackendChoice,
+    ComputePath, Context, ContextConfig, Error, InfoNceConfig, KmeansConfig, KnnConfig, MiningSet,
+    MnrlConfig, PairMarginConfig, Plan, Result, TripletConfig, TripletLossConfig, TripletType,
     Tuning,
 };
 
@@ -177,6 +179,79 @@ fn plans_bound_what_the_calls_hold_and_name_their_least_budget() {
             |ctx| kmeans_plan(ctx, &x, &clusters),
             |ctx| kmeans(ctx, &x, &clusters),
         );
+        losses(path, budget, (&set, &refs));
+    }
+}
+
+/// The losses' plans, in-batch and against references.
+fn losses<'a>(
+    path: ComputePath,
+    budget: u64,
+    (set, refs): (&MiningSet<'a, u32>, &MiningSet<'a, u32>),
+) {
+    let ntxent = InfoNceConfig::default();
+    check(
+        "ntxent_loss",
+        path,
+        budget,
+        |ctx| ntxent_loss_plan(ctx, set, None, &ntxent),
+        |ctx| ntxent_loss(ctx, set, None, &ntxent),
+    );
+    let with_ref_grad = InfoNceConfig {
+        ref_grad: true,
+        ..Default::default()
+    };
+    check(
+        "ntxent_loss against references",
+        path,
+        budget,
+        |ctx| ntxent_loss_plan(ctx, set, Some(refs), &with_ref_grad),
+        |ctx| ntxent_loss(ctx, set, Some(refs), &with_ref_grad),
+    );
+    let (anchors, candidates) = (
+        refs.embeddings.expect("rows"),
+        set.embeddings.expect("rows"),
+    );
+    let mnrl = MnrlConfig::default();
+    check(
+        "multiple_negatives_ranking_loss",
+        path,
+        budget,
+        |ctx| multiple_negatives_ranking_loss_plan(ctx, anchors, candidates, &mnrl),
+        |ctx| multiple_negatives_ranking_loss(ctx, anchors, candidates, &mnrl),
+    );
+    let triplet = TripletLossConfig::default();
+    check(
+        "triplet_margin_loss",
+        path,
+        budget,
+        |ctx| triplet_margin_loss_plan(ctx, set, Some(refs), &triplet),
+        |ctx| triplet_margin_loss(ctx, set, Some(refs), &triplet),
+    );
+    // Swap runs natively on every context: its plan says so.
+    let swap = TripletLossConfig {
+        swap: true,
+        ..Default::default()
+    };
+    match path {
+        ComputePath::NativeCpu => check(
+            "triplet_margin_loss with swap",
+            path,
+            budget,
+            |ctx| triplet_margin_loss_plan(ctx, set, None, &swap),
+            |ctx| triplet_margin_loss(ctx, set, None, &swap),
+        ),
+        ComputePath::Wgpu => {
+            let Some(ctx) = context(path, budget) else {
+                return;
+            };
+            let plan = triplet_margin_loss_plan(&ctx, set, None, &swap).expect("plan");
+            let out = triplet_margin_loss(&ctx, set, None, &swap).expect("loss");
+            assert_eq!(
+                (plan.path, out.path),
+                (ComputePath::NativeCpu, ComputePath::NativeCpu)
+            );
+        }
     }
 }
 

@@ -1,29 +1,26 @@
 //! Embeddings in a `wgpu::Buffer` of the context's device: where they lie, checked and
 //! imported by [`crate::data::inputs`] and [`crate::data::device_rows`].
+//!
+//! Operations copy the rows on the device into their own zero-padded layout (counted in the
+//! budget) and check there that every value is finite: one host wait and 4 bytes per row of
+//! squared norms read back, none of the embeddings' bytes. Labels stay on the host.
+//!
+//! A buffer of another device is refused when both devices were made by this crate on
+//! Vulkan, Metal or DX12 (their contexts share one wgpu instance) or share the application's
+//! instance ([`crate::Context::from_wgpu`]). wgpu cannot tell buffers of different instances
+//! apart (GL contexts each have their own): never pass one.
 
-/// Embeddings `(rows, cols)` of `f32`, row-major in a `wgpu::Buffer` of the context's device:
-/// row `i` starts `offset + 4 · i · row_stride` bytes into the buffer. The buffer needs
-/// `COPY_SRC` usage.
-///
-/// Operations copy the rows on the device into their own zero-padded layout (counted in the
-/// budget) and check there that every value is finite: one host wait and 4 bytes per row of
-/// squared norms read back, none of the embeddings' bytes. Labels stay on the host.
+/// Embeddings `(rows, cols)` of `f32`, row-major in a `wgpu::Buffer` of the context's device
+/// (usage `COPY_SRC`): row `i` starts `offset + 4 · i · row_stride` bytes in. Operations copy
+/// and check them on the device (one wait, 4 bytes per row read back).
 ///
 /// # Errors
-/// Every operation given device embeddings (queries, references or a bank's batch) fails,
-/// before any device work, with [`crate::Error::InvalidParameter`] on a native context, for
-/// an offset that is not a multiple of 4, a row stride below the columns, a buffer without
-/// `COPY_SRC` or rows past its end, and [`crate::Error::Shape`] for 0 columns. As they are
-/// imported: [`crate::Error::InvalidParameter`] for a buffer of another device (or destroyed),
-/// [`crate::Error::NonFinite`] naming the first NaN or infinity (or
-/// [`crate::Error::InvalidParameter`] for a row whose squared norm overflows f32: values
-/// beyond ~1.8e19, which host rows may hold), [`crate::Error::BudgetExceeded`] when the copy
-/// does not fit the budget.
-///
-/// A buffer of another device is an [`crate::Error::InvalidParameter`] when both devices
-/// were made by this crate on Vulkan, Metal or DX12 (their contexts share one wgpu instance)
-/// or share the application's instance ([`crate::Context::from_wgpu`]). wgpu cannot tell
-/// buffers of different instances apart (GL contexts each have their own): never pass one.
+/// An operation given them fails with [`crate::Error::InvalidParameter`] on a native context,
+/// for an offset not a multiple of 4, a row stride below the columns, a buffer without
+/// `COPY_SRC`, rows past its end or a buffer of another device; [`crate::Error::Shape`] for 0
+/// columns; [`crate::Error::NonFinite`] for a NaN or infinity (`InvalidParameter` for a row
+/// whose squared norm overflows f32); [`crate::Error::BudgetExceeded`] when the copy does not
+/// fit the budget.
 ///
 /// # Example
 /// ```no_run
@@ -31,10 +28,8 @@
 /// let ctx = Context::new(&ContextConfig::default())?;
 /// let (device, _) = ctx.wgpu_device().expect("a wgpu context");
 /// // 100 rows of 32 floats, in a buffer your model wrote.
-/// let buffer = device.create_buffer(&wgpu::BufferDescriptor {
-///     label: Some("embeddings"), size: 100 * 32 * 4, mapped_at_creation: false,
-///     usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-/// });
+/// let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
+/// let buffer = device.create_buffer(&wgpu::BufferDescriptor { label: None, size: 100 * 32 * 4, usage, mapped_at_creation: false });
 /// let x = DeviceEmbeddings::new(&buffer, 0, (100, 32));
 /// let found = knn(&ctx, x, x, &KnnConfig { k: 5, ..Default::default() })?;
 /// assert_eq!(found.indices.dim(), (100, 5));

@@ -1,4 +1,13 @@
 //! PML's kNN accuracy metrics over the ranks.
+//!
+//! The search is [`knn`](super::knn()); each query's metrics are computed on its own rank,
+//! and the means are taken over all queries in global order, so every rank returns what
+//! [`accuracy`](crate::accuracy()) returns over the concatenations.
+//!
+//! `cfg.self_exclusion` is global as in [`knn`](super::knn()): [`SelfExclusion::SameIndex`]
+//! (PML's `ref_includes_query`) means the first references of all ranks are the queries of
+//! all ranks (their labels are checked; their rows are not compared across ranks). NMI and
+//! AMI need a k-means of all queries, which is not distributed.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -17,42 +26,27 @@ use crate::validate;
 
 const OP: &str = "distributed accuracy";
 
-/// PML's `AccuracyCalculator` kNN metrics (collective) of all ranks' queries against all
-/// ranks' references, each rank holding a contiguous shard of each (`refs = None`: the
-/// queries are their own references, each skipping itself by default). Every rank returns
-/// the same result, equal to [`accuracy`](crate::accuracy()) over the concatenations: the
-/// search is [`knn`](super::knn()), each query's metrics are computed on its rank, and the
-/// means are taken over all queries in global order.
-///
-/// `cfg.self_exclusion` is global as in [`knn`](super::knn()): [`SelfExclusion::SameIndex`]
-/// (PML's `ref_includes_query`) means the first references of all ranks are the queries of
-/// all ranks (their labels are checked; their rows are not compared across ranks).
+/// PML's `AccuracyCalculator` kNN metrics (collective) of all ranks' queries `(b_r, d)`
+/// against all ranks' references `(m_r, d)`, each rank holding a contiguous shard of each
+/// (`refs = None`: the queries are their own references). Every rank returns the same
+/// [`Accuracy`], equal to [`accuracy`](crate::accuracy()) over the concatenations.
 ///
 /// # Errors
-/// On every rank, when any rank's part fails (see [`knn`](super::knn())).
-/// [`Error::InvalidParameter`] for NMI or AMI in `cfg.include` (they need a k-means of all
-/// queries, which is not distributed), an empty `include`, embeddings that are missing or not
-/// host arrays, a `k` above the references a query can see, or `SameIndex` whose first
-/// references' labels are not the queries'; [`Error::Shape`] for labels that are not one per
-/// row or embeddings whose widths differ; [`Error::NonFinite`];
-/// [`Error::InvalidParameter`] when `k`, `include`, `avg_of_avgs`, the kind of
-/// self-exclusion or whether `refs` are given differ between ranks; as [`knn`](super::knn()).
+/// On every rank when any rank's part fails: as [`accuracy`](crate::accuracy()) and
+/// [`knn`](super::knn()); [`Error::InvalidParameter`] for NMI or AMI, or when `k`, `include`,
+/// `avg_of_avgs`, the self-exclusion or whether `refs` are given differ between ranks.
 ///
 /// # Example
 /// ```no_run
 /// use wgpu_metric_learning::distributed::mpi::{self, traits::*};
 /// use wgpu_metric_learning::distributed::{self, Group, GroupConfig};
 /// use wgpu_metric_learning::{AccuracyConfig, Context, MiningSet};
-/// let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled)
-///     .expect("MPI initialises once");
-/// let group = Group::new(&universe.world(), &GroupConfig::default());
-/// let ctx = Context::native_cpu(None);
+/// let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled).expect("once");
+/// let (group, ctx) = (Group::new(&universe.world(), &GroupConfig::default()), Context::native_cpu(None));
 /// // Two close rows of this rank's label, apart from every other rank's.
 /// let r = group.rank() as f32;
-/// let x = ndarray::array![[1.0f32, r], [1.0, r + 0.01]];
-/// let y = ndarray::array![group.rank() as i64, group.rank() as i64];
-/// let cfg = AccuracyConfig::default();
-/// let acc = distributed::accuracy(&group, &ctx, &MiningSet::new(&x, &y), None, &cfg)?;
+/// let (x, y) = (ndarray::array![[1.0f32, r], [1.0, r + 0.01]], ndarray::array![r as i64, r as i64]);
+/// let acc = distributed::accuracy(&group, &ctx, &MiningSet::new(&x, &y), None, &AccuracyConfig::default())?;
 /// assert_eq!(acc.metrics.precision_at_1, 1.0);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```

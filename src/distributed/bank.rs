@@ -1,4 +1,10 @@
 //! One memory bank's contents on every rank.
+//!
+//! Every rank enqueues the same rows in rank order, so banks that start equal stay equal
+//! after every step, whatever the batch sizes, and mining then runs locally on each rank
+//! against [`MemoryBank::refs`]. This fixes the drift of PML's `CrossBatchMemory` under DDP,
+//! whose gathered order differs between ranks. Each rank's own rows are its queries, each
+//! excluded from its own slot ([`SelfExclusion::QuerySlots`]).
 
 use std::hash::Hash;
 
@@ -15,39 +21,28 @@ use crate::validate;
 const OP: &str = "distributed enqueue";
 
 /// Enqueues every rank's batch `(b_r, d)`, in rank order, into this rank's `bank`
-/// (collective): each rank enqueues the same rows, so banks that start equal stay equal after
-/// every step, whatever the batch sizes, and mining then runs locally on each rank against
-/// [`MemoryBank::refs`]. This fixes the drift of PML's `CrossBatchMemory` under DDP, whose
-/// gathered order differs between ranks.
-///
-/// Returns what this rank's own batch needs to be mined against the bank: the slots its rows
-/// went to, its rows as the queries, each excluded from its own slot
-/// ([`SelfExclusion::QuerySlots`]).
+/// (collective), so that banks that start equal stay equal; returns what this rank's own
+/// batch needs to be mined against [`MemoryBank::refs`] (its slots, its rows as queries each
+/// excluded from its own slot). Cost: one gather of all batches.
 ///
 /// # Errors
-/// On every rank, when any rank's part fails: that rank gets its own error, the others
-/// [`Error::RankFailed`] naming it. The part's errors: [`Error::Shape`] for a batch whose
-/// width is not the bank's `dim` or whose labels are not one per row;
-/// [`Error::InvalidParameter`] for a batch without host embeddings, or when all ranks'
-/// batches together exceed the bank's capacity; [`Error::NonFinite`]; as
-/// [`MemoryBank::enqueue`]; [`Error::InvalidParameter`] when the banks' `dim`, capacity,
-/// number of rows or next slot differ between ranks (after an enqueue that failed on some
-/// rank only: rebuild the banks from one rank's [`MemoryBank::refs`]); [`Error::Timeout`].
+/// On every rank when any rank's part fails (the others get [`Error::RankFailed`] naming
+/// it): as [`MemoryBank::enqueue`]; [`Error::InvalidParameter`] for a batch without host
+/// embeddings, batches past the capacity together, or banks whose `dim`, capacity, length or
+/// next slot differ between ranks (rebuild them from one rank's [`MemoryBank::refs`]);
+/// [`Error::Timeout`].
 ///
 /// # Example
 /// ```no_run
 /// use wgpu_metric_learning::distributed::mpi::{self, traits::*};
 /// use wgpu_metric_learning::distributed::{enqueue_global, Group, GroupConfig};
 /// use wgpu_metric_learning::{BankConfig, Context, MemoryBank, MiningSet};
-/// let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled)
-///     .expect("MPI initialises once");
-/// let group = Group::new(&universe.world(), &GroupConfig::default());
-/// let ctx = Context::native_cpu(None);
+/// let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled).expect("once");
+/// let (group, ctx) = (Group::new(&universe.world(), &GroupConfig::default()), Context::native_cpu(None));
 /// let mut bank = MemoryBank::<i64>::new(&ctx, &BankConfig::new(1024, 2))?;
 /// let (x, y) = (ndarray::array![[0.0f32, 1.0]], ndarray::array![group.rank() as i64]);
 /// let mine = enqueue_global(&group, &ctx, &mut bank, &MiningSet::new(&x, &y))?;
-/// assert_eq!(bank.len(), group.size()); // one row from every rank
-/// assert_eq!(mine.slots, vec![group.rank() as u32]);
+/// assert_eq!((bank.len(), mine.slots), (group.size(), vec![group.rank() as u32]));
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
 pub fn enqueue_global<L>(

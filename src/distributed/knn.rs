@@ -1,5 +1,18 @@
 //! kNN over the ranks: every query block visits every rank's references, and its owner merges
 //! the partial lists.
+//!
+//! The queries go round in blocks of [`GroupConfig::query_block`](super::GroupConfig) rows,
+//! each broadcast by its owner; every rank searches its own references for the block (within
+//! its context's budget) and sends its `k` best per row back to the owner, who merges them.
+//! On a device the references are uploaded once and stay resident for every block when they
+//! take at most half of the budget left; otherwise each block streams them from the host.
+//! Results are bit for bit those of one call when every rank computes on that call's path
+//! (see the [module](super)).
+//!
+//! `self_exclusion` is global: [`SelfExclusion::SameIndex`] excludes, for the global query
+//! `i`, the global reference `i`; [`SelfExclusion::QuerySlots`] names a global reference per
+//! local query. The hooks report this rank's pairs and cancel the whole group between query
+//! blocks.
 
 use ndarray::{s, Array1, Array2, ArrayView2};
 
@@ -19,36 +32,18 @@ use crate::validate;
 const OP: &str = "distributed knn";
 
 /// The `k` nearest references of this rank's queries `(q_r, d)` among every rank's
-/// references, each rank holding `(n_r, d)` of them (collective; host arrays, either may have
-/// no rows). Indices are global: rank
-/// `r`'s references are numbered after those of ranks `0..r`. Equal to
-/// [`knn`](crate::knn()) over the concatenation of all ranks' references, for this rank's
-/// rows of the concatenated queries (bit for bit when every rank computes on the same path as
-/// that call: see the [module](super)); ties go to the lower global index.
-///
-/// `cfg.self_exclusion` is global as well: [`SelfExclusion::SameIndex`] excludes, for the
-/// global query `i`, the global reference `i`; [`SelfExclusion::QuerySlots`] names a global
-/// reference per local query. `cfg.hooks` reports this rank's pairs compared and cancels the
-/// whole group between query blocks.
-///
-/// How: the queries go round in blocks of [`GroupConfig::query_block`](super::GroupConfig)
-/// rows, each broadcast by its owner; every rank searches its own references for the block
-/// (within its context's budget) and sends its `k` best per row back to the owner, who merges
-/// them. A query block costs `query_block · d · 4` bytes sent to every rank and
-/// `query_block · k · 8` bytes back from each. No rank holds more than its own references. On
-/// a device they are uploaded once and stay resident for every block when they take at most
-/// half of the budget left; otherwise each block streams them from the host.
+/// references `(n_r, d)` (collective; host arrays, either may be empty). Indices are global
+/// (rank `r`'s references numbered after those of ranks `0..r`), as is `cfg.self_exclusion`;
+/// the result equals [`knn`](crate::knn()) over the concatenation for this rank's rows
+/// (ties to the lower global index). Cost per query block: `query_block · d · 4` bytes to
+/// every rank, `query_block · k · 8` back from each; no rank holds more than its own
+/// references.
 ///
 /// # Errors
-/// On every rank, when any rank's part fails: that rank gets its own error, the others
-/// [`Error::RankFailed`] naming it. The part's errors: [`Error::Shape`] if `d = 0`, the
-/// dimensions differ (on this rank or between ranks), or the slots are not one per query;
-/// [`Error::NonFinite`] for a NaN or infinity in this rank's rows;
-/// [`Error::InvalidParameter`] for `k = 0` or `k` above the references a query can see (all
-/// ranks' together), more than `u32::MAX - 2` references or queries, a slot past them, or
-/// `k`, the distance, the kind of self-exclusion or the group's `query_block` differing
-/// between ranks; as [`knn`](crate::knn()) for the search of a block; [`Error::Timeout`]
-/// when the others do not arrive in time.
+/// On every rank when any rank's part fails (the others get [`Error::RankFailed`] naming
+/// it): as [`knn`](crate::knn()) over all ranks' references; [`Error::Shape`] or
+/// [`Error::InvalidParameter`] when `d`, `k`, the distance, the self-exclusion or
+/// `query_block` differ between ranks; [`Error::Timeout`] when the others do not arrive.
 ///
 /// # Example
 /// See the [module example](super).

@@ -1,6 +1,13 @@
 //! PML's `AccuracyCalculator` metrics on any path: precision@1, R-precision, MAP@R, MAP and
 //! MRR over an exact kNN, with lone-query exclusion, per-class results and `avg_of_avgs`; NMI
 //! and AMI of a k-means clustering of the queries.
+//!
+//! The kNN metrics rank the references of each query with [`knn`](crate::knn()) and score
+//! the labels of its neighbours. `cfg.self_exclusion` says which reference is each query
+//! (PML's `ref_includes_query` is [`SelfExclusion::SameIndex`]). Lone queries (no reference
+//! of their label, besides themselves) are left out, as in PML. NMI and AMI compare the
+//! query labels with a [`kmeans`](crate::kmeans()) clustering of the queries into as many
+//! clusters as there are distinct query labels (PML's Faiss k-means), every query counted.
 
 use std::fmt;
 use std::hash::Hash;
@@ -341,25 +348,16 @@ pub struct Accuracy<L> {
     pub transfers: Transfers,
 }
 
-/// PML's `AccuracyCalculator.get_accuracy`. The kNN metrics rank the references of each query
-/// `(q, d)` with [`knn`](crate::knn()) and score the labels of its neighbours. Without `refs`
-/// the queries are their own references (and, by default, each query skips itself); `refs`
-/// `(n, d)` with labels `(n,)` may be a host array or a memory bank's `bank.refs()`.
-/// `cfg.self_exclusion` says which reference is each query (PML's `ref_includes_query` is
-/// [`SelfExclusion::SameIndex`]). Lone queries (no reference of their label, besides
-/// themselves) are left out, as in PML.
-///
-/// NMI and AMI, when `cfg.include` names them, compare the query labels with a
-/// [`kmeans`](crate::kmeans()) clustering of the queries into as many clusters as there are
-/// distinct query labels (PML's Faiss k-means), every query counted.
+/// PML's `AccuracyCalculator.get_accuracy` of `queries` `(q, d)` against `refs` `(n, d)`
+/// (host rows or a bank's `bank.refs()`; `None`: the queries, each skipping itself by
+/// default). Cost: one [`knn`](crate::knn()) search, plus one [`kmeans`](crate::kmeans())
+/// of the queries when NMI or AMI is included (see the module docs for the rules).
 ///
 /// # Errors
-/// As every label-based operation for its inputs ([`Error::Shape`] for label lengths that
-/// differ from the rows, [`Error::InvalidParameter`] for missing embeddings, the
-/// self-exclusion rules of [`SelfExclusion`]); [`Error::InvalidParameter`] for an empty
-/// `include`, `Fixed(0)`, a `k` above the references a query can see, or
-/// [`SelfExclusion::SameIndex`] with host references whose first `q` rows or labels are not
-/// the queries'; as [`knn`](crate::knn()) and [`kmeans`](crate::kmeans()) otherwise.
+/// [`Error::Shape`] for labels not one per row; [`Error::InvalidParameter`] for missing
+/// embeddings, an empty `include`, `Fixed(0)`, a `k` above the references a query can see, or
+/// [`SelfExclusion::SameIndex`] whose first references are not the queries; as
+/// [`knn`](crate::knn()) and [`kmeans`](crate::kmeans()) otherwise.
 ///
 /// # Example
 /// ```
@@ -369,9 +367,7 @@ pub struct Accuracy<L> {
 /// let x = array![[0.0f32, 0.0], [0.0, 0.1], [5.0, 5.0], [5.0, 5.1], [9.0, 0.0]];
 /// let y = array![0u32, 0, 1, 1, 2]; // label 2 has a single point: a lone query
 /// let acc = accuracy(&ctx, &MiningSet::new(&x, &y), None, &AccuracyConfig::default())?;
-/// assert_eq!(acc.metrics.precision_at_1, 1.0);
-/// assert_eq!(acc.lone_queries, 1);
-/// assert_eq!(acc.nmi, None);
+/// assert_eq!((acc.metrics.precision_at_1, acc.lone_queries, acc.nmi), (1.0, 1, None));
 /// let cfg = AccuracyConfig { include: AccuracyMetric::ALL.to_vec(), ..Default::default() };
 /// let acc = accuracy(&ctx, &MiningSet::new(&x, &y), None, &cfg)?;
 /// assert_eq!(acc.nmi, Some(1.0)); // three clusters, one per label

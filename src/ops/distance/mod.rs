@@ -77,17 +77,15 @@ pub struct PairwiseDistances {
     pub transfers: Transfers,
 }
 
-/// Distances between every query `(q, d)` and every reference `(n, d)` → `(q, n)`.
-///
-/// The references may be a host array or a memory bank's rows (`bank.rows()`, read where they
+/// Distances between every query `(q, d)` and every reference `(n, d)` → `(q, n)`. The
+/// references may be a host array or a memory bank's rows (`bank.rows()`, read where they
 /// are); any array layout is accepted. Tiles of the matrix fit the budget left.
 ///
 /// # Errors
-/// [`Error::Shape`] if `d = 0` or the two `d` differ; [`Error::NonFinite`] for a NaN or
-/// infinity; [`Error::InvalidParameter`] for a bank of another context; for device
-/// embeddings, the errors of [`DeviceEmbeddings`](crate::DeviceEmbeddings);
-/// [`Error::OverBudget`] / [`Error::DeviceLimit`] if not even a 1 × 1 tile fits;
-/// [`Error::Cancelled`]; device errors.
+/// [`Error::Shape`] if `d = 0` or the two `d` differ; [`Error::NonFinite`];
+/// [`Error::InvalidParameter`] for a bank of another context;
+/// [`DeviceEmbeddings`](crate::DeviceEmbeddings)' errors; [`Error::OverBudget`] /
+/// [`Error::DeviceLimit`] if not even a 1 × 1 tile fits; [`Error::Cancelled`]; device errors.
 ///
 /// # Example
 /// ```

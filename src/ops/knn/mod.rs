@@ -119,19 +119,16 @@ impl Neighbours {
 }
 
 /// The `k` nearest references of every query `(q, d)`: `refs` is a host array `(n, d)` or the
-/// filled rows of a [`crate::MemoryBank`] (`bank.rows()`), searched where they live.
-///
-/// Exact (brute force), `O(q · n · d)`, in chunks under the budget (the `(q, n)` matrix never
+/// filled rows of a [`crate::MemoryBank`] (`bank.rows()`), searched where they live. Exact
+/// (brute force), `O(q · n · d)`, in chunks under the budget (the `(q, n)` matrix never
 /// exists); `cfg.hooks` reports the pairs compared and can cancel between chunks.
 ///
 /// # Errors
-/// [`Error::Shape`] if `d = 0` or the dimensions differ, or for a self-exclusion that does
-/// not fit the inputs (see [`SelfExclusion`]); [`Error::NonFinite`] for a NaN or infinity;
-/// [`Error::InvalidParameter`] if `k = 0` or `k` exceeds the references a query can see, for
-/// a self-exclusion slot past the references or a bank of another context; for device
-/// embeddings, the errors of [`DeviceEmbeddings`](crate::DeviceEmbeddings);
-/// [`Error::OverBudget`] if not even one query row fits the budget; [`Error::Cancelled`];
-/// device errors.
+/// [`Error::Shape`] if `d = 0`, the dimensions differ or the self-exclusion does not fit the
+/// inputs; [`Error::NonFinite`]; [`Error::InvalidParameter`] if `k = 0` or `k` exceeds the
+/// references a query can see, for a slot past the references or a bank of another context;
+/// [`DeviceEmbeddings`](crate::DeviceEmbeddings)' errors; [`Error::OverBudget`] if not one
+/// query row fits the budget; [`Error::Cancelled`]; device errors.
 ///
 /// # Example
 /// ```

@@ -8,7 +8,8 @@ use super::backward::{
     add_ref_side, pair_weight, query_side, ref_side_into, through_normalization,
 };
 use super::{host_refs, host_rows, scaled};
-use crate::context::Context;
+use crate::context::plan::Plan;
+use crate::context::{ComputePath, Context};
 use crate::data::inputs::{self, Embeddings, Labelled, Rows};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
@@ -260,6 +261,92 @@ pub(super) struct Shared<'a> {
     r_norms: &'a Norms,
 }
 
+/// How [`run`] sizes a call within the budget: what it holds whatever the blocks (`base`),
+/// per thread (`scratch`) and per anchor of a block (`per_row`), and the threads and block
+/// rows that fit.
+pub(super) struct Sizing {
+    base: u64,
+    scratch: u64,
+    per_row: u64,
+    threads: usize,
+    rows: usize,
+}
+
+impl Sizing {
+    /// The sizes of `job` under the context's available memory.
+    ///
+    /// # Errors
+    /// [`Error::OverBudget`] when one thread with a one-anchor block does not fit.
+    pub(super) fn new(ctx: &Context, job: &Job<'_>) -> Result<Self> {
+        let (op, set) = (job.op, job.set);
+        let queries = set.queries.as_ref().ok_or_else(|| inputs::unimported(op))?;
+        let refs = set.refs.ok_or_else(|| inputs::unimported(op))?;
+        let ((b, d), m) = (queries.dim(), refs.dim().0);
+        // The references' gradient is needed for the caller, or for the queries' own when
+        // they are the references.
+        let ref_role = job.refs_are_queries || job.ref_grad;
+        let floats = |rows: usize| 4 * (rows * d) as u64;
+        // Host copies of device-resident rows (read back), the normalised copies, the
+        // gradients, every thread's scratch; per block row its distances and at most `m`
+        // near pairs.
+        let resident_refs = !job.refs_are_queries && !matches!(refs, Embeddings::Host(_));
+        let read_back = if matches!(queries, Rows::Resident(_)) {
+            floats(b)
+        } else {
+            0
+        } + if resident_refs { floats(m) } else { 0 };
+        let base = read_back
+            + floats(b) * 2
+            + if job.refs_are_queries { 0 } else { floats(m) }
+            + if ref_role { floats(m) } else { 0 };
+        let pairs = job
+            .ref_pairs
+            .then(|| RefPairs::bytes(m as u64, d as u64, ref_role));
+        let scratch = Scratch::bytes(m as u64) + pairs.unwrap_or(0);
+        let per_row = (4 + NEAR_PAIR_BYTES) * m as u64;
+        let budget = ctx.tracker().stats().budget_bytes;
+        let least = base + scratch + per_row;
+        if least > budget {
+            return Err(Error::OverBudget {
+                op,
+                required: least,
+                budget,
+            });
+        }
+        // A thread per core, or as many as the budget gives a scratch and a block row each.
+        let available = ctx.tracker().available();
+        let threads = workers_within(threads(), scratch + per_row, available.saturating_sub(base));
+        let room = available.saturating_sub(base + threads as u64 * scratch);
+        let rows = usize::try_from(room.checked_div(per_row).unwrap_or(u64::MAX))
+            .unwrap_or(usize::MAX)
+            .clamp(1, b.max(1));
+        Ok(Self {
+            base,
+            scratch,
+            per_row,
+            threads,
+            rows,
+        })
+    }
+
+    /// Bytes held with this sizing.
+    pub(super) fn bytes(&self) -> u64 {
+        self.base + self.threads as u64 * self.scratch + self.rows as u64 * self.per_row
+    }
+
+    /// The plan of a call of `b` anchors against `m` references.
+    pub(super) fn plan(&self, b: usize, m: usize) -> Plan {
+        Plan {
+            path: ComputePath::NativeCpu,
+            rows: self.rows,
+            cols: m,
+            chunks: b.div_ceil(self.rows),
+            bytes: self.bytes(),
+            min_bytes: self.base + self.scratch + self.per_row,
+        }
+    }
+}
+
 /// Runs `rule` over every anchor of `job.set` and takes the gradients back to the embeddings;
 /// the mean's division (by [`Totals::count`]) is applied to the gradients here.
 pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result<Output> {
@@ -273,45 +360,10 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
     let ((b, d), m) = (queries.dim(), refs.dim().0);
     let report = Reporter::new(job.hooks, op, b as u64 * m as u64);
     report.check()?;
-    // The references' gradient is needed for the caller, or for the queries' own when they
-    // are the references.
     let ref_role = job.refs_are_queries || job.ref_grad;
-    let floats = |rows: usize| 4 * (rows * d) as u64;
-    // Host copies of device-resident rows (read back below), the normalised copies, the
-    // gradients, every thread's scratch; per block row its distances and at most `m` near
-    // pairs.
-    let resident_refs = !job.refs_are_queries && !matches!(refs, Embeddings::Host(_));
-    let read_back = if matches!(queries, Rows::Resident(_)) {
-        floats(b)
-    } else {
-        0
-    } + if resident_refs { floats(m) } else { 0 };
-    let base = read_back
-        + floats(b) * 2
-        + if job.refs_are_queries { 0 } else { floats(m) }
-        + if ref_role { floats(m) } else { 0 };
-    let pairs = job
-        .ref_pairs
-        .then(|| RefPairs::bytes(m as u64, d as u64, ref_role));
-    let scratch = Scratch::bytes(m as u64) + pairs.unwrap_or(0);
-    let per_row = (4 + NEAR_PAIR_BYTES) * m as u64;
-    let budget = ctx.tracker().stats().budget_bytes;
-    if base + scratch + per_row > budget {
-        return Err(Error::OverBudget {
-            op,
-            required: base + scratch + per_row,
-            budget,
-        });
-    }
-    // A thread per core, or as many as the budget gives a scratch and a block row each.
-    let available = ctx.tracker().available();
-    let threads = workers_within(threads(), scratch + per_row, available.saturating_sub(base));
-    let fixed = base + threads as u64 * scratch;
-    let room = available.saturating_sub(fixed);
-    let rows = usize::try_from(room.checked_div(per_row).unwrap_or(u64::MAX))
-        .unwrap_or(usize::MAX)
-        .clamp(1, b.max(1));
-    let _held = HostReservation::new(job.label, fixed + rows as u64 * per_row, ctx.tracker())?;
+    let sizing = Sizing::new(ctx, job)?;
+    let (threads, rows) = (sizing.threads, sizing.rows);
+    let _held = HostReservation::new(job.label, sizing.bytes(), ctx.tracker())?;
     let q = host_rows(op, ctx, queries.reborrow())?;
     // The references are the queries' rows when not given: read back once.
     let r_own = match job.refs_are_queries {

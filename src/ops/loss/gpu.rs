@@ -14,9 +14,9 @@ use ndarray::Array2;
 use super::driver::{self, Job, Output, Totals, NEAR};
 use super::{host_refs, host_rows};
 use crate::context::oom_retry;
-use crate::context::plan::{plan_rows, DeviceCaps, Footprint};
-use crate::context::Context;
-use crate::data::device_rows::max_page_rows;
+use crate::context::plan::{plan_rows, DeviceCaps, Footprint, Plan};
+use crate::context::{ComputePath, Context};
+use crate::data::device_rows::{max_page_rows, rows_bytes};
 use crate::data::device_rows::{Rows, RowsView};
 use crate::data::inputs::{self, Embeddings, Resident};
 use crate::error::{Error, Result};
@@ -109,6 +109,97 @@ fn folded(groups: u64, max_per_dim: u64) -> u64 {
     u64::from(grid_2d(groups, max).1)
 }
 
+/// Device bytes the references take when uploaded (0 when they are already there), or `None`
+/// when the device path cannot take them: more than one page (known before host rows are
+/// uploaded), or their gradient's workgroups past the dispatch limits (the block's rows are
+/// planned within them).
+fn upload_bytes(
+    op: &'static str,
+    caps: &DeviceCaps,
+    refs: Embeddings<'_>,
+    d: usize,
+) -> Option<u64> {
+    let (m, dim4) = (refs.dim().0, d.div_ceil(4));
+    let (pages, upload) = match (refs, max_page_rows(op, caps, dim4)) {
+        (Embeddings::Bank(bank), _) => (bank.view.rows.pages_for(m), 0),
+        (_, Ok(per_page)) => (m.div_ceil(per_page.max(1)), rows_bytes(m, dim4, per_page)),
+        // Not one row fits a binding: the native path has no such limit.
+        (_, Err(_)) => return None,
+    };
+    let max_per_dim = u64::from(caps.max_workgroups_per_dimension);
+    let groups = |n: usize, per: u64| (n as u64).div_ceil(per);
+    let fits = pages <= 1
+        && folded(groups(m, loss_backward::GROUP_ROWS), max_per_dim) <= max_per_dim
+        && groups(dim4, loss_backward::GROUP_VEC4S) <= max_per_dim;
+    fits.then_some(upload)
+}
+
+/// Host bytes [`run`] holds for `b` anchors and `m` references of `d` floats: the gradients
+/// read back, and copies of device-resident rows for the normalisation's backward.
+fn host_bytes((b, m, d): (usize, usize, usize), ref_role: bool) -> u64 {
+    let floats = |n: usize| 4 * (n * d) as u64;
+    floats(b) * 2 + if ref_role { floats(m) * 2 } else { 0 }
+}
+
+/// The plan of [`run`] on `gpu`, or `None` where [`run`] leaves the call to the native path
+/// (the references past one page or the dispatch limits, the call's device buffers past the
+/// budget or a binding).
+///
+/// # Errors
+/// Input errors only (a device-buffer side not imported).
+pub(super) fn plan(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    job: &Job<'_>,
+    rule: &Rule,
+) -> Result<Option<Plan>> {
+    let (op, set) = (job.op, job.set);
+    let queries = set.queries.as_ref().ok_or_else(|| inputs::unimported(op))?;
+    let refs = set.refs.ok_or_else(|| inputs::unimported(op))?;
+    let ((b, d), m) = (queries.dim(), set.ref_labels.len());
+    if b == 0 || m == 0 {
+        // Nothing goes to the device.
+        let nothing = Plan {
+            path: ComputePath::Wgpu,
+            rows: 0,
+            cols: m,
+            chunks: 0,
+            bytes: 0,
+            min_bytes: 0,
+        };
+        return Ok(Some(nothing));
+    }
+    let caps = DeviceCaps::from_limits(&gpu.limits);
+    let Some(upload) = upload_bytes(op, &caps, refs, d) else {
+        return Ok(None);
+    };
+    let ref_role = job.refs_are_queries || job.ref_grad;
+    // The references are uploaded and the host memory held before the blocks plan.
+    let held = upload + host_bytes((b, m, d), ref_role);
+    let Some(left) = oom_retry::planning_budget(ctx).checked_sub(held) else {
+        return Ok(None);
+    };
+    let triplet = matches!(rule, Rule::Triplet { .. });
+    let max_per_dim = u64::from(caps.max_workgroups_per_dimension);
+    let cost = |rows| {
+        footprint(
+            rows,
+            (b, m, d.div_ceil(4)),
+            (triplet, ref_role),
+            max_per_dim,
+        )
+    };
+    match plan_rows(op, b, m, left, &caps, cost) {
+        Ok(tiles) => {
+            let mut plan = tiles.public(b, m, cost(1).bytes + held);
+            plan.bytes += held;
+            Ok(Some(plan))
+        }
+        Err(Error::OverBudget { .. } | Error::DeviceLimit { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// The loss's sums and gradients on `gpu`, or `None` when the references take more than one
 /// page, their gradient's workgroups exceed the dispatch limits, or the call's device buffers
 /// (its gradients and one block) do not fit the budget or a binding: the caller then runs
@@ -138,21 +229,8 @@ pub(super) fn run(
             ref_grad: (job.ref_grad && !job.refs_are_queries).then(|| Array2::zeros((m, d))),
         }));
     }
-    // One page of references (known before host rows are uploaded), and the references'
-    // products within the dispatch limits (the block's rows are planned within them).
-    let caps = DeviceCaps::from_limits(&gpu.limits);
-    let pages = match (refs, max_page_rows(op, &caps, d.div_ceil(4))) {
-        (Embeddings::Bank(bank), _) => bank.view.rows.pages_for(m),
-        (_, Ok(per_page)) => m.div_ceil(per_page.max(1)),
-        // Not one row fits a binding: the native path has no such limit.
-        (_, Err(_)) => return Ok(None),
-    };
-    let max_per_dim = u64::from(caps.max_workgroups_per_dimension);
-    let groups = |n: usize, per: u64| (n as u64).div_ceil(per);
-    if pages > 1
-        || folded(groups(m, loss_backward::GROUP_ROWS), max_per_dim) > max_per_dim
-        || groups(d.div_ceil(4), loss_backward::GROUP_VEC4S) > max_per_dim
-    {
+    // Decided as the plan decides: a call that does not fit allocates nothing here.
+    if plan(ctx, gpu, job, rule)?.is_none() {
         return Ok(None);
     }
     let resident = match Resident::of(op, gpu, refs.reborrow()) {
@@ -161,11 +239,7 @@ pub(super) fn run(
         Ok(_) | Err(Error::OverBudget { .. } | Error::DeviceLimit { .. }) => return Ok(None),
         Err(e) => return Err(e),
     };
-    // Host: the gradients read back, and copies of device-resident rows for the
-    // normalisation's backward.
-    let floats = |n: usize| 4 * (n * d) as u64;
-    let host = floats(b) * 2 + if ref_role { floats(m) * 2 } else { 0 };
-    let _held = HostReservation::new(job.label, host, ctx.tracker())?;
+    let _held = HostReservation::new(job.label, host_bytes((b, m, d), ref_role), ctx.tracker())?;
     let attempt = oom_retry::retry(ctx, || {
         report.check()?;
         report.restart();

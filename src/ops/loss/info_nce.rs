@@ -9,6 +9,12 @@
 //! (`info_nce_weights`, the positives' terms taken in logs so that probabilities below f32's
 //! normal range keep PML's `−log(x + ε)`), with the triplet loss's device blocks
 //! ([`super::gpu`]); natively they run in f64.
+//!
+//! NTXent's positive pairs are `(a, p)` with the same label, `p` not `a` itself; an anchor
+//! without negatives adds 0 per positive pair. As in PML the loss is 0, with no gradient,
+//! when there is no positive pair or no negative pair, or at most one of each. The gradient
+//! is torch's, PML's `1e-38` inside the log included (a positive pair whose probability is
+//! below it passes almost none).
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -17,6 +23,7 @@ use ndarray::{Array1, Array2, ArrayView1};
 
 use super::driver::{self, Job, Scratch, Shared, Totals};
 use super::gpu;
+use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::data::inputs::{self, Embeddings, Imports, Labelled, MiningSet, SelfExclusion, NO_SLOT};
 use crate::error::{Error, Result};
@@ -105,15 +112,10 @@ pub struct InfoNceLoss {
 }
 
 /// PML's `NTXentLoss(temperature)` of `queries` `(b, d)` against `refs` `(m, d)` (`None`: the
-/// queries themselves), with its gradient, in `(rows, m)` blocks under the budget.
-///
-/// Every positive pair `(a, p)` (same label, `p` not `a` itself) is scored against all of
-/// `a`'s negatives (other labels): `−log(e^{s_ap/τ} / (e^{s_ap/τ} + Σ_n e^{s_an/τ}))`, and the
-/// mean over the positive pairs is returned (PML's `MeanReducer`), an anchor without
-/// negatives adding 0 per positive pair. As in PML the loss is 0, with no gradient, when
-/// there is no positive pair or no negative pair, or at most one of each. The gradient is
-/// torch's, PML's `1e-38` inside the log included (a positive pair whose probability is below
-/// it passes almost none).
+/// queries themselves), with its gradient: every positive pair `(a, p)` scored against all
+/// of `a`'s negatives, `−log(e^{s_ap/τ} / (e^{s_ap/τ} + Σ_n e^{s_an/τ}))`, and the mean over
+/// the positive pairs returned (PML's `MeanReducer`; 0 without a gradient where PML returns
+/// no loss, module docs). Cost: two matrix products, in `(rows, m)` blocks under the budget.
 ///
 /// # Errors
 /// [`Error::InvalidParameter`] for a temperature that is not finite and positive; otherwise
@@ -138,8 +140,50 @@ pub fn ntxent_loss<L: Hash + Eq + Copy>(
     refs: Option<&MiningSet<'_, L>>,
     cfg: &InfoNceConfig,
 ) -> Result<InfoNceLoss> {
-    check_temperature(NTXENT, "temperature", cfg.temperature)?;
     let mut imports = Imports::call();
+    ntxent_job(ctx, (queries, refs), cfg, &mut imports, |job| {
+        run(ctx, job, cfg.temperature, true)
+    })
+}
+
+/// The [`Plan`] of [`ntxent_loss`] with these arguments, allocating nothing: its path (the
+/// device where the call fits it, else the native path), anchors per block and bytes.
+///
+/// # Errors
+/// As [`ntxent_loss`]; [`Error::OverBudget`] when not even one anchor fits.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{ntxent_loss_plan, Context, InfoNceConfig, MiningSet};
+/// let ctx = Context::native_cpu(Some(64 << 20));
+/// let x = ndarray::Array2::<f32>::ones((4096, 128));
+/// let labels = ndarray::Array1::from_shape_fn(4096, |i| i % 2048);
+/// let plan = ntxent_loss_plan(&ctx, &MiningSet::new(&x, &labels), None, &InfoNceConfig::default())?;
+/// assert!(plan.bytes <= 64 << 20 && plan.rows < 4096);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn ntxent_loss_plan<L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
+    cfg: &InfoNceConfig,
+) -> Result<Plan> {
+    let mut imports = Imports::plan();
+    let plan = ntxent_job(ctx, (queries, refs), cfg, &mut imports, |job| {
+        plan(ctx, job, cfg.temperature, true)
+    })?;
+    Ok(plan.with_imports(imports.footprint()))
+}
+
+/// Checks and prepares an NTXent call, and hands its job to `f`.
+fn ntxent_job<L: Hash + Eq + Copy, T>(
+    ctx: &Context,
+    (queries, refs): (&MiningSet<'_, L>, Option<&MiningSet<'_, L>>),
+    cfg: &InfoNceConfig,
+    imports: &mut Imports,
+    f: impl FnOnce(&Job<'_>) -> Result<T>,
+) -> Result<T> {
+    check_temperature(NTXENT, "temperature", cfg.temperature)?;
     let set = inputs::prepare(
         NTXENT,
         ctx,
@@ -148,9 +192,9 @@ pub fn ntxent_loss<L: Hash + Eq + Copy>(
         &cfg.self_exclusion,
         true,
         |_| Ok(true),
-        &mut imports,
+        imports,
     )?;
-    let job = Job {
+    f(&Job {
         op: NTXENT,
         label: SCRATCH,
         set: &set,
@@ -159,8 +203,7 @@ pub fn ntxent_loss<L: Hash + Eq + Copy>(
         ref_grad: cfg.ref_grad,
         ref_pairs: false,
         hooks: &cfg.hooks,
-    };
-    run(ctx, &job, cfg.temperature, true)
+    })
 }
 
 /// How [`multiple_negatives_ranking_loss`] computes. Defaults: sentence-transformers'
@@ -218,8 +261,51 @@ pub fn multiple_negatives_ranking_loss<'a>(
     candidates: impl Into<Embeddings<'a>>,
     cfg: &MnrlConfig,
 ) -> Result<InfoNceLoss> {
+    let mut imports = Imports::call();
+    let sides = (anchors.into(), candidates.into());
+    mnrl_job(ctx, sides, cfg, &mut imports, |job| {
+        run(ctx, job, 1.0 / cfg.scale, false)
+    })
+}
+
+/// The [`Plan`] of [`multiple_negatives_ranking_loss`] with these arguments, allocating
+/// nothing: its path, anchors per block and bytes.
+///
+/// # Errors
+/// As [`multiple_negatives_ranking_loss`]; [`Error::OverBudget`] when not even one anchor fits.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{multiple_negatives_ranking_loss_plan, Context, MnrlConfig};
+/// let ctx = Context::native_cpu(Some(64 << 20));
+/// let (anchors, candidates) = (ndarray::Array2::<f32>::ones((4096, 64)), ndarray::Array2::<f32>::ones((8192, 64)));
+/// let plan = multiple_negatives_ranking_loss_plan(&ctx, &anchors, &candidates, &MnrlConfig::default())?;
+/// assert_eq!(plan.cols, 8192);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn multiple_negatives_ranking_loss_plan<'a>(
+    ctx: &Context,
+    anchors: impl Into<Embeddings<'a>>,
+    candidates: impl Into<Embeddings<'a>>,
+    cfg: &MnrlConfig,
+) -> Result<Plan> {
+    let mut imports = Imports::plan();
+    let sides = (anchors.into(), candidates.into());
+    let plan = mnrl_job(ctx, sides, cfg, &mut imports, |job| {
+        plan(ctx, job, 1.0 / cfg.scale, false)
+    })?;
+    Ok(plan.with_imports(imports.footprint()))
+}
+
+/// Checks and prepares an MNRL call (every candidate its own class), and hands its job to `f`.
+fn mnrl_job<T>(
+    ctx: &Context,
+    (anchors, candidates): (Embeddings<'_>, Embeddings<'_>),
+    cfg: &MnrlConfig,
+    imports: &mut Imports,
+    f: impl FnOnce(&Job<'_>) -> Result<T>,
+) -> Result<T> {
     check_temperature(MNRL, "scale", cfg.scale)?;
-    let (anchors, candidates) = (anchors.into(), candidates.into());
     let (b, c) = (anchors.dim().0, candidates.dim().0);
     if c < b {
         return Err(Error::Shape {
@@ -240,7 +326,6 @@ pub fn multiple_negatives_ranking_loss<'a>(
         embeddings: Some(candidates.reborrow()),
         labels: candidate_ids.view(),
     };
-    let mut imports = Imports::call();
     let set = inputs::prepare(
         MNRL,
         ctx,
@@ -249,9 +334,9 @@ pub fn multiple_negatives_ranking_loss<'a>(
         &SelfExclusion::None,
         true,
         |_| Ok(true),
-        &mut imports,
+        imports,
     )?;
-    let job = Job {
+    f(&Job {
         op: MNRL,
         label: SCRATCH,
         set: &set,
@@ -263,8 +348,7 @@ pub fn multiple_negatives_ranking_loss<'a>(
         ref_grad: true,
         ref_pairs: false,
         hooks: &cfg.hooks,
-    };
-    run(ctx, &job, 1.0 / cfg.scale, false)
+    })
 }
 
 fn check_temperature(op: &'static str, what: &'static str, value: f32) -> Result<()> {
@@ -307,16 +391,51 @@ fn sigmoid(t: f64) -> f64 {
     }
 }
 
-/// Runs the loss; `pml_empty` applies PML's rules for calls it returns no loss for (NTXent),
-/// which sentence-transformers' cross-entropy does not have (MNRL).
-fn run(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Result<InfoNceLoss> {
-    let (positive_pairs, negative_pairs) = pair_counts(job.set);
-    let (b, d) = job.set.queries.as_ref().map_or((0, 0), |q| q.dim());
-    let m = job.set.ref_labels.len();
+/// The pair counts of `set`, and whether the call has a loss to compute: `pml_empty` applies
+/// PML's rules for calls it returns no loss for (NTXent), which sentence-transformers'
+/// cross-entropy does not have (MNRL).
+fn pairs_and_loss(set: &Labelled<'_>, pml_empty: bool) -> ((u64, u64), bool) {
+    let (positive_pairs, negative_pairs) = pair_counts(set);
     // PML's GenericPairLoss and NTXentLoss return no loss for these; without a negative the
     // cross-entropy is 0 anyway.
     let pml_none = positive_pairs == 0 || (positive_pairs <= 1 && negative_pairs <= 1);
-    if negative_pairs == 0 || positive_pairs == 0 || (pml_empty && pml_none) {
+    let none = negative_pairs == 0 || positive_pairs == 0 || (pml_empty && pml_none);
+    ((positive_pairs, negative_pairs), !none)
+}
+
+/// `∂z/∂D` for the logits `z = ±D / τ`.
+fn logit_slope(job: &Job<'_>, temperature: f32) -> f64 {
+    let similarity = job.distance.distance.is_similarity();
+    let sign = if similarity { 1.0 } else { -1.0 };
+    sign / f64::from(temperature)
+}
+
+/// The plan of [`run`] (see [`pairs_and_loss`] for `pml_empty`).
+fn plan(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Result<Plan> {
+    if !pairs_and_loss(job.set, pml_empty).1 {
+        // Zeros, returned before either path.
+        let m = job.set.ref_labels.len();
+        return Ok(Plan {
+            path: ctx.path(),
+            rows: 0,
+            cols: m,
+            chunks: 0,
+            bytes: 0,
+            min_bytes: 0,
+        });
+    }
+    let rule = gpu::Rule::InfoNce {
+        dz: logit_slope(job, temperature) as f32,
+    };
+    super::plan::plan(ctx, job, Some(&rule))
+}
+
+/// Runs the loss (see [`pairs_and_loss`] for `pml_empty`).
+fn run(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Result<InfoNceLoss> {
+    let ((positive_pairs, negative_pairs), has_loss) = pairs_and_loss(job.set, pml_empty);
+    let (b, d) = job.set.queries.as_ref().map_or((0, 0), |q| q.dim());
+    let m = job.set.ref_labels.len();
+    if !has_loss {
         job.hooks.check(job.op)?;
         return Ok(InfoNceLoss {
             loss: 0.0,
@@ -328,9 +447,7 @@ fn run(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Resul
             transfers: job.set.imported,
         });
     }
-    let similarity = job.distance.distance.is_similarity();
-    // ∂z/∂D for the logits z = ±D / τ.
-    let dz = if similarity { 1.0 } else { -1.0 } / f64::from(temperature);
+    let dz = logit_slope(job, temperature);
     let set = job.set;
     let anchor = |a: usize, row: ArrayView1<'_, f32>, s: &mut Scratch, _: &Shared<'_>| {
         set.lists_of(a, &mut s.positives, &mut s.negatives);

@@ -11,12 +11,14 @@ mod backward;
 mod driver;
 mod gpu;
 mod info_nce;
+mod plan;
 mod triplet;
 
 pub use info_nce::{
-    multiple_negatives_ranking_loss, ntxent_loss, InfoNceConfig, InfoNceLoss, MnrlConfig,
+    multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan, ntxent_loss,
+    ntxent_loss_plan, InfoNceConfig, InfoNceLoss, MnrlConfig,
 };
-pub use triplet::{triplet_margin_loss, TripletLoss, TripletLossConfig};
+pub use triplet::{triplet_margin_loss, triplet_margin_loss_plan, TripletLoss, TripletLossConfig};
 
 use ndarray::{Array2, ArrayView2};
 

@@ -13,6 +13,11 @@
 //! their distances to every reference ([`driver::RefPairs`]), whose weights go back to the
 //! references through the same two products as the anchors'.
 //!
+//! Triplets are PML's (`label[a] = label[p] ≠ label[n]`, `p` not the anchor itself per the
+//! self-exclusion). The gradient goes through the distance and, when embeddings are
+//! normalised, through the normalisation, as torch's autograd takes it (a zero Euclidean
+//! distance passes no gradient).
+//!
 //! On a wgpu context the loss runs on the device ([`super::gpu`]): `triplet_weights`
 //! compares every positive of an anchor's row with every negative (`2·P·N` comparisons per
 //! anchor, no sort, the row split into blocks of 256 in parallel), so softplus costs what the
@@ -25,6 +30,7 @@ use ndarray::{Array2, ArrayView1};
 
 use super::driver::{self, Job, Scratch, Shared, Totals, PAIR_ROWS};
 use super::gpu;
+use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::data::inputs::{self, Imports, Labelled, MiningSet, SelfExclusion};
 use crate::error::Result;
@@ -139,21 +145,15 @@ pub struct TripletLoss {
 }
 
 /// PML's `TripletMarginLoss` over the triplets of `queries` `(b, d)` against `refs` `(m, d)`
-/// (`None`: the queries themselves), with its gradient, in memory linear in `b·m` chunks and
-/// no list of triplets: the cost of mining plus two matrix products.
-///
-/// Triplets are PML's (`label[a] = label[p] ≠ label[n]`, `p` not the anchor itself per
-/// `cfg.self_exclusion`), all of them or those `cfg.triplets` keeps. The mean over those with
-/// a positive loss is returned (PML's default `AvgNonZeroReducer`), with the gradient of that
-/// mean: through the distance and, when embeddings are normalised, through the
-/// normalisation, as torch's autograd takes it (a zero Euclidean distance passes no gradient).
-/// With no positive loss, the loss and the gradients are zero.
+/// (`None`: the queries themselves), all of them or those `cfg.triplets` keeps, with its
+/// gradient. Returns the mean over the positive losses (PML's `AvgNonZeroReducer`; zero, with
+/// zero gradients, when there is none) and its gradient as torch's autograd takes it. Cost:
+/// mining's plus two matrix products, in `(rows, m)` blocks under the budget, no triplet list.
 ///
 /// # Errors
-/// As [`crate::mine_triplets`] with a margin rule ([`Error::Shape`](crate::Error::Shape), [`Error::NonFinite`](crate::Error::NonFinite),
-/// [`Error::InvalidParameter`](crate::Error::InvalidParameter), device-input errors); [`Error::InvalidParameter`](crate::Error::InvalidParameter) for a
-/// non-finite margin; [`Error::OverBudget`](crate::Error::OverBudget) when one anchor's row, the gradients and the
-/// normalised copies do not fit the budget; [`Error::Cancelled`](crate::Error::Cancelled).
+/// As [`crate::mine_triplets`] with a margin rule; [`Error::InvalidParameter`](crate::Error::InvalidParameter)
+/// for a non-finite margin; [`Error::OverBudget`](crate::Error::OverBudget) when one anchor's
+/// row, the gradients and the normalised copies do not fit; [`Error::Cancelled`](crate::Error::Cancelled).
 ///
 /// # Example
 /// ```
@@ -174,11 +174,55 @@ pub fn triplet_margin_loss<L: Hash + Eq + Copy>(
     refs: Option<&MiningSet<'_, L>>,
     cfg: &TripletLossConfig,
 ) -> Result<TripletLoss> {
+    let mut imports = Imports::call();
+    triplet_job(ctx, (queries, refs), cfg, &mut imports, |job| {
+        run(ctx, job, cfg)
+    })
+}
+
+/// The [`Plan`] of [`triplet_margin_loss`] with these arguments, allocating nothing: its path
+/// (the device where the call fits it, else the native path), anchors per block and bytes.
+///
+/// # Errors
+/// As [`triplet_margin_loss`]; [`Error::OverBudget`](crate::Error::OverBudget) when not even
+/// one anchor fits.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{triplet_margin_loss_plan, Context, MiningSet, TripletLossConfig};
+/// let ctx = Context::native_cpu(Some(64 << 20));
+/// let x = ndarray::Array2::<f32>::ones((4096, 128));
+/// let labels = ndarray::Array1::from_shape_fn(4096, |i| i % 100);
+/// let cfg = TripletLossConfig::default();
+/// let plan = triplet_margin_loss_plan(&ctx, &MiningSet::new(&x, &labels), None, &cfg)?;
+/// assert!(plan.bytes <= 64 << 20);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn triplet_margin_loss_plan<L: Hash + Eq + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
+    cfg: &TripletLossConfig,
+) -> Result<Plan> {
+    let mut imports = Imports::plan();
+    let plan = triplet_job(ctx, (queries, refs), cfg, &mut imports, |job| {
+        super::plan::plan(ctx, job, device_rule(cfg).as_ref())
+    })?;
+    Ok(plan.with_imports(imports.footprint()))
+}
+
+/// Checks and prepares a triplet-loss call, and hands its job to `f`.
+fn triplet_job<L: Hash + Eq + Copy, T>(
+    ctx: &Context,
+    (queries, refs): (&MiningSet<'_, L>, Option<&MiningSet<'_, L>>),
+    cfg: &TripletLossConfig,
+    imports: &mut Imports,
+    f: impl FnOnce(&Job<'_>) -> Result<T>,
+) -> Result<T> {
     validate::finite_param(OP, "margin", cfg.margin)?;
     if let TripletRule::Margin { margin, .. } = cfg.triplets {
         validate::finite_param(OP, "miner margin", margin)?;
     }
-    let mut imports = Imports::call();
     let set = inputs::prepare(
         OP,
         ctx,
@@ -187,9 +231,9 @@ pub fn triplet_margin_loss<L: Hash + Eq + Copy>(
         &cfg.self_exclusion,
         true,
         |_| Ok(true),
-        &mut imports,
+        imports,
     )?;
-    let job = Job {
+    f(&Job {
         op: OP,
         label: SCRATCH,
         set: &set,
@@ -198,9 +242,24 @@ pub fn triplet_margin_loss<L: Hash + Eq + Copy>(
         ref_grad: cfg.ref_grad,
         ref_pairs: cfg.swap,
         hooks: &cfg.hooks,
-    };
+    })
+}
+
+/// The device kernel's rule for `cfg`, or `None` for swap (the native path's reference
+/// pairs).
+fn device_rule(cfg: &TripletLossConfig) -> Option<gpu::Rule> {
+    (!cfg.swap).then_some(gpu::Rule::Triplet {
+        triplets: cfg.triplets,
+        margin: cfg.margin,
+        smooth: cfg.smooth_loss,
+    })
+}
+
+/// Runs the loss on `job`.
+fn run(ctx: &Context, job: &Job<'_>, cfg: &TripletLossConfig) -> Result<TripletLoss> {
+    let set = job.set;
     let rule = Rule {
-        set: &set,
+        set,
         triplets: cfg.triplets,
         margin: cfg.margin,
         similarity: cfg.distance.distance.is_similarity(),
@@ -210,24 +269,16 @@ pub fn triplet_margin_loss<L: Hash + Eq + Copy>(
     let anchor = |a: usize, row: ArrayView1<'_, f32>, s: &mut Scratch, shared: &Shared<'_>| {
         rule.anchor(a, row, s, shared)
     };
-    // The device path where there is one, except for swap (the native path's reference
-    // pairs) and references past one page.
+    // The device path where there is one (and the call fits it), except for swap.
     let on_device = || -> Result<Option<driver::Output>> {
-        match ctx.gpu() {
-            Some(gpu) if !cfg.swap => {
-                let kernel_rule = gpu::Rule::Triplet {
-                    triplets: cfg.triplets,
-                    margin: cfg.margin,
-                    smooth: cfg.smooth_loss,
-                };
-                gpu::run(ctx, gpu, &job, &kernel_rule)
-            }
+        match (ctx.gpu(), device_rule(cfg)) {
+            (Some(gpu), Some(rule)) => gpu::run(ctx, gpu, job, &rule),
             _ => Ok(None),
         }
     };
     let (out, mut transfers) = transfer::measure(|| match on_device()? {
         Some(out) => Ok((out, ComputePath::Wgpu)),
-        None => driver::run(ctx, &job, &anchor).map(|out| (out, ComputePath::NativeCpu)),
+        None => driver::run(ctx, job, &anchor).map(|out| (out, ComputePath::NativeCpu)),
     });
     transfers.add(set.imported);
     let (out, path) = out?;

@@ -1,5 +1,17 @@
 //! PML's `AngularMiner` (Wang et al., 2017): triplets whose negative sees the anchor and the
 //! positive under a wide angle from their centre.
+//!
+//! The norms are those of `torch.nn.functional.pairwise_distance` (`‖x − y + 10⁻⁶‖`) on the
+//! raw embeddings, as PML computes them (its distance object only passes the type check);
+//! the angle is compared in `f32` radians, as torch compares.
+//!
+//! Each anchor's centres `c` become query rows of the distance tile (GPU or native) against
+//! the references, in blocks of whole rows, so neither the triplets nor the `(centres, m)`
+//! matrix exist beyond one block; `‖n − c‖` comes from the tile's expansion, which can
+//! round differently from PML's direct difference for a triplet within about `10⁻⁶` of the
+//! angle. Device-resident inputs are read back to form the centres. [`crate::mine_plan`]
+//! plans blocks of anchor rows; this miner runs as many centre rows as there are positive
+//! pairs, so it makes more blocks of the same size than that plan counts.
 
 use std::hash::Hash;
 
@@ -49,19 +61,11 @@ impl Default for AngularConfig {
     }
 }
 
-/// PML `AngularMiner`: of all valid triplets `(a, p, n)`, in PML's order (anchor, then
-/// positive, then negative, ascending), those with `atan(‖a − p‖ / (2·‖n − c‖)) > angle`,
-/// where `c = (a + p)/2` and the norms are those of `torch.nn.functional.pairwise_distance`
-/// (`‖x − y + 10⁻⁶‖`) on the raw embeddings, as PML computes them (its distance object only
-/// passes the type check). The angle is compared in `f32` radians, as torch compares.
-///
-/// Each anchor's centres `c` become query rows of the distance tile (GPU or native) against
-/// the references, in blocks of whole rows, so neither the triplets nor the `(centres, m)`
-/// matrix exist beyond one block; `‖n − c‖` comes from the tile's expansion, which can
-/// round differently from PML's direct difference for a triplet within about `10⁻⁶` of the
-/// angle. Device-resident inputs are read back to form the centres. [`crate::mine_plan`]
-/// plans blocks of anchor rows; this miner runs as many centre rows as there are positive
-/// pairs, so it makes more blocks of the same size than that plan counts.
+/// PML `AngularMiner` over `queries` `(b, d)` and `refs` `(m, d)`: of all valid triplets
+/// `(a, p, n)`, in PML's order (anchor, positive, negative, ascending), those with
+/// `atan(‖a − p‖ / (2·‖n − c‖)) > angle`, `c = (a + p)/2`, on the raw embeddings as PML
+/// computes them (module docs). Cost: one distance tile of the `(positive pairs, m)` centres
+/// against the references, in blocks of whole rows: no triplet list, no full matrix.
 ///
 /// # Errors
 /// As [`crate::mine_triplets`]; [`Error::InvalidParameter`] for a non-finite angle.

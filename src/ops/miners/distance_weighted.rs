@@ -1,5 +1,22 @@
 //! PML's `DistanceWeightedMiner` (Wu et al., 2017): negatives drawn with weights inverse to
 //! the density of distances between points on the unit sphere.
+//!
+//! As PML computes it in `f32`: each distance `δ` (Euclidean, normalised) is raised to
+//! `cutoff`, `log w = (2 − d)·ln δ − ((d − 3)/2)·ln(1 − δ²/4)` (`d` the embedding size), the
+//! same-label entries' `log w` count as 0, `w = exp(log w − max)` with the max over every
+//! finite entry of the matrix, and negatives at `δ ≥ nonzero_loss_cutoff` or with a
+//! non-finite `log w` weigh 0. Each anchor with a positive and a negative of non-zero total
+//! weight then gets as many triplets as there are references of its label (PML's
+//! `get_random_triplet_indices`: its own slot counted, though never drawn), each with a
+//! positive drawn uniformly and a negative drawn in proportion to its weight, both with
+//! replacement.
+//!
+//! Differences from PML, on purpose: the draws use the library's generator, so the output
+//! is, on a given path, a function of the inputs and the seed (whatever the budget) with
+//! PML's distribution, not torch's numbers; rows are in anchor order, where PML groups
+//! anchors by label; when no entry's `log w` is finite PML fails (`torch.max` of nothing)
+//! and this returns no triplet. The distances are computed twice (the max, then the draws),
+//! so host memory stays one block of rows.
 
 use std::hash::Hash;
 
@@ -50,23 +67,12 @@ impl Default for DistanceWeightedConfig {
     }
 }
 
-/// PML `DistanceWeightedMiner`: triplets `(a, p, n)` with random positives and negatives
-/// drawn by weight. As PML computes it in `f32`: each distance `δ` (Euclidean, normalised) is
-/// raised to `cutoff`, `log w = (2 − d)·ln δ − ((d − 3)/2)·ln(1 − δ²/4)` (`d` the embedding
-/// size), the same-label entries' `log w` count as 0, `w = exp(log w − max)` with the max
-/// over every finite entry of the matrix, and negatives at `δ ≥ nonzero_loss_cutoff` or
-/// with a non-finite `log w` weigh 0. Each anchor with a positive and a negative of non-zero
-/// total weight then gets as many triplets as there are references of its label (PML's
-/// `get_random_triplet_indices`: its own slot counted, though never drawn), each with a
-/// positive drawn uniformly and a negative drawn in proportion to its weight, both with
-/// replacement.
-///
-/// Differences from PML, on purpose: the draws use the library's generator, so the output
-/// is, on a given path, a function of the inputs and `cfg.seed` (whatever the budget) with
-/// PML's distribution, not torch's numbers; rows are in anchor order, where PML groups
-/// anchors by label; when no entry's `log w` is finite PML fails (`torch.max` of nothing)
-/// and this returns no triplet. The distances are computed twice (the max, then the draws),
-/// so host memory stays one block of rows.
+/// PML `DistanceWeightedMiner`: triplets `(a, p, n)` of `queries` `(b, d)` against `refs`
+/// `(m, d)` (`None`: the queries), per anchor as many as there are references of its label,
+/// each with a uniform positive and a negative drawn by PML's weight of its distance. Rows are
+/// in anchor order and a function of the inputs and `cfg.seed` (PML's distribution, not
+/// torch's numbers; see the module docs). Cost: two passes over the `b × m` distances in
+/// row blocks.
 ///
 /// # Errors
 /// As [`crate::mine_triplets`]; [`crate::Error::InvalidParameter`] for a non-finite cutoff.

@@ -1,5 +1,11 @@
 //! PML's `HDCMiner`: of all positive pairs, the `⌈filter_percentage · count⌉` least close;
 //! of all negative pairs, as many of the closest.
+//!
+//! The selection needs every pair's value once more after counting them: up to 4 Mi pairs
+//! they are kept on the host (48 MiB); beyond that a first pass over the distances counts a
+//! histogram of the values and a second keeps the pairs below the cut's bucket and, in a
+//! heap, the best of the bucket's own, so that host memory follows the output, not `b · m`.
+//! PML's `set_idx_externally` (filtering pairs given from outside) is not offered.
 
 use std::collections::BinaryHeap;
 use std::hash::Hash;
@@ -46,18 +52,12 @@ impl Default for HdcConfig {
     }
 }
 
-/// PML `HDCMiner` (the hard-aware deeply cascaded miner) over all pairs: of the `P` positive
-/// pairs, the `⌈filter_percentage · P⌉` with the largest distance (smallest similarity); of
-/// the `N` negative pairs, the `⌈filter_percentage · N⌉` with the smallest distance (largest
-/// similarity). Each side is in the order of `torch.topk`: hardest first; equal values,
-/// which `torch.topk` leaves unordered, in row-major order (lower anchor, then lower
-/// reference), which also decides which of them make the cut.
-///
-/// The selection needs every pair's value once more after counting them: up to 4 Mi pairs
-/// they are kept on the host (48 MiB); beyond that a first pass over the distances counts a
-/// histogram of the values and a second keeps the pairs below the cut's bucket and, in a
-/// heap, the best of the bucket's own, so that host memory follows the output, not `b · m`. PML's `set_idx_externally` (filtering
-/// pairs given from outside) is not offered.
+/// PML `HDCMiner` (the hard-aware deeply cascaded miner) over all pairs of `queries` `(b, d)`
+/// and `refs` `(m, d)`: of the `P` positive pairs, the `⌈filter_percentage · P⌉` farthest; of
+/// the `N` negative pairs, the `⌈filter_percentage · N⌉` closest. Each side hardest first;
+/// ties, which `torch.topk` leaves unordered, in row-major order, which also decides which
+/// make the cut. Cost: two passes over the `b × m` distances past 4 Mi pairs, host memory
+/// following the output (module docs).
 ///
 /// # Errors
 /// As [`crate::mine_triplets`]; [`Error::InvalidParameter`] for a `filter_percentage`

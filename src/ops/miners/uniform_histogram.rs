@@ -1,5 +1,13 @@
 //! PML's `UniformHistogramMiner`: each side's pair values cut into equal-width bins, and the
 //! same number of pairs drawn at random from every non-empty bin.
+//!
+//! Bin `i` holds `edge[i] ≤ v < edge[i+1]`, the last also `v = max`. The draws use the
+//! library's generator, not torch's: on a given path the output is a function of the inputs
+//! and the seed (whatever the budget), and its distribution is PML's. A side without pairs
+//! stays empty. NaN values (from distances that overflow) fall in no bin, where PML's
+//! `torch.min` would make every edge NaN and fail. The values are visited three times
+//! (range, bin counts, picks): kept on the host up to 4 Mi pairs, otherwise computed again
+//! by the distance tile each time, so that host memory is the bins and the draws.
 
 use std::hash::Hash;
 
@@ -57,18 +65,12 @@ impl Default for UniformHistogramConfig {
     }
 }
 
-/// PML `UniformHistogramMiner`: for each side, the values of all its pairs are cut into
-/// `num_bins` bins by `torch.linspace(min, max, num_bins + 1)` (bin `i` holds
-/// `edge[i] ≤ v < edge[i+1]`, the last also `v = max`), and from every non-empty bin
-/// `pos_per_bin` (`neg_per_bin`) pairs are drawn uniformly with replacement. Rows come bin
-/// by bin, ascending, each bin's draws in the order drawn, as PML concatenates them.
-///
-/// The draws use the library's generator, not torch's: on a given path the output is a
-/// function of the inputs and `cfg.seed` (whatever the budget), and its distribution is
-/// PML's. A side without pairs stays empty. NaN values (from distances that overflow) fall
-/// in no bin, where PML's `torch.min` would make every edge NaN and fail. The values are visited three times (range,
-/// bin counts, picks): kept on the host up to 4 Mi pairs, otherwise computed again by the
-/// distance tile each time, so that host memory is the bins and the draws.
+/// PML `UniformHistogramMiner` over the pairs of `queries` `(b, d)` and `refs` `(m, d)`: for
+/// each side, its pair values cut into `num_bins` bins by `torch.linspace(min, max,
+/// num_bins + 1)`, and from every non-empty bin `pos_per_bin` (`neg_per_bin`) pairs drawn
+/// uniformly with replacement; rows bin by bin, ascending, as PML concatenates them. The
+/// draws are a function of the inputs and `cfg.seed` (PML's distribution, not torch's
+/// numbers). Cost: three passes over the `b × m` values (module docs).
 ///
 /// # Errors
 /// As [`crate::mine_triplets`]; [`Error::InvalidParameter`] for zero bins or zero pairs

@@ -397,21 +397,17 @@ fn prepare<'s, L: Hash + Eq + Copy>(
 pub(crate) const OP: &str = "mine_triplets";
 
 /// Mines triplets of `queries` `(b,)` against `refs` `(m,)` (`None`: the queries themselves),
-/// returning all of them in lexicographic `(a, p, n)` order, as PML does. `cfg.self_exclusion`
-/// says which reference is each anchor itself, never its own positive (by default its own row
-/// when `refs` is `None`, nothing otherwise).
-///
-/// Anchors run in chunks under the budget. The whole result is held in host memory: for
-/// outputs larger than memory use [`mine_triplets_streaming`] or [`count_triplets`].
+/// returning all of them in lexicographic `(a, p, n)` order, as PML does; an anchor is never
+/// its own positive (`cfg.self_exclusion`). Anchors run in chunks under the budget; the whole
+/// result is held in host memory (for more, [`mine_triplets_streaming`] or
+/// [`count_triplets`]).
 ///
 /// # Errors
-/// [`Error::Shape`] when labels and embeddings disagree in length, `d` is 0 or differs, the
-/// self-exclusion slots are not one per query, or [`SelfExclusion::SameIndex`] has fewer
-/// references than queries; [`Error::NonFinite`] for NaN/inf embeddings;
-/// [`Error::InvalidParameter`] for a non-finite margin, a margin rule without embeddings, a
-/// self-exclusion slot past the references or a bank of another context; for device
-/// embeddings, the errors of [`DeviceEmbeddings`](crate::DeviceEmbeddings); [`Error::OverBudget`] / [`Error::DeviceLimit`] when one anchor's working set
-/// cannot fit; [`Error::Cancelled`]; device errors.
+/// [`Error::Shape`] for labels and rows of different lengths, `d` 0 or differing, or slots
+/// not one per query; [`Error::NonFinite`]; [`Error::InvalidParameter`] for a non-finite
+/// margin, a margin rule without embeddings, a slot past the references or a bank of another
+/// context; [`DeviceEmbeddings`](crate::DeviceEmbeddings)' errors; [`Error::OverBudget`] /
+/// [`Error::DeviceLimit`] when one anchor cannot fit; [`Error::Cancelled`]; device errors.
 ///
 /// # Example
 /// ```
