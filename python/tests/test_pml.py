@@ -1,5 +1,7 @@
 """The drop-ins in wgpu_metric_learning.pml against the real pytorch-metric-learning."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -188,11 +190,7 @@ def test_miners_on_edge_inputs(backend):
         assert all(len(t) == 0 for t in ours)
 
 
-def test_unsupported_distances_and_arguments_raise():
-    with pytest.raises(ValueError, match="SNRDistance"):
-        drop.TripletMarginMiner(distance=distances.SNRDistance())
-    with pytest.raises(ValueError, match="p=1"):
-        drop.KNN(distance=distances.LpDistance(p=1))
+def test_bad_arguments_raise():
     with pytest.raises(ValueError):
         drop.TripletMarginMiner(type_of_triplets="medium")
     with pytest.raises(ValueError):
@@ -201,6 +199,48 @@ def test_unsupported_distances_and_arguments_raise():
         drop.TripletMarginMiner()(torch.full((4, 2), float("nan")), torch.tensor([0, 0, 1, 1]))
     with pytest.raises(TypeError):  # float labels
         drop.BatchHardMiner()(torch.randn(4, 2), torch.tensor([0.0, 0.0, 1.0, 1.0]))
+
+
+def test_other_distances_run_pmls_own_code_with_one_warning():
+    """Distances without a kernel (SNR, other p or power, a user's own) run PML's code: the
+    same tuples and losses as PML's classes, and one warning per class and distance."""
+
+    class Halved(distances.LpDistance):  # a user's own distance
+        def compute_mat(self, query_emb, ref_emb):
+            return super().compute_mat(query_emb, ref_emb) / 2
+
+    x, y = torch.randn(24, 5, generator=torch.Generator().manual_seed(3)), torch.arange(24) % 4
+    drop._warned.clear()
+    cases = [
+        (drop.TripletMarginMiner, miners.TripletMarginMiner, distances.SNRDistance(), {}),
+        (drop.BatchEasyHardMiner, miners.BatchEasyHardMiner, distances.SNRDistance(), {}),
+        (drop.PairMarginMiner, miners.PairMarginMiner, distances.LpDistance(p=1), {}),
+        (drop.MultiSimilarityMiner, miners.MultiSimilarityMiner, Halved(), {}),
+        (drop.HDCMiner, miners.HDCMiner, distances.LpDistance(power=3), {}),
+        (drop.UniformHistogramMiner, miners.UniformHistogramMiner, distances.LpDistance(p=1),
+         {"num_bins": 5}),
+    ]
+    for ours_cls, theirs_cls, distance, kw in cases:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ours = ours_cls(distance=distance, **kw)
+            torch.manual_seed(0)
+            got = ours(x, y)
+            got_again = ours(x, y)
+        named = [w for w in caught if type(distance).__name__ in str(w.message)]
+        assert len(named) == 1, (ours_cls.__name__, [str(w.message) for w in caught])
+        assert "PML's own code" in str(named[0].message)
+        torch.manual_seed(0)
+        theirs = theirs_cls(distance=distance, **kw)
+        assert_same_tuple(got, theirs(x, y))
+        assert_same_tuple(got_again, theirs(x, y))
+    knn = drop.KNN(distance=distances.LpDistance(p=1))
+    want = CustomKNN(distances.LpDistance(p=1))(x, 3, x, True)
+    got = knn(x, 3, x, True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    loss = drop.TripletMarginLoss(distance=distances.SNRDistance())
+    want = losses.TripletMarginLoss(distance=distances.SNRDistance())(x, y)
+    assert torch.equal(loss(x, y), want)
 
 
 def clustered(n, d, classes, seed):
@@ -338,3 +378,96 @@ def test_pml_miner_inside_our_cross_batch_memory(backend):
         assert ours(x, y).item() == pytest.approx(theirs(x, y).item(), rel=1e-5, abs=1e-6)
     with pytest.raises(Exception, match="not supported"):
         drop.CrossBatchMemory(losses.ArcFaceLoss(10, 8), 8)
+
+
+def angle_grid(angles, d=2):
+    """PML's test recipe: unit rows at the given angles (degrees), padded with zeros to `d`."""
+    rad = np.radians(np.asarray(angles, dtype=np.float64))
+    x = np.zeros((len(rad), d), dtype=np.float32)
+    x[:, 0], x[:, 1] = np.cos(rad), np.sin(rad)
+    return torch.from_numpy(x)
+
+
+def test_ties_by_construction_give_pmls_exact_triplets_and_neighbours():
+    """Rows normalised as torch normalises them (division by the norm): a triplet tied by
+    construction (cos 1° on both sides) is a tie for us as for PML, on the native path. The
+    wgpu path cannot promise it (WGSL's division is accurate to 2.5 ulp)."""
+    grid = angle_grid(range(16))
+    dup = torch.cat([grid[:6], grid[:6] * 3.0, grid[6:9]])  # duplicated rows, other norms
+    rng = torch.Generator().manual_seed(5)
+    for x in (grid, dup):
+        for _ in range(6):
+            y = torch.randint(0, 3, (len(x),), generator=rng)
+            for distance in (distances.CosineSimilarity(), distances.LpDistance()):
+                for kind in ("all", "hard", "semihard", "easy"):
+                    for margin in (0.0, 0.05, 0.2):
+                        ours = drop.TripletMarginMiner(
+                            margin, type_of_triplets=kind, distance=distance, backend="cpu"
+                        )(x, y)
+                        theirs = miners.TripletMarginMiner(
+                            margin, type_of_triplets=kind, distance=distance
+                        )(x, y)
+                        assert_same_tuple(ours, theirs)
+        knn = drop.KNN(distance=distances.CosineSimilarity(), backend="cpu")
+        got = knn(x, 4, x, True)
+        want = CustomKNN(distances.CosineSimilarity())(x, 4, x, True)
+        # Equal values (the ties) are the point: torch's topk leaves their order unspecified.
+        assert torch.equal(got[0], want[0])
+
+
+def test_cross_batch_memory_has_pmls_attribute_surface():
+    """Assignable memory and queue state, .to/.type, state_dict, add_to_memory and
+    create_indices_tuple as PML's CrossBatchMemory, side by side with it."""
+    g = torch.Generator().manual_seed(9)
+    ours = drop.CrossBatchMemory(losses.ContrastiveLoss(), 4, memory_size=10, backend="cpu")
+    theirs = losses.CrossBatchMemory(losses.ContrastiveLoss(), 4, memory_size=10)
+
+    def same_state():
+        assert torch.equal(ours.embedding_memory, theirs.embedding_memory)
+        assert torch.equal(ours.label_memory, theirs.label_memory)
+        assert ours.embedding_memory.dtype == theirs.embedding_memory.dtype
+        assert (ours.queue_idx, ours.has_been_filled) == (theirs.queue_idx, theirs.has_been_filled)
+
+    for step in range(4):
+        x, y = torch.randn(3, 4, generator=g), torch.randint(0, 3, (3,), generator=g)
+        assert torch.allclose(ours(x, y), theirs(x, y), atol=1e-6)
+        same_state()
+        if step == 1:
+            # Move, cast and assign as users (and PML's tests) do.
+            for cbm in (ours, theirs):
+                cbm.embedding_memory = cbm.embedding_memory.to("cpu").type(torch.float32) * 2
+                cbm.label_memory = cbm.label_memory + 1
+            same_state()
+    for cbm in (ours, theirs):
+        cbm.queue_idx = 7
+    same_state()
+    x, y = torch.randn(5, 4, generator=g), torch.randint(0, 3, (5,), generator=g)
+    assert torch.allclose(ours(x, y), theirs(x, y), atol=1e-6)
+    same_state()  # wrapped: filled
+    for cbm in (ours, theirs):
+        cbm.has_been_filled = False
+        cbm.queue_idx = 2
+    same_state()
+    # add_to_memory and create_indices_tuple on the tensors given, as PML.
+    for cbm in (ours, theirs):
+        cbm.add_to_memory(x[:2], y[:2], 2)
+    same_state()
+    assert torch.equal(ours.curr_batch_idx, theirs.curr_batch_idx)
+    pair_miner = miners.PairMarginMiner(pos_margin=0, neg_margin=1)
+    given = pair_miner(x[:2], y[:2])
+    args = (x[:2], y[:2], theirs.embedding_memory, theirs.label_memory, given, True)
+    for a, b in zip(ours.create_indices_tuple(*args), theirs.create_indices_tuple(*args)):
+        assert torch.equal(a, b)
+    # state_dict round trip into a fresh memory; .double() casts the memory as PML's buffers.
+    fresh = drop.CrossBatchMemory(losses.ContrastiveLoss(), 4, memory_size=10, backend="cpu")
+    fresh.load_state_dict(ours.state_dict())
+    assert torch.equal(fresh.embedding_memory, ours.embedding_memory)
+    assert set(ours.state_dict()) >= {"embedding_memory", "label_memory"}
+    assert ours.double().embedding_memory.dtype == theirs.double().embedding_memory.dtype
+    # What cannot be honoured raises.
+    with pytest.raises(ValueError):
+        ours.embedding_memory = torch.zeros(3, 4)
+    with pytest.raises(ValueError):
+        ours.queue_idx = 10
+    ours.memory_size = 6  # a new, empty memory of that size
+    assert (ours.queue_idx, ours.embedding_memory.shape) == (0, (6, 4))

@@ -21,10 +21,19 @@ through host memory until device sharing exists).
   they run against the memory directly. :class:`MultipleNegativesRankingLoss`:
   sentence-transformers' loss on embeddings ``(anchors, candidates)``.
 
-Distances: PML's ``LpDistance(p=2)`` with ``power`` 1 or 2, normalised or not,
-``CosineSimilarity()`` and ``DotProductSimilarity()``; any other distance is a
-``ValueError``. Every drop-in takes ``backend`` (``"auto"``, ``"gpu"``, ``"cpu"``, …),
-``budget`` (bytes) or a ready ``context``.
+Distances: the library computes PML's ``LpDistance(p=2)`` with ``power`` 1 or 2, normalised
+or not, ``CosineSimilarity()`` and ``DotProductSimilarity()``. Any other distance object
+(``SNRDistance``, other ``p`` or ``power``, ``BatchedDistance``, your own ``BaseDistance``
+subclass) is accepted: the drop-in then runs PML's own code for it, with a warning, once per
+class and distance, naming what runs where. Every drop-in takes ``backend`` (``"auto"``,
+``"gpu"``, ``"cpu"``, …), ``budget`` (bytes) or a ready ``context``.
+
+Arithmetic: on the native path rows are normalised as torch's ``F.normalize`` does (division
+by the clamped norm), and calls with at most 25 rows on both sides compute each distance
+directly, as ``torch.cdist`` does there (fused multiply-adds in order, as torch's AVX2 and
+AVX-512 kernels sum). Ties by construction (symmetric angles, duplicated rows) are then
+PML's ties. The wgpu path cannot promise it: WGSL's division is accurate to 2.5 ulp, so it
+scales products by reciprocal norms, which can split such a tie by an ulp.
 
 Example::
 
@@ -39,6 +48,7 @@ Example::
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
@@ -48,10 +58,11 @@ try:
     from pytorch_metric_learning import distances as pml_distances
     from pytorch_metric_learning import losses as pml_losses
     from pytorch_metric_learning import reducers as pml_reducers
+    from pytorch_metric_learning import miners as pml_miners
     from pytorch_metric_learning.losses import CrossBatchMemory as _PmlCrossBatchMemory
-    from pytorch_metric_learning.miners import BaseMiner
     from pytorch_metric_learning.utils import common_functions as c_f
     from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+    from pytorch_metric_learning.utils.inference import CustomKNN as _PmlCustomKNN
     from pytorch_metric_learning.utils.module_with_records import ModuleWithRecords
 except ImportError as missing:
     raise ImportError(
@@ -103,9 +114,37 @@ def _shared_context(context: Optional[Context], backend: str, budget: Optional[i
         return _contexts[key]
 
 
+def library_distance(distance: Any) -> Optional[Tuple[str, bool]]:
+    """``(distance name, normalize)`` for a PML distance object the library computes, else
+    ``None`` (the drop-in then runs PML's own code)."""
+    try:
+        return distance_args(distance)
+    except ValueError:
+        return None
+
+
+_warned: set = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_fallback(who: Any, distance: Any) -> None:
+    """Says once per (drop-in class, distance class) that PML's own code runs."""
+    key = (type(who).__name__, type(distance).__name__)
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(
+        f"{key[0]} with {distance!r}: wgpu_metric_learning has no kernel for this distance, "
+        "so PML's own code runs it (in torch, on the tensors' device); LpDistance(p=2, "
+        "power=1 or 2), CosineSimilarity() and DotProductSimilarity() run in the library",
+        stacklevel=3,
+    )
+
+
 def distance_args(distance: Any) -> Tuple[str, bool]:
     """``(distance name, normalize)`` for a PML distance object; ``ValueError`` for one the
-    library does not compute."""
+    library does not compute (see :func:`library_distance`)."""
     kind = type(distance)
     if kind is pml_distances.CosineSimilarity:
         name = "cosine"
@@ -173,9 +212,11 @@ class KNN(_OnContext):
     query's device, best first, with PML's self-exclusion (query ``i`` is reference ``i``).
 
     ``distance=None`` ranks by squared L2 on the raw embeddings, as PML's default
-    ``FaissKNN`` (``IndexFlatL2``); a PML distance object ranks by it. Exact for any ``k``;
-    the search is tiled under ``budget`` bytes of device memory. A ``k`` beyond the
-    references a query can see is a ``ValueError`` (Faiss pads with index ``-1``)."""
+    ``FaissKNN`` (``IndexFlatL2``); a PML distance object ranks by it (one the library does
+    not compute runs PML's ``CustomKNN(distance)``). Exact for any ``k``; the search is tiled
+    under ``budget`` bytes of device memory. A ``k`` beyond the references a query can see is
+    a ``ValueError`` (Faiss pads with index ``-1``). Ties: the lower index first (torch's
+    ``topk`` leaves their order unspecified)."""
 
     def __init__(
         self,
@@ -185,9 +226,9 @@ class KNN(_OnContext):
         context: Optional[Context] = None,
     ) -> None:
         if distance is None:
-            self.distance_args = ("squared_euclidean", False)
+            self.distance_args: Optional[Tuple[str, bool]] = ("squared_euclidean", False)
         else:
-            self.distance_args = distance_args(distance)
+            self.distance_args = library_distance(distance)
         self.distance = distance
         self._set_context(context, backend, budget)
 
@@ -198,6 +239,10 @@ class KNN(_OnContext):
         reference: Optional[torch.Tensor] = None,
         ref_includes_query: bool = False,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.distance_args is None:
+            _warn_fallback(self, self.distance)
+            ref = query if reference is None else reference
+            return _PmlCustomKNN(self.distance)(query, k, ref, ref_includes_query)
         q = _emb(query, "query")
         r = q if reference is None or reference is query else _emb(reference, "reference")
         name, normalize = self.distance_args
@@ -255,8 +300,9 @@ class KMeans(_OnContext):
         return torch.from_numpy(clusters.astype(np.int64)).to(x.device)
 
 
-class _LibraryMiner(_OnContext, BaseMiner):
-    """A PML ``BaseMiner`` whose ``mine`` runs in the library. PML's self-comparison rule is
+class _LibraryMiner(_OnContext):
+    """Mixed in before a PML miner class: its ``mine`` runs in the library, or PML's own
+    ``mine`` where the library does not compute the distance. PML's self-comparison rule is
     kept: a query is not its own reference only when ``ref_labels is labels`` (no references
     given, or the very same tensor)."""
 
@@ -274,10 +320,18 @@ class _LibraryMiner(_OnContext, BaseMiner):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        distance_args(self.distance)  # unsupported distances fail here, not at the first batch
         self._set_context(context, backend, budget)
+        if library_distance(self.distance) is None:
+            _warn_fallback(self, self.distance)
+
+    def _library_runs(self) -> bool:
+        """Whether the library mines with the current settings (PML's code otherwise)."""
+        return library_distance(self.distance) is not None
 
     def mine(self, embeddings, labels, ref_emb, ref_labels):
+        if not self._library_runs():
+            _warn_fallback(self, self.distance)
+            return super().mine(embeddings, labels, ref_emb, ref_labels)  # type: ignore[misc]
         q = _emb(embeddings, "embeddings")
         y = _lab(labels, "labels")
         if ref_labels is labels and ref_emb is embeddings:
@@ -310,7 +364,7 @@ class _LibraryMiner(_OnContext, BaseMiner):
         raise NotImplementedError
 
 
-class TripletMarginMiner(_LibraryMiner):
+class TripletMarginMiner(_LibraryMiner, pml_miners.TripletMarginMiner):
     """PML's ``TripletMarginMiner(margin=0.2, type_of_triplets="all")``: every valid triplet
     whose margin ``d(a,n) - d(a,p)`` (similarities: ``s(a,p) - s(a,n)``) is ``<= margin``
     (``"hard"``: also ``<= 0``; ``"semihard"``: also ``> 0``) or, for ``"easy"``,
@@ -318,15 +372,12 @@ class TripletMarginMiner(_LibraryMiner):
     ``ValueError`` (PML treats it as ``"all"``)."""
 
     def __init__(self, margin: float = 0.2, type_of_triplets: str = "all", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
         if type_of_triplets not in ("all", "hard", "semihard", "easy"):
             raise ValueError(
                 "type_of_triplets must be 'all', 'hard', 'semihard' or 'easy', "
                 f"got {type_of_triplets!r}"
             )
-        self.margin = margin
-        self.type_of_triplets = type_of_triplets
-        self.add_to_recordable_attributes(list_of_names=["margin"], is_stat=False)
+        super().__init__(margin=margin, type_of_triplets=type_of_triplets, **kwargs)
 
     def _mine(self, q, y, refs, exclusion, device):
         rows = _native.mine_triplets(
@@ -342,7 +393,7 @@ class TripletMarginMiner(_LibraryMiner):
         return _triplet_tuple(rows, device)
 
 
-class BatchHardMiner(_LibraryMiner):
+class BatchHardMiner(_LibraryMiner, pml_miners.BatchHardMiner):
     """PML's ``BatchHardMiner()``: for each anchor with a positive and a negative, the
     hardest positive and the hardest negative, ``(a, p, n)``."""
 
@@ -355,33 +406,11 @@ class BatchHardMiner(_LibraryMiner):
         return _triplet_tuple(rows, device)
 
 
-class BatchEasyHardMiner(_LibraryMiner):
+class BatchEasyHardMiner(_LibraryMiner, pml_miners.BatchEasyHardMiner):
     """PML's ``BatchEasyHardMiner(pos_strategy="easy", neg_strategy="semihard",
     allowed_pos_range=None, allowed_neg_range=None)``, returning ``(a1, p, a2, n)``."""
 
     _selects_per_anchor = True
-
-    HARD, SEMIHARD, EASY, ALL = "hard", "semihard", "easy", "all"
-    all_batch_mining_strategies = [HARD, SEMIHARD, EASY, ALL]
-
-    def __init__(
-        self,
-        pos_strategy: str = EASY,
-        neg_strategy: str = SEMIHARD,
-        allowed_pos_range: Optional[Tuple[float, float]] = None,
-        allowed_neg_range: Optional[Tuple[float, float]] = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        strategies = self.all_batch_mining_strategies
-        if pos_strategy not in strategies or neg_strategy not in strategies:
-            raise ValueError(f"pos_strategy and neg_strategy must be one of {strategies}")
-        if pos_strategy == neg_strategy == self.SEMIHARD:
-            raise ValueError('pos_strategy and neg_strategy cannot both be "semihard"')
-        if self.SEMIHARD in (pos_strategy, neg_strategy) and self.ALL in (pos_strategy, neg_strategy):
-            raise ValueError('"semihard" cannot be used in combination with "all"')
-        self.pos_strategy, self.neg_strategy = pos_strategy, neg_strategy
-        self.allowed_pos_range, self.allowed_neg_range = allowed_pos_range, allowed_neg_range
 
     def _mine(self, q, y, refs, exclusion, device):
         pos, neg = _native.batch_easy_hard_pairs(
@@ -399,19 +428,14 @@ class BatchEasyHardMiner(_LibraryMiner):
         return _pair_tuple(pos, neg, device)
 
 
-class MultiSimilarityMiner(_LibraryMiner):
+class MultiSimilarityMiner(_LibraryMiner, pml_miners.MultiSimilarityMiner):
     """PML's ``MultiSimilarityMiner(epsilon=0.1)`` (default distance ``CosineSimilarity()``),
     returning ``(a1, p, a2, n)``; within an anchor, ties in value go to the lower index."""
 
     _selects_per_anchor = True
 
     def __init__(self, epsilon: float = 0.1, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.epsilon = epsilon
-        self.add_to_recordable_attributes(name="epsilon", is_stat=False)
-
-    def get_default_distance(self):
-        return pml_distances.CosineSimilarity()
+        super().__init__(epsilon=epsilon, **kwargs)
 
     def _mine(self, q, y, refs, exclusion, device):
         pos, neg = _native.multi_similarity_pairs(
@@ -426,15 +450,13 @@ class MultiSimilarityMiner(_LibraryMiner):
         return _pair_tuple(pos, neg, device)
 
 
-class PairMarginMiner(_LibraryMiner):
+class PairMarginMiner(_LibraryMiner, pml_miners.PairMarginMiner):
     """PML's ``PairMarginMiner(pos_margin=0.2, neg_margin=0.8)``: positives farther than
     ``pos_margin``, negatives closer than ``neg_margin`` (mirrored for similarities),
     returning ``(a1, p, a2, n)``."""
 
     def __init__(self, pos_margin: float = 0.2, neg_margin: float = 0.8, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.pos_margin, self.neg_margin = pos_margin, neg_margin
-        self.add_to_recordable_attributes(list_of_names=["pos_margin", "neg_margin"], is_stat=False)
+        super().__init__(pos_margin=pos_margin, neg_margin=neg_margin, **kwargs)
 
     def _mine(self, q, y, refs, exclusion, device):
         pos, neg = _native.pair_margin_pairs(
@@ -450,17 +472,14 @@ class PairMarginMiner(_LibraryMiner):
         return _pair_tuple(pos, neg, device)
 
 
-class AngularMiner(_LibraryMiner):
+class AngularMiner(_LibraryMiner, pml_miners.AngularMiner):
     """PML's ``AngularMiner(angle=20)``: every valid triplet whose angle
     ``atan(|a - p| / (2 |n - (a + p)/2|))`` exceeds ``angle`` degrees (stored in radians, as
     PML stores it), returning ``(a, p, n)`` in PML's order. As in PML the distance must be
     the default ``LpDistance()``, and the angle is measured on the raw embeddings."""
 
     def __init__(self, angle: float = 20, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        c_f.assert_distance_type(self, pml_distances.LpDistance, p=2, power=1, normalize_embeddings=True)
-        self.angle = np.radians(angle)
-        self.add_to_recordable_attributes(list_of_names=["angle"], is_stat=False)
+        super().__init__(angle=angle, **kwargs)
 
     def _mine(self, q, y, refs, exclusion, device):
         rows = _native.angular_triplets(
@@ -469,18 +488,22 @@ class AngularMiner(_LibraryMiner):
         return _triplet_tuple(rows, device)
 
 
-class HDCMiner(_LibraryMiner):
+class HDCMiner(_LibraryMiner, pml_miners.HDCMiner):
     """PML's ``HDCMiner(filter_percentage=0.5)``: the ``ceil(filter_percentage * count)``
     hardest positive and negative pairs of the batch, hardest first, returning
-    ``(a1, p, a2, n)``; equal values, which ``torch.topk`` orders as it happens to, come in
-    row-major order. PML's ``set_idx_externally`` is not offered."""
+    ``(a1, p, a2, n)``. Ties at the cut are ours to break: equal values come in row-major
+    order (lower anchor, then lower reference) and the first of them make the cut. torch's
+    ``topk`` leaves that order unspecified and is not row-major (on sklearn's digits PML
+    keeps pair (83, 43) and drops (43, 83) at an exact tie). After ``set_idx_externally``
+    PML's own code runs, on the pairs given."""
 
     _selects_per_anchor = True
 
     def __init__(self, filter_percentage: float = 0.5, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.filter_percentage = filter_percentage
-        self.add_to_recordable_attributes(list_of_names=["filter_percentage"], is_stat=False)
+        super().__init__(filter_percentage=filter_percentage, **kwargs)
+
+    def _library_runs(self) -> bool:
+        return super()._library_runs() and not self.was_set_externally
 
     def _mine(self, q, y, refs, exclusion, device):
         pos, neg = _native.hdc_pairs(
@@ -511,7 +534,7 @@ class _SeededMiner(_LibraryMiner):
         return int(torch.randint(0, 2**62, (1,)).item())
 
 
-class DistanceWeightedMiner(_SeededMiner):
+class DistanceWeightedMiner(_SeededMiner, pml_miners.DistanceWeightedMiner):
     """PML's ``DistanceWeightedMiner(cutoff=0.5, nonzero_loss_cutoff=1.4)``: triplets with a
     uniform positive and a negative drawn by PML's distance weights, as many per anchor as
     PML draws, returning ``(a, p, n)`` with PML's distribution (the library's generator, so
@@ -519,11 +542,7 @@ class DistanceWeightedMiner(_SeededMiner):
     distance must be the default ``LpDistance()``."""
 
     def __init__(self, cutoff: float = 0.5, nonzero_loss_cutoff: float = 1.4, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        c_f.assert_distance_type(self, pml_distances.LpDistance, p=2, power=1, normalize_embeddings=True)
-        self.cutoff = float(cutoff)
-        self.nonzero_loss_cutoff = float(nonzero_loss_cutoff)
-        self.add_to_recordable_attributes(list_of_names=["cutoff", "nonzero_loss_cutoff"], is_stat=False)
+        super().__init__(cutoff=cutoff, nonzero_loss_cutoff=nonzero_loss_cutoff, **kwargs)
 
     def _mine(self, q, y, refs, exclusion, device):
         rows = _native.distance_weighted_triplets(
@@ -539,18 +558,14 @@ class DistanceWeightedMiner(_SeededMiner):
         return _triplet_tuple(rows, device)
 
 
-class UniformHistogramMiner(_SeededMiner):
+class UniformHistogramMiner(_SeededMiner, pml_miners.UniformHistogramMiner):
     """PML's ``UniformHistogramMiner(num_bins=100, pos_per_bin=10, neg_per_bin=10)``: each
     side's pair values in ``num_bins`` equal-width bins, that many pairs drawn with
     replacement from each non-empty bin, returning ``(a1, p, a2, n)`` bin by bin with PML's
     distribution (the library's generator, not torch's numbers)."""
 
     def __init__(self, num_bins: int = 100, pos_per_bin: int = 10, neg_per_bin: int = 10, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.num_bins = num_bins
-        self.pos_per_bin = pos_per_bin
-        self.neg_per_bin = neg_per_bin
-        self.add_to_recordable_attributes(list_of_names=["pos_per_bin", "neg_per_bin"], is_stat=False)
+        super().__init__(num_bins=num_bins, pos_per_bin=pos_per_bin, neg_per_bin=neg_per_bin, **kwargs)
 
     def _mine(self, q, y, refs, exclusion, device):
         pos, neg = _native.uniform_histogram_pairs(
@@ -580,13 +595,23 @@ class CrossBatchMemory(ModuleWithRecords):
     the batch (or its unmasked rows) with the memory, a row never paired with its own slot.
     The miners that pick per anchor (``BatchHardMiner``, ``BatchEasyHardMiner``,
     ``MultiSimilarityMiner``) mine the whole memory, the anchor's own slot included, and the
-    self pairs are removed afterwards, as PML does. Differences, on purpose: a batch larger
-    than the memory is a ``ValueError`` (PML: an ``AssertionError``, or duplicate slots with
-    a mask), and with no miner, ``TripletMarginMiner`` or ``PairMarginMiner`` a batch of one
-    row never keeps its own slot as a positive (PML's ``remove_self_comparisons`` keeps it).
-    With one of this module's miners or losses, its context is the memory's (``backend`` and
-    ``budget`` are then the miner's or the loss's); this module's ``TripletMarginLoss`` and
-    ``NTXentLoss`` then run against the memory directly, with no pair or triplet list."""
+    self pairs are removed afterwards, as PML does. With one of this module's miners or
+    losses, its context is the memory's (``backend`` and ``budget`` are then the miner's or
+    the loss's); this module's ``TripletMarginLoss`` and ``NTXentLoss`` then run against the
+    memory directly, with no pair or triplet list.
+
+    PML's attribute surface: ``embedding_memory`` and ``label_memory`` (the whole ring,
+    ``(memory_size, embedding_size)`` and ``(memory_size,)``, in the dtype and on the device
+    of the last batch, as PML's buffers) can be assigned, moved and cast, and are in
+    ``state_dict``; so can ``queue_idx``, ``has_been_filled`` and ``curr_batch_idx``;
+    ``add_to_memory``, ``reset_queue`` and ``create_indices_tuple`` are PML's. Differences,
+    on purpose: the memory holds float32 (an assigned memory is rounded to it, as the library
+    computes in float32); a batch larger than the memory is a ``ValueError`` (PML: an
+    ``AssertionError``, or duplicate slots with a mask); assigning ``memory_size`` makes a
+    new, empty memory of that size at once (PML keeps its old buffers until ``reset_queue()``
+    and indexes past them before); with no miner, ``TripletMarginMiner`` or
+    ``PairMarginMiner`` a batch of one row never keeps its own slot as a positive (PML's
+    ``remove_self_comparisons`` keeps it)."""
 
     def __init__(
         self,
@@ -604,8 +629,7 @@ class CrossBatchMemory(ModuleWithRecords):
         self.loss = loss
         self.miner = miner
         self.embedding_size = embedding_size
-        self.memory_size = memory_size
-        if isinstance(miner, _LibraryMiner):
+        if _library_miner(miner):
             ctx = miner.context if context is None else context
             if miner.context is not ctx:
                 raise ValueError("the miner and the CrossBatchMemory must share one context")
@@ -616,7 +640,7 @@ class CrossBatchMemory(ModuleWithRecords):
         if isinstance(loss, _LibraryLoss) and loss.context is not ctx:
             raise ValueError("the loss and the CrossBatchMemory must share one context")
         self.context = ctx
-        self.bank = MemoryBank(ctx, memory_size, embedding_size)
+        self.memory_size = memory_size  # makes the bank
         self.curr_batch_idx: Optional[torch.Tensor] = None
         self.add_to_recordable_attributes(
             list_of_names=["embedding_size", "memory_size", "queue_idx"], is_stat=False
@@ -626,42 +650,166 @@ class CrossBatchMemory(ModuleWithRecords):
     def supported_losses():
         return _PmlCrossBatchMemory.supported_losses()
 
+    @classmethod
+    def check_loss_support(cls, loss_name):
+        _PmlCrossBatchMemory.check_loss_support(loss_name)
+
+    # The ring's state -----------------------------------------------------------------
+
+    @property
+    def memory_size(self) -> int:
+        return self._memory_size
+
+    @memory_size.setter
+    def memory_size(self, size: int) -> None:
+        size = int(size)
+        if size <= 0:
+            raise ValueError(f"memory_size must be positive, got {size}")
+        self._memory_size = size
+        self.bank = MemoryBank(self.context, size, self.embedding_size)
+        self.reset_queue()
+
     @property
     def queue_idx(self) -> int:
         """The slot the next row goes to."""
         return self.bank.head
 
+    @queue_idx.setter
+    def queue_idx(self, slot: int) -> None:
+        slot = int(slot)
+        if not 0 <= slot < self.memory_size:
+            raise ValueError(f"queue_idx must be in [0, {self.memory_size}), got {slot}")
+        self._restore(*self._ring(), slot, self.has_been_filled)
+
     @property
     def has_been_filled(self) -> bool:
         return self.bank.is_filled
 
+    @has_been_filled.setter
+    def has_been_filled(self, filled: bool) -> None:
+        self._restore(*self._ring(), self.queue_idx, bool(filled))
+
     def reset_queue(self) -> None:
-        """Empties the memory."""
+        """Empties the memory: zeros, float32 and int64 on the CPU, as PML's new buffers."""
         self.bank.reset()
+        self._unwritten: Optional[Tuple[np.ndarray, np.ndarray]] = None
+        self._memory_like = (torch.device("cpu"), torch.float32, torch.int64)
 
     @property
     def embedding_memory(self) -> torch.Tensor:
-        """A copy of the memory ``(memory_size, embedding_size)`` in slot order, zeros where
-        nothing was written yet (PML's buffer of the same name)."""
-        emb, _ = self.bank.snapshot()
-        out = torch.zeros(self.memory_size, self.embedding_size)
-        out[: len(emb)] = torch.from_numpy(emb)
-        return out
+        """The ring ``(memory_size, embedding_size)`` in slot order (a copy; assign to change
+        it), zeros where nothing was written yet, as PML's buffer of the same name."""
+        device, dtype, _ = self._memory_like
+        return torch.from_numpy(self._ring()[0]).to(device=device, dtype=dtype)
+
+    @embedding_memory.setter
+    def embedding_memory(self, value: torch.Tensor) -> None:
+        rows = self._assigned(value, (self.memory_size, self.embedding_size), "embedding_memory")
+        self._restore(rows, self._ring()[1], self.queue_idx, self.has_been_filled)
+        _, _, label_dtype = self._memory_like
+        self._memory_like = (value.device, value.dtype, label_dtype)
 
     @property
     def label_memory(self) -> torch.Tensor:
-        """A copy of the memory's labels ``(memory_size,)``, zeros where nothing was written."""
-        _, lab = self.bank.snapshot()
-        out = torch.zeros(self.memory_size, dtype=torch.long)
-        out[: len(lab)] = torch.from_numpy(lab)
+        """The ring's labels ``(memory_size,)`` (a copy; assign to change them), zeros where
+        nothing was written yet."""
+        device, _, label_dtype = self._memory_like
+        return torch.from_numpy(self._ring()[1]).to(device=device, dtype=label_dtype)
+
+    @label_memory.setter
+    def label_memory(self, value: torch.Tensor) -> None:
+        labels = self._assigned(value, (self.memory_size,), "label_memory")
+        if not np.all(labels == np.round(labels)):
+            raise ValueError("label_memory must hold whole numbers (class labels)")
+        self._restore(self._ring()[0], labels.astype(np.int64), self.queue_idx, self.has_been_filled)
+        device, dtype, _ = self._memory_like
+        self._memory_like = (device, dtype, value.dtype)
+
+    @staticmethod
+    def _assigned(value: Any, shape: Tuple[int, ...], what: str) -> np.ndarray:
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
+        if tuple(value.shape) != shape:
+            raise ValueError(f"{what} must have shape {shape}, got {tuple(value.shape)}")
+        out = value.detach().to("cpu")
+        if what == "label_memory":
+            return out.to(torch.float64).numpy() if out.is_floating_point() else out.numpy()
+        return np.ascontiguousarray(out.to(torch.float32).numpy())
+
+    def _ring(self) -> Tuple[np.ndarray, np.ndarray]:
+        """The whole ring ``(memory_size, d)`` float32 and ``(memory_size,)`` int64: the
+        bank's rows, then what the slots not yet written hold (zeros, or an assignment's)."""
+        emb, lab = self.bank.snapshot()
+        n = len(emb)
+        if self._unwritten is None:
+            full_emb = np.zeros((self.memory_size, self.embedding_size), np.float32)
+            full_lab = np.zeros(self.memory_size, np.int64)
+        else:
+            full_emb, full_lab = self._unwritten[0].copy(), self._unwritten[1].copy()
+        full_emb[:n], full_lab[:n] = emb, lab
+        return full_emb, full_lab
+
+    def _restore(self, emb: np.ndarray, lab: np.ndarray, head: int, filled: bool) -> None:
+        """Makes the bank hold the ring ``emb``/``lab`` with ``head`` and ``filled`` (PML's
+        ``queue_idx`` and ``has_been_filled``), by rewriting it from empty."""
+        emb = np.ascontiguousarray(emb, dtype=np.float32)
+        lab = np.ascontiguousarray(lab, dtype=np.int64)
+        self.bank.reset()
+        if filled:
+            # Every slot in order (the ring wraps to 0 and is filled), then up to the head.
+            self.bank.enqueue(emb, lab)
+            if head:
+                self.bank.enqueue(emb[:head], lab[:head])
+            self._unwritten = None
+        else:
+            if head:
+                self.bank.enqueue(emb[:head], lab[:head])
+            self._unwritten = (emb, lab)
+
+    def _apply(self, fn, *args, **kwargs):
+        """``.to()``, ``.cuda()``, ``.type()``, ``.half()``, … move and cast the memory as
+        they would PML's buffers (the bank keeps float32; see the class docs)."""
+        out = super()._apply(fn, *args, **kwargs)
+        device, dtype, label_dtype = self._memory_like
+        emb = fn(torch.empty(0, device=device, dtype=dtype))
+        lab = fn(torch.empty(0, device=device, dtype=label_dtype))
+        self._memory_like = (emb.device, emb.dtype, lab.dtype)
         return out
 
-    def _memory(self, device, dtype, label_dtype):
-        emb, lab = self.bank.snapshot()
-        return (
-            torch.from_numpy(emb).to(device=device, dtype=dtype),
-            torch.from_numpy(lab).to(device=device, dtype=label_dtype),
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "embedding_memory"] = self.embedding_memory
+        destination[prefix + "label_memory"] = self.label_memory
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+        for name in ("embedding_memory", "label_memory"):
+            key = prefix + name
+            if key in unexpected_keys:
+                unexpected_keys.remove(key)
+            if key not in state_dict:
+                if strict:
+                    missing_keys.append(key)
+                continue
+            try:
+                setattr(self, name, state_dict[key])
+            except (TypeError, ValueError) as e:
+                error_msgs.append(f"{key}: {e}")
+
+    # PML's methods ----------------------------------------------------------------------
+
+    def add_to_memory(self, embeddings, labels, batch_size):
+        """Writes the batch at ``queue_idx`` (PML's method: ``batch_size`` is its length)."""
+        if int(batch_size) != len(embeddings):
+            raise ValueError(f"batch_size {batch_size} is not the batch's {len(embeddings)} rows")
+        done = self.bank.enqueue(_emb(embeddings, "embeddings"), _lab(labels, "labels"))
+        if self.has_been_filled:
+            self._unwritten = None
+        self.curr_batch_idx = torch.from_numpy(done.slots.astype(np.int64)).to(labels.device)
 
     def forward(self, embeddings, labels, indices_tuple=None, enqueue_mask=None):
         if indices_tuple is not None and enqueue_mask is not None:
@@ -678,6 +826,8 @@ class CrossBatchMemory(ModuleWithRecords):
         self.reset_stats()
         device = embeddings.device
         labels = c_f.to_device(labels, device=device)
+        # PML moves and casts its buffers to the batch's device and dtype here.
+        self._memory_like = (device, embeddings.dtype, labels.dtype)
         emb_np, lab_np = _emb(embeddings, "embeddings"), _lab(labels, "labels")
         if enqueue_mask is not None:
             mask = enqueue_mask.detach().cpu().numpy().astype(bool)
@@ -688,6 +838,8 @@ class CrossBatchMemory(ModuleWithRecords):
         else:
             done = self.bank.enqueue(emb_np, lab_np)
             do_remove_self_comparisons = True
+        if self.has_been_filled:
+            self._unwritten = None
         self.curr_batch_idx = torch.from_numpy(done.slots.astype(np.int64)).to(device)
         exclusion = done.self_exclusion if do_remove_self_comparisons else "none"
         if indices_tuple is None and isinstance(self.loss, _LibraryLoss):
@@ -696,10 +848,18 @@ class CrossBatchMemory(ModuleWithRecords):
                 # The loss against the memory in the library: no triplet or pair list.
                 return self.loss._against_bank(embeddings, labels, self.bank, exclusion, rule)
         E_mem, L_mem = self._memory(device, embeddings.dtype, labels.dtype)
-        indices_tuple = self.create_indices_tuple(
+        indices_tuple = self._indices(
             embeddings, labels, E_mem, L_mem, indices_tuple, do_remove_self_comparisons, exclusion
         )
         return self.loss(embeddings, labels, indices_tuple, E_mem, L_mem)
+
+    def _memory(self, device, dtype, label_dtype):
+        """The filled rows and labels, as PML's ``E_mem`` and ``L_mem``."""
+        emb, lab = self.bank.snapshot()
+        return (
+            torch.from_numpy(emb).to(device=device, dtype=dtype),
+            torch.from_numpy(lab).to(device=device, dtype=label_dtype),
+        )
 
     def create_indices_tuple(
         self,
@@ -709,19 +869,37 @@ class CrossBatchMemory(ModuleWithRecords):
         L_mem,
         input_indices_tuple,
         do_remove_self_comparisons,
-        exclusion="none",
     ):
-        if isinstance(self.miner, _LibraryMiner) and self.miner._selects_per_anchor:
+        """PML's method on the tensors given: the miner's tuple of ``embeddings`` against
+        ``(E_mem, L_mem)`` (no miner: all pairs), without self comparisons when asked
+        (``curr_batch_idx`` are the batch's slots), then ``input_indices_tuple`` (converted to
+        the miner's kind) appended."""
+        if self.miner:
+            indices_tuple = self.miner(embeddings, labels, E_mem, L_mem)
+        else:
+            indices_tuple = lmu.get_all_pairs_indices(labels, L_mem)
+        if do_remove_self_comparisons:
+            indices_tuple = lmu.remove_self_comparisons(
+                indices_tuple, self.curr_batch_idx, self.memory_size
+            )
+        return self._with_input(indices_tuple, input_indices_tuple, labels)
+
+    def _indices(
+        self, embeddings, labels, E_mem, L_mem, input_indices_tuple, do_remove, exclusion
+    ):
+        """:meth:`create_indices_tuple` for ``forward``, with the library's miners (and all
+        pairs) run against the bank itself."""
+        if _library_miner(self.miner) and self.miner._selects_per_anchor:
             indices_tuple = self.miner.mine_bank(embeddings, labels, self.bank, "none")
-            if do_remove_self_comparisons:
+            if do_remove:
                 indices_tuple = lmu.remove_self_comparisons(
                     indices_tuple, self.curr_batch_idx, self.memory_size
                 )
-        elif isinstance(self.miner, _LibraryMiner):
+        elif _library_miner(self.miner):
             indices_tuple = self.miner.mine_bank(embeddings, labels, self.bank, exclusion)
         elif self.miner:
             indices_tuple = self.miner(embeddings, labels, E_mem, L_mem)
-            if do_remove_self_comparisons:
+            if do_remove:
                 indices_tuple = lmu.remove_self_comparisons(
                     indices_tuple, self.curr_batch_idx, self.memory_size
                 )
@@ -730,14 +908,22 @@ class CrossBatchMemory(ModuleWithRecords):
                 self.context, _lab(labels, "labels"), self.bank._inner, self_exclusion=exclusion
             )
             indices_tuple = _pair_tuple(pos, neg, embeddings.device)
+        return self._with_input(indices_tuple, input_indices_tuple, labels)
 
-        if input_indices_tuple is not None:
-            if len(input_indices_tuple) == 3 and len(indices_tuple) == 4:
-                input_indices_tuple = lmu.convert_to_pairs(input_indices_tuple, labels)
-            elif len(input_indices_tuple) == 4 and len(indices_tuple) == 3:
-                input_indices_tuple = lmu.convert_to_triplets(input_indices_tuple, labels)
-            indices_tuple = c_f.concatenate_indices_tuples(indices_tuple, input_indices_tuple)
-        return indices_tuple
+    @staticmethod
+    def _with_input(indices_tuple, input_indices_tuple, labels):
+        if input_indices_tuple is None:
+            return indices_tuple
+        if len(input_indices_tuple) == 3 and len(indices_tuple) == 4:
+            input_indices_tuple = lmu.convert_to_pairs(input_indices_tuple, labels)
+        elif len(input_indices_tuple) == 4 and len(indices_tuple) == 3:
+            input_indices_tuple = lmu.convert_to_triplets(input_indices_tuple, labels)
+        return c_f.concatenate_indices_tuples(indices_tuple, input_indices_tuple)
+
+
+def _library_miner(miner: Any) -> bool:
+    """Whether ``miner`` is one of this module's and mines in the library as set."""
+    return isinstance(miner, _LibraryMiner) and miner._library_runs()
 
 
 class _Gradients(torch.autograd.Function):
@@ -786,11 +972,15 @@ def _loss_inputs(embeddings, labels, ref_emb, ref_labels):
 
 class _LibraryLoss(_OnContext):
     """A PML loss computed by the library when it can be: no ``indices_tuple``, the default
-    reducer, no regularizer, a supported distance. Anything else runs PML's own code."""
+    reducer, no regularizer, a distance the library computes. Anything else runs PML's own
+    code (a distance without a kernel says so once, with a warning)."""
 
     _default_reducer: Any = None
 
     def _library_can(self) -> bool:
+        if library_distance(self.distance) is None:
+            _warn_fallback(self, self.distance)
+            return False
         return (
             type(self.reducer) is self._default_reducer
             and not self.all_regularization_loss_names()
@@ -802,8 +992,9 @@ class _LibraryLoss(_OnContext):
         raise NotImplementedError
 
     def _set_library_context(self, context, backend, budget) -> None:
-        distance_args(self.distance)  # unsupported distances fail here, not at the first batch
         self._set_context(context, backend, budget)
+        if library_distance(self.distance) is None:
+            _warn_fallback(self, self.distance)
 
 
 class TripletMarginLoss(_LibraryLoss, pml_losses.TripletMarginLoss):
@@ -815,9 +1006,9 @@ class TripletMarginLoss(_LibraryLoss, pml_losses.TripletMarginLoss):
     requires grad). ``swap=True`` runs in the library without references; with ``ref_emb``
     (and in ``CrossBatchMemory``) PML reads ``d(p, n)`` from the embeddings-by-references
     matrix with reference indices as rows (its issue #748), so its own code runs there, as for
-    the rest the library does not fuse: an ``indices_tuple``,
-    ``triplets_per_anchor`` other than ``"all"``, another
-    reducer, a regularizer, another miner (which is then called first, as PML's users do).
+    the rest the library does not fuse: an ``indices_tuple``, ``triplets_per_anchor`` other
+    than ``"all"``, another reducer, a regularizer, a distance without a kernel, another
+    miner (which is then called first, as PML's users do).
     The library computes in float32 whatever the tensors' dtype (the loss and gradients are
     returned in it)."""
 
@@ -853,8 +1044,10 @@ class TripletMarginLoss(_LibraryLoss, pml_losses.TripletMarginLoss):
             return False
         if miner is None:
             return None
-        if isinstance(miner, TripletMarginMiner) and distance_args(miner.distance) == distance_args(
-            self.distance
+        if (
+            isinstance(miner, TripletMarginMiner)
+            and miner._library_runs()
+            and library_distance(miner.distance) == library_distance(self.distance)
         ):
             return (miner.type_of_triplets, float(miner.margin))
         return False

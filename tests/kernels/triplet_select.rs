@@ -283,10 +283,11 @@ fn check_under_budget(ctx: &Context, budget: u64, kind: TripletType) {
 #[test]
 fn native_triplets_under_a_budget_of_one_distance_row_per_thread() {
     // The native path's scratch per thread: five index/value lists and one distance row of
-    // m elements each (24·m bytes). A budget of just that forces one anchor per block.
-    let m = 230;
+    // m elements each (24·m bytes), and (the distance normalises) the block's row and the
+    // references normalised (4·(1 + m)·d). A budget of just that forces one anchor per block.
+    let (m, d) = (230, 5);
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get()) as u64;
-    let budget = threads * 24 * m as u64 + 100;
+    let budget = threads * (24 * m + 4 * (1 + m) * d) + 100;
     let ctx = Context::native_cpu(Some(budget));
     check_under_budget(&ctx, budget, TripletType::Hard);
 }

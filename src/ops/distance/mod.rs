@@ -17,7 +17,7 @@ use crate::data::inputs::{self, Embeddings, Imports, Rows};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::metric::DistanceConfig;
-use crate::runtime::memory::Transfers;
+use crate::runtime::memory::{HostReservation, Transfers};
 use crate::runtime::transfer;
 
 const OP: &str = "pairwise_distances";
@@ -127,7 +127,10 @@ pub fn pairwise_distances<'q, 'r>(
     let (values, transfers) = transfer::measure(|| match (ctx.gpu(), pair.refs) {
         (_, _) if q == 0 || n == 0 => Ok(Array2::zeros((q, n))),
         (None, Embeddings::Host(r)) => {
-            native::pairwise_distances(pair.queries.host(OP)?, r, &cfg.distance, &report)
+            let queries = pair.queries.host(OP)?;
+            let _held = reserve_scratch(OP, ctx, (q, n, queries.ncols()), &cfg.distance)?;
+            let how = (&cfg.distance, native::is_direct(q, n));
+            native::pairwise_distances(queries, r, how, &report)
         }
         (Some(gpu), Embeddings::Host(r)) => oom_retry::retry(ctx, || {
             report.restart();
@@ -179,10 +182,37 @@ pub fn pairwise_distances_plan<'q, 'r>(
     let mut imports = Imports::plan();
     let sides = (queries.reborrow(), refs.reborrow());
     let pair = inputs::prepare_pair(OP, ctx, sides, None, |_, _| Ok(()), &mut imports)?;
-    // The distance changes no buffer; `cfg` is taken for the operation's call shape.
-    let PairwiseConfig { .. } = cfg;
-    let plan = row_plan(OP, ctx, pair.queries, &pair.refs, usize::MAX)?;
+    let plan = row_plan(
+        OP,
+        ctx,
+        (pair.queries, &pair.refs),
+        &cfg.distance,
+        usize::MAX,
+    )?;
     Ok(plan.with_imports(imports.footprint()))
+}
+
+/// Reserves the native path's scratch for blocks of `rows` queries against `n` references of
+/// `d` floats ([`native::pairwise_scratch`]).
+///
+/// # Errors
+/// [`Error::OverBudget`] past the whole budget; [`Error::BudgetExceeded`] beside what is held.
+fn reserve_scratch(
+    op: &'static str,
+    ctx: &Context,
+    dims: (usize, usize, usize),
+    cfg: &DistanceConfig,
+) -> Result<HostReservation> {
+    let bytes = native::pairwise_scratch(dims, cfg);
+    let budget = ctx.tracker().stats().budget_bytes;
+    if bytes > budget {
+        return Err(Error::OverBudget {
+            op,
+            required: bytes,
+            budget,
+        });
+    }
+    HostReservation::new("distance scratch", bytes, ctx.tracker())
 }
 
 /// The plan of [`for_each_row_block`] (and of [`pairwise_distances`], whose whole matrix is
@@ -190,22 +220,24 @@ pub fn pairwise_distances_plan<'q, 'r>(
 pub(crate) fn row_plan(
     op: &'static str,
     ctx: &Context,
-    queries: Rows<'_>,
-    refs: &Embeddings<'_>,
+    (queries, refs): (Rows<'_>, &Embeddings<'_>),
+    cfg: &DistanceConfig,
     max_rows: usize,
 ) -> Result<Plan> {
     let (q, (n, d)) = (queries.nrows(), refs.dim());
     let budget = oom_retry::planning_budget(ctx);
     let Some(gpu) = ctx.gpu() else {
-        // The native path allocates the blocks it hands over, and no scratch.
+        // The native path allocates the blocks it hands over and, normalising, each thread's
+        // block of rows normalised.
         let rows = q.min(max_rows).max(1);
+        let scratch = native::pairwise_scratch((rows, n, d), cfg);
         return Ok(Plan {
             path: ComputePath::NativeCpu,
             rows,
             cols: n,
             chunks: q.div_ceil(rows),
-            bytes: 0,
-            min_bytes: 0,
+            bytes: scratch,
+            min_bytes: scratch,
         });
     };
     let caps = DeviceCaps::from_limits(&gpu.limits);
@@ -248,10 +280,13 @@ pub(crate) fn for_each_row_block(
     match (ctx.gpu(), refs) {
         (None, Embeddings::Host(refs)) => {
             let queries = queries.host(op)?;
+            let dims = (max_rows.min(q), n, queries.ncols());
+            let _held = reserve_scratch(op, ctx, dims, cfg)?;
+            let how = (cfg, native::is_direct(q, n));
             for r0 in (0..q).step_by(max_rows) {
                 let rows = max_rows.min(q - r0);
                 let block = queries.slice(s![r0..r0 + rows, ..]);
-                let block = native::pairwise_distances(block, refs, cfg, report)?;
+                let block = native::pairwise_distances(block, refs, how, report)?;
                 on_block(r0, block.view())?;
             }
             Ok(())

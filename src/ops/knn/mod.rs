@@ -190,7 +190,9 @@ pub fn knn_plan<'q, 'r>(
     let pair = check(ctx, queries.reborrow(), refs.reborrow(), cfg, &mut imports)?;
     let (q, (n, d)) = (pair.queries.nrows(), pair.refs.dim());
     let plan = match ctx.gpu() {
-        None => native::plan(ctx, (q, n, d), cfg.k).map(|p| p.public(q, n)),
+        None => {
+            native::plan(ctx, (q, n, d), cfg.k, cfg.distance.normalizes()).map(|p| p.public(q, n))
+        }
         Some(gpu) => gpu::plan(ctx, gpu, (q, d), &pair.refs, cfg.k, false).map(|p| p.public(q, n)),
     };
     Ok(plan?.with_imports(imports.footprint()))

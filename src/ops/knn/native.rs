@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::hooks::Reporter;
 use crate::kernels::knn_select::EMPTY_INDEX;
 use crate::metric::Distance;
-use crate::ops::distance::native::{finish, Norms};
+use crate::ops::distance::native::{direct_into, finish, is_direct, read_config, Norms};
 use crate::runtime::memory::HostReservation;
 use crate::runtime::pool::{par_items, threads};
 
@@ -98,24 +98,39 @@ fn search_block(
     k: usize,
     rows: Range<usize>,
     shard: Range<usize>,
-    block: &mut Array2<f32>,
+    tile: &mut Tile,
 ) -> Vec<[u32; 2]> {
     let mut lists: Vec<Candidates> = rows.clone().map(|_| Candidates::new(k)).collect();
     // One row's metric at a time, reused by every row.
     let mut scores = [0.0f32; REF_BLOCK];
-    let q_block = queries.slice(s![rows.clone(), ..]);
+    let (q_norms, r_norms) = norms;
+    let Tile {
+        dots: block,
+        queries: q_scratch,
+        refs: r_scratch,
+    } = tile;
+    let q_block = divided(
+        queries.slice(s![rows.clone(), ..]),
+        q_norms.div.get(rows.clone()).unwrap_or(&[]),
+        q_scratch,
+    );
     let nb = block.ncols();
     for j0 in shard.clone().step_by(nb) {
         let cols = nb.min(shard.end - j0);
         let mut dots = block.slice_mut(s![..rows.len(), ..cols]);
-        ndarray::linalg::general_mat_mul(
-            1.0,
-            &q_block,
-            &refs.slice(s![j0..j0 + cols, ..]).t(),
-            0.0,
-            &mut dots,
+        let refs_block = divided(
+            refs.slice(s![j0..j0 + cols, ..]),
+            r_norms.div.get(j0..j0 + cols).unwrap_or(&[]),
+            r_scratch,
         );
-        let (q_norms, r_norms) = norms;
+        match r_norms.direct {
+            // A call small enough for torch's direct distances: the block holds distances
+            // (or dot products), each from its two rows.
+            true => direct_into(q_block, refs_block, distance, dots.view_mut()),
+            false => {
+                ndarray::linalg::general_mat_mul(1.0, &q_block, &refs_block.t(), 0.0, &mut dots)
+            }
+        }
         let (r_scale, r_sq) = (&r_norms.scale[j0..j0 + cols], &r_norms.sq[j0..j0 + cols]);
         for (r, list) in lists.iter_mut().enumerate() {
             let i = rows.start + r;
@@ -141,6 +156,9 @@ fn search_block(
                     feed_row(dots, refs, at, (list, &mut scores), |d, rs, _| {
                         -(d * scale * rs)
                     })
+                }
+                Distance::Euclidean | Distance::SquaredEuclidean if r_norms.direct => {
+                    feed_row(dots, refs, at, (list, &mut scores), |d, _, _| d)
                 }
                 Distance::Euclidean => {
                     feed_row(dots, refs, at, (list, &mut scores), |d, rs, rq| {
@@ -203,8 +221,16 @@ impl NativePlan {
 ///
 /// One thread per core where the budget allows, else the most threads for which some plan
 /// fits (the same budget must work on a machine of many cores as on one of two).
-pub(super) fn plan(ctx: &Context, dims: (usize, usize, usize), k: usize) -> Result<NativePlan> {
-    plan_on(threads(), ctx, dims, k)
+///
+/// With `normalizes`, the general path's threads also hold their block of query rows and of
+/// references normalised ([`Norms::dividing`]).
+pub(super) fn plan(
+    ctx: &Context,
+    dims: (usize, usize, usize),
+    k: usize,
+    normalizes: bool,
+) -> Result<NativePlan> {
+    plan_on(threads(), ctx, dims, (k, normalizes))
 }
 
 /// [`plan`] on a machine of `cores` cores.
@@ -212,7 +238,7 @@ fn plan_on(
     cores: usize,
     ctx: &Context,
     dims: (usize, usize, usize),
-    k: usize,
+    k: (usize, bool),
 ) -> Result<NativePlan> {
     let mut threads = cores.max(1);
     loop {
@@ -235,7 +261,7 @@ fn plan_with(
     threads: usize,
     ctx: &Context,
     (q, n, d): (usize, usize, usize),
-    k: usize,
+    (k, normalizes): (usize, bool),
 ) -> Result<NativePlan> {
     let workers = threads;
     let threads = threads as u64;
@@ -250,7 +276,13 @@ fn plan_with(
         }
     };
     let scratch_for = |qb: usize| {
-        let per_thread = 4 * (qb * nb) as u64 + 8 * (qb * Candidates::capacity(k)) as u64;
+        let normalized = if normalizes {
+            4 * ((qb + nb) * d) as u64
+        } else {
+            0
+        };
+        let per_thread =
+            4 * (qb * nb) as u64 + 8 * (qb * Candidates::capacity(k)) as u64 + normalized;
         let shards = shards_for(qb);
         let lists = if shards > 1 {
             8 * (q * k * shards) as u64
@@ -269,7 +301,8 @@ fn plan_with(
         threads * native_fused::scratch_bytes(qb, (n, d), k) + lists
     };
     let kernel = ctx.native_knn_kernel();
-    let small_k = k <= native_fused::MAX_K && kernel != NativeKnnKernel::Blocks;
+    // The fused kernel has no direct distances (`is_direct`): tiny calls take the blocks.
+    let small_k = k <= native_fused::MAX_K && kernel != NativeKnnKernel::Blocks && !is_direct(q, n);
     let available = ctx.tracker().available();
     // With few references the fused kernel's chunk is small, and its one-row plan can be the
     // least of all.
@@ -361,13 +394,17 @@ pub(crate) fn search(
     let (q, n, k) = (queries.nrows(), refs.nrows(), cfg.k);
     let largest = cfg.distance.distance.is_similarity();
     let nb = REF_BLOCK.min(n).max(1);
-    let plan = plan(ctx, (q, n, queries.ncols()), k)?;
+    let normalizes = cfg.distance.normalizes();
+    let plan = plan(ctx, (q, n, queries.ncols()), k, normalizes)?;
     let (qb, shards) = (plan.rows, plan.shards);
     let q_blocks = q.div_ceil(qb);
     let _reserved = HostReservation::new(SCRATCH, plan.scratch, ctx.tracker())?;
+    // PML's arithmetic: the kernels divide each element by its row's norm as they read it,
+    // as torch normalises (see `ops::distance::native`); then cosine is a dot product.
+    let distance_cfg = read_config(&cfg.distance);
     let norms = (
-        Norms::new(queries, &cfg.distance),
-        Norms::new(refs, &cfg.distance),
+        Norms::dividing(queries, &cfg.distance),
+        Norms::dividing(refs, &cfg.distance).direct(is_direct(q, n)),
     );
     let shard_of = |s: usize| s * n / shards..(s + 1) * n / shards;
     let parts = par_items(
@@ -375,7 +412,7 @@ pub(crate) fn search(
         q_blocks * shards,
         || match plan.fused {
             true => Scratch::Fused(native_fused::Scratch::new(queries.ncols(), n)),
-            false => Scratch::Tile(Array2::<f32>::zeros((qb, nb))),
+            false => Scratch::Tile(Tile::new((qb, nb), queries.ncols(), normalizes)),
         },
         |item, scratch| {
             if report.cancelled() {
@@ -384,7 +421,7 @@ pub(crate) fn search(
             let (b, shard) = (item / shards, item % shards);
             let (rows, shard) = (b * qb..(b * qb + qb).min(q), shard_of(shard));
             let pairs = rows.len() as u64 * shard.len() as u64;
-            let distance = cfg.distance.distance;
+            let distance = distance_cfg.distance;
             match scratch {
                 // The fused kernel reports (and stops when cancelled) chunk by chunk.
                 Scratch::Fused(scratch) => {
@@ -399,9 +436,9 @@ pub(crate) fn search(
                     };
                     native_fused::search_block(&block, distance, k, scratch)
                 }
-                Scratch::Tile(block) => {
+                Scratch::Tile(tile) => {
                     let found = search_block(
-                        queries, refs, &norms, distance, excluded, k, rows, shard, block,
+                        queries, refs, &norms, distance, excluded, k, rows, shard, tile,
                     );
                     report.add(pairs);
                     found
@@ -425,8 +462,44 @@ pub(crate) fn search(
 
 /// One thread's scratch: a block of dot products, or the fused kernel's buffers.
 enum Scratch {
-    Tile(Array2<f32>),
+    Tile(Tile),
     Fused(native_fused::Scratch),
+}
+
+/// A general-path thread's scratch: its block of dot products `(qb, nb)` and, for
+/// normalised distances, its query rows and its block of references normalised.
+struct Tile {
+    dots: Array2<f32>,
+    queries: Array2<f32>,
+    refs: Array2<f32>,
+}
+
+impl Tile {
+    fn new((qb, nb): (usize, usize), d: usize, normalizes: bool) -> Self {
+        let (q, r) = if normalizes { (qb, nb) } else { (0, 0) };
+        Self {
+            dots: Array2::zeros((qb, nb)),
+            queries: Array2::zeros((q, d)),
+            refs: Array2::zeros((r, d)),
+        }
+    }
+}
+
+/// `rows` divided element by element by their `div` into `out` (the first rows), or `rows`
+/// themselves when there is nothing to divide by (`div` empty or `out` without rows).
+fn divided<'a>(
+    rows: ArrayView2<'a, f32>,
+    div: &[f32],
+    out: &'a mut Array2<f32>,
+) -> ArrayView2<'a, f32> {
+    if div.is_empty() || out.nrows() == 0 {
+        return rows;
+    }
+    let mut part = out.slice_mut(s![..rows.nrows(), ..]);
+    for ((mut o, x), &div) in part.rows_mut().into_iter().zip(rows.rows()).zip(div) {
+        o.zip_mut_with(&x, |o, &x| *o = x / div);
+    }
+    out.slice(s![..rows.nrows(), ..])
 }
 
 /// One query block's lists from every shard, `k` pairs per row each, merged to the best `k`.
@@ -453,7 +526,7 @@ mod tests {
     /// least a call needs is one thread's scratch.
     #[test]
     fn many_cores_run_fewer_threads_under_a_budget_two_cores_fit() {
-        let (dims, k) = ((1000, 5000, 64), 10);
+        let (dims, k) = ((1000, 5000, 64), (10, false));
         let roomy = Context::native_cpu(Some(1 << 40));
         let min_of = |threads| {
             plan_with(threads, &roomy, dims, k)

@@ -384,7 +384,12 @@ fn run_block<const R: usize, const W: usize, const FMA: bool, S: Select<R, W>>(
         }
         let cols = chunk.min(block.shard.end - c0);
         let panels = cols.div_ceil(W);
-        pack::<W>(refs, c0..c0 + cols, &mut scratch.packed[..panels * W * d]);
+        let div = r_norms.div.get(c0..c0 + cols).unwrap_or(&[]);
+        pack::<W>(
+            refs,
+            (c0..c0 + cols, div),
+            &mut scratch.packed[..panels * W * d],
+        );
         for (j, (s, q)) in scratch.ref_scale[..panels * W]
             .iter_mut()
             .zip(&mut scratch.ref_sq[..panels * W])
@@ -404,9 +409,13 @@ fn run_block<const R: usize, const W: usize, const FMA: bool, S: Select<R, W>>(
             // A last group of fewer rows repeats its last row; `select` drops those.
             let len = R.min(rows.len() - g0);
             let row = |r: usize| rows.start + g0 + r.min(len - 1);
+            // Each row divided by its norm as it is read ([`Norms::dividing`]; 1 when not
+            // normalising, and nothing to divide by without divisors).
+            let div: [Option<f32>; R] = std::array::from_fn(|r| q_norms.div.get(row(r)).copied());
             for (t, col) in group.chunks_exact_mut(R).enumerate() {
                 for (r, v) in col.iter_mut().enumerate() {
-                    *v = queries[[row(r), t]];
+                    let x = queries[[row(r), t]];
+                    *v = div[r].map_or(x, |by| x / by);
                 }
             }
             let (columns, _) = group.as_chunks::<R>();
@@ -484,9 +493,14 @@ fn dot_chain<const R: usize, const W: usize, const FMA: bool>(
 }
 
 /// Packs references `range` into panels of `W`: `out[(p·d + t)·W + j]` is component `t` of
-/// reference `range.start + p·W + j`, zero past the range's end.
+/// reference `range.start + p·W + j` divided by its `div` (none: as it is), zero past the
+/// range's end.
 #[inline(always)]
-fn pack<const W: usize>(refs: ArrayView2<'_, f32>, range: Range<usize>, out: &mut [f32]) {
+fn pack<const W: usize>(
+    refs: ArrayView2<'_, f32>,
+    (range, div): (Range<usize>, &[f32]),
+    out: &mut [f32],
+) {
     let d = refs.ncols();
     for (p, panel) in out.chunks_exact_mut(d * W).enumerate() {
         let (panel, _) = panel.as_chunks_mut::<W>();
@@ -496,9 +510,13 @@ fn pack<const W: usize>(refs: ArrayView2<'_, f32>, range: Range<usize>, out: &mu
             panel.iter_mut().for_each(|lanes| lanes[cols..].fill(0.0));
         }
         for j in 0..cols {
+            let by = div.get(p * W + j).copied();
             for (lanes, &v) in panel.iter_mut().zip(refs.row(start + j)) {
                 if let Some(lane) = lanes.get_mut(j) {
-                    *lane = v;
+                    *lane = match by {
+                        Some(by) => v / by,
+                        None => v,
+                    };
                 }
             }
         }

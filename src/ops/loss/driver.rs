@@ -7,14 +7,14 @@ use ndarray::{s, Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2, A
 use super::backward::{
     add_ref_side, pair_weight, query_side, ref_side_into, through_normalization,
 };
-use super::{host_refs, host_rows, scaled};
+use super::{hat, host_refs, host_rows};
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::data::inputs::{self, Embeddings, Labelled, Rows};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::metric::{Distance, DistanceConfig};
-use crate::ops::distance::native::{distances_into, Norms};
+use crate::ops::distance::native::{distances_into, is_direct, read_config, Norms};
 use crate::runtime::memory::HostReservation;
 use crate::runtime::pool::{threads, workers_within};
 
@@ -137,15 +137,15 @@ impl RefPairs {
     /// Loads `rows` (at most [`PAIR_ROWS`] references): their distances to every reference,
     /// with zero weights.
     pub(super) fn load(&mut self, shared: &Shared<'_>, rows: &[u32]) {
-        let (k, m) = (rows.len(), shared.r.nrows());
+        let (k, m) = (rows.len(), shared.r_hat.nrows());
         self.rows.clear();
         self.rows.extend_from_slice(rows);
         for (mut raw, &j) in self.raw.rows_mut().into_iter().zip(rows) {
-            raw.assign(&shared.r.row(j as usize));
+            raw.assign(&shared.r_hat.row(j as usize));
         }
         distances_into(
             self.raw.slice(s![..k, ..]),
-            shared.r,
+            shared.r_hat,
             shared.r_norms,
             &shared.distance,
             self.distances.slice_mut(s![..k, ..]),
@@ -172,7 +172,7 @@ impl RefPairs {
     /// the anchors' rows are: [`weights_to_u`], then both sides' products); nothing when no
     /// gradient goes to the references or every weight is 0.
     pub(super) fn flush(&mut self, shared: &Shared<'_>) {
-        let (k, m) = (self.rows.len(), shared.r.nrows());
+        let (k, m) = (self.rows.len(), shared.r_hat.nrows());
         let Some(grad) = self.grad.as_mut() else {
             return;
         };
@@ -250,11 +250,10 @@ type NearPair = (usize, u32, f32);
 /// make every pair near).
 const NEAR_PAIR_BYTES: u64 = std::mem::size_of::<NearPair>() as u64;
 
-/// The rows and norms every block reads.
+/// The rows every block reads, normalised as torch normalises them where the distance
+/// normalises ([`crate::ops::distance::native`]), and their norms.
 pub(super) struct Shared<'a> {
     distance: DistanceConfig,
-    q: ArrayView2<'a, f32>,
-    r: ArrayView2<'a, f32>,
     q_hat: ArrayView2<'a, f32>,
     r_hat: ArrayView2<'a, f32>,
     q_norms: &'a Norms,
@@ -373,16 +372,16 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
     let q = q.view();
     let r = r_own.as_ref().map_or(q, |r| r.view());
 
-    let distance = job.distance;
-    let q_norms = Norms::new(q, &distance);
-    let r_norms = Norms::new(r, &distance);
-    let q_hat = scaled(q, &q_norms.scale);
-    let r_hat_own = (!job.refs_are_queries).then(|| scaled(r, &r_norms.scale));
+    // Every distance and product reads the rows as torch's normalisation makes them
+    // (see `ops::distance::native`); the raw rows are for the normalisation's backward.
+    let distance = read_config(&job.distance);
+    let q_hat = hat(q, &job.distance);
+    let r_hat_own = (!job.refs_are_queries).then(|| hat(r, &job.distance));
     let r_hat = r_hat_own.as_ref().map_or(q_hat.view(), |x| x.view());
+    let q_norms = Norms::new(q_hat.view(), &distance);
+    let r_norms = Norms::new(r_hat, &distance).direct(is_direct(b, m));
     let shared = Shared {
         distance,
-        q,
-        r,
         q_hat: q_hat.view(),
         r_hat,
         q_norms: &q_norms,
@@ -513,8 +512,14 @@ fn block_weights(
     let n = u.nrows();
     let mut totals = Totals::default();
     let mut near = Vec::new();
-    let q = shared.q.slice(s![a0..a0 + n, ..]);
-    distances_into(q, shared.r, shared.r_norms, &shared.distance, u.view_mut());
+    let q = shared.q_hat.slice(s![a0..a0 + n, ..]);
+    distances_into(
+        q,
+        shared.r_hat,
+        shared.r_norms,
+        &shared.distance,
+        u.view_mut(),
+    );
     let m = u.ncols();
     for (i, row) in u.rows_mut().into_iter().enumerate() {
         if report.cancelled() {

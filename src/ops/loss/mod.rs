@@ -23,14 +23,14 @@ pub use triplet::{triplet_margin_loss, triplet_margin_loss_plan, TripletLoss, Tr
 use ndarray::{Array2, ArrayView2};
 
 use crate::data::inputs::{host_refs, host_rows};
+use crate::metric::DistanceConfig;
+use crate::ops::distance::native::normalized;
 
-/// `x` `(n, d)` with each row multiplied by its scale: the normalised embeddings that the
-/// gradient products use (the distances themselves are computed from the raw rows and the
-/// scales, as the miners compute them).
-fn scaled(x: ArrayView2<'_, f32>, scale: &[f32]) -> Array2<f32> {
-    let mut out = x.to_owned();
-    for (mut row, &s) in out.rows_mut().into_iter().zip(scale) {
-        row *= s;
+/// `x` `(n, d)` as the loss's distances and products read it: normalised as torch's
+/// `F.normalize` (see [`crate::ops::distance::native`]) when `cfg` normalises, else a copy.
+fn hat(x: ArrayView2<'_, f32>, cfg: &DistanceConfig) -> Array2<f32> {
+    match cfg.normalizes() {
+        true => normalized(x),
+        false => x.to_owned(),
     }
-    out
 }

@@ -54,10 +54,11 @@ impl Default for HdcConfig {
 
 /// PML `HDCMiner` (the hard-aware deeply cascaded miner) over all pairs of `queries` `(b, d)`
 /// and `refs` `(m, d)`: of the `P` positive pairs, the `⌈filter_percentage · P⌉` farthest; of
-/// the `N` negative pairs, the `⌈filter_percentage · N⌉` closest. Each side hardest first;
-/// ties, which `torch.topk` leaves unordered, in row-major order, which also decides which
-/// make the cut. Cost: two passes over the `b × m` distances past 4 Mi pairs, host memory
-/// following the output (module docs).
+/// the `N` negative pairs, the `⌈filter_percentage · N⌉` closest. Each side hardest first.
+/// Ties at the cut are ours to break: equal values in row-major order, the first making the
+/// cut (torch's `topk` order is unspecified, and not row-major: on sklearn's digits PML keeps
+/// pair (83, 43) and drops (43, 83)). Cost: two passes over the `b × m` distances past 4 Mi
+/// pairs, host memory following the output (module docs).
 ///
 /// # Errors
 /// As [`crate::mine_triplets`]; [`Error::InvalidParameter`] for a `filter_percentage`
@@ -72,9 +73,8 @@ impl Default for HdcConfig {
 /// let cfg = HdcConfig { filter_percentage: 0.3,
 ///     distance: DistanceConfig { normalize: false, ..Default::default() }, ..Default::default() };
 /// let p = hdc_pairs(&Context::native_cpu(None), &MiningSet::new(&x, &labels), None, &cfg)?;
-/// assert_eq!(p.positives.nrows(), 4); // ⌈0.3 · 12⌉ of the 12 positive pairs
-/// assert_eq!(p.positives.row(0).to_vec(), vec![0, 5]); // the farthest first: |0 − 25|
-/// assert_eq!(p.negatives.nrows(), 6); // ⌈0.3 · 18⌉
+/// // ⌈0.3 · 12⌉ of the 12 positive pairs, the farthest first (|0 − 25|); ⌈0.3 · 18⌉ negatives.
+/// assert_eq!((p.positives.nrows(), p.positives.row(0).to_vec(), p.negatives.nrows()), (4, vec![0, 5], 6));
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
 pub fn hdc_pairs<L: Hash + Eq + Copy>(

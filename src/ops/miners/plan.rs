@@ -6,6 +6,7 @@ use crate::context::plan::Plan;
 use crate::context::Context;
 use crate::data::inputs::{Imports, MiningSet};
 use crate::error::Result;
+use crate::metric::{Distance, DistanceConfig};
 use crate::ops::distance::row_plan;
 
 use super::rows::{prepare_miner, BLOCK_FLOATS};
@@ -24,7 +25,12 @@ pub(super) fn rows_plan<L: Hash + Eq + Copy>(
     let rows = (BLOCK_FLOATS / m.max(1)).max(1);
     match (set.queries, set.refs) {
         (Some(queries), Some(refs)) => {
-            Ok(row_plan(cfg.op(), ctx, queries, &refs, rows)?.with_imports(imports.footprint()))
+            let distance = cfg.distance().copied().unwrap_or(DistanceConfig {
+                distance: Distance::Euclidean,
+                normalize: false,
+            });
+            let plan = row_plan(cfg.op(), ctx, (queries, &refs), &distance, rows)?;
+            Ok(plan.with_imports(imports.footprint()))
         }
         // Labels only: rows of lists on the host, nothing held.
         _ => Ok(Plan {

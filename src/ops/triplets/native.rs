@@ -15,7 +15,7 @@ use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::error::{Error, Result};
 use crate::hooks::Reporter;
-use crate::ops::distance::native::{distances_into, Norms};
+use crate::ops::distance::native::{distances_into, is_direct, scratch_bytes, Norms};
 use crate::runtime::host_alloc::zeroed_u32;
 use crate::runtime::memory::HostReservation;
 use crate::runtime::pool::{par_items, threads, workers_within};
@@ -67,9 +67,17 @@ fn plan_on(cores: usize, ctx: &Context, problem: &Problem<'_>) -> Result<NativeP
         problem.set.labels.len(),
         problem.set.ref_labels.len() as u64,
     );
-    // An `Anchor`'s five lists of up to `m` elements, and a distance row of `m` floats.
+    // An `Anchor`'s five lists of up to `m` elements, and a distance row of `m` floats; for
+    // margin rules with a normalising distance, the block's rows and a slice of references
+    // normalised ([`scratch_bytes`]).
     let margin = matches!(problem.rule, TripletRule::Margin { .. });
-    let (lists, per_row) = (20 * m, if margin { 4 * m } else { 0 });
+    let d = problem.set.queries.as_ref().map_or(0, |q| q.dim().1);
+    let normalize = |rows| match margin {
+        true => scratch_bytes((rows, m as usize, d), &problem.distance),
+        false => 0,
+    };
+    let lists = 20 * m + normalize(0);
+    let per_row = if margin { 4 * m } else { 0 } + normalize(1) - normalize(0);
     let required = lists + per_row;
     let budget = ctx.tracker().stats().budget_bytes;
     if required > budget {
@@ -79,8 +87,9 @@ fn plan_on(cores: usize, ctx: &Context, problem: &Problem<'_>) -> Result<NativeP
             budget,
         });
     }
-    let threads = workers_within(cores, required, ctx.tracker().available());
-    let room = (ctx.tracker().available() / threads as u64).saturating_sub(lists);
+    let available = ctx.tracker().available();
+    let threads = workers_within(cores, required, available);
+    let room = (available / threads as u64).saturating_sub(lists);
     let fits = room.checked_div(per_row).unwrap_or(u64::MAX);
     let rows = ANCHOR_BLOCK
         .min(b.div_ceil(BLOCKS_PER_THREAD * threads))
@@ -136,7 +145,10 @@ impl<'p, 'a> Blocks<'p, 'a> {
                 None => None,
             },
         };
-        let embeddings = embeddings.map(|(q, r)| (q, r, Norms::new(r, &problem.distance)));
+        let embeddings = embeddings.map(|(q, r)| {
+            let direct = is_direct(q.nrows(), r.nrows());
+            (q, r, Norms::dividing(r, &problem.distance).direct(direct))
+        });
         let plan = Self {
             problem,
             report,
