@@ -177,8 +177,12 @@ def test_fallbacks_run_pmls_code():
     assert drop.TripletMarginLoss()(x, y, triplets).item() == pytest.approx(
         losses.TripletMarginLoss()(x, y, triplets).item(), rel=1e-6
     )
-    with pytest.raises(ValueError, match="not supported"):
-        drop.TripletMarginLoss(distance=distances.SNRDistance())
+    # A distance without a kernel: PML's own code, the same value and gradients.
+    drop._warned.clear()  # the warning comes once per process and class
+    with pytest.warns(UserWarning, match="PML's own code"):
+        ours = drop.NTXentLoss(distance=distances.LpDistance(p=1))
+    theirs = losses.NTXentLoss(distance=distances.LpDistance(p=1))
+    assert_same(value_and_grads(ours, x, labels=y), value_and_grads(theirs, x, labels=y))
 
 
 @pytest.mark.parametrize("loss_name", ["triplet", "ntxent"])

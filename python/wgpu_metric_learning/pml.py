@@ -134,8 +134,14 @@ def _warn_fallback(who: Any, distance: Any) -> None:
         if key in _warned:
             return
         _warned.add(key)
+    settings = ", ".join(
+        f"{name}={getattr(distance, name)!r}"
+        for name in ("p", "power", "normalize_embeddings")
+        if hasattr(distance, name)
+    )
     warnings.warn(
-        f"{key[0]} with {distance!r}: wgpu_metric_learning has no kernel for this distance, "
+        f"{key[0]} with {key[1]}({settings}): wgpu_metric_learning has no kernel for this "
+        "distance, "
         "so PML's own code runs it (in torch, on the tensors' device); LpDistance(p=2, "
         "power=1 or 2), CosineSimilarity() and DotProductSimilarity() run in the library",
         stacklevel=3,

@@ -363,3 +363,35 @@ fn native_cpu_path_reports_itself() {
         "the result names its path"
     );
 }
+
+/// PML's arithmetic on the native path: rows normalised by division as `F.normalize`, and
+/// (at most 25 rows a side) distances computed directly as `torch.cdist`. PML's test grid of
+/// 16 unit rows at 0°, 1°, …, 15° then ties exactly where PML's own distances tie (found with
+/// torch 2.15 and PML 2.9: `d(i, i − 1) == d(i, i + 1)` bit for bit for these `i`).
+#[test]
+fn native_distances_tie_where_pmls_tie_on_its_angle_grid() {
+    let ctx = Context::native_cpu(None);
+    let x = Array2::from_shape_fn((16, 2), |(i, j)| {
+        let a = (i as f64).to_radians();
+        (if j == 0 { a.cos() } else { a.sin() }) as f32
+    });
+    for (distance, pml_ties) in [
+        (Distance::Cosine, vec![3, 5, 6, 7, 8, 9, 10, 11, 13]),
+        (Distance::Euclidean, vec![1, 6]),
+    ] {
+        let cfg = PairwiseConfig {
+            distance: DistanceConfig {
+                distance,
+                normalize: true,
+            },
+            ..Default::default()
+        };
+        let d = pairwise_distances(&ctx, &x, &x, &cfg)
+            .expect("distances")
+            .values;
+        let ties: Vec<usize> = (1..15)
+            .filter(|&i| d[[i, i - 1]].to_bits() == d[[i, i + 1]].to_bits())
+            .collect();
+        assert_eq!(ties, pml_ties, "{distance:?}");
+    }
+}

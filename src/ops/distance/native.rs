@@ -176,8 +176,10 @@ impl Norms {
             .rows()
             .into_iter()
             .map(|row| {
+                // The normalised row's squared norm as [`Norms::new`] sums a normalised copy.
                 let div = divisor(row);
-                (div, row.iter().map(|&v| (v / div) * (v / div)).sum::<f32>())
+                let hat = row.mapv(|v| v / div);
+                (div, hat.dot(&hat))
             })
             .unzip();
         Self {
@@ -205,11 +207,12 @@ pub(crate) fn finish(distance: Distance, q2: f32, r2: f32, dot: f32) -> f32 {
     }
 }
 
-/// Distances of `queries` `(q, d)` against `refs` `(n, d)` (whose norms are `ref_norms`, from
-/// [`Norms::dividing`] for a normalising `cfg`) into `out` `(q, n)`, on the calling thread:
-/// the GEMM (or, for a direct call, [`direct_into`]), then the metric in the kernel's order
-/// of operations. Normalising, the block and slices of [`DIVIDE_CHUNK`] references are
-/// divided by their norms first ([`scratch_bytes`] of scratch).
+/// Distances of `queries` `(q, d)` against `refs` `(n, d)` (whose norms are `ref_norms`) into
+/// `out` `(q, n)`, on the calling thread: the GEMM (or, for a direct call, [`direct_into`]),
+/// then the metric in the kernel's order of operations. For a normalising `cfg` the block is
+/// divided by its norms first, and so are slices of [`DIVIDE_CHUNK`] references when
+/// `ref_norms` come from [`Norms::dividing`] (otherwise `refs` are [`normalized`] already,
+/// with the norms of [`read_config`]): [`scratch_bytes`] of scratch.
 pub(crate) fn distances_into(
     queries: ArrayView2<'_, f32>,
     refs: ArrayView2<'_, f32>,
@@ -219,7 +222,7 @@ pub(crate) fn distances_into(
 ) {
     let direct = ref_norms.direct;
     let r = (&ref_norms.scale[..], &ref_norms.sq[..]);
-    if ref_norms.div.is_empty() {
+    if !cfg.normalizes() {
         let q_norms = Norms::new(queries, cfg);
         let q = (&q_norms.scale[..], &q_norms.sq[..]);
         return epilogue((queries, refs), (q, r), (cfg.distance, direct), out);
@@ -228,8 +231,12 @@ pub(crate) fn distances_into(
     let q = (&q_norms.scale[..], &q_norms.sq[..]);
     let mut q_hat = Array2::zeros(queries.dim());
     divide_into(queries, &q_norms.div, q_hat.view_mut());
-    let mut r_hat = Array2::zeros((DIVIDE_CHUNK.min(refs.nrows()), refs.ncols()));
     let distance = read_config(cfg).distance;
+    if ref_norms.div.is_empty() {
+        // References normalised already ([`normalized`], norms of [`read_config`]).
+        return epilogue((q_hat.view(), refs), (q, r), (distance, direct), out);
+    }
+    let mut r_hat = Array2::zeros((DIVIDE_CHUNK.min(refs.nrows()), refs.ncols()));
     for j0 in (0..refs.nrows()).step_by(DIVIDE_CHUNK) {
         let j1 = (j0 + DIVIDE_CHUNK).min(refs.nrows());
         let mut slice = r_hat.slice_mut(s![..j1 - j0, ..]);

@@ -15,7 +15,9 @@ use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::error::{Error, Result};
 use crate::hooks::Reporter;
-use crate::ops::distance::native::{distances_into, is_direct, scratch_bytes, Norms};
+use crate::ops::distance::native::{
+    distances_into, is_direct, normalized, read_config, scratch_bytes, Norms,
+};
 use crate::runtime::host_alloc::zeroed_u32;
 use crate::runtime::memory::HostReservation;
 use crate::runtime::pool::{par_items, threads, workers_within};
@@ -35,8 +37,11 @@ const SORT_FROM_POSITIVES: usize = 16;
 pub(super) struct NativePlan {
     rows: usize,
     threads: usize,
-    /// Bytes of scratch over all threads, reserved against the budget while mining.
+    /// Bytes of scratch over all threads (and of the normalised references, with `copy`),
+    /// reserved against the budget while mining.
     scratch: u64,
+    /// A normalised copy of the references is held ([`Blocks::new`]).
+    copy: bool,
     /// The scratch of one-anchor blocks.
     min_scratch: u64,
 }
@@ -96,6 +101,14 @@ fn plan_on(cores: usize, ctx: &Context, problem: &Problem<'_>) -> Result<NativeP
         .min(usize::try_from(fits).unwrap_or(usize::MAX))
         .max(1);
     let scratch = threads as u64 * (lists + rows as u64 * per_row);
+    // The references normalised once, where that fits beside the blocks: then no block
+    // divides them again.
+    let copy_bytes = match margin && problem.distance.normalizes() {
+        true => 4 * m * d as u64,
+        false => 0,
+    };
+    let copy = copy_bytes > 0 && scratch + copy_bytes <= available;
+    let scratch = scratch + if copy { copy_bytes } else { 0 };
     if scratch > ctx.tracker().available() {
         // It would fit the budget, but not beside what is held now.
         return Err(Error::BudgetExceeded {
@@ -109,6 +122,7 @@ fn plan_on(cores: usize, ctx: &Context, problem: &Problem<'_>) -> Result<NativeP
         rows,
         threads,
         scratch,
+        copy,
         min_scratch: required,
     })
 }
@@ -119,6 +133,8 @@ struct Blocks<'p, 'a> {
     problem: &'p Problem<'a>,
     report: &'p Reporter<'p>,
     embeddings: Option<(ArrayView2<'a, f32>, ArrayView2<'a, f32>, Norms)>,
+    /// The references normalised, when the plan had room for them (in its reservation).
+    copy: Option<Array2<f32>>,
     /// Anchors per block.
     rows: usize,
     /// Threads, each with its scratch reserved.
@@ -145,14 +161,26 @@ impl<'p, 'a> Blocks<'p, 'a> {
                 None => None,
             },
         };
+        // A normalised copy of the references where the plan has room for it (each block then
+        // divides only its own rows), else each block divides its slices of references too:
+        // the same bits either way.
+        let copy = match (&embeddings, planned.copy) {
+            (Some((_, r)), true) => Some(normalized(*r)),
+            _ => None,
+        };
         let embeddings = embeddings.map(|(q, r)| {
             let direct = is_direct(q.nrows(), r.nrows());
-            (q, r, Norms::dividing(r, &problem.distance).direct(direct))
+            let norms = match &copy {
+                Some(hat) => Norms::new(hat.view(), &read_config(&problem.distance)),
+                None => Norms::dividing(r, &problem.distance),
+            };
+            (q, r, norms.direct(direct))
         });
         let plan = Self {
             problem,
             report,
             embeddings,
+            copy,
             rows: planned.rows,
             threads: planned.threads,
             similarity: problem.distance.distance.is_similarity(),
@@ -184,9 +212,10 @@ impl<'p, 'a> Blocks<'p, 'a> {
         scratch: &'d mut Array2<f32>,
     ) -> Option<ArrayView2<'d, f32>> {
         let (queries, refs, norms) = self.embeddings.as_ref()?;
+        let refs = self.copy.as_ref().map_or(*refs, |hat| hat.view());
         let mut out = scratch.slice_mut(s![..anchors.len(), ..]);
         let q = queries.slice(s![anchors.clone(), ..]);
-        distances_into(q, *refs, norms, &self.problem.distance, out.view_mut());
+        distances_into(q, refs, norms, &self.problem.distance, out.view_mut());
         Some(scratch.slice(s![..anchors.len(), ..]))
     }
 
