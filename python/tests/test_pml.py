@@ -471,3 +471,21 @@ def test_cross_batch_memory_has_pmls_attribute_surface():
         ours.queue_idx = 10
     ours.memory_size = 6  # a new, empty memory of that size
     assert (ours.queue_idx, ours.embedding_memory.shape) == (0, (6, 4))
+
+
+def test_accuracy_with_our_knn_equals_pmls_custom_knn_on_digits():
+    """The issue's target: on sklearn's digits, AccuracyCalculator with the native KNN equals
+    PML's CustomKNN(CosineSimilarity()) within 1e-7 (ties broken alike once rows are
+    normalised as torch normalises them)."""
+    datasets = pytest.importorskip("sklearn.datasets")
+    features, target = datasets.load_digits(return_X_y=True)
+    x, y = torch.tensor(features, dtype=torch.float32), torch.tensor(target)
+    include = KNN_METRICS
+    theirs = AccuracyCalculator(
+        include=include, knn_func=CustomKNN(distances.CosineSimilarity())
+    ).get_accuracy(x, y)
+    ours = AccuracyCalculator(
+        include=include, knn_func=drop.KNN(distances.CosineSimilarity(), backend="cpu")
+    ).get_accuracy(x, y)
+    for name in include:
+        assert ours[name] == pytest.approx(theirs[name], abs=1e-7), name

@@ -30,8 +30,9 @@ class and distance, naming what runs where. Every drop-in takes ``backend`` (``"
 
 Arithmetic: on the native path rows are normalised as torch's ``F.normalize`` does (division
 by the clamped norm), and calls with at most 25 rows on both sides compute each distance
-directly, as ``torch.cdist`` does there (fused multiply-adds in order, as torch's AVX2 and
-AVX-512 kernels sum). Ties by construction (symmetric angles, duplicated rows) are then
+directly, as ``torch.cdist`` does there for ``LpDistance`` (fused multiply-adds in order, as
+torch's AVX2 and AVX-512 kernels sum short rows; similarities, which PML takes from
+``torch.matmul``, summed the same way, which its BLAS matches on short rows). Ties by construction (symmetric angles, duplicated rows) are then
 PML's ties. The wgpu path cannot promise it: WGSL's division is accurate to 2.5 ulp, so it
 scales products by reciprocal norms, which can split such a tie by an ulp.
 
@@ -336,7 +337,8 @@ class _LibraryMiner(_OnContext):
 
     def mine(self, embeddings, labels, ref_emb, ref_labels):
         if not self._library_runs():
-            _warn_fallback(self, self.distance)
+            if library_distance(self.distance) is None:
+                _warn_fallback(self, self.distance)
             return super().mine(embeddings, labels, ref_emb, ref_labels)  # type: ignore[misc]
         q = _emb(embeddings, "embeddings")
         y = _lab(labels, "labels")
@@ -793,6 +795,8 @@ class CrossBatchMemory(ModuleWithRecords):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+        # PML copies into its buffers, which keep their device and dtype: so do these.
+        like = self._memory_like
         for name in ("embedding_memory", "label_memory"):
             key = prefix + name
             if key in unexpected_keys:
@@ -805,6 +809,7 @@ class CrossBatchMemory(ModuleWithRecords):
                 setattr(self, name, state_dict[key])
             except (TypeError, ValueError) as e:
                 error_msgs.append(f"{key}: {e}")
+        self._memory_like = like
 
     # PML's methods ----------------------------------------------------------------------
 

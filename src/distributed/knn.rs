@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::kernels::knn_select::EMPTY_INDEX;
 use crate::ops::bank::{BankConfig, MemoryBank};
+use crate::ops::distance::native::is_direct;
 use crate::ops::knn::{merge, search_step, Knn, KnnConfig, Neighbours};
 use crate::runtime::memory::Transfers;
 use crate::runtime::transfer;
@@ -237,7 +238,9 @@ pub fn knn<'q, 'r>(
                 let (found, moved) = transfer::measure(|| {
                     let rows = Rows::Host(queries);
                     let refs = refs.reborrow();
-                    search_step(ctx, rows, refs, &local_cfg, &excluded, &report)
+                    // Direct or not as one call over all ranks' rows would be.
+                    let direct = is_direct(q_total, n_total);
+                    search_step(ctx, rows, refs, &local_cfg, (&excluded, direct), &report)
                 });
                 transfers.add(moved);
                 found

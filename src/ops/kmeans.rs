@@ -347,7 +347,8 @@ pub(crate) fn run(
             points,
             Embeddings::Host(centroids.view()),
             &search,
-            &nobody[..m],
+            // Never direct: k-means' searches stay the same GEMM whatever the chunk.
+            (&nobody[..m], false),
             &part,
         )
         .map_err(whole)?;

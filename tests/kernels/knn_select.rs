@@ -708,3 +708,32 @@ fn bad_inputs_get_typed_errors() {
         ));
     }
 }
+
+/// Natively, a call decides once whether it computes its distances directly (at most 25 rows
+/// a side, as `torch.cdist`): shards of a larger call never do, so sharding over native
+/// contexts gives the single call's bits.
+#[test]
+fn native_shards_of_a_small_call_give_the_single_call_bits() {
+    let (a, b) = (Context::native_cpu(None), Context::native_cpu(None));
+    // 20 queries against 40 references: not direct; each shard of 20 alone would be.
+    let queries = embeddings(20, 6, 7, false);
+    let refs = embeddings(40, 6, 8, false);
+    for distance in [
+        Distance::Euclidean,
+        Distance::SquaredEuclidean,
+        Distance::Cosine,
+    ] {
+        let cfg = KnnConfig {
+            k: 30,
+            distance: DistanceConfig {
+                distance,
+                normalize: true,
+            },
+            ..Default::default()
+        };
+        let one = knn(&a, queries.view(), refs.view(), &cfg).expect("single");
+        let two = knn_sharded(&[&a, &b], queries.view(), refs.view(), &cfg).expect("sharded");
+        assert_eq!(one.indices, two.indices, "{distance:?}");
+        assert_eq!(one.scores, two.scores, "{distance:?}");
+    }
+}

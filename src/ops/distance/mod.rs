@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::metric::DistanceConfig;
 use crate::runtime::memory::{HostReservation, Transfers};
+use crate::runtime::pool::{threads, workers_within};
 use crate::runtime::transfer;
 
 const OP: &str = "pairwise_distances";
@@ -128,8 +129,9 @@ pub fn pairwise_distances<'q, 'r>(
         (_, _) if q == 0 || n == 0 => Ok(Array2::zeros((q, n))),
         (None, Embeddings::Host(r)) => {
             let queries = pair.queries.host(OP)?;
-            let _held = reserve_scratch(OP, ctx, (q, n, queries.ncols()), &cfg.distance)?;
-            let how = (&cfg.distance, native::is_direct(q, n));
+            let dims = (q, n, queries.ncols());
+            let (workers, _held) = reserve_scratch(OP, ctx, dims, &cfg.distance)?;
+            let how = (&cfg.distance, native::is_direct(q, n), workers);
             native::pairwise_distances(queries, r, how, &report)
         }
         (Some(gpu), Embeddings::Host(r)) => oom_retry::retry(ctx, || {
@@ -193,26 +195,34 @@ pub fn pairwise_distances_plan<'q, 'r>(
 }
 
 /// Reserves the native path's scratch for blocks of `rows` queries against `n` references of
-/// `d` floats ([`native::pairwise_scratch`]).
+/// `d` floats ([`native::pairwise_scratch`] per thread), for as many threads as the budget
+/// available gives it (one at the least); returns the threads.
 ///
 /// # Errors
-/// [`Error::OverBudget`] past the whole budget; [`Error::BudgetExceeded`] beside what is held.
+/// [`Error::OverBudget`] when one thread's exceeds the whole budget;
+/// [`Error::BudgetExceeded`] when it does not fit beside what is held.
 fn reserve_scratch(
     op: &'static str,
     ctx: &Context,
     dims: (usize, usize, usize),
     cfg: &DistanceConfig,
-) -> Result<HostReservation> {
-    let bytes = native::pairwise_scratch(dims, cfg);
+) -> Result<(usize, HostReservation)> {
+    let per_thread = native::pairwise_scratch(dims, cfg);
     let budget = ctx.tracker().stats().budget_bytes;
-    if bytes > budget {
+    if per_thread > budget {
         return Err(Error::OverBudget {
             op,
-            required: bytes,
+            required: per_thread,
             budget,
         });
     }
-    HostReservation::new("distance scratch", bytes, ctx.tracker())
+    let workers = workers_within(threads(), per_thread, ctx.tracker().available());
+    let held = HostReservation::new(
+        "distance scratch",
+        workers as u64 * per_thread,
+        ctx.tracker(),
+    )?;
+    Ok((workers, held))
 }
 
 /// The plan of [`for_each_row_block`] (and of [`pairwise_distances`], whose whole matrix is
@@ -230,14 +240,16 @@ pub(crate) fn row_plan(
         // The native path allocates the blocks it hands over and, normalising, each thread's
         // block of rows normalised.
         let rows = q.min(max_rows).max(1);
-        let scratch = native::pairwise_scratch((rows, n, d), cfg);
+        // As many threads as the budget gives their scratch, one at the least.
+        let per_thread = native::pairwise_scratch((rows, n, d), cfg);
+        let workers = workers_within(threads(), per_thread, budget);
         return Ok(Plan {
             path: ComputePath::NativeCpu,
             rows,
             cols: n,
             chunks: q.div_ceil(rows),
-            bytes: scratch,
-            min_bytes: scratch,
+            bytes: workers as u64 * per_thread,
+            min_bytes: per_thread,
         });
     };
     let caps = DeviceCaps::from_limits(&gpu.limits);
@@ -281,8 +293,8 @@ pub(crate) fn for_each_row_block(
         (None, Embeddings::Host(refs)) => {
             let queries = queries.host(op)?;
             let dims = (max_rows.min(q), n, queries.ncols());
-            let _held = reserve_scratch(op, ctx, dims, cfg)?;
-            let how = (cfg, native::is_direct(q, n));
+            let (workers, _held) = reserve_scratch(op, ctx, dims, cfg)?;
+            let how = (cfg, native::is_direct(q, n), workers);
             for r0 in (0..q).step_by(max_rows) {
                 let rows = max_rows.min(q - r0);
                 let block = queries.slice(s![r0..r0 + rows, ..]);

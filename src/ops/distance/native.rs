@@ -1,6 +1,7 @@
-//! The native twin of `shaders/distance_tile.wgsl`: ndarray's GEMM, one single-threaded GEMM
-//! per thread on its own block, then the kernel's epilogue in the kernel's order of
-//! operations.
+//! The native distances: ndarray's GEMM, one single-threaded GEMM per thread on its own
+//! block, then the metric from the norm expansion, as `shaders/distance_tile.wgsl` computes
+//! it; except that normalised rows are divided by their norms first (below), where the WGSL
+//! kernel scales each product by reciprocal norms.
 //!
 //! Normalised distances read rows normalised first, as torch's `F.normalize` makes them
 //! (each element divided by `max(‖x‖, 1e-12)`, block by block: [`Norms::dividing`]), then
@@ -14,9 +15,10 @@
 //!
 //! Calls whose two sides both have at most [`DIRECT_ROWS`] rows follow `torch.cdist`'s rule:
 //! every distance is computed directly ([`direct_into`]: Euclidean as the root of the squared
-//! differences summed by fused multiply-adds in order, as `cdist`'s kernel sums them, squared
-//! Euclidean as that sum, dot products the same way), not from the norm expansion, which
-//! cancels. (PML's `LpDistance(power=2)` squares `cdist`'s root instead, which can differ from
+//! differences summed by fused multiply-adds in order, as `cdist`'s kernel sums short rows,
+//! squared Euclidean as that sum; dot products, which PML takes from `torch.matmul` at every
+//! size, summed the same way, as its BLAS sums short rows), not from the norm expansion,
+//! which cancels. (PML's `LpDistance(power=2)` squares `cdist`'s root instead, which can differ from
 //! the sum by an ulp.) Larger calls use the GEMM and the expansion, whose rounding no two
 //! libraries share.
 
@@ -25,7 +27,6 @@ use ndarray::{s, Array2, ArrayView2, ArrayViewMut2, Axis};
 use crate::error::Result;
 use crate::hooks::Reporter;
 use crate::metric::{Distance, DistanceConfig};
-use crate::runtime::pool::threads;
 
 /// Query rows per GEMM block of [`pairwise_distances`]: between two blocks a thread checks for
 /// cancellation and reports its progress.
@@ -34,7 +35,8 @@ const BLOCK_ROWS: usize = 256;
 /// `x` `(n, d)` normalised as torch's `F.normalize(x, dim=1)`: each element divided by its
 /// row's `max(‖x‖, 1e-12)`.
 pub(crate) fn normalized(x: ArrayView2<'_, f32>) -> Array2<f32> {
-    let mut out = x.to_owned();
+    // Row-major whatever `x`'s layout: its rows' sums then run as every other row's.
+    let mut out = x.as_standard_layout().into_owned();
     for mut row in out.rows_mut() {
         let norm = divisor(row.view());
         row.mapv_inplace(|v| v / norm);
@@ -46,7 +48,11 @@ pub(crate) fn normalized(x: ArrayView2<'_, f32>) -> Array2<f32> {
 fn divisor(row: ndarray::ArrayView1<'_, f32>) -> f32 {
     let sum = match row.len() <= FMA_NORM_DIM {
         true => fma_sum(row.iter().map(|&v| (v, v))),
-        false => row.dot(&row),
+        // Contiguous, so that the sum's order does not depend on the input's layout.
+        false => {
+            let row = row.as_standard_layout();
+            row.dot(&row)
+        }
     };
     sum.sqrt().max(1e-12)
 }
@@ -136,9 +142,11 @@ pub(crate) fn direct_into(
 
 /// Per row of a matrix, the two factors of the metric's epilogue.
 pub(crate) struct Norms {
-    /// `1 / max(|x|, 1e-12)` when normalising, else exactly 1.
+    /// From [`Norms::new`], `1 / max(|x|, 1e-12)` when normalising, else exactly 1; from
+    /// [`Norms::dividing`], 1 (the rows are divided instead).
     pub(crate) scale: Vec<f32>,
-    /// The squared norm after scaling, `(|x|² · s) · s` in the kernel's order.
+    /// The squared norm after scaling, `(|x|² · s) · s` in the kernel's order; from
+    /// [`Norms::dividing`], the normalised row's.
     pub(crate) sq: Vec<f32>,
     /// Set on the references' norms of a call whose distances are computed directly
     /// ([`is_direct`]): [`distances_into`] then reads the rows, not the GEMM.
@@ -278,26 +286,25 @@ fn epilogue(
     }
 }
 
-/// Host bytes [`pairwise_distances`] allocates for `q` query rows against `n` references of
-/// `d` floats: each thread's [`scratch_bytes`] for its blocks.
+/// Host bytes one thread of [`pairwise_distances`] allocates for `q` query rows against `n`
+/// references of `d` floats (its [`scratch_bytes`], at most): a call holds this per thread.
 pub(crate) fn pairwise_scratch((q, n, d): (usize, usize, usize), cfg: &DistanceConfig) -> u64 {
-    let per = q.div_ceil(threads()).max(1);
-    let workers = q.div_ceil(per) as u64;
-    workers * scratch_bytes((BLOCK_ROWS.min(per), n, d), cfg)
+    scratch_bytes((BLOCK_ROWS.min(q), n, d), cfg)
 }
 
-/// The distance matrix `(q, n)`: query rows split over the threads, each thread's rows in
-/// blocks of [`BLOCK_ROWS`], between which it reports progress and stops if cancelled.
+/// The distance matrix `(q, n)`: query rows split over `workers` threads (each holding
+/// [`pairwise_scratch`]), each thread's rows in blocks of [`BLOCK_ROWS`], between which it
+/// reports progress and stops if cancelled.
 pub(crate) fn pairwise_distances(
     queries: ArrayView2<'_, f32>,
     refs: ArrayView2<'_, f32>,
-    (cfg, direct): (&DistanceConfig, bool),
+    (cfg, direct, workers): (&DistanceConfig, bool, usize),
     report: &Reporter<'_>,
 ) -> Result<Array2<f32>> {
     let ref_norms = Norms::dividing(refs, cfg).direct(direct);
     let (q, n) = (queries.nrows(), refs.nrows());
     let mut out = Array2::<f32>::zeros((q, n));
-    let per = q.div_ceil(threads()).max(1);
+    let per = q.div_ceil(workers.max(1)).max(1);
     std::thread::scope(|scope| {
         let mut workers = Vec::new();
         for (t, mut rows) in out.axis_chunks_iter_mut(Axis(0), per).enumerate() {

@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::kernels::knn_select::{key_of, score_of, EMPTY_INDEX};
 use crate::metric::DistanceConfig;
+use crate::ops::distance::native::is_direct;
 use crate::runtime::memory::Transfers;
 use crate::runtime::pool::threads;
 use crate::runtime::transfer;
@@ -191,7 +192,8 @@ pub fn knn_plan<'q, 'r>(
     let (q, (n, d)) = (pair.queries.nrows(), pair.refs.dim());
     let plan = match ctx.gpu() {
         None => {
-            native::plan(ctx, (q, n, d), cfg.k, cfg.distance.normalizes()).map(|p| p.public(q, n))
+            let flags = (cfg.distance.normalizes(), is_direct(q, n));
+            native::plan(ctx, (q, n, d), cfg.k, flags).map(|p| p.public(q, n))
         }
         Some(gpu) => gpu::plan(ctx, gpu, (q, d), &pair.refs, cfg.k, false).map(|p| p.public(q, n)),
     };
@@ -212,7 +214,8 @@ pub(crate) fn run_reporting(
     report: &Reporter<'_>,
 ) -> Result<Knn> {
     let (found, transfers) = transfer::measure(|| {
-        let job = (pair.excluded.as_slice(), report);
+        let direct = is_direct(pair.queries.nrows(), pair.refs.dim().0);
+        let job = (pair.excluded.as_slice(), report, direct);
         search(ctx, pair.queries, pair.refs, cfg, job, gpu::Output::Host)
     });
     let found = found?;
@@ -283,7 +286,8 @@ pub fn knn_on_device<'q, 'r>(
             indices: &indices,
             scores: &scores,
         };
-        let job = (pair.excluded.as_slice(), &report);
+        let direct = is_direct(pair.queries.nrows(), pair.refs.dim().0);
+        let job = (pair.excluded.as_slice(), &report, direct);
         search(ctx, pair.queries, pair.refs.reborrow(), cfg, job, output)?;
         Ok::<_, Error>((indices, scores))
     });
@@ -380,7 +384,10 @@ pub fn knn_sharded<'q, 'r>(
                 scope.spawn(move || {
                     let part = report.part(queries.nrows() as u64 * shard.nrows() as u64);
                     transfer::measure(|| {
-                        let (shard, job) = (Embeddings::Host(shard), (local.as_slice(), &part));
+                        // Direct or not as the whole call, whatever the shard's size.
+                        let direct = is_direct(queries.nrows(), n);
+                        let job = (local.as_slice(), &part, direct);
+                        let shard = Embeddings::Host(shard);
                         search(ctx, queries, shard, &cfg, job, gpu::Output::Host)
                     })
                 })
@@ -454,7 +461,7 @@ fn search(
     queries: Rows<'_>,
     refs: Embeddings<'_>,
     cfg: &KnnConfig,
-    (excluded, report): (&[u32], &Reporter<'_>),
+    (excluded, report, direct): (&[u32], &Reporter<'_>, bool),
     output: gpu::Output<'_>,
 ) -> Result<Neighbours> {
     let (q, k) = (queries.nrows(), cfg.k);
@@ -463,7 +470,7 @@ fn search(
     }
     match (refs, ctx.gpu()) {
         (Embeddings::Host(r), None) => {
-            native::search(ctx, queries.host(OP)?, r, cfg, excluded, report)
+            native::search(ctx, queries.host(OP)?, r, cfg, (excluded, direct), report)
         }
         (refs, Some(gpu)) => oom_retry::retry(ctx, || {
             report.restart();
@@ -489,10 +496,10 @@ pub(crate) fn search_step(
     queries: Rows<'_>,
     refs: Embeddings<'_>,
     cfg: &KnnConfig,
-    excluded: &[u32],
+    (excluded, direct): (&[u32], bool),
     report: &Reporter<'_>,
 ) -> Result<Neighbours> {
-    let job = (excluded, report);
+    let job = (excluded, report, direct);
     search(ctx, queries, refs, cfg, job, gpu::Output::Host)
 }
 

@@ -2,7 +2,10 @@
 //! are few queries, a shard of the references), computes cache-sized blocks of dot products
 //! with a single-threaded GEMM and feeds every row to a bounded candidate list while the block
 //! is still in cache. Small `k` goes to [`super::native_fused`] instead, which selects from
-//! register tiles without writing the dot products out.
+//! register tiles without writing the dot products out. Normalised rows are divided by their
+//! norms as they are read (`ops::distance::native`); a call of at most 25 rows a side
+//! computes its distances directly there, never in pieces (shards and ranks decide it for
+//! the whole call).
 
 use std::ops::Range;
 
@@ -18,7 +21,9 @@ use crate::error::{Error, Result};
 use crate::hooks::Reporter;
 use crate::kernels::knn_select::EMPTY_INDEX;
 use crate::metric::Distance;
-use crate::ops::distance::native::{direct_into, finish, is_direct, read_config, Norms};
+#[cfg(doc)]
+use crate::ops::distance::native::is_direct;
+use crate::ops::distance::native::{direct_into, finish, read_config, Norms};
 use crate::runtime::memory::HostReservation;
 use crate::runtime::pool::{par_items, threads};
 
@@ -223,14 +228,15 @@ impl NativePlan {
 /// fits (the same budget must work on a machine of many cores as on one of two).
 ///
 /// With `normalizes`, the general path's threads also hold their block of query rows and of
-/// references normalised ([`Norms::dividing`]).
+/// references normalised ([`Norms::dividing`]); a `direct` call (the whole call's
+/// [`is_direct`]) takes the general path.
 pub(super) fn plan(
     ctx: &Context,
     dims: (usize, usize, usize),
     k: usize,
-    normalizes: bool,
+    (normalizes, direct): (bool, bool),
 ) -> Result<NativePlan> {
-    plan_on(threads(), ctx, dims, (k, normalizes))
+    plan_on(threads(), ctx, dims, (k, normalizes, direct))
 }
 
 /// [`plan`] on a machine of `cores` cores.
@@ -238,7 +244,7 @@ fn plan_on(
     cores: usize,
     ctx: &Context,
     dims: (usize, usize, usize),
-    k: (usize, bool),
+    k: (usize, bool, bool),
 ) -> Result<NativePlan> {
     let mut threads = cores.max(1);
     loop {
@@ -261,7 +267,7 @@ fn plan_with(
     threads: usize,
     ctx: &Context,
     (q, n, d): (usize, usize, usize),
-    (k, normalizes): (usize, bool),
+    (k, normalizes, direct): (usize, bool, bool),
 ) -> Result<NativePlan> {
     let workers = threads;
     let threads = threads as u64;
@@ -302,7 +308,7 @@ fn plan_with(
     };
     let kernel = ctx.native_knn_kernel();
     // The fused kernel has no direct distances (`is_direct`): tiny calls take the blocks.
-    let small_k = k <= native_fused::MAX_K && kernel != NativeKnnKernel::Blocks && !is_direct(q, n);
+    let small_k = k <= native_fused::MAX_K && kernel != NativeKnnKernel::Blocks && !direct;
     let available = ctx.tracker().available();
     // With few references the fused kernel's chunk is small, and its one-row plan can be the
     // least of all.
@@ -380,22 +386,23 @@ fn plan_with(
 }
 
 /// `queries` `(q, d)` against host `refs` `(n, d)`, validated; `excluded[i]` is row `i`'s own
-/// reference index or `u32::MAX`. Each finished block (each chunk of references, in the
-/// fused kernel) is reported; once cancelled, the rest is skipped and the search returns
-/// [`Error::Cancelled`].
+/// reference index or `u32::MAX`; `direct`: the whole call (of which this may be a shard or a
+/// rank's part) computes its distances directly ([`is_direct`]). Each finished block (each
+/// chunk of references, in the fused kernel) is reported; once cancelled, the rest is
+/// skipped and the search returns [`Error::Cancelled`].
 pub(crate) fn search(
     ctx: &Context,
     queries: ArrayView2<'_, f32>,
     refs: ArrayView2<'_, f32>,
     cfg: &KnnConfig,
-    excluded: &[u32],
+    (excluded, direct): (&[u32], bool),
     report: &Reporter<'_>,
 ) -> Result<Neighbours> {
     let (q, n, k) = (queries.nrows(), refs.nrows(), cfg.k);
     let largest = cfg.distance.distance.is_similarity();
     let nb = REF_BLOCK.min(n).max(1);
     let normalizes = cfg.distance.normalizes();
-    let plan = plan(ctx, (q, n, queries.ncols()), k, normalizes)?;
+    let plan = plan(ctx, (q, n, queries.ncols()), k, (normalizes, direct))?;
     let (qb, shards) = (plan.rows, plan.shards);
     let q_blocks = q.div_ceil(qb);
     let _reserved = HostReservation::new(SCRATCH, plan.scratch, ctx.tracker())?;
@@ -404,7 +411,7 @@ pub(crate) fn search(
     let distance_cfg = read_config(&cfg.distance);
     let norms = (
         Norms::dividing(queries, &cfg.distance),
-        Norms::dividing(refs, &cfg.distance).direct(is_direct(q, n)),
+        Norms::dividing(refs, &cfg.distance).direct(direct),
     );
     let shard_of = |s: usize| s * n / shards..(s + 1) * n / shards;
     let parts = par_items(
@@ -526,7 +533,7 @@ mod tests {
     /// least a call needs is one thread's scratch.
     #[test]
     fn many_cores_run_fewer_threads_under_a_budget_two_cores_fit() {
-        let (dims, k) = ((1000, 5000, 64), (10, false));
+        let (dims, k) = ((1000, 5000, 64), (10, false, false));
         let roomy = Context::native_cpu(Some(1 << 40));
         let min_of = |threads| {
             plan_with(threads, &roomy, dims, k)

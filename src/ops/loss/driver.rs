@@ -98,7 +98,7 @@ pub(super) const PAIR_ROWS: usize = 32;
 pub(super) struct RefPairs {
     /// The loaded references.
     rows: Vec<u32>,
-    /// `(PAIR_ROWS, dim)` raw rows.
+    /// `(PAIR_ROWS, dim)` rows as the distances read them (normalised where they normalise).
     raw: Array2<f32>,
     /// `(PAIR_ROWS, m)` distances, then `U`.
     distances: Array2<f32>,
@@ -496,9 +496,9 @@ pub(super) fn finish(
     }
 }
 
-/// One thread's anchors `a0 ..` of a block: their distance rows into `u` (from the raw rows
-/// and the references' norms, as the miners compute them), each turned into `U` by the
-/// loss's rule and [`weights_to_u`], then the anchors' gradient rows `g`; returns the sums and
+/// One thread's anchors `a0 ..` of a block: their distance rows into `u` (from the rows as
+/// [`Shared`] holds them and the references' norms), each turned into `U` by the loss's rule
+/// and [`weights_to_u`], then the anchors' gradient rows `g`; returns the sums and
 /// the near pairs, whose query side is already in `g` (reference pairs the rule scored gather
 /// their gradient in the thread's `scratch`).
 fn block_weights(

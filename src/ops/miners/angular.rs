@@ -7,8 +7,9 @@
 //!
 //! Each anchor's centres `c` become query rows of the distance tile (GPU or native) against
 //! the references, in blocks of whole rows, so neither the triplets nor the `(centres, m)`
-//! matrix exist beyond one block; `‖n − c‖` comes from the tile's expansion, which can
-//! round differently from PML's direct difference for a triplet within about `10⁻⁶` of the
+//! matrix exist beyond one block; `‖n − c‖` comes from the tile's expansion (computed
+//! directly on the native path for at most 25 centres and references), which can round
+//! differently from PML's direct difference for a triplet within about `10⁻⁶` of the
 //! angle. Device-resident inputs are read back to form the centres. [`crate::mine_plan`]
 //! plans blocks of anchor rows; this miner runs as many centre rows as there are positive
 //! pairs, so it makes more blocks of the same size than that plan counts.
