@@ -16,6 +16,11 @@ case so that its peak RSS is that case's own):
   code compute, without PML's pair masks) against the library's block version; values and
   gradients compared.
 
+- PML's pair losses (`--pair [M ...]`: ContrastiveLoss, MultiSimilarityLoss, SupConLoss,
+  CircleLoss, NCALoss, GeneralizedLiftedStructureLoss, MarginLoss, PML's defaults) of a batch
+  of 256 (10 classes, d = 128) against M detached reference rows (default 4 096), forward and
+  backward, PML against the drop-ins.
+
 Needs the Python venv of python/requirements-test.txt with the package installed (README);
 not part of CI:
 
@@ -88,6 +93,11 @@ def mnrl_torch(anchors, positives, scale):
     return torch.nn.functional.cross_entropy(scores * scale, torch.arange(len(anchors)))
 
 
+# PML's pair losses the drop-ins compute (`--pair`), with PML's defaults.
+PAIR_LOSSES = ("ContrastiveLoss", "MultiSimilarityLoss", "SupConLoss", "CircleLoss", "NCALoss",
+               "GeneralizedLiftedStructureLoss", "MarginLoss")
+
+
 def worker(a):
     import torch
 
@@ -111,6 +121,27 @@ def worker(a):
             e = x.clone().requires_grad_(True)
             t = time.perf_counter()
             loss = loss_fn(e, y)
+            loss.backward()
+            timings.append(time.perf_counter() - t)
+        rec.update(loss=loss.item(), seconds=timings)
+        torch.save(e.grad, f"/tmp/wml-loss-grad-{a.func}-{a.m}.pt")
+    elif a.func.startswith("pair_"):
+        from pytorch_metric_learning import losses
+
+        _, name, side = a.func.split("_")
+        x, y, r, ry = triplet_data(a.m, b=256)
+        if side == "pml":
+            loss_fn = getattr(losses, name)()
+        else:
+            from wgpu_metric_learning import pml as drop
+
+            loss_fn = getattr(drop, name)(backend=a.backend)
+            rec["path"] = loss_fn.context.path
+        timings = []
+        for _ in range(a.reps):
+            e = x.clone().requires_grad_(True)
+            t = time.perf_counter()
+            loss = loss_fn(e, y, None, r, ry)
             loss.backward()
             timings.append(time.perf_counter() - t)
         rec.update(loss=loss.item(), seconds=timings)
@@ -215,6 +246,8 @@ def main():
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--bank", type=int, nargs="*", default=[4096, 65536])
     ap.add_argument("--swap-batch", type=int, default=512, help="0: no swap cases")
+    ap.add_argument("--pair", type=int, nargs="*", default=None,
+                    help="only PML's pair losses, against these reference counts (default 4096)")
     a = ap.parse_args()
     if a.worker:
         a.func = a.worker
@@ -223,6 +256,20 @@ def main():
 
     print("| case | implementation | median s | peak RSS MiB | loss |")
     print("|---|---|---|---|---|")
+    if a.pair is not None:
+        for m in a.pair or [4096]:
+            for name in PAIR_LOSSES:
+                funcs = (f"pair_{name}_pml", f"pair_{name}_ours")
+                recs = {f: launch(f, m, a.reps, a.backend) for f in funcs}
+                for f, rec in recs.items():
+                    who = "PML" if f.endswith("_pml") else "wml.pml"
+                    print_row(f"{name}, 256 × {m}", f"{who} {name}", rec)
+                if all("failed" not in r for r in recs.values()):
+                    g = [torch.load(f"/tmp/wml-loss-grad-{f}-{m}.pt") for f in funcs]
+                    t = [statistics.median(recs[f]["seconds"]) for f in funcs]
+                    print(f"| {name}, 256 × {m} | speed-up {t[0] / t[1]:.1f}×; gradient max "
+                          f"relative difference | {relative_difference(g[1], g[0]):.1e} | | |")
+        return
     for m in a.bank:
         recs = {f: launch(f, m, a.reps, a.backend) for f in ("triplet_pml", "triplet_ours")}
         for f, rec in recs.items():

@@ -43,8 +43,10 @@ pub use ops::kmeans::{kmeans, kmeans_plan, Kmeans, KmeansConfig};
 pub use ops::knn::{knn, knn_on_device, knn_plan, knn_sharded, Knn, KnnConfig, KnnOnDevice};
 pub use ops::loss::{
     multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan, ntxent_loss,
-    ntxent_loss_plan, triplet_margin_loss, triplet_margin_loss_plan, InfoNceConfig, InfoNceLoss,
-    MnrlConfig, TripletLoss, TripletLossConfig,
+    ntxent_loss_plan, pair_loss, pair_loss_plan, triplet_margin_loss, triplet_margin_loss_plan,
+    Circle, Contrastive, GeneralizedLifted, InfoNceConfig, InfoNceLoss, Margin, MnrlConfig,
+    MultiSimilarity, Nca, PairLoss, PairLossConfig, PairLossRule, SupCon, TripletLoss,
+    TripletLossConfig,
 };
 pub use ops::miners::{
     all_pairs, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets,

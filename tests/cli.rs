@@ -10,12 +10,13 @@ use ndarray::{array, Array1, Array2};
 use ndarray_npy::{read_npy, write_npy};
 use wgpu_metric_learning::{
     accuracy, angular_triplets, batch_hard_triplets, distance_weighted_triplets, hdc_pairs, knn,
-    mine_triplets, multiple_negatives_ranking_loss, ntxent_loss, pair_margin_pairs,
+    mine_triplets, multiple_negatives_ranking_loss, ntxent_loss, pair_loss, pair_margin_pairs,
     triplet_margin_loss, uniform_histogram_pairs, AccuracyConfig, AccuracyK, AccuracyMetric,
-    AngularConfig, BatchHardConfig, Context, Distance, DistanceConfig, DistanceWeightedConfig,
-    HdcConfig, InfoNceConfig, KmeansConfig, KnnConfig, MiningSet, MnrlConfig, PairMarginConfig,
-    SelfExclusion, TripletConfig, TripletLossConfig, TripletRule, TripletType,
-    UniformHistogramConfig,
+    AngularConfig, BatchHardConfig, Circle, Context, Contrastive, Distance, DistanceConfig,
+    DistanceWeightedConfig, GeneralizedLifted, HdcConfig, InfoNceConfig, KmeansConfig, KnnConfig,
+    Margin, MiningSet, MnrlConfig, MultiSimilarity, Nca, PairLoss, PairLossConfig, PairLossRule,
+    PairMarginConfig, SelfExclusion, SupCon, TripletConfig, TripletLossConfig, TripletRule,
+    TripletType, UniformHistogramConfig,
 };
 
 /// A fresh directory for one test's files.
@@ -717,6 +718,138 @@ fn ctrl_c_stops_wml_cleanly() {
     assert_eq!(last, "wml: cancelled (Ctrl-C); no output was written");
     assert!(!rest.contains("100%"), "stopped before the end: {rest}");
     assert!(!i.exists() && !s.exists(), "no output file");
+}
+
+#[test]
+fn pair_losses_print_their_json_and_write_the_library_gradients() {
+    let d = dir("pair_loss");
+    let (x, y) = clustered();
+    let (r, ry) = (x.mapv(|v| v * 0.9 + 0.05), y.mapv(|l| (l + 1) % 3));
+    write_npy(d.join("x.npy"), &x).expect("write");
+    write_npy(d.join("r.npy"), &r).expect("write");
+    write_npy(d.join("y.npy"), &y).expect("write");
+    write_npy(d.join("ry.npy"), &ry).expect("write");
+    let p = |n: &str| d.join(n);
+    let ctx = Context::native_cpu(None);
+    let (batch, refs) = (MiningSet::new(&x, &y), MiningSet::new(&r, &ry));
+    let files: Vec<_> = ["x", "y", "r", "ry", "g", "rg"]
+        .iter()
+        .map(|n| p(&format!("{n}.npy")))
+        .collect();
+    let raw = |args: &[&str]| {
+        let flags = [
+            "--embeddings",
+            "--labels",
+            "--ref-embeddings",
+            "--ref-labels",
+            "--grad-out",
+            "--ref-grad-out",
+        ];
+        let mut all = vec!["loss", args[0], "--backend", "cpu"];
+        for (flag, file) in flags.iter().zip(&files) {
+            all.extend([*flag, arg(file)]);
+        }
+        all.extend_from_slice(&args[1..]);
+        wml(&all)
+    };
+    let run = |args: &[&str]| ok(&raw(args));
+    let check = |out: &str, want: PairLoss| {
+        assert_eq!(json_field(out, "loss"), f64::from(want.loss), "{out}");
+        assert_eq!(json_field(out, "nonzero"), want.nonzero as f64, "{out}");
+        assert_eq!(
+            json_field(out, "negative_pairs"),
+            want.negative_pairs as f64
+        );
+        let g: Array2<f32> = read_npy(p("g.npy")).expect("grad");
+        let rg: Array2<f32> = read_npy(p("rg.npy")).expect("ref grad");
+        assert_eq!((g, Some(rg)), (want.query_grad, want.ref_grad));
+    };
+    fn with<R: PairLossRule>(rule: R) -> PairLossConfig<R> {
+        PairLossConfig {
+            rule,
+            ref_grad: true,
+            ..Default::default()
+        }
+    }
+    let out = run(&["contrastive", "--pos-margin", "0.1", "--neg-margin", "0.8"]);
+    let rule = Contrastive {
+        pos_margin: 0.1,
+        neg_margin: 0.8,
+    };
+    check(
+        &out,
+        pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss"),
+    );
+    let out = run(&[
+        "multi-similarity",
+        "--alpha",
+        "3",
+        "--beta",
+        "40",
+        "--base",
+        "0.4",
+    ]);
+    let rule = MultiSimilarity {
+        alpha: 3.0,
+        beta: 40.0,
+        base: 0.4,
+    };
+    check(
+        &out,
+        pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss"),
+    );
+    let out = run(&["supcon", "--temperature", "0.2"]);
+    let rule = SupCon { temperature: 0.2 };
+    check(
+        &out,
+        pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss"),
+    );
+    let out = run(&["circle", "--m", "0.25", "--gamma", "64"]);
+    let rule = Circle {
+        m: 0.25,
+        gamma: 64.0,
+    };
+    check(
+        &out,
+        pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss"),
+    );
+    let out = run(&["nca", "--softmax-scale", "2"]);
+    let rule = Nca { softmax_scale: 2.0 };
+    check(
+        &out,
+        pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss"),
+    );
+    let out = run(&[
+        "generalized-lifted",
+        "--pos-margin",
+        "0.1",
+        "--neg-margin",
+        "0.9",
+    ]);
+    let rule = GeneralizedLifted {
+        pos_margin: 0.1,
+        neg_margin: 0.9,
+    };
+    check(
+        &out,
+        pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss"),
+    );
+    let out = run(&["margin", "--beta", "0.9", "--nu", "0.1", "--learn-beta"]);
+    let rule = Margin {
+        beta: 0.9,
+        nu: 0.1,
+        learn_beta: true,
+        ..Default::default()
+    };
+    let want = pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss");
+    let beta_grad = f64::from(want.beta_grad.expect("learnt β"));
+    assert_eq!(json_field(&out, "beta_grad"), beta_grad, "{out}");
+    check(&out, want);
+    // Circle on a distance: one line naming the parameter, status 1.
+    fails_with(
+        &raw(&["circle", "--distance", "euclidean"]),
+        &["distance", "cosine"],
+    );
 }
 
 #[test]

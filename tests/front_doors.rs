@@ -52,6 +52,7 @@ const OPERATIONS: &[(&str, Option<&str>, Option<&str>)] = &[
         Some("triplet_margin_loss_plan"),
         None,
     ),
+    ("pair_loss", Some("pair_loss_plan"), None),
     // Label statistics of two clusterings, O(n) on the host.
     ("normalized_mutual_info", None, None),
     ("adjusted_mutual_info", None, None),

@@ -8,11 +8,11 @@ use ndarray::{Array1, Array2};
 use wgpu_metric_learning::{
     accuracy, accuracy_plan, kmeans, kmeans_plan, knn, knn_plan, mine, mine_plan, mine_triplets,
     mine_triplets_plan, multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan,
-    ntxent_loss, ntxent_loss_plan, pair_margin_pairs, pairwise_distances, pairwise_distances_plan,
-    triplet_margin_loss, triplet_margin_loss_plan, AccuracyConfig, AccuracyK, BackendChoice,
-    ComputePath, Context, ContextConfig, Error, InfoNceConfig, KmeansConfig, KnnConfig, MiningSet,
-    MnrlConfig, PairMarginConfig, Plan, Result, TripletConfig, TripletLossConfig, TripletType,
-    Tuning,
+    ntxent_loss, ntxent_loss_plan, pair_loss, pair_loss_plan, pair_margin_pairs,
+    pairwise_distances, pairwise_distances_plan, triplet_margin_loss, triplet_margin_loss_plan,
+    AccuracyConfig, AccuracyK, BackendChoice, ComputePath, Context, ContextConfig, Contrastive,
+    Error, InfoNceConfig, KmeansConfig, KnnConfig, MiningSet, MnrlConfig, PairLossConfig,
+    PairMarginConfig, Plan, Result, SupCon, TripletConfig, TripletLossConfig, TripletType, Tuning,
 };
 
 fn data(rows: usize, d: usize, classes: usize) -> (Array2<f32>, Array1<u32>) {
@@ -251,6 +251,52 @@ fn losses<'a>(
                 (plan.path, out.path),
                 (ComputePath::NativeCpu, ComputePath::NativeCpu)
             );
+        }
+    }
+    pair_losses(path, budget, (set, refs));
+}
+
+/// The pair losses run natively on every context (two passes for Contrastive): their plans
+/// say so, and hold on both.
+fn pair_losses<'a>(
+    path: ComputePath,
+    budget: u64,
+    (set, refs): (&MiningSet<'a, u32>, &MiningSet<'a, u32>),
+) {
+    let contrastive = PairLossConfig::<Contrastive>::default();
+    let supcon = PairLossConfig::<SupCon> {
+        ref_grad: true,
+        ..Default::default()
+    };
+    match path {
+        ComputePath::NativeCpu => {
+            check(
+                "pair_loss (contrastive)",
+                path,
+                budget,
+                |ctx| pair_loss_plan(ctx, set, None, &contrastive),
+                |ctx| pair_loss(ctx, set, None, &contrastive),
+            );
+            check(
+                "pair_loss (supcon) against references",
+                path,
+                budget,
+                |ctx| pair_loss_plan(ctx, set, Some(refs), &supcon),
+                |ctx| pair_loss(ctx, set, Some(refs), &supcon),
+            );
+        }
+        ComputePath::Wgpu => {
+            let Some(ctx) = context(path, budget) else {
+                return;
+            };
+            let plan = pair_loss_plan(&ctx, set, Some(refs), &supcon).expect("plan");
+            ctx.reset_peak();
+            let out = pair_loss(&ctx, set, Some(refs), &supcon).expect("loss");
+            assert_eq!(
+                (plan.path, out.path),
+                (ComputePath::NativeCpu, ComputePath::NativeCpu)
+            );
+            assert!(ctx.memory().peak_bytes <= plan.bytes, "{plan:?}");
         }
     }
 }

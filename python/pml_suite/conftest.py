@@ -31,7 +31,18 @@ MINERS = [
     "TripletMarginMiner",
     "UniformHistogramMiner",
 ]
-LOSSES = ["CrossBatchMemory", "NTXentLoss", "TripletMarginLoss"]
+LOSSES = [
+    "CircleLoss",
+    "ContrastiveLoss",
+    "CrossBatchMemory",
+    "GeneralizedLiftedStructureLoss",
+    "MarginLoss",
+    "MultiSimilarityLoss",
+    "NCALoss",
+    "NTXentLoss",
+    "SupConLoss",
+    "TripletMarginLoss",
+]
 
 for name in MINERS:
     setattr(pml_miners, name, getattr(drop, name))

@@ -18,13 +18,20 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DEFAULT = HERE.parents[2] / "shared" / "anchors" / "pml-tests" / "tests"
 
-# PML's tests for what the package replaces: every miner, CrossBatchMemory, the two losses
-# it computes and the accuracy calculator (its default kNN).
+# PML's tests for what the package replaces: every miner, CrossBatchMemory, the losses it
+# computes (SupConLoss is tested in PML's NTXent file, GeneralizedLiftedStructureLoss in its
+# lifted structure file) and the accuracy calculator (its default kNN).
 FILES = [
     "miners",
     "losses/test_cross_batch_memory.py",
     "losses/test_triplet_margin_loss.py",
     "losses/test_ntxent_loss.py",
+    "losses/test_contrastive_loss.py",
+    "losses/test_multi_similarity_loss.py",
+    "losses/test_circle_loss.py",
+    "losses/test_nca_loss.py",
+    "losses/test_lifted_structure_loss.py",
+    "losses/test_margin_loss.py",
     "utils/test_calculate_accuracies.py",
     "utils/test_calculate_accuracies_large_k.py",
 ]

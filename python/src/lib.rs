@@ -25,7 +25,11 @@ use context::{list_adapters, PyContext};
 use eval::{
     accuracy, adjusted_mutual_info, kmeans, knn, normalized_mutual_info, pairwise_distances,
 };
-use losses::{multiple_negatives_ranking_loss, ntxent_loss, triplet_margin_loss};
+use losses::{
+    circle_loss, contrastive_loss, generalized_lifted_structure_loss, margin_loss,
+    multi_similarity_loss, multiple_negatives_ranking_loss, nca_loss, ntxent_loss, supcon_loss,
+    triplet_margin_loss,
+};
 use mining::{
     all_pairs, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets, count_triplets,
     distance_weighted_triplets, hdc_pairs, mine_triplets, multi_similarity_pairs,
@@ -61,5 +65,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(triplet_margin_loss, m)?)?;
     m.add_function(wrap_pyfunction!(ntxent_loss, m)?)?;
     m.add_function(wrap_pyfunction!(multiple_negatives_ranking_loss, m)?)?;
+    m.add_function(wrap_pyfunction!(contrastive_loss, m)?)?;
+    m.add_function(wrap_pyfunction!(multi_similarity_loss, m)?)?;
+    m.add_function(wrap_pyfunction!(supcon_loss, m)?)?;
+    m.add_function(wrap_pyfunction!(circle_loss, m)?)?;
+    m.add_function(wrap_pyfunction!(nca_loss, m)?)?;
+    m.add_function(wrap_pyfunction!(generalized_lifted_structure_loss, m)?)?;
+    m.add_function(wrap_pyfunction!(margin_loss, m)?)?;
     Ok(())
 }

@@ -1,12 +1,17 @@
-//! The losses with their gradients: `triplet_margin_loss`, `ntxent_loss` and
-//! `multiple_negatives_ranking_loss`.
+//! The losses with their gradients: `triplet_margin_loss`, `ntxent_loss`,
+//! `multiple_negatives_ranking_loss` and the pair losses (`contrastive_loss`,
+//! `multi_similarity_loss`, `supcon_loss`, `circle_loss`, `nca_loss`,
+//! `generalized_lifted_structure_loss`, `margin_loss`).
 
 use ndarray::Array2;
 use numpy::{IntoPyArray, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use wgpu_metric_learning as wml;
-use wml::{InfoNceConfig, MnrlConfig, TripletLossConfig};
+use wml::{
+    Circle, Contrastive, GeneralizedLifted, InfoNceConfig, Margin, MnrlConfig, MultiSimilarity,
+    Nca, PairLossConfig, PairLossRule, SupCon, TripletLossConfig,
+};
 
 use crate::call::{distance_config, labelled, run, self_exclusion};
 use crate::context::PyContext;
@@ -141,3 +146,128 @@ pub(crate) fn multiple_negatives_ranking_loss<'py>(
     let counts = (out.positive_pairs, out.negative_pairs);
     loss_tuple(py, out.loss, counts, out.query_grad, out.ref_grad)
 }
+
+/// The sides and options every pair loss takes.
+struct PairCall<'a, 'py> {
+    embeddings: PyReadonlyArray2<'py, f32>,
+    labels: PyReadonlyArray1<'py, i64>,
+    refs: Option<&'a Bound<'py, PyAny>>,
+    distance: &'a str,
+    normalize: bool,
+    self_exclusion: Option<&'a Bound<'py, PyAny>>,
+    ref_grad: bool,
+}
+
+/// A pair loss with `rule`: `(loss, nonzero, pairs, grad (b, d), ref_grad (m, d) or None)`,
+/// `pairs` the positive and negative pairs together, and `beta_grad` last for a learnt β.
+fn pair<'py, R: PairLossRule + Send + Sync>(
+    py: Python<'py>,
+    ctx: &PyContext,
+    rule: R,
+    call: PairCall<'_, 'py>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let cfg = PairLossConfig {
+        rule,
+        distance: distance_config(call.distance, call.normalize)?,
+        self_exclusion: self::self_exclusion(call.self_exclusion)?,
+        ref_grad: call.ref_grad,
+        ..Default::default()
+    };
+    let out = labelled(
+        py,
+        ctx,
+        Some(&call.embeddings),
+        &call.labels,
+        call.refs,
+        move |c, q, r, hooks| wml::pair_loss(c, q, r, &PairLossConfig { hooks, ..cfg }),
+    )?;
+    let counts = (out.nonzero, out.positive_pairs + out.negative_pairs);
+    let tuple = loss_tuple(py, out.loss, counts, out.query_grad, out.ref_grad)?;
+    match out.beta_grad {
+        None => Ok(tuple),
+        Some(g) => {
+            let mut items: Vec<Bound<'py, PyAny>> = tuple.iter().collect();
+            items.push(g.into_pyobject(py)?.into_any());
+            PyTuple::new(py, items)
+        }
+    }
+}
+
+/// One pair loss's Python function: its rule's parameters (keywords with PML's defaults),
+/// PML's default distance, then the sides and options every pair loss takes.
+macro_rules! pair_loss_fn {
+    ($(#[doc = $doc:literal])* $name:ident, $rule:ident { $($param:ident: $ty:ty = $default:tt),* }, $distance:tt) => {
+        $(#[doc = $doc])*
+        #[pyfunction]
+        #[pyo3(signature = (ctx, embeddings, labels, refs = None, *, $($param = $default,)* distance = $distance, normalize = true, self_exclusion = None, ref_grad = false))]
+        #[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
+        pub(crate) fn $name<'py>(
+            py: Python<'py>,
+            ctx: &PyContext,
+            embeddings: PyReadonlyArray2<'py, f32>,
+            labels: PyReadonlyArray1<'py, i64>,
+            refs: Option<&Bound<'py, PyAny>>,
+            $($param: $ty,)*
+            distance: &str,
+            normalize: bool,
+            self_exclusion: Option<&Bound<'py, PyAny>>,
+            ref_grad: bool,
+        ) -> PyResult<Bound<'py, PyTuple>> {
+            let call = PairCall {
+                embeddings,
+                labels,
+                refs,
+                distance,
+                normalize,
+                self_exclusion,
+                ref_grad,
+            };
+            pair(py, ctx, $rule { $($param),* }, call)
+        }
+    };
+}
+
+pair_loss_fn!(
+    /// PML's `ContrastiveLoss` and its gradient: `(loss, nonzero, pairs, grad, ref_grad or
+    /// None)`.
+    contrastive_loss,
+    Contrastive { pos_margin: f32 = 0.0, neg_margin: f32 = 1.0 },
+    "euclidean"
+);
+pair_loss_fn!(
+    /// PML's `MultiSimilarityLoss` and its gradient: as [`contrastive_loss`].
+    multi_similarity_loss,
+    MultiSimilarity { alpha: f32 = 2.0, beta: f32 = 50.0, base: f32 = 0.5 },
+    "cosine"
+);
+pair_loss_fn!(
+    /// PML's `SupConLoss` and its gradient: as [`contrastive_loss`].
+    supcon_loss,
+    SupCon { temperature: f32 = 0.1 },
+    "cosine"
+);
+pair_loss_fn!(
+    /// PML's `CircleLoss` (cosine only) and its gradient: as [`contrastive_loss`].
+    circle_loss,
+    Circle { m: f32 = 0.4, gamma: f32 = 80.0 },
+    "cosine"
+);
+pair_loss_fn!(
+    /// PML's `NCALoss` and its gradient: as [`contrastive_loss`].
+    nca_loss,
+    Nca { softmax_scale: f32 = 1.0 },
+    "squared_euclidean"
+);
+pair_loss_fn!(
+    /// PML's `GeneralizedLiftedStructureLoss` and its gradient: as [`contrastive_loss`].
+    generalized_lifted_structure_loss,
+    GeneralizedLifted { pos_margin: f32 = 0.0, neg_margin: f32 = 1.0 },
+    "euclidean"
+);
+pair_loss_fn!(
+    /// PML's `MarginLoss` (one β) and its gradient: as [`contrastive_loss`], with
+    /// `beta_grad` last when `learn_beta`.
+    margin_loss,
+    Margin { margin: f32 = 0.2, nu: f32 = 0.0, beta: f32 = 1.2, learn_beta: bool = false },
+    "euclidean"
+);

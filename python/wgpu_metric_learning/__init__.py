@@ -27,7 +27,10 @@ Clustering: :func:`kmeans` (Faiss's k-means on the library's search),
 and AMI in :func:`accuracy`'s ``include``.
 
 Losses come with their gradients, computed without a triplet list or the whole similarity
-matrix: :func:`triplet_margin_loss`, :func:`ntxent_loss`, :func:`multiple_negatives_ranking_loss`.
+matrix: :func:`triplet_margin_loss`, :func:`ntxent_loss`, :func:`multiple_negatives_ranking_loss`,
+and PML's pair losses :func:`contrastive_loss`, :func:`multi_similarity_loss`,
+:func:`supcon_loss`, :func:`circle_loss`, :func:`nca_loss`,
+:func:`generalized_lifted_structure_loss`, :func:`margin_loss`.
 
 ``wgpu_metric_learning.pml`` has drop-ins for pytorch-metric-learning (``KNN`` for
 ``AccuracyCalculator``, the miners, ``CrossBatchMemory``, ``TripletMarginLoss`` and
@@ -62,21 +65,28 @@ __all__ = [
     "angular_triplets",
     "batch_easy_hard_pairs",
     "batch_hard_triplets",
+    "circle_loss",
+    "contrastive_loss",
     "count_triplets",
     "default_context",
     "distance_weighted_triplets",
+    "generalized_lifted_structure_loss",
     "hdc_pairs",
     "iter_triplets",
     "kmeans",
     "knn",
     "list_adapters",
     "mine_triplets",
+    "margin_loss",
+    "multi_similarity_loss",
     "multi_similarity_pairs",
+    "nca_loss",
     "multiple_negatives_ranking_loss",
     "normalized_mutual_info",
     "ntxent_loss",
     "pair_margin_pairs",
     "pairwise_distances",
+    "supcon_loss",
     "triplet_margin_loss",
     "uniform_histogram_pairs",
 ]
@@ -124,6 +134,8 @@ class Loss(NamedTuple):
     grad: np.ndarray
     #: ``∂loss/∂ref_embeddings`` ``(m, d)`` float32, when asked for (else ``None``).
     ref_grad: Optional[np.ndarray]
+    #: ``∂loss/∂β`` of :func:`margin_loss` with ``learn_beta`` (else ``None``).
+    beta_grad: Optional[float] = None
 
 
 class Accuracy(NamedTuple):
@@ -858,3 +870,172 @@ def multiple_negatives_ranking_loss(
         ctx, _matrix(anchors, "anchors"), _matrix(candidates, "candidates"), scale=scale
     )
     return Loss(loss, count, total, grad, rgrad)
+
+
+def _pair_loss(name: str, ctx: Context, embeddings: Any, labels: Any, refs: Any, **kw: Any) -> Loss:
+    """One of PML's pair losses through ``_native.<name>``."""
+    exclusion = _exclusion(kw.pop("self_exclusion"))
+    return Loss(*getattr(_native, name)(
+        ctx,
+        _matrix(embeddings, "embeddings"),
+        _labels(labels, "labels"),
+        _refs(refs),
+        self_exclusion=exclusion,
+        **kw,
+    ))
+
+
+def contrastive_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    pos_margin: float = 0.0,
+    neg_margin: float = 1.0,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``ContrastiveLoss(pos_margin, neg_margin)`` over every positive and negative pair
+    (each group averaged over its nonzero pairs, the two means added) with its gradient, in
+    row blocks under the budget. ``count`` is the nonzero pairs, ``total`` all the pairs;
+    ``refs`` as in :func:`triplet_margin_loss`."""
+    return _pair_loss(
+        "contrastive_loss", ctx, embeddings, labels, refs, pos_margin=pos_margin,
+        neg_margin=neg_margin, distance=distance, normalize=normalize,
+        self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )
+
+
+def multi_similarity_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    alpha: float = 2.0,
+    beta: float = 50.0,
+    base: float = 0.5,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``MultiSimilarityLoss(alpha, beta, base)`` over every pair, averaged over the
+    batch, with its gradient; ``count`` is the batch's rows, ``total`` all the pairs."""
+    return _pair_loss(
+        "multi_similarity_loss", ctx, embeddings, labels, refs, alpha=alpha, beta=beta,
+        base=base, distance=distance, normalize=normalize, self_exclusion=self_exclusion,
+        ref_grad=ref_grad,
+    )
+
+
+def supcon_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    temperature: float = 0.1,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``SupConLoss(temperature)``, averaged over the anchors with a positive loss, with
+    its gradient; ``count`` is those anchors, ``total`` all the pairs."""
+    return _pair_loss(
+        "supcon_loss", ctx, embeddings, labels, refs, temperature=temperature,
+        distance=distance, normalize=normalize, self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )
+
+
+def circle_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    m: float = 0.4,
+    gamma: float = 80.0,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``CircleLoss(m, gamma)`` (cosine similarity only), averaged over the anchors with
+    a positive loss, with its gradient; ``count`` is those anchors, ``total`` all the pairs."""
+    return _pair_loss(
+        "circle_loss", ctx, embeddings, labels, refs, m=m, gamma=gamma, distance=distance,
+        normalize=normalize, self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )
+
+
+def nca_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    softmax_scale: float = 1.0,
+    distance: str = "squared_euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``NCALoss(softmax_scale)``, averaged over the anchors whose same-class
+    probability is not 0, with its gradient; ``count`` is those anchors, ``total`` all the
+    pairs."""
+    return _pair_loss(
+        "nca_loss", ctx, embeddings, labels, refs, softmax_scale=softmax_scale,
+        distance=distance, normalize=normalize, self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )
+
+
+def generalized_lifted_structure_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    pos_margin: float = 0.0,
+    neg_margin: float = 1.0,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``GeneralizedLiftedStructureLoss(neg_margin, pos_margin)``, averaged over the
+    batch, with its gradient; ``count`` is the batch's rows, ``total`` all the pairs."""
+    return _pair_loss(
+        "generalized_lifted_structure_loss", ctx, embeddings, labels, refs,
+        pos_margin=pos_margin, neg_margin=neg_margin, distance=distance, normalize=normalize,
+        self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )
+
+
+def margin_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    margin: float = 0.2,
+    nu: float = 0.0,
+    beta: float = 1.2,
+    learn_beta: bool = False,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``MarginLoss(margin, nu, beta, learn_beta)`` with one β, over every triplet
+    without listing them, with its gradient (and ``beta_grad`` with ``learn_beta``);
+    ``count`` is the nonzero terms (the divisor), ``total`` all the pairs."""
+    return _pair_loss(
+        "margin_loss", ctx, embeddings, labels, refs, margin=margin, nu=nu, beta=beta,
+        learn_beta=learn_beta, distance=distance, normalize=normalize,
+        self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )

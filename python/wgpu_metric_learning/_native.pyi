@@ -40,6 +40,13 @@ __all__ = [
     "triplet_margin_loss",
     "ntxent_loss",
     "multiple_negatives_ranking_loss",
+    "contrastive_loss",
+    "multi_similarity_loss",
+    "supcon_loss",
+    "circle_loss",
+    "nca_loss",
+    "generalized_lifted_structure_loss",
+    "margin_loss",
 ]
 
 @final
@@ -317,3 +324,95 @@ def ntxent_loss(
 def multiple_negatives_ranking_loss(
     ctx: Context, anchors: _F32, candidates: _F32, *, scale: float = 20.0
 ) -> Tuple[float, int, int, _F32, _F32]: ...
+def contrastive_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
+    *,
+    pos_margin: float = 0.0,
+    neg_margin: float = 1.0,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: _SelfExclusion = None,
+    ref_grad: bool = False,
+) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
+def multi_similarity_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
+    *,
+    alpha: float = 2.0,
+    beta: float = 50.0,
+    base: float = 0.5,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: _SelfExclusion = None,
+    ref_grad: bool = False,
+) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
+def supcon_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
+    *,
+    temperature: float = 0.1,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: _SelfExclusion = None,
+    ref_grad: bool = False,
+) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
+def circle_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
+    *,
+    m: float = 0.4,
+    gamma: float = 80.0,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: _SelfExclusion = None,
+    ref_grad: bool = False,
+) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
+def nca_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
+    *,
+    softmax_scale: float = 1.0,
+    distance: str = "squared_euclidean",
+    normalize: bool = True,
+    self_exclusion: _SelfExclusion = None,
+    ref_grad: bool = False,
+) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
+def generalized_lifted_structure_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
+    *,
+    pos_margin: float = 0.0,
+    neg_margin: float = 1.0,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: _SelfExclusion = None,
+    ref_grad: bool = False,
+) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
+def margin_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
+    *,
+    margin: float = 0.2,
+    nu: float = 0.0,
+    beta: float = 1.2,
+    learn_beta: bool = False,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: _SelfExclusion = None,
+    ref_grad: bool = False,
+) -> Tuple[float, int, int, _F32, Optional[_F32], Optional[float]]: ...

@@ -15,7 +15,10 @@ through host memory until device sharing exists).
 - :class:`CrossBatchMemory`: PML's ``CrossBatchMemory(loss, embedding_size, memory_size,
   miner)``, its memory in the library's :class:`~wgpu_metric_learning.MemoryBank`: no INT_MAX
   limit and no ``B·M·M`` mask.
-- :class:`TripletMarginLoss`, :class:`NTXentLoss`: PML's losses (subclasses of PML's own),
+- :class:`TripletMarginLoss`, :class:`NTXentLoss`, :class:`ContrastiveLoss`,
+  :class:`MultiSimilarityLoss`, :class:`SupConLoss`, :class:`CircleLoss`, :class:`NCALoss`,
+  :class:`GeneralizedLiftedStructureLoss`, :class:`MarginLoss`: PML's losses
+  (subclasses of PML's own),
   whose value and gradient come from the library with no triplet list and no whole
   similarity matrix (``loss.backward()`` works); inside this module's ``CrossBatchMemory``
   they run against the memory directly. :class:`MultipleNegativesRankingLoss`:
@@ -89,11 +92,18 @@ __all__ = [
     "DistanceWeightedMiner",
     "HDCMiner",
     "UniformHistogramMiner",
+    "CircleLoss",
+    "ContrastiveLoss",
     "CrossBatchMemory",
+    "GeneralizedLiftedStructureLoss",
+    "MarginLoss",
+    "MultiSimilarityLoss",
     "MultiSimilarityMiner",
+    "NCALoss",
     "MultipleNegativesRankingLoss",
     "NTXentLoss",
     "PairMarginMiner",
+    "SupConLoss",
     "TripletMarginLoss",
     "TripletMarginMiner",
 ]
@@ -992,10 +1002,17 @@ class _LibraryLoss(_OnContext):
         if library_distance(self.distance) is None:
             _warn_fallback(self, self.distance)
             return False
-        return (
-            type(self.reducer) is self._default_reducer
-            and not self.all_regularization_loss_names()
-        )
+        return self._default_reducers() and not self.all_regularization_loss_names()
+
+    def _default_reducers(self) -> bool:
+        """Whether the reducer is PML's default: the loss's own, or for a loss with several
+        sub-losses (ContrastiveLoss, MarginLoss) PML's ``MultipleReducers`` of it."""
+        r = self.reducer
+        if type(r) is pml_reducers.MultipleReducers:
+            return set(r.reducers) == set(self.sub_loss_names()) and all(
+                type(x) is self._default_reducer for x in r.reducers.values()
+            )
+        return type(r) is self._default_reducer
 
     def _rule_with(self, miner: Any, with_refs: bool = False):
         """The library's triplet rule with ``miner`` fused (``None``: all triplets), or
@@ -1104,15 +1121,74 @@ class TripletMarginLoss(_LibraryLoss, pml_losses.TripletMarginLoss):
         return self._tensor(out, embeddings, None)
 
     @staticmethod
-    def _tensor(out, embeddings, ref_emb):
-        value, _, _, grad, ref_grad = out
+    def _tensor(out, embeddings, ref_emb, extra=()):
+        """The loss of a library result ``out`` (value first, the gradients fourth and fifth),
+        its backward reaching ``embeddings``, ``ref_emb`` (when given) and the ``extra``
+        ``(tensor, gradient)`` pairs."""
+        value, grad, ref_grad = out[0], out[3], out[4]
         pairs = [(embeddings, grad)]
         if ref_emb is not None:
             pairs.append((ref_emb, ref_grad))
+        pairs.extend(extra)
         return _loss_tensor(value, pairs)
 
 
-class NTXentLoss(_LibraryLoss, pml_losses.NTXentLoss):
+class _WholeLoss(_LibraryLoss):
+    """A PML loss the library computes over every pair of the batch (and the references)
+    with no miner fused: ``_native_name`` is the library function, ``_library_args`` its
+    loss parameters. PML's code runs instead with an ``indices_tuple``, another reducer, a
+    regularizer or a distance the library does not compute."""
+
+    _native_name = ""
+
+    def _library_args(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def _rule_with(self, miner: Any, with_refs: bool = False):
+        return None if miner is None and self._library_can() else False
+
+    def _exclusion(self, embeddings, labels, ref_emb, ref_labels):
+        """PML's self-exclusion for these arguments (its pair losses: the same labels
+        object on both sides); ``None`` to keep :func:`_loss_inputs`' rule."""
+        return None
+
+    def _extra(self, out):
+        """``(tensor, gradient)`` pairs beyond the embeddings' (a learnt parameter's)."""
+        return ()
+
+    def _call_args(self) -> Dict[str, Any]:
+        name, normalize = distance_args(self.distance)
+        return dict(distance=name, normalize=normalize, **self._library_args())
+
+    def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
+        if (
+            indices_tuple is not None
+            or labels is None
+            or not self._library_can()
+            or (ref_emb is not None and ref_labels is None)
+        ):
+            return super().forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        self.reset_stats()
+        q, y, refs, exclusion, want_ref = _loss_inputs(embeddings, labels, ref_emb, ref_labels)
+        own = self._exclusion(embeddings, labels, ref_emb, ref_labels)
+        out = getattr(_native, self._native_name)(
+            self.context, q, y, refs, self_exclusion=own or exclusion, ref_grad=want_ref,
+            **self._call_args(),
+        )
+        ref = ref_emb if want_ref else None
+        return TripletMarginLoss._tensor(out, embeddings, ref, self._extra(out))
+
+    def _against_bank(self, embeddings, labels, bank: MemoryBank, exclusion, rule):
+        """The loss of the batch against a bank's rows (detached), for CrossBatchMemory."""
+        self.reset_stats()
+        out = getattr(_native, self._native_name)(
+            self.context, _emb(embeddings, "embeddings"), _lab(labels, "labels"), bank._inner,
+            self_exclusion=exclusion, **self._call_args(),
+        )
+        return TripletMarginLoss._tensor(out, embeddings, None, self._extra(out))
+
+
+class NTXentLoss(_WholeLoss, pml_losses.NTXentLoss):
     """PML's ``NTXentLoss(temperature=0.07, distance=CosineSimilarity())`` whose value and
     gradient come from the library, in row blocks: the ``(b, m)`` similarity matrix and PML's
     ``(positive pairs × negative pairs)`` mask never exist. ``loss.backward()`` reaches
@@ -1120,6 +1196,7 @@ class NTXentLoss(_LibraryLoss, pml_losses.NTXentLoss):
     ``indices_tuple``, another reducer or a regularizer."""
 
     _default_reducer = pml_reducers.MeanReducer
+    _native_name = "ntxent_loss"
 
     def __init__(
         self,
@@ -1132,36 +1209,221 @@ class NTXentLoss(_LibraryLoss, pml_losses.NTXentLoss):
         super().__init__(temperature=temperature, **kwargs)
         self._set_library_context(context, backend, budget)
 
+    def _library_args(self) -> Dict[str, Any]:
+        return dict(temperature=float(self.temperature))
+
+
+class ContrastiveLoss(_WholeLoss, pml_losses.ContrastiveLoss):
+    """PML's ``ContrastiveLoss(pos_margin=0, neg_margin=1, distance=LpDistance())`` whose
+    value and gradient come from the library over every positive and negative pair, in row
+    blocks (a first pass counts each group's nonzero pairs, as its ``AvgNonZeroReducer``
+    divides by them). ``loss.backward()`` reaches ``embeddings`` (and ``ref_emb`` when it
+    requires grad). PML's code runs instead with an ``indices_tuple``, another reducer or a
+    regularizer."""
+
+    _default_reducer = pml_reducers.AvgNonZeroReducer
+    _native_name = "contrastive_loss"
+
+    def __init__(
+        self,
+        pos_margin: float = 0,
+        neg_margin: float = 1,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(pos_margin=pos_margin, neg_margin=neg_margin, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return dict(pos_margin=float(self.pos_margin), neg_margin=float(self.neg_margin))
+
+
+class MultiSimilarityLoss(_WholeLoss, pml_losses.MultiSimilarityLoss):
+    """PML's ``MultiSimilarityLoss(alpha=2, beta=50, base=0.5, distance=CosineSimilarity())``
+    whose value and gradient come from the library over every pair, in row blocks.
+    ``loss.backward()`` reaches ``embeddings`` (and ``ref_emb`` when it requires grad). PML's
+    code runs instead with an ``indices_tuple`` (a ``MultiSimilarityMiner``'s pairs), another
+    reducer or a regularizer."""
+
+    _default_reducer = pml_reducers.MeanReducer
+    _native_name = "multi_similarity_loss"
+
+    def __init__(
+        self,
+        alpha: float = 2,
+        beta: float = 50,
+        base: float = 0.5,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(alpha=alpha, beta=beta, base=base, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return dict(alpha=float(self.alpha), beta=float(self.beta), base=float(self.base))
+
+
+class SupConLoss(_WholeLoss, pml_losses.SupConLoss):
+    """PML's ``SupConLoss(temperature=0.1, distance=CosineSimilarity())`` whose value and
+    gradient come from the library over every pair, in row blocks. ``loss.backward()``
+    reaches ``embeddings`` (and ``ref_emb`` when it requires grad). PML's code runs instead
+    with an ``indices_tuple``, another reducer or a regularizer."""
+
+    _default_reducer = pml_reducers.AvgNonZeroReducer
+    _native_name = "supcon_loss"
+
+    def __init__(
+        self,
+        temperature: float = 0.1,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(temperature=temperature, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return dict(temperature=float(self.temperature))
+
+
+class CircleLoss(_WholeLoss, pml_losses.CircleLoss):
+    """PML's ``CircleLoss(m=0.4, gamma=80)`` (cosine similarity only, as PML asserts) whose
+    value and gradient come from the library over every pair, in row blocks.
+    ``loss.backward()`` reaches ``embeddings`` (and ``ref_emb`` when it requires grad). PML's
+    code runs instead with an ``indices_tuple``, another reducer or a regularizer."""
+
+    _default_reducer = pml_reducers.AvgNonZeroReducer
+    _native_name = "circle_loss"
+
+    def __init__(
+        self,
+        m: float = 0.4,
+        gamma: float = 80,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(m=m, gamma=gamma, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return dict(m=float(self.m), gamma=float(self.gamma))
+
+
+class NCALoss(_WholeLoss, pml_losses.NCALoss):
+    """PML's ``NCALoss(softmax_scale=1, distance=LpDistance(power=2))`` whose value and
+    gradient come from the library, in row blocks. ``loss.backward()`` reaches ``embeddings``
+    (and ``ref_emb`` when it requires grad). As PML, an anchor's own row is left out only
+    when ``ref_emb`` is ``embeddings`` itself. Where no anchor has a positive, PML returns NaN
+    (a mean over nothing) and the library 0. PML's code runs instead with an
+    ``indices_tuple`` (PML's weights from it), another reducer, a regularizer, and inside
+    ``CrossBatchMemory``, which hands NCA its pairs as weights."""
+
+    _default_reducer = pml_reducers.MeanReducer
+    _native_name = "nca_loss"
+
+    def __init__(
+        self,
+        softmax_scale: float = 1,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(softmax_scale=softmax_scale, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return dict(softmax_scale=float(self.softmax_scale))
+
     def _rule_with(self, miner: Any, with_refs: bool = False):
-        return None if miner is None and self._library_can() else False
+        return False if with_refs else super()._rule_with(miner)
 
-    def _call_args(self) -> Dict[str, Any]:
-        name, normalize = distance_args(self.distance)
-        return dict(temperature=float(self.temperature), distance=name, normalize=normalize)
+    def _exclusion(self, embeddings, labels, ref_emb, ref_labels):
+        if ref_emb is None or ref_emb is embeddings:
+            return "same_index" if ref_emb is not None else None
+        return "none"
 
-    def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
-        if (
-            indices_tuple is not None
-            or labels is None
-            or not self._library_can()
-            or (ref_emb is not None and ref_labels is None)
-        ):
-            return super().forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)
-        self.reset_stats()
-        q, y, refs, exclusion, want_ref = _loss_inputs(embeddings, labels, ref_emb, ref_labels)
-        out = _native.ntxent_loss(
-            self.context, q, y, refs, self_exclusion=exclusion, ref_grad=want_ref,
-            **self._call_args(),
+
+class GeneralizedLiftedStructureLoss(_WholeLoss, pml_losses.GeneralizedLiftedStructureLoss):
+    """PML's ``GeneralizedLiftedStructureLoss(neg_margin=1, pos_margin=0,
+    distance=LpDistance())`` whose value and gradient come from the library over every pair,
+    in row blocks. ``loss.backward()`` reaches ``embeddings`` (and ``ref_emb`` when it
+    requires grad). PML's code runs instead with an ``indices_tuple``, another reducer or a
+    regularizer."""
+
+    _default_reducer = pml_reducers.MeanReducer
+    _native_name = "generalized_lifted_structure_loss"
+
+    def __init__(
+        self,
+        neg_margin: float = 1,
+        pos_margin: float = 0,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(neg_margin=neg_margin, pos_margin=pos_margin, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return dict(pos_margin=float(self.pos_margin), neg_margin=float(self.neg_margin))
+
+
+class MarginLoss(_WholeLoss, pml_losses.MarginLoss):
+    """PML's ``MarginLoss(margin=0.2, nu=0, beta=1.2, triplets_per_anchor="all",
+    learn_beta=False, num_classes=None, distance=LpDistance())`` whose value and gradient
+    (for ``beta`` too, when it is learnt) come from the library over every triplet without
+    listing them: memory linear in the batch and the references, where PML builds
+    ``B·M·M`` triplets. ``loss.backward()`` reaches ``embeddings``, ``ref_emb`` when it
+    requires grad, and ``beta``. PML's code runs instead with one β per class
+    (``num_classes``), ``triplets_per_anchor`` other than ``"all"``, an ``indices_tuple``,
+    another reducer or a regularizer."""
+
+    _default_reducer = pml_reducers.DivisorReducer
+    _native_name = "margin_loss"
+
+    def __init__(
+        self,
+        margin: float = 0.2,
+        nu: float = 0,
+        beta: float = 1.2,
+        triplets_per_anchor: Any = "all",
+        learn_beta: bool = False,
+        num_classes: Optional[int] = None,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            margin=margin, nu=nu, beta=beta, triplets_per_anchor=triplets_per_anchor,
+            learn_beta=learn_beta, num_classes=num_classes, **kwargs,
         )
-        return TripletMarginLoss._tensor(out, embeddings, ref_emb if want_ref else None)
+        self._set_library_context(context, backend, budget)
 
-    def _against_bank(self, embeddings, labels, bank: MemoryBank, exclusion, rule):
-        self.reset_stats()
-        out = _native.ntxent_loss(
-            self.context, _emb(embeddings, "embeddings"), _lab(labels, "labels"), bank._inner,
-            self_exclusion=exclusion, **self._call_args(),
+    def _library_can(self) -> bool:
+        return (
+            len(self.beta) == 1 and self.triplets_per_anchor == "all" and super()._library_can()
         )
-        return TripletMarginLoss._tensor(out, embeddings, None)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return dict(
+            margin=float(self.margin), nu=float(self.nu), beta=float(self.beta.detach()[0]),
+            learn_beta=bool(self.learn_beta),
+        )
+
+    def _extra(self, out):
+        if not self.learn_beta or len(out) < 6:
+            return ()
+        return ((self.beta, np.array([out[5]], dtype=np.float32)),)
 
 
 class MultipleNegativesRankingLoss(_OnContext, torch.nn.Module):

@@ -64,6 +64,19 @@ pub(crate) struct DeviceCaps {
 }
 
 impl Plan {
+    /// The plan of a call that allocates nothing (it returns before any work), on `path`
+    /// against `cols` references.
+    pub(crate) fn nothing(path: ComputePath, cols: usize) -> Self {
+        Self {
+            path,
+            rows: 0,
+            cols,
+            chunks: 0,
+            bytes: 0,
+            min_bytes: 0,
+        }
+    }
+
     /// The plan of a call that first imports device embeddings: `held` bytes for the whole
     /// call, and at most `transient` bytes (rows imported so far included) while importing,
     /// before any tile exists.

@@ -16,6 +16,7 @@ pub mod loss_backward;
 pub mod negative_buckets;
 pub mod ntxent_loss;
 mod pair_gradient;
+pub mod pair_loss;
 pub mod pair_select;
 pub mod row_norms;
 pub mod triplet_expand;

@@ -159,6 +159,28 @@ pub(crate) fn assert_close(got: &Array2<f32>, want: &Array2<f64>, tol: f64, what
     }
 }
 
+/// `grad` `(n, d)` against central finite differences (step 1e-6) of `f` at `x`: each
+/// element within `tol` relative (absolute below 1), `what` naming the case.
+pub(crate) fn assert_finite_differences(
+    x: &Array2<f64>,
+    f: impl Fn(&Array2<f64>) -> f64,
+    grad: &Array2<f32>,
+    tol: f64,
+    what: &str,
+) {
+    let h = 1e-6;
+    for ((i, j), &g) in grad.indexed_iter() {
+        let (mut up, mut down) = (x.clone(), x.clone());
+        up[[i, j]] += h;
+        down[[i, j]] -= h;
+        let fd = (f(&up) - f(&down)) / (2.0 * h);
+        assert!(
+            (f64::from(g) - fd).abs() < tol * fd.abs().max(1.0),
+            "{what}: ∂/∂x[{i}, {j}] = {g}, finite difference {fd}"
+        );
+    }
+}
+
 /// Embeddings `(rows, d)` on the grid -2..=2 (ties at hinges and between distances are
 /// common), no row all zero (its normalised gradient would be scaled by 1e12).
 pub(crate) fn grid_embeddings(

@@ -7,5 +7,6 @@ mod kmeans;
 mod memory_bank;
 mod miners;
 pub(crate) mod ntxent_loss;
+mod pair_loss;
 mod sampling_miners;
 mod triplet_margin_loss;

@@ -219,17 +219,8 @@ fn gradient_matches_finite_differences() {
         let x64 = x.mapv(f64::from);
         let f = |x: &Array2<f64>| ntxent_f64(x, &labels, f64::from(temperature));
         assert!((f(&x64) - f64::from(got.loss)).abs() < 1e-5 * f(&x64).max(1.0));
-        let h = 1e-6;
-        for ((i, j), &g) in got.query_grad.indexed_iter() {
-            let (mut up, mut down) = (x64.clone(), x64.clone());
-            up[[i, j]] += h;
-            down[[i, j]] -= h;
-            let fd = (f(&up) - f(&down)) / (2.0 * h);
-            assert!(
-                (f64::from(g) - fd).abs() < 2e-3 * fd.abs().max(1.0),
-                "τ {temperature}: ∂/∂x[{i}, {j}] = {g}, finite difference {fd}"
-            );
-        }
+        let what = format!("τ {temperature}");
+        common::assert_finite_differences(&x64, f, &got.query_grad, 2e-3, &what);
     }
 }
 

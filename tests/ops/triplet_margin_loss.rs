@@ -253,17 +253,8 @@ fn gradient_matches_finite_differences() {
                 (f(&x64) - f64::from(got.loss)).abs() < 1e-5,
                 "{distance:?}: loss value"
             );
-            let h = 1e-6;
-            for ((i, j), &g) in got.query_grad.indexed_iter() {
-                let (mut up, mut down) = (x64.clone(), x64.clone());
-                up[[i, j]] += h;
-                down[[i, j]] -= h;
-                let fd = (f(&up) - f(&down)) / (2.0 * h);
-                assert!(
-                    (f64::from(g) - fd).abs() < 1e-3 * fd.abs().max(1.0),
-                    "{distance:?} margin {margin} smooth {smooth} swap {swap}: ∂/∂x[{i}, {j}] = {g}, finite difference {fd}"
-                );
-            }
+            let what = format!("{distance:?} margin {margin} smooth {smooth} swap {swap}");
+            common::assert_finite_differences(&x64, f, &got.query_grad, 1e-3, &what);
         }
     }
 }

@@ -8,23 +8,22 @@ use ndarray::{Array1, Array2};
 use wgpu_metric_learning::{
     accuracy as accuracy_op, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets,
     count_triplets, distance_weighted_triplets, hdc_pairs, knn as knn_op, mine_triplets,
-    multi_similarity_pairs, multiple_negatives_ranking_loss, ntxent_loss, pair_margin_pairs,
-    triplet_margin_loss, uniform_histogram_pairs, Accuracy, AccuracyConfig, AccuracyMetric,
-    AngularConfig, BackendChoice, BatchEasyHardConfig, BatchHardConfig, ComputePath, Context,
-    ContextConfig, Distance, DistanceConfig, DistanceWeightedConfig, Error, HdcConfig, Hooks,
-    InfoNceConfig, KmeansConfig, KnnConfig, MiningSet, MnrlConfig, MultiSimilarityConfig,
-    PairMarginConfig, Pairs, SelfExclusion, Strategy, TripletConfig, TripletLossConfig,
-    TripletRule, TripletType, UniformHistogramConfig,
+    multi_similarity_pairs, pair_margin_pairs, uniform_histogram_pairs, Accuracy, AccuracyConfig,
+    AccuracyMetric, AngularConfig, BackendChoice, BatchEasyHardConfig, BatchHardConfig,
+    ComputePath, Context, ContextConfig, Distance, DistanceConfig, DistanceWeightedConfig, Error,
+    HdcConfig, Hooks, KmeansConfig, KnnConfig, MiningSet, MultiSimilarityConfig, PairMarginConfig,
+    Pairs, SelfExclusion, Strategy, TripletConfig, TripletRule, TripletType,
+    UniformHistogramConfig,
 };
 
 use crate::npy::{self, problem};
 use crate::{
-    AccuracyArgs, BackendArg, Common, DistanceArg, Failure, KnnArgs, LossInputs, Metric, MineArgs,
-    MinerArg, MnrlArgs, NtXentArgs, StrategyArg, TripletLossArgs, TripletsArgs, TypeArg,
+    AccuracyArgs, BackendArg, Common, DistanceArg, Failure, KnnArgs, Metric, MineArgs, MinerArg,
+    StrategyArg, TripletsArgs, TypeArg,
 };
 
 /// The context the common options ask for.
-fn context(common: &Common) -> Result<Context, String> {
+pub(crate) fn context(common: &Common) -> Result<Context, String> {
     Context::new(&context_config(common)).map_err(|e| format!("--backend: {}", with_causes(&e)))
 }
 
@@ -151,7 +150,7 @@ fn json_string(s: &str) -> String {
 }
 
 /// A JSON number; NaN (every query lone) as `null`, which JSON has no number for.
-fn json_number(v: f64) -> String {
+pub(crate) fn json_number(v: f64) -> String {
     if v.is_finite() {
         format!("{v}")
     } else {
@@ -159,7 +158,7 @@ fn json_number(v: f64) -> String {
     }
 }
 
-fn distance_config(metric: &Metric, default: Distance) -> DistanceConfig {
+pub(crate) fn distance_config(metric: &Metric, default: Distance) -> DistanceConfig {
     let distance = match metric.distance {
         None => default,
         Some(DistanceArg::Euclidean) => Distance::Euclidean,
@@ -174,20 +173,20 @@ fn distance_config(metric: &Metric, default: Distance) -> DistanceConfig {
 }
 
 /// Labels and optional embeddings of one side, as read from disk.
-struct Side {
+pub(crate) struct Side {
     labels: Array1<i64>,
     embeddings: Option<Array2<f32>>,
 }
 
 impl Side {
-    fn read(labels: &Path, embeddings: Option<&Path>) -> Result<Self, String> {
+    pub(crate) fn read(labels: &Path, embeddings: Option<&Path>) -> Result<Self, String> {
         Ok(Self {
             labels: npy::read_labels(labels)?,
             embeddings: embeddings.map(npy::read_embeddings).transpose()?,
         })
     }
 
-    fn set(&self) -> MiningSet<'_, i64> {
+    pub(crate) fn set(&self) -> MiningSet<'_, i64> {
         match &self.embeddings {
             Some(e) => MiningSet::new(e, &self.labels),
             None => MiningSet::from_labels(&self.labels),
@@ -531,142 +530,6 @@ pub(crate) fn print_accuracy(acc: &Accuracy<i64>, cfg: &AccuracyConfig) {
         fields.join(", "),
         acc.k,
         acc.lone_queries
-    );
-}
-
-/// The inputs of a label-based loss, as read from disk.
-struct LossSides {
-    batch: Side,
-    refs: Option<Side>,
-}
-
-impl LossSides {
-    fn read(a: &LossInputs) -> Result<Self, String> {
-        let batch = Side::read(&a.labels, Some(&a.embeddings))?;
-        let refs = match (&a.ref_labels, &a.ref_embeddings) {
-            (Some(l), Some(e)) => Some(Side::read(l, Some(e))?),
-            _ => None,
-        };
-        Ok(Self { batch, refs })
-    }
-
-    fn files(a: &LossInputs) -> Vec<(&str, &Path)> {
-        given(&[
-            ("embeddings", Some(&a.embeddings)),
-            ("labels", Some(&a.labels)),
-            ("ref-embeddings", a.ref_embeddings.as_deref()),
-            ("ref-labels", a.ref_labels.as_deref()),
-        ])
-    }
-}
-
-/// Writes the gradients a loss returned where the flags ask.
-fn write_gradients(
-    a: &LossInputs,
-    query_grad: &Array2<f32>,
-    ref_grad: Option<&Array2<f32>>,
-) -> Result<(), Failure> {
-    npy::write(&a.grad_out, query_grad)?;
-    if let (Some(path), Some(g)) = (&a.ref_grad_out, ref_grad) {
-        npy::write(path, g)?;
-    }
-    Ok(())
-}
-
-pub(crate) fn triplet_loss(a: &TripletLossArgs, hooks: &Hooks) -> Result<(), Failure> {
-    let sides = LossSides::read(&a.inputs)?;
-    let defaults = TripletLossConfig::default();
-    let cfg = TripletLossConfig {
-        margin: a.margin.unwrap_or(defaults.margin),
-        triplets: match a.kind {
-            None => TripletRule::AllValid,
-            Some(kind) => TripletRule::Margin {
-                kind: match kind {
-                    TypeArg::All => TripletType::All,
-                    TypeArg::Hard => TripletType::Hard,
-                    TypeArg::Semihard => TripletType::Semihard,
-                    TypeArg::Easy => TripletType::Easy,
-                },
-                margin: a.miner_margin.unwrap_or(0.2),
-            },
-        },
-        distance: distance_config(&a.inputs.metric, Distance::Euclidean),
-        smooth_loss: a.smooth_loss,
-        swap: a.swap,
-        ref_grad: a.inputs.ref_grad_out.is_some(),
-        hooks: hooks.clone(),
-        ..defaults
-    };
-    let ctx = context(&a.common)?;
-    let (queries, refs) = (sides.batch.set(), sides.refs.as_ref().map(Side::set));
-    let out = timed(
-        "loss triplet-margin",
-        &ctx,
-        &a.common,
-        &LossSides::files(&a.inputs),
-        || triplet_margin_loss(&ctx, &queries, refs.as_ref(), &cfg),
-    )?;
-    write_gradients(&a.inputs, &out.query_grad, out.ref_grad.as_ref())?;
-    println!(
-        "{{\"loss\": {}, \"nonzero\": {}, \"triplets\": {}}}",
-        json_number(f64::from(out.loss)),
-        out.nonzero,
-        out.triplets
-    );
-    Ok(())
-}
-
-pub(crate) fn ntxent(a: &NtXentArgs, hooks: &Hooks) -> Result<(), Failure> {
-    let sides = LossSides::read(&a.inputs)?;
-    let defaults = InfoNceConfig::default();
-    let cfg = InfoNceConfig {
-        temperature: a.temperature.unwrap_or(defaults.temperature),
-        distance: distance_config(&a.inputs.metric, Distance::Cosine),
-        ref_grad: a.inputs.ref_grad_out.is_some(),
-        hooks: hooks.clone(),
-        ..defaults
-    };
-    let ctx = context(&a.common)?;
-    let (queries, refs) = (sides.batch.set(), sides.refs.as_ref().map(Side::set));
-    let out = timed(
-        "loss ntxent",
-        &ctx,
-        &a.common,
-        &LossSides::files(&a.inputs),
-        || ntxent_loss(&ctx, &queries, refs.as_ref(), &cfg),
-    )?;
-    write_gradients(&a.inputs, &out.query_grad, out.ref_grad.as_ref())?;
-    print_info_nce(f64::from(out.loss), out.positive_pairs, out.negative_pairs);
-    Ok(())
-}
-
-pub(crate) fn mnrl(a: &MnrlArgs, hooks: &Hooks) -> Result<(), Failure> {
-    let anchors = npy::read_embeddings(&a.anchors)?;
-    let candidates = npy::read_embeddings(&a.candidates)?;
-    let cfg = MnrlConfig {
-        scale: a.scale.unwrap_or(MnrlConfig::default().scale),
-        hooks: hooks.clone(),
-    };
-    let ctx = context(&a.common)?;
-    let files = given(&[
-        ("anchors", Some(&a.anchors)),
-        ("candidates", Some(&a.candidates)),
-    ]);
-    let out = timed("loss mnrl", &ctx, &a.common, &files, || {
-        multiple_negatives_ranking_loss(&ctx, &anchors, &candidates, &cfg)
-    })?;
-    npy::write(&a.grad_out, &out.query_grad)?;
-    if let (Some(path), Some(g)) = (&a.candidates_grad_out, &out.ref_grad) {
-        npy::write(path, g)?;
-    }
-    print_info_nce(f64::from(out.loss), out.positive_pairs, out.negative_pairs);
-    Ok(())
-}
-
-fn print_info_nce(loss: f64, positive_pairs: u64, negative_pairs: u64) {
-    println!(
-        "{{\"loss\": {}, \"positive_pairs\": {positive_pairs}, \"negative_pairs\": {negative_pairs}}}",
-        json_number(loss)
     );
 }
 

@@ -4,6 +4,7 @@
 mod commands;
 #[cfg(feature = "mpi")]
 mod distributed;
+mod losses;
 mod npy;
 
 use std::path::PathBuf;
@@ -97,6 +98,28 @@ enum LossCommand {
     /// i, every other candidate a negative (cosine similarity times --scale); prints {"loss",
     /// "positive_pairs", "negative_pairs"}.
     Mnrl(MnrlArgs),
+    /// PML ContrastiveLoss: positive pairs past --pos-margin and negative pairs inside
+    /// --neg-margin, each group averaged over its nonzero pairs; prints {"loss", "nonzero",
+    /// "positive_pairs", "negative_pairs"}. Default distance: Euclidean, normalised.
+    Contrastive(ContrastiveArgs),
+    /// PML MultiSimilarityLoss, averaged over the batch; prints as contrastive does. Default
+    /// distance: cosine.
+    MultiSimilarity(MultiSimilarityArgs),
+    /// PML SupConLoss, averaged over the anchors with a positive loss; prints as contrastive
+    /// does. Default distance: cosine.
+    Supcon(SupConArgs),
+    /// PML CircleLoss (cosine only), averaged over the anchors with a positive loss; prints
+    /// as contrastive does.
+    Circle(CircleArgs),
+    /// PML NCALoss, averaged over the anchors with a positive; prints as contrastive does.
+    /// Default distance: squared Euclidean, normalised.
+    Nca(NcaArgs),
+    /// PML GeneralizedLiftedStructureLoss, averaged over the batch; prints as contrastive
+    /// does. Default distance: Euclidean, normalised.
+    GeneralizedLifted(GeneralizedLiftedArgs),
+    /// PML MarginLoss over every triplet (one β); prints as contrastive does, and "beta_grad"
+    /// with --learn-beta. Default distance: Euclidean, normalised.
+    Margin(MarginArgs),
 }
 
 /// The labelled inputs and gradient outputs of the label-based losses.
@@ -161,6 +184,107 @@ struct NtXentArgs {
 }
 
 #[derive(Args)]
+struct ContrastiveArgs {
+    #[command(flatten)]
+    inputs: LossInputs,
+    /// Positive pairs pay past this. Default 0.
+    #[arg(long, allow_negative_numbers = true)]
+    pos_margin: Option<f32>,
+    /// Negative pairs pay inside this. Default 1.
+    #[arg(long, allow_negative_numbers = true)]
+    neg_margin: Option<f32>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct MultiSimilarityArgs {
+    #[command(flatten)]
+    inputs: LossInputs,
+    /// The positives' exponent weight. Default 2.
+    #[arg(long)]
+    alpha: Option<f32>,
+    /// The negatives' exponent weight. Default 50.
+    #[arg(long)]
+    beta: Option<f32>,
+    /// The shift in both exponents. Default 0.5.
+    #[arg(long, allow_negative_numbers = true)]
+    base: Option<f32>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct SupConArgs {
+    #[command(flatten)]
+    inputs: LossInputs,
+    /// The temperature. Default 0.1.
+    #[arg(long)]
+    temperature: Option<f32>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct CircleArgs {
+    #[command(flatten)]
+    inputs: LossInputs,
+    /// The relaxation margin. Default 0.4.
+    #[arg(long, allow_negative_numbers = true)]
+    m: Option<f32>,
+    /// The scale. Default 80.
+    #[arg(long)]
+    gamma: Option<f32>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct NcaArgs {
+    #[command(flatten)]
+    inputs: LossInputs,
+    /// The factor on every logit. Default 1.
+    #[arg(long)]
+    softmax_scale: Option<f32>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct GeneralizedLiftedArgs {
+    #[command(flatten)]
+    inputs: LossInputs,
+    /// Default 0.
+    #[arg(long, allow_negative_numbers = true)]
+    pos_margin: Option<f32>,
+    /// Default 1.
+    #[arg(long, allow_negative_numbers = true)]
+    neg_margin: Option<f32>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct MarginArgs {
+    #[command(flatten)]
+    inputs: LossInputs,
+    /// The margin around β. Default 0.2.
+    #[arg(long, allow_negative_numbers = true)]
+    margin: Option<f32>,
+    /// β's regulariser weight, with --learn-beta. Default 0.
+    #[arg(long, allow_negative_numbers = true)]
+    nu: Option<f32>,
+    /// The boundary between positive and negative distances. Default 1.2.
+    #[arg(long, allow_negative_numbers = true)]
+    beta: Option<f32>,
+    /// β is learnt: add ν β to the loss and print "beta_grad".
+    #[arg(long)]
+    learn_beta: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
 struct MnrlArgs {
     /// Anchors, (b, d).
     #[arg(long)]
@@ -216,6 +340,13 @@ impl Command {
             Command::Loss(LossCommand::TripletMargin(a)) => &a.common,
             Command::Loss(LossCommand::Ntxent(a)) => &a.common,
             Command::Loss(LossCommand::Mnrl(a)) => &a.common,
+            Command::Loss(LossCommand::Contrastive(a)) => &a.common,
+            Command::Loss(LossCommand::MultiSimilarity(a)) => &a.common,
+            Command::Loss(LossCommand::Supcon(a)) => &a.common,
+            Command::Loss(LossCommand::Circle(a)) => &a.common,
+            Command::Loss(LossCommand::Nca(a)) => &a.common,
+            Command::Loss(LossCommand::GeneralizedLifted(a)) => &a.common,
+            Command::Loss(LossCommand::Margin(a)) => &a.common,
             Command::Tune(a) => &a.common,
         }
     }
@@ -609,9 +740,16 @@ fn main() -> ExitCode {
         #[cfg(feature = "mpi")]
         Command::Accuracy(a) if a.distributed.distributed => distributed::accuracy(&a, &hooks),
         Command::Accuracy(a) => commands::accuracy(&a, &hooks),
-        Command::Loss(LossCommand::TripletMargin(a)) => commands::triplet_loss(&a, &hooks),
-        Command::Loss(LossCommand::Ntxent(a)) => commands::ntxent(&a, &hooks),
-        Command::Loss(LossCommand::Mnrl(a)) => commands::mnrl(&a, &hooks),
+        Command::Loss(LossCommand::TripletMargin(a)) => losses::triplet_loss(&a, &hooks),
+        Command::Loss(LossCommand::Ntxent(a)) => losses::ntxent(&a, &hooks),
+        Command::Loss(LossCommand::Mnrl(a)) => losses::mnrl(&a, &hooks),
+        Command::Loss(LossCommand::Contrastive(a)) => losses::contrastive(&a, &hooks),
+        Command::Loss(LossCommand::MultiSimilarity(a)) => losses::multi_similarity(&a, &hooks),
+        Command::Loss(LossCommand::Supcon(a)) => losses::supcon(&a, &hooks),
+        Command::Loss(LossCommand::Circle(a)) => losses::circle(&a, &hooks),
+        Command::Loss(LossCommand::Nca(a)) => losses::nca(&a, &hooks),
+        Command::Loss(LossCommand::GeneralizedLifted(a)) => losses::generalized_lifted(&a, &hooks),
+        Command::Loss(LossCommand::Margin(a)) => losses::margin(&a, &hooks),
         Command::Tune(a) => commands::tune(&a),
     };
     match done {

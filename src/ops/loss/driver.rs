@@ -27,6 +27,8 @@ pub(super) struct Totals {
     pub(super) count: u64,
     /// What the loss ran over (triplets, pairs), for the caller's information.
     pub(super) items: u64,
+    /// A rule's own sum beside the loss (MarginLoss: `∂L/∂β` before the mean's division).
+    pub(super) aux: f64,
 }
 
 impl Totals {
@@ -34,6 +36,7 @@ impl Totals {
         self.loss += other.loss;
         self.count += other.count;
         self.items += other.items;
+        self.aux += other.aux;
     }
 
     /// The mean; 0 over nothing.
@@ -346,9 +349,31 @@ impl Sizing {
     }
 }
 
+/// What [`run_as`] does with the rule's weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// Gradients, divided by [`Totals::count`] (the mean).
+    Mean,
+    /// Gradients as the rule's weights give them: the rule applied the reduction itself.
+    Sum,
+    /// Only the rule's sums: no weights taken back, the gradients left zero (a first pass
+    /// that counts what a second pass divides by).
+    Forward,
+}
+
 /// Runs `rule` over every anchor of `job.set` and takes the gradients back to the embeddings;
 /// the mean's division (by [`Totals::count`]) is applied to the gradients here.
 pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result<Output> {
+    run_as(ctx, job, rule, Mode::Mean)
+}
+
+/// [`run`], with the weights used as `mode` says.
+pub(super) fn run_as(
+    ctx: &Context,
+    job: &Job<'_>,
+    rule: &AnchorRule<'_>,
+    mode: Mode,
+) -> Result<Output> {
     let op = job.op;
     let queries = job
         .set
@@ -411,7 +436,9 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
                 .map(|(t, ((u, g), scratch))| {
                     let (shared, report) = (&shared, &report);
                     scope.spawn(move || {
-                        block_weights(shared, rule, c0 + t * per, (u, g), scratch, report)
+                        let forward = mode == Mode::Forward;
+                        let a0 = c0 + t * per;
+                        block_weights(shared, (rule, forward), a0, (u, g), scratch, report)
                     })
                 })
                 .collect();
@@ -430,6 +457,9 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
         });
         totals.add(parts);
         report.check()?;
+        if mode == Mode::Forward {
+            continue;
+        }
         if let Some(g_r) = g_r.as_mut() {
             add_ref_side(
                 distance.distance,
@@ -454,7 +484,12 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
             *g_r += g;
         }
     }
-    Ok(finish(job, totals, (g_q, g_r), (q, r)))
+    let factor = match (mode, totals.count) {
+        (Mode::Mean, 0) | (Mode::Forward, _) => 0.0,
+        (Mode::Mean, count) => (1.0 / count as f64) as f32,
+        (Mode::Sum, _) => 1.0,
+    };
+    Ok(finish_scaled(job, totals, (g_q, g_r), (q, r), factor))
 }
 
 /// The mean's division and the normalisation's backward of the gradients with respect to the
@@ -464,14 +499,25 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: &AnchorRule<'_>) -> Result
 pub(super) fn finish(
     job: &Job<'_>,
     totals: Totals,
-    (mut g_q, g_r): (Array2<f32>, Option<Array2<f32>>),
-    (q, r): (ArrayView2<'_, f32>, ArrayView2<'_, f32>),
+    grads: (Array2<f32>, Option<Array2<f32>>),
+    rows: (ArrayView2<'_, f32>, ArrayView2<'_, f32>),
 ) -> Output {
     let factor = if totals.count == 0 {
         0.0
     } else {
         (1.0 / totals.count as f64) as f32
     };
+    finish_scaled(job, totals, grads, rows, factor)
+}
+
+/// [`finish`] with the gradients multiplied by `factor` instead of the mean's.
+fn finish_scaled(
+    job: &Job<'_>,
+    totals: Totals,
+    (mut g_q, g_r): (Array2<f32>, Option<Array2<f32>>),
+    (q, r): (ArrayView2<'_, f32>, ArrayView2<'_, f32>),
+    factor: f32,
+) -> Output {
     let normalizes = job.distance.normalizes();
     if job.refs_are_queries {
         if let Some(g_r) = &g_r {
@@ -500,10 +546,10 @@ pub(super) fn finish(
 /// [`Shared`] holds them and the references' norms), each turned into `U` by the loss's rule
 /// and [`weights_to_u`], then the anchors' gradient rows `g`; returns the sums and
 /// the near pairs, whose query side is already in `g` (reference pairs the rule scored gather
-/// their gradient in the thread's `scratch`).
+/// their gradient in the thread's `scratch`). `forward`: only the sums.
 fn block_weights(
     shared: &Shared<'_>,
-    rule: &AnchorRule<'_>,
+    (rule, forward): (&AnchorRule<'_>, bool),
     a0: usize,
     (mut u, mut g): (ArrayViewMut2<'_, f32>, ArrayViewMut2<'_, f32>),
     scratch: &mut Scratch,
@@ -527,9 +573,16 @@ fn block_weights(
         }
         scratch.weights.fill(0.0);
         totals.add(rule(a0 + i, row.view(), scratch, shared));
+        if forward {
+            // A first pass reports no progress: the call's total is the second pass's.
+            continue;
+        }
         let x = (a0 + i, shared.q_hat.row(a0 + i), shared.q_norms.sq[a0 + i]);
         weights_to_u(shared, x, row, &scratch.weights, (&mut near, n * m));
         report.add(m as u64);
+    }
+    if forward {
+        return (totals, near);
     }
     let q_hat = shared.q_hat.slice(s![a0..a0 + n, ..]);
     let distance = shared.distance.distance;

@@ -159,15 +159,7 @@ pub(super) fn plan(
     let ((b, d), m) = (queries.dim(), set.ref_labels.len());
     if b == 0 || m == 0 {
         // Nothing goes to the device.
-        let nothing = Plan {
-            path: ComputePath::Wgpu,
-            rows: 0,
-            cols: m,
-            chunks: 0,
-            bytes: 0,
-            min_bytes: 0,
-        };
-        return Ok(Some(nothing));
+        return Ok(Some(Plan::nothing(ComputePath::Wgpu, m)));
     }
     let caps = DeviceCaps::from_limits(&gpu.limits);
     let Some(upload) = upload_bytes(op, &caps, refs, d) else {
@@ -504,6 +496,7 @@ fn sum_totals(words: &[u32]) -> Option<Totals> {
             loss: f64::from(f32::from_bits(a[0])),
             count: wide(a[1], a[2]),
             items: wide(a[3], a[4]),
+            aux: 0.0,
         });
     }
     Some(t)

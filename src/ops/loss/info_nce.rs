@@ -351,7 +351,7 @@ fn mnrl_job<T>(
     })
 }
 
-fn check_temperature(op: &'static str, what: &'static str, value: f32) -> Result<()> {
+pub(super) fn check_temperature(op: &'static str, what: &'static str, value: f32) -> Result<()> {
     validate::finite_param(op, what, value)?;
     if value > 0.0 && (1.0 / value).is_finite() {
         return Ok(());
@@ -365,7 +365,7 @@ fn check_temperature(op: &'static str, what: &'static str, value: f32) -> Result
 }
 
 /// Positive and negative pairs over all anchors, from the label counts.
-fn pair_counts(set: &Labelled<'_>) -> (u64, u64) {
+pub(super) fn pair_counts(set: &Labelled<'_>) -> (u64, u64) {
     let mut per_class: HashMap<u32, u64> = HashMap::new();
     for &l in &set.ref_labels {
         *per_class.entry(l).or_default() += 1;
@@ -382,7 +382,7 @@ fn pair_counts(set: &Labelled<'_>) -> (u64, u64) {
 }
 
 /// `1 / (1 + e^{−t})` without overflow.
-fn sigmoid(t: f64) -> f64 {
+pub(super) fn sigmoid(t: f64) -> f64 {
     if t >= 0.0 {
         1.0 / (1.0 + (-t).exp())
     } else {
@@ -414,15 +414,7 @@ fn logit_slope(job: &Job<'_>, temperature: f32) -> f64 {
 fn plan(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Result<Plan> {
     if !pairs_and_loss(job.set, pml_empty).1 {
         // Zeros, returned before either path.
-        let m = job.set.ref_labels.len();
-        return Ok(Plan {
-            path: ctx.path(),
-            rows: 0,
-            cols: m,
-            chunks: 0,
-            bytes: 0,
-            min_bytes: 0,
-        });
+        return Ok(Plan::nothing(ctx.path(), job.set.ref_labels.len()));
     }
     let rule = gpu::Rule::InfoNce {
         dz: logit_slope(job, temperature) as f32,
@@ -493,6 +485,7 @@ fn run(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Resul
             loss,
             count: s.positives.len() as u64,
             items: s.negatives.len() as u64,
+            aux: 0.0,
         }
     };
     // On the device where there is one (`info_nce_weights`, in f32), else the native path.

@@ -11,12 +11,18 @@ mod backward;
 mod driver;
 mod gpu;
 mod info_nce;
+mod pair;
+mod pair_rules;
 mod plan;
 mod triplet;
 
 pub use info_nce::{
     multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan, ntxent_loss,
     ntxent_loss_plan, InfoNceConfig, InfoNceLoss, MnrlConfig,
+};
+pub use pair::{pair_loss, pair_loss_plan, PairLoss, PairLossConfig};
+pub use pair_rules::{
+    Circle, Contrastive, GeneralizedLifted, Margin, MultiSimilarity, Nca, PairLossRule, SupCon,
 };
 pub use triplet::{triplet_margin_loss, triplet_margin_loss_plan, TripletLoss, TripletLossConfig};
 

@@ -1,0 +1,263 @@
+//! The loss subcommands: read the batch (and references), run one loss (timed for
+//! `--stats`), write the gradients and print the loss as JSON.
+
+use std::path::Path;
+
+use ndarray::Array2;
+use wgpu_metric_learning::{
+    multiple_negatives_ranking_loss, ntxent_loss, pair_loss, triplet_margin_loss, Circle,
+    Contrastive, Distance, GeneralizedLifted, Hooks, InfoNceConfig, Margin, MnrlConfig,
+    MultiSimilarity, Nca, PairLossConfig, PairLossRule, SupCon, TripletLossConfig, TripletRule,
+    TripletType,
+};
+
+use crate::commands::{context, distance_config, given, json_number, timed, Side};
+use crate::npy;
+use crate::{
+    CircleArgs, Common, ContrastiveArgs, Failure, GeneralizedLiftedArgs, LossInputs, MarginArgs,
+    MnrlArgs, MultiSimilarityArgs, NcaArgs, NtXentArgs, SupConArgs, TripletLossArgs, TypeArg,
+};
+
+/// The inputs of a label-based loss, as read from disk.
+struct LossSides {
+    batch: Side,
+    refs: Option<Side>,
+}
+
+impl LossSides {
+    fn read(a: &LossInputs) -> Result<Self, String> {
+        let batch = Side::read(&a.labels, Some(&a.embeddings))?;
+        let refs = match (&a.ref_labels, &a.ref_embeddings) {
+            (Some(l), Some(e)) => Some(Side::read(l, Some(e))?),
+            _ => None,
+        };
+        Ok(Self { batch, refs })
+    }
+
+    fn files(a: &LossInputs) -> Vec<(&str, &Path)> {
+        given(&[
+            ("embeddings", Some(&a.embeddings)),
+            ("labels", Some(&a.labels)),
+            ("ref-embeddings", a.ref_embeddings.as_deref()),
+            ("ref-labels", a.ref_labels.as_deref()),
+        ])
+    }
+}
+
+/// Writes the gradients a loss returned where the flags ask.
+fn write_gradients(
+    a: &LossInputs,
+    query_grad: &Array2<f32>,
+    ref_grad: Option<&Array2<f32>>,
+) -> Result<(), Failure> {
+    npy::write(&a.grad_out, query_grad)?;
+    if let (Some(path), Some(g)) = (&a.ref_grad_out, ref_grad) {
+        npy::write(path, g)?;
+    }
+    Ok(())
+}
+
+pub(crate) fn triplet_loss(a: &TripletLossArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let sides = LossSides::read(&a.inputs)?;
+    let defaults = TripletLossConfig::default();
+    let cfg = TripletLossConfig {
+        margin: a.margin.unwrap_or(defaults.margin),
+        triplets: match a.kind {
+            None => TripletRule::AllValid,
+            Some(kind) => TripletRule::Margin {
+                kind: match kind {
+                    TypeArg::All => TripletType::All,
+                    TypeArg::Hard => TripletType::Hard,
+                    TypeArg::Semihard => TripletType::Semihard,
+                    TypeArg::Easy => TripletType::Easy,
+                },
+                margin: a.miner_margin.unwrap_or(0.2),
+            },
+        },
+        distance: distance_config(&a.inputs.metric, Distance::Euclidean),
+        smooth_loss: a.smooth_loss,
+        swap: a.swap,
+        ref_grad: a.inputs.ref_grad_out.is_some(),
+        hooks: hooks.clone(),
+        ..defaults
+    };
+    let ctx = context(&a.common)?;
+    let (queries, refs) = (sides.batch.set(), sides.refs.as_ref().map(Side::set));
+    let out = timed(
+        "loss triplet-margin",
+        &ctx,
+        &a.common,
+        &LossSides::files(&a.inputs),
+        || triplet_margin_loss(&ctx, &queries, refs.as_ref(), &cfg),
+    )?;
+    write_gradients(&a.inputs, &out.query_grad, out.ref_grad.as_ref())?;
+    println!(
+        "{{\"loss\": {}, \"nonzero\": {}, \"triplets\": {}}}",
+        json_number(f64::from(out.loss)),
+        out.nonzero,
+        out.triplets
+    );
+    Ok(())
+}
+
+pub(crate) fn ntxent(a: &NtXentArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let sides = LossSides::read(&a.inputs)?;
+    let defaults = InfoNceConfig::default();
+    let cfg = InfoNceConfig {
+        temperature: a.temperature.unwrap_or(defaults.temperature),
+        distance: distance_config(&a.inputs.metric, Distance::Cosine),
+        ref_grad: a.inputs.ref_grad_out.is_some(),
+        hooks: hooks.clone(),
+        ..defaults
+    };
+    let ctx = context(&a.common)?;
+    let (queries, refs) = (sides.batch.set(), sides.refs.as_ref().map(Side::set));
+    let out = timed(
+        "loss ntxent",
+        &ctx,
+        &a.common,
+        &LossSides::files(&a.inputs),
+        || ntxent_loss(&ctx, &queries, refs.as_ref(), &cfg),
+    )?;
+    write_gradients(&a.inputs, &out.query_grad, out.ref_grad.as_ref())?;
+    print_info_nce(f64::from(out.loss), out.positive_pairs, out.negative_pairs);
+    Ok(())
+}
+
+pub(crate) fn mnrl(a: &MnrlArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let anchors = npy::read_embeddings(&a.anchors)?;
+    let candidates = npy::read_embeddings(&a.candidates)?;
+    let cfg = MnrlConfig {
+        scale: a.scale.unwrap_or(MnrlConfig::default().scale),
+        hooks: hooks.clone(),
+    };
+    let ctx = context(&a.common)?;
+    let files = given(&[
+        ("anchors", Some(&a.anchors)),
+        ("candidates", Some(&a.candidates)),
+    ]);
+    let out = timed("loss mnrl", &ctx, &a.common, &files, || {
+        multiple_negatives_ranking_loss(&ctx, &anchors, &candidates, &cfg)
+    })?;
+    npy::write(&a.grad_out, &out.query_grad)?;
+    if let (Some(path), Some(g)) = (&a.candidates_grad_out, &out.ref_grad) {
+        npy::write(path, g)?;
+    }
+    print_info_nce(f64::from(out.loss), out.positive_pairs, out.negative_pairs);
+    Ok(())
+}
+
+pub(crate) fn contrastive(a: &ContrastiveArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let d = Contrastive::default();
+    let rule = Contrastive {
+        pos_margin: a.pos_margin.unwrap_or(d.pos_margin),
+        neg_margin: a.neg_margin.unwrap_or(d.neg_margin),
+    };
+    pair("loss contrastive", (&a.inputs, &a.common), rule, hooks)
+}
+
+pub(crate) fn multi_similarity(a: &MultiSimilarityArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let d = MultiSimilarity::default();
+    let rule = MultiSimilarity {
+        alpha: a.alpha.unwrap_or(d.alpha),
+        beta: a.beta.unwrap_or(d.beta),
+        base: a.base.unwrap_or(d.base),
+    };
+    pair("loss multi-similarity", (&a.inputs, &a.common), rule, hooks)
+}
+
+pub(crate) fn supcon(a: &SupConArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let temperature = a.temperature.unwrap_or(SupCon::default().temperature);
+    pair(
+        "loss supcon",
+        (&a.inputs, &a.common),
+        SupCon { temperature },
+        hooks,
+    )
+}
+
+pub(crate) fn circle(a: &CircleArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let d = Circle::default();
+    let rule = Circle {
+        m: a.m.unwrap_or(d.m),
+        gamma: a.gamma.unwrap_or(d.gamma),
+    };
+    pair("loss circle", (&a.inputs, &a.common), rule, hooks)
+}
+
+pub(crate) fn nca(a: &NcaArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let softmax_scale = a.softmax_scale.unwrap_or(Nca::default().softmax_scale);
+    pair(
+        "loss nca",
+        (&a.inputs, &a.common),
+        Nca { softmax_scale },
+        hooks,
+    )
+}
+
+pub(crate) fn generalized_lifted(a: &GeneralizedLiftedArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let d = GeneralizedLifted::default();
+    let rule = GeneralizedLifted {
+        pos_margin: a.pos_margin.unwrap_or(d.pos_margin),
+        neg_margin: a.neg_margin.unwrap_or(d.neg_margin),
+    };
+    pair(
+        "loss generalized-lifted",
+        (&a.inputs, &a.common),
+        rule,
+        hooks,
+    )
+}
+
+pub(crate) fn margin(a: &MarginArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let d = Margin::default();
+    let rule = Margin {
+        margin: a.margin.unwrap_or(d.margin),
+        nu: a.nu.unwrap_or(d.nu),
+        beta: a.beta.unwrap_or(d.beta),
+        learn_beta: a.learn_beta,
+    };
+    pair("loss margin", (&a.inputs, &a.common), rule, hooks)
+}
+
+/// A pair loss with `rule` on the inputs; the distance defaults to the rule's PML default.
+fn pair<R: PairLossRule>(
+    what: &'static str,
+    (inputs, common): (&LossInputs, &Common),
+    rule: R,
+    hooks: &Hooks,
+) -> Result<(), Failure> {
+    let sides = LossSides::read(inputs)?;
+    let defaults = PairLossConfig::<R>::default();
+    let cfg = PairLossConfig {
+        rule,
+        distance: distance_config(&inputs.metric, defaults.distance.distance),
+        ref_grad: inputs.ref_grad_out.is_some(),
+        hooks: hooks.clone(),
+        ..defaults
+    };
+    let ctx = context(common)?;
+    let (queries, refs) = (sides.batch.set(), sides.refs.as_ref().map(Side::set));
+    let out = timed(what, &ctx, common, &LossSides::files(inputs), || {
+        pair_loss(&ctx, &queries, refs.as_ref(), &cfg)
+    })?;
+    write_gradients(inputs, &out.query_grad, out.ref_grad.as_ref())?;
+    let beta_grad = out.beta_grad.map_or(String::new(), |g| {
+        format!(", \"beta_grad\": {}", json_number(f64::from(g)))
+    });
+    println!(
+        "{{\"loss\": {}, \"nonzero\": {}, \"positive_pairs\": {}, \"negative_pairs\": {}{beta_grad}}}",
+        json_number(f64::from(out.loss)),
+        out.nonzero,
+        out.positive_pairs,
+        out.negative_pairs
+    );
+    Ok(())
+}
+
+fn print_info_nce(loss: f64, positive_pairs: u64, negative_pairs: u64) {
+    println!(
+        "{{\"loss\": {}, \"positive_pairs\": {positive_pairs}, \"negative_pairs\": {negative_pairs}}}",
+        json_number(loss)
+    );
+}

@@ -1,0 +1,336 @@
+//! Reference of [`crate::pair_loss`]: PML's `ContrastiveLoss`, `MultiSimilarityLoss`,
+//! `SupConLoss`, `CircleLoss`, `NCALoss`, `GeneralizedLiftedStructureLoss` and `MarginLoss`
+//! written out as PML computes them (per-pair losses then the reducer; masked logsumexps with
+//! PML's added 0; SupCon's shift by the whole row's maximum; MarginLoss over its listed
+//! triplets), every pair's gradient taken one by one in f64.
+
+use ndarray::{Array2, ArrayView2};
+
+use super::pair_gradient::pair_gradient;
+use crate::{
+    Circle, Contrastive, DistanceConfig, GeneralizedLifted, Margin, MultiSimilarity, Nca, SupCon,
+};
+
+/// Which loss the reference computes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PairLossRef {
+    /// PML `ContrastiveLoss`.
+    Contrastive(Contrastive),
+    /// PML `MultiSimilarityLoss`.
+    MultiSimilarity(MultiSimilarity),
+    /// PML `SupConLoss`.
+    SupCon(SupCon),
+    /// PML `CircleLoss`.
+    Circle(Circle),
+    /// PML `NCALoss`.
+    Nca(Nca),
+    /// PML `GeneralizedLiftedStructureLoss`.
+    GeneralizedLifted(GeneralizedLifted),
+    /// PML `MarginLoss` (one β).
+    Margin(Margin),
+}
+
+/// The loss and gradients of [`pair_loss`], in f64.
+#[derive(Debug, Clone)]
+pub struct ReferencePairLoss {
+    /// The reduced loss (0 when PML returns no loss).
+    pub loss: f64,
+    /// The reducers' divisors added up.
+    pub nonzero: u64,
+    /// `∂loss/∂queries` `(b, d)` through the queries' role as anchors only.
+    pub query_grad: Array2<f64>,
+    /// `∂loss/∂refs` `(m, d)` through the references' role.
+    pub ref_grad: Array2<f64>,
+    /// `∂loss/∂β` (MarginLoss with `learn_beta`; 0 otherwise).
+    pub beta_grad: f64,
+}
+
+/// `log(Σ e^x)` as torch's `logsumexp` takes it, with PML's extra 0 when `add_one`; 0 over an
+/// empty mask (PML's `masked_fill`).
+fn lse(xs: &[f64], add_one: bool) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    let mut all = xs.to_vec();
+    if add_one {
+        all.push(0.0);
+    }
+    let top = all.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    top + all.iter().map(|x| (x - top).exp()).sum::<f64>().ln()
+}
+
+/// PML's `loss` over `lists` (per anchor, its positive and negative references), scored with
+/// `distances` `(b, m)`; gradients from `queries` `(b, d)` and `refs` `(m, d)`.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::reference::pair_loss::{pair_loss, PairLossRef};
+/// use wgpu_metric_learning::{Contrastive, DistanceConfig};
+/// let x = array![[1.0f32, 0.0], [0.6, 0.8], [0.0, 1.0]];
+/// let d = array![[0.0f32, 0.9, 1.4], [0.9, 0.0, 0.6], [1.4, 0.6, 0.0]];
+/// let lists = vec![(vec![1u32], vec![2u32]), (vec![0], vec![2]), (vec![], vec![0, 1])];
+/// let rule = PairLossRef::Contrastive(Contrastive::default());
+/// let out = pair_loss(x.view(), x.view(), d.view(), &lists, rule, DistanceConfig::default());
+/// // Positive pairs 0.9, 0.9 (mean 0.9); negative pairs 1 − 0.6 twice (mean 0.4).
+/// assert!((out.loss - 1.3).abs() < 1e-6);
+/// ```
+pub fn pair_loss(
+    queries: ArrayView2<'_, f32>,
+    refs: ArrayView2<'_, f32>,
+    distances: ArrayView2<'_, f32>,
+    lists: &[(Vec<u32>, Vec<u32>)],
+    rule: PairLossRef,
+    distance: DistanceConfig,
+) -> ReferencePairLoss {
+    let positives: usize = lists.iter().map(|(p, _)| p.len()).sum();
+    let negatives: usize = lists.iter().map(|(_, n)| n.len()).sum();
+    let mut out = ReferencePairLoss {
+        loss: 0.0,
+        nonzero: 0,
+        query_grad: Array2::zeros(queries.dim()),
+        ref_grad: Array2::zeros(refs.dim()),
+        beta_grad: 0.0,
+    };
+    let supcon = matches!(rule, PairLossRef::SupCon(_));
+    let generic = !matches!(rule, PairLossRef::Nca(_) | PairLossRef::Margin(_));
+    let few = positives <= 1 && negatives <= 1;
+    let nca_none = matches!(rule, PairLossRef::Nca(_)) && lists.len() <= 1;
+    if generic && few || supcon && (positives == 0 || negatives == 0) || nca_none {
+        return out;
+    }
+    let sim = distance.distance.is_similarity();
+    // PML's `distance.margin(x, y)`.
+    let margin = |x: f64, y: f64| if sim { y - x } else { x - y };
+    let dist = |a: usize, j: u32| f64::from(distances[[a, j as usize]]);
+    // Per anchor: its loss, and ∂loss/∂D for each of its pairs.
+    let mut per_anchor: Vec<(f64, Vec<(u32, f64)>)> = Vec::new();
+    for (a, (pos, neg)) in lists.iter().enumerate() {
+        let mut terms = Vec::new();
+        let loss = match rule {
+            PairLossRef::Contrastive(_) | PairLossRef::Margin(_) => 0.0,
+            PairLossRef::Nca(c) => {
+                let scale = f64::from(c.softmax_scale);
+                let sign = if sim { 1.0 } else { -1.0 };
+                let z = |j: u32| sign * scale * dist(a, j);
+                let all: Vec<u32> = pos.iter().chain(neg).copied().collect();
+                let top = all.iter().map(|&j| z(j)).fold(f64::NEG_INFINITY, f64::max);
+                let den: f64 = all.iter().map(|&j| (z(j) - top).exp()).sum();
+                let prob = |j: u32| (z(j) - top).exp() / den;
+                let kept: f64 = pos.iter().map(|&p| prob(p)).sum();
+                if kept as f32 == 0.0 {
+                    f64::NAN // dropped, as PML drops it
+                } else {
+                    for &j in &all {
+                        let own = if pos.contains(&j) {
+                            prob(j) / kept
+                        } else {
+                            0.0
+                        };
+                        terms.push((j, sign * scale * (prob(j) - own)));
+                    }
+                    -kept.ln()
+                }
+            }
+            PairLossRef::GeneralizedLifted(c) => {
+                let (pm, nm) = (f64::from(c.pos_margin), f64::from(c.neg_margin));
+                let xp: Vec<f64> = pos.iter().map(|&p| margin(dist(a, p), pm)).collect();
+                let xn: Vec<f64> = neg.iter().map(|&n| margin(nm, dist(a, n))).collect();
+                let (lp, ln) = (lse(&xp, false), lse(&xn, false));
+                let loss = (lp + ln).max(0.0);
+                if loss > 0.0 {
+                    let slope = if sim { -1.0 } else { 1.0 };
+                    for (&p, x) in pos.iter().zip(&xp) {
+                        terms.push((p, slope * (x - lp).exp()));
+                    }
+                    for (&n, x) in neg.iter().zip(&xn) {
+                        terms.push((n, -slope * (x - ln).exp()));
+                    }
+                }
+                loss
+            }
+            PairLossRef::MultiSimilarity(c) => {
+                let (alpha, beta, base) =
+                    (f64::from(c.alpha), f64::from(c.beta), f64::from(c.base));
+                let xp: Vec<f64> = pos
+                    .iter()
+                    .map(|&p| alpha * margin(dist(a, p), base))
+                    .collect();
+                let xn: Vec<f64> = neg
+                    .iter()
+                    .map(|&n| beta * margin(base, dist(a, n)))
+                    .collect();
+                // d/dx (1/α) log(1 + Σ e^x) = e^x / (1 + Σ e^x) = e^{x − lse}, times
+                // α ∂margin/∂D / α.
+                let (lse_p, lse_n) = (lse(&xp, true), lse(&xn, true));
+                let sign = if sim { -1.0 } else { 1.0 };
+                for (&p, x) in pos.iter().zip(&xp) {
+                    terms.push((p, sign * (x - lse_p).exp()));
+                }
+                for (&n, x) in neg.iter().zip(&xn) {
+                    terms.push((n, -sign * (x - lse_n).exp()));
+                }
+                lse_p / alpha + lse_n / beta
+            }
+            PairLossRef::SupCon(c) => {
+                let tau = f64::from(c.temperature);
+                let sign = if sim { 1.0 } else { -1.0 };
+                // The whole row's maximum, as PML subtracts it.
+                let row_max = (0..distances.ncols())
+                    .map(|j| sign * f64::from(distances[[a, j]]) / tau)
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let z = |j: u32| sign * dist(a, j) / tau - row_max;
+                let all: Vec<f64> = pos.iter().chain(neg).map(|&j| z(j)).collect();
+                let den = lse(&all, false);
+                let k = pos.len() as f64;
+                if pos.is_empty() {
+                    0.0
+                } else {
+                    let loss = -pos.iter().map(|&p| z(p) - den).sum::<f64>() / k;
+                    for &j in pos.iter().chain(neg) {
+                        let own = if pos.contains(&j) { 1.0 / k } else { 0.0 };
+                        terms.push((j, sign / tau * ((z(j) - den).exp() - own)));
+                    }
+                    loss
+                }
+            }
+            PairLossRef::Circle(c) => {
+                if pos.is_empty() || neg.is_empty() {
+                    0.0
+                } else {
+                    let (m, gamma) = (f64::from(c.m), f64::from(c.gamma));
+                    let lp: Vec<f64> = pos
+                        .iter()
+                        .map(|&p| -gamma * (1.0 + m - dist(a, p)).max(0.0) * (dist(a, p) - 1.0 + m))
+                        .collect();
+                    let ln: Vec<f64> = neg
+                        .iter()
+                        .map(|&n| gamma * (dist(a, n) + m).max(0.0) * (dist(a, n) - m))
+                        .collect();
+                    let (sp, sn) = (lse(&lp, false), lse(&ln, false));
+                    let t = sp + sn;
+                    let g = 1.0 / (1.0 + (-t).exp());
+                    for (&p, l) in pos.iter().zip(&lp) {
+                        let slope = -gamma * (1.0 + m - dist(a, p)).max(0.0);
+                        terms.push((p, g * (l - sp).exp() * slope));
+                    }
+                    for (&n, l) in neg.iter().zip(&ln) {
+                        let slope = gamma * (dist(a, n) + m).max(0.0);
+                        terms.push((n, g * (l - sn).exp() * slope));
+                    }
+                    (1.0 + t.exp()).ln()
+                }
+            }
+        };
+        per_anchor.push((loss, terms));
+    }
+    // The reducers: per-pair means over the nonzero pairs (Contrastive), the mean over every
+    // anchor (MultiSimilarity), over the anchors with a positive loss (SupCon, Circle).
+    let mut scaled: Vec<(usize, u32, f64)> = Vec::new();
+    match rule {
+        PairLossRef::Contrastive(c) => {
+            let (pm, nm) = (f64::from(c.pos_margin), f64::from(c.neg_margin));
+            let slope = if sim { -1.0 } else { 1.0 };
+            let pos_losses: Vec<(usize, u32, f64)> = lists
+                .iter()
+                .enumerate()
+                .flat_map(|(a, (p, _))| p.iter().map(move |&p| (a, p)))
+                .map(|(a, p)| (a, p, margin(dist(a, p), pm).max(0.0)))
+                .filter(|&(_, _, l)| l as f32 > 0.0)
+                .collect();
+            let neg_losses: Vec<(usize, u32, f64)> = lists
+                .iter()
+                .enumerate()
+                .flat_map(|(a, (_, n))| n.iter().map(move |&n| (a, n)))
+                .map(|(a, n)| (a, n, margin(nm, dist(a, n)).max(0.0)))
+                .filter(|&(_, _, l)| l as f32 > 0.0)
+                .collect();
+            for (group, sign) in [(&pos_losses, slope), (&neg_losses, -slope)] {
+                if group.is_empty() {
+                    continue;
+                }
+                let k = group.len() as f64;
+                out.loss += group.iter().map(|t| t.2).sum::<f64>() / k;
+                out.nonzero += group.len() as u64;
+                scaled.extend(group.iter().map(|&(a, j, _)| (a, j, sign / k)));
+            }
+        }
+        PairLossRef::Margin(c) => {
+            let (mu, beta) = (f64::from(c.margin), f64::from(c.beta));
+            let slope = if sim { -1.0 } else { 1.0 };
+            let mut terms: Vec<(usize, u32, f64)> = Vec::new();
+            let (mut sum, mut count, mut dbeta, mut triplets) = (0.0, 0u64, 0.0, 0u64);
+            for (a, (pos, neg)) in lists.iter().enumerate() {
+                for &p in pos {
+                    for &n in neg {
+                        triplets += 1;
+                        let lp = margin(dist(a, p), beta) + mu;
+                        let ln = margin(beta, dist(a, n)) + mu;
+                        if lp as f32 > 0.0 {
+                            sum += lp;
+                            count += 1;
+                            dbeta -= slope;
+                            terms.push((a, p, slope));
+                        }
+                        if ln as f32 > 0.0 {
+                            sum += ln;
+                            count += 1;
+                            dbeta += slope;
+                            terms.push((a, n, -slope));
+                        }
+                    }
+                }
+            }
+            if triplets == 0 {
+                return out;
+            }
+            let k = if count == 0 { 0.0 } else { 1.0 / count as f64 };
+            out.loss = sum * k;
+            out.nonzero = count;
+            out.beta_grad = dbeta * k;
+            if c.learn_beta {
+                out.loss += f64::from(c.nu) * beta;
+                out.beta_grad += f64::from(c.nu);
+            }
+            scaled.extend(terms.into_iter().map(|(a, j, w)| (a, j, w * k)));
+        }
+        PairLossRef::Nca(_) => {
+            let kept: Vec<usize> = (0..lists.len())
+                .filter(|&a| !per_anchor[a].0.is_nan())
+                .collect();
+            let k = kept.len() as f64;
+            out.nonzero = kept.len() as u64;
+            for &a in &kept {
+                out.loss += per_anchor[a].0 / k;
+                scaled.extend(per_anchor[a].1.iter().map(|&(j, w)| (a, j, w / k)));
+            }
+        }
+        PairLossRef::MultiSimilarity(_) | PairLossRef::GeneralizedLifted(_) => {
+            let k = lists.len() as f64;
+            out.loss = per_anchor.iter().map(|t| t.0).sum::<f64>() / k;
+            out.nonzero = lists.len() as u64;
+            for (a, (_, terms)) in per_anchor.iter().enumerate() {
+                scaled.extend(terms.iter().map(|&(j, w)| (a, j, w / k)));
+            }
+        }
+        PairLossRef::SupCon(_) | PairLossRef::Circle(_) => {
+            let kept: Vec<usize> = (0..lists.len())
+                .filter(|&a| per_anchor[a].0 as f32 > 0.0)
+                .collect();
+            let k = kept.len() as f64;
+            out.nonzero = kept.len() as u64;
+            for &a in &kept {
+                out.loss += per_anchor[a].0 / k;
+                scaled.extend(per_anchor[a].1.iter().map(|&(j, w)| (a, j, w / k)));
+            }
+        }
+    }
+    for (a, j, w) in scaled {
+        let (dq, dr) = pair_gradient(distance, queries.row(a), refs.row(j as usize), w);
+        let mut qa = out.query_grad.row_mut(a);
+        qa += &dq;
+        let mut rr = out.ref_grad.row_mut(j as usize);
+        rr += &dr;
+    }
+    out
+}

@@ -1,0 +1,627 @@
+//! `pair_loss` (Contrastive, MultiSimilarity, SupCon, Circle) against the reference that
+//! writes PML's computation out (`reference::pair_loss`), against finite differences, on
+//! PML's edges (no pairs, one of each, one class), under small budgets, and its errors.
+
+use crate::common;
+use crate::common::{assert_close, grid_embeddings, DISTANCES};
+
+use ndarray::{array, Array1, Array2};
+use proptest::prelude::*;
+use wgpu_metric_learning::reference::pair_loss::{pair_loss as reference, PairLossRef};
+use wgpu_metric_learning::reference::triplet_lists::triplet_lists;
+use wgpu_metric_learning::{
+    pair_loss, pair_loss_plan, pairwise_distances, Circle, ComputePath, Context, Contrastive,
+    Distance, DistanceConfig, Error, GeneralizedLifted, Margin, MiningSet, MultiSimilarity, Nca,
+    PairLoss, PairLossConfig, PairwiseConfig, SupCon,
+};
+
+const COSINE: DistanceConfig = DistanceConfig {
+    distance: Distance::Cosine,
+    normalize: true,
+};
+
+#[derive(Debug, Clone)]
+struct Problem {
+    labels: Array1<u32>,
+    x: Array2<f32>,
+    refs: Option<(Array1<u32>, Array2<f32>)>,
+    rule: PairLossRef,
+    distance: DistanceConfig,
+    ref_grad: bool,
+}
+
+fn rule() -> impl Strategy<Value = PairLossRef> {
+    prop_oneof![
+        (
+            prop_oneof![Just(0.0f32), 0.0f32..0.5],
+            prop_oneof![Just(1.0f32), 0.3f32..2.0]
+        )
+            .prop_map(
+                |(pos_margin, neg_margin)| PairLossRef::Contrastive(Contrastive {
+                    pos_margin,
+                    neg_margin
+                })
+            ),
+        (
+            0.5f32..4.0,
+            prop_oneof![Just(50.0f32), 1.0f32..60.0],
+            0.0f32..1.0
+        )
+            .prop_map(|(alpha, beta, base)| PairLossRef::MultiSimilarity(
+                MultiSimilarity { alpha, beta, base }
+            )),
+        prop_oneof![Just(0.1f32), 0.05f32..1.0]
+            .prop_map(|temperature| PairLossRef::SupCon(SupCon { temperature })),
+        (
+            prop_oneof![Just(0.4f32), 0.0f32..0.5],
+            prop_oneof![Just(80.0f32), 1.0f32..100.0]
+        )
+            .prop_map(|(m, gamma)| PairLossRef::Circle(Circle { m, gamma })),
+        prop_oneof![Just(1.0f32), 0.1f32..4.0]
+            .prop_map(|softmax_scale| PairLossRef::Nca(Nca { softmax_scale })),
+        (
+            prop_oneof![Just(0.0f32), 0.0f32..0.5],
+            prop_oneof![Just(1.0f32), 0.3f32..2.0]
+        )
+            .prop_map(|(pos_margin, neg_margin)| PairLossRef::GeneralizedLifted(
+                GeneralizedLifted {
+                    pos_margin,
+                    neg_margin
+                }
+            )),
+        (
+            prop_oneof![Just(0.2f32), 0.0f32..0.5],
+            0.0f32..0.5,
+            prop_oneof![Just(1.2f32), 0.0f32..2.0],
+            any::<bool>()
+        )
+            .prop_map(
+                |(margin, nu, beta, learn_beta)| PairLossRef::Margin(Margin {
+                    margin,
+                    nu,
+                    beta,
+                    learn_beta
+                })
+            ),
+    ]
+}
+
+/// Problems of up to `b` queries and `m` references of up to `d` dimensions.
+fn problem_of(b: usize, m: usize, d: usize) -> impl Strategy<Value = Problem> {
+    (0..=b, 0..=m, 1..=d, 1u32..5, any::<bool>())
+        .prop_flat_map(|(b, m, d, classes, with_refs)| {
+            let labels = move |n| proptest::collection::vec(0..classes, n).prop_map(Array1::from);
+            let refs = if with_refs {
+                (labels(m), grid_embeddings(m, d)).prop_map(Some).boxed()
+            } else {
+                Just(None).boxed()
+            };
+            let distance =
+                (0usize..4, any::<bool>()).prop_map(|(which, normalize)| DistanceConfig {
+                    distance: DISTANCES[which],
+                    normalize,
+                });
+            (
+                labels(b),
+                grid_embeddings(b, d),
+                refs,
+                rule(),
+                distance,
+                any::<bool>(),
+            )
+        })
+        .prop_map(|(labels, x, refs, rule, distance, ref_grad)| Problem {
+            labels,
+            x,
+            refs,
+            // Circle runs on cosine similarity only.
+            distance: match rule {
+                PairLossRef::Circle(_) => COSINE,
+                _ => distance,
+            },
+            rule,
+            ref_grad,
+        })
+}
+
+/// `pair_loss` with the rule `p.rule` names.
+fn run(
+    ctx: &Context,
+    p: &Problem,
+    set: &MiningSet<'_, u32>,
+    refs: Option<&MiningSet<'_, u32>>,
+) -> PairLoss {
+    fn with<R: wgpu_metric_learning::PairLossRule>(rule: R, p: &Problem) -> PairLossConfig<R> {
+        PairLossConfig {
+            rule,
+            distance: p.distance,
+            ref_grad: p.ref_grad,
+            ..Default::default()
+        }
+    }
+    match p.rule {
+        PairLossRef::Contrastive(r) => pair_loss(ctx, set, refs, &with(r, p)),
+        PairLossRef::MultiSimilarity(r) => pair_loss(ctx, set, refs, &with(r, p)),
+        PairLossRef::SupCon(r) => pair_loss(ctx, set, refs, &with(r, p)),
+        PairLossRef::Circle(r) => pair_loss(ctx, set, refs, &with(r, p)),
+        PairLossRef::Nca(r) => pair_loss(ctx, set, refs, &with(r, p)),
+        PairLossRef::GeneralizedLifted(r) => pair_loss(ctx, set, refs, &with(r, p)),
+        PairLossRef::Margin(r) => pair_loss(ctx, set, refs, &with(r, p)),
+    }
+    .expect("loss")
+}
+
+fn check(p: &Problem, ctx: &Context) {
+    let (ref_labels, ref_x) = p.refs.clone().unwrap_or((p.labels.clone(), p.x.clone()));
+    let slots: Vec<u32> = match p.refs {
+        None => (0..p.labels.len() as u32).collect(),
+        Some(_) => vec![u32::MAX; p.labels.len()],
+    };
+    let set = MiningSet::new(&p.x, &p.labels);
+    let ref_set = p.refs.as_ref().map(|(l, e)| MiningSet::new(e, l));
+    let got = run(ctx, p, &set, ref_set.as_ref());
+    let distances = pairwise_distances(
+        &Context::native_cpu(None),
+        &p.x,
+        &ref_x,
+        &PairwiseConfig {
+            distance: p.distance,
+            ..Default::default()
+        },
+    )
+    .expect("distances")
+    .values;
+    let lists = triplet_lists(
+        p.labels.as_slice().expect("contiguous"),
+        ref_labels.as_slice().expect("contiguous"),
+        &slots,
+    );
+    let want = reference(
+        p.x.view(),
+        ref_x.view(),
+        distances.view(),
+        &lists,
+        p.rule,
+        p.distance,
+    );
+    let what = format!("{p:?}");
+    // Calls without a loss return before either path, with the context's.
+    let native = got.path == ComputePath::NativeCpu;
+    assert!(
+        native || got.path == ctx.path() && got.loss == 0.0,
+        "{what}"
+    );
+    assert_eq!(got.nonzero, want.nonzero, "{what}");
+    assert!(
+        (f64::from(got.loss) - want.loss).abs() <= 1e-5 * want.loss.abs().max(1.0),
+        "{what}: loss {} vs {}",
+        got.loss,
+        want.loss
+    );
+    match p.rule {
+        PairLossRef::Margin(Margin {
+            learn_beta: true, ..
+        }) => {
+            let g = f64::from(got.beta_grad.expect("learnt β has a gradient"));
+            assert!(
+                (g - want.beta_grad).abs() <= 1e-5 * want.beta_grad.abs().max(1.0),
+                "{what}: ∂/∂β {g} vs {}",
+                want.beta_grad
+            );
+        }
+        _ => assert_eq!(got.beta_grad, None, "{what}"),
+    }
+    match (&p.refs, &got.ref_grad) {
+        (None, None) => assert_close(
+            &got.query_grad,
+            &(&want.query_grad + &want.ref_grad),
+            2e-4,
+            &what,
+        ),
+        (Some(_), g) => {
+            assert_close(&got.query_grad, &want.query_grad, 2e-4, &what);
+            assert_eq!(g.is_some(), p.ref_grad, "{what}: ref_grad when asked");
+            if let Some(g) = g {
+                assert_close(g, &want.ref_grad, 2e-4, &what);
+            }
+        }
+        (None, Some(_)) => panic!("{what}: no references, no reference gradient"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(common::cases(256)))]
+
+    #[test]
+    fn pair_losses_match_the_written_out_reference(p in problem_of(11, 15, 4)) {
+        check(&p, &Context::native_cpu(None));
+    }
+
+    /// A wgpu context reads nothing back here (host rows) and runs the native path.
+    #[test]
+    fn pair_losses_on_a_gpu_context_run_natively(p in problem_of(6, 8, 3)) {
+        if let Some(ctx) = common::shared_gpu() {
+            check(&p, ctx);
+        }
+    }
+}
+
+/// Deterministic noise `(n, d)` from `seed`.
+fn noise(n: usize, d: usize, seed: u64) -> Array2<f32> {
+    let mut state = seed | 1;
+    Array2::from_shape_simple_fn((n, d), || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    })
+}
+
+/// The loss of `rule` from the embeddings in f64, distances computed here (cosine, or
+/// Euclidean on normalised rows for Contrastive): what finite differences differentiate.
+fn loss_f64(x: &Array2<f64>, labels: &[u32], rule: PairLossRef) -> f64 {
+    let n = x.nrows();
+    let xs: Vec<_> = x
+        .rows()
+        .into_iter()
+        .map(|r| r.mapv(|v| v / r.dot(&r).sqrt()))
+        .collect();
+    let euclid = matches!(
+        rule,
+        PairLossRef::Contrastive(_)
+            | PairLossRef::GeneralizedLifted(_)
+            | PairLossRef::Margin(_)
+            | PairLossRef::Nca(_)
+    );
+    let squared = matches!(rule, PairLossRef::Nca(_));
+    let dist = |a: usize, j: usize| {
+        if euclid {
+            let diff = &xs[a] - &xs[j];
+            let sq = diff.dot(&diff);
+            if squared {
+                sq
+            } else {
+                sq.sqrt()
+            }
+        } else {
+            xs[a].dot(&xs[j])
+        }
+    };
+    let lists: Vec<(Vec<usize>, Vec<usize>)> = (0..n)
+        .map(|a| {
+            let pos = (0..n)
+                .filter(|&j| j != a && labels[j] == labels[a])
+                .collect();
+            let neg = (0..n).filter(|&j| labels[j] != labels[a]).collect();
+            (pos, neg)
+        })
+        .collect();
+    let lse = |v: Vec<f64>, one: bool| -> f64 {
+        let s: f64 = v.iter().map(|x| x.exp()).sum::<f64>() + if one { 1.0 } else { 0.0 };
+        s.ln()
+    };
+    match rule {
+        PairLossRef::Contrastive(c) => {
+            let (pm, nm) = (f64::from(c.pos_margin), f64::from(c.neg_margin));
+            let pos: Vec<f64> = lists
+                .iter()
+                .enumerate()
+                .flat_map(|(a, (p, _))| p.iter().map(move |&p| (a, p)))
+                .map(|(a, p)| (dist(a, p) - pm).max(0.0))
+                .filter(|&l| l > 0.0)
+                .collect();
+            let neg: Vec<f64> = lists
+                .iter()
+                .enumerate()
+                .flat_map(|(a, (_, n))| n.iter().map(move |&n| (a, n)))
+                .map(|(a, n)| (nm - dist(a, n)).max(0.0))
+                .filter(|&l| l > 0.0)
+                .collect();
+            let mean = |v: &[f64]| {
+                if v.is_empty() {
+                    0.0
+                } else {
+                    v.iter().sum::<f64>() / v.len() as f64
+                }
+            };
+            mean(&pos) + mean(&neg)
+        }
+        PairLossRef::MultiSimilarity(c) => {
+            let (al, be, base) = (f64::from(c.alpha), f64::from(c.beta), f64::from(c.base));
+            lists
+                .iter()
+                .enumerate()
+                .map(|(a, (p, ng))| {
+                    lse(p.iter().map(|&p| al * (base - dist(a, p))).collect(), true) / al
+                        + lse(ng.iter().map(|&j| be * (dist(a, j) - base)).collect(), true) / be
+                })
+                .sum::<f64>()
+                / n as f64
+        }
+        PairLossRef::SupCon(c) => {
+            let t = f64::from(c.temperature);
+            let losses: Vec<f64> = lists
+                .iter()
+                .enumerate()
+                .filter(|(_, (p, _))| !p.is_empty())
+                .map(|(a, (p, ng))| {
+                    let den = lse(p.iter().chain(ng).map(|&j| dist(a, j) / t).collect(), false);
+                    -p.iter().map(|&j| dist(a, j) / t - den).sum::<f64>() / p.len() as f64
+                })
+                .filter(|&l| l > 0.0)
+                .collect();
+            losses.iter().sum::<f64>() / losses.len() as f64
+        }
+        PairLossRef::Nca(c) => {
+            let sc = f64::from(c.softmax_scale);
+            let losses: Vec<f64> = lists
+                .iter()
+                .enumerate()
+                .filter(|(_, (p, _))| !p.is_empty())
+                .map(|(a, (p, ng))| {
+                    let all = lse(
+                        p.iter().chain(ng).map(|&j| -sc * dist(a, j)).collect(),
+                        false,
+                    );
+                    all - lse(p.iter().map(|&j| -sc * dist(a, j)).collect(), false)
+                })
+                .collect();
+            losses.iter().sum::<f64>() / losses.len() as f64
+        }
+        PairLossRef::GeneralizedLifted(c) => {
+            let (pm, nm) = (f64::from(c.pos_margin), f64::from(c.neg_margin));
+            let or0 = |v: Vec<f64>| if v.is_empty() { 0.0 } else { lse(v, false) };
+            lists
+                .iter()
+                .enumerate()
+                .map(|(a, (p, ng))| {
+                    (or0(p.iter().map(|&j| dist(a, j) - pm).collect())
+                        + or0(ng.iter().map(|&j| nm - dist(a, j)).collect()))
+                    .max(0.0)
+                })
+                .sum::<f64>()
+                / n as f64
+        }
+        PairLossRef::Margin(c) => {
+            let (mu, beta) = (f64::from(c.margin), f64::from(c.beta));
+            let (mut sum, mut count) = (0.0, 0u64);
+            for (a, (p, ng)) in lists.iter().enumerate() {
+                for &j in p {
+                    for &k in ng {
+                        for l in [dist(a, j) - beta + mu, beta - dist(a, k) + mu] {
+                            if l > 0.0 {
+                                sum += l;
+                                count += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            sum / count as f64
+                + if c.learn_beta {
+                    f64::from(c.nu) * beta
+                } else {
+                    0.0
+                }
+        }
+        PairLossRef::Circle(c) => {
+            let (m, g) = (f64::from(c.m), f64::from(c.gamma));
+            // The relu factors are detached in PML: finite differences hold them at x.
+            let losses: Vec<f64> = lists
+                .iter()
+                .enumerate()
+                .map(|(a, (p, ng))| {
+                    let lp = p
+                        .iter()
+                        .map(|&j| -g * (1.0 + m - dist(a, j)).max(0.0) * (dist(a, j) - 1.0 + m));
+                    let ln = ng
+                        .iter()
+                        .map(|&j| g * (dist(a, j) + m).max(0.0) * (dist(a, j) - m));
+                    (1.0 + (lse(lp.collect(), false) + lse(ln.collect(), false)).exp()).ln()
+                })
+                .collect();
+            losses.iter().sum::<f64>() / n as f64
+        }
+    }
+}
+
+#[test]
+fn gradients_match_finite_differences() {
+    let x = noise(8, 5, 42);
+    let labels = [0u32, 1, 2, 3, 0, 1, 2, 3];
+    let y = Array1::from(labels.to_vec());
+    let ctx = Context::native_cpu(None);
+    let set = MiningSet::new(&x, &y);
+    let rules = [
+        PairLossRef::Contrastive(Contrastive {
+            pos_margin: 0.1,
+            neg_margin: 1.2,
+        }),
+        PairLossRef::MultiSimilarity(MultiSimilarity::default()),
+        PairLossRef::SupCon(SupCon::default()),
+        // Small γ: the detached factors' own derivative is then small next to the rest.
+        PairLossRef::Circle(Circle { m: 0.4, gamma: 2.0 }),
+        PairLossRef::Nca(Nca { softmax_scale: 2.0 }),
+        PairLossRef::GeneralizedLifted(GeneralizedLifted::default()),
+        PairLossRef::Margin(Margin {
+            margin: 0.2,
+            nu: 0.1,
+            beta: 1.0,
+            learn_beta: true,
+        }),
+    ];
+    for rule in rules {
+        let p = Problem {
+            labels: y.clone(),
+            x: x.clone(),
+            refs: None,
+            rule,
+            distance: match rule {
+                PairLossRef::Contrastive(_)
+                | PairLossRef::GeneralizedLifted(_)
+                | PairLossRef::Margin(_) => DistanceConfig::default(),
+                PairLossRef::Nca(_) => DistanceConfig {
+                    distance: Distance::SquaredEuclidean,
+                    normalize: true,
+                },
+                _ => COSINE,
+            },
+            ref_grad: false,
+        };
+        let got = run(&ctx, &p, &set, None);
+        let x64 = x.mapv(f64::from);
+        let f = |x: &Array2<f64>| loss_f64(x, &labels, rule);
+        assert!(
+            (f(&x64) - f64::from(got.loss)).abs() < 1e-5 * f(&x64).max(1.0),
+            "{rule:?}: {} vs {}",
+            got.loss,
+            f(&x64)
+        );
+        if let PairLossRef::Margin(c) = rule {
+            // ∂/∂β by finite differences too.
+            let h = 1e-6f32;
+            let at = |beta: f32| loss_f64(&x64, &labels, PairLossRef::Margin(Margin { beta, ..c }));
+            let (up, down) = (c.beta + h, c.beta - h);
+            let fd = (at(up) - at(down)) / f64::from(up - down);
+            let g = f64::from(got.beta_grad.expect("learnt β"));
+            assert!(
+                (g - fd).abs() < 2e-3 * fd.abs().max(1.0),
+                "∂/∂β {g} vs {fd}"
+            );
+        }
+        if matches!(rule, PairLossRef::Circle(_)) {
+            // Finite differences would move the detached factors too.
+            continue;
+        }
+        let what = format!("{rule:?}");
+        common::assert_finite_differences(&x64, f, &got.query_grad, 2e-3, &what);
+    }
+}
+
+#[test]
+fn pml_returns_no_loss_with_at_most_one_pair_of_each() {
+    let ctx = Context::native_cpu(None);
+    let x = array![[1.0f32, 0.0], [0.6, 0.8], [0.0, 1.0]];
+    let first = x.slice(ndarray::s![..1, ..]);
+    let refs_x = array![[0.6f32, 0.8], [0.0, 1.0]];
+    let (one_label, ref_labels) = (array![0u32], array![0u32, 1]);
+    let one = MiningSet::new(first, &one_label);
+    let refs = MiningSet::new(&refs_x, &ref_labels);
+    let out = pair_loss(
+        &ctx,
+        &one,
+        Some(&refs),
+        &PairLossConfig::<MultiSimilarity>::default(),
+    )
+    .expect("loss");
+    assert_eq!(
+        (
+            out.positive_pairs,
+            out.negative_pairs,
+            out.loss,
+            out.nonzero
+        ),
+        (1, 1, 0.0, 0)
+    );
+    // SupCon also without any negative pair; MultiSimilarity's positives still pay.
+    let same = array![0u32, 0, 0];
+    let all = MiningSet::new(&x, &same);
+    let sup = pair_loss(&ctx, &all, None, &PairLossConfig::<SupCon>::default()).expect("loss");
+    assert_eq!(sup.loss, 0.0);
+    assert!(sup.query_grad.iter().all(|&g| g == 0.0));
+    let ms = pair_loss(
+        &ctx,
+        &all,
+        None,
+        &PairLossConfig::<MultiSimilarity>::default(),
+    )
+    .expect("loss");
+    assert!(ms.loss > 0.0 && ms.nonzero == 3);
+    // Contrastive without a positive distance past the margin nor a negative inside it: 0.
+    let far = array![[1.0f32, 0.0], [1.0, 0.0], [-1.0, 0.0], [-1.0, 0.0]];
+    let y = array![0u32, 0, 1, 1];
+    let c = pair_loss(
+        &ctx,
+        &MiningSet::new(&far, &y),
+        None,
+        &PairLossConfig::<Contrastive>::default(),
+    )
+    .expect("loss");
+    assert_eq!((c.loss, c.nonzero), (0.0, 0));
+    assert!(c.query_grad.iter().all(|&g| g == 0.0));
+}
+
+#[test]
+fn blocks_under_a_small_budget_give_the_whole_answer() {
+    let x = noise(64, 16, 1);
+    let refs = noise(256, 16, 2);
+    let y = Array1::from_shape_fn(64, |i| (i % 7) as u32);
+    let ry = Array1::from_shape_fn(256, |i| (i % 5) as u32);
+    let (set, ref_set) = (MiningSet::new(&x, &y), MiningSet::new(&refs, &ry));
+    let cfg = PairLossConfig::<Contrastive> {
+        ref_grad: true,
+        ..Default::default()
+    };
+    let whole = pair_loss(&Context::native_cpu(None), &set, Some(&ref_set), &cfg).expect("loss");
+    let small = Context::native_cpu(Some(200_000));
+    let plan = pair_loss_plan(&small, &set, Some(&ref_set), &cfg).expect("plan");
+    assert!(plan.rows < 64, "blocks: {plan:?}");
+    let budget = plan.min_bytes + 4 * 256 * 4;
+    let ctx = Context::native_cpu(Some(budget));
+    let split = pair_loss(&ctx, &set, Some(&ref_set), &cfg).expect("loss");
+    assert!(ctx.memory().peak_bytes <= budget);
+    assert_eq!(split.nonzero, whole.nonzero);
+    assert!((split.loss - whole.loss).abs() <= 1e-6 * whole.loss);
+    for (a, b) in split.query_grad.iter().zip(&whole.query_grad) {
+        assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()));
+    }
+    let (sr, wr) = (split.ref_grad.expect("refs"), whole.ref_grad.expect("refs"));
+    for (a, b) in sr.iter().zip(&wr) {
+        assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()));
+    }
+    let tight = Context::native_cpu(Some(plan.min_bytes - 1));
+    assert!(matches!(
+        pair_loss(&tight, &set, Some(&ref_set), &cfg),
+        Err(Error::OverBudget { .. })
+    ));
+}
+
+#[test]
+fn bad_parameters_are_typed_errors() {
+    let ctx = Context::native_cpu(None);
+    let x = noise(4, 3, 9);
+    let labels = array![0u32, 0, 1, 1];
+    let set = MiningSet::new(&x, &labels);
+    let bad = |r: Result<PairLoss, Error>| matches!(r, Err(Error::InvalidParameter { .. }));
+    for v in [0.0f32, -1.0, f32::NAN, 1e-45] {
+        let sup = PairLossConfig {
+            rule: SupCon { temperature: v },
+            ..Default::default()
+        };
+        assert!(bad(pair_loss(&ctx, &set, None, &sup)), "temperature {v}");
+        let ms = PairLossConfig {
+            rule: MultiSimilarity {
+                beta: v,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(bad(pair_loss(&ctx, &set, None, &ms)), "beta {v}");
+    }
+    let c = PairLossConfig {
+        rule: Contrastive {
+            pos_margin: f32::INFINITY,
+            neg_margin: 1.0,
+        },
+        ..Default::default()
+    };
+    assert!(bad(pair_loss(&ctx, &set, None, &c)));
+    let circle = PairLossConfig::<Circle> {
+        distance: DistanceConfig::default(),
+        ..Default::default()
+    };
+    assert!(
+        bad(pair_loss(&ctx, &set, None, &circle)),
+        "Circle on a distance"
+    );
+}
