@@ -306,15 +306,35 @@ fn margin(similarity: bool, x: f64, y: f64) -> f64 {
     }
 }
 
-/// `log Σ e^{x}` over `xs`, with `add_one` a 0 among them; `−∞` over nothing.
-fn log_sum_exp(xs: impl Iterator<Item = f64> + Clone, add_one: bool) -> f64 {
+/// Writes `e^{x(j) − top}` to `w[j]` for every reference `j` of `js`, `top` the largest
+/// logit (at least 0 with `add_one`, a logit of 0 among them), and returns `(log Σ e^{x},
+/// Σ e^{x − top})`: each element's softmax weight is then `w[j] / Σ`, for one exponential per
+/// element. Over nothing (without `add_one`): `(−∞, 0)`, no weight written.
+fn exps(
+    js: impl Iterator<Item = u32> + Clone,
+    x: impl Fn(u32) -> f64,
+    add_one: bool,
+    w: &mut [f64],
+) -> (f64, f64) {
     let start = if add_one { 0.0 } else { f64::NEG_INFINITY };
-    let top = xs.clone().fold(start, f64::max);
+    let top = js.clone().map(&x).fold(start, f64::max);
     if top == f64::NEG_INFINITY {
-        return top;
+        return (top, 0.0);
     }
-    let one = if add_one { (-top).exp() } else { 0.0 };
-    top + (one + xs.map(|x| (x - top).exp()).sum::<f64>()).ln()
+    let mut sum = if add_one { (-top).exp() } else { 0.0 };
+    for j in js {
+        let e = (x(j) - top).exp();
+        w[j as usize] = e;
+        sum += e;
+    }
+    (top + sum.ln(), sum)
+}
+
+/// Multiplies the weights of `js` by `factor`.
+fn scale(js: &[u32], factor: f64, w: &mut [f64]) {
+    for &j in js {
+        w[j as usize] *= factor;
+    }
 }
 
 /// `log(1 + e^t)` without overflow.
@@ -406,22 +426,19 @@ fn contrastive(c: Contrastive, row: &Row<'_>, s: &mut Scratch) -> Totals {
 fn multi_similarity(c: MultiSimilarity, row: &Row<'_>, s: &mut Scratch) -> Totals {
     let (alpha, beta, base) = (f64::from(c.alpha), f64::from(c.beta), f64::from(c.base));
     let (sim, first) = (row.similarity, row.first());
-    let xp = |p: &u32| alpha * margin(sim, row.at(*p), base);
-    let xn = |n: &u32| beta * margin(sim, base, row.at(*n));
+    let xp = |p: u32| alpha * margin(sim, row.at(p), base);
+    let xn = |n: u32| beta * margin(sim, base, row.at(n));
+    let w = &mut s.weights;
     let mut loss = 0.0;
     if !s.positives.is_empty() {
-        let lse = log_sum_exp(s.positives.iter().map(xp), true);
+        let (lse, sum) = exps(s.positives.iter().copied(), xp, true, w);
         loss += lse / alpha;
-        for p in &s.positives {
-            s.weights[*p as usize] = (xp(p) - lse).exp() * first;
-        }
+        scale(&s.positives, first / sum, w);
     }
     if !s.negatives.is_empty() {
-        let lse = log_sum_exp(s.negatives.iter().map(xn), true);
+        let (lse, sum) = exps(s.negatives.iter().copied(), xn, true, w);
         loss += lse / beta;
-        for n in &s.negatives {
-            s.weights[*n as usize] = -(xn(n) - lse).exp() * first;
-        }
+        scale(&s.negatives, -first / sum, w);
     }
     one(loss, s)
 }
@@ -431,15 +448,18 @@ fn supcon(c: SupCon, row: &Row<'_>, s: &mut Scratch) -> Totals {
         return Totals::default();
     }
     let dz = -row.first() / f64::from(c.temperature);
-    let z = |j: &u32| dz * row.at(*j);
-    let lse = log_sum_exp(s.positives.iter().chain(&s.negatives).map(z), false);
+    let z = |j: u32| dz * row.at(j);
+    let all = s.positives.iter().chain(&s.negatives).copied();
+    let (lse, sum) = exps(all, z, false, &mut s.weights);
     let k = s.positives.len() as f64;
-    let loss = lse - s.positives.iter().map(z).sum::<f64>() / k;
-    if !positive(loss) {
+    let loss = lse - s.positives.iter().map(|&p| z(p)).sum::<f64>() / k;
+    let kept = positive(loss);
+    // ∂ℓ/∂z_j = softmax_j − [j ∈ P] / |P|; nothing where the reducer drops the anchor.
+    let on = if kept { dz / sum } else { 0.0 };
+    scale(&s.positives, on, &mut s.weights);
+    scale(&s.negatives, on, &mut s.weights);
+    if !kept {
         return Totals::default();
-    }
-    for j in s.positives.iter().chain(&s.negatives) {
-        s.weights[*j as usize] = dz * (z(j) - lse).exp();
     }
     for p in &s.positives {
         s.weights[*p as usize] -= dz / k;
@@ -453,23 +473,26 @@ fn circle(c: Circle, row: &Row<'_>, s: &mut Scratch) -> Totals {
     }
     let (m, gamma) = (f64::from(c.m), f64::from(c.gamma));
     // The detached factors, then the logits.
-    let ap = |p: &u32| (1.0 + m - row.at(*p)).max(0.0);
-    let an = |n: &u32| (row.at(*n) + m).max(0.0);
-    let lp = |p: &u32| -gamma * ap(p) * (row.at(*p) - (1.0 - m));
-    let ln = |n: &u32| gamma * an(n) * (row.at(*n) - m);
-    let lse_p = log_sum_exp(s.positives.iter().map(lp), false);
-    let lse_n = log_sum_exp(s.negatives.iter().map(ln), false);
+    let ap = |p: u32| (1.0 + m - row.at(p)).max(0.0);
+    let an = |n: u32| (row.at(n) + m).max(0.0);
+    let lp = |p: u32| -gamma * ap(p) * (row.at(p) - (1.0 - m));
+    let ln = |n: u32| gamma * an(n) * (row.at(n) - m);
+    let w = &mut s.weights;
+    let (lse_p, sum_p) = exps(s.positives.iter().copied(), lp, false, w);
+    let (lse_n, sum_n) = exps(s.negatives.iter().copied(), ln, false, w);
     let t = lse_p + lse_n;
     let loss = softplus(t);
-    if !positive(loss) {
+    let kept = positive(loss);
+    // ∂ℓ/∂logit = σ(t) · softmax within the group, times the logit's slope.
+    let g = if kept { sigmoid(t) } else { 0.0 };
+    for &p in &s.positives {
+        w[p as usize] *= g / sum_p * -gamma * ap(p);
+    }
+    for &n in &s.negatives {
+        w[n as usize] *= g / sum_n * gamma * an(n);
+    }
+    if !kept {
         return Totals::default();
-    }
-    let g = sigmoid(t);
-    for p in &s.positives {
-        s.weights[*p as usize] = g * (lp(p) - lse_p).exp() * -gamma * ap(p);
-    }
-    for n in &s.negatives {
-        s.weights[*n as usize] = g * (ln(n) - lse_n).exp() * gamma * an(n);
     }
     one(loss, s)
 }
@@ -481,20 +504,24 @@ fn nca(c: Nca, row: &Row<'_>, s: &mut Scratch) -> Totals {
         return Totals::default();
     }
     let dz = -row.first() * f64::from(c.softmax_scale);
-    let z = |j: &u32| dz * row.at(*j);
-    let all = log_sum_exp(s.positives.iter().chain(&s.negatives).map(z), false);
-    let own = log_sum_exp(s.positives.iter().map(z), false);
+    let z = |j: u32| dz * row.at(j);
+    let all = s.positives.iter().chain(&s.negatives).copied();
+    let (_, sum) = exps(all, z, false, &mut s.weights);
+    // The positives' share of the softmax, from the same shifted exponentials.
+    let own: f64 = s.positives.iter().map(|&p| s.weights[p as usize]).sum();
     // PML keeps the anchor where its f32 probability is not 0.
-    if (own - all).exp() as f32 == 0.0 {
+    let kept = (own / sum) as f32 != 0.0;
+    // ∂ℓ/∂z_j = softmax_j − [j ∈ P] e_j / Σ_P e.
+    let on = if kept { dz / sum } else { 0.0 };
+    let mine = if kept { dz / own } else { 0.0 };
+    for &p in &s.positives {
+        s.weights[p as usize] *= on - mine;
+    }
+    scale(&s.negatives, on, &mut s.weights);
+    if !kept {
         return Totals::default();
     }
-    for j in s.positives.iter().chain(&s.negatives) {
-        s.weights[*j as usize] = dz * (z(j) - all).exp();
-    }
-    for p in &s.positives {
-        s.weights[*p as usize] -= dz * (z(p) - own).exp();
-    }
-    one(all - own, s)
+    one(sum.ln() - own.ln(), s)
 }
 
 /// PML's generalized lifted structure: `relu(lse_P(margin(D, pos_margin)) +
@@ -506,20 +533,16 @@ fn generalized_lifted(c: GeneralizedLifted, row: &Row<'_>, s: &mut Scratch) -> T
         row.similarity,
         row.first(),
     );
-    let xp = |p: &u32| margin(sim, row.at(*p), pm);
-    let xn = |n: &u32| margin(sim, nm, row.at(*n));
+    let xp = |p: u32| margin(sim, row.at(p), pm);
+    let xn = |n: u32| margin(sim, nm, row.at(n));
+    let w = &mut s.weights;
     let or_zero = |v: f64| if v == f64::NEG_INFINITY { 0.0 } else { v };
-    let lse_p = or_zero(log_sum_exp(s.positives.iter().map(xp), false));
-    let lse_n = or_zero(log_sum_exp(s.negatives.iter().map(xn), false));
-    let loss = (lse_p + lse_n).max(0.0);
-    if loss > 0.0 {
-        for p in &s.positives {
-            s.weights[*p as usize] = (xp(p) - lse_p).exp() * first;
-        }
-        for n in &s.negatives {
-            s.weights[*n as usize] = -(xn(n) - lse_n).exp() * first;
-        }
-    }
+    let (lse_p, sum_p) = exps(s.positives.iter().copied(), xp, false, w);
+    let (lse_n, sum_n) = exps(s.negatives.iter().copied(), xn, false, w);
+    let loss = (or_zero(lse_p) + or_zero(lse_n)).max(0.0);
+    let kept = loss > 0.0;
+    scale(&s.positives, if kept { first / sum_p } else { 0.0 }, w);
+    scale(&s.negatives, if kept { -first / sum_n } else { 0.0 }, w);
     one(loss, s)
 }
 
