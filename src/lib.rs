@@ -44,7 +44,7 @@ pub use ops::knn::{knn, knn_on_device, knn_plan, knn_sharded, Knn, KnnConfig, Kn
 pub use ops::loss::{
     multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan, ntxent_loss,
     ntxent_loss_plan, pair_loss, pair_loss_plan, triplet_margin_loss, triplet_margin_loss_plan,
-    Circle, Contrastive, GeneralizedLifted, InfoNceConfig, InfoNceLoss, Margin, MnrlConfig,
+    Circle, Contrastive, FastAp, GeneralizedLifted, InfoNceConfig, InfoNceLoss, Margin, MnrlConfig,
     MultiSimilarity, Nca, PairLoss, PairLossConfig, PairLossRule, SupCon, TripletLoss,
     TripletLossConfig,
 };

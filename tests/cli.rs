@@ -13,10 +13,10 @@ use wgpu_metric_learning::{
     mine_triplets, multiple_negatives_ranking_loss, ntxent_loss, pair_loss, pair_margin_pairs,
     triplet_margin_loss, uniform_histogram_pairs, AccuracyConfig, AccuracyK, AccuracyMetric,
     AngularConfig, BatchHardConfig, Circle, Context, Contrastive, Distance, DistanceConfig,
-    DistanceWeightedConfig, GeneralizedLifted, HdcConfig, InfoNceConfig, KmeansConfig, KnnConfig,
-    Margin, MiningSet, MnrlConfig, MultiSimilarity, Nca, PairLoss, PairLossConfig, PairLossRule,
-    PairMarginConfig, SelfExclusion, SupCon, TripletConfig, TripletLossConfig, TripletRule,
-    TripletType, UniformHistogramConfig,
+    DistanceWeightedConfig, FastAp, GeneralizedLifted, HdcConfig, InfoNceConfig, KmeansConfig,
+    KnnConfig, Margin, MiningSet, MnrlConfig, MultiSimilarity, Nca, PairLoss, PairLossConfig,
+    PairLossRule, PairMarginConfig, SelfExclusion, SupCon, TripletConfig, TripletLossConfig,
+    TripletRule, TripletType, UniformHistogramConfig,
 };
 
 /// A fresh directory for one test's files.
@@ -845,6 +845,12 @@ fn pair_losses_print_their_json_and_write_the_library_gradients() {
     let beta_grad = f64::from(want.beta_grad.expect("learnt β"));
     assert_eq!(json_field(&out, "beta_grad"), beta_grad, "{out}");
     check(&out, want);
+    let out = run(&["fast-ap", "--num-bins", "20"]);
+    let rule = FastAp { num_bins: 20 };
+    check(
+        &out,
+        pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss"),
+    );
     // Circle on a distance: one line naming the parameter, status 1.
     fails_with(
         &raw(&["circle", "--distance", "euclidean"]),

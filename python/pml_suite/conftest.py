@@ -35,6 +35,7 @@ LOSSES = [
     "CircleLoss",
     "ContrastiveLoss",
     "CrossBatchMemory",
+    "FastAPLoss",
     "GeneralizedLiftedStructureLoss",
     "MarginLoss",
     "MultiSimilarityLoss",

@@ -32,6 +32,7 @@ FILES = [
     "losses/test_nca_loss.py",
     "losses/test_lifted_structure_loss.py",
     "losses/test_margin_loss.py",
+    "losses/test_fastap_loss.py",
     "utils/test_calculate_accuracies.py",
     "utils/test_calculate_accuracies_large_k.py",
 ]

@@ -26,7 +26,7 @@ use eval::{
     accuracy, adjusted_mutual_info, kmeans, knn, normalized_mutual_info, pairwise_distances,
 };
 use losses::{
-    circle_loss, contrastive_loss, generalized_lifted_structure_loss, margin_loss,
+    circle_loss, contrastive_loss, fast_ap_loss, generalized_lifted_structure_loss, margin_loss,
     multi_similarity_loss, multiple_negatives_ranking_loss, nca_loss, ntxent_loss, supcon_loss,
     triplet_margin_loss,
 };
@@ -72,5 +72,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(nca_loss, m)?)?;
     m.add_function(wrap_pyfunction!(generalized_lifted_structure_loss, m)?)?;
     m.add_function(wrap_pyfunction!(margin_loss, m)?)?;
+    m.add_function(wrap_pyfunction!(fast_ap_loss, m)?)?;
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! The losses with their gradients: `triplet_margin_loss`, `ntxent_loss`,
 //! `multiple_negatives_ranking_loss` and the pair losses (`contrastive_loss`,
 //! `multi_similarity_loss`, `supcon_loss`, `circle_loss`, `nca_loss`,
-//! `generalized_lifted_structure_loss`, `margin_loss`).
+//! `generalized_lifted_structure_loss`, `margin_loss`, `fast_ap_loss`).
 
 use ndarray::Array2;
 use numpy::{IntoPyArray, PyReadonlyArray1, PyReadonlyArray2};
@@ -9,8 +9,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use wgpu_metric_learning as wml;
 use wml::{
-    Circle, Contrastive, GeneralizedLifted, InfoNceConfig, Margin, MnrlConfig, MultiSimilarity,
-    Nca, PairLossConfig, PairLossRule, SupCon, TripletLossConfig,
+    Circle, Contrastive, FastAp, GeneralizedLifted, InfoNceConfig, Margin, MnrlConfig,
+    MultiSimilarity, Nca, PairLossConfig, PairLossRule, SupCon, TripletLossConfig,
 };
 
 use crate::call::{distance_config, labelled, run, self_exclusion};
@@ -263,6 +263,12 @@ pair_loss_fn!(
     generalized_lifted_structure_loss,
     GeneralizedLifted { pos_margin: f32 = 0.0, neg_margin: f32 = 1.0 },
     "euclidean"
+);
+pair_loss_fn!(
+    /// PML's `FastAPLoss` and its gradient: as [`contrastive_loss`].
+    fast_ap_loss,
+    FastAp { num_bins: u32 = 10 },
+    "squared_euclidean"
 );
 pair_loss_fn!(
     /// PML's `MarginLoss` (one β) and its gradient: as [`contrastive_loss`], with

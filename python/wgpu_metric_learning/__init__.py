@@ -30,7 +30,7 @@ Losses come with their gradients, computed without a triplet list or the whole s
 matrix: :func:`triplet_margin_loss`, :func:`ntxent_loss`, :func:`multiple_negatives_ranking_loss`,
 and PML's pair losses :func:`contrastive_loss`, :func:`multi_similarity_loss`,
 :func:`supcon_loss`, :func:`circle_loss`, :func:`nca_loss`,
-:func:`generalized_lifted_structure_loss`, :func:`margin_loss`.
+:func:`generalized_lifted_structure_loss`, :func:`margin_loss`, :func:`fast_ap_loss`.
 
 ``wgpu_metric_learning.pml`` has drop-ins for pytorch-metric-learning (``KNN`` for
 ``AccuracyCalculator``, the miners, ``CrossBatchMemory``, ``TripletMarginLoss`` and
@@ -70,6 +70,7 @@ __all__ = [
     "count_triplets",
     "default_context",
     "distance_weighted_triplets",
+    "fast_ap_loss",
     "generalized_lifted_structure_loss",
     "hdc_pairs",
     "iter_triplets",
@@ -1038,4 +1039,26 @@ def margin_loss(
         "margin_loss", ctx, embeddings, labels, refs, margin=margin, nu=nu, beta=beta,
         learn_beta=learn_beta, distance=distance, normalize=normalize,
         self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )
+
+
+def fast_ap_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    num_bins: int = 10,
+    distance: str = "squared_euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``FastAPLoss(num_bins)`` (Euclidean or squared Euclidean on normalised rows),
+    ``1 − AP`` from soft histograms, averaged over the anchors with a positive, with its
+    gradient; ``count`` is those anchors, ``total`` all the pairs. References are the
+    library's extension (PML's refuses them)."""
+    return _pair_loss(
+        "fast_ap_loss", ctx, embeddings, labels, refs, num_bins=num_bins, distance=distance,
+        normalize=normalize, self_exclusion=self_exclusion, ref_grad=ref_grad,
     )

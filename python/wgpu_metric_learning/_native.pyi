@@ -47,6 +47,7 @@ __all__ = [
     "nca_loss",
     "generalized_lifted_structure_loss",
     "margin_loss",
+    "fast_ap_loss",
 ]
 
 @final
@@ -416,3 +417,15 @@ def margin_loss(
     self_exclusion: _SelfExclusion = None,
     ref_grad: bool = False,
 ) -> Tuple[float, int, int, _F32, Optional[_F32], Optional[float]]: ...
+def fast_ap_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
+    *,
+    num_bins: int = 10,
+    distance: str = "squared_euclidean",
+    normalize: bool = True,
+    self_exclusion: _SelfExclusion = None,
+    ref_grad: bool = False,
+) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...

@@ -17,7 +17,8 @@ through host memory until device sharing exists).
   limit and no ``B·M·M`` mask.
 - :class:`TripletMarginLoss`, :class:`NTXentLoss`, :class:`ContrastiveLoss`,
   :class:`MultiSimilarityLoss`, :class:`SupConLoss`, :class:`CircleLoss`, :class:`NCALoss`,
-  :class:`GeneralizedLiftedStructureLoss`, :class:`MarginLoss`: PML's losses
+  :class:`GeneralizedLiftedStructureLoss`, :class:`MarginLoss`, :class:`FastAPLoss`: PML's
+  losses
   (subclasses of PML's own),
   whose value and gradient come from the library with no triplet list and no whole
   similarity matrix (``loss.backward()`` works); inside this module's ``CrossBatchMemory``
@@ -95,6 +96,7 @@ __all__ = [
     "CircleLoss",
     "ContrastiveLoss",
     "CrossBatchMemory",
+    "FastAPLoss",
     "GeneralizedLiftedStructureLoss",
     "MarginLoss",
     "MultiSimilarityLoss",
@@ -1140,6 +1142,8 @@ class _WholeLoss(_LibraryLoss):
     regularizer or a distance the library does not compute."""
 
     _native_name = ""
+    #: False where PML's loss refuses references: PML's code then runs for them.
+    _takes_refs = True
 
     def _library_args(self) -> Dict[str, Any]:
         raise NotImplementedError
@@ -1165,7 +1169,7 @@ class _WholeLoss(_LibraryLoss):
             indices_tuple is not None
             or labels is None
             or not self._library_can()
-            or (ref_emb is not None and ref_labels is None)
+            or (ref_emb is not None and (ref_labels is None or not self._takes_refs))
         ):
             return super().forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         self.reset_stats()
@@ -1424,6 +1428,37 @@ class MarginLoss(_WholeLoss, pml_losses.MarginLoss):
         if not self.learn_beta or len(out) < 6:
             return ()
         return ((self.beta, np.array([out[5]], dtype=np.float32)),)
+
+
+class FastAPLoss(_WholeLoss, pml_losses.FastAPLoss):
+    """PML's ``FastAPLoss(num_bins=10, distance=LpDistance(power=2))`` whose value and
+    gradient come from the library, one anchor's soft histograms at a time (PML builds a
+    ``(bins, B, B)`` tensor). ``loss.backward()`` reaches ``embeddings``. As PML, it refuses
+    references (``ref_emb``, and so ``CrossBatchMemory``): PML's code runs for them and
+    raises its error. PML's code also runs with an ``indices_tuple``, another reducer or a
+    regularizer."""
+
+    _default_reducer = pml_reducers.MeanReducer
+    _native_name = "fast_ap_loss"
+    _takes_refs = False
+
+    def __init__(
+        self,
+        num_bins: int = 10,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(num_bins=num_bins, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return dict(num_bins=int(self.num_bins))
+
+    def _rule_with(self, miner: Any, with_refs: bool = False):
+        return False if with_refs else super()._rule_with(miner)
+
 
 
 class MultipleNegativesRankingLoss(_OnContext, torch.nn.Module):

@@ -8,7 +8,8 @@ use ndarray::{Array2, ArrayView2};
 
 use super::pair_gradient::pair_gradient;
 use crate::{
-    Circle, Contrastive, DistanceConfig, GeneralizedLifted, Margin, MultiSimilarity, Nca, SupCon,
+    Circle, Contrastive, Distance, DistanceConfig, FastAp, GeneralizedLifted, Margin,
+    MultiSimilarity, Nca, SupCon,
 };
 
 /// Which loss the reference computes.
@@ -28,6 +29,8 @@ pub enum PairLossRef {
     GeneralizedLifted(GeneralizedLifted),
     /// PML `MarginLoss` (one β).
     Margin(Margin),
+    /// PML `FastAPLoss`.
+    FastAp(FastAp),
 }
 
 /// The loss and gradients of [`pair_loss`], in f64.
@@ -93,7 +96,10 @@ pub fn pair_loss(
         beta_grad: 0.0,
     };
     let supcon = matches!(rule, PairLossRef::SupCon(_));
-    let generic = !matches!(rule, PairLossRef::Nca(_) | PairLossRef::Margin(_));
+    let generic = !matches!(
+        rule,
+        PairLossRef::Nca(_) | PairLossRef::Margin(_) | PairLossRef::FastAp(_)
+    );
     let few = positives <= 1 && negatives <= 1;
     let nca_none = matches!(rule, PairLossRef::Nca(_)) && lists.len() <= 1;
     if generic && few || supcon && (positives == 0 || negatives == 0) || nca_none {
@@ -130,6 +136,17 @@ pub fn pair_loss(
                         terms.push((j, sign * scale * (prob(j) - own)));
                     }
                     -kept.ln()
+                }
+            }
+            PairLossRef::FastAp(c) => {
+                if pos.is_empty() {
+                    f64::NAN // not averaged, as PML leaves it out
+                } else {
+                    let max = match distance.distance {
+                        Distance::SquaredEuclidean => 4.0,
+                        _ => 2.0,
+                    };
+                    fast_ap(c, max, |j| dist(a, j), (pos, neg), &mut terms)
                 }
             }
             PairLossRef::GeneralizedLifted(c) => {
@@ -294,7 +311,7 @@ pub fn pair_loss(
             }
             scaled.extend(terms.into_iter().map(|(a, j, w)| (a, j, w * k)));
         }
-        PairLossRef::Nca(_) => {
+        PairLossRef::Nca(_) | PairLossRef::FastAp(_) => {
             let kept: Vec<usize> = (0..lists.len())
                 .filter(|&a| !per_anchor[a].0.is_nan())
                 .collect();
@@ -333,4 +350,61 @@ pub fn pair_loss(
         rr += &dr;
     }
     out
+}
+
+/// One anchor's FastAP loss as PML writes it (every bin's pulse over every pair, cumulative
+/// sums, the bins where `p_b P_b > 0`), its `∂loss/∂D` per pair pushed to `terms` from the
+/// derivative of every bin's term by every bin's counts (a double loop).
+fn fast_ap(
+    c: FastAp,
+    max: f64,
+    dist: impl Fn(u32) -> f64,
+    (pos, neg): (&[u32], &[u32]),
+    terms: &mut Vec<(u32, f64)>,
+) -> f64 {
+    let edges = c.num_bins as usize + 1;
+    let delta = max / f64::from(c.num_bins);
+    let mid = |b: usize| b as f64 * delta;
+    let pulse = |d: f64, b: usize| (1.0 - (d - mid(b)).abs() / delta).max(0.0);
+    // torch's derivative of relu(1 − |d − mid| / Δ): 0 where the relu or |·| is at its kink.
+    let slope = |d: f64, b: usize| {
+        let x = d - mid(b);
+        if pulse(d, b) > 0.0 && x != 0.0 {
+            -x.signum() / delta
+        } else {
+            0.0
+        }
+    };
+    let hist = |js: &[u32]| -> Vec<f64> {
+        (0..edges)
+            .map(|b| js.iter().map(|&j| pulse(dist(j), b)).sum())
+            .collect()
+    };
+    let (p, n) = (hist(pos), hist(neg));
+    let cum = |v: &dyn Fn(usize) -> f64, b: usize| (0..=b).map(v).sum::<f64>();
+    let cp = |b: usize| cum(&|i| p[i], b);
+    let ch = |b: usize| cum(&|i| p[i] + n[i], b);
+    let safe = |b: usize| p[b] * cp(b) > 0.0 && ch(b) > 0.0;
+    let k = pos.len() as f64;
+    let ap: f64 = (0..edges)
+        .filter(|&b| safe(b))
+        .map(|b| p[b] * cp(b) / ch(b))
+        .sum();
+    // ∂loss/∂p_c and ∂loss/∂n_c: every safe term T_b = p_b P_b / H_b by every count.
+    let (mut gp, mut gn) = (vec![0.0; edges], vec![0.0; edges]);
+    for b in (0..edges).filter(|&b| safe(b)) {
+        let (pb, pc, hb) = (p[b], cp(b), ch(b));
+        for c in 0..=b {
+            let own = if c == b { pc / hb } else { 0.0 };
+            gp[c] -= (own + pb / hb - pb * pc / (hb * hb)) / k;
+            gn[c] -= (-pb * pc / (hb * hb)) / k;
+        }
+    }
+    for (js, g) in [(pos, &gp), (neg, &gn)] {
+        for &j in js {
+            let d = dist(j);
+            terms.push((j, (0..edges).map(|b| g[b] * slope(d, b)).sum()));
+        }
+    }
+    1.0 - ap / k
 }

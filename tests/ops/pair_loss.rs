@@ -11,8 +11,8 @@ use wgpu_metric_learning::reference::pair_loss::{pair_loss as reference, PairLos
 use wgpu_metric_learning::reference::triplet_lists::triplet_lists;
 use wgpu_metric_learning::{
     pair_loss, pair_loss_plan, pairwise_distances, Circle, ComputePath, Context, Contrastive,
-    Distance, DistanceConfig, Error, GeneralizedLifted, Margin, MiningSet, MultiSimilarity, Nca,
-    PairLoss, PairLossConfig, PairwiseConfig, SupCon,
+    Distance, DistanceConfig, Error, FastAp, GeneralizedLifted, Margin, MiningSet, MultiSimilarity,
+    Nca, PairLoss, PairLossConfig, PairwiseConfig, SupCon,
 };
 
 const COSINE: DistanceConfig = DistanceConfig {
@@ -69,6 +69,8 @@ fn rule() -> impl Strategy<Value = PairLossRef> {
                     neg_margin
                 }
             )),
+        prop_oneof![Just(10u32), 1u32..40]
+            .prop_map(|num_bins| PairLossRef::FastAp(FastAp { num_bins })),
         (
             prop_oneof![Just(0.2f32), 0.0f32..0.5],
             0.0f32..0.5,
@@ -112,16 +114,40 @@ fn problem_of(b: usize, m: usize, d: usize) -> impl Strategy<Value = Problem> {
         })
         .prop_map(|(labels, x, refs, rule, distance, ref_grad)| Problem {
             labels,
-            x,
-            refs,
+            x: off_grid(x, rule),
+            refs: refs.map(|(l, r)| (l, off_grid(r, rule))),
             // Circle runs on cosine similarity only.
             distance: match rule {
                 PairLossRef::Circle(_) => COSINE,
+                // FastAP runs on PML's LpDistance (normalised, power 1 or 2) only.
+                PairLossRef::FastAp(_) => DistanceConfig {
+                    distance: match distance.distance {
+                        Distance::SquaredEuclidean | Distance::Cosine => Distance::SquaredEuclidean,
+                        _ => Distance::Euclidean,
+                    },
+                    normalize: true,
+                },
                 _ => distance,
             },
             rule,
             ref_grad,
         })
+}
+
+/// FastAP's rows moved off the grid: its pulses have kinks at every bin centre and edge,
+/// where grid rows put many distances exactly, so that the last bit of a distance (the
+/// library's blocks against the reference's matrix) would pick the side of the kink.
+fn off_grid(x: Array2<f32>, rule: PairLossRef) -> Array2<f32> {
+    match rule {
+        PairLossRef::FastAp(_) => {
+            let mut x = x;
+            for ((i, k), v) in x.indexed_iter_mut() {
+                *v += 0.0123 * ((i * 7 + k * 13) as f32 + 0.5).sin();
+            }
+            x
+        }
+        _ => x,
+    }
 }
 
 /// `pair_loss` with the rule `p.rule` names.
@@ -147,6 +173,7 @@ fn run(
         PairLossRef::Nca(r) => pair_loss(ctx, set, refs, &with(r, p)),
         PairLossRef::GeneralizedLifted(r) => pair_loss(ctx, set, refs, &with(r, p)),
         PairLossRef::Margin(r) => pair_loss(ctx, set, refs, &with(r, p)),
+        PairLossRef::FastAp(r) => pair_loss(ctx, set, refs, &with(r, p)),
     }
     .expect("loss")
 }
@@ -272,8 +299,9 @@ fn loss_f64(x: &Array2<f64>, labels: &[u32], rule: PairLossRef) -> f64 {
             | PairLossRef::GeneralizedLifted(_)
             | PairLossRef::Margin(_)
             | PairLossRef::Nca(_)
+            | PairLossRef::FastAp(_)
     );
-    let squared = matches!(rule, PairLossRef::Nca(_));
+    let squared = matches!(rule, PairLossRef::Nca(_) | PairLossRef::FastAp(_));
     let dist = |a: usize, j: usize| {
         if euclid {
             let diff = &xs[a] - &xs[j];
@@ -404,6 +432,30 @@ fn loss_f64(x: &Array2<f64>, labels: &[u32], rule: PairLossRef) -> f64 {
                     0.0
                 }
         }
+        PairLossRef::FastAp(c) => {
+            let edges = c.num_bins as usize + 1;
+            let delta = 4.0 / f64::from(c.num_bins);
+            let pulse = |d: f64, b: usize| (1.0 - (d - b as f64 * delta).abs() / delta).max(0.0);
+            let losses: Vec<f64> = lists
+                .iter()
+                .enumerate()
+                .filter(|(_, (p, _))| !p.is_empty())
+                .map(|(a, (p, ng))| {
+                    let (mut cp, mut ch, mut ap) = (0.0, 0.0, 0.0);
+                    for b in 0..edges {
+                        let hp: f64 = p.iter().map(|&j| pulse(dist(a, j), b)).sum();
+                        let hn: f64 = ng.iter().map(|&j| pulse(dist(a, j), b)).sum();
+                        cp += hp;
+                        ch += hp + hn;
+                        if hp * cp > 0.0 && ch > 0.0 {
+                            ap += hp * cp / ch;
+                        }
+                    }
+                    1.0 - ap / p.len() as f64
+                })
+                .collect();
+            losses.iter().sum::<f64>() / losses.len() as f64
+        }
         PairLossRef::Circle(c) => {
             let (m, g) = (f64::from(c.m), f64::from(c.gamma));
             // The relu factors are detached in PML: finite differences hold them at x.
@@ -443,6 +495,7 @@ fn gradients_match_finite_differences() {
         PairLossRef::Circle(Circle { m: 0.4, gamma: 2.0 }),
         PairLossRef::Nca(Nca { softmax_scale: 2.0 }),
         PairLossRef::GeneralizedLifted(GeneralizedLifted::default()),
+        PairLossRef::FastAp(FastAp::default()),
         PairLossRef::Margin(Margin {
             margin: 0.2,
             nu: 0.1,
@@ -460,7 +513,7 @@ fn gradients_match_finite_differences() {
                 PairLossRef::Contrastive(_)
                 | PairLossRef::GeneralizedLifted(_)
                 | PairLossRef::Margin(_) => DistanceConfig::default(),
-                PairLossRef::Nca(_) => DistanceConfig {
+                PairLossRef::Nca(_) | PairLossRef::FastAp(_) => DistanceConfig {
                     distance: Distance::SquaredEuclidean,
                     normalize: true,
                 },

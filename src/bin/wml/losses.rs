@@ -6,7 +6,7 @@ use std::path::Path;
 use ndarray::Array2;
 use wgpu_metric_learning::{
     multiple_negatives_ranking_loss, ntxent_loss, pair_loss, triplet_margin_loss, Circle,
-    Contrastive, Distance, GeneralizedLifted, Hooks, InfoNceConfig, Margin, MnrlConfig,
+    Contrastive, Distance, FastAp, GeneralizedLifted, Hooks, InfoNceConfig, Margin, MnrlConfig,
     MultiSimilarity, Nca, PairLossConfig, PairLossRule, SupCon, TripletLossConfig, TripletRule,
     TripletType,
 };
@@ -14,8 +14,9 @@ use wgpu_metric_learning::{
 use crate::commands::{context, distance_config, given, json_number, timed, Side};
 use crate::npy;
 use crate::{
-    CircleArgs, Common, ContrastiveArgs, Failure, GeneralizedLiftedArgs, LossInputs, MarginArgs,
-    MnrlArgs, MultiSimilarityArgs, NcaArgs, NtXentArgs, SupConArgs, TripletLossArgs, TypeArg,
+    CircleArgs, Common, ContrastiveArgs, Failure, FastApArgs, GeneralizedLiftedArgs, LossInputs,
+    MarginArgs, MnrlArgs, MultiSimilarityArgs, NcaArgs, NtXentArgs, SupConArgs, TripletLossArgs,
+    TypeArg,
 };
 
 /// The inputs of a label-based loss, as read from disk.
@@ -218,6 +219,16 @@ pub(crate) fn margin(a: &MarginArgs, hooks: &Hooks) -> Result<(), Failure> {
         learn_beta: a.learn_beta,
     };
     pair("loss margin", (&a.inputs, &a.common), rule, hooks)
+}
+
+pub(crate) fn fast_ap(a: &FastApArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let num_bins = a.num_bins.unwrap_or(FastAp::default().num_bins);
+    pair(
+        "loss fast-ap",
+        (&a.inputs, &a.common),
+        FastAp { num_bins },
+        hooks,
+    )
 }
 
 /// A pair loss with `rule` on the inputs; the distance defaults to the rule's PML default.

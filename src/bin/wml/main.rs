@@ -120,6 +120,10 @@ enum LossCommand {
     /// PML MarginLoss over every triplet (one β); prints as contrastive does, and "beta_grad"
     /// with --learn-beta. Default distance: Euclidean, normalised.
     Margin(MarginArgs),
+    /// PML FastAPLoss (Euclidean or squared Euclidean on normalised rows), averaged over the
+    /// anchors with a positive; prints as contrastive does. Default distance: squared
+    /// Euclidean, normalised.
+    FastAp(FastApArgs),
 }
 
 /// The labelled inputs and gradient outputs of the label-based losses.
@@ -285,6 +289,17 @@ struct MarginArgs {
 }
 
 #[derive(Args)]
+struct FastApArgs {
+    #[command(flatten)]
+    inputs: LossInputs,
+    /// Histogram bins. Default 10.
+    #[arg(long)]
+    num_bins: Option<u32>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
 struct MnrlArgs {
     /// Anchors, (b, d).
     #[arg(long)]
@@ -347,6 +362,7 @@ impl Command {
             Command::Loss(LossCommand::Nca(a)) => &a.common,
             Command::Loss(LossCommand::GeneralizedLifted(a)) => &a.common,
             Command::Loss(LossCommand::Margin(a)) => &a.common,
+            Command::Loss(LossCommand::FastAp(a)) => &a.common,
             Command::Tune(a) => &a.common,
         }
     }
@@ -750,6 +766,7 @@ fn main() -> ExitCode {
         Command::Loss(LossCommand::Nca(a)) => losses::nca(&a, &hooks),
         Command::Loss(LossCommand::GeneralizedLifted(a)) => losses::generalized_lifted(&a, &hooks),
         Command::Loss(LossCommand::Margin(a)) => losses::margin(&a, &hooks),
+        Command::Loss(LossCommand::FastAp(a)) => losses::fast_ap(&a, &hooks),
         Command::Tune(a) => commands::tune(&a),
     };
     match done {

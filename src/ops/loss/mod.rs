@@ -22,7 +22,8 @@ pub use info_nce::{
 };
 pub use pair::{pair_loss, pair_loss_plan, PairLoss, PairLossConfig};
 pub use pair_rules::{
-    Circle, Contrastive, GeneralizedLifted, Margin, MultiSimilarity, Nca, PairLossRule, SupCon,
+    Circle, Contrastive, FastAp, GeneralizedLifted, Margin, MultiSimilarity, Nca, PairLossRule,
+    SupCon,
 };
 pub use triplet::{triplet_margin_loss, triplet_margin_loss_plan, TripletLoss, TripletLossConfig};
 

@@ -1,8 +1,8 @@
 //! PML's losses over the pairs (and triplets) of the distance matrix: `ContrastiveLoss`,
 //! `MultiSimilarityLoss`, `SupConLoss`, `CircleLoss`, `NCALoss`,
-//! `GeneralizedLiftedStructureLoss` and `MarginLoss`, with their gradients, through the loss
-//! driver ([`super::driver`]): anchors in blocks under the budget, each anchor's row of
-//! distances turned into its row of weights `∂L/∂D` by the loss's rule
+//! `GeneralizedLiftedStructureLoss`, `MarginLoss` and `FastAPLoss`, with their gradients,
+//! through the loss driver ([`super::driver`]): anchors in blocks under the budget, each
+//! anchor's row of distances turned into its row of weights `∂L/∂D` by the loss's rule
 //! ([`super::pair_rules`], where each rule's formula is), then two products with the
 //! embeddings. Contrastive's two means have divisors known only after every anchor, so a
 //! first pass counts them (distances only, no gradient) and a second takes the weights
@@ -11,8 +11,8 @@
 //! As PML's `GenericPairLoss`es, Contrastive, MultiSimilarity, SupCon, Circle and
 //! GeneralizedLifted return 0 with no gradient with at most one positive and one negative
 //! pair; SupCon also without any positive or any negative pair; NCA with at most one query;
-//! Margin without a triplet. "Positive" losses are decided on the f32 value, as PML's
-//! reducers see them. Every log-sum-exp subtracts its maximum, so no exponential overflows.
+//! Margin without a triplet; FastAP without an anchor that has a positive. "Positive" losses
+//! are decided on the f32 value, as PML's reducers see them.
 //!
 //! They run on the native path on every context (a wgpu context reads device-resident rows
 //! back): their device rules are not written yet.
@@ -86,7 +86,8 @@ pub struct PairLoss {
     pub loss: f32,
     /// What the mean divides by: nonzero positive plus nonzero negative pairs (Contrastive),
     /// anchors (MultiSimilarity, GeneralizedLifted), anchors with a positive loss (SupCon,
-    /// Circle), anchors with a positive (Nca), nonzero terms over the triplets (Margin).
+    /// Circle), anchors with a positive (Nca, FastAp), nonzero terms over the triplets
+    /// (Margin).
     pub nonzero: u64,
     /// Positive pairs (query, reference).
     pub positive_pairs: u64,
@@ -106,15 +107,16 @@ pub struct PairLoss {
 }
 
 /// PML's pair loss that `cfg.rule` names (`ContrastiveLoss`, `MultiSimilarityLoss`,
-/// `SupConLoss`, `CircleLoss`, `NCALoss`, `GeneralizedLiftedStructureLoss`, `MarginLoss`) of
-/// `queries` `(b, d)` against `refs` `(m, d)` (`None`: the queries themselves) over every
-/// pair (every triplet for Margin), in PML's semantics and reducers, with its gradient.
-/// Cost: two matrix products (three for Contrastive), in `(rows, m)` blocks under the
-/// budget; no `(b, m)` matrix and no triplet exists.
+/// `SupConLoss`, `CircleLoss`, `NCALoss`, `GeneralizedLiftedStructureLoss`, `MarginLoss`,
+/// `FastAPLoss`) of `queries` `(b, d)` against `refs` `(m, d)` (`None`: the queries
+/// themselves) over every pair (every triplet for Margin), in PML's semantics and reducers,
+/// with its gradient. Cost: two matrix products (three for Contrastive), in `(rows, m)`
+/// blocks under the budget; no `(b, m)` matrix and no triplet exists.
 ///
 /// # Errors
-/// [`Error::InvalidParameter`] for a parameter out of its range, or Circle on another
-/// distance than cosine; otherwise as [`crate::triplet_margin_loss`].
+/// [`Error::InvalidParameter`] for a parameter out of its range, Circle on another
+/// distance than cosine, FastAP on another than (squared) Euclidean of normalised rows;
+/// otherwise as [`crate::triplet_margin_loss`].
 ///
 /// # Example
 /// ```
@@ -198,6 +200,29 @@ fn check(op: &'static str, kind: Kind, distance: &DistanceConfig) -> Result<()> 
         }
         Kind::SupCon(c) => positive("temperature", c.temperature),
         Kind::Nca(c) => positive("softmax_scale", c.softmax_scale),
+        Kind::FastAp(c) => {
+            let lp = matches!(
+                distance.distance,
+                Distance::Euclidean | Distance::SquaredEuclidean
+            );
+            if c.num_bins == 0 {
+                return Err(Error::InvalidParameter {
+                    op,
+                    what: "num_bins",
+                    value: "0".into(),
+                    rule: "must be at least 1",
+                });
+            }
+            if lp && distance.normalize {
+                return Ok(());
+            }
+            Err(Error::InvalidParameter {
+                op,
+                what: "distance",
+                value: format!("{distance:?}"),
+                rule: "must be Euclidean or squared Euclidean on normalised embeddings (as PML's FastAPLoss asserts)",
+            })
+        }
         Kind::Margin(c) => {
             finite("margin", c.margin)?;
             finite("nu", c.nu)?;
@@ -253,14 +278,14 @@ fn job<L: Hash + Eq + Copy, R: PairLossRule, T>(
 
 /// The pair counts, and whether PML computes a loss: not with at most one positive and one
 /// negative pair (its `GenericPairLoss`es), nor without positives or negatives (SupCon), nor
-/// for at most one query (NCA). MarginLoss returns none without a triplet, which the run
-/// finds out.
+/// for at most one query (NCA). MarginLoss returns none without a triplet and FastAP none
+/// without an anchor that has a positive, which the run finds out.
 fn has_loss(job: &Job<'_>, kind: Kind) -> ((u64, u64), bool) {
     let (positives, negatives) = pair_counts(job.set);
     let few = positives <= 1 && negatives <= 1;
     let has = match kind {
         Kind::Nca(_) => job.set.labels.len() > 1,
-        Kind::Margin(_) => true,
+        Kind::Margin(_) | Kind::FastAp(_) => true,
         Kind::SupCon(_) => !few && positives > 0 && negatives > 0,
         _ => !few,
     };
@@ -288,6 +313,10 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind) -> Result<PairLoss> {
         });
     }
     let similarity = job.distance.distance.is_similarity();
+    let histogram_max = match job.distance.distance {
+        Distance::SquaredEuclidean => 4.0,
+        _ => 2.0,
+    };
     let set = job.set;
     let rule = |divisors: (u64, u64)| {
         move |a: usize, d: ArrayView1<'_, f32>, s: &mut Scratch, _: &Shared<'_>| {
@@ -296,6 +325,7 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind) -> Result<PairLoss> {
                 d,
                 similarity,
                 divisors,
+                histogram_max,
             };
             anchor(kind, &row, s)
         }

@@ -26,12 +26,14 @@
 //!   `DivisorReducer`): an anchor's positive term counts `|N|` times and its negative term
 //!   `|P|` times, so no triplet is listed. With `learn_beta` the loss adds `ν β` and the
 //!   result carries `∂loss/∂β`.
+//! - **FastAP** (Euclidean or squared Euclidean on normalised rows): the anchor's positive and
+//!   negative distances soft-binned into `num_bins + 1` triangular pulses over `[0, 2^power]`
+//!   (`p_b`, `n_b`); `1 − Σ_b p_b P_b / H_b / |P|` over the bins where `p_b P_b > 0` (`P`,
+//!   `H` the cumulative positive and total counts), averaged over the anchors with a
+//!   positive. PML builds a `(bins, B, B)` tensor and refuses references; both are fine here.
 //!
-//! As PML's `GenericPairLoss`es, Contrastive, MultiSimilarity, SupCon, Circle and
-//! GeneralizedLifted return 0 with no gradient with at most one positive and one negative
-//! pair; SupCon also without any positive or any negative pair; NCA with at most one query;
-//! Margin without a triplet. "Positive" losses are decided on the f32 value, as PML's
-//! reducers see them. Every log-sum-exp subtracts its maximum, so no exponential overflows.
+//! Each log-sum-exp subtracts its maximum and keeps its shifted exponentials as the softmax
+//! weights: no exponential overflows, and one is taken per element.
 
 use std::fmt::Debug;
 
@@ -210,6 +212,25 @@ impl Default for Margin {
     }
 }
 
+/// PML's `FastAPLoss(num_bins)` (default 10), on Euclidean distance of normalised embeddings
+/// (PML's default `LpDistance(power=2)`, or `power=1`).
+///
+/// # Example
+/// ```
+/// assert_eq!(wgpu_metric_learning::FastAp::default().num_bins, 10);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FastAp {
+    /// Histogram bins over `[0, 2^power]`. At least 1.
+    pub num_bins: u32,
+}
+
+impl Default for FastAp {
+    fn default() -> Self {
+        Self { num_bins: 10 }
+    }
+}
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for super::Contrastive {}
@@ -219,10 +240,11 @@ mod sealed {
     impl Sealed for super::Nca {}
     impl Sealed for super::GeneralizedLifted {}
     impl Sealed for super::Margin {}
+    impl Sealed for super::FastAp {}
 }
 
 /// A pair loss's rule: [`Contrastive`], [`MultiSimilarity`], [`SupCon`], [`Circle`],
-/// [`Nca`], [`GeneralizedLifted`] or [`Margin`]. Its type picks the loss
+/// [`Nca`], [`GeneralizedLifted`], [`Margin`] or [`FastAp`]. Its type picks the loss
 /// [`pair_loss`](crate::pair_loss) computes and the distance
 /// [`PairLossConfig`](crate::PairLossConfig) defaults to.
 pub trait PairLossRule: sealed::Sealed + Debug + Clone + Copy + PartialEq + Default {
@@ -248,6 +270,7 @@ pub enum Kind {
     Nca(Nca),
     GeneralizedLifted(GeneralizedLifted),
     Margin(Margin),
+    FastAp(FastAp),
 }
 
 const COSINE: DistanceConfig = DistanceConfig {
@@ -296,6 +319,14 @@ rule!(
     EUCLIDEAN
 );
 rule!(Margin, "margin_loss", EUCLIDEAN);
+rule!(
+    FastAp,
+    "fast_ap_loss",
+    DistanceConfig {
+        distance: Distance::SquaredEuclidean,
+        normalize: true,
+    }
+);
 
 /// `margin(x, y)` as PML's distance takes it: `x − y` for distances, `y − x` for similarities.
 fn margin(similarity: bool, x: f64, y: f64) -> f64 {
@@ -353,6 +384,8 @@ pub(super) struct Row<'a> {
     pub(super) d: ArrayView1<'a, f32>,
     pub(super) similarity: bool,
     pub(super) divisors: (u64, u64),
+    /// FastAP's histogram range: 2 for Euclidean, 4 for squared Euclidean distances.
+    pub(super) histogram_max: f64,
 }
 
 impl Row<'_> {
@@ -381,6 +414,7 @@ pub(super) fn anchor(kind: Kind, row: &Row<'_>, s: &mut Scratch) -> Totals {
         Kind::Nca(c) => nca(c, row, s),
         Kind::GeneralizedLifted(c) => generalized_lifted(c, row, s),
         Kind::Margin(c) => margin_rule(c, row, s),
+        Kind::FastAp(c) => fast_ap(c, row, s),
     }
 }
 
@@ -584,4 +618,70 @@ fn margin_rule(c: Margin, row: &Row<'_>, s: &mut Scratch) -> Totals {
         }
     }
     totals
+}
+
+/// PML's FastAP for one anchor: its positives' and negatives' distances soft-binned into
+/// `num_bins + 1` triangular pulses over `[0, 2^power]`, `AP = Σ_b p_b P_b / H_b / |P|` over
+/// the bins where `p_b P_b > 0` (`P`, `H`: cumulative positive and total counts), loss
+/// `1 − AP`, averaged over the anchors with a positive. Each distance moves the (at most
+/// two) pulses it falls in: `∂L/∂D_j = Σ_c ∂L/∂h_c · ∂pulse_c/∂D_j`.
+fn fast_ap(c: FastAp, row: &Row<'_>, s: &mut Scratch) -> Totals {
+    if s.positives.is_empty() {
+        return Totals::default();
+    }
+    let edges = c.num_bins as usize + 1;
+    let delta = row.histogram_max / f64::from(c.num_bins);
+    // The pulses distance `d` falls in: (bin, height, ∂height/∂d).
+    let pulses = |d: f64| {
+        let b = (d / delta).floor();
+        [b, b + 1.0].into_iter().filter_map(move |b| {
+            let offset = d - b * delta;
+            let height = 1.0 - offset.abs() / delta;
+            let inside = b >= 0.0 && (b as usize) < edges && height > 0.0;
+            // torch's |x| has slope 0 at 0.
+            let slope = if offset == 0.0 {
+                0.0
+            } else {
+                -offset.signum() / delta
+            };
+            inside.then_some((b as usize, height, slope))
+        })
+    };
+    let (mut pos, mut neg) = (vec![0.0f64; edges], vec![0.0f64; edges]);
+    for (js, h) in [(&s.positives, &mut pos), (&s.negatives, &mut neg)] {
+        for &j in js.iter() {
+            for (b, height, _) in pulses(row.at(j)) {
+                h[b] += height;
+            }
+        }
+    }
+    let k = s.positives.len() as f64;
+    // AP and ∂(1 − AP)/∂p_c, ∂(1 − AP)/∂n_c, the cumulative sums taken back from the top.
+    let (mut ap, mut cum_p, mut cum_h) = (0.0, 0.0, 0.0);
+    let (mut a, mut b) = (vec![0.0f64; edges], vec![0.0f64; edges]);
+    let mut own = vec![0.0f64; edges];
+    for i in 0..edges {
+        cum_p += pos[i];
+        cum_h += pos[i] + neg[i];
+        if pos[i] * cum_p > 0.0 && cum_h > 0.0 {
+            ap += pos[i] * cum_p / cum_h;
+            own[i] = cum_p / cum_h;
+            a[i] = pos[i] / cum_h - pos[i] * cum_p / (cum_h * cum_h);
+            b[i] = -pos[i] * cum_p / (cum_h * cum_h);
+        }
+    }
+    let (mut gp, mut gn) = (vec![0.0f64; edges], vec![0.0f64; edges]);
+    let (mut tail_a, mut tail_b) = (0.0, 0.0);
+    for i in (0..edges).rev() {
+        tail_a += a[i];
+        tail_b += b[i];
+        gp[i] = -(own[i] + tail_a) / k;
+        gn[i] = -tail_b / k;
+    }
+    for (js, g) in [(&s.positives, &gp), (&s.negatives, &gn)] {
+        for &j in js.iter() {
+            s.weights[j as usize] = pulses(row.at(j)).map(|(b, _, slope)| g[b] * slope).sum();
+        }
+    }
+    one(1.0 - ap / k, s)
 }
