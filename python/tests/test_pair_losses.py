@@ -145,6 +145,9 @@ def test_fallbacks_run_pmls_code():
         pairs = miners.MultiSimilarityMiner()(x, y)
         ours, theirs = getattr(drop, name)(), getattr(losses, name)()
         assert ours(x, y, pairs).item() == pytest.approx(theirs(x, y, pairs).item(), rel=1e-6)
+    # The default reducer's type with other thresholds is not the default.
+    assert not drop.ContrastiveLoss(reducer=pml.reducers.AvgNonZeroReducer(high=0.5))._library_can()
+    assert drop.ContrastiveLoss(reducer=pml.reducers.AvgNonZeroReducer())._library_can()
     drop._warned.clear()
     with pytest.warns(UserWarning, match="PML's own code"):
         ours = drop.ContrastiveLoss(distance=distances.LpDistance(p=1))

@@ -1009,12 +1009,19 @@ class _LibraryLoss(_OnContext):
     def _default_reducers(self) -> bool:
         """Whether the reducer is PML's default: the loss's own, or for a loss with several
         sub-losses (ContrastiveLoss, MarginLoss) PML's ``MultipleReducers`` of it."""
+        def default(x: Any) -> bool:
+            # The type and its thresholds (AvgNonZeroReducer is a ThresholdReducer(low=0)).
+            fresh = self._default_reducer()
+            return type(x) is type(fresh) and all(
+                getattr(x, k, None) == getattr(fresh, k, None) for k in ("low", "high")
+            )
+
         r = self.reducer
         if type(r) is pml_reducers.MultipleReducers:
             return set(r.reducers) == set(self.sub_loss_names()) and all(
-                type(x) is self._default_reducer for x in r.reducers.values()
+                default(x) for x in r.reducers.values()
             )
-        return type(r) is self._default_reducer
+        return default(r)
 
     def _rule_with(self, miner: Any, with_refs: bool = False):
         """The library's triplet rule with ``miner`` fused (``None``: all triplets), or

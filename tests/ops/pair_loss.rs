@@ -669,6 +669,16 @@ fn bad_parameters_are_typed_errors() {
         ..Default::default()
     };
     assert!(bad(pair_loss(&ctx, &set, None, &c)));
+    for num_bins in [0, 4097] {
+        let fast = PairLossConfig {
+            rule: FastAp { num_bins },
+            ..Default::default()
+        };
+        assert!(
+            bad(pair_loss(&ctx, &set, None, &fast)),
+            "num_bins {num_bins}"
+        );
+    }
     let circle = PairLossConfig::<Circle> {
         distance: DistanceConfig::default(),
         ..Default::default()

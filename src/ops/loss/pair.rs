@@ -15,7 +15,7 @@
 //! are decided on the f32 value, as PML's reducers see them.
 //!
 //! They run on the native path on every context (a wgpu context reads device-resident rows
-//! back): their device rules are not written yet.
+//! back, once per pass: twice for Contrastive): their device rules are not written yet.
 
 use std::hash::Hash;
 
@@ -36,9 +36,14 @@ use crate::validate;
 
 /// The label of a call's working memory.
 const SCRATCH: &str = "pair loss working memory";
+/// FastAP's most bins: each anchor's seven histograms of `num_bins + 1` f64 (at most 230 KB
+/// per thread, held for one anchor) stay small next to its row.
+const MAX_BINS: u32 = 4096;
 /// How [`pair_loss`] computes: the rule (its type picks the loss) and the sides. Defaults:
-/// the rule's PML defaults and PML's default distance for it (Euclidean on normalised
-/// embeddings for [`Contrastive`], cosine similarity for the others).
+/// the rule's PML defaults and PML's default distance for it (cosine similarity for
+/// MultiSimilarity, SupCon and Circle; Euclidean on normalised embeddings for Contrastive,
+/// GeneralizedLifted and Margin; squared Euclidean on normalised embeddings for NCA and
+/// FastAP).
 ///
 /// # Example
 /// ```
@@ -86,8 +91,8 @@ pub struct PairLoss {
     pub loss: f32,
     /// What the mean divides by: nonzero positive plus nonzero negative pairs (Contrastive),
     /// anchors (MultiSimilarity, GeneralizedLifted), anchors with a positive loss (SupCon,
-    /// Circle), anchors with a positive (Nca, FastAp), nonzero terms over the triplets
-    /// (Margin).
+    /// Circle), anchors whose positives' f32 probability is not 0 (Nca), anchors with a
+    /// positive (FastAp), nonzero terms over the triplets (Margin).
     pub nonzero: u64,
     /// Positive pairs (query, reference).
     pub positive_pairs: u64,
@@ -205,12 +210,12 @@ fn check(op: &'static str, kind: Kind, distance: &DistanceConfig) -> Result<()> 
                 distance.distance,
                 Distance::Euclidean | Distance::SquaredEuclidean
             );
-            if c.num_bins == 0 {
+            if c.num_bins == 0 || c.num_bins > MAX_BINS {
                 return Err(Error::InvalidParameter {
                     op,
                     what: "num_bins",
-                    value: "0".into(),
-                    rule: "must be at least 1",
+                    value: c.num_bins.to_string(),
+                    rule: "must be 1 to 4 096",
                 });
             }
             if lp && distance.normalize {

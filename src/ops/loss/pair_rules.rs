@@ -221,7 +221,7 @@ impl Default for Margin {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FastAp {
-    /// Histogram bins over `[0, 2^power]`. At least 1.
+    /// Histogram bins over `[0, 2^power]`. 1 to 4 096.
     pub num_bins: u32,
 }
 
