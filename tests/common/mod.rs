@@ -223,3 +223,61 @@ pub(crate) fn triplet_rule(
             }),
     ]
 }
+
+/// Each anchor's (positives, negatives) list.
+pub(crate) type Lists = Vec<(Vec<u32>, Vec<u32>)>;
+
+/// What a loss's reference reads for queries `x` `(b, d)` with `labels` against `refs`
+/// (`None`: the queries, each row never its own positive): the reference rows, their
+/// distances computed on `ctx`, and each anchor's lists.
+pub(crate) fn reference_inputs(
+    ctx: &Context,
+    (x, labels): (&Array2<f32>, &Array1<u32>),
+    refs: Option<&(Array1<u32>, Array2<f32>)>,
+    distance: wgpu_metric_learning::DistanceConfig,
+) -> (Array2<f32>, Array2<f32>, Lists) {
+    use wgpu_metric_learning::reference::triplet_lists::triplet_lists;
+    use wgpu_metric_learning::{pairwise_distances, PairwiseConfig};
+    let (ref_labels, ref_x) = refs.cloned().unwrap_or((labels.clone(), x.clone()));
+    let slots: Vec<u32> = match refs {
+        None => (0..labels.len() as u32).collect(),
+        Some(_) => vec![u32::MAX; labels.len()],
+    };
+    let cfg = PairwiseConfig {
+        distance,
+        ..Default::default()
+    };
+    let distances = pairwise_distances(ctx, x, &ref_x, &cfg)
+        .expect("distances")
+        .values;
+    let lists = triplet_lists(
+        labels.as_slice().expect("contiguous"),
+        ref_labels.as_slice().expect("contiguous"),
+        &slots,
+    );
+    (ref_x, distances, lists)
+}
+
+/// A loss's gradients `got` (queries', references' when returned) against its reference's
+/// `want` (through the anchors' role, through the references' role): without references
+/// the queries' holds both roles and none is returned for references; with them the
+/// references' comes exactly when `ref_grad_asked`. Tolerance 2e-4 of the largest element.
+pub(crate) fn assert_loss_gradients(
+    refs_given: bool,
+    ref_grad_asked: bool,
+    got: (&Array2<f32>, Option<&Array2<f32>>),
+    want: (&Array2<f64>, &Array2<f64>),
+    what: &str,
+) {
+    match (refs_given, got.1) {
+        (false, None) => assert_close(got.0, &(want.0 + want.1), 2e-4, what),
+        (true, g) => {
+            assert_close(got.0, want.0, 2e-4, what);
+            assert_eq!(g.is_some(), ref_grad_asked, "{what}: ref_grad when asked");
+            if let Some(g) = g {
+                assert_close(g, want.1, 2e-4, what);
+            }
+        }
+        (false, Some(_)) => panic!("{what}: no references, no reference gradient"),
+    }
+}

@@ -64,31 +64,13 @@ pub(crate) fn problem_of(b: usize, m: usize, d: usize) -> impl Strategy<Value = 
 }
 
 fn check(p: &Problem, ctx: &Context) {
-    let (ref_labels, ref_x) = p.refs.clone().unwrap_or((p.labels.clone(), p.x.clone()));
-    let slots: Vec<u32> = match p.refs {
-        None => (0..p.labels.len() as u32).collect(),
-        Some(_) => vec![u32::MAX; p.labels.len()],
-    };
     let set = MiningSet::new(&p.x, &p.labels);
     let ref_set = p.refs.as_ref().map(|(l, e)| MiningSet::new(e, l));
     let got = ntxent_loss(ctx, &set, ref_set.as_ref(), &p.cfg).expect("loss");
     assert_eq!(got.path, ctx.path(), "the loss runs where the context does");
-    let distances = pairwise_distances(
-        ctx,
-        &p.x,
-        &ref_x,
-        &PairwiseConfig {
-            distance: p.cfg.distance,
-            ..Default::default()
-        },
-    )
-    .expect("distances")
-    .values;
-    let lists = triplet_lists(
-        p.labels.as_slice().expect("contiguous"),
-        ref_labels.as_slice().expect("contiguous"),
-        &slots,
-    );
+    let sides = (&p.x, &p.labels);
+    let (ref_x, distances, lists) =
+        common::reference_inputs(ctx, sides, p.refs.as_ref(), p.cfg.distance);
     let want = reference(
         p.x.view(),
         ref_x.view(),
@@ -106,22 +88,13 @@ fn check(p: &Problem, ctx: &Context) {
         got.loss,
         want.loss
     );
-    match (&p.refs, &got.ref_grad) {
-        (None, None) => assert_close(
-            &got.query_grad,
-            &(&want.query_grad + &want.ref_grad),
-            2e-4,
-            &what,
-        ),
-        (Some(_), g) => {
-            assert_close(&got.query_grad, &want.query_grad, 2e-4, &what);
-            assert_eq!(g.is_some(), p.cfg.ref_grad, "{what}: ref_grad when asked");
-            if let Some(g) = g {
-                assert_close(g, &want.ref_grad, 2e-4, &what);
-            }
-        }
-        (None, Some(_)) => panic!("{what}: no references, no reference gradient"),
-    }
+    common::assert_loss_gradients(
+        p.refs.is_some(),
+        p.cfg.ref_grad,
+        (&got.query_grad, got.ref_grad.as_ref()),
+        (&want.query_grad, &want.ref_grad),
+        &what,
+    );
 }
 
 proptest! {

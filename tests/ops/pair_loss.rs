@@ -3,16 +3,15 @@
 //! PML's edges (no pairs, one of each, one class), under small budgets, and its errors.
 
 use crate::common;
-use crate::common::{assert_close, grid_embeddings, DISTANCES};
+use crate::common::{grid_embeddings, DISTANCES};
 
 use ndarray::{array, Array1, Array2};
 use proptest::prelude::*;
 use wgpu_metric_learning::reference::pair_loss::{pair_loss as reference, PairLossRef};
-use wgpu_metric_learning::reference::triplet_lists::triplet_lists;
 use wgpu_metric_learning::{
-    pair_loss, pair_loss_plan, pairwise_distances, Circle, ComputePath, Context, Contrastive,
-    Distance, DistanceConfig, Error, FastAp, GeneralizedLifted, Margin, MiningSet, MultiSimilarity,
-    Nca, PairLoss, PairLossConfig, PairwiseConfig, SupCon,
+    pair_loss, pair_loss_plan, Circle, ComputePath, Context, Contrastive, Distance, DistanceConfig,
+    Error, FastAp, GeneralizedLifted, Margin, MiningSet, MultiSimilarity, Nca, PairLoss,
+    PairLossConfig, SupCon,
 };
 
 const COSINE: DistanceConfig = DistanceConfig {
@@ -179,30 +178,14 @@ fn run(
 }
 
 fn check(p: &Problem, ctx: &Context) {
-    let (ref_labels, ref_x) = p.refs.clone().unwrap_or((p.labels.clone(), p.x.clone()));
-    let slots: Vec<u32> = match p.refs {
-        None => (0..p.labels.len() as u32).collect(),
-        Some(_) => vec![u32::MAX; p.labels.len()],
-    };
     let set = MiningSet::new(&p.x, &p.labels);
     let ref_set = p.refs.as_ref().map(|(l, e)| MiningSet::new(e, l));
     let got = run(ctx, p, &set, ref_set.as_ref());
-    let distances = pairwise_distances(
-        &Context::native_cpu(None),
-        &p.x,
-        &ref_x,
-        &PairwiseConfig {
-            distance: p.distance,
-            ..Default::default()
-        },
-    )
-    .expect("distances")
-    .values;
-    let lists = triplet_lists(
-        p.labels.as_slice().expect("contiguous"),
-        ref_labels.as_slice().expect("contiguous"),
-        &slots,
-    );
+    // The native path's distances: the losses run there on every context.
+    let native = Context::native_cpu(None);
+    let sides = (&p.x, &p.labels);
+    let (ref_x, distances, lists) =
+        common::reference_inputs(&native, sides, p.refs.as_ref(), p.distance);
     let want = reference(
         p.x.view(),
         ref_x.view(),
@@ -238,22 +221,13 @@ fn check(p: &Problem, ctx: &Context) {
         }
         _ => assert_eq!(got.beta_grad, None, "{what}"),
     }
-    match (&p.refs, &got.ref_grad) {
-        (None, None) => assert_close(
-            &got.query_grad,
-            &(&want.query_grad + &want.ref_grad),
-            2e-4,
-            &what,
-        ),
-        (Some(_), g) => {
-            assert_close(&got.query_grad, &want.query_grad, 2e-4, &what);
-            assert_eq!(g.is_some(), p.ref_grad, "{what}: ref_grad when asked");
-            if let Some(g) = g {
-                assert_close(g, &want.ref_grad, 2e-4, &what);
-            }
-        }
-        (None, Some(_)) => panic!("{what}: no references, no reference gradient"),
-    }
+    common::assert_loss_gradients(
+        p.refs.is_some(),
+        p.ref_grad,
+        (&got.query_grad, got.ref_grad.as_ref()),
+        (&want.query_grad, &want.ref_grad),
+        &what,
+    );
 }
 
 proptest! {
