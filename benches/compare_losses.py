@@ -17,9 +17,12 @@ case so that its peak RSS is that case's own):
   gradients compared.
 
 - PML's pair losses (`--pair [M ...]`: ContrastiveLoss, MultiSimilarityLoss, SupConLoss,
-  CircleLoss, NCALoss, GeneralizedLiftedStructureLoss, MarginLoss, PML's defaults) of a batch
-  of 256 (10 classes, d = 128) against M detached reference rows (default 4 096), forward and
-  backward, PML against the drop-ins.
+  CircleLoss, NCALoss, GeneralizedLiftedStructureLoss, MarginLoss, LiftedStructureLoss,
+  TupletMarginLoss, IntraPairVarianceLoss, PML's defaults) of a batch of 256 (10 classes,
+  d = 128) against M detached reference rows (default 4 096), forward and backward, PML
+  against the drop-ins; `--in-batch [B ...]` the losses whose PML code refuses references
+  (FastAPLoss, HistogramLoss, RankedListLoss with margin 0.4 and Tn 1,
+  ThresholdConsistentMarginLoss) on a batch of B; `--only NAME ...` picks losses.
 
 Needs the Python venv of python/requirements-test.txt with the package installed (README);
 not part of CI:
@@ -95,7 +98,12 @@ def mnrl_torch(anchors, positives, scale):
 
 # PML's pair losses the drop-ins compute (`--pair`), with PML's defaults.
 PAIR_LOSSES = ("ContrastiveLoss", "MultiSimilarityLoss", "SupConLoss", "CircleLoss", "NCALoss",
-               "GeneralizedLiftedStructureLoss", "MarginLoss")
+               "GeneralizedLiftedStructureLoss", "MarginLoss", "LiftedStructureLoss",
+               "TupletMarginLoss", "IntraPairVarianceLoss")
+# The losses whose PML code refuses references (`--in-batch`): B rows, no references.
+IN_BATCH_LOSSES = ("FastAPLoss", "HistogramLoss", "RankedListLoss", "ThresholdConsistentMarginLoss")
+# Parameters PML requires (no default).
+REQUIRED = {"RankedListLoss": dict(margin=0.4, Tn=1.0)}
 
 
 def worker(a):
@@ -125,23 +133,27 @@ def worker(a):
             timings.append(time.perf_counter() - t)
         rec.update(loss=loss.item(), seconds=timings)
         torch.save(e.grad, f"/tmp/wml-loss-grad-{a.func}-{a.m}.pt")
-    elif a.func.startswith("pair_"):
+    elif a.func.startswith(("pair_", "inbatch_")):
         from pytorch_metric_learning import losses
 
-        _, name, side = a.func.split("_")
-        x, y, r, ry = triplet_data(a.m, b=256)
+        kind, name, side = a.func.split("_")
+        if kind == "pair":
+            x, y, r, ry = triplet_data(a.m, b=256)
+        else:
+            x, y, _, _ = triplet_data(0, b=a.m)
+        kw = REQUIRED.get(name, {})
         if side == "pml":
-            loss_fn = getattr(losses, name)()
+            loss_fn = getattr(losses, name)(**kw)
         else:
             from wgpu_metric_learning import pml as drop
 
-            loss_fn = getattr(drop, name)(backend=a.backend)
+            loss_fn = getattr(drop, name)(backend=a.backend, **kw)
             rec["path"] = loss_fn.context.path
         timings = []
         for _ in range(a.reps):
             e = x.clone().requires_grad_(True)
             t = time.perf_counter()
-            loss = loss_fn(e, y, None, r, ry)
+            loss = loss_fn(e, y, None, r, ry) if kind == "pair" else loss_fn(e, y)
             loss.backward()
             timings.append(time.perf_counter() - t)
         rec.update(loss=loss.item(), seconds=timings)
@@ -248,6 +260,9 @@ def main():
     ap.add_argument("--swap-batch", type=int, default=512, help="0: no swap cases")
     ap.add_argument("--pair", type=int, nargs="*", default=None,
                     help="only PML's pair losses, against these reference counts (default 4096)")
+    ap.add_argument("--in-batch", type=int, nargs="*", default=None,
+                    help="only PML's losses that refuse references, on batches of these sizes")
+    ap.add_argument("--only", nargs="*", default=None, help="these losses only (class names)")
     a = ap.parse_args()
     if a.worker:
         a.func = a.worker
@@ -256,19 +271,27 @@ def main():
 
     print("| case | implementation | median s | peak RSS MiB | loss |")
     print("|---|---|---|---|---|")
-    if a.pair is not None:
-        for m in a.pair or [4096]:
-            for name in PAIR_LOSSES:
-                funcs = (f"pair_{name}_pml", f"pair_{name}_ours")
-                recs = {f: launch(f, m, a.reps, a.backend) for f in funcs}
-                for f, rec in recs.items():
-                    who = "PML" if f.endswith("_pml") else "wml.pml"
-                    print_row(f"{name}, 256 × {m}", f"{who} {name}", rec)
-                if all("failed" not in r for r in recs.values()):
-                    g = [torch.load(f"/tmp/wml-loss-grad-{f}-{m}.pt") for f in funcs]
-                    t = [statistics.median(recs[f]["seconds"]) for f in funcs]
-                    print(f"| {name}, 256 × {m} | speed-up {t[0] / t[1]:.1f}×; gradient max "
-                          f"relative difference | {relative_difference(g[1], g[0]):.1e} | | |")
+    modes = [("pair", PAIR_LOSSES, a.pair, "256 × {m}"),
+             ("inbatch", IN_BATCH_LOSSES, a.in_batch, "B = {m}")]
+    if a.pair is not None or a.in_batch is not None:
+        for kind, names, sizes, case in modes:
+            if sizes is None:
+                continue
+            for m in sizes or [4096]:
+                for name in names:
+                    if a.only and name not in a.only:
+                        continue
+                    funcs = (f"{kind}_{name}_pml", f"{kind}_{name}_ours")
+                    recs = {f: launch(f, m, a.reps, a.backend) for f in funcs}
+                    label = f"{name}, {case.format(m=m)}"
+                    for f, rec in recs.items():
+                        who = "PML" if f.endswith("_pml") else "wml.pml"
+                        print_row(label, f"{who} {name}", rec)
+                    if all("failed" not in r for r in recs.values()):
+                        g = [torch.load(f"/tmp/wml-loss-grad-{f}-{m}.pt") for f in funcs]
+                        t = [statistics.median(recs[f]["seconds"]) for f in funcs]
+                        print(f"| {label} | speed-up {t[0] / t[1]:.1f}×; gradient max "
+                              f"relative difference | {relative_difference(g[1], g[0]):.1e} | | |")
         return
     for m in a.bank:
         recs = {f: launch(f, m, a.reps, a.backend) for f in ("triplet_pml", "triplet_ours")}

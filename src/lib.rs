@@ -44,9 +44,10 @@ pub use ops::knn::{knn, knn_on_device, knn_plan, knn_sharded, Knn, KnnConfig, Kn
 pub use ops::loss::{
     multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan, ntxent_loss,
     ntxent_loss_plan, pair_loss, pair_loss_plan, triplet_margin_loss, triplet_margin_loss_plan,
-    Circle, Contrastive, FastAp, GeneralizedLifted, InfoNceConfig, InfoNceLoss, Margin, MnrlConfig,
-    MultiSimilarity, Nca, PairLoss, PairLossConfig, PairLossRule, SupCon, TripletLoss,
-    TripletLossConfig,
+    Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, InfoNceLoss,
+    IntraPairVariance, LiftedStructure, Margin, MnrlConfig, MultiSimilarity, Nca, PairLoss,
+    PairLossConfig, PairLossRule, RankedList, SupCon, ThresholdConsistentMargin, TripletLoss,
+    TripletLossConfig, TupletMargin,
 };
 pub use ops::miners::{
     all_pairs, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets,

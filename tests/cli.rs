@@ -13,10 +13,11 @@ use wgpu_metric_learning::{
     mine_triplets, multiple_negatives_ranking_loss, ntxent_loss, pair_loss, pair_margin_pairs,
     triplet_margin_loss, uniform_histogram_pairs, AccuracyConfig, AccuracyK, AccuracyMetric,
     AngularConfig, BatchHardConfig, Circle, Context, Contrastive, Distance, DistanceConfig,
-    DistanceWeightedConfig, FastAp, GeneralizedLifted, HdcConfig, InfoNceConfig, KmeansConfig,
-    KnnConfig, Margin, MiningSet, MnrlConfig, MultiSimilarity, Nca, PairLoss, PairLossConfig,
-    PairLossRule, PairMarginConfig, SelfExclusion, SupCon, TripletConfig, TripletLossConfig,
-    TripletRule, TripletType, UniformHistogramConfig,
+    DistanceWeightedConfig, FastAp, GeneralizedLifted, HdcConfig, InfoNceConfig, IntraPairVariance,
+    KmeansConfig, KnnConfig, LiftedStructure, Margin, MiningSet, MnrlConfig, MultiSimilarity, Nca,
+    PairLoss, PairLossConfig, PairLossRule, PairMarginConfig, RankedList, SelfExclusion, SupCon,
+    ThresholdConsistentMargin, TripletConfig, TripletLossConfig, TripletRule, TripletType,
+    TupletMargin, UniformHistogramConfig,
 };
 
 /// A fresh directory for one test's files.
@@ -851,11 +852,60 @@ fn pair_losses_print_their_json_and_write_the_library_gradients() {
         &out,
         pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss"),
     );
-    // Circle on a distance: one line naming the parameter, status 1.
+    let out = run(&["lifted-structure", "--neg-margin", "0.9"]);
+    let rule = LiftedStructure {
+        neg_margin: 0.9,
+        ..Default::default()
+    };
+    check(
+        &out,
+        pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss"),
+    );
+    let out = run(&["tuplet-margin", "--margin", "10", "--scale", "16"]);
+    let rule = TupletMargin {
+        margin: 10.0,
+        scale: 16.0,
+    };
+    check(
+        &out,
+        pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss"),
+    );
+    let out = run(&["intra-pair-variance", "--pos-eps", "0.05"]);
+    let rule = IntraPairVariance {
+        pos_eps: 0.05,
+        ..Default::default()
+    };
+    check(
+        &out,
+        pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss"),
+    );
+    let out = run(&["ranked-list", "--margin", "0.5", "--tn", "2", "--tp", "1"]);
+    let rule = RankedList {
+        margin: 0.5,
+        tn: 2.0,
+        tp: 1.0,
+        ..Default::default()
+    };
+    check(
+        &out,
+        pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss"),
+    );
+    let out = run(&["threshold-consistent-margin", "--margin-minus", "0.2"]);
+    let rule = ThresholdConsistentMargin {
+        margin_minus: 0.2,
+        ..Default::default()
+    };
+    check(
+        &out,
+        pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss"),
+    );
+    // Circle on a distance, Histogram with references: one line naming the parameter,
+    // status 1.
     fails_with(
         &raw(&["circle", "--distance", "euclidean"]),
         &["distance", "cosine"],
     );
+    fails_with(&raw(&["histogram", "--n-bins", "20"]), &["refs", "None"]);
 }
 
 #[test]

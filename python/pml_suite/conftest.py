@@ -37,12 +37,18 @@ LOSSES = [
     "CrossBatchMemory",
     "FastAPLoss",
     "GeneralizedLiftedStructureLoss",
+    "HistogramLoss",
+    "IntraPairVarianceLoss",
+    "LiftedStructureLoss",
     "MarginLoss",
     "MultiSimilarityLoss",
     "NCALoss",
     "NTXentLoss",
+    "RankedListLoss",
     "SupConLoss",
+    "ThresholdConsistentMarginLoss",
     "TripletMarginLoss",
+    "TupletMarginLoss",
 ]
 
 for name in MINERS:

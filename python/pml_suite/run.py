@@ -33,6 +33,11 @@ FILES = [
     "losses/test_lifted_structure_loss.py",
     "losses/test_margin_loss.py",
     "losses/test_fastap_loss.py",
+    "losses/test_histogram_loss.py",
+    "losses/test_intra_pair_variance_loss.py",
+    "losses/test_ranked_list_loss.py",
+    "losses/test_tcm_loss.py",
+    "losses/test_tuplet_margin_loss.py",
     "utils/test_calculate_accuracies.py",
     "utils/test_calculate_accuracies_large_k.py",
 ]

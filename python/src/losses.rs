@@ -9,8 +9,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use wgpu_metric_learning as wml;
 use wml::{
-    Circle, Contrastive, FastAp, GeneralizedLifted, InfoNceConfig, Margin, MnrlConfig,
-    MultiSimilarity, Nca, PairLossConfig, PairLossRule, SupCon, TripletLossConfig,
+    Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, IntraPairVariance,
+    LiftedStructure, Margin, MnrlConfig, MultiSimilarity, Nca, PairLossConfig, PairLossRule,
+    RankedList, SupCon, ThresholdConsistentMargin, TripletLossConfig, TupletMargin,
 };
 
 use crate::call::{distance_config, labelled, run, self_exclusion};
@@ -276,4 +277,42 @@ pair_loss_fn!(
     margin_loss,
     Margin { margin: f32 = 0.2, nu: f32 = 0.0, beta: f32 = 1.2, learn_beta: bool = false },
     "euclidean"
+);
+pair_loss_fn!(
+    /// PML's `LiftedStructureLoss` and its gradient: as [`contrastive_loss`].
+    lifted_structure_loss,
+    LiftedStructure { neg_margin: f32 = 1.0, pos_margin: f32 = 0.0 },
+    "euclidean"
+);
+pair_loss_fn!(
+    /// PML's `HistogramLoss` (cosine, no references) and its gradient: as
+    /// [`contrastive_loss`].
+    histogram_loss,
+    Histogram { n_bins: u32 = 100 },
+    "cosine"
+);
+pair_loss_fn!(
+    /// PML's `TupletMarginLoss` (cosine) and its gradient: as [`contrastive_loss`].
+    tuplet_margin_loss,
+    TupletMargin { margin: f32 = 5.73, scale: f32 = 64.0 },
+    "cosine"
+);
+pair_loss_fn!(
+    /// PML's `IntraPairVarianceLoss` and its gradient: as [`contrastive_loss`].
+    intra_pair_variance_loss,
+    IntraPairVariance { pos_eps: f32 = 0.01, neg_eps: f32 = 0.01 },
+    "cosine"
+);
+pair_loss_fn!(
+    /// PML's `RankedListLoss` and its gradient: as [`contrastive_loss`].
+    ranked_list_loss,
+    RankedList { margin: f32 = 0.4, tn: f32 = 1.0, imbalance: f32 = 0.5, alpha: Option<f32> = None, tp: f32 = 0.0 },
+    "euclidean"
+);
+pair_loss_fn!(
+    /// PML's `ThresholdConsistentMarginLoss` (cosine) and its gradient: as
+    /// [`contrastive_loss`].
+    threshold_consistent_margin_loss,
+    ThresholdConsistentMargin { lambda_plus: f32 = 1.0, lambda_minus: f32 = 1.0, margin_plus: f32 = 0.9, margin_minus: f32 = 0.5 },
+    "cosine"
 );

@@ -28,9 +28,24 @@ LOSSES = {
     "GeneralizedLiftedStructureLoss": ([{}, {"pos_margin": 0.1, "neg_margin": 0.8}], list(DISTANCES)),
     "MarginLoss": ([{}, {"margin": 0.1, "beta": 0.8, "nu": 0.1, "learn_beta": True}], list(DISTANCES)),
     "FastAPLoss": ([{}, {"num_bins": 25}], ["lp_squared", "lp"]),
+    "LiftedStructureLoss": ([{}, {"pos_margin": 0.1, "neg_margin": 0.8}], list(DISTANCES)),
+    "HistogramLoss": ([{}, {"n_bins": 15}, {"delta": 0.04}], ["cosine"]),
+    "TupletMarginLoss": ([{}, {"margin": 10, "scale": 16}], ["cosine"]),
+    "IntraPairVarianceLoss": ([{}, {"pos_eps": 0.05, "neg_eps": 0.1}], list(DISTANCES)),
+    "RankedListLoss": (
+        [{"margin": 0.4, "Tn": 1.0}, {"margin": 0.8, "Tn": 3, "Tp": 1, "imbalance": 0.3, "alpha": 1.1}],
+        list(DISTANCES),
+    ),
+    "ThresholdConsistentMarginLoss": (
+        [{}, {"lambda_plus": 0.5, "lambda_minus": 2, "margin_plus": 0.3, "margin_minus": -0.2}],
+        ["cosine"],
+    ),
 }
-# Losses whose PML code refuses references (ref_emb, CrossBatchMemory).
-NO_REFS = ["FastAPLoss"]
+# Losses whose PML code refuses references (ref_emb, CrossBatchMemory), or (TCM) indexes
+# the embeddings with the references' pairs.
+NO_REFS = ["FastAPLoss", "HistogramLoss", "RankedListLoss", "ThresholdConsistentMarginLoss"]
+# Losses whose PML code refuses an indices_tuple.
+NO_TUPLES = ["RankedListLoss"]
 
 
 def default_dist(name):
@@ -38,7 +53,11 @@ def default_dist(name):
     dists = LOSSES[name][1]
     return "cosine" if "cosine" in dists else dists[0]
 # PML's GenericPairLoss subclasses: no loss with at most one positive and one negative pair.
-GENERIC = ["ContrastiveLoss", "MultiSimilarityLoss", "SupConLoss", "CircleLoss", "GeneralizedLiftedStructureLoss"]
+GENERIC = [
+    "ContrastiveLoss", "MultiSimilarityLoss", "SupConLoss", "CircleLoss",
+    "GeneralizedLiftedStructureLoss", "LiftedStructureLoss", "TupletMarginLoss",
+    "IntraPairVarianceLoss",
+]
 CASES = [(name, i, dist) for name, (params, dists) in LOSSES.items() for i in range(len(params)) for dist in dists]
 
 
@@ -82,10 +101,13 @@ def test_references_and_their_gradient_equal_pml(backend, name):
     r, ry = batch(n=40, seed=2)
     ours, theirs = make(name, 1, default_dist(name), backend=backend)
     if name in NO_REFS:
-        # PML's code runs for references, and refuses them as PML does.
+        # PML's code runs for references, and fails as PML's does.
+        failures = []
         for loss in (ours, theirs):
-            with pytest.raises(ValueError):
+            with pytest.raises(Exception) as caught:
                 loss(x, y, None, r, ry)
+            failures.append(caught.type)
+        assert failures[0] is failures[1]
         return
 
     def call(fn):
@@ -137,13 +159,19 @@ def test_pml_edges_one_class_one_pair_all_distinct(backend, name):
 def test_fallbacks_run_pmls_code():
     x, y = batch(seed=3)
     # Another reducer, and a miner's indices_tuple: PML's own code.
-    for name in LOSSES:
-        ours = getattr(drop, name)(reducer=pml.reducers.SumReducer())
-        theirs = getattr(losses, name)(reducer=pml.reducers.SumReducer())
+    for name, (params, _) in LOSSES.items():
+        kw = params[0]
+        ours = getattr(drop, name)(reducer=pml.reducers.SumReducer(), **kw)
+        theirs = getattr(losses, name)(reducer=pml.reducers.SumReducer(), **kw)
         assert not ours._library_can()
         assert_same(value_and_grads(ours, x, labels=y), value_and_grads(theirs, x, labels=y))
         pairs = miners.MultiSimilarityMiner()(x, y)
-        ours, theirs = getattr(drop, name)(), getattr(losses, name)()
+        ours, theirs = getattr(drop, name)(**kw), getattr(losses, name)(**kw)
+        if name in NO_TUPLES:
+            for loss in (ours, theirs):
+                with pytest.raises(ValueError):
+                    loss(x, y, pairs)
+            continue
         assert ours(x, y, pairs).item() == pytest.approx(theirs(x, y, pairs).item(), rel=1e-6)
     # The default reducer's type with other thresholds is not the default.
     assert not drop.ContrastiveLoss(reducer=pml.reducers.AvgNonZeroReducer(high=0.5))._library_can()

@@ -30,7 +30,10 @@ Losses come with their gradients, computed without a triplet list or the whole s
 matrix: :func:`triplet_margin_loss`, :func:`ntxent_loss`, :func:`multiple_negatives_ranking_loss`,
 and PML's pair losses :func:`contrastive_loss`, :func:`multi_similarity_loss`,
 :func:`supcon_loss`, :func:`circle_loss`, :func:`nca_loss`,
-:func:`generalized_lifted_structure_loss`, :func:`margin_loss`, :func:`fast_ap_loss`.
+:func:`generalized_lifted_structure_loss`, :func:`margin_loss`, :func:`fast_ap_loss`,
+:func:`lifted_structure_loss`, :func:`histogram_loss`, :func:`tuplet_margin_loss`,
+:func:`intra_pair_variance_loss`, :func:`ranked_list_loss`,
+:func:`threshold_consistent_margin_loss`.
 
 ``wgpu_metric_learning.pml`` has drop-ins for pytorch-metric-learning (``KNN`` for
 ``AccuracyCalculator``, the miners, ``CrossBatchMemory``, ``TripletMarginLoss`` and
@@ -90,6 +93,12 @@ __all__ = [
     "supcon_loss",
     "triplet_margin_loss",
     "uniform_histogram_pairs",
+    "lifted_structure_loss",
+    "histogram_loss",
+    "tuplet_margin_loss",
+    "intra_pair_variance_loss",
+    "ranked_list_loss",
+    "threshold_consistent_margin_loss",
 ]
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -1061,4 +1070,143 @@ def fast_ap_loss(
     return _pair_loss(
         "fast_ap_loss", ctx, embeddings, labels, refs, num_bins=num_bins, distance=distance,
         normalize=normalize, self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )
+
+
+def lifted_structure_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    neg_margin: float = 1.0,
+    pos_margin: float = 0.0,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``LiftedStructureLoss(neg_margin, pos_margin)``: per positive pair, the squared
+    hinge of its distance plus the log-sum-exp over both rows' negatives, averaged over every
+    positive pair, with its gradient (three passes over the rows, no pair-of-pairs mask);
+    ``count`` is the positive pairs, ``total`` all the pairs."""
+    return _pair_loss(
+        "lifted_structure_loss", ctx, embeddings, labels, refs, neg_margin=neg_margin, pos_margin=pos_margin,
+        distance=distance, normalize=normalize, self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )
+
+
+def histogram_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    n_bins: int = 100,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``HistogramLoss(n_bins)`` (cosine similarity, no references): the positive and
+    negative pairs' soft histograms and the probability that a negative pair is more similar
+    than a positive one, with its gradient; ``count`` is the pairs binned, ``total`` all the
+    pairs."""
+    return _pair_loss(
+        "histogram_loss", ctx, embeddings, labels, refs, n_bins=n_bins,
+        distance=distance, normalize=normalize, self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )
+
+
+def tuplet_margin_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    margin: float = 5.73,
+    scale: float = 64.0,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``TupletMarginLoss(margin, scale)`` (cosine similarity, ``margin`` in degrees),
+    averaged over every positive pair, with its gradient; ``count`` is the positive pairs,
+    ``total`` all the pairs."""
+    return _pair_loss(
+        "tuplet_margin_loss", ctx, embeddings, labels, refs, margin=margin, scale=scale,
+        distance=distance, normalize=normalize, self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )
+
+
+def intra_pair_variance_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    pos_eps: float = 0.01,
+    neg_eps: float = 0.01,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``IntraPairVarianceLoss(pos_eps, neg_eps)``: each group's squared hinge
+    around its own mean (the mean's gradient included), with its gradient; ``count`` is the
+    pairs, ``total`` all the pairs."""
+    return _pair_loss(
+        "intra_pair_variance_loss", ctx, embeddings, labels, refs, pos_eps=pos_eps, neg_eps=neg_eps,
+        distance=distance, normalize=normalize, self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )
+
+
+def ranked_list_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    margin: float = 0.4,
+    tn: float = 1.0,
+    imbalance: float = 0.5,
+    alpha: Optional[float] = None,
+    tp: float = 0.0,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``RankedListLoss(margin, Tn, imbalance, alpha, Tp)`` (here ``tn``, ``tp``;
+    ``alpha=None`` is ``1 + margin / 2``), averaged over every anchor, with its gradient;
+    ``count`` is the anchors, ``total`` all the pairs. References are the library's extension
+    (PML's refuses them)."""
+    return _pair_loss(
+        "ranked_list_loss", ctx, embeddings, labels, refs, margin=margin, tn=tn, imbalance=imbalance, alpha=alpha, tp=tp,
+        distance=distance, normalize=normalize, self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )
+
+
+def threshold_consistent_margin_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    lambda_plus: float = 1.0,
+    lambda_minus: float = 1.0,
+    margin_plus: float = 0.9,
+    margin_minus: float = 0.5,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``ThresholdConsistentMarginLoss(lambda_plus, lambda_minus, margin_plus,
+    margin_minus)`` (cosine similarity), with its gradient; ``count`` is the pairs past
+    their margins, ``total`` all the pairs."""
+    return _pair_loss(
+        "threshold_consistent_margin_loss", ctx, embeddings, labels, refs, lambda_plus=lambda_plus, lambda_minus=lambda_minus, margin_plus=margin_plus, margin_minus=margin_minus,
+        distance=distance, normalize=normalize, self_exclusion=self_exclusion, ref_grad=ref_grad,
     )

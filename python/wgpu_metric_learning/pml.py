@@ -98,6 +98,9 @@ __all__ = [
     "CrossBatchMemory",
     "FastAPLoss",
     "GeneralizedLiftedStructureLoss",
+    "HistogramLoss",
+    "IntraPairVarianceLoss",
+    "LiftedStructureLoss",
     "MarginLoss",
     "MultiSimilarityLoss",
     "MultiSimilarityMiner",
@@ -105,9 +108,12 @@ __all__ = [
     "MultipleNegativesRankingLoss",
     "NTXentLoss",
     "PairMarginMiner",
+    "RankedListLoss",
     "SupConLoss",
+    "ThresholdConsistentMarginLoss",
     "TripletMarginLoss",
     "TripletMarginMiner",
+    "TupletMarginLoss",
 ]
 
 _contexts: Dict[Tuple[str, Optional[int]], Context] = {}
@@ -1494,3 +1500,200 @@ class MultipleNegativesRankingLoss(_OnContext, torch.nn.Module):
             scale=float(self.scale),
         )
         return _loss_tensor(value, [(anchors, grad), (candidates, cand_grad)])
+
+
+class LiftedStructureLoss(_WholeLoss, pml_losses.LiftedStructureLoss):
+    """PML's ``LiftedStructureLoss(neg_margin=1, pos_margin=0, distance=LpDistance())`` whose
+    value and gradient come from the library in three passes over row blocks: PML's
+    ``(positive pairs × negative pairs)`` mask never exists. As PML, a positive pair's
+    second row is the query of the positive's index, also against references.
+    ``loss.backward()`` reaches ``embeddings`` (and ``ref_emb`` when it requires grad). PML's
+    code runs instead with an ``indices_tuple``, another reducer or a regularizer."""
+
+    _default_reducer = pml_reducers.MeanReducer
+    _native_name = "lifted_structure_loss"
+
+    def __init__(
+        self,
+        neg_margin: float = 1,
+        pos_margin: float = 0,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(neg_margin=neg_margin, pos_margin=pos_margin, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return dict(pos_margin=float(self.pos_margin), neg_margin=float(self.neg_margin))
+
+
+class _OnlyCosine:
+    """A loss the library computes on cosine similarity only, PML's code running for the
+    others (PML does not assert the distance for it)."""
+
+    def _library_can(self) -> bool:
+        cosine = type(self.distance) is pml_distances.CosineSimilarity
+        return cosine and super()._library_can()  # type: ignore[misc]
+
+
+class HistogramLoss(_OnlyCosine, _WholeLoss, pml_losses.HistogramLoss):
+    """PML's ``HistogramLoss(n_bins=100, delta=None, distance=CosineSimilarity())`` whose
+    value and gradient come from the library: two passes over row blocks fill and then
+    differentiate the two histograms (PML lists every triplet). ``loss.backward()`` reaches
+    ``embeddings``. As PML, it refuses references (``ref_emb``, ``CrossBatchMemory``): PML's
+    code runs for them and raises its error. PML's code also runs with an
+    ``indices_tuple``, another distance, reducer or a regularizer. A similarity of exactly 1,
+    where PML's ``scatter_add`` fails, falls in the top bin."""
+
+    _default_reducer = pml_reducers.MeanReducer
+    _native_name = "histogram_loss"
+    _takes_refs = False
+
+    def __init__(
+        self,
+        n_bins: Optional[int] = None,
+        delta: Optional[float] = None,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(n_bins=n_bins, delta=delta, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return dict(n_bins=int(round(2 / self.delta)))
+
+    def _rule_with(self, miner: Any, with_refs: bool = False):
+        return False if with_refs else super()._rule_with(miner)
+
+
+class TupletMarginLoss(_WholeLoss, pml_losses.TupletMarginLoss):
+    """PML's ``TupletMarginLoss(margin=5.73, scale=64)`` (cosine similarity, as PML asserts)
+    whose value and gradient come from the library over every positive pair, in row blocks
+    (PML repeats the negative pairs once per positive pair). ``loss.backward()`` reaches
+    ``embeddings`` (and ``ref_emb`` when it requires grad). The angle statistics are not
+    recorded. PML's code runs instead with an ``indices_tuple``, another reducer or a
+    regularizer."""
+
+    _default_reducer = pml_reducers.MeanReducer
+    _native_name = "tuplet_margin_loss"
+
+    def __init__(
+        self,
+        margin: float = 5.73,
+        scale: float = 64,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(margin=margin, scale=scale, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return dict(margin=float(np.degrees(self.margin)), scale=float(self.scale))
+
+
+class IntraPairVarianceLoss(_WholeLoss, pml_losses.IntraPairVarianceLoss):
+    """PML's ``IntraPairVarianceLoss(pos_eps=0.01, neg_eps=0.01, distance=CosineSimilarity())``
+    whose value and gradient come from the library in three passes over row blocks (the
+    means, the hinges' sums, the gradient). ``loss.backward()`` reaches ``embeddings`` (and
+    ``ref_emb`` when it requires grad). PML's code runs instead with an ``indices_tuple``,
+    another reducer or a regularizer."""
+
+    _default_reducer = pml_reducers.MeanReducer
+    _native_name = "intra_pair_variance_loss"
+
+    def __init__(
+        self,
+        pos_eps: float = 0.01,
+        neg_eps: float = 0.01,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(pos_eps=pos_eps, neg_eps=neg_eps, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return dict(pos_eps=float(self.pos_eps), neg_eps=float(self.neg_eps))
+
+
+class RankedListLoss(_WholeLoss, pml_losses.RankedListLoss):
+    """PML's ``RankedListLoss(margin, Tn, imbalance=0.5, alpha=None, Tp=0,
+    distance=LpDistance())`` whose value and gradient come from the library, one anchor's
+    row at a time (PML builds five ``(b, b)`` matrices). ``loss.backward()`` reaches
+    ``embeddings``. As PML, it refuses references and an ``indices_tuple``: PML's code runs
+    for them and raises its error. PML's code also runs with another reducer or a
+    regularizer."""
+
+    _default_reducer = pml_reducers.MeanReducer
+    _native_name = "ranked_list_loss"
+    _takes_refs = False
+
+    def __init__(
+        self,
+        margin: float,
+        Tn: float,
+        imbalance: float = 0.5,
+        alpha: Optional[float] = None,
+        Tp: float = 0,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(margin=margin, Tn=Tn, imbalance=imbalance, alpha=alpha, Tp=Tp, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return dict(
+            margin=float(self.margin), tn=float(self.Tn), imbalance=float(self.imbalance),
+            alpha=float(self.alpha), tp=float(self.Tp),
+        )
+
+    def _rule_with(self, miner: Any, with_refs: bool = False):
+        return False if with_refs else super()._rule_with(miner)
+
+
+class ThresholdConsistentMarginLoss(_WholeLoss, pml_losses.ThresholdConsistentMarginLoss):
+    """PML's ``ThresholdConsistentMarginLoss(lambda_plus=1, lambda_minus=1, margin_plus=0.9,
+    margin_minus=0.5)`` (cosine similarity, as PML asserts) whose value and gradient come from
+    the library in two passes over row blocks (the pairs past each margin counted, then the
+    gradient). ``loss.backward()`` reaches ``embeddings``. PML's code runs instead with
+    references (it indexes ``embeddings`` with the references' pairs), an ``indices_tuple``,
+    another reducer or a regularizer."""
+
+    _default_reducer = pml_reducers.MeanReducer
+    _native_name = "threshold_consistent_margin_loss"
+    _takes_refs = False
+
+    def __init__(
+        self,
+        lambda_plus: float = 1.0,
+        lambda_minus: float = 1.0,
+        margin_plus: float = 0.9,
+        margin_minus: float = 0.5,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            lambda_plus=lambda_plus, lambda_minus=lambda_minus, margin_plus=margin_plus,
+            margin_minus=margin_minus, **kwargs,
+        )
+        self._set_library_context(context, backend, budget)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return dict(
+            lambda_plus=float(self.lambda_plus), lambda_minus=float(self.lambda_minus),
+            margin_plus=float(self.margin_plus), margin_minus=float(self.margin_minus),
+        )
+
+    def _rule_with(self, miner: Any, with_refs: bool = False):
+        return False if with_refs else super()._rule_with(miner)

@@ -17,6 +17,7 @@ pub mod negative_buckets;
 pub mod ntxent_loss;
 mod pair_gradient;
 pub mod pair_loss;
+mod pair_loss_tuples;
 pub mod pair_select;
 pub mod row_norms;
 pub mod triplet_expand;

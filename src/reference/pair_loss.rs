@@ -7,9 +7,11 @@
 use ndarray::{Array2, ArrayView2};
 
 use super::pair_gradient::pair_gradient;
+use super::pair_loss_tuples::{dense, TupleRule};
 use crate::{
-    Circle, Contrastive, Distance, DistanceConfig, FastAp, GeneralizedLifted, Margin,
-    MultiSimilarity, Nca, SupCon,
+    Circle, Contrastive, Distance, DistanceConfig, FastAp, GeneralizedLifted, Histogram,
+    IntraPairVariance, LiftedStructure, Margin, MultiSimilarity, Nca, RankedList, SupCon,
+    ThresholdConsistentMargin, TupletMargin,
 };
 
 /// Which loss the reference computes.
@@ -31,6 +33,33 @@ pub enum PairLossRef {
     Margin(Margin),
     /// PML `FastAPLoss`.
     FastAp(FastAp),
+    /// PML `LiftedStructureLoss`.
+    LiftedStructure(LiftedStructure),
+    /// PML `HistogramLoss`.
+    Histogram(Histogram),
+    /// PML `TupletMarginLoss`.
+    TupletMargin(TupletMargin),
+    /// PML `IntraPairVarianceLoss`.
+    IntraPairVariance(IntraPairVariance),
+    /// PML `RankedListLoss`.
+    RankedList(RankedList),
+    /// PML `ThresholdConsistentMarginLoss`.
+    ThresholdConsistentMargin(ThresholdConsistentMargin),
+}
+
+impl PairLossRef {
+    /// The rules `super::pair_loss_tuples` writes out.
+    fn tuple(self) -> Option<TupleRule> {
+        Some(match self {
+            Self::LiftedStructure(c) => TupleRule::Lifted(c),
+            Self::Histogram(c) => TupleRule::Histogram(c),
+            Self::TupletMargin(c) => TupleRule::Tuplet(c),
+            Self::IntraPairVariance(c) => TupleRule::Variance(c),
+            Self::RankedList(c) => TupleRule::RankedList(c),
+            Self::ThresholdConsistentMargin(c) => TupleRule::Tcm(c),
+            _ => return None,
+        })
+    }
 }
 
 /// The loss and gradients of [`pair_loss`], in f64.
@@ -95,12 +124,34 @@ pub fn pair_loss(
         ref_grad: Array2::zeros(refs.dim()),
         beta_grad: 0.0,
     };
+    let few = positives <= 1 && negatives <= 1;
+    if let Some(tuple) = rule.tuple() {
+        // PML's early returns: GenericPairLoss's few pairs, no pair of a kind.
+        let has = match tuple {
+            TupleRule::Lifted(_) | TupleRule::Tuplet(_) => !few && positives > 0 && negatives > 0,
+            TupleRule::Variance(_) => !few,
+            TupleRule::Tcm(_) => positives + negatives > 0,
+            TupleRule::RankedList(_) | TupleRule::Histogram(_) => true,
+        };
+        if !has {
+            return out;
+        }
+        let d = dense(distances, lists, tuple, distance.distance.is_similarity());
+        (out.loss, out.nonzero) = (d.loss, d.nonzero);
+        for ((a, j), &w) in d.w.indexed_iter().filter(|(_, &w)| w != 0.0) {
+            let (dq, dr) = pair_gradient(distance, queries.row(a), refs.row(j), w);
+            let mut qa = out.query_grad.row_mut(a);
+            qa += &dq;
+            let mut rr = out.ref_grad.row_mut(j);
+            rr += &dr;
+        }
+        return out;
+    }
     let supcon = matches!(rule, PairLossRef::SupCon(_));
     let generic = !matches!(
         rule,
         PairLossRef::Nca(_) | PairLossRef::Margin(_) | PairLossRef::FastAp(_)
     );
-    let few = positives <= 1 && negatives <= 1;
     let nca_none = matches!(rule, PairLossRef::Nca(_)) && lists.len() <= 1;
     if generic && few || supcon && (positives == 0 || negatives == 0) || nca_none {
         return out;
@@ -114,7 +165,15 @@ pub fn pair_loss(
     for (a, (pos, neg)) in lists.iter().enumerate() {
         let mut terms = Vec::new();
         let loss = match rule {
-            PairLossRef::Contrastive(_) | PairLossRef::Margin(_) => 0.0,
+            // Contrastive and Margin reduce over pairs below; the tuple rules returned above.
+            PairLossRef::Contrastive(_)
+            | PairLossRef::Margin(_)
+            | PairLossRef::LiftedStructure(_)
+            | PairLossRef::Histogram(_)
+            | PairLossRef::TupletMargin(_)
+            | PairLossRef::IntraPairVariance(_)
+            | PairLossRef::RankedList(_)
+            | PairLossRef::ThresholdConsistentMargin(_) => 0.0,
             PairLossRef::Nca(c) => {
                 let scale = f64::from(c.softmax_scale);
                 let sign = if sim { 1.0 } else { -1.0 };
@@ -330,6 +389,12 @@ pub fn pair_loss(
                 scaled.extend(terms.iter().map(|&(j, w)| (a, j, w / k)));
             }
         }
+        PairLossRef::LiftedStructure(_)
+        | PairLossRef::Histogram(_)
+        | PairLossRef::TupletMargin(_)
+        | PairLossRef::IntraPairVariance(_)
+        | PairLossRef::RankedList(_)
+        | PairLossRef::ThresholdConsistentMargin(_) => {}
         PairLossRef::SupCon(_) | PairLossRef::Circle(_) => {
             let kept: Vec<usize> = (0..lists.len())
                 .filter(|&a| per_anchor[a].0 as f32 > 0.0)

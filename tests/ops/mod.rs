@@ -7,6 +7,7 @@ mod kmeans;
 mod memory_bank;
 mod miners;
 pub(crate) mod ntxent_loss;
-mod pair_loss;
+pub(crate) mod pair_loss;
+mod pair_loss_tuples;
 mod sampling_miners;
 mod triplet_margin_loss;

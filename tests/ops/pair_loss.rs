@@ -10,8 +10,9 @@ use proptest::prelude::*;
 use wgpu_metric_learning::reference::pair_loss::{pair_loss as reference, PairLossRef};
 use wgpu_metric_learning::{
     pair_loss, pair_loss_plan, Circle, ComputePath, Context, Contrastive, Distance, DistanceConfig,
-    Error, FastAp, GeneralizedLifted, Margin, MiningSet, MultiSimilarity, Nca, PairLoss,
-    PairLossConfig, SupCon,
+    Error, FastAp, GeneralizedLifted, Histogram, IntraPairVariance, LiftedStructure, Margin,
+    MiningSet, MultiSimilarity, Nca, PairLoss, PairLossConfig, RankedList, SupCon,
+    ThresholdConsistentMargin, TupletMargin,
 };
 
 const COSINE: DistanceConfig = DistanceConfig {
@@ -20,16 +21,66 @@ const COSINE: DistanceConfig = DistanceConfig {
 };
 
 #[derive(Debug, Clone)]
-struct Problem {
-    labels: Array1<u32>,
-    x: Array2<f32>,
-    refs: Option<(Array1<u32>, Array2<f32>)>,
-    rule: PairLossRef,
-    distance: DistanceConfig,
-    ref_grad: bool,
+pub(crate) struct Problem {
+    pub(crate) labels: Array1<u32>,
+    pub(crate) x: Array2<f32>,
+    pub(crate) refs: Option<(Array1<u32>, Array2<f32>)>,
+    pub(crate) rule: PairLossRef,
+    pub(crate) distance: DistanceConfig,
+    pub(crate) ref_grad: bool,
 }
 
 fn rule() -> impl Strategy<Value = PairLossRef> {
+    prop_oneof![old_rule(), new_rule()]
+}
+
+/// The rules of PML's tuple and whole-batch losses.
+fn new_rule() -> impl Strategy<Value = PairLossRef> {
+    prop_oneof![
+        (0.0f32..0.5, prop_oneof![Just(1.0f32), 0.3f32..2.0]).prop_map(
+            |(pos_margin, neg_margin)| PairLossRef::LiftedStructure(LiftedStructure {
+                pos_margin,
+                neg_margin
+            })
+        ),
+        prop_oneof![Just(100u32), 1u32..40]
+            .prop_map(|n_bins| PairLossRef::Histogram(Histogram { n_bins })),
+        (prop_oneof![Just(5.73f32), 0.0f32..30.0], 1.0f32..64.0)
+            .prop_map(|(margin, scale)| PairLossRef::TupletMargin(TupletMargin { margin, scale })),
+        (0.0f32..0.2, 0.0f32..0.2).prop_map(|(pos_eps, neg_eps)| {
+            PairLossRef::IntraPairVariance(IntraPairVariance { pos_eps, neg_eps })
+        }),
+        (
+            0.0f32..1.0,
+            0.0f32..5.0,
+            0.0f32..=1.0,
+            prop_oneof![Just(None), (0.5f32..1.5).prop_map(Some)],
+            0.0f32..3.0
+        )
+            .prop_map(|(margin, tn, imbalance, alpha, tp)| {
+                PairLossRef::RankedList(RankedList {
+                    margin,
+                    tn,
+                    imbalance,
+                    alpha,
+                    tp,
+                })
+            }),
+        (0.5f32..2.0, 0.5f32..2.0, 0.0f32..1.0, -0.5f32..0.9).prop_map(
+            |(lambda_plus, lambda_minus, margin_plus, margin_minus)| {
+                PairLossRef::ThresholdConsistentMargin(ThresholdConsistentMargin {
+                    lambda_plus,
+                    lambda_minus,
+                    margin_plus,
+                    margin_minus,
+                })
+            }
+        ),
+    ]
+}
+
+/// The rules of the first eight losses.
+fn old_rule() -> impl Strategy<Value = PairLossRef> {
     prop_oneof![
         (
             prop_oneof![Just(0.0f32), 0.0f32..0.5],
@@ -114,10 +165,16 @@ fn problem_of(b: usize, m: usize, d: usize) -> impl Strategy<Value = Problem> {
         .prop_map(|(labels, x, refs, rule, distance, ref_grad)| Problem {
             labels,
             x: off_grid(x, rule),
-            refs: refs.map(|(l, r)| (l, off_grid(r, rule))),
-            // Circle runs on cosine similarity only.
+            // Histogram takes no references.
+            refs: refs
+                .filter(|_| !matches!(rule, PairLossRef::Histogram(_)))
+                .map(|(l, r)| (l, off_grid(r, rule))),
+            // Circle, Histogram, TupletMargin and TCM run on cosine similarity only.
             distance: match rule {
-                PairLossRef::Circle(_) => COSINE,
+                PairLossRef::Circle(_)
+                | PairLossRef::Histogram(_)
+                | PairLossRef::TupletMargin(_)
+                | PairLossRef::ThresholdConsistentMargin(_) => COSINE,
                 // FastAP runs on PML's LpDistance (normalised, power 1 or 2) only.
                 PairLossRef::FastAp(_) => DistanceConfig {
                     distance: match distance.distance {
@@ -133,12 +190,16 @@ fn problem_of(b: usize, m: usize, d: usize) -> impl Strategy<Value = Problem> {
         })
 }
 
-/// FastAP's rows moved off the grid: its pulses have kinks at every bin centre and edge,
+/// FastAP's and the newer rules' rows moved off the grid: bins and thresholds have kinks
 /// where grid rows put many distances exactly, so that the last bit of a distance (the
 /// library's blocks against the reference's matrix) would pick the side of the kink.
 fn off_grid(x: Array2<f32>, rule: PairLossRef) -> Array2<f32> {
     match rule {
-        PairLossRef::FastAp(_) => {
+        PairLossRef::FastAp(_)
+        | PairLossRef::Histogram(_)
+        | PairLossRef::TupletMargin(_)
+        | PairLossRef::RankedList(_)
+        | PairLossRef::ThresholdConsistentMargin(_) => {
             let mut x = x;
             for ((i, k), v) in x.indexed_iter_mut() {
                 *v += 0.0123 * ((i * 7 + k * 13) as f32 + 0.5).sin();
@@ -150,7 +211,7 @@ fn off_grid(x: Array2<f32>, rule: PairLossRef) -> Array2<f32> {
 }
 
 /// `pair_loss` with the rule `p.rule` names.
-fn run(
+pub(crate) fn run(
     ctx: &Context,
     p: &Problem,
     set: &MiningSet<'_, u32>,
@@ -173,6 +234,12 @@ fn run(
         PairLossRef::GeneralizedLifted(r) => pair_loss(ctx, set, refs, &with(r, p)),
         PairLossRef::Margin(r) => pair_loss(ctx, set, refs, &with(r, p)),
         PairLossRef::FastAp(r) => pair_loss(ctx, set, refs, &with(r, p)),
+        PairLossRef::LiftedStructure(r) => pair_loss(ctx, set, refs, &with(r, p)),
+        PairLossRef::Histogram(r) => pair_loss(ctx, set, refs, &with(r, p)),
+        PairLossRef::TupletMargin(r) => pair_loss(ctx, set, refs, &with(r, p)),
+        PairLossRef::IntraPairVariance(r) => pair_loss(ctx, set, refs, &with(r, p)),
+        PairLossRef::RankedList(r) => pair_loss(ctx, set, refs, &with(r, p)),
+        PairLossRef::ThresholdConsistentMargin(r) => pair_loss(ctx, set, refs, &with(r, p)),
     }
     .expect("loss")
 }
@@ -248,7 +315,7 @@ proptest! {
 }
 
 /// Deterministic noise `(n, d)` from `seed`.
-fn noise(n: usize, d: usize, seed: u64) -> Array2<f32> {
+pub(crate) fn noise(n: usize, d: usize, seed: u64) -> Array2<f32> {
     let mut state = seed | 1;
     Array2::from_shape_simple_fn((n, d), || {
         state ^= state << 13;
@@ -448,6 +515,7 @@ fn loss_f64(x: &Array2<f64>, labels: &[u32], rule: PairLossRef) -> f64 {
                 .collect();
             losses.iter().sum::<f64>() / n as f64
         }
+        other => crate::ops::pair_loss_tuples::loss_f64(x, labels, other),
     }
 }
 

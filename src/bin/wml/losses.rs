@@ -6,18 +6,20 @@ use std::path::Path;
 use ndarray::Array2;
 use wgpu_metric_learning::{
     multiple_negatives_ranking_loss, ntxent_loss, pair_loss, triplet_margin_loss, Circle,
-    Contrastive, Distance, FastAp, GeneralizedLifted, Hooks, InfoNceConfig, Margin, MnrlConfig,
-    MultiSimilarity, Nca, PairLossConfig, PairLossRule, SupCon, TripletLossConfig, TripletRule,
-    TripletType,
+    Contrastive, Distance, FastAp, GeneralizedLifted, Histogram, Hooks, InfoNceConfig,
+    IntraPairVariance, LiftedStructure, Margin, MnrlConfig, MultiSimilarity, Nca, PairLossConfig,
+    PairLossRule, RankedList, SupCon, ThresholdConsistentMargin, TripletLossConfig, TripletRule,
+    TripletType, TupletMargin,
 };
 
 use crate::commands::{context, distance_config, given, json_number, timed, Side};
-use crate::npy;
-use crate::{
-    CircleArgs, Common, ContrastiveArgs, Failure, FastApArgs, GeneralizedLiftedArgs, LossInputs,
-    MarginArgs, MnrlArgs, MultiSimilarityArgs, NcaArgs, NtXentArgs, SupConArgs, TripletLossArgs,
-    TypeArg,
+use crate::loss_args::{
+    CircleArgs, ContrastiveArgs, FastApArgs, GeneralizedLiftedArgs, HistogramArgs,
+    IntraPairVarianceArgs, LiftedArgs, LossInputs, MarginArgs, MnrlArgs, MultiSimilarityArgs,
+    NcaArgs, NtXentArgs, RankedListArgs, SupConArgs, TcmArgs, TripletLossArgs, TupletArgs,
 };
+use crate::npy;
+use crate::{Common, Failure, TypeArg};
 
 /// The inputs of a label-based loss, as read from disk.
 struct LossSides {
@@ -229,6 +231,67 @@ pub(crate) fn fast_ap(a: &FastApArgs, hooks: &Hooks) -> Result<(), Failure> {
         FastAp { num_bins },
         hooks,
     )
+}
+
+pub(crate) fn lifted(a: &LiftedArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let d = LiftedStructure::default();
+    let rule = LiftedStructure {
+        pos_margin: a.pos_margin.unwrap_or(d.pos_margin),
+        neg_margin: a.neg_margin.unwrap_or(d.neg_margin),
+    };
+    pair("loss lifted-structure", (&a.inputs, &a.common), rule, hooks)
+}
+
+pub(crate) fn histogram(a: &HistogramArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let n_bins = a.n_bins.unwrap_or(Histogram::default().n_bins);
+    let rule = Histogram { n_bins };
+    pair("loss histogram", (&a.inputs, &a.common), rule, hooks)
+}
+
+pub(crate) fn tuplet(a: &TupletArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let d = TupletMargin::default();
+    let rule = TupletMargin {
+        margin: a.margin.unwrap_or(d.margin),
+        scale: a.scale.unwrap_or(d.scale),
+    };
+    pair("loss tuplet-margin", (&a.inputs, &a.common), rule, hooks)
+}
+
+pub(crate) fn intra_pair_variance(a: &IntraPairVarianceArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let d = IntraPairVariance::default();
+    let rule = IntraPairVariance {
+        pos_eps: a.pos_eps.unwrap_or(d.pos_eps),
+        neg_eps: a.neg_eps.unwrap_or(d.neg_eps),
+    };
+    pair(
+        "loss intra-pair-variance",
+        (&a.inputs, &a.common),
+        rule,
+        hooks,
+    )
+}
+
+pub(crate) fn ranked_list(a: &RankedListArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let d = RankedList::default();
+    let rule = RankedList {
+        margin: a.margin,
+        tn: a.tn,
+        imbalance: a.imbalance.unwrap_or(d.imbalance),
+        alpha: a.alpha,
+        tp: a.tp.unwrap_or(d.tp),
+    };
+    pair("loss ranked-list", (&a.inputs, &a.common), rule, hooks)
+}
+
+pub(crate) fn tcm(a: &TcmArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let d = ThresholdConsistentMargin::default();
+    let rule = ThresholdConsistentMargin {
+        lambda_plus: a.lambda_plus.unwrap_or(d.lambda_plus),
+        lambda_minus: a.lambda_minus.unwrap_or(d.lambda_minus),
+        margin_plus: a.margin_plus.unwrap_or(d.margin_plus),
+        margin_minus: a.margin_minus.unwrap_or(d.margin_minus),
+    };
+    pair("loss tcm", (&a.inputs, &a.common), rule, hooks)
 }
 
 /// A pair loss with `rule` on the inputs; the distance defaults to the rule's PML default.

@@ -4,6 +4,7 @@
 mod commands;
 #[cfg(feature = "mpi")]
 mod distributed;
+mod loss_args;
 mod losses;
 mod npy;
 
@@ -14,6 +15,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub(crate) use self::TuneArgs as TuneOptions;
 use wgpu_metric_learning::{CancelToken, Hooks, Progress};
+
+use loss_args::LossCommand;
 
 /// The GPU core of metric learning on .npy files: triplet mining, PML's miners, kNN and
 /// retrieval accuracy, losses with their gradients, on any GPU through wgpu or on the native
@@ -86,240 +89,6 @@ struct TuneArgs {
     common: Common,
 }
 
-#[derive(Subcommand)]
-enum LossCommand {
-    /// PML TripletMarginLoss over every valid triplet, or over those --type keeps
-    /// (TripletMarginMiner fused with the loss): prints {"loss", "nonzero", "triplets"}.
-    TripletMargin(TripletLossArgs),
-    /// PML NTXentLoss: every positive pair against its anchor's negatives; prints {"loss",
-    /// "positive_pairs", "negative_pairs"}. Default distance: cosine.
-    Ntxent(NtXentArgs),
-    /// sentence-transformers MultipleNegativesRankingLoss: anchor i's positive is candidate
-    /// i, every other candidate a negative (cosine similarity times --scale); prints {"loss",
-    /// "positive_pairs", "negative_pairs"}.
-    Mnrl(MnrlArgs),
-    /// PML ContrastiveLoss: positive pairs past --pos-margin and negative pairs inside
-    /// --neg-margin, each group averaged over its nonzero pairs; prints {"loss", "nonzero",
-    /// "positive_pairs", "negative_pairs"}. Default distance: Euclidean, normalised.
-    Contrastive(ContrastiveArgs),
-    /// PML MultiSimilarityLoss, averaged over the batch; prints as contrastive does. Default
-    /// distance: cosine.
-    MultiSimilarity(MultiSimilarityArgs),
-    /// PML SupConLoss, averaged over the anchors with a positive loss; prints as contrastive
-    /// does. Default distance: cosine.
-    Supcon(SupConArgs),
-    /// PML CircleLoss (cosine only), averaged over the anchors with a positive loss; prints
-    /// as contrastive does.
-    Circle(CircleArgs),
-    /// PML NCALoss, averaged over the anchors with a positive; prints as contrastive does.
-    /// Default distance: squared Euclidean, normalised.
-    Nca(NcaArgs),
-    /// PML GeneralizedLiftedStructureLoss, averaged over the batch; prints as contrastive
-    /// does. Default distance: Euclidean, normalised.
-    GeneralizedLifted(GeneralizedLiftedArgs),
-    /// PML MarginLoss over every triplet (one β); prints as contrastive does, and "beta_grad"
-    /// with --learn-beta. Default distance: Euclidean, normalised.
-    Margin(MarginArgs),
-    /// PML FastAPLoss (Euclidean or squared Euclidean on normalised rows), averaged over the
-    /// anchors with a positive; prints as contrastive does. Default distance: squared
-    /// Euclidean, normalised.
-    FastAp(FastApArgs),
-}
-
-/// The labelled inputs and gradient outputs of the label-based losses.
-#[derive(Args)]
-struct LossInputs {
-    /// Embeddings of the batch, (b, d).
-    #[arg(long)]
-    embeddings: PathBuf,
-    /// Labels of the batch, (b,).
-    #[arg(long)]
-    labels: PathBuf,
-    /// Embeddings of separate references (a memory bank's rows), (m, d) (with --ref-labels);
-    /// without them the batch is its own reference set, a row never its own positive.
-    #[arg(long, requires = "ref_labels")]
-    ref_embeddings: Option<PathBuf>,
-    /// Labels of the separate references, (m,) (with --ref-embeddings).
-    #[arg(long, requires = "ref_embeddings")]
-    ref_labels: Option<PathBuf>,
-    #[command(flatten)]
-    metric: Metric,
-    /// Output (b, d) float32 array: the gradient of the loss with respect to --embeddings.
-    #[arg(long)]
-    grad_out: PathBuf,
-    /// Output (m, d) float32 array: the gradient with respect to --ref-embeddings.
-    #[arg(long, requires = "ref_embeddings")]
-    ref_grad_out: Option<PathBuf>,
-}
-
-#[derive(Args)]
-struct TripletLossArgs {
-    #[command(flatten)]
-    inputs: LossInputs,
-    /// The loss's margin. Default 0.05.
-    #[arg(long, allow_negative_numbers = true)]
-    margin: Option<f32>,
-    /// Only the triplets TripletMarginMiner keeps, with this type_of_triplets.
-    #[arg(long = "type", value_enum)]
-    kind: Option<TypeArg>,
-    /// The miner's margin (with --type). Default 0.2.
-    #[arg(long, allow_negative_numbers = true, requires = "kind")]
-    miner_margin: Option<f32>,
-    /// softplus instead of relu (PML smooth_loss=True).
-    #[arg(long)]
-    smooth_loss: bool,
-    /// A negative's distance is the smaller of d(a, n) and d(p, n), between the references'
-    /// rows; for a similarity, the larger (PML swap=True).
-    #[arg(long)]
-    swap: bool,
-    #[command(flatten)]
-    common: Common,
-}
-
-#[derive(Args)]
-struct NtXentArgs {
-    #[command(flatten)]
-    inputs: LossInputs,
-    /// The temperature. Default 0.07.
-    #[arg(long)]
-    temperature: Option<f32>,
-    #[command(flatten)]
-    common: Common,
-}
-
-#[derive(Args)]
-struct ContrastiveArgs {
-    #[command(flatten)]
-    inputs: LossInputs,
-    /// Positive pairs pay past this. Default 0.
-    #[arg(long, allow_negative_numbers = true)]
-    pos_margin: Option<f32>,
-    /// Negative pairs pay inside this. Default 1.
-    #[arg(long, allow_negative_numbers = true)]
-    neg_margin: Option<f32>,
-    #[command(flatten)]
-    common: Common,
-}
-
-#[derive(Args)]
-struct MultiSimilarityArgs {
-    #[command(flatten)]
-    inputs: LossInputs,
-    /// The positives' exponent weight. Default 2.
-    #[arg(long)]
-    alpha: Option<f32>,
-    /// The negatives' exponent weight. Default 50.
-    #[arg(long)]
-    beta: Option<f32>,
-    /// The shift in both exponents. Default 0.5.
-    #[arg(long, allow_negative_numbers = true)]
-    base: Option<f32>,
-    #[command(flatten)]
-    common: Common,
-}
-
-#[derive(Args)]
-struct SupConArgs {
-    #[command(flatten)]
-    inputs: LossInputs,
-    /// The temperature. Default 0.1.
-    #[arg(long)]
-    temperature: Option<f32>,
-    #[command(flatten)]
-    common: Common,
-}
-
-#[derive(Args)]
-struct CircleArgs {
-    #[command(flatten)]
-    inputs: LossInputs,
-    /// The relaxation margin. Default 0.4.
-    #[arg(long, allow_negative_numbers = true)]
-    m: Option<f32>,
-    /// The scale. Default 80.
-    #[arg(long)]
-    gamma: Option<f32>,
-    #[command(flatten)]
-    common: Common,
-}
-
-#[derive(Args)]
-struct NcaArgs {
-    #[command(flatten)]
-    inputs: LossInputs,
-    /// The factor on every logit. Default 1.
-    #[arg(long)]
-    softmax_scale: Option<f32>,
-    #[command(flatten)]
-    common: Common,
-}
-
-#[derive(Args)]
-struct GeneralizedLiftedArgs {
-    #[command(flatten)]
-    inputs: LossInputs,
-    /// Default 0.
-    #[arg(long, allow_negative_numbers = true)]
-    pos_margin: Option<f32>,
-    /// Default 1.
-    #[arg(long, allow_negative_numbers = true)]
-    neg_margin: Option<f32>,
-    #[command(flatten)]
-    common: Common,
-}
-
-#[derive(Args)]
-struct MarginArgs {
-    #[command(flatten)]
-    inputs: LossInputs,
-    /// The margin around β. Default 0.2.
-    #[arg(long, allow_negative_numbers = true)]
-    margin: Option<f32>,
-    /// β's regulariser weight, with --learn-beta. Default 0.
-    #[arg(long, allow_negative_numbers = true)]
-    nu: Option<f32>,
-    /// The boundary between positive and negative distances. Default 1.2.
-    #[arg(long, allow_negative_numbers = true)]
-    beta: Option<f32>,
-    /// β is learnt: add ν β to the loss and print "beta_grad".
-    #[arg(long)]
-    learn_beta: bool,
-    #[command(flatten)]
-    common: Common,
-}
-
-#[derive(Args)]
-struct FastApArgs {
-    #[command(flatten)]
-    inputs: LossInputs,
-    /// Histogram bins. Default 10.
-    #[arg(long)]
-    num_bins: Option<u32>,
-    #[command(flatten)]
-    common: Common,
-}
-
-#[derive(Args)]
-struct MnrlArgs {
-    /// Anchors, (b, d).
-    #[arg(long)]
-    anchors: PathBuf,
-    /// Candidates, (c, d), c ≥ b: candidate i is anchor i's positive, the rest negatives.
-    #[arg(long)]
-    candidates: PathBuf,
-    /// The scale on cosine similarities. Default 20.
-    #[arg(long)]
-    scale: Option<f32>,
-    /// Output (b, d) float32 array: the gradient with respect to --anchors.
-    #[arg(long)]
-    grad_out: PathBuf,
-    /// Output (c, d) float32 array: the gradient with respect to --candidates.
-    #[arg(long)]
-    candidates_grad_out: Option<PathBuf>,
-    #[command(flatten)]
-    common: Common,
-}
-
 /// Options every subcommand takes.
 #[derive(Args)]
 struct Common {
@@ -363,6 +132,12 @@ impl Command {
             Command::Loss(LossCommand::GeneralizedLifted(a)) => &a.common,
             Command::Loss(LossCommand::Margin(a)) => &a.common,
             Command::Loss(LossCommand::FastAp(a)) => &a.common,
+            Command::Loss(LossCommand::LiftedStructure(a)) => &a.common,
+            Command::Loss(LossCommand::Histogram(a)) => &a.common,
+            Command::Loss(LossCommand::TupletMargin(a)) => &a.common,
+            Command::Loss(LossCommand::IntraPairVariance(a)) => &a.common,
+            Command::Loss(LossCommand::RankedList(a)) => &a.common,
+            Command::Loss(LossCommand::Tcm(a)) => &a.common,
             Command::Tune(a) => &a.common,
         }
     }
@@ -767,6 +542,12 @@ fn main() -> ExitCode {
         Command::Loss(LossCommand::GeneralizedLifted(a)) => losses::generalized_lifted(&a, &hooks),
         Command::Loss(LossCommand::Margin(a)) => losses::margin(&a, &hooks),
         Command::Loss(LossCommand::FastAp(a)) => losses::fast_ap(&a, &hooks),
+        Command::Loss(LossCommand::LiftedStructure(a)) => losses::lifted(&a, &hooks),
+        Command::Loss(LossCommand::Histogram(a)) => losses::histogram(&a, &hooks),
+        Command::Loss(LossCommand::TupletMargin(a)) => losses::tuplet(&a, &hooks),
+        Command::Loss(LossCommand::IntraPairVariance(a)) => losses::intra_pair_variance(&a, &hooks),
+        Command::Loss(LossCommand::RankedList(a)) => losses::ranked_list(&a, &hooks),
+        Command::Loss(LossCommand::Tcm(a)) => losses::tcm(&a, &hooks),
         Command::Tune(a) => commands::tune(&a),
     };
     match done {

@@ -308,15 +308,16 @@ impl Sizing {
         let per_row = (4 + NEAR_PAIR_BYTES) * m as u64;
         let budget = ctx.tracker().stats().budget_bytes;
         let least = base + scratch + per_row;
-        if least > budget {
+        // What the call already holds (a loss's state between passes) counts too.
+        let available = ctx.tracker().available();
+        if least > available {
             return Err(Error::OverBudget {
                 op,
-                required: least,
+                required: least + budget.saturating_sub(available),
                 budget,
             });
         }
         // A thread per core, or as many as the budget gives a scratch and a block row each.
-        let available = ctx.tracker().available();
         let threads = workers_within(threads(), scratch + per_row, available.saturating_sub(base));
         let room = available.saturating_sub(base + threads as u64 * scratch);
         let rows = usize::try_from(room.checked_div(per_row).unwrap_or(u64::MAX))

@@ -12,6 +12,8 @@ mod driver;
 mod gpu;
 mod info_nce;
 mod pair;
+mod pair_global;
+mod pair_params;
 mod pair_rules;
 mod plan;
 mod triplet;
@@ -21,9 +23,10 @@ pub use info_nce::{
     ntxent_loss_plan, InfoNceConfig, InfoNceLoss, MnrlConfig,
 };
 pub use pair::{pair_loss, pair_loss_plan, PairLoss, PairLossConfig};
-pub use pair_rules::{
-    Circle, Contrastive, FastAp, GeneralizedLifted, Margin, MultiSimilarity, Nca, PairLossRule,
-    SupCon,
+pub use pair_params::{
+    Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, IntraPairVariance, LiftedStructure,
+    Margin, MultiSimilarity, Nca, PairLossRule, RankedList, SupCon, ThresholdConsistentMargin,
+    TupletMargin,
 };
 pub use triplet::{triplet_margin_loss, triplet_margin_loss_plan, TripletLoss, TripletLossConfig};
 

@@ -1,21 +1,25 @@
-//! PML's losses over the pairs (and triplets) of the distance matrix: `ContrastiveLoss`,
-//! `MultiSimilarityLoss`, `SupConLoss`, `CircleLoss`, `NCALoss`,
-//! `GeneralizedLiftedStructureLoss`, `MarginLoss` and `FastAPLoss`, with their gradients,
-//! through the loss driver ([`super::driver`]): anchors in blocks under the budget, each
-//! anchor's row of distances turned into its row of weights `∂L/∂D` by the loss's rule
-//! ([`super::pair_rules`], where each rule's formula is), then two products with the
-//! embeddings. Contrastive's two means have divisors known only after every anchor, so a
-//! first pass counts them (distances only, no gradient) and a second takes the weights
-//! already divided: one more distance product than the others cost.
+//! PML's losses over the pairs (and triplets, tuples) of the distance matrix:
+//! `ContrastiveLoss`, `MultiSimilarityLoss`, `SupConLoss`, `CircleLoss`, `NCALoss`,
+//! `GeneralizedLiftedStructureLoss`, `MarginLoss`, `FastAPLoss`, `TupletMarginLoss` and
+//! `RankedListLoss` (each anchor's row by itself), `LiftedStructureLoss`, `HistogramLoss`,
+//! `IntraPairVarianceLoss` and `ThresholdConsistentMarginLoss` (state shared across
+//! anchors), with their gradients, through the loss driver ([`super::driver`]): anchors in
+//! blocks under the budget, each anchor's row of distances turned into its row of weights
+//! `∂L/∂D` by the loss's rule ([`super::pair_rules`], [`super::pair_global`], where each
+//! rule's formula is), then two products with the embeddings. A loss whose weights need a
+//! whole-batch quantity (Contrastive's divisors, Lifted's per-row sums, Histogram's
+//! histograms, a mean) gathers it in forward passes first (distances only, no gradient):
+//! one or two more distance products than the others cost.
 //!
-//! As PML's `GenericPairLoss`es, Contrastive, MultiSimilarity, SupCon, Circle and
-//! GeneralizedLifted return 0 with no gradient with at most one positive and one negative
-//! pair; SupCon also without any positive or any negative pair; NCA with at most one query;
-//! Margin without a triplet; FastAP without an anchor that has a positive. "Positive" losses
-//! are decided on the f32 value, as PML's reducers see them.
+//! As PML's `GenericPairLoss`es, Contrastive, MultiSimilarity, SupCon, Circle,
+//! GeneralizedLifted, Lifted, TupletMargin and IntraPairVariance return 0 with no gradient
+//! with at most one positive and one negative pair; SupCon, Lifted and TupletMargin also
+//! without any positive or any negative pair; NCA with at most one query; Margin and
+//! Histogram without a triplet; FastAP without an anchor that has a positive; TCM without
+//! a pair. "Positive" losses are decided on the f32 value, as PML's reducers see them.
 //!
 //! They run on the native path on every context (a wgpu context reads device-resident rows
-//! back, once per pass: twice for Contrastive): their device rules are not written yet.
+//! back, once per pass): their device rules are not written yet.
 
 use std::hash::Hash;
 
@@ -23,19 +27,25 @@ use ndarray::{Array2, ArrayView1};
 
 use super::driver::{self, Job, Mode, Scratch, Shared};
 use super::info_nce::{check_temperature, pair_counts};
-use super::pair_rules::{anchor, Contrastive, GeneralizedLifted, Kind, PairLossRule, Row};
+use super::pair_global::{self, is_global, state_bytes};
+use super::pair_params::{
+    Contrastive, GeneralizedLifted, IntraPairVariance, Kind, LiftedStructure, PairLossRule,
+};
+use super::pair_rules::{anchor, Row};
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::data::inputs::{self, Imports, MiningSet, SelfExclusion};
 use crate::error::{Error, Result};
 use crate::hooks::Hooks;
 use crate::metric::{Distance, DistanceConfig};
-use crate::runtime::memory::Transfers;
+use crate::runtime::memory::{HostReservation, Transfers};
 use crate::runtime::transfer;
 use crate::validate;
 
 /// The label of a call's working memory.
 const SCRATCH: &str = "pair loss working memory";
+/// Histogram's most bins: four f64 vectors of `n_bins + 1` held for the call.
+const MAX_HISTOGRAM_BINS: u32 = 65_536;
 /// FastAP's most bins: each anchor's seven histograms of `num_bins + 1` f64 (at most 230 KB
 /// per thread, held for one anchor) stay small next to its row.
 const MAX_BINS: u32 = 4096;
@@ -90,9 +100,11 @@ pub struct PairLoss {
     /// The loss as PML's default reducer gives it (module docs); 0 where PML returns no loss.
     pub loss: f32,
     /// What the mean divides by: nonzero positive plus nonzero negative pairs (Contrastive),
-    /// anchors (MultiSimilarity, GeneralizedLifted), anchors with a positive loss (SupCon,
-    /// Circle), anchors whose positives' f32 probability is not 0 (Nca), anchors with a
-    /// positive (FastAp), nonzero terms over the triplets (Margin).
+    /// anchors (MultiSimilarity, GeneralizedLifted, RankedList), anchors with a positive loss
+    /// (SupCon, Circle), anchors whose positives' f32 probability is not 0 (Nca), anchors
+    /// with a positive (FastAp), nonzero terms over the triplets (Margin), positive pairs
+    /// (LiftedStructure, TupletMargin), positive plus negative pairs (IntraPairVariance), the
+    /// pairs binned (Histogram), the pairs past their margins (ThresholdConsistentMargin).
     pub nonzero: u64,
     /// Positive pairs (query, reference).
     pub positive_pairs: u64,
@@ -111,17 +123,17 @@ pub struct PairLoss {
     pub transfers: Transfers,
 }
 
-/// PML's pair loss that `cfg.rule` names (`ContrastiveLoss`, `MultiSimilarityLoss`,
-/// `SupConLoss`, `CircleLoss`, `NCALoss`, `GeneralizedLiftedStructureLoss`, `MarginLoss`,
-/// `FastAPLoss`) of `queries` `(b, d)` against `refs` `(m, d)` (`None`: the queries
-/// themselves) over every pair (every triplet for Margin), in PML's semantics and reducers,
-/// with its gradient. Cost: two matrix products (three for Contrastive), in `(rows, m)`
-/// blocks under the budget; no `(b, m)` matrix and no triplet exists.
+/// PML's pair loss that `cfg.rule` names ([`PairLossRule`]'s list) of `queries` `(b, d)`
+/// against `refs` `(m, d)` (`None`: the queries themselves) over every pair (triplet, tuple),
+/// in PML's semantics and reducers, with its gradient. Cost: two matrix products, and one
+/// more per forward pass (Contrastive, TCM and Histogram one, Lifted and IntraPairVariance
+/// two), in `(rows, m)` blocks under the budget; no `(b, m)` matrix, triplet or tuple exists.
 ///
 /// # Errors
-/// [`Error::InvalidParameter`] for a parameter out of its range, Circle on another
-/// distance than cosine, FastAP on another than (squared) Euclidean of normalised rows;
-/// otherwise as [`crate::triplet_margin_loss`].
+/// [`Error::InvalidParameter`] for a parameter out of its range, Circle, Histogram,
+/// TupletMargin or TCM on another distance than cosine, FastAP on another than (squared)
+/// Euclidean of normalised rows, Histogram with references; otherwise as
+/// [`crate::triplet_margin_loss`].
 ///
 /// # Example
 /// ```
@@ -173,11 +185,14 @@ pub fn pair_loss_plan<L: Hash + Eq + Copy, R: PairLossRule>(
 ) -> Result<Plan> {
     let mut imports = Imports::plan();
     let plan = job(ctx, (queries, refs), cfg, &mut imports, |job| {
-        if has_loss(job, cfg.rule.kind()).1 {
-            super::plan::plan(ctx, job, None)
-        } else {
-            Ok(Plan::nothing(ctx.path(), job.set.ref_labels.len()))
+        let kind = cfg.rule.kind();
+        if !has_loss(job, kind).1 {
+            return Ok(Plan::nothing(ctx.path(), job.set.ref_labels.len()));
         }
+        // What the passes keep between them is held beside the blocks, as the run holds it.
+        let state = state_bytes(kind, job.set.labels.len());
+        let _held = HostReservation::new("pair loss state between passes", state, ctx.tracker())?;
+        Ok(super::plan::plan(ctx, job, None)?.with_imports((state, 0)))
     })?;
     Ok(plan.with_imports(imports.footprint()))
 }
@@ -194,9 +209,57 @@ fn check(op: &'static str, kind: Kind, distance: &DistanceConfig) -> Result<()> 
         | Kind::GeneralizedLifted(GeneralizedLifted {
             pos_margin,
             neg_margin,
+        })
+        | Kind::LiftedStructure(LiftedStructure {
+            pos_margin,
+            neg_margin,
         }) => {
             finite("pos_margin", pos_margin)?;
             finite("neg_margin", neg_margin)
+        }
+        Kind::IntraPairVariance(IntraPairVariance { pos_eps, neg_eps }) => {
+            finite("pos_eps", pos_eps)?;
+            finite("neg_eps", neg_eps)
+        }
+        Kind::Histogram(c) => {
+            if c.n_bins == 0 || c.n_bins > MAX_HISTOGRAM_BINS {
+                return Err(Error::InvalidParameter {
+                    op,
+                    what: "n_bins",
+                    value: c.n_bins.to_string(),
+                    rule: "must be 1 to 65 536",
+                });
+            }
+            cosine_only(op, distance)
+        }
+        Kind::TupletMargin(c) => {
+            finite("margin", c.margin)?;
+            positive("scale", c.scale)?;
+            cosine_only(op, distance)
+        }
+        Kind::ThresholdConsistentMargin(c) => {
+            finite("lambda_plus", c.lambda_plus)?;
+            finite("lambda_minus", c.lambda_minus)?;
+            finite("margin_plus", c.margin_plus)?;
+            finite("margin_minus", c.margin_minus)?;
+            cosine_only(op, distance)
+        }
+        Kind::RankedList(c) => {
+            finite("margin", c.margin)?;
+            finite("tn", c.tn)?;
+            finite("tp", c.tp)?;
+            if let Some(alpha) = c.alpha {
+                finite("alpha", alpha)?;
+            }
+            if (0.0..=1.0).contains(&c.imbalance) {
+                return Ok(());
+            }
+            Err(Error::InvalidParameter {
+                op,
+                what: "imbalance",
+                value: c.imbalance.to_string(),
+                rule: "must be 0 to 1",
+            })
         }
         Kind::MultiSimilarity(c) => {
             positive("alpha", c.alpha)?;
@@ -236,17 +299,22 @@ fn check(op: &'static str, kind: Kind, distance: &DistanceConfig) -> Result<()> 
         Kind::Circle(c) => {
             finite("m", c.m)?;
             positive("gamma", c.gamma)?;
-            if distance.distance == Distance::Cosine {
-                return Ok(());
-            }
-            Err(Error::InvalidParameter {
-                op,
-                what: "distance",
-                value: format!("{:?}", distance.distance),
-                rule: "must be cosine similarity (as PML's CircleLoss asserts)",
-            })
+            cosine_only(op, distance)
         }
     }
+}
+
+/// The losses PML defines on cosine similarity only.
+fn cosine_only(op: &'static str, distance: &DistanceConfig) -> Result<()> {
+    if distance.distance == Distance::Cosine {
+        return Ok(());
+    }
+    Err(Error::InvalidParameter {
+        op,
+        what: "distance",
+        value: format!("{:?}", distance.distance),
+        rule: "must be cosine similarity (as PML asserts for this loss)",
+    })
 }
 
 /// Checks and prepares a call, and hands its job to `f`.
@@ -259,6 +327,14 @@ fn job<L: Hash + Eq + Copy, R: PairLossRule, T>(
 ) -> Result<T> {
     let op = cfg.rule.op();
     check(op, cfg.rule.kind(), &cfg.distance)?;
+    if matches!(cfg.rule.kind(), Kind::Histogram(_)) && refs.is_some() {
+        return Err(Error::InvalidParameter {
+            op,
+            what: "refs",
+            value: "given".into(),
+            rule: "must be None: the loss is over the queries' own pairs (as PML's HistogramLoss)",
+        });
+    }
     let set = inputs::prepare(
         op,
         ctx,
@@ -288,13 +364,34 @@ fn job<L: Hash + Eq + Copy, R: PairLossRule, T>(
 fn has_loss(job: &Job<'_>, kind: Kind) -> ((u64, u64), bool) {
     let (positives, negatives) = pair_counts(job.set);
     let few = positives <= 1 && negatives <= 1;
+    let b = job.set.labels.len();
     let has = match kind {
-        Kind::Nca(_) => job.set.labels.len() > 1,
+        Kind::Nca(_) => b > 1,
         Kind::Margin(_) | Kind::FastAp(_) => true,
-        Kind::SupCon(_) => !few && positives > 0 && negatives > 0,
+        Kind::RankedList(_) => b > 0,
+        Kind::ThresholdConsistentMargin(_) => positives + negatives > 0,
+        Kind::Histogram(_) => has_triplet(job),
+        Kind::SupCon(_) | Kind::LiftedStructure(_) | Kind::TupletMargin(_) => {
+            !few && positives > 0 && negatives > 0
+        }
         _ => !few,
     };
     ((positives, negatives), has)
+}
+
+/// Whether an anchor has a positive and a negative among the references (PML's triplets).
+fn has_triplet(job: &Job<'_>) -> bool {
+    let set = job.set;
+    let mut per_class: std::collections::HashMap<u32, u64> = Default::default();
+    for &l in &set.ref_labels {
+        *per_class.entry(l).or_default() += 1;
+    }
+    let m = set.ref_labels.len() as u64;
+    (set.labels.iter().zip(&set.self_slots)).any(|(label, &slot)| {
+        let same = per_class.get(label).copied().unwrap_or(0);
+        let own = set.ref_labels.get(slot as usize) == Some(label);
+        same > u64::from(own) && same < m
+    })
 }
 
 /// Runs the loss: zeros where PML returns none, else the driver (twice for Contrastive).
@@ -336,6 +433,11 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind) -> Result<PairLoss> {
         }
     };
     let (out, mut transfers) = transfer::measure(|| match kind {
+        _ if is_global(kind) => {
+            let (loss, nonzero, mut out) = pair_global::run(ctx, job, kind)?;
+            out.totals.count = nonzero;
+            Ok((loss, None, out))
+        }
         Kind::Contrastive(_) => {
             let counted = driver::run_as(ctx, job, &rule((0, 0)), Mode::Forward)?.totals;
             let divisors = (counted.count, counted.items);

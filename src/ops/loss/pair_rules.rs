@@ -35,301 +35,17 @@
 //! Each log-sum-exp subtracts its maximum and keeps its shifted exponentials as the softmax
 //! weights: no exponential overflows, and one is taken per element.
 
-use std::fmt::Debug;
-
 use ndarray::ArrayView1;
 
 use super::driver::{Scratch, Totals};
 use super::info_nce::sigmoid;
-use crate::metric::{Distance, DistanceConfig};
-
-/// PML's `ContrastiveLoss(pos_margin, neg_margin)` (defaults 0 and 1): positive pairs pay
-/// past `pos_margin`, negative pairs inside `neg_margin`.
-///
-/// # Example
-/// ```
-/// let rule = wgpu_metric_learning::Contrastive::default();
-/// assert_eq!((rule.pos_margin, rule.neg_margin), (0.0, 1.0));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Contrastive {
-    /// Finite.
-    pub pos_margin: f32,
-    /// Finite.
-    pub neg_margin: f32,
-}
-
-impl Default for Contrastive {
-    fn default() -> Self {
-        Self {
-            pos_margin: 0.0,
-            neg_margin: 1.0,
-        }
-    }
-}
-
-/// PML's `MultiSimilarityLoss(alpha, beta, base)` (defaults 2, 50, 0.5).
-///
-/// # Example
-/// ```
-/// let rule = wgpu_metric_learning::MultiSimilarity::default();
-/// assert_eq!((rule.alpha, rule.beta, rule.base), (2.0, 50.0, 0.5));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct MultiSimilarity {
-    /// The positives' exponent weight. Finite, > 0.
-    pub alpha: f32,
-    /// The negatives' exponent weight. Finite, > 0.
-    pub beta: f32,
-    /// The shift in both exponents. Finite.
-    pub base: f32,
-}
-
-impl Default for MultiSimilarity {
-    fn default() -> Self {
-        Self {
-            alpha: 2.0,
-            beta: 50.0,
-            base: 0.5,
-        }
-    }
-}
-
-/// PML's `SupConLoss(temperature)` (default 0.1).
-///
-/// # Example
-/// ```
-/// assert_eq!(wgpu_metric_learning::SupCon::default().temperature, 0.1);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SupCon {
-    /// Finite, > 0.
-    pub temperature: f32,
-}
-
-impl Default for SupCon {
-    fn default() -> Self {
-        Self { temperature: 0.1 }
-    }
-}
-
-/// PML's `CircleLoss(m, gamma)` (defaults 0.4 and 80), on cosine similarity only.
-///
-/// # Example
-/// ```
-/// let rule = wgpu_metric_learning::Circle::default();
-/// assert_eq!((rule.m, rule.gamma), (0.4, 80.0));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Circle {
-    /// The relaxation margin. Finite.
-    pub m: f32,
-    /// The scale. Finite, > 0.
-    pub gamma: f32,
-}
-
-impl Default for Circle {
-    fn default() -> Self {
-        Self {
-            m: 0.4,
-            gamma: 80.0,
-        }
-    }
-}
-
-/// PML's `NCALoss(softmax_scale)` (default 1; PML's default distance squared Euclidean on
-/// normalised embeddings).
-///
-/// # Example
-/// ```
-/// assert_eq!(wgpu_metric_learning::Nca::default().softmax_scale, 1.0);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Nca {
-    /// The factor on every logit. Finite, > 0.
-    pub softmax_scale: f32,
-}
-
-impl Default for Nca {
-    fn default() -> Self {
-        Self { softmax_scale: 1.0 }
-    }
-}
-
-/// PML's `GeneralizedLiftedStructureLoss(neg_margin, pos_margin)` (defaults 1 and 0).
-///
-/// # Example
-/// ```
-/// let rule = wgpu_metric_learning::GeneralizedLifted::default();
-/// assert_eq!((rule.pos_margin, rule.neg_margin), (0.0, 1.0));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GeneralizedLifted {
-    /// Finite.
-    pub pos_margin: f32,
-    /// Finite.
-    pub neg_margin: f32,
-}
-
-impl Default for GeneralizedLifted {
-    fn default() -> Self {
-        Self {
-            pos_margin: 0.0,
-            neg_margin: 1.0,
-        }
-    }
-}
-
-/// PML's `MarginLoss(margin, nu, beta, learn_beta)` over every triplet (defaults 0.2, 0, 1.2,
-/// `false`), with one β for every class (PML's `num_classes=None`).
-///
-/// # Example
-/// ```
-/// let rule = wgpu_metric_learning::Margin::default();
-/// assert_eq!((rule.margin, rule.beta, rule.learn_beta), (0.2, 1.2, false));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Margin {
-    /// The margin around β. Finite.
-    pub margin: f32,
-    /// The weight of β's regulariser `ν β`, added to the loss when β is learnt. Finite.
-    pub nu: f32,
-    /// The boundary between positive and negative distances. Finite.
-    pub beta: f32,
-    /// β is a parameter: the loss includes `ν β` and the result carries `∂loss/∂β`
-    /// ([`PairLoss::beta_grad`](crate::PairLoss::beta_grad)).
-    pub learn_beta: bool,
-}
-
-impl Default for Margin {
-    fn default() -> Self {
-        Self {
-            margin: 0.2,
-            nu: 0.0,
-            beta: 1.2,
-            learn_beta: false,
-        }
-    }
-}
-
-/// PML's `FastAPLoss(num_bins)` (default 10), on Euclidean distance of normalised embeddings
-/// (PML's default `LpDistance(power=2)`, or `power=1`).
-///
-/// # Example
-/// ```
-/// assert_eq!(wgpu_metric_learning::FastAp::default().num_bins, 10);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct FastAp {
-    /// Histogram bins over `[0, 2^power]`. 1 to 4 096.
-    pub num_bins: u32,
-}
-
-impl Default for FastAp {
-    fn default() -> Self {
-        Self { num_bins: 10 }
-    }
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for super::Contrastive {}
-    impl Sealed for super::MultiSimilarity {}
-    impl Sealed for super::SupCon {}
-    impl Sealed for super::Circle {}
-    impl Sealed for super::Nca {}
-    impl Sealed for super::GeneralizedLifted {}
-    impl Sealed for super::Margin {}
-    impl Sealed for super::FastAp {}
-}
-
-/// A pair loss's rule: [`Contrastive`], [`MultiSimilarity`], [`SupCon`], [`Circle`],
-/// [`Nca`], [`GeneralizedLifted`], [`Margin`] or [`FastAp`]. Its type picks the loss
-/// [`pair_loss`](crate::pair_loss) computes and the distance
-/// [`PairLossConfig`](crate::PairLossConfig) defaults to.
-pub trait PairLossRule: sealed::Sealed + Debug + Clone + Copy + PartialEq + Default {
-    /// The loss's name in errors (`contrastive_loss`, …).
-    #[doc(hidden)]
-    fn op(&self) -> &'static str;
-    /// PML's default distance for the loss.
-    #[doc(hidden)]
-    fn default_distance() -> DistanceConfig;
-    /// The rule as the driver runs it.
-    #[doc(hidden)]
-    fn kind(&self) -> Kind;
-}
-
-/// The rules, as [`pair_loss`](crate::pair_loss) runs them.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy)]
-pub enum Kind {
-    Contrastive(Contrastive),
-    MultiSimilarity(MultiSimilarity),
-    SupCon(SupCon),
-    Circle(Circle),
-    Nca(Nca),
-    GeneralizedLifted(GeneralizedLifted),
-    Margin(Margin),
-    FastAp(FastAp),
-}
-
-const COSINE: DistanceConfig = DistanceConfig {
-    distance: Distance::Cosine,
-    normalize: true,
+use super::pair_params::{
+    Circle, Contrastive, FastAp, GeneralizedLifted, Kind, Margin, MultiSimilarity, Nca, RankedList,
+    SupCon, TupletMargin,
 };
-
-/// PML's `LpDistance()`.
-const EUCLIDEAN: DistanceConfig = DistanceConfig {
-    distance: Distance::Euclidean,
-    normalize: true,
-};
-
-/// A rule's [`PairLossRule`] implementation: its name in errors, PML's default distance.
-macro_rules! rule {
-    ($rule:ident, $op:literal, $distance:expr) => {
-        impl PairLossRule for $rule {
-            fn op(&self) -> &'static str {
-                $op
-            }
-            fn default_distance() -> DistanceConfig {
-                $distance
-            }
-            fn kind(&self) -> Kind {
-                Kind::$rule(*self)
-            }
-        }
-    };
-}
-
-rule!(Contrastive, "contrastive_loss", EUCLIDEAN);
-rule!(MultiSimilarity, "multi_similarity_loss", COSINE);
-rule!(SupCon, "supcon_loss", COSINE);
-rule!(Circle, "circle_loss", COSINE);
-rule!(
-    Nca,
-    "nca_loss",
-    DistanceConfig {
-        distance: Distance::SquaredEuclidean,
-        normalize: true,
-    }
-);
-rule!(
-    GeneralizedLifted,
-    "generalized_lifted_structure_loss",
-    EUCLIDEAN
-);
-rule!(Margin, "margin_loss", EUCLIDEAN);
-rule!(
-    FastAp,
-    "fast_ap_loss",
-    DistanceConfig {
-        distance: Distance::SquaredEuclidean,
-        normalize: true,
-    }
-);
 
 /// `margin(x, y)` as PML's distance takes it: `x − y` for distances, `y − x` for similarities.
-fn margin(similarity: bool, x: f64, y: f64) -> f64 {
+pub(super) fn margin(similarity: bool, x: f64, y: f64) -> f64 {
     if similarity {
         y - x
     } else {
@@ -341,7 +57,7 @@ fn margin(similarity: bool, x: f64, y: f64) -> f64 {
 /// logit (at least 0 with `add_one`, a logit of 0 among them), and returns `(log Σ e^{x},
 /// Σ e^{x − top})`: each element's softmax weight is then `w[j] / Σ`, for one exponential per
 /// element. Over nothing (without `add_one`): `(−∞, 0)`, no weight written.
-fn exps(
+pub(super) fn exps(
     js: impl Iterator<Item = u32> + Clone,
     x: impl Fn(u32) -> f64,
     add_one: bool,
@@ -362,19 +78,19 @@ fn exps(
 }
 
 /// Multiplies the weights of `js` by `factor`.
-fn scale(js: &[u32], factor: f64, w: &mut [f64]) {
+fn scale_weights(js: &[u32], factor: f64, w: &mut [f64]) {
     for &j in js {
         w[j as usize] *= factor;
     }
 }
 
 /// `log(1 + e^t)` without overflow.
-fn softplus(t: f64) -> f64 {
+pub(super) fn softplus(t: f64) -> f64 {
     t.max(0.0) + (-t.abs()).exp().ln_1p()
 }
 
 /// Whether PML's reducer counts `loss` as positive (on the f32 value).
-fn positive(loss: f64) -> bool {
+pub(super) fn positive(loss: f64) -> bool {
     loss as f32 > 0.0
 }
 
@@ -415,6 +131,13 @@ pub(super) fn anchor(kind: Kind, row: &Row<'_>, s: &mut Scratch) -> Totals {
         Kind::GeneralizedLifted(c) => generalized_lifted(c, row, s),
         Kind::Margin(c) => margin_rule(c, row, s),
         Kind::FastAp(c) => fast_ap(c, row, s),
+        Kind::TupletMargin(c) => tuplet_margin(c, row, s),
+        Kind::RankedList(c) => ranked_list(c, row, s),
+        // Their passes call their own rules (`super::pair_global`).
+        Kind::LiftedStructure(_)
+        | Kind::Histogram(_)
+        | Kind::IntraPairVariance(_)
+        | Kind::ThresholdConsistentMargin(_) => Totals::default(),
     }
 }
 
@@ -467,12 +190,12 @@ fn multi_similarity(c: MultiSimilarity, row: &Row<'_>, s: &mut Scratch) -> Total
     if !s.positives.is_empty() {
         let (lse, sum) = exps(s.positives.iter().copied(), xp, true, w);
         loss += lse / alpha;
-        scale(&s.positives, first / sum, w);
+        scale_weights(&s.positives, first / sum, w);
     }
     if !s.negatives.is_empty() {
         let (lse, sum) = exps(s.negatives.iter().copied(), xn, true, w);
         loss += lse / beta;
-        scale(&s.negatives, -first / sum, w);
+        scale_weights(&s.negatives, -first / sum, w);
     }
     one(loss, s)
 }
@@ -490,8 +213,8 @@ fn supcon(c: SupCon, row: &Row<'_>, s: &mut Scratch) -> Totals {
     let kept = positive(loss);
     // ∂ℓ/∂z_j = softmax_j − [j ∈ P] / |P|; nothing where the reducer drops the anchor.
     let on = if kept { dz / sum } else { 0.0 };
-    scale(&s.positives, on, &mut s.weights);
-    scale(&s.negatives, on, &mut s.weights);
+    scale_weights(&s.positives, on, &mut s.weights);
+    scale_weights(&s.negatives, on, &mut s.weights);
     if !kept {
         return Totals::default();
     }
@@ -551,7 +274,7 @@ fn nca(c: Nca, row: &Row<'_>, s: &mut Scratch) -> Totals {
     for &p in &s.positives {
         s.weights[p as usize] *= on - mine;
     }
-    scale(&s.negatives, on, &mut s.weights);
+    scale_weights(&s.negatives, on, &mut s.weights);
     if !kept {
         return Totals::default();
     }
@@ -575,8 +298,8 @@ fn generalized_lifted(c: GeneralizedLifted, row: &Row<'_>, s: &mut Scratch) -> T
     let (lse_n, sum_n) = exps(s.negatives.iter().copied(), xn, false, w);
     let loss = (or_zero(lse_p) + or_zero(lse_n)).max(0.0);
     let kept = loss > 0.0;
-    scale(&s.positives, if kept { first / sum_p } else { 0.0 }, w);
-    scale(&s.negatives, if kept { -first / sum_n } else { 0.0 }, w);
+    scale_weights(&s.positives, if kept { first / sum_p } else { 0.0 }, w);
+    scale_weights(&s.negatives, if kept { -first / sum_n } else { 0.0 }, w);
     one(loss, s)
 }
 
@@ -684,4 +407,86 @@ fn fast_ap(c: FastAp, row: &Row<'_>, s: &mut Scratch) -> Totals {
         }
     }
     one(1.0 - ap / k, s)
+}
+
+/// PML's TupletMargin for one anchor (cosine): per positive `p`, `c_p = cos(acos(s_ap) − m)`
+/// and `softplus(lse_N(scale s_an) − scale c_p)`, summed for the mean over every positive
+/// pair. Where `|s_ap| = 1` torch's `acos` has an infinite slope (NaN gradients in PML); the
+/// pair's slope is taken as 0 there.
+fn tuplet_margin(c: TupletMargin, row: &Row<'_>, s: &mut Scratch) -> Totals {
+    let mut totals = Totals {
+        count: s.positives.len() as u64,
+        items: s.negatives.len() as u64,
+        ..Totals::default()
+    };
+    if s.negatives.is_empty() {
+        return totals;
+    }
+    let (scale, m) = (f64::from(c.scale), f64::from(c.margin).to_radians());
+    let w = &mut s.weights;
+    let (lse, sum) = exps(s.negatives.iter().copied(), |n| scale * row.at(n), false, w);
+    let mut on_negatives = 0.0;
+    for &p in &s.positives {
+        let cos = row.at(p).clamp(-1.0, 1.0);
+        let theta = cos.acos();
+        let t = lse - scale * (theta - m).cos();
+        totals.loss += softplus(t);
+        let g = sigmoid(t);
+        on_negatives += g;
+        let sin = (1.0 - cos * cos).sqrt();
+        let slope = if sin > 0.0 {
+            (theta - m).sin() / sin
+        } else {
+            0.0
+        };
+        w[p as usize] = -g * scale * slope;
+    }
+    scale_weights(&s.negatives, scale * on_negatives / sum, w);
+    totals
+}
+
+/// PML's RankedList for one anchor: the positives past `α − margin` and the negatives inside
+/// `α` (both above 0), each group's `Σ w (gap) / (Σ w + 10⁻⁵ m)` with `w = e^{T · gap}` (not
+/// detached: its derivative is in the weights), mixed by `imbalance`; the mean is over every
+/// anchor.
+fn ranked_list(c: RankedList, row: &Row<'_>, s: &mut Scratch) -> Totals {
+    let margin = f64::from(c.margin);
+    let alpha = c.alpha.map_or(1.0 + margin / 2.0, f64::from);
+    let (boundary, floor) = ((alpha - margin) as f32, alpha as f32);
+    let eps = 1e-5 * row.d.len() as f64;
+    let imbalance = f64::from(c.imbalance);
+    let mut loss = 0.0;
+    // (group, temperature, sign of the gap in D, share, D's side of the boundary).
+    let groups = [
+        (
+            &s.positives,
+            f64::from(c.tp),
+            1.0,
+            1.0 - imbalance,
+            alpha - margin,
+        ),
+        (&s.negatives, f64::from(c.tn), -1.0, imbalance, alpha),
+    ];
+    for (k, (js, t, sign, share, edge)) in groups.into_iter().enumerate() {
+        let kept = |j: u32| {
+            let d = row.d[j as usize];
+            d > 0.0 && if k == 0 { d > boundary } else { d < floor }
+        };
+        let gap = |j: u32| sign * (row.at(j) - edge);
+        let (mut num, mut den) = (0.0, eps);
+        for &j in js.iter().filter(|&&j| kept(j)) {
+            let w = (t * gap(j)).exp();
+            num += w * gap(j);
+            den += w;
+        }
+        // Over no reference at all (m = 0) PML's 0 / 0 is NaN; here the side is 0.
+        let part = if den > 0.0 { num / den } else { 0.0 };
+        loss += share * part;
+        // ∂(num/den)/∂gap = w (T gap + 1 − T part) / den; ∂gap/∂D = sign.
+        for &j in js.iter().filter(|&&j| kept(j)) {
+            let w = (t * gap(j)).exp();
+            s.weights[j as usize] = share * sign * w * (t * gap(j) + 1.0 - t * part) / den;
+        }
+    }
+    one(loss, s)
 }

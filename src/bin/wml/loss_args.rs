@@ -1,0 +1,356 @@
+//! The `wml loss` subcommands' arguments: the labelled inputs every loss reads and each
+//! loss's parameters (defaults: PML's, applied in [`super::losses`]).
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use super::{Common, Metric, TypeArg};
+
+#[derive(Subcommand)]
+pub(crate) enum LossCommand {
+    /// PML TripletMarginLoss over every valid triplet, or over those --type keeps
+    /// (TripletMarginMiner fused with the loss): prints {"loss", "nonzero", "triplets"}.
+    TripletMargin(TripletLossArgs),
+    /// PML NTXentLoss: every positive pair against its anchor's negatives; prints {"loss",
+    /// "positive_pairs", "negative_pairs"}. Default distance: cosine.
+    Ntxent(NtXentArgs),
+    /// sentence-transformers MultipleNegativesRankingLoss: anchor i's positive is candidate
+    /// i, every other candidate a negative (cosine similarity times --scale); prints {"loss",
+    /// "positive_pairs", "negative_pairs"}.
+    Mnrl(MnrlArgs),
+    /// PML ContrastiveLoss: positive pairs past --pos-margin and negative pairs inside
+    /// --neg-margin, each group averaged over its nonzero pairs; prints {"loss", "nonzero",
+    /// "positive_pairs", "negative_pairs"}. Default distance: Euclidean, normalised.
+    Contrastive(ContrastiveArgs),
+    /// PML MultiSimilarityLoss, averaged over the batch; prints as contrastive does. Default
+    /// distance: cosine.
+    MultiSimilarity(MultiSimilarityArgs),
+    /// PML SupConLoss, averaged over the anchors with a positive loss; prints as contrastive
+    /// does. Default distance: cosine.
+    Supcon(SupConArgs),
+    /// PML CircleLoss (cosine only), averaged over the anchors with a positive loss; prints
+    /// as contrastive does.
+    Circle(CircleArgs),
+    /// PML NCALoss, averaged over the anchors with a positive; prints as contrastive does.
+    /// Default distance: squared Euclidean, normalised.
+    Nca(NcaArgs),
+    /// PML GeneralizedLiftedStructureLoss, averaged over the batch; prints as contrastive
+    /// does. Default distance: Euclidean, normalised.
+    GeneralizedLifted(GeneralizedLiftedArgs),
+    /// PML MarginLoss over every triplet (one β); prints as contrastive does, and "beta_grad"
+    /// with --learn-beta. Default distance: Euclidean, normalised.
+    Margin(MarginArgs),
+    /// PML FastAPLoss (Euclidean or squared Euclidean on normalised rows), averaged over the
+    /// anchors with a positive; prints as contrastive does. Default distance: squared
+    /// Euclidean, normalised.
+    FastAp(FastApArgs),
+    /// PML LiftedStructureLoss, averaged over the positive pairs; prints as contrastive does.
+    /// Default distance: Euclidean, normalised.
+    LiftedStructure(LiftedArgs),
+    /// PML HistogramLoss (cosine, no references); prints as contrastive does ("nonzero": the
+    /// pairs binned).
+    Histogram(HistogramArgs),
+    /// PML TupletMarginLoss (cosine), averaged over the positive pairs; prints as contrastive
+    /// does.
+    TupletMargin(TupletArgs),
+    /// PML IntraPairVarianceLoss; prints as contrastive does. Default distance: cosine.
+    IntraPairVariance(IntraPairVarianceArgs),
+    /// PML RankedListLoss, averaged over the batch; prints as contrastive does. Default
+    /// distance: Euclidean, normalised.
+    RankedList(RankedListArgs),
+    /// PML ThresholdConsistentMarginLoss (cosine); prints as contrastive does ("nonzero": the
+    /// pairs past their margins).
+    #[command(alias = "threshold-consistent-margin")]
+    Tcm(TcmArgs),
+}
+
+/// The labelled inputs and gradient outputs of the label-based losses.
+#[derive(Args)]
+pub(crate) struct LossInputs {
+    /// Embeddings of the batch, (b, d).
+    #[arg(long)]
+    pub(crate) embeddings: PathBuf,
+    /// Labels of the batch, (b,).
+    #[arg(long)]
+    pub(crate) labels: PathBuf,
+    /// Embeddings of separate references (a memory bank's rows), (m, d) (with --ref-labels);
+    /// without them the batch is its own reference set, a row never its own positive.
+    #[arg(long, requires = "ref_labels")]
+    pub(crate) ref_embeddings: Option<PathBuf>,
+    /// Labels of the separate references, (m,) (with --ref-embeddings).
+    #[arg(long, requires = "ref_embeddings")]
+    pub(crate) ref_labels: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) metric: Metric,
+    /// Output (b, d) float32 array: the gradient of the loss with respect to --embeddings.
+    #[arg(long)]
+    pub(crate) grad_out: PathBuf,
+    /// Output (m, d) float32 array: the gradient with respect to --ref-embeddings.
+    #[arg(long, requires = "ref_embeddings")]
+    pub(crate) ref_grad_out: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub(crate) struct TripletLossArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// The loss's margin. Default 0.05.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) margin: Option<f32>,
+    /// Only the triplets TripletMarginMiner keeps, with this type_of_triplets.
+    #[arg(long = "type", value_enum)]
+    pub(crate) kind: Option<TypeArg>,
+    /// The miner's margin (with --type). Default 0.2.
+    #[arg(long, allow_negative_numbers = true, requires = "kind")]
+    pub(crate) miner_margin: Option<f32>,
+    /// softplus instead of relu (PML smooth_loss=True).
+    #[arg(long)]
+    pub(crate) smooth_loss: bool,
+    /// A negative's distance is the smaller of d(a, n) and d(p, n), between the references'
+    /// rows; for a similarity, the larger (PML swap=True).
+    #[arg(long)]
+    pub(crate) swap: bool,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct NtXentArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// The temperature. Default 0.07.
+    #[arg(long)]
+    pub(crate) temperature: Option<f32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct ContrastiveArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// Positive pairs pay past this. Default 0.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) pos_margin: Option<f32>,
+    /// Negative pairs pay inside this. Default 1.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) neg_margin: Option<f32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct MultiSimilarityArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// The positives' exponent weight. Default 2.
+    #[arg(long)]
+    pub(crate) alpha: Option<f32>,
+    /// The negatives' exponent weight. Default 50.
+    #[arg(long)]
+    pub(crate) beta: Option<f32>,
+    /// The shift in both exponents. Default 0.5.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) base: Option<f32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct SupConArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// The temperature. Default 0.1.
+    #[arg(long)]
+    pub(crate) temperature: Option<f32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct CircleArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// The relaxation margin. Default 0.4.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) m: Option<f32>,
+    /// The scale. Default 80.
+    #[arg(long)]
+    pub(crate) gamma: Option<f32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct NcaArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// The factor on every logit. Default 1.
+    #[arg(long)]
+    pub(crate) softmax_scale: Option<f32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct GeneralizedLiftedArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// Default 0.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) pos_margin: Option<f32>,
+    /// Default 1.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) neg_margin: Option<f32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct MarginArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// The margin around β. Default 0.2.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) margin: Option<f32>,
+    /// β's regulariser weight, with --learn-beta. Default 0.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) nu: Option<f32>,
+    /// The boundary between positive and negative distances. Default 1.2.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) beta: Option<f32>,
+    /// β is learnt: add ν β to the loss and print "beta_grad".
+    #[arg(long)]
+    pub(crate) learn_beta: bool,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct FastApArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// Histogram bins. Default 10.
+    #[arg(long)]
+    pub(crate) num_bins: Option<u32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct MnrlArgs {
+    /// Anchors, (b, d).
+    #[arg(long)]
+    pub(crate) anchors: PathBuf,
+    /// Candidates, (c, d), c ≥ b: candidate i is anchor i's positive, the rest negatives.
+    #[arg(long)]
+    pub(crate) candidates: PathBuf,
+    /// The scale on cosine similarities. Default 20.
+    #[arg(long)]
+    pub(crate) scale: Option<f32>,
+    /// Output (b, d) float32 array: the gradient with respect to --anchors.
+    #[arg(long)]
+    pub(crate) grad_out: PathBuf,
+    /// Output (c, d) float32 array: the gradient with respect to --candidates.
+    #[arg(long)]
+    pub(crate) candidates_grad_out: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct LiftedArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// Default 0.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) pos_margin: Option<f32>,
+    /// Default 1.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) neg_margin: Option<f32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct HistogramArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// Bins over [-1, 1]. Default 100.
+    #[arg(long)]
+    pub(crate) n_bins: Option<u32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct TupletArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// The angular margin in degrees. Default 5.73.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) margin: Option<f32>,
+    /// Default 64.
+    #[arg(long)]
+    pub(crate) scale: Option<f32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct IntraPairVarianceArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// Default 0.01.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) pos_eps: Option<f32>,
+    /// Default 0.01.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) neg_eps: Option<f32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct RankedListArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// The gap between the positives' and negatives' boundaries (PML requires it).
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) margin: f32,
+    /// The negatives' temperature (PML's Tn; required).
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) tn: f32,
+    /// The negatives' share, 0 to 1. Default 0.5.
+    #[arg(long)]
+    pub(crate) imbalance: Option<f32>,
+    /// The negatives' boundary. Default 1 + margin / 2.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) alpha: Option<f32>,
+    /// The positives' temperature (PML's Tp). Default 0.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) tp: Option<f32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct TcmArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// Default 1.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) lambda_plus: Option<f32>,
+    /// Default 1.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) lambda_minus: Option<f32>,
+    /// Default 0.9.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) margin_plus: Option<f32>,
+    /// Default 0.5.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) margin_minus: Option<f32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
