@@ -46,8 +46,8 @@ pub use ops::loss::{
     ntxent_loss_plan, pair_loss, pair_loss_plan, triplet_margin_loss, triplet_margin_loss_plan,
     Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, InfoNceLoss,
     IntraPairVariance, LiftedStructure, Margin, MnrlConfig, MultiSimilarity, Nca, PairLoss,
-    PairLossConfig, PairLossRule, RankedList, SupCon, ThresholdConsistentMargin, TripletLoss,
-    TripletLossConfig, TupletMargin,
+    PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SupCon, ThresholdConsistentMargin,
+    TripletLoss, TripletLossConfig, TupletMargin,
 };
 pub use ops::miners::{
     all_pairs, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets,

@@ -15,9 +15,9 @@ use wgpu_metric_learning::{
     AngularConfig, BatchHardConfig, Circle, Context, Contrastive, Distance, DistanceConfig,
     DistanceWeightedConfig, FastAp, GeneralizedLifted, HdcConfig, InfoNceConfig, IntraPairVariance,
     KmeansConfig, KnnConfig, LiftedStructure, Margin, MiningSet, MnrlConfig, MultiSimilarity, Nca,
-    PairLoss, PairLossConfig, PairLossRule, PairMarginConfig, RankedList, SelfExclusion, SupCon,
-    ThresholdConsistentMargin, TripletConfig, TripletLossConfig, TripletRule, TripletType,
-    TupletMargin, UniformHistogramConfig,
+    PairLoss, PairLossConfig, PairLossRule, PairMarginConfig, Pnp, PnpVariant, RankedList,
+    SelfExclusion, SupCon, ThresholdConsistentMargin, TripletConfig, TripletLossConfig,
+    TripletRule, TripletType, TupletMargin, UniformHistogramConfig,
 };
 
 /// A fresh directory for one test's files.
@@ -906,6 +906,37 @@ fn pair_losses_print_their_json_and_write_the_library_gradients() {
         &["distance", "cosine"],
     );
     fails_with(&raw(&["histogram", "--n-bins", "20"]), &["refs", "None"]);
+    // PNP takes no references: the batch alone.
+    let (x_file, y_file, g_file) = (p("x.npy"), p("y.npy"), p("g.npy"));
+    let out = ok(&wml(&[
+        "loss",
+        "pnp",
+        "--backend",
+        "cpu",
+        "--embeddings",
+        arg(&x_file),
+        "--labels",
+        arg(&y_file),
+        "--grad-out",
+        arg(&g_file),
+        "--variant",
+        "dq",
+        "--anneal",
+        "0.1",
+    ]));
+    let rule = Pnp {
+        variant: PnpVariant::Dq,
+        anneal: 0.1,
+        ..Default::default()
+    };
+    let cfg = PairLossConfig {
+        rule,
+        ..Default::default()
+    };
+    let want = pair_loss(&ctx, &batch, None, &cfg).expect("loss");
+    assert_eq!(json_field(&out, "loss"), f64::from(want.loss), "{out}");
+    let g: Array2<f32> = read_npy(&g_file).expect("grad");
+    assert_eq!(g, want.query_grad);
 }
 
 #[test]

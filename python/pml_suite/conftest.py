@@ -44,6 +44,7 @@ LOSSES = [
     "MultiSimilarityLoss",
     "NCALoss",
     "NTXentLoss",
+    "PNPLoss",
     "RankedListLoss",
     "SupConLoss",
     "ThresholdConsistentMarginLoss",

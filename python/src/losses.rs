@@ -10,8 +10,8 @@ use pyo3::types::PyTuple;
 use wgpu_metric_learning as wml;
 use wml::{
     Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, IntraPairVariance,
-    LiftedStructure, Margin, MnrlConfig, MultiSimilarity, Nca, PairLossConfig, PairLossRule,
-    RankedList, SupCon, ThresholdConsistentMargin, TripletLossConfig, TupletMargin,
+    LiftedStructure, Margin, MnrlConfig, MultiSimilarity, Nca, PairLossConfig, PairLossRule, Pnp,
+    PnpVariant, RankedList, SupCon, ThresholdConsistentMargin, TripletLossConfig, TupletMargin,
 };
 
 use crate::call::{distance_config, labelled, run, self_exclusion};
@@ -316,3 +316,53 @@ pair_loss_fn!(
     ThresholdConsistentMargin { lambda_plus: f32 = 1.0, lambda_minus: f32 = 1.0, margin_plus: f32 = 0.9, margin_minus: f32 = 0.5 },
     "cosine"
 );
+
+/// PML's `PNPLoss` (cosine, no references) and its gradient: as [`contrastive_loss`];
+/// `variant` one of PML's `"Ds"`, `"Dq"`, `"Iu"`, `"Ib"`, `"O"`.
+#[pyfunction]
+#[pyo3(signature = (ctx, embeddings, labels, refs = None, *, b = 2.0, alpha = 1.0, anneal = 0.01, variant = "O", distance = "cosine", normalize = true, self_exclusion = None, ref_grad = false))]
+#[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
+pub(crate) fn pnp_loss<'py>(
+    py: Python<'py>,
+    ctx: &PyContext,
+    embeddings: PyReadonlyArray2<'py, f32>,
+    labels: PyReadonlyArray1<'py, i64>,
+    refs: Option<&Bound<'py, PyAny>>,
+    b: f32,
+    alpha: f32,
+    anneal: f32,
+    variant: &str,
+    distance: &str,
+    normalize: bool,
+    self_exclusion: Option<&Bound<'py, PyAny>>,
+    ref_grad: bool,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let variant = match variant {
+        "Ds" => PnpVariant::Ds,
+        "Dq" => PnpVariant::Dq,
+        "Iu" => PnpVariant::Iu,
+        "Ib" => PnpVariant::Ib,
+        "O" => PnpVariant::O,
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "variant={other:?} but must be one of Ds, Dq, Iu, Ib, O"
+            )))
+        }
+    };
+    let call = PairCall {
+        embeddings,
+        labels,
+        refs,
+        distance,
+        normalize,
+        self_exclusion,
+        ref_grad,
+    };
+    let rule = Pnp {
+        b,
+        alpha,
+        anneal,
+        variant,
+    };
+    pair(py, ctx, rule, call)
+}

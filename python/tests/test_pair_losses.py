@@ -40,12 +40,19 @@ LOSSES = {
         [{}, {"lambda_plus": 0.5, "lambda_minus": 2, "margin_plus": 0.3, "margin_minus": -0.2}],
         ["cosine"],
     ),
+    "PNPLoss": (
+        [{}, {"variant": "Ds", "anneal": 0.05}, {"variant": "Dq", "alpha": 2}, {"variant": "Iu"},
+         {"variant": "Ib", "b": 3}],
+        ["cosine"],
+    ),
 }
 # Losses whose PML code refuses references (ref_emb, CrossBatchMemory), or (TCM) indexes
 # the embeddings with the references' pairs.
-NO_REFS = ["FastAPLoss", "HistogramLoss", "RankedListLoss", "ThresholdConsistentMarginLoss"]
+NO_REFS = [
+    "FastAPLoss", "HistogramLoss", "RankedListLoss", "ThresholdConsistentMarginLoss", "PNPLoss",
+]
 # Losses whose PML code refuses an indices_tuple.
-NO_TUPLES = ["RankedListLoss"]
+NO_TUPLES = ["RankedListLoss", "PNPLoss"]
 
 
 def default_dist(name):

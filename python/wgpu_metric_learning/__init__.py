@@ -33,7 +33,7 @@ and PML's pair losses :func:`contrastive_loss`, :func:`multi_similarity_loss`,
 :func:`generalized_lifted_structure_loss`, :func:`margin_loss`, :func:`fast_ap_loss`,
 :func:`lifted_structure_loss`, :func:`histogram_loss`, :func:`tuplet_margin_loss`,
 :func:`intra_pair_variance_loss`, :func:`ranked_list_loss`,
-:func:`threshold_consistent_margin_loss`.
+:func:`threshold_consistent_margin_loss`, :func:`pnp_loss`.
 
 ``wgpu_metric_learning.pml`` has drop-ins for pytorch-metric-learning (``KNN`` for
 ``AccuracyCalculator``, the miners, ``CrossBatchMemory``, ``TripletMarginLoss`` and
@@ -99,6 +99,7 @@ __all__ = [
     "intra_pair_variance_loss",
     "ranked_list_loss",
     "threshold_consistent_margin_loss",
+    "pnp_loss",
 ]
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -1209,4 +1210,30 @@ def threshold_consistent_margin_loss(
     return _pair_loss(
         "threshold_consistent_margin_loss", ctx, embeddings, labels, refs, lambda_plus=lambda_plus, lambda_minus=lambda_minus, margin_plus=margin_plus, margin_minus=margin_minus,
         distance=distance, normalize=normalize, self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )
+
+
+def pnp_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    b: float = 2.0,
+    alpha: float = 1.0,
+    anneal: float = 0.01,
+    variant: str = "O",
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``PNPLoss(b, alpha, anneal, variant)`` (cosine similarity, no references): per
+    anchor with a positive, the soft count of negatives ranked above each of its positives
+    (and itself) through the variant's cost, averaged, with its gradient; ``count`` is those
+    anchors, ``total`` all the pairs."""
+    return _pair_loss(
+        "pnp_loss", ctx, embeddings, labels, refs, b=b, alpha=alpha, anneal=anneal,
+        variant=variant, distance=distance, normalize=normalize, self_exclusion=self_exclusion,
+        ref_grad=ref_grad,
     )

@@ -54,6 +54,7 @@ __all__ = [
     "intra_pair_variance_loss",
     "ranked_list_loss",
     "threshold_consistent_margin_loss",
+    "pnp_loss",
 ]
 
 @final
@@ -512,6 +513,21 @@ def threshold_consistent_margin_loss(
     lambda_minus: float = 1.0,
     margin_plus: float = 0.9,
     margin_minus: float = 0.5,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: _SelfExclusion = None,
+    ref_grad: bool = False,
+) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
+def pnp_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
+    *,
+    b: float = 2.0,
+    alpha: float = 1.0,
+    anneal: float = 0.01,
+    variant: str = "O",
     distance: str = "cosine",
     normalize: bool = True,
     self_exclusion: _SelfExclusion = None,

@@ -108,6 +108,7 @@ __all__ = [
     "MultipleNegativesRankingLoss",
     "NTXentLoss",
     "PairMarginMiner",
+    "PNPLoss",
     "RankedListLoss",
     "SupConLoss",
     "ThresholdConsistentMarginLoss",
@@ -1693,6 +1694,41 @@ class ThresholdConsistentMarginLoss(_WholeLoss, pml_losses.ThresholdConsistentMa
         return dict(
             lambda_plus=float(self.lambda_plus), lambda_minus=float(self.lambda_minus),
             margin_plus=float(self.margin_plus), margin_minus=float(self.margin_minus),
+        )
+
+    def _rule_with(self, miner: Any, with_refs: bool = False):
+        return False if with_refs else super()._rule_with(miner)
+
+
+class PNPLoss(_WholeLoss, pml_losses.PNPLoss):
+    """PML's ``PNPLoss(b=2, alpha=1, anneal=0.01, variant="O")`` (cosine similarity, as PML
+    asserts) whose value and gradient come from the library one anchor's row at a time
+    (PML builds ``(b, b, b)`` tensors). ``loss.backward()`` reaches ``embeddings``. As PML,
+    it refuses references and an ``indices_tuple``: PML's code runs for them and raises its
+    error. PML's code also runs with another reducer or a regularizer."""
+
+    _default_reducer = pml_reducers.MeanReducer
+    _native_name = "pnp_loss"
+    _takes_refs = False
+
+    def __init__(
+        self,
+        b: float = 2,
+        alpha: float = 1,
+        anneal: float = 0.01,
+        variant: str = "O",
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(b=b, alpha=alpha, anneal=anneal, variant=variant, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return dict(
+            b=float(self.b), alpha=float(self.alpha), anneal=float(self.anneal),
+            variant=str(self.variant),
         )
 
     def _rule_with(self, miner: Any, with_refs: bool = False):

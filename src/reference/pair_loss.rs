@@ -10,7 +10,7 @@ use super::pair_gradient::pair_gradient;
 use super::pair_loss_tuples::{dense, TupleRule};
 use crate::{
     Circle, Contrastive, Distance, DistanceConfig, FastAp, GeneralizedLifted, Histogram,
-    IntraPairVariance, LiftedStructure, Margin, MultiSimilarity, Nca, RankedList, SupCon,
+    IntraPairVariance, LiftedStructure, Margin, MultiSimilarity, Nca, Pnp, RankedList, SupCon,
     ThresholdConsistentMargin, TupletMargin,
 };
 
@@ -45,6 +45,8 @@ pub enum PairLossRef {
     RankedList(RankedList),
     /// PML `ThresholdConsistentMarginLoss`.
     ThresholdConsistentMargin(ThresholdConsistentMargin),
+    /// PML `PNPLoss`.
+    Pnp(Pnp),
 }
 
 impl PairLossRef {
@@ -57,6 +59,7 @@ impl PairLossRef {
             Self::IntraPairVariance(c) => TupleRule::Variance(c),
             Self::RankedList(c) => TupleRule::RankedList(c),
             Self::ThresholdConsistentMargin(c) => TupleRule::Tcm(c),
+            Self::Pnp(c) => TupleRule::Pnp(c),
             _ => return None,
         })
     }
@@ -131,7 +134,7 @@ pub fn pair_loss(
             TupleRule::Lifted(_) | TupleRule::Tuplet(_) => !few && positives > 0 && negatives > 0,
             TupleRule::Variance(_) => !few,
             TupleRule::Tcm(_) => positives + negatives > 0,
-            TupleRule::RankedList(_) | TupleRule::Histogram(_) => true,
+            TupleRule::RankedList(_) | TupleRule::Histogram(_) | TupleRule::Pnp(_) => true,
         };
         if !has {
             return out;
@@ -173,7 +176,8 @@ pub fn pair_loss(
             | PairLossRef::TupletMargin(_)
             | PairLossRef::IntraPairVariance(_)
             | PairLossRef::RankedList(_)
-            | PairLossRef::ThresholdConsistentMargin(_) => 0.0,
+            | PairLossRef::ThresholdConsistentMargin(_)
+            | PairLossRef::Pnp(_) => 0.0,
             PairLossRef::Nca(c) => {
                 let scale = f64::from(c.softmax_scale);
                 let sign = if sim { 1.0 } else { -1.0 };
@@ -394,7 +398,8 @@ pub fn pair_loss(
         | PairLossRef::TupletMargin(_)
         | PairLossRef::IntraPairVariance(_)
         | PairLossRef::RankedList(_)
-        | PairLossRef::ThresholdConsistentMargin(_) => {}
+        | PairLossRef::ThresholdConsistentMargin(_)
+        | PairLossRef::Pnp(_) => {}
         PairLossRef::SupCon(_) | PairLossRef::Circle(_) => {
             let kept: Vec<usize> = (0..lists.len())
                 .filter(|&a| per_anchor[a].0 as f32 > 0.0)

@@ -10,8 +10,8 @@ use std::collections::{BTreeSet, HashMap};
 use ndarray::{Array2, ArrayView2};
 
 use crate::{
-    Histogram, IntraPairVariance, LiftedStructure, RankedList, ThresholdConsistentMargin,
-    TupletMargin,
+    Histogram, IntraPairVariance, LiftedStructure, Pnp, PnpVariant, RankedList,
+    ThresholdConsistentMargin, TupletMargin,
 };
 
 /// The losses this module computes.
@@ -23,6 +23,7 @@ pub(super) enum TupleRule {
     Variance(IntraPairVariance),
     RankedList(RankedList),
     Tcm(ThresholdConsistentMargin),
+    Pnp(Pnp),
 }
 
 /// The loss, what its reducer divides by, and `∂loss/∂D` `(b, m)`.
@@ -156,6 +157,7 @@ pub(super) fn dense(
             }
         }
         TupleRule::RankedList(c) => ranked_list(c, distances, lists, &mut out),
+        TupleRule::Pnp(c) => pnp(c, distances, lists, &mut out),
         TupleRule::Tcm(c) => {
             let (mp, mn) = (c.margin_plus, c.margin_minus);
             let p_sel: Vec<&(usize, u32)> = pos
@@ -307,4 +309,61 @@ fn ranked_list(
         }
     }
     out.nonzero = b as u64;
+}
+
+/// PML's PNPLoss: per anchor with a positive, over its positives and itself (PML's `I_pos`
+/// with its diagonal), the clamped sigmoids of every negative's similarity minus theirs
+/// summed into `R`, the variant's `f(R)` averaged; the mean over those anchors (`Dq`: one
+/// minus it).
+fn pnp(c: Pnp, distances: ArrayView2<'_, f32>, lists: &[(Vec<u32>, Vec<u32>)], out: &mut Dense) {
+    let (tau, alpha, b) = (f64::from(c.anneal), f64::from(c.alpha), f64::from(c.b));
+    let safe: Vec<usize> = (0..lists.len())
+        .filter(|&a| !lists[a].0.is_empty())
+        .collect();
+    if safe.is_empty() {
+        return;
+    }
+    let k = safe.len() as f64;
+    let value = |r: f64| match c.variant {
+        PnpVariant::O => r,
+        PnpVariant::Ds => (1.0 + r).ln(),
+        PnpVariant::Dq => (1.0 + r).powf(-alpha),
+        PnpVariant::Iu => (1.0 + r) * (1.0 + r).ln(),
+        PnpVariant::Ib => (b * r - (1.0 + b * r).ln()) / (b * b),
+    };
+    let slope = |r: f64| match c.variant {
+        PnpVariant::O => 1.0,
+        PnpVariant::Ds => 1.0 / (1.0 + r),
+        PnpVariant::Dq => -alpha * (1.0 + r).powf(-alpha - 1.0),
+        PnpVariant::Iu => (1.0 + r).ln() + 1.0,
+        PnpVariant::Ib => (b - b / (1.0 + b * r)) / (b * b),
+    };
+    let mut mean = 0.0;
+    for &a in &safe {
+        let (pos, neg) = &lists[a];
+        let own: Vec<usize> = pos.iter().map(|&p| p as usize).chain([a]).collect();
+        let d = |j: usize| f64::from(distances[[a, j]]);
+        for &i in &own {
+            let exponent = |n: usize| -(d(n) - d(i)) / tau;
+            let sig = |n: usize| 1.0 / (1.0 + exponent(n).clamp(-50.0, 50.0).exp());
+            let r: f64 = neg.iter().map(|&n| sig(n as usize)).sum();
+            mean += value(r) / own.len() as f64 / k;
+            for &n in neg {
+                let n = n as usize;
+                let y = sig(n);
+                let inside = exponent(n).abs() <= 50.0;
+                let g = if inside { y * (1.0 - y) / tau } else { 0.0 };
+                let g = g * slope(r) / own.len() as f64 / k;
+                let g = if c.variant == PnpVariant::Dq { -g } else { g };
+                out.w[[a, n]] += g;
+                out.w[[a, i]] -= g;
+            }
+        }
+    }
+    out.loss = if c.variant == PnpVariant::Dq {
+        1.0 - mean
+    } else {
+        mean
+    };
+    out.nonzero = safe.len() as u64;
 }

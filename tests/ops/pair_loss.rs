@@ -11,7 +11,7 @@ use wgpu_metric_learning::reference::pair_loss::{pair_loss as reference, PairLos
 use wgpu_metric_learning::{
     pair_loss, pair_loss_plan, Circle, ComputePath, Context, Contrastive, Distance, DistanceConfig,
     Error, FastAp, GeneralizedLifted, Histogram, IntraPairVariance, LiftedStructure, Margin,
-    MiningSet, MultiSimilarity, Nca, PairLoss, PairLossConfig, RankedList, SupCon,
+    MiningSet, MultiSimilarity, Nca, PairLoss, PairLossConfig, Pnp, PnpVariant, RankedList, SupCon,
     ThresholdConsistentMargin, TupletMargin,
 };
 
@@ -31,7 +31,7 @@ pub(crate) struct Problem {
 }
 
 fn rule() -> impl Strategy<Value = PairLossRef> {
-    prop_oneof![old_rule(), new_rule()]
+    prop_oneof![old_rule(), new_rule(), pnp_rule()]
 }
 
 /// The rules of PML's tuple and whole-batch losses.
@@ -77,6 +77,30 @@ fn new_rule() -> impl Strategy<Value = PairLossRef> {
             }
         ),
     ]
+}
+
+/// PNP's rules: every variant, temperatures from PML's 0.01 up.
+fn pnp_rule() -> impl Strategy<Value = PairLossRef> {
+    (
+        prop_oneof![
+            Just(PnpVariant::O),
+            Just(PnpVariant::Ds),
+            Just(PnpVariant::Dq),
+            Just(PnpVariant::Iu),
+            Just(PnpVariant::Ib)
+        ],
+        prop_oneof![Just(0.01f32), 0.05f32..1.0],
+        0.5f32..3.0,
+        0.5f32..3.0,
+    )
+        .prop_map(|(variant, anneal, alpha, b)| {
+            PairLossRef::Pnp(Pnp {
+                b,
+                alpha,
+                anneal,
+                variant,
+            })
+        })
 }
 
 /// The rules of the first eight losses.
@@ -167,14 +191,15 @@ fn problem_of(b: usize, m: usize, d: usize) -> impl Strategy<Value = Problem> {
             x: off_grid(x, rule),
             // Histogram takes no references.
             refs: refs
-                .filter(|_| !matches!(rule, PairLossRef::Histogram(_)))
+                .filter(|_| !matches!(rule, PairLossRef::Histogram(_) | PairLossRef::Pnp(_)))
                 .map(|(l, r)| (l, off_grid(r, rule))),
             // Circle, Histogram, TupletMargin and TCM run on cosine similarity only.
             distance: match rule {
                 PairLossRef::Circle(_)
                 | PairLossRef::Histogram(_)
                 | PairLossRef::TupletMargin(_)
-                | PairLossRef::ThresholdConsistentMargin(_) => COSINE,
+                | PairLossRef::ThresholdConsistentMargin(_)
+                | PairLossRef::Pnp(_) => COSINE,
                 // FastAP runs on PML's LpDistance (normalised, power 1 or 2) only.
                 PairLossRef::FastAp(_) => DistanceConfig {
                     distance: match distance.distance {
@@ -199,10 +224,16 @@ fn off_grid(x: Array2<f32>, rule: PairLossRef) -> Array2<f32> {
         | PairLossRef::Histogram(_)
         | PairLossRef::TupletMargin(_)
         | PairLossRef::RankedList(_)
-        | PairLossRef::ThresholdConsistentMargin(_) => {
+        | PairLossRef::ThresholdConsistentMargin(_)
+        | PairLossRef::Pnp(_) => {
             let mut x = x;
+            // Scattered offsets in ±0.025: rows that were equal end up ~0.01 apart, far
+            // past the cancellation of the distances' matrix form (~1e-3 of a distance for
+            // rows 4e-5 apart), which would otherwise differ between the blocks and the
+            // reference's matrix.
             for ((i, k), v) in x.indexed_iter_mut() {
-                *v += 0.0123 * ((i * 7 + k * 13) as f32 + 0.5).sin();
+                let h = (i as u64 * 7919 + k as u64 * 104_729 + 17) % 1009;
+                *v += 0.05 * (h as f32 / 1009.0 - 0.5);
             }
             x
         }
@@ -240,6 +271,7 @@ pub(crate) fn run(
         PairLossRef::IntraPairVariance(r) => pair_loss(ctx, set, refs, &with(r, p)),
         PairLossRef::RankedList(r) => pair_loss(ctx, set, refs, &with(r, p)),
         PairLossRef::ThresholdConsistentMargin(r) => pair_loss(ctx, set, refs, &with(r, p)),
+        PairLossRef::Pnp(r) => pair_loss(ctx, set, refs, &with(r, p)),
     }
     .expect("loss")
 }

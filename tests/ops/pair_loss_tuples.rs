@@ -1,5 +1,5 @@
 //! `pair_loss`'s tuple and whole-batch losses (LiftedStructure, Histogram, TupletMargin,
-//! IntraPairVariance, RankedList, ThresholdConsistentMargin) against finite differences of
+//! IntraPairVariance, RankedList, ThresholdConsistentMargin, PNP) against finite differences of
 //! their loss written here from the embeddings, under small budgets with their state, and
 //! their errors. The proptests against the written-out reference are in `pair_loss`.
 
@@ -10,8 +10,8 @@ use ndarray::{Array1, Array2};
 use wgpu_metric_learning::reference::pair_loss::PairLossRef;
 use wgpu_metric_learning::{
     pair_loss, pair_loss_plan, Context, Distance, DistanceConfig, Error, Histogram,
-    IntraPairVariance, LiftedStructure, MiningSet, PairLoss, PairLossConfig, PairLossRule,
-    RankedList, ThresholdConsistentMargin, TupletMargin,
+    IntraPairVariance, LiftedStructure, MiningSet, PairLoss, PairLossConfig, PairLossRule, Pnp,
+    PnpVariant, RankedList, ThresholdConsistentMargin, TupletMargin,
 };
 
 const COSINE: DistanceConfig = DistanceConfig {
@@ -174,6 +174,38 @@ pub(crate) fn loss_f64(x: &Array2<f64>, labels: &[u32], rule: PairLossRef) -> f6
                 .collect();
             f64::from(c.lambda_plus) * mean(p) + f64::from(c.lambda_minus) * mean(q)
         }
+        PairLossRef::Pnp(c) => {
+            let (tau, alpha, b) = (f64::from(c.anneal), f64::from(c.alpha), f64::from(c.b));
+            let f = |r: f64| match c.variant {
+                PnpVariant::O => r,
+                PnpVariant::Ds => (1.0 + r).ln(),
+                PnpVariant::Dq => (1.0 + r).powf(-alpha),
+                PnpVariant::Iu => (1.0 + r) * (1.0 + r).ln(),
+                PnpVariant::Ib => (b * r - (1.0 + b * r).ln()) / (b * b),
+            };
+            let per_anchor: Vec<f64> = (0..n)
+                .filter(|&a| (0..n).any(|j| j != a && same(a, j)))
+                .map(|a| {
+                    let own: Vec<usize> = (0..n).filter(|&j| same(a, j)).collect();
+                    own.iter()
+                        .map(|&i| {
+                            let r: f64 = (0..n)
+                                .filter(|&k| !same(a, k))
+                                .map(|k| 1.0 / (1.0 + (-(dist(a, k) - dist(a, i)) / tau).exp()))
+                                .sum();
+                            f(r)
+                        })
+                        .sum::<f64>()
+                        / own.len() as f64
+                })
+                .collect();
+            let m = mean(per_anchor);
+            if c.variant == PnpVariant::Dq {
+                1.0 - m
+            } else {
+                m
+            }
+        }
         other => panic!("not a tuple rule: {other:?}"),
     }
 }
@@ -212,7 +244,21 @@ fn gradients_match_finite_differences() {
             ..Default::default()
         }),
     ];
-    for rule in rules {
+    let pnp = [
+        PnpVariant::O,
+        PnpVariant::Ds,
+        PnpVariant::Dq,
+        PnpVariant::Iu,
+        PnpVariant::Ib,
+    ]
+    .map(|variant| {
+        PairLossRef::Pnp(Pnp {
+            anneal: 0.3,
+            variant,
+            ..Default::default()
+        })
+    });
+    for rule in rules.into_iter().chain(pnp) {
         let p = Problem {
             labels: y.clone(),
             x: x.clone(),
@@ -296,6 +342,18 @@ fn bad_parameters_and_inputs_are_typed_errors() {
     }
     let h = PairLossConfig::<Histogram>::default();
     assert!(bad(pair_loss(&ctx, &set, Some(&set), &h)), "refs");
+    let pnp = PairLossConfig::<Pnp>::default();
+    assert!(bad(pair_loss(&ctx, &set, Some(&set), &pnp)), "refs");
+    for anneal in [0.0, -1.0, f32::NAN] {
+        let pnp = PairLossConfig {
+            rule: Pnp {
+                anneal,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(bad(pair_loss(&ctx, &set, None, &pnp)), "anneal {anneal}");
+    }
     assert!(bad(pair_loss(
         &ctx,
         &set,

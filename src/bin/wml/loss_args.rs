@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
 
 use super::{Common, Metric, TypeArg};
 
@@ -63,6 +63,9 @@ pub(crate) enum LossCommand {
     /// pairs past their margins).
     #[command(alias = "threshold-consistent-margin")]
     Tcm(TcmArgs),
+    /// PML PNPLoss (cosine, no references), averaged over the anchors with a positive; prints
+    /// as contrastive does.
+    Pnp(PnpArgs),
 }
 
 /// The labelled inputs and gradient outputs of the label-based losses.
@@ -353,4 +356,34 @@ pub(crate) struct TcmArgs {
     pub(crate) margin_minus: Option<f32>,
     #[command(flatten)]
     pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct PnpArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// Ib's factor. Default 2.
+    #[arg(long)]
+    pub(crate) b: Option<f32>,
+    /// Dq's exponent. Default 1.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) alpha: Option<f32>,
+    /// The sigmoid's temperature. Default 0.01.
+    #[arg(long)]
+    pub(crate) anneal: Option<f32>,
+    /// PML's variant. Default o.
+    #[arg(long, value_enum)]
+    pub(crate) variant: Option<PnpVariantArg>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+/// PML's PNPLoss variants.
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum PnpVariantArg {
+    Ds,
+    Dq,
+    Iu,
+    Ib,
+    O,
 }

@@ -8,15 +8,16 @@ use wgpu_metric_learning::{
     multiple_negatives_ranking_loss, ntxent_loss, pair_loss, triplet_margin_loss, Circle,
     Contrastive, Distance, FastAp, GeneralizedLifted, Histogram, Hooks, InfoNceConfig,
     IntraPairVariance, LiftedStructure, Margin, MnrlConfig, MultiSimilarity, Nca, PairLossConfig,
-    PairLossRule, RankedList, SupCon, ThresholdConsistentMargin, TripletLossConfig, TripletRule,
-    TripletType, TupletMargin,
+    PairLossRule, Pnp, PnpVariant, RankedList, SupCon, ThresholdConsistentMargin,
+    TripletLossConfig, TripletRule, TripletType, TupletMargin,
 };
 
 use crate::commands::{context, distance_config, given, json_number, timed, Side};
 use crate::loss_args::{
     CircleArgs, ContrastiveArgs, FastApArgs, GeneralizedLiftedArgs, HistogramArgs,
     IntraPairVarianceArgs, LiftedArgs, LossInputs, MarginArgs, MnrlArgs, MultiSimilarityArgs,
-    NcaArgs, NtXentArgs, RankedListArgs, SupConArgs, TcmArgs, TripletLossArgs, TupletArgs,
+    NcaArgs, NtXentArgs, PnpArgs, PnpVariantArg, RankedListArgs, SupConArgs, TcmArgs,
+    TripletLossArgs, TupletArgs,
 };
 use crate::npy;
 use crate::{Common, Failure, TypeArg};
@@ -292,6 +293,25 @@ pub(crate) fn tcm(a: &TcmArgs, hooks: &Hooks) -> Result<(), Failure> {
         margin_minus: a.margin_minus.unwrap_or(d.margin_minus),
     };
     pair("loss tcm", (&a.inputs, &a.common), rule, hooks)
+}
+
+pub(crate) fn pnp(a: &PnpArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let d = Pnp::default();
+    let variant = match a.variant {
+        None => d.variant,
+        Some(PnpVariantArg::Ds) => PnpVariant::Ds,
+        Some(PnpVariantArg::Dq) => PnpVariant::Dq,
+        Some(PnpVariantArg::Iu) => PnpVariant::Iu,
+        Some(PnpVariantArg::Ib) => PnpVariant::Ib,
+        Some(PnpVariantArg::O) => PnpVariant::O,
+    };
+    let rule = Pnp {
+        b: a.b.unwrap_or(d.b),
+        alpha: a.alpha.unwrap_or(d.alpha),
+        anneal: a.anneal.unwrap_or(d.anneal),
+        variant,
+    };
+    pair("loss pnp", (&a.inputs, &a.common), rule, hooks)
 }
 
 /// A pair loss with `rule` on the inputs; the distance defaults to the rule's PML default.

@@ -138,6 +138,7 @@ impl Command {
             Command::Loss(LossCommand::IntraPairVariance(a)) => &a.common,
             Command::Loss(LossCommand::RankedList(a)) => &a.common,
             Command::Loss(LossCommand::Tcm(a)) => &a.common,
+            Command::Loss(LossCommand::Pnp(a)) => &a.common,
             Command::Tune(a) => &a.common,
         }
     }
@@ -548,6 +549,7 @@ fn main() -> ExitCode {
         Command::Loss(LossCommand::IntraPairVariance(a)) => losses::intra_pair_variance(&a, &hooks),
         Command::Loss(LossCommand::RankedList(a)) => losses::ranked_list(&a, &hooks),
         Command::Loss(LossCommand::Tcm(a)) => losses::tcm(&a, &hooks),
+        Command::Loss(LossCommand::Pnp(a)) => losses::pnp(&a, &hooks),
         Command::Tune(a) => commands::tune(&a),
     };
     match done {

@@ -1,7 +1,7 @@
 //! PML's losses over the pairs (and triplets, tuples) of the distance matrix:
 //! `ContrastiveLoss`, `MultiSimilarityLoss`, `SupConLoss`, `CircleLoss`, `NCALoss`,
-//! `GeneralizedLiftedStructureLoss`, `MarginLoss`, `FastAPLoss`, `TupletMarginLoss` and
-//! `RankedListLoss` (each anchor's row by itself), `LiftedStructureLoss`, `HistogramLoss`,
+//! `GeneralizedLiftedStructureLoss`, `MarginLoss`, `FastAPLoss`, `TupletMarginLoss`,
+//! `RankedListLoss` and `PNPLoss` (each anchor's row by itself), `LiftedStructureLoss`, `HistogramLoss`,
 //! `IntraPairVarianceLoss` and `ThresholdConsistentMarginLoss` (state shared across
 //! anchors), with their gradients, through the loss driver ([`super::driver`]): anchors in
 //! blocks under the budget, each anchor's row of distances turned into its row of weights
@@ -15,8 +15,8 @@
 //! GeneralizedLifted, Lifted, TupletMargin and IntraPairVariance return 0 with no gradient
 //! with at most one positive and one negative pair; SupCon, Lifted and TupletMargin also
 //! without any positive or any negative pair; NCA with at most one query; Margin and
-//! Histogram without a triplet; FastAP without an anchor that has a positive; TCM without
-//! a pair. "Positive" losses are decided on the f32 value, as PML's reducers see them.
+//! Histogram without a triplet; FastAP and PNP without an anchor that has a positive; TCM
+//! without a pair. "Positive" losses are decided on the f32 value, as PML's reducers see them.
 //!
 //! They run on the native path on every context (a wgpu context reads device-resident rows
 //! back, once per pass): their device rules are not written yet.
@@ -30,6 +30,7 @@ use super::info_nce::{check_temperature, pair_counts};
 use super::pair_global::{self, is_global, state_bytes};
 use super::pair_params::{
     Contrastive, GeneralizedLifted, IntraPairVariance, Kind, LiftedStructure, PairLossRule,
+    PnpVariant,
 };
 use super::pair_rules::{anchor, Row};
 use crate::context::plan::Plan;
@@ -103,7 +104,8 @@ pub struct PairLoss {
     /// anchors (MultiSimilarity, GeneralizedLifted, RankedList), anchors with a positive loss
     /// (SupCon, Circle), anchors whose positives' f32 probability is not 0 (Nca), anchors
     /// with a positive (FastAp), nonzero terms over the triplets (Margin), positive pairs
-    /// (LiftedStructure, TupletMargin), positive plus negative pairs (IntraPairVariance), the
+    /// (LiftedStructure, TupletMargin), anchors with a positive (Pnp), positive plus negative
+    /// pairs (IntraPairVariance), the
     /// pairs binned (Histogram), the pairs past their margins (ThresholdConsistentMargin).
     pub nonzero: u64,
     /// Positive pairs (query, reference).
@@ -131,8 +133,8 @@ pub struct PairLoss {
 ///
 /// # Errors
 /// [`Error::InvalidParameter`] for a parameter out of its range, Circle, Histogram,
-/// TupletMargin or TCM on another distance than cosine, FastAP on another than (squared)
-/// Euclidean of normalised rows, Histogram with references; otherwise as
+/// TupletMargin, TCM or PNP on another distance than cosine, FastAP on another than
+/// (squared) Euclidean of normalised rows, Histogram or PNP with references; otherwise as
 /// [`crate::triplet_margin_loss`].
 ///
 /// # Example
@@ -237,6 +239,12 @@ fn check(op: &'static str, kind: Kind, distance: &DistanceConfig) -> Result<()> 
             positive("scale", c.scale)?;
             cosine_only(op, distance)
         }
+        Kind::Pnp(c) => {
+            positive("b", c.b)?;
+            finite("alpha", c.alpha)?;
+            positive("anneal", c.anneal)?;
+            cosine_only(op, distance)
+        }
         Kind::ThresholdConsistentMargin(c) => {
             finite("lambda_plus", c.lambda_plus)?;
             finite("lambda_minus", c.lambda_minus)?;
@@ -327,12 +335,12 @@ fn job<L: Hash + Eq + Copy, R: PairLossRule, T>(
 ) -> Result<T> {
     let op = cfg.rule.op();
     check(op, cfg.rule.kind(), &cfg.distance)?;
-    if matches!(cfg.rule.kind(), Kind::Histogram(_)) && refs.is_some() {
+    if matches!(cfg.rule.kind(), Kind::Histogram(_) | Kind::Pnp(_)) && refs.is_some() {
         return Err(Error::InvalidParameter {
             op,
             what: "refs",
             value: "given".into(),
-            rule: "must be None: the loss is over the queries' own pairs (as PML's HistogramLoss)",
+            rule: "must be None: the loss is over the queries' own pairs (as PML's)",
         });
     }
     let set = inputs::prepare(
@@ -371,6 +379,7 @@ fn has_loss(job: &Job<'_>, kind: Kind) -> ((u64, u64), bool) {
         Kind::RankedList(_) => b > 0,
         Kind::ThresholdConsistentMargin(_) => positives + negatives > 0,
         Kind::Histogram(_) => has_triplet(job),
+        Kind::Pnp(_) => positives > 0,
         Kind::SupCon(_) | Kind::LiftedStructure(_) | Kind::TupletMargin(_) => {
             !few && positives > 0 && negatives > 0
         }
@@ -419,7 +428,7 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind) -> Result<PairLoss> {
         Distance::SquaredEuclidean => 4.0,
         _ => 2.0,
     };
-    let set = job.set;
+    let (set, refs_are_queries) = (job.set, job.refs_are_queries);
     let rule = |divisors: (u64, u64)| {
         move |a: usize, d: ArrayView1<'_, f32>, s: &mut Scratch, _: &Shared<'_>| {
             set.lists_of(a, &mut s.positives, &mut s.negatives);
@@ -428,6 +437,7 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind) -> Result<PairLoss> {
                 similarity,
                 divisors,
                 histogram_max,
+                own: refs_are_queries.then_some(a as u32),
             };
             anchor(kind, &row, s)
         }
@@ -462,7 +472,10 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind) -> Result<PairLoss> {
         }
         _ => {
             let out = driver::run(ctx, job, &rule((0, 0)))?;
-            Ok((f64::from(out.totals.mean()), None, out))
+            // PNP's Dq is 1 − the mean (its rule's sums negated).
+            let dq = matches!(kind, Kind::Pnp(c) if c.variant == PnpVariant::Dq);
+            let shift = if dq { 1.0 } else { 0.0 };
+            Ok((shift + f64::from(out.totals.mean()), None, out))
         }
     });
     transfers.add(job.set.imported);

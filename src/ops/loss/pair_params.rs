@@ -350,6 +350,55 @@ impl Default for ThresholdConsistentMargin {
     }
 }
 
+/// PML's `PNPLoss` variants: how an anchor's soft count `R` of negatives ranked above each
+/// positive becomes its cost `f(R)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PnpVariant {
+    /// `log(1 + R)`.
+    Ds,
+    /// `(1 + R)^(−α)`, the loss `1 − mean`.
+    Dq,
+    /// `(1 + R) log(1 + R)`.
+    Iu,
+    /// `(b R − log(1 + b R)) / b²`.
+    Ib,
+    /// `R` (PML's default).
+    #[default]
+    O,
+}
+
+/// PML's `PNPLoss(b, alpha, anneal, variant)` (defaults 2, 1, 0.01, `"O"`), on cosine
+/// similarity, without references (as PML).
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{Pnp, PnpVariant};
+/// let rule = Pnp::default();
+/// assert_eq!((rule.anneal, rule.variant), (0.01, PnpVariant::O));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pnp {
+    /// `Ib`'s factor. Finite, > 0.
+    pub b: f32,
+    /// `Dq`'s exponent. Finite.
+    pub alpha: f32,
+    /// The sigmoid's temperature. Finite, > 0.
+    pub anneal: f32,
+    /// Default [`PnpVariant::O`].
+    pub variant: PnpVariant,
+}
+
+impl Default for Pnp {
+    fn default() -> Self {
+        Self {
+            b: 2.0,
+            alpha: 1.0,
+            anneal: 0.01,
+            variant: PnpVariant::O,
+        }
+    }
+}
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for super::Contrastive {}
@@ -366,12 +415,13 @@ mod sealed {
     impl Sealed for super::IntraPairVariance {}
     impl Sealed for super::RankedList {}
     impl Sealed for super::ThresholdConsistentMargin {}
+    impl Sealed for super::Pnp {}
 }
 
 /// A pair loss's rule: [`Contrastive`], [`MultiSimilarity`], [`SupCon`], [`Circle`],
 /// [`Nca`], [`GeneralizedLifted`], [`Margin`], [`FastAp`], [`LiftedStructure`],
-/// [`Histogram`], [`TupletMargin`], [`IntraPairVariance`], [`RankedList`] or
-/// [`ThresholdConsistentMargin`]. Its type picks the loss
+/// [`Histogram`], [`TupletMargin`], [`IntraPairVariance`], [`RankedList`],
+/// [`ThresholdConsistentMargin`] or [`Pnp`]. Its type picks the loss
 /// [`pair_loss`](crate::pair_loss) computes and the distance
 /// [`PairLossConfig`](crate::PairLossConfig) defaults to.
 pub trait PairLossRule: sealed::Sealed + Debug + Clone + Copy + PartialEq + Default {
@@ -404,6 +454,7 @@ pub enum Kind {
     IntraPairVariance(IntraPairVariance),
     RankedList(RankedList),
     ThresholdConsistentMargin(ThresholdConsistentMargin),
+    Pnp(Pnp),
 }
 
 const COSINE: DistanceConfig = DistanceConfig {
@@ -470,3 +521,4 @@ rule!(
     "threshold_consistent_margin_loss",
     COSINE
 );
+rule!(Pnp, "pnp_loss", COSINE);

@@ -40,8 +40,8 @@ use ndarray::ArrayView1;
 use super::driver::{Scratch, Totals};
 use super::info_nce::sigmoid;
 use super::pair_params::{
-    Circle, Contrastive, FastAp, GeneralizedLifted, Kind, Margin, MultiSimilarity, Nca, RankedList,
-    SupCon, TupletMargin,
+    Circle, Contrastive, FastAp, GeneralizedLifted, Kind, Margin, MultiSimilarity, Nca, Pnp,
+    PnpVariant, RankedList, SupCon, TupletMargin,
 };
 
 /// `margin(x, y)` as PML's distance takes it: `x − y` for distances, `y − x` for similarities.
@@ -102,6 +102,9 @@ pub(super) struct Row<'a> {
     pub(super) divisors: (u64, u64),
     /// FastAP's histogram range: 2 for Euclidean, 4 for squared Euclidean distances.
     pub(super) histogram_max: f64,
+    /// The anchor's own column (PNP counts the anchor among its positives), when the
+    /// references are the queries.
+    pub(super) own: Option<u32>,
 }
 
 impl Row<'_> {
@@ -133,6 +136,7 @@ pub(super) fn anchor(kind: Kind, row: &Row<'_>, s: &mut Scratch) -> Totals {
         Kind::FastAp(c) => fast_ap(c, row, s),
         Kind::TupletMargin(c) => tuplet_margin(c, row, s),
         Kind::RankedList(c) => ranked_list(c, row, s),
+        Kind::Pnp(c) => pnp(c, row, s),
         // Their passes call their own rules (`super::pair_global`).
         Kind::LiftedStructure(_)
         | Kind::Histogram(_)
@@ -486,6 +490,78 @@ fn ranked_list(c: RankedList, row: &Row<'_>, s: &mut Scratch) -> Totals {
         for &j in js.iter().filter(|&&j| kept(j)) {
             let w = (t * gap(j)).exp();
             s.weights[j as usize] = share * sign * w * (t * gap(j) + 1.0 - t * part) / den;
+        }
+    }
+    one(loss, s)
+}
+
+/// PML's PNP for one anchor with a positive (cosine, no references): over `i` in its
+/// positives and itself, `R_i = Σ_N σ((s_n − s_i) / anneal)` (the sigmoid's exponent clamped
+/// to ±50, where its slope is 0, as PML), `f(R_i)` by the variant, averaged over the `|P| + 1`
+/// of them; the mean is over the anchors with a positive (`Dq`: `1 −` it, the sum negated
+/// here and 1 added by the caller). The negatives are sorted once: for each `i` only those
+/// within `50 · anneal` of `s_i` are evaluated, the others each adding the clamped value.
+fn pnp(c: Pnp, row: &Row<'_>, s: &mut Scratch) -> Totals {
+    let Some(own) = row.own.filter(|_| !s.positives.is_empty()) else {
+        return Totals::default();
+    };
+    let (tau, alpha, b) = (f64::from(c.anneal), f64::from(c.alpha), f64::from(c.b));
+    // (f(R), f'(R)) of the variant; Dq's negated (its loss is 1 − the mean).
+    let f = |r: f64| match c.variant {
+        PnpVariant::O => (r, 1.0),
+        PnpVariant::Ds => ((1.0 + r).ln(), 1.0 / (1.0 + r)),
+        PnpVariant::Dq => (
+            -(1.0 + r).powf(-alpha),
+            alpha * (1.0 + r).powf(-alpha - 1.0),
+        ),
+        PnpVariant::Iu => ((1.0 + r) * (1.0 + r).ln(), (1.0 + r).ln() + 1.0),
+        PnpVariant::Ib => (
+            (b * r - (1.0 + b * r).ln()) / (b * b),
+            (1.0 - 1.0 / (1.0 + b * r)) / b,
+        ),
+    };
+    // σ(x / τ) with PML's clamp, and its slope in x (0 where clamped).
+    let sigmoid = |x: f64| {
+        let exponent = -x / tau;
+        let y = 1.0 / (1.0 + exponent.clamp(-50.0, 50.0).exp());
+        let slope = if exponent.abs() > 50.0 {
+            0.0
+        } else {
+            y * (1.0 - y) / tau
+        };
+        (y, slope)
+    };
+    let (low, high) = (sigmoid(f64::NEG_INFINITY).0, sigmoid(f64::INFINITY).0);
+    s.order.clear();
+    s.order
+        .extend(s.negatives.iter().map(|&n| (row.d[n as usize], n)));
+    s.order.sort_unstable_by(|x, y| x.0.total_cmp(&y.0));
+    // Past this gap both ways the sigmoid is clamped; a little wider, so that only the
+    // exact test inside decides.
+    let reach = 50.0 * tau * (1.0 + 1e-6) + 1e-12;
+    let count = s.positives.len() as f64 + 1.0;
+    let mut loss = 0.0;
+    for i in s.positives.iter().copied().chain([own]) {
+        let s_i = row.at(i);
+        let lo = s.order.partition_point(|v| f64::from(v.0) < s_i - reach);
+        let hi = s.order.partition_point(|v| f64::from(v.0) <= s_i + reach);
+        let window = &s.order[lo..hi];
+        s.prefix.clear();
+        s.prefix
+            .extend(window.iter().map(|v| sigmoid(f64::from(v.0) - s_i).0));
+        let inside: f64 = s.prefix.iter().sum();
+        let rank = lo as f64 * low + (s.order.len() - hi) as f64 * high + inside;
+        let (value, slope) = f(rank);
+        loss += value / count;
+        let on = slope / count;
+        for (&(v, n), &y) in window.iter().zip(&s.prefix) {
+            let exponent = -(f64::from(v) - s_i) / tau;
+            if exponent.abs() > 50.0 {
+                continue;
+            }
+            let g = on * y * (1.0 - y) / tau;
+            s.weights[n as usize] += g;
+            s.weights[i as usize] -= g;
         }
     }
     one(loss, s)
