@@ -22,7 +22,7 @@ case so that its peak RSS is that case's own):
   d = 128) against M detached reference rows (default 4 096), forward and backward, PML
   against the drop-ins; `--in-batch [B ...]` the losses whose PML code refuses references
   (FastAPLoss, HistogramLoss, RankedListLoss with margin 0.4 and Tn 1,
-  ThresholdConsistentMarginLoss, PNPLoss) on a batch of B; `--only NAME ...` picks losses.
+  ThresholdConsistentMarginLoss, PNPLoss, NPairsLoss) on a batch of B; `--only NAME ...` picks losses.
 
 Needs the Python venv of python/requirements-test.txt with the package installed (README);
 not part of CI:
@@ -102,7 +102,7 @@ PAIR_LOSSES = ("ContrastiveLoss", "MultiSimilarityLoss", "SupConLoss", "CircleLo
                "TupletMarginLoss", "IntraPairVarianceLoss")
 # The losses whose PML code refuses references (`--in-batch`): B rows, no references.
 IN_BATCH_LOSSES = ("FastAPLoss", "HistogramLoss", "RankedListLoss", "ThresholdConsistentMarginLoss",
-                   "PNPLoss")
+                   "PNPLoss", "NPairsLoss")
 # Parameters PML requires (no default).
 REQUIRED = {"RankedListLoss": dict(margin=0.4, Tn=1.0)}
 

@@ -14,9 +14,9 @@ use wgpu_metric_learning::{
     triplet_margin_loss, uniform_histogram_pairs, AccuracyConfig, AccuracyK, AccuracyMetric,
     AngularConfig, BatchHardConfig, Circle, Context, Contrastive, Distance, DistanceConfig,
     DistanceWeightedConfig, FastAp, GeneralizedLifted, HdcConfig, InfoNceConfig, IntraPairVariance,
-    KmeansConfig, KnnConfig, LiftedStructure, Margin, MiningSet, MnrlConfig, MultiSimilarity, Nca,
-    PairLoss, PairLossConfig, PairLossRule, PairMarginConfig, Pnp, PnpVariant, RankedList,
-    SelfExclusion, SupCon, ThresholdConsistentMargin, TripletConfig, TripletLossConfig,
+    KmeansConfig, KnnConfig, LiftedStructure, Margin, MiningSet, MnrlConfig, MultiSimilarity,
+    NPairs, Nca, PairLoss, PairLossConfig, PairLossRule, PairMarginConfig, Pnp, PnpVariant,
+    RankedList, SelfExclusion, SupCon, ThresholdConsistentMargin, TripletConfig, TripletLossConfig,
     TripletRule, TripletType, TupletMargin, UniformHistogramConfig,
 };
 
@@ -935,6 +935,24 @@ fn pair_losses_print_their_json_and_write_the_library_gradients() {
     };
     let want = pair_loss(&ctx, &batch, None, &cfg).expect("loss");
     assert_eq!(json_field(&out, "loss"), f64::from(want.loss), "{out}");
+    let g: Array2<f32> = read_npy(&g_file).expect("grad");
+    assert_eq!(g, want.query_grad);
+    let out = ok(&wml(&[
+        "loss",
+        "n-pairs",
+        "--backend",
+        "cpu",
+        "--embeddings",
+        arg(&x_file),
+        "--labels",
+        arg(&y_file),
+        "--grad-out",
+        arg(&g_file),
+    ]));
+    let cfg = PairLossConfig::<NPairs>::default();
+    let want = pair_loss(&ctx, &batch, None, &cfg).expect("loss");
+    assert_eq!(json_field(&out, "loss"), f64::from(want.loss), "{out}");
+    assert_eq!(json_field(&out, "nonzero"), want.nonzero as f64, "{out}");
     let g: Array2<f32> = read_npy(&g_file).expect("grad");
     assert_eq!(g, want.query_grad);
 }

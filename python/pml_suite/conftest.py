@@ -43,6 +43,7 @@ LOSSES = [
     "MarginLoss",
     "MultiSimilarityLoss",
     "NCALoss",
+    "NPairsLoss",
     "NTXentLoss",
     "PNPLoss",
     "RankedListLoss",

@@ -34,6 +34,7 @@ FILES = [
     "losses/test_margin_loss.py",
     "losses/test_fastap_loss.py",
     "losses/test_histogram_loss.py",
+    "losses/test_npairs_loss.py",
     "losses/test_pnp_loss.py",
     "losses/test_intra_pair_variance_loss.py",
     "losses/test_ranked_list_loss.py",

@@ -28,8 +28,9 @@ use eval::{
 use losses::{
     circle_loss, contrastive_loss, fast_ap_loss, generalized_lifted_structure_loss, histogram_loss,
     intra_pair_variance_loss, lifted_structure_loss, margin_loss, multi_similarity_loss,
-    multiple_negatives_ranking_loss, nca_loss, ntxent_loss, pnp_loss, ranked_list_loss,
-    supcon_loss, threshold_consistent_margin_loss, triplet_margin_loss, tuplet_margin_loss,
+    multiple_negatives_ranking_loss, n_pairs_loss, nca_loss, ntxent_loss, pnp_loss,
+    ranked_list_loss, supcon_loss, threshold_consistent_margin_loss, triplet_margin_loss,
+    tuplet_margin_loss,
 };
 use mining::{
     all_pairs, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets, count_triplets,
@@ -81,5 +82,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ranked_list_loss, m)?)?;
     m.add_function(wrap_pyfunction!(threshold_consistent_margin_loss, m)?)?;
     m.add_function(wrap_pyfunction!(pnp_loss, m)?)?;
+    m.add_function(wrap_pyfunction!(n_pairs_loss, m)?)?;
     Ok(())
 }

@@ -10,8 +10,9 @@ use pyo3::types::PyTuple;
 use wgpu_metric_learning as wml;
 use wml::{
     Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, IntraPairVariance,
-    LiftedStructure, Margin, MnrlConfig, MultiSimilarity, Nca, PairLossConfig, PairLossRule, Pnp,
-    PnpVariant, RankedList, SupCon, ThresholdConsistentMargin, TripletLossConfig, TupletMargin,
+    LiftedStructure, Margin, MnrlConfig, MultiSimilarity, NPairs, Nca, PairLossConfig,
+    PairLossRule, Pnp, PnpVariant, RankedList, SupCon, ThresholdConsistentMargin,
+    TripletLossConfig, TupletMargin,
 };
 
 use crate::call::{distance_config, labelled, run, self_exclusion};
@@ -315,6 +316,13 @@ pair_loss_fn!(
     threshold_consistent_margin_loss,
     ThresholdConsistentMargin { lambda_plus: f32 = 1.0, lambda_minus: f32 = 1.0, margin_plus: f32 = 0.9, margin_minus: f32 = 0.5 },
     "cosine"
+);
+
+pair_loss_fn!(
+    /// PML's `NPairsLoss` (no references) and its gradient: as [`contrastive_loss`].
+    n_pairs_loss,
+    NPairs {},
+    "dot"
 );
 
 /// PML's `PNPLoss` (cosine, no references) and its gradient: as [`contrastive_loss`];

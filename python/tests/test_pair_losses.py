@@ -45,11 +45,13 @@ LOSSES = {
          {"variant": "Ib", "b": 3}],
         ["cosine"],
     ),
+    "NPairsLoss": ([{}], ["cosine", "lp", "dot_raw"]),
 }
 # Losses whose PML code refuses references (ref_emb, CrossBatchMemory), or (TCM) indexes
 # the embeddings with the references' pairs.
 NO_REFS = [
     "FastAPLoss", "HistogramLoss", "RankedListLoss", "ThresholdConsistentMarginLoss", "PNPLoss",
+    "NPairsLoss",
 ]
 # Losses whose PML code refuses an indices_tuple.
 NO_TUPLES = ["RankedListLoss", "PNPLoss"]
@@ -86,7 +88,8 @@ def backend(request):
 
 
 def make(name, i, dist, **kw):
-    params = LOSSES[name][0][i]
+    sets = LOSSES[name][0]
+    params = sets[min(i, len(sets) - 1)]
     return (
         getattr(drop, name)(distance=DISTANCES[dist](), **params, **kw),
         getattr(losses, name)(distance=DISTANCES[dist](), **params),
@@ -249,3 +252,45 @@ def test_nca_leaves_out_only_the_same_tensor(backend):
     copy = x.clone()
     call = lambda f: lambda e, rr: f(e, y, None, rr, y)  # noqa: E731
     assert_same(value_and_grads(call(ours), x, copy), value_and_grads(call(theirs), x, copy))
+
+
+# The NumPy functions of the later losses against PML's classes: (function, PML class, args).
+FUNCTIONS = [
+    ("lifted_structure_loss", "LiftedStructureLoss", {"neg_margin": 0.9}),
+    ("histogram_loss", "HistogramLoss", {"n_bins": 20}),
+    ("tuplet_margin_loss", "TupletMarginLoss", {"margin": 8.0, "scale": 32.0}),
+    ("intra_pair_variance_loss", "IntraPairVarianceLoss", {"pos_eps": 0.05}),
+    ("ranked_list_loss", "RankedListLoss", {"margin": 0.5, "tn": 2.0, "tp": 1.0}),
+    ("threshold_consistent_margin_loss", "ThresholdConsistentMarginLoss", {"margin_minus": 0.1}),
+    ("pnp_loss", "PNPLoss", {"variant": "Ib", "anneal": 0.05}),
+    ("n_pairs_loss", "NPairsLoss", {}),
+]
+PML_NAMES = {"tn": "Tn", "tp": "Tp"}
+
+
+@pytest.mark.parametrize("fn,cls,kw", FUNCTIONS)
+def test_numpy_functions_of_the_later_losses(fn, cls, kw):
+    ctx = wml.Context(backend="cpu")
+    x, y = batch(seed=11)
+    out = getattr(wml, fn)(ctx, x.numpy(), y.numpy(), **kw)
+    theirs = getattr(losses, cls)(**{PML_NAMES.get(k, k): v for k, v in kw.items()})
+    want, (grad,) = value_and_grads(lambda e: theirs(e, y), x)
+    assert out.loss == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
+    assert np.abs(out.grad - grad.numpy()).max() <= 1e-4 * max(grad.abs().max().item(), 1e-3)
+    assert out.total == 24 * 23
+
+
+def test_bad_arguments_of_the_later_losses_raise():
+    ctx = wml.Context(backend="cpu")
+    x, y = batch(seed=12)
+    xn, yn = x.numpy(), y.numpy()
+    r, ry = batch(n=10, seed=13)
+    for fn in ("histogram_loss", "pnp_loss", "n_pairs_loss"):
+        with pytest.raises(ValueError, match="refs"):
+            getattr(wml, fn)(ctx, xn, yn, (r.numpy(), ry.numpy()))
+    with pytest.raises(ValueError, match="variant"):
+        wml.pnp_loss(ctx, xn, yn, variant="X")
+    with pytest.raises(ValueError, match="imbalance"):
+        wml.ranked_list_loss(ctx, xn, yn, imbalance=2.0)
+    with pytest.raises(ValueError, match="cosine"):
+        wml.tuplet_margin_loss(ctx, xn, yn, distance="euclidean")

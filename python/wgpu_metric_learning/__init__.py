@@ -33,7 +33,7 @@ and PML's pair losses :func:`contrastive_loss`, :func:`multi_similarity_loss`,
 :func:`generalized_lifted_structure_loss`, :func:`margin_loss`, :func:`fast_ap_loss`,
 :func:`lifted_structure_loss`, :func:`histogram_loss`, :func:`tuplet_margin_loss`,
 :func:`intra_pair_variance_loss`, :func:`ranked_list_loss`,
-:func:`threshold_consistent_margin_loss`, :func:`pnp_loss`.
+:func:`threshold_consistent_margin_loss`, :func:`pnp_loss`, :func:`n_pairs_loss`.
 
 ``wgpu_metric_learning.pml`` has drop-ins for pytorch-metric-learning (``KNN`` for
 ``AccuracyCalculator``, the miners, ``CrossBatchMemory``, ``TripletMarginLoss`` and
@@ -100,6 +100,7 @@ __all__ = [
     "ranked_list_loss",
     "threshold_consistent_margin_loss",
     "pnp_loss",
+    "n_pairs_loss",
 ]
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -1236,4 +1237,24 @@ def pnp_loss(
         "pnp_loss", ctx, embeddings, labels, refs, b=b, alpha=alpha, anneal=anneal,
         variant=variant, distance=distance, normalize=normalize, self_exclusion=self_exclusion,
         ref_grad=ref_grad,
+    )
+
+
+def n_pairs_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    distance: str = "dot",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``NPairsLoss()`` (no references): each label's first row against every label's
+    second row, the cross entropy with its own label's as the target, averaged, with its
+    gradient; ``count`` is the pairs, ``total`` all the pairs."""
+    return _pair_loss(
+        "n_pairs_loss", ctx, embeddings, labels, refs, distance=distance, normalize=normalize,
+        self_exclusion=self_exclusion, ref_grad=ref_grad,
     )

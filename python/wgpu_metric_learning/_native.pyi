@@ -55,6 +55,7 @@ __all__ = [
     "ranked_list_loss",
     "threshold_consistent_margin_loss",
     "pnp_loss",
+    "n_pairs_loss",
 ]
 
 @final
@@ -529,6 +530,17 @@ def pnp_loss(
     anneal: float = 0.01,
     variant: str = "O",
     distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: _SelfExclusion = None,
+    ref_grad: bool = False,
+) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
+def n_pairs_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
+    *,
+    distance: str = "dot",
     normalize: bool = True,
     self_exclusion: _SelfExclusion = None,
     ref_grad: bool = False,

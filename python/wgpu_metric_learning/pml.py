@@ -106,6 +106,7 @@ __all__ = [
     "MultiSimilarityMiner",
     "NCALoss",
     "MultipleNegativesRankingLoss",
+    "NPairsLoss",
     "NTXentLoss",
     "PairMarginMiner",
     "PNPLoss",
@@ -1730,6 +1731,39 @@ class PNPLoss(_WholeLoss, pml_losses.PNPLoss):
             b=float(self.b), alpha=float(self.alpha), anneal=float(self.anneal),
             variant=str(self.variant),
         )
+
+    def _rule_with(self, miner: Any, with_refs: bool = False):
+        return False if with_refs else super()._rule_with(miner)
+
+
+class NPairsLoss(_WholeLoss, pml_losses.NPairsLoss):
+    """PML's ``NPairsLoss(distance=DotProductSimilarity())`` whose value and gradient come
+    from the library in row blocks: each label's first row with its second, as PML picks
+    them, the cross entropy of every first row over all the second rows. ``loss.backward()``
+    reaches ``embeddings``. ``num_pairs`` is recorded. As PML, it refuses references: PML's
+    code runs for them and raises its error. PML's code also runs with an
+    ``indices_tuple``, another reducer or a regularizer."""
+
+    _default_reducer = pml_reducers.MeanReducer
+    _native_name = "n_pairs_loss"
+    _takes_refs = False
+
+    def __init__(
+        self,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return {}
+
+    def _extra(self, out):
+        self.num_pairs = int(out[1])
+        return ()
 
     def _rule_with(self, miner: Any, with_refs: bool = False):
         return False if with_refs else super()._rule_with(miner)

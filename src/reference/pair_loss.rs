@@ -10,8 +10,8 @@ use super::pair_gradient::pair_gradient;
 use super::pair_loss_tuples::{dense, TupleRule};
 use crate::{
     Circle, Contrastive, Distance, DistanceConfig, FastAp, GeneralizedLifted, Histogram,
-    IntraPairVariance, LiftedStructure, Margin, MultiSimilarity, Nca, Pnp, RankedList, SupCon,
-    ThresholdConsistentMargin, TupletMargin,
+    IntraPairVariance, LiftedStructure, Margin, MultiSimilarity, NPairs, Nca, Pnp, RankedList,
+    SupCon, ThresholdConsistentMargin, TupletMargin,
 };
 
 /// Which loss the reference computes.
@@ -47,6 +47,8 @@ pub enum PairLossRef {
     ThresholdConsistentMargin(ThresholdConsistentMargin),
     /// PML `PNPLoss`.
     Pnp(Pnp),
+    /// PML `NPairsLoss`.
+    NPairs(NPairs),
 }
 
 impl PairLossRef {
@@ -60,6 +62,7 @@ impl PairLossRef {
             Self::RankedList(c) => TupleRule::RankedList(c),
             Self::ThresholdConsistentMargin(c) => TupleRule::Tcm(c),
             Self::Pnp(c) => TupleRule::Pnp(c),
+            Self::NPairs(c) => TupleRule::NPairs(c),
             _ => return None,
         })
     }
@@ -134,7 +137,10 @@ pub fn pair_loss(
             TupleRule::Lifted(_) | TupleRule::Tuplet(_) => !few && positives > 0 && negatives > 0,
             TupleRule::Variance(_) => !few,
             TupleRule::Tcm(_) => positives + negatives > 0,
-            TupleRule::RankedList(_) | TupleRule::Histogram(_) | TupleRule::Pnp(_) => true,
+            TupleRule::RankedList(_)
+            | TupleRule::Histogram(_)
+            | TupleRule::Pnp(_)
+            | TupleRule::NPairs(_) => true,
         };
         if !has {
             return out;
@@ -177,7 +183,8 @@ pub fn pair_loss(
             | PairLossRef::IntraPairVariance(_)
             | PairLossRef::RankedList(_)
             | PairLossRef::ThresholdConsistentMargin(_)
-            | PairLossRef::Pnp(_) => 0.0,
+            | PairLossRef::Pnp(_)
+            | PairLossRef::NPairs(_) => 0.0,
             PairLossRef::Nca(c) => {
                 let scale = f64::from(c.softmax_scale);
                 let sign = if sim { 1.0 } else { -1.0 };
@@ -263,7 +270,18 @@ pub fn pair_loss(
                 let all: Vec<f64> = pos.iter().chain(neg).map(|&j| z(j)).collect();
                 let den = lse(&all, false);
                 let k = pos.len() as f64;
-                if pos.is_empty() {
+                // PML's float32 value, which its reducer sees.
+                let tau32 = c.temperature;
+                let sign32 = sign as f32;
+                let row_max32 = (0..distances.ncols())
+                    .map(|j| sign32 * distances[[a, j]] / tau32)
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let x32 = |j: u32| sign32 * distances[[a, j as usize]] / tau32 - row_max32;
+                let all32: Vec<f32> = pos.iter().chain(neg).map(|&j| x32(j)).collect();
+                let top32 = all32.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let den32 = all32.iter().map(|x| (x - top32).exp()).sum::<f32>().ln() + top32;
+                let loss32 = -pos.iter().map(|&p| x32(p) - den32).sum::<f32>() / pos.len() as f32;
+                if pos.is_empty() || loss32 <= 0.0 {
                     0.0
                 } else {
                     let loss = -pos.iter().map(|&p| z(p) - den).sum::<f64>() / k;
@@ -399,7 +417,8 @@ pub fn pair_loss(
         | PairLossRef::IntraPairVariance(_)
         | PairLossRef::RankedList(_)
         | PairLossRef::ThresholdConsistentMargin(_)
-        | PairLossRef::Pnp(_) => {}
+        | PairLossRef::Pnp(_)
+        | PairLossRef::NPairs(_) => {}
         PairLossRef::SupCon(_) | PairLossRef::Circle(_) => {
             let kept: Vec<usize> = (0..lists.len())
                 .filter(|&a| per_anchor[a].0 as f32 > 0.0)

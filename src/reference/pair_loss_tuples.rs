@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 use ndarray::{Array2, ArrayView2};
 
 use crate::{
-    Histogram, IntraPairVariance, LiftedStructure, Pnp, PnpVariant, RankedList,
+    Histogram, IntraPairVariance, LiftedStructure, NPairs, Pnp, PnpVariant, RankedList,
     ThresholdConsistentMargin, TupletMargin,
 };
 
@@ -24,6 +24,7 @@ pub(super) enum TupleRule {
     RankedList(RankedList),
     Tcm(ThresholdConsistentMargin),
     Pnp(Pnp),
+    NPairs(NPairs),
 }
 
 /// The loss, what its reducer divides by, and `∂loss/∂D` `(b, m)`.
@@ -158,6 +159,27 @@ pub(super) fn dense(
         }
         TupleRule::RankedList(c) => ranked_list(c, distances, lists, &mut out),
         TupleRule::Pnp(c) => pnp(c, distances, lists, &mut out),
+        TupleRule::NPairs(_) => {
+            // PML's convert_to_pos_pairs_with_unique_labels: all positive pairs in row-major
+            // order, the first one of each anchor label.
+            let mut seen = HashMap::new();
+            for &(a, p) in &pos {
+                seen.entry(lists[a].0.first().map(|_| label_of(lists, a)))
+                    .or_insert((a, p));
+            }
+            let pairs: Vec<(usize, u32)> = seen.into_values().collect();
+            let k = pairs.len() as f64;
+            for &(a, target) in &pairs {
+                let xs: Vec<f64> = pairs.iter().map(|&(_, p)| -first * dist(a, p)).collect();
+                let l = lse(&xs, false);
+                out.loss += (l + first * dist(a, target)) / k;
+                for (&(_, p), x) in pairs.iter().zip(&xs) {
+                    let own = if p == target { 1.0 } else { 0.0 };
+                    out.w[[a, p as usize]] += -first * ((x - l).exp() - own) / k;
+                }
+            }
+            out.nonzero = pairs.len() as u64;
+        }
         TupleRule::Tcm(c) => {
             let (mp, mn) = (c.margin_plus, c.margin_minus);
             let p_sel: Vec<&(usize, u32)> = pos
@@ -188,6 +210,18 @@ pub(super) fn dense(
         }
     }
     out
+}
+
+/// A label for query `a` from the lists (refs are the queries): the smallest row of its
+/// class, itself or a positive.
+fn label_of(lists: &[(Vec<u32>, Vec<u32>)], a: usize) -> usize {
+    lists[a]
+        .0
+        .iter()
+        .map(|&p| p as usize)
+        .chain([a])
+        .min()
+        .unwrap_or(a)
 }
 
 /// PML's HistogramLoss: every triplet, its pairs sorted and made unique, PML's densities

@@ -10,8 +10,8 @@ use ndarray::{Array1, Array2};
 use wgpu_metric_learning::reference::pair_loss::PairLossRef;
 use wgpu_metric_learning::{
     pair_loss, pair_loss_plan, Context, Distance, DistanceConfig, Error, Histogram,
-    IntraPairVariance, LiftedStructure, MiningSet, PairLoss, PairLossConfig, PairLossRule, Pnp,
-    PnpVariant, RankedList, ThresholdConsistentMargin, TupletMargin,
+    IntraPairVariance, LiftedStructure, MiningSet, NPairs, PairLoss, PairLossConfig, PairLossRule,
+    Pnp, PnpVariant, RankedList, ThresholdConsistentMargin, TupletMargin,
 };
 
 const COSINE: DistanceConfig = DistanceConfig {
@@ -206,6 +206,22 @@ pub(crate) fn loss_f64(x: &Array2<f64>, labels: &[u32], rule: PairLossRef) -> f6
                 m
             }
         }
+        PairLossRef::NPairs(_) => {
+            // Each label's first row against every label's second row.
+            let firsts: Vec<(usize, usize)> = (0..n)
+                .filter(|&a| (0..a).all(|j| !same(a, j)))
+                .filter_map(|a| ((a + 1)..n).find(|&j| same(a, j)).map(|p| (a, p)))
+                .collect();
+            mean(
+                firsts
+                    .iter()
+                    .map(|&(a, p)| {
+                        let all: f64 = firsts.iter().map(|&(_, q)| dist(a, q).exp()).sum();
+                        all.ln() - dist(a, p)
+                    })
+                    .collect(),
+            )
+        }
         other => panic!("not a tuple rule: {other:?}"),
     }
 }
@@ -258,7 +274,11 @@ fn gradients_match_finite_differences() {
             ..Default::default()
         })
     });
-    for rule in rules.into_iter().chain(pnp) {
+    for rule in rules
+        .into_iter()
+        .chain(pnp)
+        .chain([PairLossRef::NPairs(NPairs)])
+    {
         let p = Problem {
             labels: y.clone(),
             x: x.clone(),

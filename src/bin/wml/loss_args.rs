@@ -66,6 +66,9 @@ pub(crate) enum LossCommand {
     /// PML PNPLoss (cosine, no references), averaged over the anchors with a positive; prints
     /// as contrastive does.
     Pnp(PnpArgs),
+    /// PML NPairsLoss (no references), averaged over its pairs (each label's first row with
+    /// its second); prints as contrastive does. Default distance: dot product, normalised.
+    NPairs(NPairsArgs),
 }
 
 /// The labelled inputs and gradient outputs of the label-based losses.
@@ -386,4 +389,12 @@ pub(crate) enum PnpVariantArg {
     Iu,
     Ib,
     O,
+}
+
+#[derive(Args)]
+pub(crate) struct NPairsArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    #[command(flatten)]
+    pub(crate) common: Common,
 }

@@ -7,8 +7,8 @@ use ndarray::Array2;
 use wgpu_metric_learning::{
     multiple_negatives_ranking_loss, ntxent_loss, pair_loss, triplet_margin_loss, Circle,
     Contrastive, Distance, FastAp, GeneralizedLifted, Histogram, Hooks, InfoNceConfig,
-    IntraPairVariance, LiftedStructure, Margin, MnrlConfig, MultiSimilarity, Nca, PairLossConfig,
-    PairLossRule, Pnp, PnpVariant, RankedList, SupCon, ThresholdConsistentMargin,
+    IntraPairVariance, LiftedStructure, Margin, MnrlConfig, MultiSimilarity, NPairs, Nca,
+    PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SupCon, ThresholdConsistentMargin,
     TripletLossConfig, TripletRule, TripletType, TupletMargin,
 };
 
@@ -16,7 +16,7 @@ use crate::commands::{context, distance_config, given, json_number, timed, Side}
 use crate::loss_args::{
     CircleArgs, ContrastiveArgs, FastApArgs, GeneralizedLiftedArgs, HistogramArgs,
     IntraPairVarianceArgs, LiftedArgs, LossInputs, MarginArgs, MnrlArgs, MultiSimilarityArgs,
-    NcaArgs, NtXentArgs, PnpArgs, PnpVariantArg, RankedListArgs, SupConArgs, TcmArgs,
+    NPairsArgs, NcaArgs, NtXentArgs, PnpArgs, PnpVariantArg, RankedListArgs, SupConArgs, TcmArgs,
     TripletLossArgs, TupletArgs,
 };
 use crate::npy;
@@ -312,6 +312,10 @@ pub(crate) fn pnp(a: &PnpArgs, hooks: &Hooks) -> Result<(), Failure> {
         variant,
     };
     pair("loss pnp", (&a.inputs, &a.common), rule, hooks)
+}
+
+pub(crate) fn n_pairs(a: &NPairsArgs, hooks: &Hooks) -> Result<(), Failure> {
+    pair("loss n-pairs", (&a.inputs, &a.common), NPairs, hooks)
 }
 
 /// A pair loss with `rule` on the inputs; the distance defaults to the rule's PML default.

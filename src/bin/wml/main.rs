@@ -139,6 +139,7 @@ impl Command {
             Command::Loss(LossCommand::RankedList(a)) => &a.common,
             Command::Loss(LossCommand::Tcm(a)) => &a.common,
             Command::Loss(LossCommand::Pnp(a)) => &a.common,
+            Command::Loss(LossCommand::NPairs(a)) => &a.common,
             Command::Tune(a) => &a.common,
         }
     }
@@ -550,6 +551,7 @@ fn main() -> ExitCode {
         Command::Loss(LossCommand::RankedList(a)) => losses::ranked_list(&a, &hooks),
         Command::Loss(LossCommand::Tcm(a)) => losses::tcm(&a, &hooks),
         Command::Loss(LossCommand::Pnp(a)) => losses::pnp(&a, &hooks),
+        Command::Loss(LossCommand::NPairs(a)) => losses::n_pairs(&a, &hooks),
         Command::Tune(a) => commands::tune(&a),
     };
     match done {

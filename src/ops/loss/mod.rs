@@ -25,7 +25,7 @@ pub use info_nce::{
 pub use pair::{pair_loss, pair_loss_plan, PairLoss, PairLossConfig};
 pub use pair_params::{
     Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, IntraPairVariance, LiftedStructure,
-    Margin, MultiSimilarity, Nca, PairLossRule, Pnp, PnpVariant, RankedList, SupCon,
+    Margin, MultiSimilarity, NPairs, Nca, PairLossRule, Pnp, PnpVariant, RankedList, SupCon,
     ThresholdConsistentMargin, TupletMargin,
 };
 pub use triplet::{triplet_margin_loss, triplet_margin_loss_plan, TripletLoss, TripletLossConfig};

@@ -1,7 +1,7 @@
 //! PML's losses over the pairs (and triplets, tuples) of the distance matrix:
 //! `ContrastiveLoss`, `MultiSimilarityLoss`, `SupConLoss`, `CircleLoss`, `NCALoss`,
 //! `GeneralizedLiftedStructureLoss`, `MarginLoss`, `FastAPLoss`, `TupletMarginLoss`,
-//! `RankedListLoss` and `PNPLoss` (each anchor's row by itself), `LiftedStructureLoss`, `HistogramLoss`,
+//! `RankedListLoss`, `PNPLoss` and `NPairsLoss` (each anchor's row by itself), `LiftedStructureLoss`, `HistogramLoss`,
 //! `IntraPairVarianceLoss` and `ThresholdConsistentMarginLoss` (state shared across
 //! anchors), with their gradients, through the loss driver ([`super::driver`]): anchors in
 //! blocks under the budget, each anchor's row of distances turned into its row of weights
@@ -9,21 +9,23 @@
 //! rule's formula is), then two products with the embeddings. A loss whose weights need a
 //! whole-batch quantity (Contrastive's divisors, Lifted's per-row sums, Histogram's
 //! histograms, a mean) gathers it in forward passes first (distances only, no gradient):
-//! one or two more distance products than the others cost.
+//! one more distance product for Contrastive, TCM and Histogram, two for Lifted and
+//! IntraPairVariance. NPairs' plan is the whole batch's, though a call on host rows gathers
+//! its `2 k` rows and runs the `(k, k)` problem only.
 //!
 //! As PML's `GenericPairLoss`es, Contrastive, MultiSimilarity, SupCon, Circle,
 //! GeneralizedLifted, Lifted, TupletMargin and IntraPairVariance return 0 with no gradient
 //! with at most one positive and one negative pair; SupCon, Lifted and TupletMargin also
 //! without any positive or any negative pair; NCA with at most one query; Margin and
-//! Histogram without a triplet; FastAP and PNP without an anchor that has a positive; TCM
-//! without a pair. "Positive" losses are decided on the f32 value, as PML's reducers see them.
+//! Histogram without a triplet; FastAP, PNP and NPairs without an anchor that has a
+//! positive; TCM without a pair. "Positive" losses are decided on the f32 value, as PML's reducers see them.
 //!
 //! They run on the native path on every context (a wgpu context reads device-resident rows
 //! back, once per pass): their device rules are not written yet.
 
 use std::hash::Hash;
 
-use ndarray::{Array2, ArrayView1};
+use ndarray::{Array1, Array2, ArrayView1, Axis};
 
 use super::driver::{self, Job, Mode, Scratch, Shared};
 use super::info_nce::{check_temperature, pair_counts};
@@ -35,6 +37,7 @@ use super::pair_params::{
 use super::pair_rules::{anchor, Row};
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
+use crate::data::device_rows::Rows;
 use crate::data::inputs::{self, Imports, MiningSet, SelfExclusion};
 use crate::error::{Error, Result};
 use crate::hooks::Hooks;
@@ -104,7 +107,8 @@ pub struct PairLoss {
     /// anchors (MultiSimilarity, GeneralizedLifted, RankedList), anchors with a positive loss
     /// (SupCon, Circle), anchors whose positives' f32 probability is not 0 (Nca), anchors
     /// with a positive (FastAp), nonzero terms over the triplets (Margin), positive pairs
-    /// (LiftedStructure, TupletMargin), anchors with a positive (Pnp), positive plus negative
+    /// (LiftedStructure, TupletMargin), anchors with a positive (Pnp), pairs (NPairs: one per
+    /// label with two rows), positive plus negative
     /// pairs (IntraPairVariance), the
     /// pairs binned (Histogram), the pairs past their margins (ThresholdConsistentMargin).
     pub nonzero: u64,
@@ -127,15 +131,15 @@ pub struct PairLoss {
 
 /// PML's pair loss that `cfg.rule` names ([`PairLossRule`]'s list) of `queries` `(b, d)`
 /// against `refs` `(m, d)` (`None`: the queries themselves) over every pair (triplet, tuple),
-/// in PML's semantics and reducers, with its gradient. Cost: two matrix products, and one
-/// more per forward pass (Contrastive, TCM and Histogram one, Lifted and IntraPairVariance
-/// two), in `(rows, m)` blocks under the budget; no `(b, m)` matrix, triplet or tuple exists.
+/// in PML's semantics and reducers, with its gradient. Cost: two matrix products, one more
+/// per forward pass (module docs), in `(rows, m)` blocks under the budget; no `(b, m)`
+/// matrix, triplet or tuple exists. NPairs on host rows runs its `(k, k)` pairs only.
 ///
 /// # Errors
 /// [`Error::InvalidParameter`] for a parameter out of its range, Circle, Histogram,
 /// TupletMargin, TCM or PNP on another distance than cosine, FastAP on another than
-/// (squared) Euclidean of normalised rows, Histogram or PNP with references; otherwise as
-/// [`crate::triplet_margin_loss`].
+/// (squared) Euclidean of normalised rows, Histogram, PNP or NPairs with references;
+/// otherwise as [`crate::triplet_margin_loss`].
 ///
 /// # Example
 /// ```
@@ -156,9 +160,13 @@ pub fn pair_loss<L: Hash + Eq + Copy, R: PairLossRule>(
     refs: Option<&MiningSet<'_, L>>,
     cfg: &PairLossConfig<R>,
 ) -> Result<PairLoss> {
+    refuse_refs(refs, &cfg.rule)?;
     let mut imports = Imports::call();
     job(ctx, (queries, refs), cfg, &mut imports, |job| {
-        run(ctx, job, cfg.rule.kind())
+        match cfg.rule.kind() {
+            Kind::NPairs(_) => n_pairs(ctx, job, cfg),
+            kind => run(ctx, job, kind),
+        }
     })
 }
 
@@ -185,6 +193,7 @@ pub fn pair_loss_plan<L: Hash + Eq + Copy, R: PairLossRule>(
     refs: Option<&MiningSet<'_, L>>,
     cfg: &PairLossConfig<R>,
 ) -> Result<Plan> {
+    refuse_refs(refs, &cfg.rule)?;
     let mut imports = Imports::plan();
     let plan = job(ctx, (queries, refs), cfg, &mut imports, |job| {
         let kind = cfg.rule.kind();
@@ -239,6 +248,7 @@ fn check(op: &'static str, kind: Kind, distance: &DistanceConfig) -> Result<()> 
             positive("scale", c.scale)?;
             cosine_only(op, distance)
         }
+        Kind::NPairs(_) => Ok(()),
         Kind::Pnp(c) => {
             positive("b", c.b)?;
             finite("alpha", c.alpha)?;
@@ -325,6 +335,23 @@ fn cosine_only(op: &'static str, distance: &DistanceConfig) -> Result<()> {
     })
 }
 
+/// Refuses references for the losses PML computes over the queries' own pairs only.
+fn refuse_refs<L, R: PairLossRule>(refs: Option<&MiningSet<'_, L>>, rule: &R) -> Result<()> {
+    let own_pairs = matches!(
+        rule.kind(),
+        Kind::Histogram(_) | Kind::Pnp(_) | Kind::NPairs(_)
+    );
+    if own_pairs && refs.is_some() {
+        return Err(Error::InvalidParameter {
+            op: rule.op(),
+            what: "refs",
+            value: "given".into(),
+            rule: "must be None: the loss is over the queries' own pairs (as PML's)",
+        });
+    }
+    Ok(())
+}
+
 /// Checks and prepares a call, and hands its job to `f`.
 fn job<L: Hash + Eq + Copy, R: PairLossRule, T>(
     ctx: &Context,
@@ -335,14 +362,6 @@ fn job<L: Hash + Eq + Copy, R: PairLossRule, T>(
 ) -> Result<T> {
     let op = cfg.rule.op();
     check(op, cfg.rule.kind(), &cfg.distance)?;
-    if matches!(cfg.rule.kind(), Kind::Histogram(_) | Kind::Pnp(_)) && refs.is_some() {
-        return Err(Error::InvalidParameter {
-            op,
-            what: "refs",
-            value: "given".into(),
-            rule: "must be None: the loss is over the queries' own pairs (as PML's)",
-        });
-    }
     let set = inputs::prepare(
         op,
         ctx,
@@ -379,13 +398,108 @@ fn has_loss(job: &Job<'_>, kind: Kind) -> ((u64, u64), bool) {
         Kind::RankedList(_) => b > 0,
         Kind::ThresholdConsistentMargin(_) => positives + negatives > 0,
         Kind::Histogram(_) => has_triplet(job),
-        Kind::Pnp(_) => positives > 0,
+        Kind::Pnp(_) | Kind::NPairs(_) => positives > 0,
         Kind::SupCon(_) | Kind::LiftedStructure(_) | Kind::TupletMargin(_) => {
             !few && positives > 0 && negatives > 0
         }
         _ => !few,
     };
     ((positives, negatives), has)
+}
+
+/// NPairs' pairs of the queries' `labels` (as PML's `convert_to_pos_pairs_with_unique_labels`
+/// picks them: each label's first row with its second): every pair's second row, and per
+/// query its second row when it is a pair's first.
+fn n_pairs_of(labels: &[u32]) -> (Vec<u32>, Vec<Option<u32>>) {
+    let mut first: std::collections::HashMap<u32, (usize, Option<u32>)> = Default::default();
+    for (i, &l) in labels.iter().enumerate() {
+        let entry = first.entry(l).or_insert((i, None));
+        if entry.0 != i && entry.1.is_none() {
+            entry.1 = Some(i as u32);
+        }
+    }
+    let mut targets = vec![None; labels.len()];
+    let mut columns = Vec::new();
+    for &(a, second) in first.values() {
+        if let Some(p) = second {
+            targets[a] = Some(p);
+            columns.push(p);
+        }
+    }
+    columns.sort_unstable();
+    (columns, targets)
+}
+
+/// NPairs with references (its pairs gathered, [`n_pairs`]): every reference a column, each
+/// query's target the reference of its label.
+fn n_pairs_against(labels: &[u32], ref_labels: &[u32]) -> (Vec<u32>, Vec<Option<u32>>) {
+    let mut at: std::collections::HashMap<u32, u32> = Default::default();
+    for (j, &l) in ref_labels.iter().enumerate() {
+        at.entry(l).or_insert(j as u32);
+    }
+    let targets = labels.iter().map(|l| at.get(l).copied()).collect();
+    ((0..ref_labels.len() as u32).collect(), targets)
+}
+
+/// NPairs on host rows: its pairs' rows gathered (each label's first row, as queries, and
+/// its second, as references; `2 k` rows, held in the budget) and the cross entropy run on
+/// that `(k, k)` problem alone, the gradients put back on their rows. PML's matrix is that
+/// `(k, k)` one: running the whole `(b, b)` one would cost `(b / k)²` times more.
+/// Device-resident rows run the whole batch instead.
+fn n_pairs<R: PairLossRule>(
+    ctx: &Context,
+    job: &Job<'_>,
+    cfg: &PairLossConfig<R>,
+) -> Result<PairLoss> {
+    let kind = cfg.rule.kind();
+    let (Some(Rows::Host(x)), true) = (job.set.queries.as_ref(), job.refs_are_queries) else {
+        return run(ctx, job, kind);
+    };
+    let (_, targets) = n_pairs_of(&job.set.labels);
+    let (firsts, seconds): (Vec<usize>, Vec<usize>) = (targets.iter().enumerate())
+        .filter_map(|(a, t)| Some((a, (*t)? as usize)))
+        .unzip();
+    let (k, (b, d)) = (firsts.len(), x.dim());
+    if k == 0 {
+        return run(ctx, job, kind);
+    }
+    let bytes = 4 * (2 * k * d + k) as u64;
+    let _held = HostReservation::new(SCRATCH, bytes, ctx.tracker())?;
+    let (xf, xs) = (x.select(Axis(0), &firsts), x.select(Axis(0), &seconds));
+    let ids = Array1::from_iter(0..k as u32);
+    let sub_cfg = PairLossConfig {
+        rule: cfg.rule,
+        distance: cfg.distance,
+        self_exclusion: SelfExclusion::None,
+        ref_grad: true,
+        hooks: cfg.hooks.clone(),
+    };
+    let (sub_q, sub_r) = (MiningSet::new(&xf, &ids), MiningSet::new(&xs, &ids));
+    let mut imports = Imports::call();
+    let sub = self::job(ctx, (&sub_q, Some(&sub_r)), &sub_cfg, &mut imports, |sub| {
+        run(ctx, sub, kind)
+    })?;
+    let mut query_grad = Array2::zeros((b, d));
+    for (i, &a) in firsts.iter().enumerate() {
+        query_grad.row_mut(a).assign(&sub.query_grad.row(i));
+    }
+    if let Some(g) = &sub.ref_grad {
+        for (i, &p) in seconds.iter().enumerate() {
+            let mut row = query_grad.row_mut(p);
+            row += &g.row(i);
+        }
+    }
+    let (positive_pairs, negative_pairs) = pair_counts(job.set);
+    let mut transfers = sub.transfers;
+    transfers.add(job.set.imported);
+    Ok(PairLoss {
+        positive_pairs,
+        negative_pairs,
+        query_grad,
+        ref_grad: None,
+        transfers,
+        ..sub
+    })
 }
 
 /// Whether an anchor has a positive and a negative among the references (PML's triplets).
@@ -429,6 +543,12 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind) -> Result<PairLoss> {
         _ => 2.0,
     };
     let (set, refs_are_queries) = (job.set, job.refs_are_queries);
+    let (columns, targets) = match kind {
+        Kind::NPairs(_) if refs_are_queries => n_pairs_of(&set.labels),
+        Kind::NPairs(_) => n_pairs_against(&set.labels, &set.ref_labels),
+        _ => (Vec::new(), Vec::new()),
+    };
+    let (columns, targets) = (&columns, &targets);
     let rule = |divisors: (u64, u64)| {
         move |a: usize, d: ArrayView1<'_, f32>, s: &mut Scratch, _: &Shared<'_>| {
             set.lists_of(a, &mut s.positives, &mut s.negatives);
@@ -438,6 +558,11 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind) -> Result<PairLoss> {
                 divisors,
                 histogram_max,
                 own: refs_are_queries.then_some(a as u32),
+                pairs: targets
+                    .get(a)
+                    .copied()
+                    .flatten()
+                    .map(|t| (columns.as_slice(), t)),
             };
             anchor(kind, &row, s)
         }

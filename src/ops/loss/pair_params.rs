@@ -350,6 +350,17 @@ impl Default for ThresholdConsistentMargin {
     }
 }
 
+/// PML's `NPairsLoss()` (distance `DotProductSimilarity()`, on normalised embeddings by
+/// PML's default), without references (as PML). It has no parameter.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{Distance, NPairs, PairLossConfig};
+/// assert_eq!(PairLossConfig::<NPairs>::default().distance.distance, Distance::DotProduct);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NPairs;
+
 /// PML's `PNPLoss` variants: how an anchor's soft count `R` of negatives ranked above each
 /// positive becomes its cost `f(R)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -416,12 +427,13 @@ mod sealed {
     impl Sealed for super::RankedList {}
     impl Sealed for super::ThresholdConsistentMargin {}
     impl Sealed for super::Pnp {}
+    impl Sealed for super::NPairs {}
 }
 
 /// A pair loss's rule: [`Contrastive`], [`MultiSimilarity`], [`SupCon`], [`Circle`],
 /// [`Nca`], [`GeneralizedLifted`], [`Margin`], [`FastAp`], [`LiftedStructure`],
 /// [`Histogram`], [`TupletMargin`], [`IntraPairVariance`], [`RankedList`],
-/// [`ThresholdConsistentMargin`] or [`Pnp`]. Its type picks the loss
+/// [`ThresholdConsistentMargin`], [`Pnp`] or [`NPairs`]. Its type picks the loss
 /// [`pair_loss`](crate::pair_loss) computes and the distance
 /// [`PairLossConfig`](crate::PairLossConfig) defaults to.
 pub trait PairLossRule: sealed::Sealed + Debug + Clone + Copy + PartialEq + Default {
@@ -455,6 +467,7 @@ pub enum Kind {
     RankedList(RankedList),
     ThresholdConsistentMargin(ThresholdConsistentMargin),
     Pnp(Pnp),
+    NPairs(NPairs),
 }
 
 const COSINE: DistanceConfig = DistanceConfig {
@@ -522,3 +535,11 @@ rule!(
     COSINE
 );
 rule!(Pnp, "pnp_loss", COSINE);
+rule!(
+    NPairs,
+    "n_pairs_loss",
+    DistanceConfig {
+        distance: Distance::DotProduct,
+        normalize: true,
+    }
+);

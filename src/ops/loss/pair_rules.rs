@@ -105,6 +105,9 @@ pub(super) struct Row<'a> {
     /// The anchor's own column (PNP counts the anchor among its positives), when the
     /// references are the queries.
     pub(super) own: Option<u32>,
+    /// NPairs' pairs: every label's second row (the columns), and the anchor's own second
+    /// row when it is its label's first one (the target).
+    pub(super) pairs: Option<(&'a [u32], u32)>,
 }
 
 impl Row<'_> {
@@ -137,6 +140,7 @@ pub(super) fn anchor(kind: Kind, row: &Row<'_>, s: &mut Scratch) -> Totals {
         Kind::TupletMargin(c) => tuplet_margin(c, row, s),
         Kind::RankedList(c) => ranked_list(c, row, s),
         Kind::Pnp(c) => pnp(c, row, s),
+        Kind::NPairs(_) => n_pairs(row, s),
         // Their passes call their own rules (`super::pair_global`).
         Kind::LiftedStructure(_)
         | Kind::Histogram(_)
@@ -214,7 +218,12 @@ fn supcon(c: SupCon, row: &Row<'_>, s: &mut Scratch) -> Totals {
     let (lse, sum) = exps(all, z, false, &mut s.weights);
     let k = s.positives.len() as f64;
     let loss = lse - s.positives.iter().map(|&p| z(p)).sum::<f64>() / k;
-    let kept = positive(loss);
+    // A loss within rounding of 0: PML's float32 arithmetic decides whether it counts.
+    let near_zero = loss.abs() < 1e-3 * (1.0 + (lse - sum.ln()).abs());
+    let kept = match near_zero {
+        true => supcon_f32(row, c.temperature, (&s.positives, &s.negatives)) > 0.0,
+        false => positive(loss),
+    };
     // ∂ℓ/∂z_j = softmax_j − [j ∈ P] / |P|; nothing where the reducer drops the anchor.
     let on = if kept { dz / sum } else { 0.0 };
     scale_weights(&s.positives, on, &mut s.weights);
@@ -226,6 +235,26 @@ fn supcon(c: SupCon, row: &Row<'_>, s: &mut Scratch) -> Totals {
         s.weights[*p as usize] -= dz / k;
     }
     one(loss, s)
+}
+
+/// One anchor's SupCon loss as PML's float32 arithmetic gives it: `x = ±D / τ` less the whole
+/// row's maximum, `−mean_P(x_p − lse_{P∪N}(x))`.
+fn supcon_f32(row: &Row<'_>, tau: f32, (pos, neg): (&[u32], &[u32])) -> f32 {
+    let sign = if row.similarity { 1.0f32 } else { -1.0 };
+    let row_max = row
+        .d
+        .iter()
+        .map(|&d| sign * d / tau)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let x = |j: u32| sign * row.d[j as usize] / tau - row_max;
+    let top = pos
+        .iter()
+        .chain(neg)
+        .map(|&j| x(j))
+        .fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = pos.iter().chain(neg).map(|&j| (x(j) - top).exp()).sum();
+    let den = sum.ln() + top;
+    -pos.iter().map(|&p| x(p) - den).sum::<f32>() / pos.len() as f32
 }
 
 fn circle(c: Circle, row: &Row<'_>, s: &mut Scratch) -> Totals {
@@ -565,4 +594,25 @@ fn pnp(c: Pnp, row: &Row<'_>, s: &mut Scratch) -> Totals {
         }
     }
     one(loss, s)
+}
+
+/// PML's NPairs for one anchor that is its label's first row with a second: the cross
+/// entropy of its logits (`±D`, + for similarities) over every label's second row, its own
+/// label's the target; the mean is over those anchors.
+fn n_pairs(row: &Row<'_>, s: &mut Scratch) -> Totals {
+    let Some((columns, target)) = row.pairs else {
+        return Totals::default();
+    };
+    let sign = -row.first();
+    let z = |j: u32| sign * row.at(j);
+    let (lse, sum) = exps(columns.iter().copied(), z, false, &mut s.weights);
+    // ∂/∂z_j = softmax_j − [j = target]; ∂z/∂D = sign.
+    scale_weights(columns, sign / sum, &mut s.weights);
+    s.weights[target as usize] -= sign;
+    Totals {
+        loss: lse - z(target),
+        count: 1,
+        items: columns.len() as u64,
+        aux: 0.0,
+    }
 }
