@@ -294,3 +294,21 @@ def test_bad_arguments_of_the_later_losses_raise():
         wml.ranked_list_loss(ctx, xn, yn, imbalance=2.0)
     with pytest.raises(ValueError, match="cosine"):
         wml.tuplet_margin_loss(ctx, xn, yn, distance="euclidean")
+
+
+def test_drop_ins_run_pmls_code_where_the_library_refuses():
+    x, y = batch(seed=14)
+    # A delta that does not split [-1, 1] evenly; a scale or anneal the library refuses.
+    for name, kw in [
+        ("HistogramLoss", {"delta": 0.3}),
+        ("TupletMarginLoss", {"scale": 0}),
+        ("PNPLoss", {"anneal": 0.0}),
+    ]:
+        ours, theirs = getattr(drop, name)(**kw), getattr(losses, name)(**kw)
+        assert not ours._library_can(), name
+        got, want = ours(x, y), theirs(x, y)
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), name
+        if not torch.isnan(want):
+            assert got.item() == pytest.approx(want.item(), rel=1e-6), name
+    # PNP's b is used by Ib only.
+    assert drop.PNPLoss(b=0, variant="O")._library_can()

@@ -1565,6 +1565,11 @@ class HistogramLoss(_OnlyCosine, _WholeLoss, pml_losses.HistogramLoss):
         super().__init__(n_bins=n_bins, delta=delta, **kwargs)
         self._set_library_context(context, backend, budget)
 
+    def _library_can(self) -> bool:
+        # The library's bins split [-1, 1] evenly: a delta that does not, PML's code runs.
+        bins = 2 / self.delta
+        return abs(bins - round(bins)) <= 1e-9 * bins and super()._library_can()
+
     def _library_args(self) -> Dict[str, Any]:
         return dict(n_bins=int(round(2 / self.delta)))
 
@@ -1594,6 +1599,10 @@ class TupletMarginLoss(_WholeLoss, pml_losses.TupletMarginLoss):
     ) -> None:
         super().__init__(margin=margin, scale=scale, **kwargs)
         self._set_library_context(context, backend, budget)
+
+    def _library_can(self) -> bool:
+        # The library refuses a scale that is not positive: PML's code computes it.
+        return self.scale > 0 and super()._library_can()
 
     def _library_args(self) -> Dict[str, Any]:
         return dict(margin=float(np.degrees(self.margin)), scale=float(self.scale))
@@ -1725,6 +1734,11 @@ class PNPLoss(_WholeLoss, pml_losses.PNPLoss):
     ) -> None:
         super().__init__(b=b, alpha=alpha, anneal=anneal, variant=variant, **kwargs)
         self._set_library_context(context, backend, budget)
+
+    def _library_can(self) -> bool:
+        # The library refuses anneal <= 0 (and b <= 0 for Ib): PML's code computes them.
+        positive = self.anneal > 0 and (self.variant != "Ib" or self.b > 0)
+        return positive and super()._library_can()
 
     def _library_args(self) -> Dict[str, Any]:
         return dict(

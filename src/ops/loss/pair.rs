@@ -1,15 +1,16 @@
 //! PML's losses over the pairs (and triplets, tuples) of the distance matrix:
 //! `ContrastiveLoss`, `MultiSimilarityLoss`, `SupConLoss`, `CircleLoss`, `NCALoss`,
 //! `GeneralizedLiftedStructureLoss`, `MarginLoss`, `FastAPLoss`, `TupletMarginLoss`,
-//! `RankedListLoss`, `PNPLoss` and `NPairsLoss` (each anchor's row by itself), `LiftedStructureLoss`, `HistogramLoss`,
-//! `IntraPairVarianceLoss` and `ThresholdConsistentMarginLoss` (state shared across
-//! anchors), with their gradients, through the loss driver ([`super::driver`]): anchors in
-//! blocks under the budget, each anchor's row of distances turned into its row of weights
-//! `∂L/∂D` by the loss's rule ([`super::pair_rules`], [`super::pair_global`], where each
-//! rule's formula is), then two products with the embeddings. A loss whose weights need a
-//! whole-batch quantity (Contrastive's divisors, Lifted's per-row sums, Histogram's
-//! histograms, a mean) gathers it in forward passes first (distances only, no gradient):
-//! one more distance product for Contrastive, TCM and Histogram, two for Lifted and
+//! `RankedListLoss`, `PNPLoss` and `NPairsLoss` (each anchor's row by itself),
+//! `LiftedStructureLoss`, `HistogramLoss`, `IntraPairVarianceLoss` and
+//! `ThresholdConsistentMarginLoss` (state shared across anchors), with their gradients,
+//! through the loss driver ([`super::driver`]): anchors in blocks under the budget, each
+//! anchor's row of distances turned into its row of weights `∂L/∂D` by the loss's rule
+//! ([`super::pair_rules`], [`super::pair_global`], where each rule's formula is), then two
+//! products with the embeddings. A loss whose weights need a whole-batch quantity
+//! (Contrastive's divisors, Lifted's per-row sums, Histogram's histograms, a mean) gathers
+//! it in forward passes first (distances only, no gradient): one more distance product for
+//! Contrastive, TCM, Histogram and Lifted (two for Lifted against references), two for
 //! IntraPairVariance. NPairs' plan is the whole batch's, though a call on host rows gathers
 //! its `2 k` rows and runs the `(k, k)` problem only.
 //!
@@ -18,7 +19,8 @@
 //! with at most one positive and one negative pair; SupCon, Lifted and TupletMargin also
 //! without any positive or any negative pair; NCA with at most one query; Margin and
 //! Histogram without a triplet; FastAP, PNP and NPairs without an anchor that has a
-//! positive; TCM without a pair. "Positive" losses are decided on the f32 value, as PML's reducers see them.
+//! positive; TCM without a pair. "Positive" losses are decided on the f32 value, as PML's
+//! reducers see them.
 //!
 //! They run on the native path on every context (a wgpu context reads device-resident rows
 //! back, once per pass): their device rules are not written yet.
@@ -55,9 +57,10 @@ const MAX_HISTOGRAM_BINS: u32 = 65_536;
 const MAX_BINS: u32 = 4096;
 /// How [`pair_loss`] computes: the rule (its type picks the loss) and the sides. Defaults:
 /// the rule's PML defaults and PML's default distance for it (cosine similarity for
-/// MultiSimilarity, SupCon and Circle; Euclidean on normalised embeddings for Contrastive,
-/// GeneralizedLifted and Margin; squared Euclidean on normalised embeddings for NCA and
-/// FastAP).
+/// MultiSimilarity, SupCon, Circle, Histogram, TupletMargin, IntraPairVariance, TCM and PNP;
+/// Euclidean on normalised embeddings for Contrastive, GeneralizedLifted, Margin, Lifted and
+/// RankedList; squared Euclidean on normalised embeddings for NCA and FastAP; dot product on
+/// normalised embeddings for NPairs).
 ///
 /// # Example
 /// ```
@@ -70,7 +73,8 @@ pub struct PairLossConfig<R: PairLossRule> {
     /// The loss and its parameters.
     pub rule: R,
     /// The distance: any (PML's `margin` and sign conventions follow it), but cosine only
-    /// for [`Circle`](crate::Circle).
+    /// for Circle, Histogram, TupletMargin, TCM and PNP, (squared) Euclidean on normalised
+    /// rows only for FastAP.
     pub distance: DistanceConfig,
     /// Which reference is each query itself, never its own positive. Default
     /// [`SelfExclusion::Auto`]: the query's row when the references are the queries.
@@ -250,7 +254,9 @@ fn check(op: &'static str, kind: Kind, distance: &DistanceConfig) -> Result<()> 
         }
         Kind::NPairs(_) => Ok(()),
         Kind::Pnp(c) => {
-            positive("b", c.b)?;
+            if c.variant == PnpVariant::Ib {
+                positive("b", c.b)?;
+            }
             finite("alpha", c.alpha)?;
             positive("anneal", c.anneal)?;
             cosine_only(op, distance)
@@ -463,7 +469,8 @@ fn n_pairs<R: PairLossRule>(
     if k == 0 {
         return run(ctx, job, kind);
     }
-    let bytes = 4 * (2 * k * d + k) as u64;
+    // The gathered rows, the sub-problem's two gradients, the batch's gradient, the indices.
+    let bytes = 4 * (4 * k * d + b * d) as u64 + 24 * (b + k) as u64;
     let _held = HostReservation::new(SCRATCH, bytes, ctx.tracker())?;
     let (xf, xs) = (x.select(Axis(0), &firsts), x.select(Axis(0), &seconds));
     let ids = Array1::from_iter(0..k as u32);
@@ -543,6 +550,13 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind) -> Result<PairLoss> {
         _ => 2.0,
     };
     let (set, refs_are_queries) = (job.set, job.refs_are_queries);
+    // What a per-anchor rule keeps for the call (NPairs' pairs); the global rules hold theirs.
+    let kept = if is_global(kind) {
+        0
+    } else {
+        state_bytes(kind, set.labels.len())
+    };
+    let _state = HostReservation::new("pair loss state between passes", kept, ctx.tracker())?;
     let (columns, targets) = match kind {
         Kind::NPairs(_) if refs_are_queries => n_pairs_of(&set.labels),
         Kind::NPairs(_) => n_pairs_against(&set.labels, &set.ref_labels),

@@ -4,10 +4,11 @@
 //!   pos_margin))² / 2` with `S_i = Σ_{N(i)} e^{margin(neg_margin, D_in)}` over row `i`'s
 //!   negatives, averaged over every positive pair. As PML, `p` names a query row (`S_p` is
 //!   row `p`'s, when `p` is a query other than `a`), also against references. Pass 1 stores
-//!   every row's `log S_i`; pass 2 gathers per row `c_i = Σ relu(t) S_i / (S_a + S_p)` over
-//!   the positive pairs that row `i` is either side of; pass 3 gives a negative `n` of row
-//!   `i` the weight `c_i e^{margin(neg_margin, D_in)} / S_i`. PML forms a `(positive pairs,
-//!   negative pairs)` mask.
+//!   every row's `log S_i`; with references pass 2 gathers per row
+//!   `c_i = Σ relu(t) S_i / (S_a + S_p)` over the positive pairs that row `i` is either side
+//!   of (without, the pairs come both ways and row `i`'s own pairs give it, twice); the last
+//!   pass gives a negative `n` of row `i` the weight `c_i e^{margin(neg_margin, D_in)} / S_i`.
+//!   PML forms a `(positive pairs, negative pairs)` mask.
 //! - **Histogram** (cosine, no references): the distinct unordered positive and negative pairs
 //!   of PML's triplets (negative pairs with a side that has a positive) soft-binned into
 //!   `n_bins + 1` nodes over `[−1, 1]`, each histogram divided by its pair count; the loss is
@@ -21,8 +22,10 @@
 //!   `s ≤ m⁺` plus `λ⁻ mean(s − m⁻)` over the negative pairs with `s ≥ m⁻`. Pass 1 counts
 //!   both groups, pass 2 takes the weights already divided.
 //!
-//! What a pass keeps between anchors is `O(b)` (LiftedStructure) or `O(n_bins)` (Histogram),
-//! held in the budget beside the driver's blocks.
+//! What a pass keeps between anchors is `O(b)` (LiftedStructure) or `O(b + n_bins)`
+//! (Histogram), held in the budget beside the driver's blocks. Histogram's sums (and
+//! Lifted's coefficients against references) are added in the order the threads reach
+//! them: runs can differ in the last bits.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,8 +64,10 @@ pub(super) fn is_global(kind: Kind) -> bool {
 pub(super) fn state_bytes(kind: Kind, b: usize) -> u64 {
     match kind {
         Kind::LiftedStructure(_) => 16 * b as u64,
-        // Two histograms and their two gradients, f64; the per-query flags.
-        Kind::Histogram(c) => 32 * (u64::from(c.n_bins) + 1) + b as u64,
+        // Two histograms and their two gradients, f64; the per-query flags and class counts.
+        Kind::Histogram(c) => 32 * (u64::from(c.n_bins) + 1) + 25 * b as u64,
+        // NPairs' targets, columns and the labels' first rows.
+        Kind::NPairs(_) => 40 * b as u64,
         _ => 0,
     }
 }
@@ -160,27 +165,36 @@ fn lifted(ctx: &Context, job: &Job<'_>, c: LiftedStructure, sim: bool) -> Result
         let g = (lse + margin(sim, f64::from(d_ap), pm)).max(0.0);
         (lse, g, other.then_some(l_p))
     };
-    let pass2 = with_lists!(job, |a, d, s| {
-        let mut own = 0.0;
+    // Without references the pairs come both ways ((a, p) and (p, a) share their lse and,
+    // but for rounding, their distance): a row's coefficient is then its own pairs' twice,
+    // known in the last pass, in a fixed order. With references a pass gathers it first.
+    let symmetric = job.refs_are_queries;
+    if !symmetric {
+        let pass2 = with_lists!(job, |a, d, s| {
+            let mut own = 0.0;
+            for &p in &s.positives {
+                let (lse, g, other) = pair(a, p, d[p as usize]);
+                own += g * (logs.get(a) - lse).exp();
+                if let Some(l_p) = other {
+                    coef.add(p as usize, g * (l_p - lse).exp());
+                }
+            }
+            coef.add(a, own);
+            Totals::default()
+        });
+        driver::run_as(ctx, job, &pass2, Mode::Forward)?;
+    }
+    let pass3 = with_lists!(job, |a, d, s| {
+        let (mut loss, mut own) = (0.0, 0.0);
+        let l_a = logs.get(a);
         for &p in &s.positives {
             let (lse, g, other) = pair(a, p, d[p as usize]);
-            own += g * (logs.get(a) - lse).exp();
-            if let Some(l_p) = other {
-                coef.add(p as usize, g * (l_p - lse).exp());
-            }
-        }
-        coef.add(a, own);
-        Totals::default()
-    });
-    driver::run_as(ctx, job, &pass2, Mode::Forward)?;
-    let pass3 = with_lists!(job, |a, d, s| {
-        let mut loss = 0.0;
-        for &p in &s.positives {
-            let g = pair(a, p, d[p as usize]).1;
             loss += g * g / 2.0;
             s.weights[p as usize] = first * g;
+            let both = if other.is_some() { 2.0 } else { 1.0 };
+            own += both * g * (l_a - lse).exp();
         }
-        let (on, l_a) = (coef.get(a), logs.get(a));
+        let on = if symmetric { own } else { coef.get(a) };
         if on > 0.0 {
             for &n in &s.negatives {
                 s.weights[n as usize] = -first * on * (xn(d[n as usize]) - l_a).exp();
@@ -198,17 +212,15 @@ fn lifted(ctx: &Context, job: &Job<'_>, c: LiftedStructure, sim: bool) -> Result
 }
 
 /// Histogram's node of a similarity: the lower node `r` (`floor((s + 1) / Δ)` in f32, as
-/// PML) and the weights of nodes `r` and `r + 1`, the similarity clamped to `[−1, 1]` and a
-/// similarity of 1 put in the top bin.
-fn nodes(s: f32, n_bins: u32, delta: f64) -> (usize, f64, f64) {
+/// PML) and the weight of node `r + 1` (node `r`'s is 1 minus it), the similarity clamped to
+/// `[−1, 1]` and a similarity of 1 put in the top bin.
+fn nodes(s: f32, n_bins: u32, delta: f64) -> (usize, f64) {
     let s = s.clamp(-1.0, 1.0);
     let r = ((s + 1.0) / delta as f32)
         .floor()
         .clamp(0.0, (n_bins - 1) as f32);
     let (s, r) = (f64::from(s), f64::from(r));
-    let upper = (s + 1.0 - r * delta) / delta;
-    let lower = ((r + 1.0) * delta - 1.0 - s) / delta;
-    (r as usize, lower, upper)
+    (r as usize, (s + 1.0 - r * delta) / delta)
 }
 
 fn histogram(ctx: &Context, job: &Job<'_>, c: Histogram) -> Result<Outcome> {
@@ -229,20 +241,28 @@ fn histogram(ctx: &Context, job: &Job<'_>, c: Histogram) -> Result<Outcome> {
     // (positive histogram, negative histogram, their pair counts).
     let hists = Mutex::new((vec![0.0f64; size], vec![0.0f64; size], 0u64, 0u64));
     let pass1 = with_lists!(job, |a, d, s| {
+        // The anchor's pairs binned outside the lock (node and upper weight, positives then
+        // negatives: at most `m`, the scratch's size), added under it.
+        s.runs.clear();
+        s.prefix.clear();
+        let kept_pos = s.positives.iter().filter(|&&j| pos_kept(a, j));
+        let kept_neg = s.negatives.iter().filter(|&&j| neg_kept(a, j));
+        let np = kept_pos.clone().count();
+        for &j in kept_pos.chain(kept_neg) {
+            let (r, upper) = nodes(d[j as usize], n_bins, delta);
+            s.runs.push(r as i64);
+            s.prefix.push(upper);
+        }
         // A poisoned lock only means another thread panicked: the driver reports that.
         if let Ok(mut h) = hists.lock() {
-            for &j in s.positives.iter().filter(|&&j| pos_kept(a, j)) {
-                let (r, lower, upper) = nodes(d[j as usize], n_bins, delta);
-                h.0[r] += lower;
-                h.0[r + 1] += upper;
-                h.2 += 1;
+            for (i, (&r, &upper)) in s.runs.iter().zip(&s.prefix).enumerate() {
+                let side = if i < np { &mut h.0 } else { &mut h.1 };
+                // The two weights add up to 1.
+                side[r as usize] += 1.0 - upper;
+                side[r as usize + 1] += upper;
             }
-            for &j in s.negatives.iter().filter(|&&j| neg_kept(a, j)) {
-                let (r, lower, upper) = nodes(d[j as usize], n_bins, delta);
-                h.1[r] += lower;
-                h.1[r + 1] += upper;
-                h.3 += 1;
-            }
+            h.2 += np as u64;
+            h.3 += (s.runs.len() - np) as u64;
         }
         Totals::default()
     });
@@ -272,7 +292,7 @@ fn histogram(ctx: &Context, job: &Job<'_>, c: Histogram) -> Result<Outcome> {
         if !(-1.0..=1.0).contains(&s) {
             return 0.0;
         }
-        let (r, _, _) = nodes(s, n_bins, delta);
+        let (r, _) = nodes(s, n_bins, delta);
         (g[r + 1] - g[r]) / delta / count
     };
     let pass2 = with_lists!(job, |a, d, s| {

@@ -286,7 +286,8 @@ impl Default for IntraPairVariance {
 
 /// PML's `RankedListLoss(margin, Tn, imbalance, alpha, Tp)`. PML has no default for `margin`
 /// and `Tn`; here 0.4 (the paper's) and 1; then PML's: `imbalance` 0.5, `alpha` `None`
-/// (`1 + margin / 2`), `Tp` 0.
+/// (`1 + margin / 2`), `Tp` 0. References are the library's extension (PML refuses them):
+/// each query's row is then its row of references, `10⁻⁵ m` in the divisors.
 ///
 /// # Example
 /// ```
@@ -320,7 +321,9 @@ impl Default for RankedList {
 }
 
 /// PML's `ThresholdConsistentMarginLoss(lambda_plus, lambda_minus, margin_plus,
-/// margin_minus)` (defaults 1, 1, 0.9, 0.5), on cosine similarity.
+/// margin_minus)` (defaults 1, 1, 0.9, 0.5), on cosine similarity. References are the
+/// library's extension: the pairs are then the queries' with the references (PML indexes
+/// the embeddings with the references' pairs).
 ///
 /// # Example
 /// ```
@@ -389,7 +392,7 @@ pub enum PnpVariant {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Pnp {
-    /// `Ib`'s factor. Finite, > 0.
+    /// `Ib`'s factor. Finite, > 0 for `Ib`.
     pub b: f32,
     /// `Dq`'s exponent. Finite.
     pub alpha: f32,
