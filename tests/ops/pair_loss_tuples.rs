@@ -423,3 +423,24 @@ fn bad_parameters_and_inputs_are_typed_errors() {
     };
     assert!(bad(pair_loss(&ctx, &set, None, &t)), "scale 0");
 }
+
+/// NPairs gathers its pairs' rows; under a budget its plan allows but the gathered rows do
+/// not fit (every label in a pair), it runs the whole batch: the same answer, the peak under
+/// the budget.
+#[test]
+fn n_pairs_fits_the_budget_its_plan_gives() {
+    let x = noise(64, 32, 5);
+    let y = Array1::from_shape_fn(64, |i| (i / 2) as u32);
+    let set = MiningSet::new(&x, &y);
+    let cfg = PairLossConfig::<NPairs>::default();
+    let whole = pair_loss(&Context::native_cpu(None), &set, None, &cfg).expect("loss");
+    assert_eq!(whole.nonzero, 32);
+    let plan = pair_loss_plan(&Context::native_cpu(None), &set, None, &cfg).expect("plan");
+    let ctx = Context::native_cpu(Some(plan.min_bytes));
+    let tight = pair_loss(&ctx, &set, None, &cfg).expect("loss within the plan's least");
+    assert!(ctx.memory().peak_bytes <= plan.min_bytes);
+    assert!((tight.loss - whole.loss).abs() <= 1e-6 * whole.loss.abs().max(1.0));
+    for (a, b) in tight.query_grad.iter().zip(&whole.query_grad) {
+        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()));
+    }
+}

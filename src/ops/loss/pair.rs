@@ -470,8 +470,12 @@ fn n_pairs<R: PairLossRule>(
         return run(ctx, job, kind);
     }
     // The gathered rows, the sub-problem's two gradients, the batch's gradient, the indices.
+    // Where they do not fit (most labels in pairs under a tight budget), the whole batch runs
+    // as its plan says.
     let bytes = 4 * (4 * k * d + b * d) as u64 + 24 * (b + k) as u64;
-    let _held = HostReservation::new(SCRATCH, bytes, ctx.tracker())?;
+    let Ok(_held) = HostReservation::new(SCRATCH, bytes, ctx.tracker()) else {
+        return run(ctx, job, kind);
+    };
     let (xf, xs) = (x.select(Axis(0), &firsts), x.select(Axis(0), &seconds));
     let ids = Array1::from_iter(0..k as u32);
     let sub_cfg = PairLossConfig {
@@ -483,9 +487,15 @@ fn n_pairs<R: PairLossRule>(
     };
     let (sub_q, sub_r) = (MiningSet::new(&xf, &ids), MiningSet::new(&xs, &ids));
     let mut imports = Imports::call();
-    let sub = self::job(ctx, (&sub_q, Some(&sub_r)), &sub_cfg, &mut imports, |sub| {
+    let sub = match self::job(ctx, (&sub_q, Some(&sub_r)), &sub_cfg, &mut imports, |sub| {
         run(ctx, sub, kind)
-    })?;
+    }) {
+        Err(Error::OverBudget { .. } | Error::BudgetExceeded { .. }) => {
+            drop((_held, xf, xs));
+            return run(ctx, job, kind);
+        }
+        other => other?,
+    };
     let mut query_grad = Array2::zeros((b, d));
     for (i, &a) in firsts.iter().enumerate() {
         query_grad.row_mut(a).assign(&sub.query_grad.row(i));
