@@ -31,6 +31,18 @@
 //!   (`p_b`, `n_b`); `1 − Σ_b p_b P_b / H_b / |P|` over the bins where `p_b P_b > 0` (`P`,
 //!   `H` the cumulative positive and total counts), averaged over the anchors with a
 //!   positive. PML builds a `(bins, B, B)` tensor and refuses references; both are fine here.
+//! - **TupletMargin** (cosine): per positive `p`, `softplus(lse_N(scale s_an) − scale
+//!   cos(acos(s_ap) − m))`, averaged over every positive pair.
+//! - **RankedList**: the positives past `α − margin` and the negatives inside `α` (both above
+//!   0), each side `Σ w gap / (Σ w + 10⁻⁵ m)` with `w = e^{T gap}`, mixed by `imbalance`,
+//!   averaged over every anchor.
+//! - **PNP** (cosine, no references): over the anchor's positives and itself, the clamped
+//!   sigmoids of every negative's similarity less theirs summed into `R`, the variant's
+//!   `f(R)` averaged; averaged over the anchors with a positive.
+//! - **NPairs**: the cross entropy of a label's first row over every label's second row.
+//!
+//! The rules whose anchors share state (Lifted, Histogram, IntraPairVariance, TCM) are in
+//! [`super::pair_global`].
 //!
 //! Each log-sum-exp subtracts its maximum and keeps its shifted exponentials as the softmax
 //! weights: no exponential overflows, and one is taken per element.
