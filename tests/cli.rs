@@ -906,24 +906,19 @@ fn pair_losses_print_their_json_and_write_the_library_gradients() {
         &["distance", "cosine"],
     );
     fails_with(&raw(&["histogram", "--n-bins", "20"]), &["refs", "None"]);
-    // PNP takes no references: the batch alone.
+    // PNP and NPairs take no references: the batch alone.
     let (x_file, y_file, g_file) = (p("x.npy"), p("y.npy"), p("g.npy"));
-    let out = ok(&wml(&[
-        "loss",
-        "pnp",
-        "--backend",
-        "cpu",
-        "--embeddings",
-        arg(&x_file),
-        "--labels",
-        arg(&y_file),
-        "--grad-out",
-        arg(&g_file),
-        "--variant",
-        "dq",
-        "--anneal",
-        "0.1",
-    ]));
+    let batch_only = |args: &[&str], want: PairLoss| {
+        let mut all = vec!["loss", args[0], "--backend", "cpu"];
+        all.extend(["--embeddings", arg(&x_file), "--labels", arg(&y_file)]);
+        all.extend(["--grad-out", arg(&g_file)]);
+        all.extend_from_slice(&args[1..]);
+        let out = ok(&wml(&all));
+        assert_eq!(json_field(&out, "loss"), f64::from(want.loss), "{out}");
+        assert_eq!(json_field(&out, "nonzero"), want.nonzero as f64, "{out}");
+        let g: Array2<f32> = read_npy(&g_file).expect("grad");
+        assert_eq!(g, want.query_grad);
+    };
     let rule = Pnp {
         variant: PnpVariant::Dq,
         anneal: 0.1,
@@ -934,27 +929,12 @@ fn pair_losses_print_their_json_and_write_the_library_gradients() {
         ..Default::default()
     };
     let want = pair_loss(&ctx, &batch, None, &cfg).expect("loss");
-    assert_eq!(json_field(&out, "loss"), f64::from(want.loss), "{out}");
-    let g: Array2<f32> = read_npy(&g_file).expect("grad");
-    assert_eq!(g, want.query_grad);
-    let out = ok(&wml(&[
-        "loss",
-        "n-pairs",
-        "--backend",
-        "cpu",
-        "--embeddings",
-        arg(&x_file),
-        "--labels",
-        arg(&y_file),
-        "--grad-out",
-        arg(&g_file),
-    ]));
+    batch_only(&["pnp", "--variant", "dq", "--anneal", "0.1"], want);
     let cfg = PairLossConfig::<NPairs>::default();
-    let want = pair_loss(&ctx, &batch, None, &cfg).expect("loss");
-    assert_eq!(json_field(&out, "loss"), f64::from(want.loss), "{out}");
-    assert_eq!(json_field(&out, "nonzero"), want.nonzero as f64, "{out}");
-    let g: Array2<f32> = read_npy(&g_file).expect("grad");
-    assert_eq!(g, want.query_grad);
+    batch_only(
+        &["n-pairs"],
+        pair_loss(&ctx, &batch, None, &cfg).expect("loss"),
+    );
 }
 
 #[test]

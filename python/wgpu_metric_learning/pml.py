@@ -1159,11 +1159,16 @@ class _WholeLoss(_LibraryLoss):
     _native_name = ""
     #: False where PML's loss refuses references: PML's code then runs for them.
     _takes_refs = True
+    #: False where the drop-in CrossBatchMemory runs PML's code for the loss although it takes
+    #: references (NCA: PML hands it the bank's pairs as weights).
+    _in_bank = True
 
     def _library_args(self) -> Dict[str, Any]:
         raise NotImplementedError
 
     def _rule_with(self, miner: Any, with_refs: bool = False):
+        if with_refs and not (self._takes_refs and self._in_bank):
+            return False
         return None if miner is None and self._library_can() else False
 
     def _exclusion(self, embeddings, labels, ref_emb, ref_labels):
@@ -1346,6 +1351,7 @@ class NCALoss(_WholeLoss, pml_losses.NCALoss):
 
     _default_reducer = pml_reducers.MeanReducer
     _native_name = "nca_loss"
+    _in_bank = False
 
     def __init__(
         self,
@@ -1360,9 +1366,6 @@ class NCALoss(_WholeLoss, pml_losses.NCALoss):
 
     def _library_args(self) -> Dict[str, Any]:
         return dict(softmax_scale=float(self.softmax_scale))
-
-    def _rule_with(self, miner: Any, with_refs: bool = False):
-        return False if with_refs else super()._rule_with(miner)
 
     def _exclusion(self, embeddings, labels, ref_emb, ref_labels):
         if ref_emb is None or ref_emb is embeddings:
@@ -1471,9 +1474,6 @@ class FastAPLoss(_WholeLoss, pml_losses.FastAPLoss):
     def _library_args(self) -> Dict[str, Any]:
         return dict(num_bins=int(self.num_bins))
 
-    def _rule_with(self, miner: Any, with_refs: bool = False):
-        return False if with_refs else super()._rule_with(miner)
-
 
 
 class MultipleNegativesRankingLoss(_OnContext, torch.nn.Module):
@@ -1573,9 +1573,6 @@ class HistogramLoss(_OnlyCosine, _WholeLoss, pml_losses.HistogramLoss):
     def _library_args(self) -> Dict[str, Any]:
         return dict(n_bins=int(round(2 / self.delta)))
 
-    def _rule_with(self, miner: Any, with_refs: bool = False):
-        return False if with_refs else super()._rule_with(miner)
-
 
 class TupletMarginLoss(_WholeLoss, pml_losses.TupletMarginLoss):
     """PML's ``TupletMarginLoss(margin=5.73, scale=64)`` (cosine similarity, as PML asserts)
@@ -1667,9 +1664,6 @@ class RankedListLoss(_WholeLoss, pml_losses.RankedListLoss):
             alpha=float(self.alpha), tp=float(self.Tp),
         )
 
-    def _rule_with(self, miner: Any, with_refs: bool = False):
-        return False if with_refs else super()._rule_with(miner)
-
 
 class ThresholdConsistentMarginLoss(_WholeLoss, pml_losses.ThresholdConsistentMarginLoss):
     """PML's ``ThresholdConsistentMarginLoss(lambda_plus=1, lambda_minus=1, margin_plus=0.9,
@@ -1705,9 +1699,6 @@ class ThresholdConsistentMarginLoss(_WholeLoss, pml_losses.ThresholdConsistentMa
             lambda_plus=float(self.lambda_plus), lambda_minus=float(self.lambda_minus),
             margin_plus=float(self.margin_plus), margin_minus=float(self.margin_minus),
         )
-
-    def _rule_with(self, miner: Any, with_refs: bool = False):
-        return False if with_refs else super()._rule_with(miner)
 
 
 class PNPLoss(_WholeLoss, pml_losses.PNPLoss):
@@ -1746,9 +1737,6 @@ class PNPLoss(_WholeLoss, pml_losses.PNPLoss):
             variant=str(self.variant),
         )
 
-    def _rule_with(self, miner: Any, with_refs: bool = False):
-        return False if with_refs else super()._rule_with(miner)
-
 
 class NPairsLoss(_WholeLoss, pml_losses.NPairsLoss):
     """PML's ``NPairsLoss(distance=DotProductSimilarity())`` whose value and gradient come
@@ -1778,6 +1766,3 @@ class NPairsLoss(_WholeLoss, pml_losses.NPairsLoss):
     def _extra(self, out):
         self.num_pairs = int(out[1])
         return ()
-
-    def _rule_with(self, miner: Any, with_refs: bool = False):
-        return False if with_refs else super()._rule_with(miner)

@@ -31,7 +31,7 @@ use ndarray::{Array1, Array2, ArrayView1, Axis};
 
 use super::driver::{self, Job, Mode, Scratch, Shared};
 use super::info_nce::{check_temperature, pair_counts};
-use super::pair_global::{self, is_global, state_bytes};
+use super::pair_global::{self, is_global, state_bytes, STATE};
 use super::pair_params::{
     Contrastive, GeneralizedLifted, IntraPairVariance, Kind, LiftedStructure, PairLossRule,
     PnpVariant,
@@ -206,7 +206,7 @@ pub fn pair_loss_plan<L: Hash + Eq + Copy, R: PairLossRule>(
         }
         // What the passes keep between them is held beside the blocks, as the run holds it.
         let state = state_bytes(kind, job.set.labels.len());
-        let _held = HostReservation::new("pair loss state between passes", state, ctx.tracker())?;
+        let _held = HostReservation::new(STATE, state, ctx.tracker())?;
         Ok(super::plan::plan(ctx, job, None)?.with_imports((state, 0)))
     })?;
     Ok(plan.with_imports(imports.footprint()))
@@ -566,7 +566,7 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind) -> Result<PairLoss> {
     } else {
         state_bytes(kind, set.labels.len())
     };
-    let _state = HostReservation::new("pair loss state between passes", kept, ctx.tracker())?;
+    let _state = HostReservation::new(STATE, kept, ctx.tracker())?;
     let (columns, targets) = match kind {
         Kind::NPairs(_) if refs_are_queries => n_pairs_of(&set.labels),
         Kind::NPairs(_) => n_pairs_against(&set.labels, &set.ref_labels),

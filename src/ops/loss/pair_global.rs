@@ -43,7 +43,7 @@ use crate::error::{Error, Result};
 use crate::runtime::memory::HostReservation;
 
 /// The label of the state a call keeps between passes.
-const STATE: &str = "pair loss state between passes";
+pub(super) const STATE: &str = "pair loss state between passes";
 
 /// The loss, what its mean divides by, and the gradients.
 pub(super) type Outcome = (f64, u64, Output);
