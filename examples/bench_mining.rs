@@ -20,7 +20,8 @@
 //! `count` is the triplets with a positive loss. `loss_ntxent` (PML's `NTXentLoss()` on two
 //! noisy views of `B/2` items) and `loss_mnrl` (sentence-transformers' MNRL, `B` anchors
 //! against their noisy positives), `--D` dimensions (default 768); `count` is the positive
-//! pairs.
+//! pairs. `--matryoshka 768,512,256,128,64` adds sentence-transformers' `MatryoshkaLoss`
+//! widths to either (one pass over every width).
 //! `--kernel-timing`: every kernel timed by timestamps, its GPU seconds per operation in
 //! the line's `kernels`.
 //! Inputs follow the anchors: labels uniform over C classes, embeddings N(0, 1) in 128-d,
@@ -39,8 +40,9 @@ use wgpu_metric_learning::{
     mine_triplets_on_device, mine_triplets_streaming, multi_similarity_pairs,
     multiple_negatives_ranking_loss, ntxent_loss, pair_margin_pairs, triplet_margin_loss,
     AllPairsConfig, BackendChoice, BatchEasyHardConfig, ComputePath, Context, ContextConfig,
-    CountMethod, InfoNceConfig, MiningSet, MnrlConfig, MultiSimilarityConfig, PairMarginConfig,
-    Pairs, PairsOnDevice, TripletConfig, TripletLossConfig, TripletRule, TripletType,
+    CountMethod, InfoNceConfig, Matryoshka, MiningSet, MnrlConfig, MultiSimilarityConfig,
+    PairMarginConfig, Pairs, PairsOnDevice, TripletConfig, TripletLossConfig, TripletRule,
+    TripletType,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -125,12 +127,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let view_labels = Array1::from_shape_fn(views.nrows(), |i| (i % (b / 2).max(1)) as i64);
         let anchors = embeddings_raw(b, d);
         let positives = noisy(&anchors);
+        let widths = get("--matryoshka", "");
+        let matryoshka = match widths.is_empty() {
+            true => None,
+            false => Some(Matryoshka::new(
+                widths
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<Vec<usize>, _>>()?,
+            )),
+        };
+        let (ntxent, mnrl) = (
+            InfoNceConfig {
+                matryoshka: matryoshka.clone(),
+                ..Default::default()
+            },
+            MnrlConfig {
+                matryoshka,
+                ..Default::default()
+            },
+        );
         let run = || {
             let out = if func == "loss_ntxent" {
                 let set = MiningSet::new(&views, &view_labels);
-                ntxent_loss(&ctx, &set, None, &InfoNceConfig::default())?
+                ntxent_loss(&ctx, &set, None, &ntxent)?
             } else {
-                multiple_negatives_ranking_loss(&ctx, &anchors, &positives, &MnrlConfig::default())?
+                multiple_negatives_ranking_loss(&ctx, &anchors, &positives, &mnrl)?
             };
             on_path(&ctx, out.path).map(|()| out.positive_pairs)
         };

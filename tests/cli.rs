@@ -14,10 +14,10 @@ use wgpu_metric_learning::{
     triplet_margin_loss, uniform_histogram_pairs, AccuracyConfig, AccuracyK, AccuracyMetric,
     AngularConfig, BatchHardConfig, Circle, Context, Contrastive, Distance, DistanceConfig,
     DistanceWeightedConfig, FastAp, GeneralizedLifted, HdcConfig, InfoNceConfig, IntraPairVariance,
-    KmeansConfig, KnnConfig, LiftedStructure, Margin, MiningSet, MnrlConfig, MultiSimilarity,
-    NPairs, Nca, PairLoss, PairLossConfig, PairLossRule, PairMarginConfig, Pnp, PnpVariant,
-    RankedList, SelfExclusion, SupCon, ThresholdConsistentMargin, TripletConfig, TripletLossConfig,
-    TripletRule, TripletType, TupletMargin, UniformHistogramConfig,
+    KmeansConfig, KnnConfig, LiftedStructure, Margin, Matryoshka, MiningSet, MnrlConfig,
+    MultiSimilarity, NPairs, Nca, PairLoss, PairLossConfig, PairLossRule, PairMarginConfig, Pnp,
+    PnpVariant, RankedList, SelfExclusion, SupCon, ThresholdConsistentMargin, TripletConfig,
+    TripletLossConfig, TripletRule, TripletType, TupletMargin, UniformHistogramConfig,
 };
 
 /// A fresh directory for one test's files.
@@ -1046,6 +1046,64 @@ fn losses_print_their_json_and_write_the_library_gradients() {
         read_npy::<_, Array2<f32>>(p("gc.npy")).expect("grad"),
         want.ref_grad.expect("candidates")
     );
+    // Matryoshka widths: the weighted sum, and each width's loss in the given order.
+    let out = ok(&wml(&[
+        "loss",
+        "mnrl",
+        "--anchors",
+        arg(&p("x.npy")),
+        "--candidates",
+        arg(&p("r.npy")),
+        "--grad-out",
+        arg(&p("ga.npy")),
+        "--matryoshka-dims",
+        "5,2",
+        "--matryoshka-weights",
+        "1,0.5",
+        "--backend",
+        "cpu",
+    ]));
+    let cfg = MnrlConfig {
+        matryoshka: Some(Matryoshka {
+            dims: vec![5, 2],
+            weights: vec![1.0, 0.5],
+        }),
+        ..Default::default()
+    };
+    let want = multiple_negatives_ranking_loss(&ctx, &x, &r, &cfg).expect("loss");
+    assert_eq!(json_field(&out, "loss"), f64::from(want.loss), "{out}");
+    let listed = format!(
+        "\"matryoshka_losses\": [{}, {}]",
+        f64::from(want.matryoshka_losses[0]),
+        f64::from(want.matryoshka_losses[1])
+    );
+    assert!(out.contains(&listed), "{out} lacks {listed}");
+    assert_eq!(
+        read_npy::<_, Array2<f32>>(p("ga.npy")).expect("grad"),
+        want.query_grad
+    );
+    // A width past the embeddings' and a weight count that differs: typed, status 1.
+    for (dims, weights) in [("9", "1"), ("2,3", "1")] {
+        fails_with(
+            &wml(&[
+                "loss",
+                "mnrl",
+                "--anchors",
+                arg(&p("x.npy")),
+                "--candidates",
+                arg(&p("r.npy")),
+                "--grad-out",
+                arg(&p("ga.npy")),
+                "--matryoshka-dims",
+                dims,
+                "--matryoshka-weights",
+                weights,
+                "--backend",
+                "cpu",
+            ]),
+            &["matryoshka"],
+        );
+    }
     // Fewer candidates than anchors: one line, status 1.
     fails_with(
         &wml(&[

@@ -13,6 +13,7 @@ pub mod kmeans;
 pub mod knn_select;
 pub mod knn_sort;
 pub mod loss_backward;
+pub mod matryoshka;
 pub mod negative_buckets;
 pub mod ntxent_loss;
 mod pair_gradient;

@@ -4,6 +4,7 @@ mod accuracy;
 mod checkpoint;
 mod device_inputs;
 mod kmeans;
+mod matryoshka;
 mod memory_bank;
 mod miners;
 pub(crate) mod ntxent_loss;

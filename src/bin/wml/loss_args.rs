@@ -129,7 +129,21 @@ pub(crate) struct NtXentArgs {
     #[arg(long)]
     pub(crate) temperature: Option<f32>,
     #[command(flatten)]
+    pub(crate) matryoshka: MatryoshkaArgs,
+    #[command(flatten)]
     pub(crate) common: Common,
+}
+
+/// sentence-transformers' `MatryoshkaLoss` around an InfoNCE loss.
+#[derive(Args)]
+pub(crate) struct MatryoshkaArgs {
+    /// Also take the loss on the embeddings cut to these widths (comma-separated) and print
+    /// the weighted sum, with each width's loss as "matryoshka_losses".
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub(crate) matryoshka_dims: Option<Vec<usize>>,
+    /// One weight per width (comma-separated). Default 1 each.
+    #[arg(long, value_delimiter = ',', num_args = 1.., allow_negative_numbers = true)]
+    pub(crate) matryoshka_weights: Option<Vec<f32>>,
 }
 
 #[derive(Args)]
@@ -255,6 +269,8 @@ pub(crate) struct MnrlArgs {
     /// The scale on cosine similarities. Default 20.
     #[arg(long)]
     pub(crate) scale: Option<f32>,
+    #[command(flatten)]
+    pub(crate) matryoshka: MatryoshkaArgs,
     /// Output (b, d) float32 array: the gradient with respect to --anchors.
     #[arg(long)]
     pub(crate) grad_out: PathBuf,

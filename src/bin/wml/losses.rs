@@ -6,18 +6,18 @@ use std::path::Path;
 use ndarray::Array2;
 use wgpu_metric_learning::{
     multiple_negatives_ranking_loss, ntxent_loss, pair_loss, triplet_margin_loss, Circle,
-    Contrastive, Distance, FastAp, GeneralizedLifted, Histogram, Hooks, InfoNceConfig,
-    IntraPairVariance, LiftedStructure, Margin, MnrlConfig, MultiSimilarity, NPairs, Nca,
-    PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SupCon, ThresholdConsistentMargin,
-    TripletLossConfig, TripletRule, TripletType, TupletMargin,
+    Contrastive, Distance, FastAp, GeneralizedLifted, Histogram, Hooks, InfoNceConfig, InfoNceLoss,
+    IntraPairVariance, LiftedStructure, Margin, Matryoshka, MnrlConfig, MultiSimilarity, NPairs,
+    Nca, PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SupCon,
+    ThresholdConsistentMargin, TripletLossConfig, TripletRule, TripletType, TupletMargin,
 };
 
 use crate::commands::{context, distance_config, given, json_number, timed, Side};
 use crate::loss_args::{
     CircleArgs, ContrastiveArgs, FastApArgs, GeneralizedLiftedArgs, HistogramArgs,
-    IntraPairVarianceArgs, LiftedArgs, LossInputs, MarginArgs, MnrlArgs, MultiSimilarityArgs,
-    NPairsArgs, NcaArgs, NtXentArgs, PnpArgs, PnpVariantArg, RankedListArgs, SupConArgs, TcmArgs,
-    TripletLossArgs, TupletArgs,
+    IntraPairVarianceArgs, LiftedArgs, LossInputs, MarginArgs, MatryoshkaArgs, MnrlArgs,
+    MultiSimilarityArgs, NPairsArgs, NcaArgs, NtXentArgs, PnpArgs, PnpVariantArg, RankedListArgs,
+    SupConArgs, TcmArgs, TripletLossArgs, TupletArgs,
 };
 use crate::npy;
 use crate::{Common, Failure, TypeArg};
@@ -112,6 +112,7 @@ pub(crate) fn ntxent(a: &NtXentArgs, hooks: &Hooks) -> Result<(), Failure> {
         distance: distance_config(&a.inputs.metric, Distance::Cosine),
         ref_grad: a.inputs.ref_grad_out.is_some(),
         hooks: hooks.clone(),
+        matryoshka: matryoshka(&a.matryoshka),
         ..defaults
     };
     let ctx = context(&a.common)?;
@@ -124,7 +125,7 @@ pub(crate) fn ntxent(a: &NtXentArgs, hooks: &Hooks) -> Result<(), Failure> {
         || ntxent_loss(&ctx, &queries, refs.as_ref(), &cfg),
     )?;
     write_gradients(&a.inputs, &out.query_grad, out.ref_grad.as_ref())?;
-    print_info_nce(f64::from(out.loss), out.positive_pairs, out.negative_pairs);
+    print_info_nce(&out);
     Ok(())
 }
 
@@ -133,6 +134,7 @@ pub(crate) fn mnrl(a: &MnrlArgs, hooks: &Hooks) -> Result<(), Failure> {
     let candidates = npy::read_embeddings(&a.candidates)?;
     let cfg = MnrlConfig {
         scale: a.scale.unwrap_or(MnrlConfig::default().scale),
+        matryoshka: matryoshka(&a.matryoshka),
         hooks: hooks.clone(),
     };
     let ctx = context(&a.common)?;
@@ -147,7 +149,7 @@ pub(crate) fn mnrl(a: &MnrlArgs, hooks: &Hooks) -> Result<(), Failure> {
     if let (Some(path), Some(g)) = (&a.candidates_grad_out, &out.ref_grad) {
         npy::write(path, g)?;
     }
-    print_info_nce(f64::from(out.loss), out.positive_pairs, out.negative_pairs);
+    print_info_nce(&out);
     Ok(())
 }
 
@@ -353,9 +355,33 @@ fn pair<R: PairLossRule>(
     Ok(())
 }
 
-fn print_info_nce(loss: f64, positive_pairs: u64, negative_pairs: u64) {
+fn print_info_nce(out: &InfoNceLoss) {
+    let widths = match out.matryoshka_losses.is_empty() {
+        true => String::new(),
+        false => {
+            let each: Vec<String> = out
+                .matryoshka_losses
+                .iter()
+                .map(|&l| json_number(f64::from(l)))
+                .collect();
+            format!(", \"matryoshka_losses\": [{}]", each.join(", "))
+        }
+    };
     println!(
-        "{{\"loss\": {}, \"positive_pairs\": {positive_pairs}, \"negative_pairs\": {negative_pairs}}}",
-        json_number(loss)
+        "{{\"loss\": {}, \"positive_pairs\": {}, \"negative_pairs\": {}{widths}}}",
+        json_number(f64::from(out.loss)),
+        out.positive_pairs,
+        out.negative_pairs
     );
+}
+
+/// The Matryoshka widths asked for (weights default to 1 each; a count that differs is the
+/// library's typed error).
+fn matryoshka(a: &MatryoshkaArgs) -> Option<Matryoshka> {
+    let dims = a.matryoshka_dims.clone()?;
+    let weights = a
+        .matryoshka_weights
+        .clone()
+        .unwrap_or_else(|| vec![1.0; dims.len()]);
+    Some(Matryoshka { dims, weights })
 }

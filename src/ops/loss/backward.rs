@@ -58,7 +58,7 @@ pub(super) fn add_ref_side(
     u: ArrayView2<'_, f32>,
     q_hat: ArrayView2<'_, f32>,
     r_hat: ArrayView2<'_, f32>,
-    g: &mut Array2<f32>,
+    mut g: ArrayViewMut2<'_, f32>,
 ) {
     let m = g.nrows();
     let per = m.div_ceil(threads()).max(1);

@@ -230,6 +230,38 @@ pub(super) struct Job<'a> {
     pub(super) hooks: &'a Hooks,
 }
 
+impl<'a> Job<'a> {
+    /// The call's queries and references (imported: never device buffers).
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when a side was not imported.
+    pub(super) fn sides(&self) -> Result<(&'a Rows<'a>, Embeddings<'a>)> {
+        let queries = self.set.queries.as_ref();
+        let queries = queries.ok_or_else(|| inputs::unimported(self.op))?;
+        let refs = self.set.refs.ok_or_else(|| inputs::unimported(self.op))?;
+        Ok((queries, refs))
+    }
+
+    /// Both sides as host arrays (device-resident rows read back), and `None` for the
+    /// references when they are the queries.
+    ///
+    /// # Errors
+    /// As [`Job::sides`], or a failed read-back.
+    pub(super) fn host_sides(&self, ctx: &Context) -> Result<(HostRows<'a>, Option<HostRows<'a>>)> {
+        let (queries, refs) = self.sides()?;
+        let q = host_rows(self.op, ctx, queries.reborrow())?;
+        // The references are the queries' rows when not given: read back once.
+        let r = match self.refs_are_queries {
+            true => None,
+            false => Some(host_refs(self.op, ctx, refs)?),
+        };
+        Ok((q, r))
+    }
+}
+
+/// Rows on the host, borrowed or read back.
+pub(super) type HostRows<'a> = ndarray::CowArray<'a, f32, ndarray::Ix2>;
+
 /// The loss sums and the gradients: the queries' `(b, d)` (both roles when they are the
 /// references), the references' `(m, d)` when asked for and given.
 pub(super) struct Output {
@@ -270,8 +302,8 @@ pub(super) struct Sizing {
     base: u64,
     scratch: u64,
     per_row: u64,
-    threads: usize,
-    rows: usize,
+    pub(super) threads: usize,
+    pub(super) rows: usize,
 }
 
 impl Sizing {
@@ -280,9 +312,8 @@ impl Sizing {
     /// # Errors
     /// [`Error::OverBudget`] when one thread with a one-anchor block does not fit.
     pub(super) fn new(ctx: &Context, job: &Job<'_>) -> Result<Self> {
-        let (op, set) = (job.op, job.set);
-        let queries = set.queries.as_ref().ok_or_else(|| inputs::unimported(op))?;
-        let refs = set.refs.ok_or_else(|| inputs::unimported(op))?;
+        let op = job.op;
+        let (queries, refs) = job.sides()?;
         let ((b, d), m) = (queries.dim(), refs.dim().0);
         // The references' gradient is needed for the caller, or for the queries' own when
         // they are the references.
@@ -306,6 +337,22 @@ impl Sizing {
             .then(|| RefPairs::bytes(m as u64, d as u64, ref_role));
         let scratch = Scratch::bytes(m as u64) + pairs.unwrap_or(0);
         let per_row = (4 + NEAR_PAIR_BYTES) * m as u64;
+        Self::within(ctx, op, (base, scratch, per_row), b, u64::MAX)
+    }
+
+    /// The threads and block rows of a call of `b` anchors that holds `base` bytes whatever
+    /// the blocks, `scratch` per thread and `per_row` per anchor of a block, its blocks at
+    /// most `cap` bytes (unless that leaves a thread fewer than 16 anchors).
+    ///
+    /// # Errors
+    /// [`Error::OverBudget`] when one thread with a one-anchor block does not fit.
+    pub(super) fn within(
+        ctx: &Context,
+        op: &'static str,
+        (base, scratch, per_row): (u64, u64, u64),
+        b: usize,
+        cap: u64,
+    ) -> Result<Self> {
         let budget = ctx.tracker().stats().budget_bytes;
         let least = base + scratch + per_row;
         // What the call already holds (a loss's state between passes) counts too.
@@ -320,6 +367,7 @@ impl Sizing {
         // A thread per core, or as many as the budget gives a scratch and a block row each.
         let threads = workers_within(threads(), scratch + per_row, available.saturating_sub(base));
         let room = available.saturating_sub(base + threads as u64 * scratch);
+        let room = room.min(cap.max(threads as u64 * 16 * per_row));
         let rows = usize::try_from(room.checked_div(per_row).unwrap_or(u64::MAX))
             .unwrap_or(usize::MAX)
             .clamp(1, b.max(1));
@@ -375,26 +423,15 @@ pub(super) fn run_as(
     rule: &AnchorRule<'_>,
     mode: Mode,
 ) -> Result<Output> {
-    let op = job.op;
-    let queries = job
-        .set
-        .queries
-        .as_ref()
-        .ok_or_else(|| inputs::unimported(op))?;
-    let refs = job.set.refs.ok_or_else(|| inputs::unimported(op))?;
+    let (queries, refs) = job.sides()?;
     let ((b, d), m) = (queries.dim(), refs.dim().0);
-    let report = Reporter::new(job.hooks, op, b as u64 * m as u64);
+    let report = Reporter::new(job.hooks, job.op, b as u64 * m as u64);
     report.check()?;
     let ref_role = job.refs_are_queries || job.ref_grad;
     let sizing = Sizing::new(ctx, job)?;
     let (threads, rows) = (sizing.threads, sizing.rows);
     let _held = HostReservation::new(job.label, sizing.bytes(), ctx.tracker())?;
-    let q = host_rows(op, ctx, queries.reborrow())?;
-    // The references are the queries' rows when not given: read back once.
-    let r_own = match job.refs_are_queries {
-        true => None,
-        false => Some(host_refs(op, ctx, refs)?),
-    };
+    let (q, r_own) = job.host_sides(ctx)?;
     let q = q.view();
     let r = r_own.as_ref().map_or(q, |r| r.view());
 
@@ -467,7 +504,7 @@ pub(super) fn run_as(
                 block.slice(s![..c1 - c0, ..]),
                 q_hat.slice(s![c0..c1, ..]),
                 r_hat,
-                g_r,
+                g_r.view_mut(),
             );
             for &(a, j, w) in near.iter().flatten() {
                 let j = j as usize;

@@ -23,6 +23,8 @@ use ndarray::{Array1, Array2, ArrayView1};
 
 use super::driver::{self, Job, Scratch, Shared, Totals};
 use super::gpu;
+use super::matryoshka::{self, Matryoshka, Truncations};
+use super::sigmoid;
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::data::inputs::{self, Embeddings, Imports, Labelled, MiningSet, SelfExclusion, NO_SLOT};
@@ -63,6 +65,9 @@ pub struct InfoNceConfig {
     /// memory bank's rows are detached). Without references the queries' gradient holds both
     /// roles.
     pub ref_grad: bool,
+    /// Also take the loss on truncated embeddings and return the weighted sum (cosine
+    /// similarity only; runs on the native path). Default: none.
+    pub matryoshka: Option<Matryoshka>,
     /// Progress (query–reference pairs) and cancellation. Default: none.
     pub hooks: Hooks,
 }
@@ -77,6 +82,7 @@ impl Default for InfoNceConfig {
             },
             self_exclusion: SelfExclusion::Auto,
             ref_grad: false,
+            matryoshka: None,
             hooks: Hooks::default(),
         }
     }
@@ -89,8 +95,11 @@ impl Default for InfoNceConfig {
 #[non_exhaustive]
 pub struct InfoNceLoss {
     /// The mean over the positive pairs of `−log softmax` (0 when PML returns no loss: no
-    /// positive pair, no negative pair, or at most one of each).
+    /// positive pair, no negative pair, or at most one of each); with Matryoshka widths, the
+    /// weighted sum of their losses.
     pub loss: f32,
+    /// With Matryoshka widths, each one's loss, in the given order; else empty.
+    pub matryoshka_losses: Vec<f32>,
     /// Positive pairs: the mean's divisor.
     pub positive_pairs: u64,
     /// Negative pairs (query, reference).
@@ -141,8 +150,8 @@ pub fn ntxent_loss<L: Hash + Eq + Copy>(
     cfg: &InfoNceConfig,
 ) -> Result<InfoNceLoss> {
     let mut imports = Imports::call();
-    ntxent_job(ctx, (queries, refs), cfg, &mut imports, |job| {
-        run(ctx, job, cfg.temperature, true)
+    ntxent_job(ctx, (queries, refs), cfg, &mut imports, |job, trunc| {
+        run(ctx, job, cfg.temperature, true, trunc)
     })
 }
 
@@ -169,8 +178,8 @@ pub fn ntxent_loss_plan<L: Hash + Eq + Copy>(
     cfg: &InfoNceConfig,
 ) -> Result<Plan> {
     let mut imports = Imports::plan();
-    let plan = ntxent_job(ctx, (queries, refs), cfg, &mut imports, |job| {
-        plan(ctx, job, cfg.temperature, true)
+    let plan = ntxent_job(ctx, (queries, refs), cfg, &mut imports, |job, trunc| {
+        plan(ctx, job, cfg.temperature, true, trunc)
     })?;
     Ok(plan.with_imports(imports.footprint()))
 }
@@ -181,9 +190,17 @@ fn ntxent_job<L: Hash + Eq + Copy, T>(
     (queries, refs): (&MiningSet<'_, L>, Option<&MiningSet<'_, L>>),
     cfg: &InfoNceConfig,
     imports: &mut Imports,
-    f: impl FnOnce(&Job<'_>) -> Result<T>,
+    f: impl FnOnce(&Job<'_>, Option<&Truncations>) -> Result<T>,
 ) -> Result<T> {
     check_temperature(NTXENT, "temperature", cfg.temperature)?;
+    if cfg.matryoshka.is_some() && cfg.distance.distance != Distance::Cosine {
+        return Err(Error::InvalidParameter {
+            op: NTXENT,
+            what: "distance",
+            value: format!("{:?}", cfg.distance.distance),
+            rule: "Matryoshka widths take cosine similarity (each truncation normalised)",
+        });
+    }
     let set = inputs::prepare(
         NTXENT,
         ctx,
@@ -194,16 +211,20 @@ fn ntxent_job<L: Hash + Eq + Copy, T>(
         |_| Ok(true),
         imports,
     )?;
-    f(&Job {
-        op: NTXENT,
-        label: SCRATCH,
-        set: &set,
-        refs_are_queries: refs.is_none(),
-        distance: cfg.distance,
-        ref_grad: cfg.ref_grad,
-        ref_pairs: false,
-        hooks: &cfg.hooks,
-    })
+    let trunc = truncations(NTXENT, &set, cfg.matryoshka.as_ref())?;
+    f(
+        &Job {
+            op: NTXENT,
+            label: SCRATCH,
+            set: &set,
+            refs_are_queries: refs.is_none(),
+            distance: cfg.distance,
+            ref_grad: cfg.ref_grad,
+            ref_pairs: false,
+            hooks: &cfg.hooks,
+        },
+        trunc.as_ref(),
+    )
 }
 
 /// How [`multiple_negatives_ranking_loss`] computes. Defaults: sentence-transformers'
@@ -218,6 +239,9 @@ fn ntxent_job<L: Hash + Eq + Copy, T>(
 pub struct MnrlConfig {
     /// The factor on every cosine similarity (the inverse temperature). Finite, > 0.
     pub scale: f32,
+    /// sentence-transformers' `MatryoshkaLoss` around it: the loss on each truncation too,
+    /// the weighted sum returned (native path). Default: none.
+    pub matryoshka: Option<Matryoshka>,
     /// Progress and cancellation. Default: none.
     pub hooks: Hooks,
 }
@@ -226,6 +250,7 @@ impl Default for MnrlConfig {
     fn default() -> Self {
         Self {
             scale: 20.0,
+            matryoshka: None,
             hooks: Hooks::default(),
         }
     }
@@ -263,8 +288,8 @@ pub fn multiple_negatives_ranking_loss<'a>(
 ) -> Result<InfoNceLoss> {
     let mut imports = Imports::call();
     let sides = (anchors.into(), candidates.into());
-    mnrl_job(ctx, sides, cfg, &mut imports, |job| {
-        run(ctx, job, 1.0 / cfg.scale, false)
+    mnrl_job(ctx, sides, cfg, &mut imports, |job, trunc| {
+        run(ctx, job, 1.0 / cfg.scale, false, trunc)
     })
 }
 
@@ -291,8 +316,8 @@ pub fn multiple_negatives_ranking_loss_plan<'a>(
 ) -> Result<Plan> {
     let mut imports = Imports::plan();
     let sides = (anchors.into(), candidates.into());
-    let plan = mnrl_job(ctx, sides, cfg, &mut imports, |job| {
-        plan(ctx, job, 1.0 / cfg.scale, false)
+    let plan = mnrl_job(ctx, sides, cfg, &mut imports, |job, trunc| {
+        plan(ctx, job, 1.0 / cfg.scale, false, trunc)
     })?;
     Ok(plan.with_imports(imports.footprint()))
 }
@@ -303,7 +328,7 @@ fn mnrl_job<T>(
     (anchors, candidates): (Embeddings<'_>, Embeddings<'_>),
     cfg: &MnrlConfig,
     imports: &mut Imports,
-    f: impl FnOnce(&Job<'_>) -> Result<T>,
+    f: impl FnOnce(&Job<'_>, Option<&Truncations>) -> Result<T>,
 ) -> Result<T> {
     check_temperature(MNRL, "scale", cfg.scale)?;
     let (b, c) = (anchors.dim().0, candidates.dim().0);
@@ -336,19 +361,33 @@ fn mnrl_job<T>(
         |_| Ok(true),
         imports,
     )?;
-    f(&Job {
-        op: MNRL,
-        label: SCRATCH,
-        set: &set,
-        refs_are_queries: false,
-        distance: DistanceConfig {
-            distance: Distance::Cosine,
-            normalize: true,
+    let trunc = truncations(MNRL, &set, cfg.matryoshka.as_ref())?;
+    f(
+        &Job {
+            op: MNRL,
+            label: SCRATCH,
+            set: &set,
+            refs_are_queries: false,
+            distance: DistanceConfig {
+                distance: Distance::Cosine,
+                normalize: true,
+            },
+            ref_grad: true,
+            ref_pairs: false,
+            hooks: &cfg.hooks,
         },
-        ref_grad: true,
-        ref_pairs: false,
-        hooks: &cfg.hooks,
-    })
+        trunc.as_ref(),
+    )
+}
+
+/// The checked Matryoshka widths of a prepared call, if any.
+fn truncations(
+    op: &'static str,
+    set: &Labelled<'_>,
+    matryoshka: Option<&Matryoshka>,
+) -> Result<Option<Truncations>> {
+    let d = set.queries.as_ref().map_or(0, |q| q.dim().1);
+    matryoshka.map(|m| Truncations::new(op, m, d)).transpose()
 }
 
 pub(super) fn check_temperature(op: &'static str, what: &'static str, value: f32) -> Result<()> {
@@ -381,16 +420,6 @@ pub(super) fn pair_counts(set: &Labelled<'_>) -> (u64, u64) {
     (positives, negatives)
 }
 
-/// `1 / (1 + e^{−t})` without overflow.
-pub(super) fn sigmoid(t: f64) -> f64 {
-    if t >= 0.0 {
-        1.0 / (1.0 + (-t).exp())
-    } else {
-        let e = t.exp();
-        e / (1.0 + e)
-    }
-}
-
 /// The pair counts of `set`, and whether the call has a loss to compute: `pml_empty` applies
 /// PML's rules for calls it returns no loss for (NTXent), which sentence-transformers'
 /// cross-entropy does not have (MNRL).
@@ -411,10 +440,19 @@ fn logit_slope(job: &Job<'_>, temperature: f32) -> f64 {
 }
 
 /// The plan of [`run`] (see [`pairs_and_loss`] for `pml_empty`).
-fn plan(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Result<Plan> {
+fn plan(
+    ctx: &Context,
+    job: &Job<'_>,
+    temperature: f32,
+    pml_empty: bool,
+    trunc: Option<&Truncations>,
+) -> Result<Plan> {
     if !pairs_and_loss(job.set, pml_empty).1 {
         // Zeros, returned before either path.
         return Ok(Plan::nothing(ctx.path(), job.set.ref_labels.len()));
+    }
+    if let Some(trunc) = trunc {
+        return matryoshka::plan(ctx, job, trunc);
     }
     let rule = gpu::Rule::InfoNce {
         dz: logit_slope(job, temperature) as f32,
@@ -423,7 +461,13 @@ fn plan(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Resu
 }
 
 /// Runs the loss (see [`pairs_and_loss`] for `pml_empty`).
-fn run(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Result<InfoNceLoss> {
+fn run(
+    ctx: &Context,
+    job: &Job<'_>,
+    temperature: f32,
+    pml_empty: bool,
+    trunc: Option<&Truncations>,
+) -> Result<InfoNceLoss> {
     let ((positive_pairs, negative_pairs), has_loss) = pairs_and_loss(job.set, pml_empty);
     let (b, d) = job.set.queries.as_ref().map_or((0, 0), |q| q.dim());
     let m = job.set.ref_labels.len();
@@ -431,6 +475,7 @@ fn run(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Resul
         job.hooks.check(job.op)?;
         return Ok(InfoNceLoss {
             loss: 0.0,
+            matryoshka_losses: trunc.map_or_else(Vec::new, Truncations::zeros),
             positive_pairs,
             negative_pairs,
             query_grad: Array2::zeros((b, d)),
@@ -440,6 +485,22 @@ fn run(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Resul
         });
     }
     let dz = logit_slope(job, temperature);
+    if let Some(trunc) = trunc {
+        let (pass, mut transfers) =
+            transfer::measure(|| matryoshka::run(ctx, job, trunc, dz, positive_pairs));
+        transfers.add(job.set.imported);
+        let pass = pass?;
+        return Ok(InfoNceLoss {
+            loss: pass.loss as f32,
+            matryoshka_losses: pass.losses,
+            positive_pairs,
+            negative_pairs,
+            query_grad: pass.query_grad,
+            ref_grad: pass.ref_grad,
+            path: ComputePath::NativeCpu,
+            transfers,
+        });
+    }
     let set = job.set;
     let anchor = |a: usize, row: ArrayView1<'_, f32>, s: &mut Scratch, _: &Shared<'_>| {
         set.lists_of(a, &mut s.positives, &mut s.negatives);
@@ -503,6 +564,7 @@ fn run(ctx: &Context, job: &Job<'_>, temperature: f32, pml_empty: bool) -> Resul
     let (out, path) = out?;
     Ok(InfoNceLoss {
         loss: out.totals.mean(),
+        matryoshka_losses: Vec::new(),
         positive_pairs,
         negative_pairs,
         query_grad: out.query_grad,

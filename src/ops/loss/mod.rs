@@ -11,6 +11,8 @@ mod backward;
 mod driver;
 mod gpu;
 mod info_nce;
+mod matryoshka;
+mod matryoshka_row;
 mod pair;
 mod pair_global;
 mod pair_params;
@@ -22,6 +24,7 @@ pub use info_nce::{
     multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan, ntxent_loss,
     ntxent_loss_plan, InfoNceConfig, InfoNceLoss, MnrlConfig,
 };
+pub use matryoshka::Matryoshka;
 pub use pair::{pair_loss, pair_loss_plan, PairLoss, PairLossConfig};
 pub use pair_params::{
     Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, IntraPairVariance, LiftedStructure,
@@ -42,5 +45,15 @@ fn hat(x: ArrayView2<'_, f32>, cfg: &DistanceConfig) -> Array2<f32> {
     match cfg.normalizes() {
         true => normalized(x),
         false => x.to_owned(),
+    }
+}
+
+/// `1 / (1 + e^{−t})` without overflow.
+fn sigmoid(t: f64) -> f64 {
+    if t >= 0.0 {
+        1.0 / (1.0 + (-t).exp())
+    } else {
+        let e = t.exp();
+        e / (1.0 + e)
     }
 }

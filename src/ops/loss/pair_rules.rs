@@ -50,11 +50,11 @@
 use ndarray::ArrayView1;
 
 use super::driver::{Scratch, Totals};
-use super::info_nce::sigmoid;
 use super::pair_params::{
     Circle, Contrastive, FastAp, GeneralizedLifted, Kind, Margin, MultiSimilarity, Nca, Pnp,
     PnpVariant, RankedList, SupCon, TupletMargin,
 };
+use super::sigmoid;
 
 /// `margin(x, y)` as PML's distance takes it: `x − y` for distances, `y − x` for similarities.
 pub(super) fn margin(similarity: bool, x: f64, y: f64) -> f64 {
