@@ -9,10 +9,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use wgpu_metric_learning as wml;
 use wml::{
-    Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, IntraPairVariance,
-    LiftedStructure, Margin, MnrlConfig, MultiSimilarity, NPairs, Nca, PairLossConfig,
-    PairLossRule, Pnp, PnpVariant, RankedList, SupCon, ThresholdConsistentMargin,
-    TripletLossConfig, TupletMargin,
+    Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, InfoNceLoss,
+    IntraPairVariance, LiftedStructure, Margin, Matryoshka, MnrlConfig, MultiSimilarity, NPairs,
+    Nca, PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SupCon,
+    ThresholdConsistentMargin, TripletLossConfig, TupletMargin,
 };
 
 use crate::call::{distance_config, labelled, run, self_exclusion};
@@ -93,10 +93,42 @@ pub(crate) fn triplet_margin_loss<'py>(
     )
 }
 
+/// Matryoshka widths from the keyword arguments (weights default to 1 each).
+fn matryoshka(dims: Option<Vec<usize>>, weights: Option<Vec<f32>>) -> PyResult<Option<Matryoshka>> {
+    match (dims, weights) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(pyo3::exceptions::PyValueError::new_err(
+            "matryoshka_weights without matryoshka_dims",
+        )),
+        (Some(dims), weights) => {
+            let weights = weights.unwrap_or_else(|| vec![1.0; dims.len()]);
+            Ok(Some(Matryoshka { dims, weights }))
+        }
+    }
+}
+
+/// An InfoNCE loss's tuple, each Matryoshka width's loss appended when there were widths.
+fn info_nce_tuple<'py>(
+    py: Python<'py>,
+    out: InfoNceLoss,
+    widths: bool,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let counts = (out.positive_pairs, out.negative_pairs);
+    let losses = out.matryoshka_losses;
+    let tuple = loss_tuple(py, out.loss, counts, out.query_grad, out.ref_grad)?;
+    if !widths {
+        return Ok(tuple);
+    }
+    let mut items: Vec<Bound<'py, PyAny>> = tuple.iter().collect();
+    items.push(losses.into_pyobject(py)?.into_any());
+    PyTuple::new(py, items)
+}
+
 /// PML's `NTXentLoss` and its gradient: `(loss, positive_pairs, negative_pairs, grad (b, d),
-/// ref_grad (m, d) or None)`.
+/// ref_grad (m, d) or None)`, then each Matryoshka width's loss when `matryoshka_dims` is
+/// given (`loss` is then their weighted sum).
 #[pyfunction]
-#[pyo3(signature = (ctx, embeddings, labels, refs = None, *, temperature = 0.07, distance = "cosine", normalize = true, self_exclusion = None, ref_grad = false))]
+#[pyo3(signature = (ctx, embeddings, labels, refs = None, *, temperature = 0.07, distance = "cosine", normalize = true, self_exclusion = None, ref_grad = false, matryoshka_dims = None, matryoshka_weights = None))]
 #[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
 pub(crate) fn ntxent_loss<'py>(
     py: Python<'py>,
@@ -109,12 +141,16 @@ pub(crate) fn ntxent_loss<'py>(
     normalize: bool,
     self_exclusion: Option<&Bound<'py, PyAny>>,
     ref_grad: bool,
+    matryoshka_dims: Option<Vec<usize>>,
+    matryoshka_weights: Option<Vec<f32>>,
 ) -> PyResult<Bound<'py, PyTuple>> {
+    let widths = matryoshka_dims.is_some();
     let cfg = InfoNceConfig {
         temperature,
         distance: distance_config(distance, normalize)?,
         self_exclusion: self::self_exclusion(self_exclusion)?,
         ref_grad,
+        matryoshka: matryoshka(matryoshka_dims, matryoshka_weights)?,
         ..Default::default()
     };
     let out = labelled(
@@ -125,28 +161,37 @@ pub(crate) fn ntxent_loss<'py>(
         refs,
         move |c, q, r, hooks| wml::ntxent_loss(c, q, r, &InfoNceConfig { hooks, ..cfg }),
     )?;
-    let counts = (out.positive_pairs, out.negative_pairs);
-    loss_tuple(py, out.loss, counts, out.query_grad, out.ref_grad)
+    info_nce_tuple(py, out, widths)
 }
 
 /// sentence-transformers' `MultipleNegativesRankingLoss` and its gradients: `(loss,
-/// positive_pairs, negative_pairs, anchor_grad (b, d), candidate_grad (c, d))`.
+/// positive_pairs, negative_pairs, anchor_grad (b, d), candidate_grad (c, d))`, then each
+/// Matryoshka width's loss when `matryoshka_dims` is given (`loss` is then their weighted
+/// sum, as `MatryoshkaLoss` takes it).
 #[pyfunction]
-#[pyo3(signature = (ctx, anchors, candidates, *, scale = 20.0))]
+#[pyo3(signature = (ctx, anchors, candidates, *, scale = 20.0, matryoshka_dims = None, matryoshka_weights = None))]
 pub(crate) fn multiple_negatives_ranking_loss<'py>(
     py: Python<'py>,
     ctx: &PyContext,
     anchors: PyReadonlyArray2<'py, f32>,
     candidates: PyReadonlyArray2<'py, f32>,
     scale: f32,
+    matryoshka_dims: Option<Vec<usize>>,
+    matryoshka_weights: Option<Vec<f32>>,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let (a, c) = (anchors.as_array(), candidates.as_array());
     let inner = &ctx.inner;
+    let widths = matryoshka_dims.is_some();
+    let matryoshka = matryoshka(matryoshka_dims, matryoshka_weights)?;
     let out = run(py, move |hooks| {
-        wml::multiple_negatives_ranking_loss(inner, a, c, &MnrlConfig { scale, hooks })
+        let cfg = MnrlConfig {
+            scale,
+            matryoshka,
+            hooks,
+        };
+        wml::multiple_negatives_ranking_loss(inner, a, c, &cfg)
     })?;
-    let counts = (out.positive_pairs, out.negative_pairs);
-    loss_tuple(py, out.loss, counts, out.query_grad, out.ref_grad)
+    info_nce_tuple(py, out, widths)
 }
 
 /// The sides and options every pair loss takes.

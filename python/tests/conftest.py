@@ -2,7 +2,16 @@ import os
 
 import pytest
 
-import wgpu_metric_learning as wml
+# Before any adapter is enumerated: Mesa's GL driver (llvmpipe, as in CI) loads its libLLVM
+# into the global symbol scope, and triton's libtriton.so (loaded by torch._dynamo, which
+# transformers imports) then runs its LLVM's static initialisers against Mesa's and crashes.
+# Loaded first, triton keeps its own. (Users: the same order, or WGPU_BACKEND=vulkan.)
+try:
+    import torch._dynamo  # noqa: F401
+except ImportError:
+    pass
+
+import wgpu_metric_learning as wml  # noqa: E402
 
 
 def _backends():

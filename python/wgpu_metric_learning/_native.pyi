@@ -2,7 +2,7 @@
 package (``float32`` 2-D arrays, ``int64`` labels); call them through ``wgpu_metric_learning``."""
 
 from os import PathLike
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union, final
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -318,6 +318,7 @@ def triplet_margin_loss(
     self_exclusion: _SelfExclusion = None,
     ref_grad: bool = False,
 ) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
+@overload
 def ntxent_loss(
     ctx: Context,
     embeddings: _F32,
@@ -329,10 +330,44 @@ def ntxent_loss(
     normalize: bool = True,
     self_exclusion: _SelfExclusion = None,
     ref_grad: bool = False,
+    matryoshka_dims: None = None,
+    matryoshka_weights: None = None,
 ) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
+@overload
+def ntxent_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
+    *,
+    temperature: float = 0.07,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: _SelfExclusion = None,
+    ref_grad: bool = False,
+    matryoshka_dims: Sequence[int],
+    matryoshka_weights: Optional[Sequence[float]] = None,
+) -> Tuple[float, int, int, _F32, Optional[_F32], List[float]]: ...
+@overload
 def multiple_negatives_ranking_loss(
-    ctx: Context, anchors: _F32, candidates: _F32, *, scale: float = 20.0
+    ctx: Context,
+    anchors: _F32,
+    candidates: _F32,
+    *,
+    scale: float = 20.0,
+    matryoshka_dims: None = None,
+    matryoshka_weights: None = None,
 ) -> Tuple[float, int, int, _F32, _F32]: ...
+@overload
+def multiple_negatives_ranking_loss(
+    ctx: Context,
+    anchors: _F32,
+    candidates: _F32,
+    *,
+    scale: float = 20.0,
+    matryoshka_dims: Sequence[int],
+    matryoshka_weights: Optional[Sequence[float]] = None,
+) -> Tuple[float, int, int, _F32, _F32, List[float]]: ...
 def contrastive_loss(
     ctx: Context,
     embeddings: _F32,

@@ -79,10 +79,9 @@ from . import (
     Context,
     MemoryBank,
     _native,
-    default_context,
 )
 from . import _labels as _np_labels
-from . import _matrix as _np_matrix
+from ._torch import _OnContext, _emb, _loss_tensor, _shared_context
 
 __all__ = [
     "KMeans",
@@ -117,23 +116,6 @@ __all__ = [
     "TripletMarginMiner",
     "TupletMarginLoss",
 ]
-
-_contexts: Dict[Tuple[str, Optional[int]], Context] = {}
-_contexts_lock = threading.Lock()
-
-
-def _shared_context(context: Optional[Context], backend: str, budget: Optional[int]) -> Context:
-    """The given context, or one shared per (backend, budget) so drop-ins share a device."""
-    if context is not None:
-        return context
-    if backend == "auto" and budget is None:
-        return default_context()
-    with _contexts_lock:
-        key = (backend, budget)
-        if key not in _contexts:
-            _contexts[key] = Context(backend=backend, budget=budget)
-        return _contexts[key]
-
 
 def library_distance(distance: Any) -> Optional[Tuple[str, bool]]:
     """``(distance name, normalize)`` for a PML distance object the library computes, else
@@ -194,10 +176,6 @@ def distance_args(distance: Any) -> Tuple[str, bool]:
     return name, bool(distance.normalize_embeddings)
 
 
-def _emb(x: torch.Tensor, what: str) -> np.ndarray:
-    return _np_matrix(x.detach().to("cpu", torch.float32), what)
-
-
 def _lab(y: torch.Tensor, what: str) -> np.ndarray:
     return _np_labels(y.detach().cpu(), what)
 
@@ -217,20 +195,6 @@ def _pair_tuple(pos: np.ndarray, neg: np.ndarray, device: torch.device):
         _column(neg, 0, device),
         _column(neg, 1, device),
     )
-
-
-class _OnContext:
-    """A drop-in's context: the one given, or one shared per (backend, budget), made on first
-    use."""
-
-    def _set_context(self, context: Optional[Context], backend: str, budget: Optional[int]) -> None:
-        self._context = context
-        self._backend, self._budget = backend, budget
-
-    @property
-    def context(self) -> Context:
-        self._context = _shared_context(self._context, self._backend, self._budget)
-        return self._context
 
 
 class KNN(_OnContext):
@@ -955,35 +919,6 @@ class CrossBatchMemory(ModuleWithRecords):
 def _library_miner(miner: Any) -> bool:
     """Whether ``miner`` is one of this module's and mines in the library as set."""
     return isinstance(miner, _LibraryMiner) and miner._library_runs()
-
-
-class _Gradients(torch.autograd.Function):
-    """A loss value whose gradients the library already computed: ``backward`` scales them by
-    the incoming gradient. The inputs are the tensors the gradients belong to."""
-
-    @staticmethod
-    def forward(ctx, value, grads, *inputs):  # noqa: D401 - torch's signature
-        ctx.grads = grads
-        like = inputs[0]
-        return torch.tensor(value, dtype=like.dtype, device=like.device)
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        out = [None, None]
-        for g in ctx.grads:
-            out.append(None if g is None else g * grad_output)
-        return tuple(out)
-
-
-def _loss_tensor(value: float, pairs) -> torch.Tensor:
-    """``value`` as a 0-d tensor whose backward hands each ``(tensor, numpy gradient)`` of
-    ``pairs`` its gradient (in the tensor's dtype, on its device)."""
-    inputs = [t for t, _ in pairs]
-    grads = [
-        None if g is None else torch.from_numpy(g).to(device=t.device, dtype=t.dtype)
-        for t, g in pairs
-    ]
-    return _Gradients.apply(value, grads, *inputs)
 
 
 def _loss_inputs(embeddings, labels, ref_emb, ref_labels):
