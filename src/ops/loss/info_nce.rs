@@ -8,7 +8,10 @@
 //! one pass over the anchor's row. On a wgpu context the same passes run on the device in f32
 //! (`info_nce_weights`, the positives' terms taken in logs so that probabilities below f32's
 //! normal range keep PML's `−log(x + ε)`), with the triplet loss's device blocks
-//! ([`super::gpu`]); natively they run in f64.
+//! ([`super::gpu`]). Natively, cosine similarity runs through the Matryoshka pass at the
+//! whole width ([`super::matryoshka`]: vectorised f32 with f64 sums, 1.2× faster than this
+//! module's rule and in smaller blocks), the other distances through this module's rule
+//! over the driver's blocks, in f64.
 //!
 //! NTXent's positive pairs are `(a, p)` with the same label, `p` not `a` itself; an anchor
 //! without negatives adds 0 per positive pair. As in PML the loss is 0, with no gradient,
@@ -113,8 +116,8 @@ pub struct InfoNceLoss {
     /// Where it ran: [`ComputePath::Wgpu`] on a wgpu context (similarities, weights in f32 and
     /// both gradient products on the device), the native path otherwise, or where the
     /// references take more than one storage binding or the device buffers do not fit the
-    /// budget (in f64, device rows read back); calls without a loss (no positive or negative
-    /// pair) return zeros before either, with the context's path.
+    /// budget (device rows read back; module docs of `info_nce`); calls without a loss (no
+    /// positive or negative pair) return zeros before either, with the context's path.
     pub path: ComputePath,
     /// Host–device traffic of the call.
     pub transfers: Transfers,
@@ -457,7 +460,24 @@ fn plan(
     let rule = gpu::Rule::InfoNce {
         dz: logit_slope(job, temperature) as f32,
     };
-    super::plan::plan(ctx, job, Some(&rule))
+    match whole_width(job) {
+        Some(whole) => {
+            let native = matryoshka::plan(ctx, job, &whole);
+            super::plan::plan_beside(ctx, job, Some(&rule), native)
+        }
+        None => super::plan::plan(ctx, job, Some(&rule)),
+    }
+}
+
+/// For cosine similarity, the one width of the whole embedding: the native path then runs
+/// the Matryoshka pass's kernel (vectorised, in f32 with f64 sums, in blocks of at most
+/// 64 MiB), faster than the driver's f64 rule; `None` for the other distances.
+fn whole_width(job: &Job<'_>) -> Option<Truncations> {
+    let d = job.set.queries.as_ref().map_or(0, |q| q.dim().1);
+    let cosine = job.distance.distance == Distance::Cosine;
+    (cosine && d > 0)
+        .then(|| Truncations::new(job.op, &Matryoshka::new([d]), d).ok())
+        .flatten()
 }
 
 /// Runs the loss (see [`pairs_and_loss`] for `pml_empty`).
@@ -556,19 +576,29 @@ fn run(
             None => Ok(None),
         }
     };
+    // Natively, cosine through the Matryoshka pass at the whole width, else the driver.
+    let native = || match whole_width(job) {
+        Some(whole) => matryoshka::run(ctx, job, &whole, dz, positive_pairs)
+            .map(|p| (p.loss as f32, p.query_grad, p.ref_grad)),
+        None => driver::run(ctx, job, &anchor)
+            .map(|out| (out.totals.mean(), out.query_grad, out.ref_grad)),
+    };
     let (out, mut transfers) = transfer::measure(|| match on_device()? {
-        Some(out) => Ok((out, ComputePath::Wgpu)),
-        None => driver::run(ctx, job, &anchor).map(|out| (out, ComputePath::NativeCpu)),
+        Some(out) => Ok((
+            (out.totals.mean(), out.query_grad, out.ref_grad),
+            ComputePath::Wgpu,
+        )),
+        None => native().map(|out| (out, ComputePath::NativeCpu)),
     });
     transfers.add(job.set.imported);
-    let (out, path) = out?;
+    let ((loss, query_grad, ref_grad), path) = out?;
     Ok(InfoNceLoss {
-        loss: out.totals.mean(),
+        loss,
         matryoshka_losses: Vec::new(),
         positive_pairs,
         negative_pairs,
-        query_grad: out.query_grad,
-        ref_grad: out.ref_grad,
+        query_grad,
+        ref_grad,
         path,
         transfers,
     })

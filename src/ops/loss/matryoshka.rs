@@ -20,10 +20,11 @@
 //! at [`BLOCK_BYTES`]; everything else is `O((b + m) (d + T))`.
 //!
 //! Rounding: the radial terms `α q` and `β r` are subtracted after the products, so the
-//! gradient's error is f32 rounding of terms of size `|W| / |q|_t`, not of the result. Where a
-//! prefix's norm is far below its entries' scale (a truncation nearly orthogonal to the
-//! embedding), digits are lost as in any f32 implementation; a zero prefix is clamped as torch
-//! clamps it (its gradient `g / 1e-12` is then rounding noise times 10¹², in torch too).
+//! gradient's error is f32 rounding of terms of size `|W| / |q|_t`, as after torch's
+//! normalisation backward, whose projection cancels the same terms. One exception is made
+//! exact: a one-wide prefix normalises to ±1, so its pairs move nothing (unless clamped), and
+//! they are given no weight rather than two cancelling terms. A zero prefix is clamped as
+//! torch clamps it (its gradient `g / 1e-12` is then rounding noise times 10¹², in torch too).
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{s, Array2, Array3, ArrayView2, ArrayViewMut2, ArrayViewMut3, Axis};
@@ -246,6 +247,7 @@ pub(super) fn run(
     let shared = Shared {
         rows: RowInputs {
             set: job.set,
+            ends: &trunc.ends,
             inv_q: inv_q.view(),
             ir_abs: ir_abs.view(),
             ir_sq: ir_sq.view(),

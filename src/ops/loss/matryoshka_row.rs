@@ -16,6 +16,8 @@ const TINY: f64 = f32::MIN_POSITIVE as f64;
 /// What every thread's rows read.
 pub(super) struct RowInputs<'a, 's> {
     pub(super) set: &'a Labelled<'s>,
+    /// The distinct widths, ascending.
+    pub(super) ends: &'a [usize],
     /// `(T, b)`: `1 / |q_i|_t`, negative where clamped (then `1 / 1e-12`).
     pub(super) inv_q: ArrayView2<'a, f64>,
     /// `(T, m)`: `1 / |r_j|_t`, and its square where not clamped (else 0).
@@ -70,6 +72,10 @@ pub(super) fn anchor_row(
     let ia = inv_a.abs();
     let scale = sh.scale[t];
     let row = Row {
+        // A one-wide prefix of an unclamped anchor is ±1 once normalised: its pairs with
+        // unclamped references move nothing, exactly (the products would leave f32 rounding
+        // of terms of size `|W| / |q|`, module docs of `matryoshka`).
+        line: sh.ends[t] == 1 && inv_a > 0.0,
         prefix: prefix.as_slice().unwrap_or_default(),
         labels: &set.ref_labels,
         ir_abs: sh.ir_abs.row(t).to_slice().unwrap_or_default(),
@@ -115,6 +121,8 @@ struct Row<'a> {
     ia: f64,
     /// `ω_t / count`.
     scale: f64,
+    /// The width is 1 and the anchor's prefix not clamped.
+    line: bool,
 }
 
 /// [`row_kernel`] compiled for the widest vectors this CPU has (the same arithmetic, and so
@@ -233,7 +241,9 @@ fn row_kernel(
     // into `out`, and `ω W s` (`s = z / dz`) into `β` and, in place of `z`, `α`'s terms.
     let k = (dz * on_negatives / sum) as f32;
     let (v_scale, s_scale) = ((row.scale * row.ia) as f32, (row.scale / dz) as f32);
+    let line = row.line;
     let weigh = |w: f32, z: &mut f32, ir: f32, ir2: f64, b: &mut f64| {
+        let w = if line && ir2 > 0.0 { 0.0 } else { w };
         *z *= w * s_scale;
         *b += f64::from(*z) * ir2;
         v_scale * w * ir

@@ -15,7 +15,20 @@ use crate::error::Result;
 /// [`crate::Error::OverBudget`] when neither path fits the budget.
 pub(super) fn plan(ctx: &Context, job: &Job<'_>, rule: Option<&Rule>) -> Result<Plan> {
     let (b, m) = (job.set.labels.len(), job.set.ref_labels.len());
-    let native = Sizing::new(ctx, job).map(|s| s.plan(b, m));
+    plan_beside(ctx, job, rule, Sizing::new(ctx, job).map(|s| s.plan(b, m)))
+}
+
+/// [`plan`] with the native path's own plan `native` (a loss whose native path is not the
+/// driver's).
+///
+/// # Errors
+/// As [`plan`].
+pub(super) fn plan_beside(
+    ctx: &Context,
+    job: &Job<'_>,
+    rule: Option<&Rule>,
+    native: Result<Plan>,
+) -> Result<Plan> {
     if let (Some(gpu), Some(rule)) = (ctx.gpu(), rule) {
         if let Some(mut plan) = gpu::plan(ctx, gpu, job, rule)? {
             if let Ok(native) = &native {
