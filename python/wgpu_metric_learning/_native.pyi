@@ -349,6 +349,24 @@ def ntxent_loss(
     matryoshka_weights: Optional[Sequence[float]] = None,
 ) -> Tuple[float, int, int, _F32, Optional[_F32], List[float]]: ...
 @overload
+def ntxent_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
+    *,
+    temperature: float = 0.07,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: _SelfExclusion = None,
+    ref_grad: bool = False,
+    matryoshka_dims: Optional[Sequence[int]] = None,
+    matryoshka_weights: Optional[Sequence[float]] = None,
+) -> Union[
+    Tuple[float, int, int, _F32, Optional[_F32]],
+    Tuple[float, int, int, _F32, Optional[_F32], List[float]],
+]: ...
+@overload
 def multiple_negatives_ranking_loss(
     ctx: Context,
     anchors: _F32,
@@ -368,6 +386,18 @@ def multiple_negatives_ranking_loss(
     matryoshka_dims: Sequence[int],
     matryoshka_weights: Optional[Sequence[float]] = None,
 ) -> Tuple[float, int, int, _F32, _F32, List[float]]: ...
+@overload
+def multiple_negatives_ranking_loss(
+    ctx: Context,
+    anchors: _F32,
+    candidates: _F32,
+    *,
+    scale: float = 20.0,
+    matryoshka_dims: Optional[Sequence[int]] = None,
+    matryoshka_weights: Optional[Sequence[float]] = None,
+) -> Union[
+    Tuple[float, int, int, _F32, _F32], Tuple[float, int, int, _F32, _F32, List[float]]
+]: ...
 def contrastive_loss(
     ctx: Context,
     embeddings: _F32,

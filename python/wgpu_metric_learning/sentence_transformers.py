@@ -17,8 +17,9 @@ What the library runs: cosine similarity (``cos_sim``), ``directions=("query_to_
 ``partition_mode="per_direction"``, without hardness weighting and without
 ``gather_across_devices``. Any other option runs sentence-transformers' own code (and,
 under :class:`MatryoshkaLoss`, its pass per width). Tensors come back on the caller's device
-and dtype; CUDA tensors go through host memory. Every drop-in also takes ``backend``,
-``budget`` (bytes) or a ready ``context``, as the PML drop-ins do.
+and dtype; CUDA tensors go through host memory. The loss drop-ins also take ``backend``,
+``budget`` (bytes) or a ready ``context``, as the PML drop-ins do; :class:`MatryoshkaLoss`
+runs on the context of the loss it wraps.
 
 Example::
 

@@ -388,3 +388,86 @@ fn sharp_temperatures_shift_by_the_largest_logit() {
         );
     }
 }
+
+#[test]
+fn masked_columns_far_above_the_shift_stay_finite() {
+    let ctx = Context::native_cpu(None);
+    // MNRL at scale 100: the positive's logit 95 sits 88.7 above the hardest negative's, where
+    // e^x leaves f32's range.
+    let anchors = array![[1.0f32, 0.0]];
+    let candidates = array![[0.95f32, 0.312_25], [0.063, 0.998], [-0.2, 0.98]];
+    for matryoshka in [None, Some(Matryoshka::new([2, 1]))] {
+        let cfg = MnrlConfig {
+            scale: 100.0,
+            matryoshka: matryoshka.clone(),
+            ..Default::default()
+        };
+        let got = multiple_negatives_ranking_loss(&ctx, &anchors, &candidates, &cfg).expect("loss");
+        let lists = vec![(vec![0u32], vec![1u32, 2])];
+        let m = matryoshka.unwrap_or_else(|| Matryoshka::new([2]));
+        let want = reference(
+            anchors.view(),
+            candidates.view(),
+            &lists,
+            0.01,
+            (&m.dims, &m.weights),
+            false,
+        );
+        assert!(
+            got.loss.is_finite() && got.query_grad.iter().all(|g| g.is_finite()),
+            "{got:?}"
+        );
+        assert!(
+            (f64::from(got.loss) - want.loss).abs() <= 2e-5 * want.loss.max(1.0),
+            "{} vs {}",
+            got.loss,
+            want.loss
+        );
+        assert_close(&got.query_grad, &want.query_grad, 2e-4, "anchors");
+    }
+    // NTXent at τ = 0.01 against references where anchor 0 has positives and no negative
+    // (its shift would be −∞) and anchor 1 negatives only: nothing moves, and the call stays
+    // finite.
+    let x = noise(2, 4, 3);
+    let refs = noise(3, 4, 4);
+    let (labels, ref_labels) = (array![0u32, 1], array![0u32, 0, 0]);
+    for matryoshka in [None, Some(Matryoshka::new([4, 2]))] {
+        let cfg = InfoNceConfig {
+            temperature: 0.01,
+            matryoshka: matryoshka.clone(),
+            ref_grad: true,
+            ..Default::default()
+        };
+        let got = ntxent_loss(
+            &ctx,
+            &MiningSet::new(&x, &labels),
+            Some(&MiningSet::new(&refs, &ref_labels)),
+            &cfg,
+        )
+        .expect("loss");
+        let lists = vec![(vec![0u32, 1, 2], vec![]), (vec![], vec![0, 1, 2])];
+        let m = matryoshka.unwrap_or_else(|| Matryoshka::new([4]));
+        let want = reference(
+            x.view(),
+            refs.view(),
+            &lists,
+            0.01,
+            (&m.dims, &m.weights),
+            true,
+        );
+        assert!(got.loss.is_finite(), "{got:?}");
+        assert!(
+            (f64::from(got.loss) - want.loss).abs() <= 2e-5 * want.loss.max(1.0),
+            "{} vs {}",
+            got.loss,
+            want.loss
+        );
+        assert_close(&got.query_grad, &want.query_grad, 2e-4, "queries");
+        assert_close(
+            got.ref_grad.as_ref().expect("asked"),
+            &want.ref_grad,
+            2e-4,
+            "references",
+        );
+    }
+}

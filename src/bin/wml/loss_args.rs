@@ -142,7 +142,13 @@ pub(crate) struct MatryoshkaArgs {
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     pub(crate) matryoshka_dims: Option<Vec<usize>>,
     /// One weight per width (comma-separated). Default 1 each.
-    #[arg(long, value_delimiter = ',', num_args = 1.., allow_negative_numbers = true)]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 1..,
+        allow_negative_numbers = true,
+        requires = "matryoshka_dims"
+    )]
     pub(crate) matryoshka_weights: Option<Vec<f32>>,
 }
 

@@ -165,10 +165,11 @@ fn sizing(ctx: &Context, job: &Job<'_>, t: usize) -> Result<Sizing> {
     let (b64, m64, d64, t64) = (b as u64, m as u64, d as u64, t as u64);
     let resident_q = matches!(queries, Rows::Resident(_));
     let resident_r = !job.refs_are_queries && !matches!(refs, Embeddings::Host(_));
-    // Read-back copies, both gradients, inverse norms (the references' in three forms), the
-    // references' `β`.
+    // Read-back copies, the queries' gradient, inverse norms (the references' in three forms),
+    // and where the references' side is wanted their gradient and `β`.
     let read_back = 4 * d64 * (u64::from(resident_q) * b64 + u64::from(resident_r) * m64);
-    let base = read_back + 4 * d64 * (b64 + m64) + 8 * t64 * (b64 + 3 * m64) + 8 * t64 * m64;
+    let ref_side = u64::from(ref_role(job)) * m64 * (4 * d64 + 8 * t64);
+    let base = read_back + 4 * d64 * b64 + 8 * t64 * (b64 + 3 * m64) + ref_side;
     // Per thread: the row's logits and exponentials, positives and their weights, its `β`.
     let scratch = m64 * (4 + 4 + 8 + 4 + 8 * t64) + 64;
     // Per block row: `T + 1` rows of similarities, its `α` and losses.
@@ -176,6 +177,12 @@ fn sizing(ctx: &Context, job: &Job<'_>, t: usize) -> Result<Sizing> {
     // Blocks past `BLOCK_BYTES` are no faster (the products are as efficient, the rows'
     // passes run out of cache) and would only raise the call's peak memory.
     Sizing::within(ctx, job.op, (base, scratch, per_row), b, BLOCK_BYTES)
+}
+
+/// Whether the references' side of the gradient is wanted: for the caller, or for the
+/// queries' own when they are the references.
+fn ref_role(job: &Job<'_>) -> bool {
+    job.refs_are_queries || job.ref_grad
 }
 
 /// The plan of [`run`].
@@ -259,8 +266,11 @@ pub(super) fn run(
         r,
     };
     let mut g_q = Array2::<f32>::zeros((b, d));
-    let mut g_r = Array2::<f32>::zeros((m, d));
-    let mut beta = Array2::<f64>::zeros((tn, m));
+    // The references' side only where a gradient goes to them (a memory bank's rows are
+    // detached): its products are a third of the work.
+    let ref_side = ref_role(job);
+    let mut g_r = Array2::<f32>::zeros((if ref_side { m } else { 0 }, d));
+    let mut beta = Array2::<f64>::zeros((tn, if ref_side { m } else { 0 }));
     let mut sums = vec![0.0f64; tn];
     let (threads, rows) = (sizing.threads, sizing.rows);
     let mut block = Array3::<f32>::zeros((tn + 1, rows, m));
@@ -292,7 +302,7 @@ pub(super) fn run(
         });
         report.check()?;
         // The references' side: `C_kᵀ q_{:,k}` per slice, threads over the references.
-        for t in 0..tn {
+        for t in (0..tn).filter(|_| ref_side) {
             let cols = trunc.slice(t);
             add_ref_side(
                 Distance::Cosine,
@@ -304,7 +314,9 @@ pub(super) fn run(
         }
     }
     for s in &scratches {
-        beta += &s.beta;
+        if ref_side {
+            beta += &s.beta;
+        }
         for (sum, x) in sums.iter_mut().zip(&s.losses) {
             *sum += x;
         }
@@ -327,7 +339,7 @@ pub(super) fn run(
         g_q += &g_r;
         None
     } else {
-        job.ref_grad.then_some(g_r)
+        ref_side.then_some(g_r)
     };
     let per_width: Vec<f64> = sums.iter().map(|s| s / count as f64).collect();
     let loss = trunc

@@ -239,7 +239,8 @@ fn row_kernel(
     }
     // A negative's `W = ∂L/∂s = dz · e^{z_n − L} Σ_P flat · rest`; then `V = ω W / (|q| |r|)`
     // into `out`, and `ω W s` (`s = z / dz`) into `β` and, in place of `z`, `α`'s terms.
-    let k = (dz * on_negatives / sum) as f32;
+    // In f64: `sum` can be as small as `e^{−2 dz}`, and `k` past f32's range.
+    let k = dz * on_negatives / sum;
     let (v_scale, s_scale) = ((row.scale * row.ia) as f32, (row.scale / dz) as f32);
     let line = row.line;
     let weigh = |w: f32, z: &mut f32, ir: f32, ir2: f64, b: &mut f64| {
@@ -251,7 +252,7 @@ fn row_kernel(
     let outs = out.iter_mut().zip(z.iter_mut()).zip(beta.iter_mut());
     let ins = e.iter().zip(row.ir_abs.iter().zip(row.ir_sq));
     for (((o, z), b), (&e, (&ir, &ir2))) in outs.zip(ins) {
-        *o = weigh(k * e, z, ir, ir2, b);
+        *o = weigh((k * f64::from(e)) as f32, z, ir, ir2, b);
     }
     for (&p, w) in positives.iter().zip(own) {
         let p = p as usize;
@@ -285,7 +286,7 @@ fn lanes(x: &[f32]) -> f64 {
 /// pass of its own).
 const SHIFT_BOUND: f64 = 40.0;
 
-/// `e^x` for `x ≤ 1` (`x` clamped at −87, near f32's least normal), in straight-line
+/// `e^x` for `x` clamped to `[−87, 1]` (−87: near f32's least normal), in straight-line
 /// arithmetic that the compiler vectorises: `2^n · p(r)` with `x = n ln 2 + r`,
 /// `|r| ≤ ln 2 / 2`, and `p` the Taylor polynomial to degree 7 (relative error below 3e-7).
 #[inline(always)]
@@ -293,7 +294,9 @@ fn exp_bounded(x: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer.
     const LN2_HI: f32 = 0.693_359_4; // ln 2's leading bits, so that `n · LN2_HI` is exact.
     const LN2_LO: f32 = -2.121_944_4e-4;
-    let x = x.max(-87.0);
+    // Above: a column the mask zeroes may be far above the shift (a positive past the
+    // largest negative, or every column when there is no negative and the shift is −∞).
+    let x = x.clamp(-87.0, 1.0);
     let shifted = x * std::f32::consts::LOG2_E + MAGIC;
     let n = shifted - MAGIC;
     let r = (x - n * LN2_HI) - n * LN2_LO;
@@ -331,5 +334,9 @@ mod tests {
         assert!(worst < 3e-7, "relative error {worst}");
         assert!(exp_bounded(-100.0) < 2e-38);
         assert_eq!(exp_bounded(0.0), 1.0);
+        // Past the clamp, e¹: never an infinity for the masks' zeros to turn into NaN.
+        for x in [88.7f32, 89.0, 200.0, f32::INFINITY] {
+            assert!((exp_bounded(x) - std::f32::consts::E).abs() < 1e-6, "{x}");
+        }
     }
 }
