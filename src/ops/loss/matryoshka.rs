@@ -17,7 +17,7 @@
 //! `β_t(j) = Σ_i W_t s_t / |r_j|_t²` summed over every block.
 //!
 //! Per block row this holds `T + 1` rows of similarities (`T` distinct widths), blocks capped
-//! at [`BLOCK_BYTES`]; everything else is `O((b + m) (d + T))`.
+//! at the driver's `BLOCK_BYTES`; everything else is `O((b + m) (d + T))`.
 //!
 //! Rounding: the radial terms `α q` and `β r` are subtracted after the products, so the
 //! gradient's error is f32 rounding of terms of size `|W| / |q|_t`, as after torch's
@@ -30,7 +30,7 @@ use ndarray::linalg::general_mat_mul;
 use ndarray::{s, Array2, Array3, ArrayView2, ArrayViewMut2, ArrayViewMut3, Axis};
 
 use super::backward::add_ref_side;
-use super::driver::{Job, Sizing};
+use super::driver::{Job, Sizing, BLOCK_BYTES};
 use super::matryoshka_row::{anchor_row, RowInputs, RowScratch};
 use crate::context::plan::Plan;
 use crate::context::Context;
@@ -39,10 +39,6 @@ use crate::error::{Error, Result};
 use crate::hooks::Reporter;
 use crate::metric::Distance;
 use crate::runtime::memory::HostReservation;
-
-/// The most a block's similarity rows take, unless that leaves a thread fewer than 16
-/// anchors ([`Sizing::within`]).
-const BLOCK_BYTES: u64 = 64 << 20;
 
 /// torch's `normalize` clamp.
 const EPS: f64 = 1e-12;
@@ -174,8 +170,6 @@ fn sizing(ctx: &Context, job: &Job<'_>, t: usize) -> Result<Sizing> {
     let scratch = m64 * (4 + 4 + 8 + 4 + 8 * t64) + 64;
     // Per block row: `T + 1` rows of similarities, its `α` and losses.
     let per_row = 4 * (t64 + 1) * m64 + 16 * t64;
-    // Blocks past `BLOCK_BYTES` are no faster (the products are as efficient, the rows'
-    // passes run out of cache) and would only raise the call's peak memory.
     Sizing::within(ctx, job.op, (base, scratch, per_row), b, BLOCK_BYTES)
 }
 
