@@ -14,7 +14,7 @@
 //! ascending, from +0: the same bits as every other variant and as `distance_tile.wgsl`
 //! (tested on every variant). The tuner (`kernels::tune`) picks a variant per device and shape.
 //!
-//! Modules are built trusted (no bounds checks, no loop bounding; see [`GemmTile::build`]).
+//! Modules are built trusted (no bounds checks, no loop bounding; see `GemmTile`'s `build`).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

@@ -25,7 +25,7 @@ pub(crate) struct Spec {
     #[cfg_attr(not(test), allow(dead_code, reason = "read by the reflection test"))]
     pub(crate) params: Layout,
     /// `(name, value)` of the kernel's own WGSL `const` codes that Rust sets in its `Params`
-    /// (checked by reflection; the common parts' codes are in [`common::codes`]).
+    /// (checked by reflection; the common parts' codes are in `common::codes`).
     #[cfg_attr(not(test), allow(dead_code, reason = "read by the reflection test"))]
     pub(crate) codes: &'static [(&'static str, u32)],
 }

@@ -34,21 +34,21 @@ use super::{
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum PairRule {
-    /// Every positive and negative pair ([`all_pairs`]); labels only.
+    /// Every positive and negative pair ([`all_pairs`](crate::all_pairs)); labels only.
     AllPairs,
-    /// [`pair_margin_pairs`].
+    /// [`pair_margin_pairs`](crate::pair_margin_pairs).
     PairMargin {
         /// Positives farther than this are kept (similarities: less similar).
         pos_margin: f32,
         /// Negatives closer than this are kept (similarities: more similar).
         neg_margin: f32,
     },
-    /// [`multi_similarity_pairs`].
+    /// [`multi_similarity_pairs`](crate::multi_similarity_pairs).
     MultiSimilarity {
         /// The slack ε.
         epsilon: f32,
     },
-    /// [`batch_easy_hard_pairs`].
+    /// [`batch_easy_hard_pairs`](crate::batch_easy_hard_pairs).
     EasyHard {
         /// How the positive is picked.
         pos: Strategy,

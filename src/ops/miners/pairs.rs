@@ -110,7 +110,7 @@ impl Default for PairMarginConfig {
 /// row-major.
 ///
 /// # Errors
-/// As [`crate::mine_triplets`]; [`Error::InvalidParameter`] for a non-finite margin.
+/// As [`crate::mine_triplets`]; [`crate::Error::InvalidParameter`] for a non-finite margin.
 ///
 /// # Example
 /// ```
@@ -201,7 +201,7 @@ fn sorted_by_value(row: &Row<'_>, indices: &[u32]) -> Vec<u32> {
 /// no negative) keeps nothing. The anchor's own slot is neither.
 ///
 /// # Errors
-/// As [`crate::mine_triplets`]; [`Error::InvalidParameter`] for a non-finite ε.
+/// As [`crate::mine_triplets`]; [`crate::Error::InvalidParameter`] for a non-finite ε.
 ///
 /// # Example
 /// ```

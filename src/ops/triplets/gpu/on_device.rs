@@ -189,7 +189,7 @@ impl Miner<'_, '_> {
 }
 
 /// Mines `problem` on `gpu` into `dst` `(t, 3)`, which its count sized: the rows are written
-/// on the device, chunk by chunk and window by window, in [`mine`]'s order; the call waits
+/// on the device, chunk by chunk and window by window, in `mine`'s order; the call waits
 /// once at its end (besides the waits for counts and list sizes) and reads no triplet back.
 /// Reports each anchor chunk's `rows × m` pairs and checks for cancellation before each.
 pub(in crate::ops::triplets) fn mine_on_device(
