@@ -100,10 +100,8 @@ fn matryoshka(dims: Option<Vec<usize>>, weights: Option<Vec<f32>>) -> PyResult<O
         (None, Some(_)) => Err(pyo3::exceptions::PyValueError::new_err(
             "matryoshka_weights without matryoshka_dims",
         )),
-        (Some(dims), weights) => {
-            let weights = weights.unwrap_or_else(|| vec![1.0; dims.len()]);
-            Ok(Some(Matryoshka { dims, weights }))
-        }
+        (Some(dims), Some(weights)) => Ok(Some(Matryoshka { dims, weights })),
+        (Some(dims), None) => Ok(Some(Matryoshka::new(dims))),
     }
 }
 

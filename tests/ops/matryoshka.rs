@@ -4,9 +4,11 @@
 
 use crate::common;
 use crate::common::assert_close;
-use crate::ops::ntxent_loss::{problem_of, Problem};
+// Its noise has prefixes of tiny norm too: one-wide ones are exact (module docs of
+// `ops::loss::matryoshka`).
+use crate::ops::ntxent_loss::{noise, problem_of, Problem};
 
-use ndarray::{array, Array1, Array2};
+use ndarray::{array, Array1};
 use proptest::prelude::*;
 use wgpu_metric_learning::reference::matryoshka::matryoshka as reference;
 use wgpu_metric_learning::{
@@ -43,18 +45,6 @@ fn problem() -> impl Strategy<Value = (Problem, Matryoshka)> {
         }
         let d = p.x.ncols();
         (Just(p), widths(d))
-    })
-}
-
-/// Deterministic noise `(n, d)` from `seed`, entries in `[−0.5, 0.5)` (prefixes of tiny norm
-/// included: one-wide ones are exact, module docs of `ops::loss::matryoshka`).
-fn noise(n: usize, d: usize, seed: u64) -> Array2<f32> {
-    let mut state = seed | 1;
-    Array2::from_shape_simple_fn((n, d), || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
     })
 }
 

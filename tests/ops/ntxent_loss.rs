@@ -143,8 +143,8 @@ proptest! {
     }
 }
 
-/// Deterministic noise `(n, d)` from `seed`.
-fn noise(n: usize, d: usize, seed: u64) -> Array2<f32> {
+/// Deterministic noise `(n, d)` from `seed`, entries in `[−0.5, 0.5)`.
+pub(crate) fn noise(n: usize, d: usize, seed: u64) -> Array2<f32> {
     let mut state = seed | 1;
     Array2::from_shape_simple_fn((n, d), || {
         state ^= state << 13;

@@ -357,16 +357,8 @@ proptest! {
     }
 }
 
-/// Deterministic noise `(n, d)` from `seed`.
-pub(crate) fn noise(n: usize, d: usize, seed: u64) -> Array2<f32> {
-    let mut state = seed | 1;
-    Array2::from_shape_simple_fn((n, d), || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-    })
-}
+/// Deterministic noise `(n, d)` from `seed` (the NTXent tests').
+pub(crate) use crate::ops::ntxent_loss::noise;
 
 /// The loss of `rule` from the embeddings in f64, distances computed here (cosine, or
 /// Euclidean on normalised rows for Contrastive): what finite differences differentiate.

@@ -379,9 +379,8 @@ fn print_info_nce(out: &InfoNceLoss) {
 /// library's typed error).
 fn matryoshka(a: &MatryoshkaArgs) -> Option<Matryoshka> {
     let dims = a.matryoshka_dims.clone()?;
-    let weights = a
-        .matryoshka_weights
-        .clone()
-        .unwrap_or_else(|| vec![1.0; dims.len()]);
-    Some(Matryoshka { dims, weights })
+    Some(match a.matryoshka_weights.clone() {
+        Some(weights) => Matryoshka { dims, weights },
+        None => Matryoshka::new(dims),
+    })
 }

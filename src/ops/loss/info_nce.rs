@@ -27,7 +27,7 @@ use ndarray::{Array1, Array2, ArrayView1};
 use super::driver::{self, Job, Scratch, Shared, Totals};
 use super::gpu;
 use super::matryoshka::{self, Matryoshka, Truncations};
-use super::sigmoid;
+use super::{sigmoid, TINY};
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::data::inputs::{self, Embeddings, Imports, Labelled, MiningSet, SelfExclusion, NO_SLOT};
@@ -42,8 +42,6 @@ const NTXENT: &str = "ntxent_loss";
 const MNRL: &str = "multiple_negatives_ranking_loss";
 /// The label of a call's working memory.
 const SCRATCH: &str = "info_nce working memory";
-/// PML's `small_val` inside the log: f32's smallest normal number.
-const TINY: f64 = f32::MIN_POSITIVE as f64;
 
 /// How [`ntxent_loss`] computes. Defaults: PML's `NTXentLoss()` (temperature 0.07, cosine
 /// similarity).

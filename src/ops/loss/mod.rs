@@ -57,3 +57,6 @@ fn sigmoid(t: f64) -> f64 {
         e / (1.0 + e)
     }
 }
+
+/// PML's `small_val` inside the InfoNCE losses' log: f32's smallest normal number.
+const TINY: f64 = f32::MIN_POSITIVE as f64;
