@@ -13,11 +13,12 @@ use wgpu_metric_learning::{
     mine_triplets, multiple_negatives_ranking_loss, ntxent_loss, pair_loss, pair_margin_pairs,
     triplet_margin_loss, uniform_histogram_pairs, AccuracyConfig, AccuracyK, AccuracyMetric,
     AngularConfig, BatchHardConfig, Circle, Context, Contrastive, Distance, DistanceConfig,
-    DistanceWeightedConfig, FastAp, GeneralizedLifted, HdcConfig, InfoNceConfig, IntraPairVariance,
-    KmeansConfig, KnnConfig, LiftedStructure, Margin, Matryoshka, MiningSet, MnrlConfig,
-    MultiSimilarity, NPairs, Nca, PairLoss, PairLossConfig, PairLossRule, PairMarginConfig, Pnp,
-    PnpVariant, RankedList, SelfExclusion, SupCon, ThresholdConsistentMargin, TripletConfig,
-    TripletLossConfig, TripletRule, TripletType, TupletMargin, UniformHistogramConfig,
+    DistanceWeightedConfig, FastAp, GeneralizedLifted, HdcConfig, InfoNceConfig, Instance,
+    IntraPairVariance, KmeansConfig, KnnConfig, LiftedStructure, Margin, Matryoshka, MiningSet,
+    MnrlConfig, MultiSimilarity, NPairs, Nca, PairLoss, PairLossConfig, PairLossRule,
+    PairMarginConfig, Pnp, PnpVariant, RankedList, SelfExclusion, SupCon,
+    ThresholdConsistentMargin, TripletConfig, TripletLossConfig, TripletRule, TripletType,
+    TupletMargin, UniformHistogramConfig,
 };
 
 /// A fresh directory for one test's files.
@@ -933,6 +934,14 @@ fn pair_losses_print_their_json_and_write_the_library_gradients() {
     let cfg = PairLossConfig::<NPairs>::default();
     batch_only(
         &["n-pairs"],
+        pair_loss(&ctx, &batch, None, &cfg).expect("loss"),
+    );
+    let cfg = PairLossConfig {
+        rule: Instance { gamma: 8.0 },
+        ..Default::default()
+    };
+    batch_only(
+        &["instance", "--gamma", "8"],
         pair_loss(&ctx, &batch, None, &cfg).expect("loss"),
     );
 }

@@ -38,6 +38,7 @@ LOSSES = [
     "FastAPLoss",
     "GeneralizedLiftedStructureLoss",
     "HistogramLoss",
+    "InstanceLoss",
     "IntraPairVarianceLoss",
     "LiftedStructureLoss",
     "MarginLoss",

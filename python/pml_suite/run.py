@@ -35,6 +35,7 @@ FILES = [
     "losses/test_fastap_loss.py",
     "losses/test_histogram_loss.py",
     "losses/test_npairs_loss.py",
+    "losses/test_instance_loss.py",
     "losses/test_pnp_loss.py",
     "losses/test_intra_pair_variance_loss.py",
     "losses/test_ranked_list_loss.py",

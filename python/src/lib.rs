@@ -28,7 +28,7 @@ use eval::{
 use losses::{
     circle_loss, contrastive_loss, fast_ap_loss, generalized_lifted_structure_loss, histogram_loss,
     intra_pair_variance_loss, lifted_structure_loss, margin_loss, multi_similarity_loss,
-    multiple_negatives_ranking_loss, n_pairs_loss, nca_loss, ntxent_loss, pnp_loss,
+    instance_loss, multiple_negatives_ranking_loss, n_pairs_loss, nca_loss, ntxent_loss, pnp_loss,
     ranked_list_loss, supcon_loss, threshold_consistent_margin_loss, triplet_margin_loss,
     tuplet_margin_loss,
 };
@@ -83,5 +83,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(threshold_consistent_margin_loss, m)?)?;
     m.add_function(wrap_pyfunction!(pnp_loss, m)?)?;
     m.add_function(wrap_pyfunction!(n_pairs_loss, m)?)?;
+    m.add_function(wrap_pyfunction!(instance_loss, m)?)?;
     Ok(())
 }

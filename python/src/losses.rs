@@ -10,7 +10,8 @@ use pyo3::types::PyTuple;
 use wgpu_metric_learning as wml;
 use wml::{
     Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, InfoNceLoss,
-    IntraPairVariance, LiftedStructure, Margin, Matryoshka, MnrlConfig, MultiSimilarity, NPairs,
+    Instance, IntraPairVariance, LiftedStructure, Margin, Matryoshka, MnrlConfig, MultiSimilarity,
+    NPairs,
     Nca, PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SupCon,
     ThresholdConsistentMargin, TripletLossConfig, TupletMargin,
 };
@@ -366,6 +367,13 @@ pair_loss_fn!(
     n_pairs_loss,
     NPairs {},
     "dot"
+);
+pair_loss_fn!(
+    /// PML's `InstanceLoss` (cosine, no references) and its gradient: as
+    /// [`contrastive_loss`].
+    instance_loss,
+    Instance { gamma: f32 = 64.0 },
+    "cosine"
 );
 
 /// PML's `PNPLoss` (cosine, no references) and its gradient: as [`contrastive_loss`];

@@ -46,15 +46,16 @@ LOSSES = {
         ["cosine"],
     ),
     "NPairsLoss": ([{}], ["cosine", "lp", "dot_raw"]),
+    "InstanceLoss": ([{}, {"gamma": 3}], ["cosine"]),
 }
 # Losses whose PML code refuses references (ref_emb, CrossBatchMemory), or (TCM) indexes
 # the embeddings with the references' pairs.
 NO_REFS = [
     "FastAPLoss", "HistogramLoss", "RankedListLoss", "ThresholdConsistentMarginLoss", "PNPLoss",
-    "NPairsLoss",
+    "NPairsLoss", "InstanceLoss",
 ]
 # Losses whose PML code refuses an indices_tuple.
-NO_TUPLES = ["RankedListLoss", "PNPLoss"]
+NO_TUPLES = ["RankedListLoss", "PNPLoss", "InstanceLoss"]
 
 
 def default_dist(name):
@@ -264,6 +265,7 @@ FUNCTIONS = [
     ("threshold_consistent_margin_loss", "ThresholdConsistentMarginLoss", {"margin_minus": 0.1}),
     ("pnp_loss", "PNPLoss", {"variant": "Ib", "anneal": 0.05}),
     ("n_pairs_loss", "NPairsLoss", {}),
+    ("instance_loss", "InstanceLoss", {"gamma": 8.0}),
 ]
 PML_NAMES = {"tn": "Tn", "tp": "Tp"}
 
@@ -285,7 +287,7 @@ def test_bad_arguments_of_the_later_losses_raise():
     x, y = batch(seed=12)
     xn, yn = x.numpy(), y.numpy()
     r, ry = batch(n=10, seed=13)
-    for fn in ("histogram_loss", "pnp_loss", "n_pairs_loss"):
+    for fn in ("histogram_loss", "pnp_loss", "n_pairs_loss", "instance_loss"):
         with pytest.raises(ValueError, match="refs"):
             getattr(wml, fn)(ctx, xn, yn, (r.numpy(), ry.numpy()))
     with pytest.raises(ValueError, match="variant"):
@@ -303,6 +305,7 @@ def test_drop_ins_run_pmls_code_where_the_library_refuses():
         ("HistogramLoss", {"delta": 0.3}),
         ("TupletMarginLoss", {"scale": 0}),
         ("PNPLoss", {"anneal": 0.0}),
+        ("InstanceLoss", {"gamma": 0}),
     ]:
         ours, theirs = getattr(drop, name)(**kw), getattr(losses, name)(**kw)
         assert not ours._library_can(), name

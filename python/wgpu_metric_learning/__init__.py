@@ -33,7 +33,8 @@ and PML's pair losses :func:`contrastive_loss`, :func:`multi_similarity_loss`,
 :func:`generalized_lifted_structure_loss`, :func:`margin_loss`, :func:`fast_ap_loss`,
 :func:`lifted_structure_loss`, :func:`histogram_loss`, :func:`tuplet_margin_loss`,
 :func:`intra_pair_variance_loss`, :func:`ranked_list_loss`,
-:func:`threshold_consistent_margin_loss`, :func:`pnp_loss`, :func:`n_pairs_loss`.
+:func:`threshold_consistent_margin_loss`, :func:`pnp_loss`, :func:`n_pairs_loss`,
+:func:`instance_loss`.
 
 ``wgpu_metric_learning.pml`` has drop-ins for pytorch-metric-learning (``KNN`` for
 ``AccuracyCalculator``, the miners, ``CrossBatchMemory``, ``TripletMarginLoss`` and
@@ -101,6 +102,7 @@ __all__ = [
     "threshold_consistent_margin_loss",
     "pnp_loss",
     "n_pairs_loss",
+    "instance_loss",
 ]
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -1257,4 +1259,26 @@ def n_pairs_loss(
     return _pair_loss(
         "n_pairs_loss", ctx, embeddings, labels, refs, distance=distance, normalize=normalize,
         self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )
+
+
+def instance_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    gamma: float = 64.0,
+    distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``InstanceLoss(gamma)`` (cosine similarity, no references): each row's cross
+    entropy over the batch's similarities times ``gamma`` (its own column included), the
+    target column its label's rank among the sorted distinct labels, averaged, with its
+    gradient; ``count`` is the rows, ``total`` all the pairs."""
+    return _pair_loss(
+        "instance_loss", ctx, embeddings, labels, refs, gamma=gamma, distance=distance,
+        normalize=normalize, self_exclusion=self_exclusion, ref_grad=ref_grad,
     )

@@ -56,6 +56,7 @@ __all__ = [
     "threshold_consistent_margin_loss",
     "pnp_loss",
     "n_pairs_loss",
+    "instance_loss",
 ]
 
 @final
@@ -606,6 +607,18 @@ def n_pairs_loss(
     refs: _Refs = None,
     *,
     distance: str = "dot",
+    normalize: bool = True,
+    self_exclusion: _SelfExclusion = None,
+    ref_grad: bool = False,
+) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
+def instance_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
+    *,
+    gamma: float = 64.0,
+    distance: str = "cosine",
     normalize: bool = True,
     self_exclusion: _SelfExclusion = None,
     ref_grad: bool = False,

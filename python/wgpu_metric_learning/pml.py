@@ -98,6 +98,7 @@ __all__ = [
     "FastAPLoss",
     "GeneralizedLiftedStructureLoss",
     "HistogramLoss",
+    "InstanceLoss",
     "IntraPairVarianceLoss",
     "LiftedStructureLoss",
     "MarginLoss",
@@ -1701,3 +1702,35 @@ class NPairsLoss(_WholeLoss, pml_losses.NPairsLoss):
     def _extra(self, out):
         self.num_pairs = int(out[1])
         return ()
+
+
+class InstanceLoss(_WholeLoss, pml_losses.InstanceLoss):
+    """PML's ``InstanceLoss(gamma=64, distance=CosineSimilarity())`` whose value and gradient
+    come from the library in row blocks: each row's cross entropy over its ``gamma``-scaled
+    similarities to the batch (its own included), the target column its label's rank among
+    the sorted distinct labels, as PML's ``torch.unique(return_inverse=True)`` gives it; the
+    ``(b, b)`` matrix never exists. ``loss.backward()`` reaches ``embeddings``. As PML, it
+    refuses references and an ``indices_tuple``: PML's code runs for them and raises its
+    error. PML's code also runs without labels, with another reducer or a regularizer."""
+
+    _default_reducer = pml_reducers.MeanReducer
+    _native_name = "instance_loss"
+    _takes_refs = False
+
+    def __init__(
+        self,
+        gamma: float = 64,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(gamma=gamma, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_can(self) -> bool:
+        # The library refuses a gamma that is not positive: PML's code computes it.
+        return 0 < self.gamma < float("inf") and super()._library_can()
+
+    def _library_args(self) -> Dict[str, Any]:
+        return {"gamma": float(self.gamma)}

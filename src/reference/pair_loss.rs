@@ -497,3 +497,69 @@ fn fast_ap(
     }
     1.0 - ap / k
 }
+
+/// PML's `InstanceLoss(gamma)` written out as PML computes it: the `(b, b)` cosine matrix of
+/// `queries` `(b, d)` (rows normalised as torch's `normalize`) scaled by `gamma`, each row's
+/// cross entropy with its label's rank among the sorted distinct `labels` as the target
+/// column, the mean; the gradient in f64 through the matrix and the normalisation, both
+/// roles in [`ReferencePairLoss::query_grad`] (`ref_grad` is empty).
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::reference::pair_loss::instance_loss;
+/// let x = array![[1.0f32, 0.0], [0.0, 2.0]];
+/// // Labels 7 and 3: row 0's target is column 1 (7 ranks second), row 1's column 0.
+/// let out = instance_loss(x.view(), &[7, 3], 1.0);
+/// let want = (1.0f64.exp() + 1.0).ln();
+/// assert!((out.loss - want).abs() < 1e-12);
+/// ```
+pub fn instance_loss<L: Ord + Copy>(
+    queries: ArrayView2<'_, f32>,
+    labels: &[L],
+    gamma: f32,
+) -> ReferencePairLoss {
+    let (b, d) = queries.dim();
+    let x = queries.mapv(f64::from);
+    let norms: Vec<f64> = x.rows().into_iter().map(|r| r.dot(&r).sqrt()).collect();
+    let mut x_hat = x.clone();
+    for (mut r, &n) in x_hat.rows_mut().into_iter().zip(&norms) {
+        r /= n.max(1e-12);
+    }
+    let mut sorted = labels.to_vec();
+    sorted.sort();
+    sorted.dedup();
+    let gamma = f64::from(gamma);
+    let s = x_hat.dot(&x_hat.t());
+    let mut g_s = Array2::<f64>::zeros((b, b));
+    let mut loss = 0.0;
+    for a in 0..b {
+        let t = sorted.binary_search(&labels[a]).unwrap_or(0);
+        let z = s.row(a).mapv(|v| gamma * v);
+        let top = z.fold(f64::NEG_INFINITY, |m, &v| m.max(v));
+        let sum: f64 = z.iter().map(|v| (v - top).exp()).sum();
+        loss += (top + sum.ln() - z[t]) / b as f64;
+        for j in 0..b {
+            let own = if j == t { 1.0 } else { 0.0 };
+            g_s[[a, j]] = gamma * ((z[j] - top).exp() / sum - own) / b as f64;
+        }
+    }
+    let g_hat = g_s.dot(&x_hat) + g_s.t().dot(&x_hat);
+    let mut query_grad = Array2::<f64>::zeros((b, d));
+    for a in 0..b {
+        let (g, h) = (g_hat.row(a), x_hat.row(a));
+        let mut out = query_grad.row_mut(a);
+        if norms[a] > 1e-12 {
+            out.assign(&((&g - &(&h * h.dot(&g))) / norms[a]));
+        } else {
+            out.assign(&(&g / 1e-12));
+        }
+    }
+    ReferencePairLoss {
+        loss,
+        nonzero: b as u64,
+        query_grad,
+        ref_grad: Array2::zeros((0, d)),
+        beta_grad: 0.0,
+    }
+}

@@ -3,6 +3,7 @@
 mod accuracy;
 mod checkpoint;
 mod device_inputs;
+mod instance_loss;
 mod kmeans;
 mod matryoshka;
 mod memory_bank;

@@ -69,6 +69,9 @@ pub(crate) enum LossCommand {
     /// PML NPairsLoss (no references), averaged over its pairs (each label's first row with
     /// its second); prints as contrastive does. Default distance: dot product, normalised.
     NPairs(NPairsArgs),
+    /// PML InstanceLoss (cosine, no references), averaged over the rows; prints as
+    /// contrastive does.
+    Instance(InstanceArgs),
 }
 
 /// The labelled inputs and gradient outputs of the label-based losses.
@@ -417,6 +420,17 @@ pub(crate) enum PnpVariantArg {
 pub(crate) struct NPairsArgs {
     #[command(flatten)]
     pub(crate) inputs: LossInputs,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct InstanceArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// The similarities' scale. Default 64.
+    #[arg(long)]
+    pub(crate) gamma: Option<f32>,
     #[command(flatten)]
     pub(crate) common: Common,
 }

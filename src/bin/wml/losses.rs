@@ -7,14 +7,14 @@ use ndarray::Array2;
 use wgpu_metric_learning::{
     multiple_negatives_ranking_loss, ntxent_loss, pair_loss, triplet_margin_loss, Circle,
     Contrastive, Distance, FastAp, GeneralizedLifted, Histogram, Hooks, InfoNceConfig, InfoNceLoss,
-    IntraPairVariance, LiftedStructure, Margin, Matryoshka, MnrlConfig, MultiSimilarity, NPairs,
-    Nca, PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SupCon,
+    Instance, IntraPairVariance, LiftedStructure, Margin, Matryoshka, MnrlConfig, MultiSimilarity,
+    NPairs, Nca, PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SupCon,
     ThresholdConsistentMargin, TripletLossConfig, TripletRule, TripletType, TupletMargin,
 };
 
 use crate::commands::{context, distance_config, given, json_number, timed, Side};
 use crate::loss_args::{
-    CircleArgs, ContrastiveArgs, FastApArgs, GeneralizedLiftedArgs, HistogramArgs,
+    CircleArgs, ContrastiveArgs, FastApArgs, GeneralizedLiftedArgs, HistogramArgs, InstanceArgs,
     IntraPairVarianceArgs, LiftedArgs, LossInputs, MarginArgs, MatryoshkaArgs, MnrlArgs,
     MultiSimilarityArgs, NPairsArgs, NcaArgs, NtXentArgs, PnpArgs, PnpVariantArg, RankedListArgs,
     SupConArgs, TcmArgs, TripletLossArgs, TupletArgs,
@@ -318,6 +318,16 @@ pub(crate) fn pnp(a: &PnpArgs, hooks: &Hooks) -> Result<(), Failure> {
 
 pub(crate) fn n_pairs(a: &NPairsArgs, hooks: &Hooks) -> Result<(), Failure> {
     pair("loss n-pairs", (&a.inputs, &a.common), NPairs, hooks)
+}
+
+pub(crate) fn instance(a: &InstanceArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let gamma = a.gamma.unwrap_or(Instance::default().gamma);
+    pair(
+        "loss instance",
+        (&a.inputs, &a.common),
+        Instance { gamma },
+        hooks,
+    )
 }
 
 /// A pair loss with `rule` on the inputs; the distance defaults to the rule's PML default.

@@ -140,6 +140,7 @@ impl Command {
             Command::Loss(LossCommand::Tcm(a)) => &a.common,
             Command::Loss(LossCommand::Pnp(a)) => &a.common,
             Command::Loss(LossCommand::NPairs(a)) => &a.common,
+            Command::Loss(LossCommand::Instance(a)) => &a.common,
             Command::Tune(a) => &a.common,
         }
     }
@@ -552,6 +553,7 @@ fn main() -> ExitCode {
         Command::Loss(LossCommand::Tcm(a)) => losses::tcm(&a, &hooks),
         Command::Loss(LossCommand::Pnp(a)) => losses::pnp(&a, &hooks),
         Command::Loss(LossCommand::NPairs(a)) => losses::n_pairs(&a, &hooks),
+        Command::Loss(LossCommand::Instance(a)) => losses::instance(&a, &hooks),
         Command::Tune(a) => commands::tune(&a),
     };
     match done {

@@ -27,9 +27,9 @@ pub use info_nce::{
 pub use matryoshka::Matryoshka;
 pub use pair::{pair_loss, pair_loss_plan, PairLoss, PairLossConfig};
 pub use pair_params::{
-    Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, IntraPairVariance, LiftedStructure,
-    Margin, MultiSimilarity, NPairs, Nca, PairLossRule, Pnp, PnpVariant, RankedList, SupCon,
-    ThresholdConsistentMargin, TupletMargin,
+    Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, Instance, IntraPairVariance,
+    LiftedStructure, Margin, MultiSimilarity, NPairs, Nca, PairLossRule, Pnp, PnpVariant,
+    RankedList, SupCon, ThresholdConsistentMargin, TupletMargin,
 };
 pub use triplet::{triplet_margin_loss, triplet_margin_loss_plan, TripletLoss, TripletLossConfig};
 

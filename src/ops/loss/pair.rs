@@ -1,7 +1,7 @@
 //! PML's losses over the pairs (and triplets, tuples) of the distance matrix:
 //! `ContrastiveLoss`, `MultiSimilarityLoss`, `SupConLoss`, `CircleLoss`, `NCALoss`,
 //! `GeneralizedLiftedStructureLoss`, `MarginLoss`, `FastAPLoss`, `TupletMarginLoss`,
-//! `RankedListLoss`, `PNPLoss` and `NPairsLoss` (each anchor's row by itself),
+//! `RankedListLoss`, `PNPLoss`, `NPairsLoss` and `InstanceLoss` (each anchor's row by itself),
 //! `LiftedStructureLoss`, `HistogramLoss`, `IntraPairVarianceLoss` and
 //! `ThresholdConsistentMarginLoss` (state shared across anchors), with their gradients,
 //! through the loss driver ([`super::driver`]): anchors in blocks under the budget, each
@@ -19,7 +19,7 @@
 //! with at most one positive and one negative pair; SupCon, Lifted and TupletMargin also
 //! without any positive or any negative pair; NCA with at most one query; Margin and
 //! Histogram without a triplet; FastAP, PNP and NPairs without an anchor that has a
-//! positive; TCM without a pair. "Positive" losses are decided on the f32 value, as PML's
+//! positive; TCM without a pair; Instance without a row. "Positive" losses are decided on the f32 value, as PML's
 //! reducers see them.
 //!
 //! They run on the native path on every context (a wgpu context reads device-resident rows
@@ -57,7 +57,8 @@ const MAX_HISTOGRAM_BINS: u32 = 65_536;
 const MAX_BINS: u32 = 4096;
 /// How [`pair_loss`] computes: the rule (its type picks the loss) and the sides. Defaults:
 /// the rule's PML defaults and PML's default distance for it (cosine similarity for
-/// MultiSimilarity, SupCon, Circle, Histogram, TupletMargin, IntraPairVariance, TCM and PNP;
+/// MultiSimilarity, SupCon, Circle, Histogram, TupletMargin, IntraPairVariance, TCM, PNP and
+/// Instance;
 /// Euclidean on normalised embeddings for Contrastive, GeneralizedLifted, Margin, Lifted and
 /// RankedList; squared Euclidean on normalised embeddings for NCA and FastAP; dot product on
 /// normalised embeddings for NPairs).
@@ -73,7 +74,7 @@ pub struct PairLossConfig<R: PairLossRule> {
     /// The loss and its parameters.
     pub rule: R,
     /// The distance: any (PML's `margin` and sign conventions follow it), but cosine only
-    /// for Circle, Histogram, TupletMargin, TCM and PNP, (squared) Euclidean on normalised
+    /// for Circle, Histogram, TupletMargin, TCM, PNP and Instance, (squared) Euclidean on normalised
     /// rows only for FastAP.
     pub distance: DistanceConfig,
     /// Which reference is each query itself, never its own positive. Default
@@ -112,7 +113,7 @@ pub struct PairLoss {
     /// (SupCon, Circle), anchors whose positives' f32 probability is not 0 (Nca), anchors
     /// with a positive (FastAp), nonzero terms over the triplets (Margin), positive pairs
     /// (LiftedStructure, TupletMargin), anchors with a positive (Pnp), pairs (NPairs: one per
-    /// label with two rows), positive plus negative
+    /// label with two rows), rows (Instance), positive plus negative
     /// pairs (IntraPairVariance), the
     /// pairs binned (Histogram), the pairs past their margins (ThresholdConsistentMargin).
     pub nonzero: u64,
@@ -141,8 +142,9 @@ pub struct PairLoss {
 ///
 /// # Errors
 /// [`Error::InvalidParameter`] for a parameter out of its range, Circle, Histogram,
-/// TupletMargin, TCM or PNP on another distance than cosine, FastAP on another than
-/// (squared) Euclidean of normalised rows, Histogram, PNP or NPairs with references;
+/// TupletMargin, TCM, PNP or Instance on another distance than cosine, FastAP on another
+/// than (squared) Euclidean of normalised rows, Histogram, PNP, NPairs or Instance with
+/// references;
 /// otherwise as [`crate::triplet_margin_loss`].
 ///
 /// # Example
@@ -158,7 +160,7 @@ pub struct PairLoss {
 /// assert_eq!(out.query_grad.dim(), (4, 2));
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
-pub fn pair_loss<L: Hash + Eq + Copy, R: PairLossRule>(
+pub fn pair_loss<L: Hash + Ord + Copy, R: PairLossRule>(
     ctx: &Context,
     queries: &MiningSet<'_, L>,
     refs: Option<&MiningSet<'_, L>>,
@@ -169,9 +171,20 @@ pub fn pair_loss<L: Hash + Eq + Copy, R: PairLossRule>(
     job(ctx, (queries, refs), cfg, &mut imports, |job| {
         match cfg.rule.kind() {
             Kind::NPairs(_) => n_pairs(ctx, job, cfg),
-            kind => run(ctx, job, kind),
+            Kind::Instance(_) => run(ctx, job, cfg.rule.kind(), &ranks(queries)),
+            kind => run(ctx, job, kind, &[]),
         }
     })
+}
+
+/// Each row's label's rank among the sorted distinct labels (PML's `torch.unique(labels,
+/// return_inverse=True)`): InstanceLoss's target columns.
+fn ranks<L: Ord + Copy>(set: &MiningSet<'_, L>) -> Vec<u32> {
+    let mut sorted = set.labels.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let rank = |l: &L| sorted.binary_search(l).unwrap_or_else(|i| i) as u32;
+    set.labels.iter().map(rank).collect()
 }
 
 /// The [`Plan`] of [`pair_loss`] with these arguments, allocating nothing: its path, anchors
@@ -191,7 +204,7 @@ pub fn pair_loss<L: Hash + Eq + Copy, R: PairLossRule>(
 /// assert!(plan.bytes <= 64 << 20 && plan.rows < 4096);
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
-pub fn pair_loss_plan<L: Hash + Eq + Copy, R: PairLossRule>(
+pub fn pair_loss_plan<L: Hash + Ord + Copy, R: PairLossRule>(
     ctx: &Context,
     queries: &MiningSet<'_, L>,
     refs: Option<&MiningSet<'_, L>>,
@@ -253,6 +266,10 @@ fn check(op: &'static str, kind: Kind, distance: &DistanceConfig) -> Result<()> 
             cosine_only(op, distance)
         }
         Kind::NPairs(_) => Ok(()),
+        Kind::Instance(c) => {
+            positive("gamma", c.gamma)?;
+            cosine_only(op, distance)
+        }
         Kind::Pnp(c) => {
             if c.variant == PnpVariant::Ib {
                 positive("b", c.b)?;
@@ -345,7 +362,7 @@ fn cosine_only(op: &'static str, distance: &DistanceConfig) -> Result<()> {
 fn refuse_refs<L, R: PairLossRule>(refs: Option<&MiningSet<'_, L>>, rule: &R) -> Result<()> {
     let own_pairs = matches!(
         rule.kind(),
-        Kind::Histogram(_) | Kind::Pnp(_) | Kind::NPairs(_)
+        Kind::Histogram(_) | Kind::Pnp(_) | Kind::NPairs(_) | Kind::Instance(_)
     );
     if own_pairs && refs.is_some() {
         return Err(Error::InvalidParameter {
@@ -401,7 +418,7 @@ fn has_loss(job: &Job<'_>, kind: Kind) -> ((u64, u64), bool) {
     let has = match kind {
         Kind::Nca(_) => b > 1,
         Kind::Margin(_) | Kind::FastAp(_) => true,
-        Kind::RankedList(_) => b > 0,
+        Kind::RankedList(_) | Kind::Instance(_) => b > 0,
         Kind::ThresholdConsistentMargin(_) => positives + negatives > 0,
         Kind::Histogram(_) => has_triplet(job),
         Kind::Pnp(_) | Kind::NPairs(_) => positives > 0,
@@ -459,7 +476,7 @@ fn n_pairs<R: PairLossRule>(
 ) -> Result<PairLoss> {
     let kind = cfg.rule.kind();
     let (Some(Rows::Host(x)), true) = (job.set.queries.as_ref(), job.refs_are_queries) else {
-        return run(ctx, job, kind);
+        return run(ctx, job, kind, &[]);
     };
     let (_, targets) = n_pairs_of(&job.set.labels);
     let (firsts, seconds): (Vec<usize>, Vec<usize>) = (targets.iter().enumerate())
@@ -467,14 +484,14 @@ fn n_pairs<R: PairLossRule>(
         .unzip();
     let (k, (b, d)) = (firsts.len(), x.dim());
     if k == 0 {
-        return run(ctx, job, kind);
+        return run(ctx, job, kind, &[]);
     }
     // The gathered rows, the sub-problem's two gradients, the batch's gradient, the indices.
     // Where they do not fit (most labels in pairs under a tight budget), the whole batch runs
     // as its plan says.
     let bytes = 4 * (4 * k * d + b * d) as u64 + 24 * (b + k) as u64;
     let Ok(_held) = HostReservation::new(SCRATCH, bytes, ctx.tracker()) else {
-        return run(ctx, job, kind);
+        return run(ctx, job, kind, &[]);
     };
     let (xf, xs) = (x.select(Axis(0), &firsts), x.select(Axis(0), &seconds));
     let ids = Array1::from_iter(0..k as u32);
@@ -488,11 +505,11 @@ fn n_pairs<R: PairLossRule>(
     let (sub_q, sub_r) = (MiningSet::new(&xf, &ids), MiningSet::new(&xs, &ids));
     let mut imports = Imports::call();
     let sub = match self::job(ctx, (&sub_q, Some(&sub_r)), &sub_cfg, &mut imports, |sub| {
-        run(ctx, sub, kind)
+        run(ctx, sub, kind, &[])
     }) {
         Err(Error::OverBudget { .. } | Error::BudgetExceeded { .. }) => {
             drop((_held, xf, xs));
-            return run(ctx, job, kind);
+            return run(ctx, job, kind, &[]);
         }
         other => other?,
     };
@@ -534,8 +551,9 @@ fn has_triplet(job: &Job<'_>) -> bool {
     })
 }
 
-/// Runs the loss: zeros where PML returns none, else the driver (twice for Contrastive).
-fn run(ctx: &Context, job: &Job<'_>, kind: Kind) -> Result<PairLoss> {
+/// Runs the loss: zeros where PML returns none, else the driver (twice for Contrastive);
+/// `ranks` are Instance's target columns per query ([`ranks`]), empty for the others.
+fn run(ctx: &Context, job: &Job<'_>, kind: Kind, ranks: &[u32]) -> Result<PairLoss> {
     let ((positive_pairs, negative_pairs), has) = has_loss(job, kind);
     let (b, d) = job.set.queries.as_ref().map_or((0, 0), |q| q.dim());
     let m = job.set.ref_labels.len();
@@ -570,6 +588,10 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind) -> Result<PairLoss> {
     let (columns, targets) = match kind {
         Kind::NPairs(_) if refs_are_queries => n_pairs_of(&set.labels),
         Kind::NPairs(_) => n_pairs_against(&set.labels, &set.ref_labels),
+        Kind::Instance(_) => (
+            (0..set.ref_labels.len() as u32).collect(),
+            ranks.iter().map(|&r| Some(r)).collect(),
+        ),
         _ => (Vec::new(), Vec::new()),
     };
     let (columns, targets) = (&columns, &targets);

@@ -364,6 +364,29 @@ impl Default for ThresholdConsistentMargin {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct NPairs;
 
+/// PML's `InstanceLoss(gamma)` (default 64) on cosine similarity, without references (as
+/// PML): each row's cross entropy over the batch's scaled similarities `γ s_ij` (its own
+/// column included), the target column being its label's rank among the sorted distinct
+/// labels (PML's `torch.unique(labels, return_inverse=True)`), averaged over the rows.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{Distance, Instance, PairLossConfig};
+/// let cfg = PairLossConfig::<Instance>::default();
+/// assert_eq!((cfg.rule.gamma, cfg.distance.distance), (64.0, Distance::Cosine));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Instance {
+    /// The similarities' scale. Positive.
+    pub gamma: f32,
+}
+
+impl Default for Instance {
+    fn default() -> Self {
+        Self { gamma: 64.0 }
+    }
+}
+
 /// PML's `PNPLoss` variants: how an anchor's soft count `R` of negatives ranked above each
 /// positive becomes its cost `f(R)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -431,12 +454,13 @@ mod sealed {
     impl Sealed for super::ThresholdConsistentMargin {}
     impl Sealed for super::Pnp {}
     impl Sealed for super::NPairs {}
+    impl Sealed for super::Instance {}
 }
 
 /// A pair loss's rule: [`Contrastive`], [`MultiSimilarity`], [`SupCon`], [`Circle`],
 /// [`Nca`], [`GeneralizedLifted`], [`Margin`], [`FastAp`], [`LiftedStructure`],
 /// [`Histogram`], [`TupletMargin`], [`IntraPairVariance`], [`RankedList`],
-/// [`ThresholdConsistentMargin`], [`Pnp`] or [`NPairs`]. Its type picks the loss
+/// [`ThresholdConsistentMargin`], [`Pnp`], [`NPairs`] or [`Instance`]. Its type picks the loss
 /// [`pair_loss`](crate::pair_loss) computes and the distance
 /// [`PairLossConfig`](crate::PairLossConfig) defaults to.
 pub trait PairLossRule: sealed::Sealed + Debug + Clone + Copy + PartialEq + Default {
@@ -471,6 +495,7 @@ pub enum Kind {
     ThresholdConsistentMargin(ThresholdConsistentMargin),
     Pnp(Pnp),
     NPairs(NPairs),
+    Instance(Instance),
 }
 
 const COSINE: DistanceConfig = DistanceConfig {
@@ -546,3 +571,4 @@ rule!(
         normalize: true,
     }
 );
+rule!(Instance, "instance_loss", COSINE);

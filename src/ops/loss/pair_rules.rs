@@ -40,6 +40,8 @@
 //!   sigmoids of every negative's similarity less theirs summed into `R`, the variant's
 //!   `f(R)` averaged; averaged over the anchors with a positive.
 //! - **NPairs**: the cross entropy of a label's first row over every label's second row.
+//! - **Instance** (cosine, no references): the cross entropy of `γ s` over every column, the
+//!   target the rank of the anchor's label among the sorted distinct labels.
 //!
 //! The rules whose anchors share state (Lifted, Histogram, IntraPairVariance, TCM) are in
 //! [`super::pair_global`].
@@ -117,8 +119,9 @@ pub(super) struct Row<'a> {
     /// The anchor's own column (PNP counts the anchor among its positives), when the
     /// references are the queries.
     pub(super) own: Option<u32>,
-    /// NPairs' pairs: every label's second row (the columns), and the anchor's own second
-    /// row when it is its label's first one (the target).
+    /// The cross entropy's columns and the anchor's target column: NPairs' every label's
+    /// second row, and the anchor's own second row when it is its label's first one;
+    /// Instance's every column, and its label's rank.
     pub(super) pairs: Option<(&'a [u32], u32)>,
 }
 
@@ -152,7 +155,8 @@ pub(super) fn anchor(kind: Kind, row: &Row<'_>, s: &mut Scratch) -> Totals {
         Kind::TupletMargin(c) => tuplet_margin(c, row, s),
         Kind::RankedList(c) => ranked_list(c, row, s),
         Kind::Pnp(c) => pnp(c, row, s),
-        Kind::NPairs(_) => n_pairs(row, s),
+        Kind::NPairs(_) => cross_entropy(row, 1.0, s),
+        Kind::Instance(c) => cross_entropy(row, f64::from(c.gamma), s),
         // Their passes call their own rules (`super::pair_global`).
         Kind::LiftedStructure(_)
         | Kind::Histogram(_)
@@ -608,14 +612,15 @@ fn pnp(c: Pnp, row: &Row<'_>, s: &mut Scratch) -> Totals {
     one(loss, s)
 }
 
-/// PML's NPairs for one anchor that is its label's first row with a second: the cross
-/// entropy of its logits (`±D`, + for similarities) over every label's second row, its own
-/// label's the target; the mean is over those anchors.
-fn n_pairs(row: &Row<'_>, s: &mut Scratch) -> Totals {
+/// The cross entropy of one anchor's logits `±scale · D` (+ for similarities) over its
+/// [`Row::pairs`] columns, the target column given; nothing for an anchor without one. PML's
+/// NPairs (scale 1) for a label's first row with a second, over every label's second row;
+/// PML's Instance (scale `γ`) over every column. The mean is over those anchors.
+fn cross_entropy(row: &Row<'_>, scale: f64, s: &mut Scratch) -> Totals {
     let Some((columns, target)) = row.pairs else {
         return Totals::default();
     };
-    let sign = -row.first();
+    let sign = -row.first() * scale;
     let z = |j: u32| sign * row.at(j);
     let (lse, sum) = exps(columns.iter().copied(), z, false, &mut s.weights);
     // ∂/∂z_j = softmax_j − [j = target]; ∂z/∂D = sign.
