@@ -546,11 +546,11 @@ pub fn instance_loss<L: Ord + Copy>(
     }
     let g_hat = g_s.dot(&x_hat) + g_s.t().dot(&x_hat);
     let mut query_grad = Array2::<f64>::zeros((b, d));
-    for a in 0..b {
+    for (a, &norm) in norms.iter().enumerate() {
         let (g, h) = (g_hat.row(a), x_hat.row(a));
         let mut out = query_grad.row_mut(a);
-        if norms[a] > 1e-12 {
-            out.assign(&((&g - &(&h * h.dot(&g))) / norms[a]));
+        if norm > 1e-12 {
+            out.assign(&((&g - &(&h * h.dot(&g))) / norm));
         } else {
             out.assign(&(&g / 1e-12));
         }
