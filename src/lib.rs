@@ -44,7 +44,7 @@ pub use ops::knn::{knn, knn_on_device, knn_plan, knn_sharded, Knn, KnnConfig, Kn
 pub use ops::loss::{
     multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan, ntxent_loss,
     ntxent_loss_plan, pair_loss, pair_loss_plan, triplet_margin_loss, triplet_margin_loss_plan,
-    Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, InfoNceLoss,
+    Angular, Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, InfoNceLoss,
     Instance, IntraPairVariance, LiftedStructure, Margin, Matryoshka, MnrlConfig, MultiSimilarity,
     NPairs, Nca, PairLoss, PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SupCon,
     ThresholdConsistentMargin, TripletLoss, TripletLossConfig, TupletMargin,

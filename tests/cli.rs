@@ -12,10 +12,10 @@ use wgpu_metric_learning::{
     accuracy, angular_triplets, batch_hard_triplets, distance_weighted_triplets, hdc_pairs, knn,
     mine_triplets, multiple_negatives_ranking_loss, ntxent_loss, pair_loss, pair_margin_pairs,
     triplet_margin_loss, uniform_histogram_pairs, AccuracyConfig, AccuracyK, AccuracyMetric,
-    AngularConfig, BatchHardConfig, Circle, Context, Contrastive, Distance, DistanceConfig,
-    DistanceWeightedConfig, FastAp, GeneralizedLifted, HdcConfig, InfoNceConfig, Instance,
-    IntraPairVariance, KmeansConfig, KnnConfig, LiftedStructure, Margin, Matryoshka, MiningSet,
-    MnrlConfig, MultiSimilarity, NPairs, Nca, PairLoss, PairLossConfig, PairLossRule,
+    Angular, AngularConfig, BatchHardConfig, Circle, Context, Contrastive, Distance,
+    DistanceConfig, DistanceWeightedConfig, FastAp, GeneralizedLifted, HdcConfig, InfoNceConfig,
+    Instance, IntraPairVariance, KmeansConfig, KnnConfig, LiftedStructure, Margin, Matryoshka,
+    MiningSet, MnrlConfig, MultiSimilarity, NPairs, Nca, PairLoss, PairLossConfig, PairLossRule,
     PairMarginConfig, Pnp, PnpVariant, RankedList, SelfExclusion, SupCon,
     ThresholdConsistentMargin, TripletConfig, TripletLossConfig, TripletRule, TripletType,
     TupletMargin, UniformHistogramConfig,
@@ -890,6 +890,11 @@ fn pair_losses_print_their_json_and_write_the_library_gradients() {
     check(
         &out,
         pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss"),
+    );
+    let out = run(&["angular", "--alpha", "35"]);
+    check(
+        &out,
+        pair_loss(&ctx, &batch, Some(&refs), &with(Angular { alpha: 35.0 })).expect("loss"),
     );
     let out = run(&["threshold-consistent-margin", "--margin-minus", "0.2"]);
     let rule = ThresholdConsistentMargin {

@@ -32,6 +32,7 @@ MINERS = [
     "UniformHistogramMiner",
 ]
 LOSSES = [
+    "AngularLoss",
     "CircleLoss",
     "ContrastiveLoss",
     "CrossBatchMemory",

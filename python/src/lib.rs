@@ -26,10 +26,10 @@ use eval::{
     accuracy, adjusted_mutual_info, kmeans, knn, normalized_mutual_info, pairwise_distances,
 };
 use losses::{
-    circle_loss, contrastive_loss, fast_ap_loss, generalized_lifted_structure_loss, histogram_loss,
-    intra_pair_variance_loss, lifted_structure_loss, margin_loss, multi_similarity_loss,
-    instance_loss, multiple_negatives_ranking_loss, n_pairs_loss, nca_loss, ntxent_loss, pnp_loss,
-    ranked_list_loss, supcon_loss, threshold_consistent_margin_loss, triplet_margin_loss,
+    angular_loss, circle_loss, contrastive_loss, fast_ap_loss, generalized_lifted_structure_loss,
+    histogram_loss, instance_loss, intra_pair_variance_loss, lifted_structure_loss, margin_loss,
+    multi_similarity_loss, multiple_negatives_ranking_loss, n_pairs_loss, nca_loss, ntxent_loss,
+    pnp_loss, ranked_list_loss, supcon_loss, threshold_consistent_margin_loss, triplet_margin_loss,
     tuplet_margin_loss,
 };
 use mining::{
@@ -84,5 +84,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pnp_loss, m)?)?;
     m.add_function(wrap_pyfunction!(n_pairs_loss, m)?)?;
     m.add_function(wrap_pyfunction!(instance_loss, m)?)?;
+    m.add_function(wrap_pyfunction!(angular_loss, m)?)?;
     Ok(())
 }

@@ -9,10 +9,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use wgpu_metric_learning as wml;
 use wml::{
-    Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, InfoNceLoss,
+    Angular, Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, InfoNceLoss,
     Instance, IntraPairVariance, LiftedStructure, Margin, Matryoshka, MnrlConfig, MultiSimilarity,
-    NPairs,
-    Nca, PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SupCon,
+    NPairs, Nca, PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SupCon,
     ThresholdConsistentMargin, TripletLossConfig, TupletMargin,
 };
 
@@ -374,6 +373,13 @@ pair_loss_fn!(
     instance_loss,
     Instance { gamma: f32 = 64.0 },
     "cosine"
+);
+pair_loss_fn!(
+    /// PML's `AngularLoss` (Euclidean on normalised rows) and its gradient: as
+    /// [`contrastive_loss`]; `alpha` in degrees.
+    angular_loss,
+    Angular { alpha: f32 = 40.0 },
+    "euclidean"
 );
 
 /// PML's `PNPLoss` (cosine, no references) and its gradient: as [`contrastive_loss`];

@@ -47,6 +47,7 @@ LOSSES = {
     ),
     "NPairsLoss": ([{}], ["cosine", "lp", "dot_raw"]),
     "InstanceLoss": ([{}, {"gamma": 3}], ["cosine"]),
+    "AngularLoss": ([{}, {"alpha": 30}], ["lp"]),
 }
 # Losses whose PML code refuses references (ref_emb, CrossBatchMemory), or (TCM) indexes
 # the embeddings with the references' pairs.
@@ -266,6 +267,7 @@ FUNCTIONS = [
     ("pnp_loss", "PNPLoss", {"variant": "Ib", "anneal": 0.05}),
     ("n_pairs_loss", "NPairsLoss", {}),
     ("instance_loss", "InstanceLoss", {"gamma": 8.0}),
+    ("angular_loss", "AngularLoss", {"alpha": 35.0}),
 ]
 PML_NAMES = {"tn": "Tn", "tp": "Tp"}
 

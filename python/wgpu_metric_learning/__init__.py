@@ -34,7 +34,7 @@ and PML's pair losses :func:`contrastive_loss`, :func:`multi_similarity_loss`,
 :func:`lifted_structure_loss`, :func:`histogram_loss`, :func:`tuplet_margin_loss`,
 :func:`intra_pair_variance_loss`, :func:`ranked_list_loss`,
 :func:`threshold_consistent_margin_loss`, :func:`pnp_loss`, :func:`n_pairs_loss`,
-:func:`instance_loss`.
+:func:`instance_loss`, :func:`angular_loss`.
 
 ``wgpu_metric_learning.pml`` has drop-ins for pytorch-metric-learning (``KNN`` for
 ``AccuracyCalculator``, the miners, ``CrossBatchMemory``, ``TripletMarginLoss`` and
@@ -103,6 +103,7 @@ __all__ = [
     "pnp_loss",
     "n_pairs_loss",
     "instance_loss",
+    "angular_loss",
 ]
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -1280,5 +1281,27 @@ def instance_loss(
     gradient; ``count`` is the rows, ``total`` all the pairs."""
     return _pair_loss(
         "instance_loss", ctx, embeddings, labels, refs, gamma=gamma, distance=distance,
+        normalize=normalize, self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )
+
+
+def angular_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    alpha: float = 40.0,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``AngularLoss(alpha)`` (its default ``LpDistance()`` only; ``alpha`` in degrees):
+    per positive pair, ``log(1 + Σ_n exp(4 tan²α (x̂_a + x̂_p)·r_n − 2 (1 + tan²α) x̂_a·x̂_p))``
+    over the anchor's negatives (raw, as PML leaves them), averaged over the positive pairs,
+    with its gradient; ``count`` is the positive pairs, ``total`` all the pairs."""
+    return _pair_loss(
+        "angular_loss", ctx, embeddings, labels, refs, alpha=alpha, distance=distance,
         normalize=normalize, self_exclusion=self_exclusion, ref_grad=ref_grad,
     )

@@ -57,6 +57,7 @@ __all__ = [
     "pnp_loss",
     "n_pairs_loss",
     "instance_loss",
+    "angular_loss",
 ]
 
 @final
@@ -619,6 +620,18 @@ def instance_loss(
     *,
     gamma: float = 64.0,
     distance: str = "cosine",
+    normalize: bool = True,
+    self_exclusion: _SelfExclusion = None,
+    ref_grad: bool = False,
+) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
+def angular_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
+    *,
+    alpha: float = 40.0,
+    distance: str = "euclidean",
     normalize: bool = True,
     self_exclusion: _SelfExclusion = None,
     ref_grad: bool = False,

@@ -87,6 +87,7 @@ __all__ = [
     "KMeans",
     "KNN",
     "BatchEasyHardMiner",
+    "AngularLoss",
     "AngularMiner",
     "BatchHardMiner",
     "DistanceWeightedMiner",
@@ -1734,3 +1735,29 @@ class InstanceLoss(_WholeLoss, pml_losses.InstanceLoss):
 
     def _library_args(self) -> Dict[str, Any]:
         return {"gamma": float(self.gamma)}
+
+
+class AngularLoss(_WholeLoss, pml_losses.AngularLoss):
+    """PML's ``AngularLoss(alpha=40)`` (its ``LpDistance()`` only) whose value and gradient come
+    from the library: each class's anchors and positives are multiplied by the references
+    once, not every positive pair (PML's ``(pairs, m, d)`` product and ``(pairs, m)`` matrix
+    never exist). ``loss.backward()`` reaches ``embeddings`` (and ``ref_emb`` when it requires
+    grad). As in PML, the negatives are not normalised. PML's code runs instead with an
+    ``indices_tuple``, another reducer or a regularizer. ``average_angle`` is not recorded."""
+
+    _default_reducer = pml_reducers.MeanReducer
+    _native_name = "angular_loss"
+
+    def __init__(
+        self,
+        alpha: float = 40,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(alpha=alpha, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_args(self) -> Dict[str, Any]:
+        return {"alpha": float(np.degrees(float(self.alpha)))}

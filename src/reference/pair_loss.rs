@@ -563,3 +563,93 @@ pub fn instance_loss<L: Ord + Copy>(
         beta_grad: 0.0,
     }
 }
+
+/// PML's `AngularLoss(alpha)` written out as PML computes it: every positive pair `(a, p)` of
+/// `lists` (per query `(b, d)`, its positive and negative references `(m, d)`), the anchor and
+/// positive normalised, the negatives raw, `log(1 + Σ_n e^{c₁ (x̂_a + x̂_p)·r_n − c₂ x̂_a·x̂_p})`
+/// (`c₁ = 4 tan²α`, `c₂ = 2 (1 + tan²α)`, rounded to f32 as torch applies them), the mean over
+/// the positive pairs; 0 without a positive or a negative pair. The gradient in f64, pair by
+/// pair, split by role as [`pair_loss`]'s.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::reference::pair_loss::angular_loss;
+/// let x = array![[1.0f32, 0.0], [1.0, 0.0], [0.0, 1.0]];
+/// let lists = vec![(vec![1u32], vec![2u32]), (vec![0], vec![2]), (vec![], vec![0, 1])];
+/// // Both pairs: x̂_a + x̂_p = (2, 0) is orthogonal to the negative, and x̂_a·x̂_p = 1.
+/// let out = angular_loss(x.view(), x.view(), &lists, 40.0);
+/// let c2 = 2.0 * (1.0 + 40f64.to_radians().tan().powi(2)) as f32 as f64;
+/// assert!((out.loss - (-c2).exp().ln_1p()).abs() < 1e-9);
+/// ```
+pub fn angular_loss(
+    queries: ArrayView2<'_, f32>,
+    refs: ArrayView2<'_, f32>,
+    lists: &[(Vec<u32>, Vec<u32>)],
+    alpha: f32,
+) -> ReferencePairLoss {
+    let d = queries.ncols();
+    let mut out = ReferencePairLoss {
+        loss: 0.0,
+        nonzero: 0,
+        query_grad: Array2::zeros(queries.dim()),
+        ref_grad: Array2::zeros(refs.dim()),
+        beta_grad: 0.0,
+    };
+    let pairs: usize = lists.iter().map(|(p, _)| p.len()).sum();
+    let negatives: usize = lists.iter().map(|(_, n)| n.len()).sum();
+    if pairs == 0 || negatives == 0 {
+        return out;
+    }
+    let sq = f64::from(alpha).to_radians().tan().powi(2);
+    let (c1, c2) = (
+        f64::from((4.0 * sq) as f32),
+        f64::from((2.0 * (1.0 + sq)) as f32),
+    );
+    let unit = |x: ndarray::ArrayView1<'_, f32>| {
+        let x = x.mapv(f64::from);
+        let n = x.dot(&x).sqrt();
+        (&x / n.max(1e-12), n)
+    };
+    // Through torch's normalize: (g − x̂ (x̂·g)) / |x|, or g / 1e-12 where clamped.
+    let back = |g: &ndarray::Array1<f64>, x_hat: &ndarray::Array1<f64>, n: f64| {
+        if n > 1e-12 {
+            (g - &(x_hat * x_hat.dot(g))) / n
+        } else {
+            g / 1e-12
+        }
+    };
+    let k = pairs as f64;
+    for (a, (pos, neg)) in lists.iter().enumerate() {
+        let (xa, na) = unit(queries.row(a));
+        for &p in pos {
+            let (xp, np) = unit(refs.row(p as usize));
+            let sum = &xa + &xp;
+            let dot = xa.dot(&xp);
+            let f: Vec<f64> = neg
+                .iter()
+                .map(|&n| c1 * sum.dot(&refs.row(n as usize).mapv(f64::from)) - c2 * dot)
+                .collect();
+            out.loss += lse(&f, true) / k;
+            out.nonzero += 1;
+            if f.is_empty() {
+                continue;
+            }
+            let total = lse(&f, true);
+            let (mut ga, mut gp) = (ndarray::Array1::zeros(d), ndarray::Array1::zeros(d));
+            for (&n, &fv) in neg.iter().zip(&f) {
+                let w = (fv - total).exp() / k;
+                let r = refs.row(n as usize).mapv(f64::from);
+                ga += &(&r * (c1 * w) - &xp * (c2 * w));
+                gp += &(&r * (c1 * w) - &xa * (c2 * w));
+                let mut g = out.ref_grad.row_mut(n as usize);
+                g += &(&sum * (c1 * w));
+            }
+            let mut g = out.query_grad.row_mut(a);
+            g += &back(&ga, &xa, na);
+            let mut g = out.ref_grad.row_mut(p as usize);
+            g += &back(&gp, &xp, np);
+        }
+    }
+    out
+}

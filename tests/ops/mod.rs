@@ -1,6 +1,7 @@
 //! One module per operation family, through the public API on both paths.
 
 mod accuracy;
+mod angular_loss;
 mod checkpoint;
 mod device_inputs;
 mod instance_loss;

@@ -72,6 +72,9 @@ pub(crate) enum LossCommand {
     /// PML InstanceLoss (cosine, no references), averaged over the rows; prints as
     /// contrastive does.
     Instance(InstanceArgs),
+    /// PML AngularLoss (Euclidean on normalised rows: its angle only), averaged over the
+    /// positive pairs; prints as contrastive does.
+    Angular(AngularArgs),
 }
 
 /// The labelled inputs and gradient outputs of the label-based losses.
@@ -431,6 +434,17 @@ pub(crate) struct InstanceArgs {
     /// The similarities' scale. Default 64.
     #[arg(long)]
     pub(crate) gamma: Option<f32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct AngularArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// The angle in degrees. Default 40.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) alpha: Option<f32>,
     #[command(flatten)]
     pub(crate) common: Common,
 }

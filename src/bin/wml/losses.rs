@@ -5,7 +5,7 @@ use std::path::Path;
 
 use ndarray::Array2;
 use wgpu_metric_learning::{
-    multiple_negatives_ranking_loss, ntxent_loss, pair_loss, triplet_margin_loss, Circle,
+    multiple_negatives_ranking_loss, ntxent_loss, pair_loss, triplet_margin_loss, Angular, Circle,
     Contrastive, Distance, FastAp, GeneralizedLifted, Histogram, Hooks, InfoNceConfig, InfoNceLoss,
     Instance, IntraPairVariance, LiftedStructure, Margin, Matryoshka, MnrlConfig, MultiSimilarity,
     NPairs, Nca, PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SupCon,
@@ -14,10 +14,10 @@ use wgpu_metric_learning::{
 
 use crate::commands::{context, distance_config, given, json_number, timed, Side};
 use crate::loss_args::{
-    CircleArgs, ContrastiveArgs, FastApArgs, GeneralizedLiftedArgs, HistogramArgs, InstanceArgs,
-    IntraPairVarianceArgs, LiftedArgs, LossInputs, MarginArgs, MatryoshkaArgs, MnrlArgs,
-    MultiSimilarityArgs, NPairsArgs, NcaArgs, NtXentArgs, PnpArgs, PnpVariantArg, RankedListArgs,
-    SupConArgs, TcmArgs, TripletLossArgs, TupletArgs,
+    AngularArgs, CircleArgs, ContrastiveArgs, FastApArgs, GeneralizedLiftedArgs, HistogramArgs,
+    InstanceArgs, IntraPairVarianceArgs, LiftedArgs, LossInputs, MarginArgs, MatryoshkaArgs,
+    MnrlArgs, MultiSimilarityArgs, NPairsArgs, NcaArgs, NtXentArgs, PnpArgs, PnpVariantArg,
+    RankedListArgs, SupConArgs, TcmArgs, TripletLossArgs, TupletArgs,
 };
 use crate::npy;
 use crate::{Common, Failure, TypeArg};
@@ -326,6 +326,16 @@ pub(crate) fn instance(a: &InstanceArgs, hooks: &Hooks) -> Result<(), Failure> {
         "loss instance",
         (&a.inputs, &a.common),
         Instance { gamma },
+        hooks,
+    )
+}
+
+pub(crate) fn angular(a: &AngularArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let alpha = a.alpha.unwrap_or(Angular::default().alpha);
+    pair(
+        "loss angular",
+        (&a.inputs, &a.common),
+        Angular { alpha },
         hooks,
     )
 }

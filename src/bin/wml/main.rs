@@ -141,6 +141,7 @@ impl Command {
             Command::Loss(LossCommand::Pnp(a)) => &a.common,
             Command::Loss(LossCommand::NPairs(a)) => &a.common,
             Command::Loss(LossCommand::Instance(a)) => &a.common,
+            Command::Loss(LossCommand::Angular(a)) => &a.common,
             Command::Tune(a) => &a.common,
         }
     }
@@ -554,6 +555,7 @@ fn main() -> ExitCode {
         Command::Loss(LossCommand::Pnp(a)) => losses::pnp(&a, &hooks),
         Command::Loss(LossCommand::NPairs(a)) => losses::n_pairs(&a, &hooks),
         Command::Loss(LossCommand::Instance(a)) => losses::instance(&a, &hooks),
+        Command::Loss(LossCommand::Angular(a)) => losses::angular(&a, &hooks),
         Command::Tune(a) => commands::tune(&a),
     };
     match done {

@@ -264,7 +264,7 @@ fn row_kernel(
 /// The sum of `x` in f64 over eight interleaved lanes, then across them: an order that
 /// does not depend on the vector width, and that the compiler vectorises.
 #[inline(always)]
-fn lanes(x: &[f32]) -> f64 {
+pub(super) fn lanes(x: &[f32]) -> f64 {
     let mut acc = [0.0f64; 8];
     let mut chunks = x.chunks_exact(8);
     for c in &mut chunks {
@@ -287,7 +287,7 @@ const SHIFT_BOUND: f64 = 40.0;
 /// arithmetic that the compiler vectorises: `2^n · p(r)` with `x = n ln 2 + r`,
 /// `|r| ≤ ln 2 / 2`, and `p` the Taylor polynomial to degree 7 (relative error below 3e-7).
 #[inline(always)]
-fn exp_bounded(x: f32) -> f32 {
+pub(super) fn exp_bounded(x: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer.
     const LN2_HI: f32 = 0.693_359_4; // ln 2's leading bits, so that `n · LN2_HI` is exact.
     const LN2_LO: f32 = -2.121_944_4e-4;

@@ -7,6 +7,7 @@
 //! the per-pair memory there is), and then taken through the distance and the L2
 //! normalisation by two products with the embeddings ([`backward`]).
 
+mod angular;
 mod backward;
 mod driver;
 mod gpu;
@@ -27,9 +28,9 @@ pub use info_nce::{
 pub use matryoshka::Matryoshka;
 pub use pair::{pair_loss, pair_loss_plan, PairLoss, PairLossConfig};
 pub use pair_params::{
-    Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, Instance, IntraPairVariance,
-    LiftedStructure, Margin, MultiSimilarity, NPairs, Nca, PairLossRule, Pnp, PnpVariant,
-    RankedList, SupCon, ThresholdConsistentMargin, TupletMargin,
+    Angular, Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, Instance,
+    IntraPairVariance, LiftedStructure, Margin, MultiSimilarity, NPairs, Nca, PairLossRule, Pnp,
+    PnpVariant, RankedList, SupCon, ThresholdConsistentMargin, TupletMargin,
 };
 pub use triplet::{triplet_margin_loss, triplet_margin_loss_plan, TripletLoss, TripletLossConfig};
 

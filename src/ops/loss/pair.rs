@@ -29,12 +29,13 @@ use std::hash::Hash;
 
 use ndarray::{Array1, Array2, ArrayView1, Axis};
 
+use super::angular;
 use super::driver::{self, Job, Mode, Scratch, Shared};
 use super::info_nce::{check_temperature, pair_counts};
 use super::pair_global::{self, is_global, state_bytes, STATE};
 use super::pair_params::{
-    Contrastive, GeneralizedLifted, IntraPairVariance, Kind, LiftedStructure, PairLossRule,
-    PnpVariant,
+    Angular, Contrastive, GeneralizedLifted, IntraPairVariance, Kind, LiftedStructure,
+    PairLossRule, PnpVariant,
 };
 use super::pair_rules::{anchor, Row};
 use crate::context::plan::Plan;
@@ -172,6 +173,7 @@ pub fn pair_loss<L: Hash + Ord + Copy, R: PairLossRule>(
         match cfg.rule.kind() {
             Kind::NPairs(_) => n_pairs(ctx, job, cfg),
             Kind::Instance(_) => run(ctx, job, cfg.rule.kind(), &ranks(queries)),
+            Kind::Angular(c) => angular::run(ctx, job, c),
             kind => run(ctx, job, kind, &[]),
         }
     })
@@ -216,6 +218,9 @@ pub fn pair_loss_plan<L: Hash + Ord + Copy, R: PairLossRule>(
         let kind = cfg.rule.kind();
         if !has_loss(job, kind).1 {
             return Ok(Plan::nothing(ctx.path(), job.set.ref_labels.len()));
+        }
+        if let Kind::Angular(_) = kind {
+            return angular::plan(ctx, job);
         }
         // What the passes keep between them is held beside the blocks, as the run holds it.
         let state = state_bytes(kind, job.set.labels.len());
@@ -269,6 +274,18 @@ fn check(op: &'static str, kind: Kind, distance: &DistanceConfig) -> Result<()> 
         Kind::Instance(c) => {
             positive("gamma", c.gamma)?;
             cosine_only(op, distance)
+        }
+        Kind::Angular(c) => {
+            angular::check_alpha(op, c.alpha)?;
+            if *distance == Angular::default_distance() {
+                return Ok(());
+            }
+            Err(Error::InvalidParameter {
+                op,
+                what: "distance",
+                value: format!("{distance:?}"),
+                rule: "must be Euclidean on normalised embeddings (as PML's AngularLoss asserts)",
+            })
         }
         Kind::Pnp(c) => {
             if c.variant == PnpVariant::Ib {
@@ -419,6 +436,7 @@ fn has_loss(job: &Job<'_>, kind: Kind) -> ((u64, u64), bool) {
         Kind::Nca(_) => b > 1,
         Kind::Margin(_) | Kind::FastAp(_) => true,
         Kind::RankedList(_) | Kind::Instance(_) => b > 0,
+        Kind::Angular(_) => positives > 0 && negatives > 0,
         Kind::ThresholdConsistentMargin(_) => positives + negatives > 0,
         Kind::Histogram(_) => has_triplet(job),
         Kind::Pnp(_) | Kind::NPairs(_) => positives > 0,

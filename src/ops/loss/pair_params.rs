@@ -387,6 +387,29 @@ impl Default for Instance {
     }
 }
 
+/// PML's `AngularLoss(alpha)` (default 40 degrees) on PML's default `LpDistance()`: for
+/// every positive pair `(a, p)`, `log(1 + Σ_n e^{4 tan²α (x̂_a + x̂_p)·r_n − 2 (1 + tan²α)
+/// x̂_a·x̂_p})` over the anchor's negatives `n`, averaged over the positive pairs. As in PML,
+/// the anchor and the positive are normalised and the negatives are not.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{Angular, Distance, PairLossConfig};
+/// let cfg = PairLossConfig::<Angular>::default();
+/// assert_eq!((cfg.rule.alpha, cfg.distance.distance), (40.0, Distance::Euclidean));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Angular {
+    /// The angle in degrees. Finite, with `4 tan²α` finite in f32.
+    pub alpha: f32,
+}
+
+impl Default for Angular {
+    fn default() -> Self {
+        Self { alpha: 40.0 }
+    }
+}
+
 /// PML's `PNPLoss` variants: how an anchor's soft count `R` of negatives ranked above each
 /// positive becomes its cost `f(R)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -455,12 +478,13 @@ mod sealed {
     impl Sealed for super::Pnp {}
     impl Sealed for super::NPairs {}
     impl Sealed for super::Instance {}
+    impl Sealed for super::Angular {}
 }
 
 /// A pair loss's rule: [`Contrastive`], [`MultiSimilarity`], [`SupCon`], [`Circle`],
 /// [`Nca`], [`GeneralizedLifted`], [`Margin`], [`FastAp`], [`LiftedStructure`],
 /// [`Histogram`], [`TupletMargin`], [`IntraPairVariance`], [`RankedList`],
-/// [`ThresholdConsistentMargin`], [`Pnp`], [`NPairs`] or [`Instance`]. Its type picks the loss
+/// [`ThresholdConsistentMargin`], [`Pnp`], [`NPairs`], [`Instance`] or [`Angular`]. Its type picks the loss
 /// [`pair_loss`](crate::pair_loss) computes and the distance
 /// [`PairLossConfig`](crate::PairLossConfig) defaults to.
 pub trait PairLossRule: sealed::Sealed + Debug + Clone + Copy + PartialEq + Default {
@@ -496,6 +520,7 @@ pub enum Kind {
     Pnp(Pnp),
     NPairs(NPairs),
     Instance(Instance),
+    Angular(Angular),
 }
 
 const COSINE: DistanceConfig = DistanceConfig {
@@ -572,3 +597,4 @@ rule!(
     }
 );
 rule!(Instance, "instance_loss", COSINE);
+rule!(Angular, "angular_loss", EUCLIDEAN);

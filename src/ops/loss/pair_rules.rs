@@ -161,7 +161,8 @@ pub(super) fn anchor(kind: Kind, row: &Row<'_>, s: &mut Scratch) -> Totals {
         Kind::LiftedStructure(_)
         | Kind::Histogram(_)
         | Kind::IntraPairVariance(_)
-        | Kind::ThresholdConsistentMargin(_) => Totals::default(),
+        | Kind::ThresholdConsistentMargin(_)
+        | Kind::Angular(_) => Totals::default(),
     }
 }
 
