@@ -18,11 +18,11 @@ case so that its peak RSS is that case's own):
 
 - PML's pair losses (`--pair [M ...]`: ContrastiveLoss, MultiSimilarityLoss, SupConLoss,
   CircleLoss, NCALoss, GeneralizedLiftedStructureLoss, MarginLoss, LiftedStructureLoss,
-  TupletMarginLoss, IntraPairVarianceLoss, PML's defaults) of a batch of 256 (10 classes,
+  TupletMarginLoss, IntraPairVarianceLoss, AngularLoss, PML's defaults) of a batch of 256 (10 classes,
   d = 128) against M detached reference rows (default 4 096), forward and backward, PML
   against the drop-ins; `--in-batch [B ...]` the losses whose PML code refuses references
   (FastAPLoss, HistogramLoss, RankedListLoss with margin 0.4 and Tn 1,
-  ThresholdConsistentMarginLoss, PNPLoss, NPairsLoss) on a batch of B; `--only NAME ...` picks losses.
+  ThresholdConsistentMarginLoss, PNPLoss, NPairsLoss, InstanceLoss) on a batch of B; `--only NAME ...` picks losses.
 
 Needs the Python venv of python/requirements-test.txt with the package installed (README);
 not part of CI:
@@ -99,10 +99,10 @@ def mnrl_torch(anchors, positives, scale):
 # PML's pair losses the drop-ins compute (`--pair`), with PML's defaults.
 PAIR_LOSSES = ("ContrastiveLoss", "MultiSimilarityLoss", "SupConLoss", "CircleLoss", "NCALoss",
                "GeneralizedLiftedStructureLoss", "MarginLoss", "LiftedStructureLoss",
-               "TupletMarginLoss", "IntraPairVarianceLoss")
+               "TupletMarginLoss", "IntraPairVarianceLoss", "AngularLoss")
 # The losses whose PML code refuses references (`--in-batch`): B rows, no references.
 IN_BATCH_LOSSES = ("FastAPLoss", "HistogramLoss", "RankedListLoss", "ThresholdConsistentMarginLoss",
-                   "PNPLoss", "NPairsLoss")
+                   "PNPLoss", "NPairsLoss", "InstanceLoss")
 # Parameters PML requires (no default).
 REQUIRED = {"RankedListLoss": dict(margin=0.4, Tn=1.0)}
 
