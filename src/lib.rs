@@ -44,10 +44,11 @@ pub use ops::knn::{knn, knn_on_device, knn_plan, knn_sharded, Knn, KnnConfig, Kn
 pub use ops::loss::{
     multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan, ntxent_loss,
     ntxent_loss_plan, pair_loss, pair_loss_plan, triplet_margin_loss, triplet_margin_loss_plan,
-    Angular, Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, InfoNceLoss,
-    Instance, IntraPairVariance, LiftedStructure, Margin, Matryoshka, MnrlConfig, MultiSimilarity,
-    NPairs, Nca, PairLoss, PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SupCon,
-    ThresholdConsistentMargin, TripletLoss, TripletLossConfig, TupletMargin,
+    vicreg_loss, vicreg_loss_plan, Angular, Circle, Contrastive, FastAp, GeneralizedLifted,
+    Histogram, InfoNceConfig, InfoNceLoss, Instance, IntraPairVariance, LiftedStructure, Margin,
+    Matryoshka, MnrlConfig, MultiSimilarity, NPairs, Nca, PairLoss, PairLossConfig, PairLossRule,
+    Pnp, PnpVariant, RankedList, SupCon, ThresholdConsistentMargin, TripletLoss, TripletLossConfig,
+    TupletMargin, VicRegConfig, VicRegLoss,
 };
 pub use ops::miners::{
     all_pairs, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets,

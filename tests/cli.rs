@@ -11,14 +11,14 @@ use ndarray_npy::{read_npy, write_npy};
 use wgpu_metric_learning::{
     accuracy, angular_triplets, batch_hard_triplets, distance_weighted_triplets, hdc_pairs, knn,
     mine_triplets, multiple_negatives_ranking_loss, ntxent_loss, pair_loss, pair_margin_pairs,
-    triplet_margin_loss, uniform_histogram_pairs, AccuracyConfig, AccuracyK, AccuracyMetric,
-    Angular, AngularConfig, BatchHardConfig, Circle, Context, Contrastive, Distance,
-    DistanceConfig, DistanceWeightedConfig, FastAp, GeneralizedLifted, HdcConfig, InfoNceConfig,
-    Instance, IntraPairVariance, KmeansConfig, KnnConfig, LiftedStructure, Margin, Matryoshka,
-    MiningSet, MnrlConfig, MultiSimilarity, NPairs, Nca, PairLoss, PairLossConfig, PairLossRule,
-    PairMarginConfig, Pnp, PnpVariant, RankedList, SelfExclusion, SupCon,
+    triplet_margin_loss, uniform_histogram_pairs, vicreg_loss, AccuracyConfig, AccuracyK,
+    AccuracyMetric, Angular, AngularConfig, BatchHardConfig, Circle, Context, Contrastive,
+    Distance, DistanceConfig, DistanceWeightedConfig, FastAp, GeneralizedLifted, HdcConfig,
+    InfoNceConfig, Instance, IntraPairVariance, KmeansConfig, KnnConfig, LiftedStructure, Margin,
+    Matryoshka, MiningSet, MnrlConfig, MultiSimilarity, NPairs, Nca, PairLoss, PairLossConfig,
+    PairLossRule, PairMarginConfig, Pnp, PnpVariant, RankedList, SelfExclusion, SupCon,
     ThresholdConsistentMargin, TripletConfig, TripletLossConfig, TripletRule, TripletType,
-    TupletMargin, UniformHistogramConfig,
+    TupletMargin, UniformHistogramConfig, VicRegConfig,
 };
 
 /// A fresh directory for one test's files.
@@ -1134,4 +1134,62 @@ fn losses_print_their_json_and_write_the_library_gradients() {
         ]),
         &["y.npy"],
     );
+}
+
+#[test]
+fn vicreg_prints_its_terms_and_writes_both_gradients() {
+    let d = dir("vicreg");
+    let (x, _) = clustered();
+    let x2 = x.mapv(|v| v * 0.8 + 0.1);
+    write_npy(d.join("x.npy"), &x).expect("write");
+    write_npy(d.join("x2.npy"), &x2).expect("write");
+    let p = |n: &str| d.join(n);
+    let out = ok(&wml(&[
+        "loss",
+        "vicreg",
+        "--embeddings",
+        arg(&p("x.npy")),
+        "--ref-embeddings",
+        arg(&p("x2.npy")),
+        "--covariance-v",
+        "2",
+        "--grad-out",
+        arg(&p("g.npy")),
+        "--ref-grad-out",
+        arg(&p("rg.npy")),
+        "--backend",
+        "cpu",
+    ]));
+    let cfg = VicRegConfig {
+        covariance_v: 2.0,
+        ..Default::default()
+    };
+    let ctx = Context::native_cpu(None);
+    let want = vicreg_loss(&ctx, x.view(), Some(x2.view()), &cfg).expect("loss");
+    for (field, value) in [
+        ("loss", want.loss),
+        ("invariance", want.invariance),
+        ("variance", want.variance),
+        ("covariance", want.covariance),
+    ] {
+        assert_eq!(json_field(&out, field), f64::from(value), "{out}");
+    }
+    let g: Array2<f32> = read_npy(p("g.npy")).expect("grad");
+    let rg: Array2<f32> = read_npy(p("rg.npy")).expect("ref grad");
+    assert_eq!((g, Some(rg)), (want.grad, want.ref_grad));
+    // Labels are not VICReg's: one row is too few.
+    let one = x.slice(ndarray::s![..1, ..]).to_owned();
+    write_npy(d.join("one.npy"), &one).expect("write");
+    let (one_file, g1) = (p("one.npy"), p("g1.npy"));
+    let bad = [
+        "loss",
+        "vicreg",
+        "--embeddings",
+        arg(&one_file),
+        "--grad-out",
+        arg(&g1),
+        "--backend",
+        "cpu",
+    ];
+    fails_with(&wml(&bad), &["n >= 2"]);
 }

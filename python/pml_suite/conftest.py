@@ -53,6 +53,7 @@ LOSSES = [
     "ThresholdConsistentMarginLoss",
     "TripletMarginLoss",
     "TupletMarginLoss",
+    "VICRegLoss",
 ]
 
 for name in MINERS:

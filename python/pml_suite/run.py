@@ -37,6 +37,7 @@ FILES = [
     "losses/test_npairs_loss.py",
     "losses/test_instance_loss.py",
     "losses/test_angular_loss.py",
+    "losses/test_vicreg_loss.py",
     "losses/test_pnp_loss.py",
     "losses/test_intra_pair_variance_loss.py",
     "losses/test_ranked_list_loss.py",

@@ -30,7 +30,7 @@ use losses::{
     histogram_loss, instance_loss, intra_pair_variance_loss, lifted_structure_loss, margin_loss,
     multi_similarity_loss, multiple_negatives_ranking_loss, n_pairs_loss, nca_loss, ntxent_loss,
     pnp_loss, ranked_list_loss, supcon_loss, threshold_consistent_margin_loss, triplet_margin_loss,
-    tuplet_margin_loss,
+    tuplet_margin_loss, vicreg_loss,
 };
 use mining::{
     all_pairs, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets, count_triplets,
@@ -85,5 +85,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(n_pairs_loss, m)?)?;
     m.add_function(wrap_pyfunction!(instance_loss, m)?)?;
     m.add_function(wrap_pyfunction!(angular_loss, m)?)?;
+    m.add_function(wrap_pyfunction!(vicreg_loss, m)?)?;
     Ok(())
 }

@@ -12,7 +12,7 @@ use wml::{
     Angular, Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, InfoNceLoss,
     Instance, IntraPairVariance, LiftedStructure, Margin, Matryoshka, MnrlConfig, MultiSimilarity,
     NPairs, Nca, PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SupCon,
-    ThresholdConsistentMargin, TripletLossConfig, TupletMargin,
+    ThresholdConsistentMargin, TripletLossConfig, TupletMargin, VicRegConfig,
 };
 
 use crate::call::{distance_config, labelled, run, self_exclusion};
@@ -190,6 +190,51 @@ pub(crate) fn multiple_negatives_ranking_loss<'py>(
         wml::multiple_negatives_ranking_loss(inner, a, c, &cfg)
     })?;
     info_nce_tuple(py, out, widths)
+}
+
+/// PML's `VICRegLoss` and its gradients: `(loss, invariance, variance, covariance, grad (n,
+/// d), ref_grad (n, d) or None)`; `ref_emb` `None` is the embeddings themselves.
+#[pyfunction]
+#[pyo3(signature = (ctx, embeddings, ref_emb = None, *, invariance_lambda = 25.0, variance_mu = 25.0, covariance_v = 1.0, eps = 1e-4))]
+#[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
+pub(crate) fn vicreg_loss<'py>(
+    py: Python<'py>,
+    ctx: &PyContext,
+    embeddings: PyReadonlyArray2<'py, f32>,
+    ref_emb: Option<PyReadonlyArray2<'py, f32>>,
+    invariance_lambda: f32,
+    variance_mu: f32,
+    covariance_v: f32,
+    eps: f32,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let z = embeddings.as_array();
+    let z2 = ref_emb.as_ref().map(|r| r.as_array());
+    let inner = &ctx.inner;
+    let out = run(py, move |hooks| {
+        let cfg = VicRegConfig {
+            invariance_lambda,
+            variance_mu,
+            covariance_v,
+            eps,
+            hooks,
+        };
+        wml::vicreg_loss(inner, z, z2, &cfg)
+    })?;
+    let ref_grad = match out.ref_grad {
+        Some(g) => g.into_pyarray(py).into_any(),
+        None => py.None().into_bound(py),
+    };
+    PyTuple::new(
+        py,
+        [
+            out.loss.into_pyobject(py)?.into_any(),
+            out.invariance.into_pyobject(py)?.into_any(),
+            out.variance.into_pyobject(py)?.into_any(),
+            out.covariance.into_pyobject(py)?.into_any(),
+            out.grad.into_pyarray(py).into_any(),
+            ref_grad,
+        ],
+    )
 }
 
 /// The sides and options every pair loss takes.

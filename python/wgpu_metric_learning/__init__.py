@@ -34,7 +34,7 @@ and PML's pair losses :func:`contrastive_loss`, :func:`multi_similarity_loss`,
 :func:`lifted_structure_loss`, :func:`histogram_loss`, :func:`tuplet_margin_loss`,
 :func:`intra_pair_variance_loss`, :func:`ranked_list_loss`,
 :func:`threshold_consistent_margin_loss`, :func:`pnp_loss`, :func:`n_pairs_loss`,
-:func:`instance_loss`, :func:`angular_loss`.
+:func:`instance_loss`, :func:`angular_loss`; :func:`vicreg_loss` (two views, no labels).
 
 ``wgpu_metric_learning.pml`` has drop-ins for pytorch-metric-learning (``KNN`` for
 ``AccuracyCalculator``, the miners, ``CrossBatchMemory``, ``TripletMarginLoss`` and
@@ -63,6 +63,7 @@ __all__ = [
     "MemoryBank",
     "Pairs",
     "TripletChunks",
+    "VicReg",
     "accuracy",
     "adjusted_mutual_info",
     "all_pairs",
@@ -104,6 +105,7 @@ __all__ = [
     "n_pairs_loss",
     "instance_loss",
     "angular_loss",
+    "vicreg_loss",
 ]
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -134,6 +136,21 @@ class Enqueued(NamedTuple):
     slots: np.ndarray
     query_rows: np.ndarray
     self_exclusion: Union[str, np.ndarray]
+
+
+class VicReg(NamedTuple):
+    """PML's VICReg loss, its weighted terms (as PML's sub-losses) and both views' gradients."""
+
+    loss: float
+    invariance: float
+    #: Both views' variance terms.
+    variance: float
+    #: Both views' covariance terms.
+    covariance: float
+    #: ``∂loss/∂embeddings`` ``(n, d)`` float32 (both roles without a second view).
+    grad: np.ndarray
+    #: ``∂loss/∂ref_embeddings`` ``(n, d)`` float32 when a second view was given.
+    ref_grad: Optional[np.ndarray]
 
 
 class Loss(NamedTuple):
@@ -1305,3 +1322,24 @@ def angular_loss(
         "angular_loss", ctx, embeddings, labels, refs, alpha=alpha, distance=distance,
         normalize=normalize, self_exclusion=self_exclusion, ref_grad=ref_grad,
     )
+
+
+def vicreg_loss(
+    ctx: Context,
+    embeddings: Any,
+    ref_embeddings: Any = None,
+    *,
+    invariance_lambda: float = 25.0,
+    variance_mu: float = 25.0,
+    covariance_v: float = 1.0,
+    eps: float = 1e-4,
+) -> VicReg:
+    """PML's ``VICRegLoss(invariance_lambda, variance_mu, covariance_v, eps)`` of two views
+    ``(n, d)`` (``ref_embeddings`` ``None``: the first view again, as PML's ``ref_emb``),
+    ``n >= 2``, with both views' gradients. The covariance term comes from the smaller of the
+    ``(n, n)`` and ``(d, d)`` Gram matrices."""
+    second = None if ref_embeddings is None else _matrix(ref_embeddings, "ref_embeddings")
+    return VicReg(*_native.vicreg_loss(
+        ctx, _matrix(embeddings, "embeddings"), second, invariance_lambda=invariance_lambda,
+        variance_mu=variance_mu, covariance_v=covariance_v, eps=eps,
+    ))

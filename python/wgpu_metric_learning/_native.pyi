@@ -58,6 +58,7 @@ __all__ = [
     "n_pairs_loss",
     "instance_loss",
     "angular_loss",
+    "vicreg_loss",
 ]
 
 @final
@@ -636,3 +637,13 @@ def angular_loss(
     self_exclusion: _SelfExclusion = None,
     ref_grad: bool = False,
 ) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
+def vicreg_loss(
+    ctx: Context,
+    embeddings: _F32,
+    ref_emb: Optional[_F32] = None,
+    *,
+    invariance_lambda: float = 25.0,
+    variance_mu: float = 25.0,
+    covariance_v: float = 1.0,
+    eps: float = 1e-4,
+) -> Tuple[float, float, float, float, _F32, Optional[_F32]]: ...

@@ -117,6 +117,7 @@ __all__ = [
     "TripletMarginLoss",
     "TripletMarginMiner",
     "TupletMarginLoss",
+    "VICRegLoss",
 ]
 
 def library_distance(distance: Any) -> Optional[Tuple[str, bool]]:
@@ -1761,3 +1762,62 @@ class AngularLoss(_WholeLoss, pml_losses.AngularLoss):
 
     def _library_args(self) -> Dict[str, Any]:
         return {"alpha": float(np.degrees(float(self.alpha)))}
+
+
+class VICRegLoss(_LibraryLoss, pml_losses.VICRegLoss):
+    """PML's ``VICRegLoss(invariance_lambda=25, variance_mu=25, covariance_v=1, eps=1e-4)``
+    whose value and gradients come from the library: the covariance term from the smaller of
+    the ``(n, n)`` and ``(d, d)`` Gram matrices (PML always forms ``(d, d)``).
+    ``loss.backward()`` reaches ``embeddings`` and ``ref_emb``. PML's code runs instead (and
+    raises where PML raises) with labels or an ``indices_tuple``, another reducer, fewer than
+    two rows, views of different shapes, or an ``eps`` that is not positive."""
+
+    _default_reducer = pml_reducers.MeanReducer
+
+    def __init__(
+        self,
+        invariance_lambda: float = 25,
+        variance_mu: float = 25,
+        covariance_v: float = 1,
+        eps: float = 1e-4,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            invariance_lambda=invariance_lambda, variance_mu=variance_mu,
+            covariance_v=covariance_v, eps=eps, **kwargs,
+        )
+        self._set_context(context, backend, budget)
+
+    def _library_can(self) -> bool:
+        weights = (self.invariance_lambda, self.variance_mu, self.covariance_v)
+        return (
+            all(np.isfinite(float(w)) for w in weights)
+            and 0 < float(self.eps) < float("inf")
+            and self._default_reducers()
+        )
+
+    def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
+        if (
+            labels is not None
+            or indices_tuple is not None
+            or ref_labels is not None
+            or embeddings.dim() != 2
+            or embeddings.shape[0] < 2
+            or (ref_emb is not None and ref_emb.shape != embeddings.shape)
+            or not self._library_can()
+        ):
+            return super().forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        self.reset_stats()
+        second = None if ref_emb is None else _emb(ref_emb, "ref_emb")
+        out = _native.vicreg_loss(
+            self.context, _emb(embeddings, "embeddings"), second,
+            invariance_lambda=float(self.invariance_lambda), variance_mu=float(self.variance_mu),
+            covariance_v=float(self.covariance_v), eps=float(self.eps),
+        )
+        pairs = [(embeddings, out[4])]
+        if ref_emb is not None:
+            pairs.append((ref_emb, out[5]))
+        return _loss_tensor(out[0], pairs)

@@ -26,3 +26,4 @@ pub mod triplet_lists;
 pub mod triplet_margin_loss;
 pub mod triplet_select;
 pub mod triplet_weights;
+pub mod vicreg_loss;

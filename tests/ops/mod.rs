@@ -14,3 +14,4 @@ pub(crate) mod pair_loss;
 mod pair_loss_tuples;
 mod sampling_miners;
 mod triplet_margin_loss;
+mod vicreg_loss;

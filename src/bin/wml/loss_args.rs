@@ -75,6 +75,9 @@ pub(crate) enum LossCommand {
     /// PML AngularLoss (Euclidean on normalised rows: its angle only), averaged over the
     /// positive pairs; prints as contrastive does.
     Angular(AngularArgs),
+    /// PML VICRegLoss of two views (no labels); prints {"loss", "invariance", "variance",
+    /// "covariance"}.
+    Vicreg(VicRegArgs),
 }
 
 /// The labelled inputs and gradient outputs of the label-based losses.
@@ -445,6 +448,36 @@ pub(crate) struct AngularArgs {
     /// The angle in degrees. Default 40.
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) alpha: Option<f32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct VicRegArgs {
+    /// The first view, (n, d).
+    #[arg(long)]
+    pub(crate) embeddings: PathBuf,
+    /// The second view, (n, d); default: the first (the invariance is then 0).
+    #[arg(long)]
+    pub(crate) ref_embeddings: Option<PathBuf>,
+    /// The invariance term's weight. Default 25.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) invariance_lambda: Option<f32>,
+    /// The variance terms' weight. Default 25.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) variance_mu: Option<f32>,
+    /// The covariance terms' weight. Default 1.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) covariance_v: Option<f32>,
+    /// Added to each variance under the square root. Default 1e-4.
+    #[arg(long)]
+    pub(crate) eps: Option<f32>,
+    /// Output (n, d) float32 array: the gradient with respect to --embeddings.
+    #[arg(long)]
+    pub(crate) grad_out: PathBuf,
+    /// Output (n, d) float32 array: the gradient with respect to --ref-embeddings.
+    #[arg(long)]
+    pub(crate) ref_grad_out: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) common: Common,
 }

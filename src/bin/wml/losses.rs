@@ -5,11 +5,12 @@ use std::path::Path;
 
 use ndarray::Array2;
 use wgpu_metric_learning::{
-    multiple_negatives_ranking_loss, ntxent_loss, pair_loss, triplet_margin_loss, Angular, Circle,
-    Contrastive, Distance, FastAp, GeneralizedLifted, Histogram, Hooks, InfoNceConfig, InfoNceLoss,
-    Instance, IntraPairVariance, LiftedStructure, Margin, Matryoshka, MnrlConfig, MultiSimilarity,
-    NPairs, Nca, PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SupCon,
-    ThresholdConsistentMargin, TripletLossConfig, TripletRule, TripletType, TupletMargin,
+    multiple_negatives_ranking_loss, ntxent_loss, pair_loss, triplet_margin_loss, vicreg_loss,
+    Angular, Circle, Contrastive, Distance, FastAp, GeneralizedLifted, Histogram, Hooks,
+    InfoNceConfig, InfoNceLoss, Instance, IntraPairVariance, LiftedStructure, Margin, Matryoshka,
+    MnrlConfig, MultiSimilarity, NPairs, Nca, PairLossConfig, PairLossRule, Pnp, PnpVariant,
+    RankedList, SupCon, ThresholdConsistentMargin, TripletLossConfig, TripletRule, TripletType,
+    TupletMargin, VicRegConfig,
 };
 
 use crate::commands::{context, distance_config, given, json_number, timed, Side};
@@ -17,7 +18,7 @@ use crate::loss_args::{
     AngularArgs, CircleArgs, ContrastiveArgs, FastApArgs, GeneralizedLiftedArgs, HistogramArgs,
     InstanceArgs, IntraPairVarianceArgs, LiftedArgs, LossInputs, MarginArgs, MatryoshkaArgs,
     MnrlArgs, MultiSimilarityArgs, NPairsArgs, NcaArgs, NtXentArgs, PnpArgs, PnpVariantArg,
-    RankedListArgs, SupConArgs, TcmArgs, TripletLossArgs, TupletArgs,
+    RankedListArgs, SupConArgs, TcmArgs, TripletLossArgs, TupletArgs, VicRegArgs,
 };
 use crate::npy;
 use crate::{Common, Failure, TypeArg};
@@ -338,6 +339,42 @@ pub(crate) fn angular(a: &AngularArgs, hooks: &Hooks) -> Result<(), Failure> {
         Angular { alpha },
         hooks,
     )
+}
+
+pub(crate) fn vicreg(a: &VicRegArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let z = npy::read_embeddings(&a.embeddings)?;
+    let z2 = match &a.ref_embeddings {
+        Some(path) => Some(npy::read_embeddings(path)?),
+        None => None,
+    };
+    let d = VicRegConfig::default();
+    let cfg = VicRegConfig {
+        invariance_lambda: a.invariance_lambda.unwrap_or(d.invariance_lambda),
+        variance_mu: a.variance_mu.unwrap_or(d.variance_mu),
+        covariance_v: a.covariance_v.unwrap_or(d.covariance_v),
+        eps: a.eps.unwrap_or(d.eps),
+        hooks: hooks.clone(),
+    };
+    let ctx = context(&a.common)?;
+    let files = given(&[
+        ("embeddings", Some(a.embeddings.as_path())),
+        ("ref-embeddings", a.ref_embeddings.as_deref()),
+    ]);
+    let out = timed("loss vicreg", &ctx, &a.common, &files, || {
+        vicreg_loss(&ctx, z.view(), z2.as_ref().map(|z| z.view()), &cfg)
+    })?;
+    npy::write(&a.grad_out, &out.grad)?;
+    if let (Some(path), Some(g)) = (&a.ref_grad_out, &out.ref_grad) {
+        npy::write(path, g)?;
+    }
+    println!(
+        "{{\"loss\": {}, \"invariance\": {}, \"variance\": {}, \"covariance\": {}}}",
+        json_number(f64::from(out.loss)),
+        json_number(f64::from(out.invariance)),
+        json_number(f64::from(out.variance)),
+        json_number(f64::from(out.covariance))
+    );
+    Ok(())
 }
 
 /// A pair loss with `rule` on the inputs; the distance defaults to the rule's PML default.

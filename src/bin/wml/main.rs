@@ -142,6 +142,7 @@ impl Command {
             Command::Loss(LossCommand::NPairs(a)) => &a.common,
             Command::Loss(LossCommand::Instance(a)) => &a.common,
             Command::Loss(LossCommand::Angular(a)) => &a.common,
+            Command::Loss(LossCommand::Vicreg(a)) => &a.common,
             Command::Tune(a) => &a.common,
         }
     }
@@ -556,6 +557,7 @@ fn main() -> ExitCode {
         Command::Loss(LossCommand::NPairs(a)) => losses::n_pairs(&a, &hooks),
         Command::Loss(LossCommand::Instance(a)) => losses::instance(&a, &hooks),
         Command::Loss(LossCommand::Angular(a)) => losses::angular(&a, &hooks),
+        Command::Loss(LossCommand::Vicreg(a)) => losses::vicreg(&a, &hooks),
         Command::Tune(a) => commands::tune(&a),
     };
     match done {

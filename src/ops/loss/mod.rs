@@ -20,6 +20,7 @@ mod pair_params;
 mod pair_rules;
 mod plan;
 mod triplet;
+mod vicreg;
 
 pub use info_nce::{
     multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan, ntxent_loss,
@@ -33,6 +34,7 @@ pub use pair_params::{
     PnpVariant, RankedList, SupCon, ThresholdConsistentMargin, TupletMargin,
 };
 pub use triplet::{triplet_margin_loss, triplet_margin_loss_plan, TripletLoss, TripletLossConfig};
+pub use vicreg::{vicreg_loss, vicreg_loss_plan, VicRegConfig, VicRegLoss};
 
 use ndarray::{Array2, ArrayView2};
 
