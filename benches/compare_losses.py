@@ -22,7 +22,8 @@ case so that its peak RSS is that case's own):
   d = 128) against M detached reference rows (default 4 096), forward and backward, PML
   against the drop-ins; `--in-batch [B ...]` the losses whose PML code refuses references
   (FastAPLoss, HistogramLoss, RankedListLoss with margin 0.4 and Tn 1,
-  ThresholdConsistentMarginLoss, PNPLoss, NPairsLoss, InstanceLoss) on a batch of B; `--only NAME ...` picks losses.
+  ThresholdConsistentMarginLoss, PNPLoss, NPairsLoss, InstanceLoss) on a batch of B;
+  `--vicreg [NxD ...]` PML's VICRegLoss of two views (n, d), forward and backward; `--only NAME ...` picks losses.
 
 Needs the Python venv of python/requirements-test.txt with the package installed (README);
 not part of CI:
@@ -159,6 +160,27 @@ def worker(a):
             timings.append(time.perf_counter() - t)
         rec.update(loss=loss.item(), seconds=timings)
         torch.save(e.grad, f"/tmp/wml-loss-grad-{a.func}-{a.m}.pt")
+    elif a.func.startswith("vicreg_"):
+        from pytorch_metric_learning import losses
+
+        g = torch.Generator().manual_seed(5)
+        z = torch.randn(a.m, a.d, generator=g)
+        z2 = z + 0.1 * torch.randn(a.m, a.d, generator=g)
+        if a.func == "vicreg_pml":
+            loss_fn = losses.VICRegLoss()
+        else:
+            from wgpu_metric_learning import pml as drop
+
+            loss_fn = drop.VICRegLoss(backend=a.backend)
+        timings = []
+        for _ in range(a.reps):
+            e, e2 = z.clone().requires_grad_(True), z2.clone().requires_grad_(True)
+            t = time.perf_counter()
+            loss = loss_fn(e, ref_emb=e2)
+            loss.backward()
+            timings.append(time.perf_counter() - t)
+        rec.update(loss=loss.item(), seconds=timings)
+        torch.save(e.grad, f"/tmp/wml-loss-grad-{a.func}-{a.m}.pt")
     elif a.func.startswith("triplet_"):
         from pytorch_metric_learning import losses
 
@@ -224,9 +246,9 @@ def worker(a):
     print(json.dumps(rec))
 
 
-def launch(func, m, reps, backend):
+def launch(func, m, reps, backend, d=0):
     cmd = ["flock", "/tmp/bench.lock", sys.executable, __file__, "--worker", func,
-           "--m", str(m), "--reps", str(reps), "--backend", backend]
+           "--m", str(m), "--d", str(d), "--reps", str(reps), "--backend", backend]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         return {"func": func, "m": m, "failed": p.returncode, "stderr": p.stderr[-400:]}
@@ -264,6 +286,8 @@ def main():
     ap.add_argument("--in-batch", type=int, nargs="*", default=None,
                     help="only PML's losses that refuse references, on batches of these sizes")
     ap.add_argument("--only", nargs="*", default=None, help="these losses only (class names)")
+    ap.add_argument("--vicreg", nargs="*", default=None, help="only VICReg, on views NxD")
+    ap.add_argument("--d", type=int, default=0)
     a = ap.parse_args()
     if a.worker:
         a.func = a.worker
@@ -272,6 +296,20 @@ def main():
 
     print("| case | implementation | median s | peak RSS MiB | loss |")
     print("|---|---|---|---|---|")
+    if a.vicreg is not None:
+        for shape in a.vicreg or ["256x2048"]:
+            n, d = (int(v) for v in shape.split("x"))
+            funcs = ("vicreg_pml", "vicreg_ours")
+            recs = {f: launch(f, n, a.reps, a.backend, d) for f in funcs}
+            label = f"VICRegLoss, ({n}, {d})"
+            for f, rec in recs.items():
+                print_row(label, "PML VICRegLoss" if f == "vicreg_pml" else "wml.pml VICRegLoss", rec)
+            if all("failed" not in r for r in recs.values()):
+                g = [torch.load(f"/tmp/wml-loss-grad-{f}-{n}.pt") for f in funcs]
+                t = [statistics.median(recs[f]["seconds"]) for f in funcs]
+                print(f"| {label} | speed-up {t[0] / t[1]:.1f}×; gradient max relative "
+                      f"difference | {relative_difference(g[1], g[0]):.1e} | | |")
+        return
     modes = [("pair", PAIR_LOSSES, a.pair, "256 × {m}"),
              ("inbatch", IN_BATCH_LOSSES, a.in_batch, "B = {m}")]
     if a.pair is not None or a.in_batch is not None:

@@ -99,6 +99,40 @@ pub(crate) fn par_rows<S>(
     });
 }
 
+/// `c = alpha · a b + beta · c`, its rows (or, where it is wider than tall, its columns)
+/// split over the cores.
+pub(crate) fn par_mul(
+    alpha: f32,
+    a: ndarray::ArrayView2<'_, f32>,
+    b: ndarray::ArrayView2<'_, f32>,
+    beta: f32,
+    mut c: ndarray::ArrayViewMut2<'_, f32>,
+) {
+    let (rows, cols) = c.dim();
+    let workers = threads()
+        .min((rows * cols * a.ncols()).div_ceil(1 << 20))
+        .max(1);
+    if workers == 1 {
+        ndarray::linalg::general_mat_mul(alpha, &a, &b, beta, &mut c);
+        return;
+    }
+    std::thread::scope(|scope| {
+        if rows >= cols {
+            let per = rows.div_ceil(workers);
+            for (t, mut c) in c.axis_chunks_iter_mut(ndarray::Axis(0), per).enumerate() {
+                let a = a.slice(ndarray::s![t * per..t * per + c.nrows(), ..]);
+                scope.spawn(move || ndarray::linalg::general_mat_mul(alpha, &a, &b, beta, &mut c));
+            }
+        } else {
+            let per = cols.div_ceil(workers);
+            for (t, mut c) in c.axis_chunks_iter_mut(ndarray::Axis(1), per).enumerate() {
+                let b = b.slice(ndarray::s![.., t * per..t * per + c.ncols()]);
+                scope.spawn(move || ndarray::linalg::general_mat_mul(alpha, &a, &b, beta, &mut c));
+            }
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,8 +20,7 @@
 //! add their pairs to the mean's count and nothing else (their losses are 0, as PML's masked
 //! `logsumexp` gives).
 
-use ndarray::linalg::general_mat_mul;
-use ndarray::{s, Array2, ArrayView2, ArrayViewMut2, Axis};
+use ndarray::{Array2, ArrayView2, ArrayViewMut2, Axis};
 
 use super::backward::through_normalization;
 use super::driver::{Job, Sizing, BLOCK_BYTES};
@@ -36,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::hooks::Reporter;
 use crate::ops::distance::native::normalized;
 use crate::runtime::memory::HostReservation;
-use crate::runtime::pool::threads;
+use crate::runtime::pool::{par_mul, threads};
 use crate::runtime::transfer;
 
 /// The label of a call's working memory.
@@ -490,40 +489,6 @@ fn pair_kernel(row: &PairRow<'_>, e: &mut [f32]) -> (f64, (f64, f64)) {
     let negatives = lanes(e);
     let sum = negatives + (-f64::from(top)).exp();
     (f64::from(top) + sum.ln(), (sum, negatives / sum))
-}
-
-/// `c = alpha · a b + beta · c`, its rows (or, where it is wider than tall, its columns)
-/// split over the cores.
-fn par_mul(
-    alpha: f32,
-    a: ArrayView2<'_, f32>,
-    b: ArrayView2<'_, f32>,
-    beta: f32,
-    mut c: ArrayViewMut2<'_, f32>,
-) {
-    let (rows, cols) = c.dim();
-    let workers = threads()
-        .min((rows * cols * a.ncols()).div_ceil(1 << 20))
-        .max(1);
-    if workers == 1 {
-        general_mat_mul(alpha, &a, &b, beta, &mut c);
-        return;
-    }
-    std::thread::scope(|scope| {
-        if rows >= cols {
-            let per = rows.div_ceil(workers);
-            for (t, mut c) in c.axis_chunks_iter_mut(Axis(0), per).enumerate() {
-                let a = a.slice(s![t * per..t * per + c.nrows(), ..]);
-                scope.spawn(move || general_mat_mul(alpha, &a, &b, beta, &mut c));
-            }
-        } else {
-            let per = cols.div_ceil(workers);
-            for (t, mut c) in c.axis_chunks_iter_mut(Axis(1), per).enumerate() {
-                let b = b.slice(s![.., t * per..t * per + c.ncols()]);
-                scope.spawn(move || general_mat_mul(alpha, &a, &b, beta, &mut c));
-            }
-        }
-    });
 }
 
 /// The error of an angle PML's formula cannot take in f32.

@@ -13,7 +13,6 @@
 //! `n² d` work rather than `n d²`. Either matrix is at most `min(n, d)²`, no larger than a view,
 //! so the call holds `O(n d)`: its working memory is reserved in the budget whole.
 
-use ndarray::linalg::general_mat_mul;
 use ndarray::{Array1, Array2, ArrayView2, Axis};
 
 use crate::context::plan::Plan;
@@ -21,6 +20,7 @@ use crate::context::{ComputePath, Context};
 use crate::error::{Error, Result};
 use crate::hooks::Hooks;
 use crate::runtime::memory::HostReservation;
+use crate::runtime::pool::par_mul;
 use crate::validate;
 
 const OP: &str = "vicreg_loss";
@@ -276,8 +276,14 @@ fn view_terms(z: ArrayView2<'_, f32>, cfg: &VicRegConfig) -> (f64, f64, Array2<f
     let mut product = Array2::<f32>::zeros((n, d));
     let off = if n < d {
         let mut k = Array2::<f32>::zeros((n, n));
-        general_mat_mul(1.0, &zc, &zc.t(), 0.0, &mut k);
-        general_mat_mul((1.0 / dn) as f32, &k, &zc, 0.0, &mut product);
+        par_mul(1.0, zc.view(), zc.t(), 0.0, k.view_mut());
+        par_mul(
+            (1.0 / dn) as f32,
+            k.view(),
+            zc.view(),
+            0.0,
+            product.view_mut(),
+        );
         for (mut p, c) in product.rows_mut().into_iter().zip(zc.rows()) {
             for (j, (p, &c)) in p.iter_mut().zip(c).enumerate() {
                 *p = (f64::from(*p) - f64::from(c) * var[j]) as f32;
@@ -287,9 +293,9 @@ fn view_terms(z: ArrayView2<'_, f32>, cfg: &VicRegConfig) -> (f64, f64, Array2<f
         total - var.iter().map(|v| v * v).sum::<f64>()
     } else {
         let mut c = Array2::<f32>::zeros((d, d));
-        general_mat_mul((1.0 / dn) as f32, &zc.t(), &zc, 0.0, &mut c);
+        par_mul((1.0 / dn) as f32, zc.t(), zc.view(), 0.0, c.view_mut());
         c.diag_mut().fill(0.0);
-        general_mat_mul(1.0, &zc, &c, 0.0, &mut product);
+        par_mul(1.0, zc.view(), c.view(), 0.0, product.view_mut());
         c.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>()
     };
     let covariance = nu * off / d as f64;
