@@ -47,8 +47,8 @@ pub use ops::loss::{
     vicreg_loss, vicreg_loss_plan, Angular, Circle, Contrastive, FastAp, GeneralizedLifted,
     Histogram, InfoNceConfig, InfoNceLoss, Instance, IntraPairVariance, LiftedStructure, Margin,
     Matryoshka, MnrlConfig, MultiSimilarity, NPairs, Nca, PairLoss, PairLossConfig, PairLossRule,
-    Pnp, PnpVariant, RankedList, SupCon, ThresholdConsistentMargin, TripletLoss, TripletLossConfig,
-    TupletMargin, VicRegConfig, VicRegLoss,
+    Pnp, PnpVariant, RankedList, SnrContrastive, SupCon, ThresholdConsistentMargin, TripletLoss,
+    TripletLossConfig, TupletMargin, VicRegConfig, VicRegLoss,
 };
 pub use ops::miners::{
     all_pairs, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets,

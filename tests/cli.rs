@@ -16,8 +16,8 @@ use wgpu_metric_learning::{
     Distance, DistanceConfig, DistanceWeightedConfig, FastAp, GeneralizedLifted, HdcConfig,
     InfoNceConfig, Instance, IntraPairVariance, KmeansConfig, KnnConfig, LiftedStructure, Margin,
     Matryoshka, MiningSet, MnrlConfig, MultiSimilarity, NPairs, Nca, PairLoss, PairLossConfig,
-    PairLossRule, PairMarginConfig, Pnp, PnpVariant, RankedList, SelfExclusion, SupCon,
-    ThresholdConsistentMargin, TripletConfig, TripletLossConfig, TripletRule, TripletType,
+    PairLossRule, PairMarginConfig, Pnp, PnpVariant, RankedList, SelfExclusion, SnrContrastive,
+    SupCon, ThresholdConsistentMargin, TripletConfig, TripletLossConfig, TripletRule, TripletType,
     TupletMargin, UniformHistogramConfig, VicRegConfig,
 };
 
@@ -885,6 +885,15 @@ fn pair_losses_print_their_json_and_write_the_library_gradients() {
         margin: 0.5,
         tn: 2.0,
         tp: 1.0,
+        ..Default::default()
+    };
+    check(
+        &out,
+        pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss"),
+    );
+    let out = run(&["snr-contrastive", "--neg-margin", "2"]);
+    let rule = SnrContrastive {
+        neg_margin: 2.0,
         ..Default::default()
     };
     check(

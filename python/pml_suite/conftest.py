@@ -49,6 +49,7 @@ LOSSES = [
     "NTXentLoss",
     "PNPLoss",
     "RankedListLoss",
+    "SignalToNoiseRatioContrastiveLoss",
     "SupConLoss",
     "ThresholdConsistentMarginLoss",
     "TripletMarginLoss",

@@ -11,7 +11,7 @@ use wgpu_metric_learning as wml;
 use wml::{
     Angular, Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, InfoNceLoss,
     Instance, IntraPairVariance, LiftedStructure, Margin, Matryoshka, MnrlConfig, MultiSimilarity,
-    NPairs, Nca, PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SupCon,
+    NPairs, Nca, PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SnrContrastive, SupCon,
     ThresholdConsistentMargin, TripletLossConfig, TupletMargin, VicRegConfig,
 };
 
@@ -418,6 +418,14 @@ pair_loss_fn!(
     instance_loss,
     Instance { gamma: f32 = 64.0 },
     "cosine"
+);
+pair_loss_fn!(
+    /// PML's `SignalToNoiseRatioContrastiveLoss` and its gradient: as [`contrastive_loss`];
+    /// `distance` stands for the SNR distance (squared Euclidean only), `normalize` is
+    /// `SNRDistance`'s `normalize_embeddings`.
+    snr_contrastive_loss,
+    SnrContrastive { pos_margin: f32 = 0.0, neg_margin: f32 = 1.0 },
+    "squared_euclidean"
 );
 pair_loss_fn!(
     /// PML's `AngularLoss` (Euclidean on normalised rows) and its gradient: as

@@ -48,6 +48,13 @@ LOSSES = {
     "NPairsLoss": ([{}], ["cosine", "lp", "dot_raw"]),
     "InstanceLoss": ([{}, {"gamma": 3}], ["cosine"]),
     "AngularLoss": ([{}, {"alpha": 30}], ["lp"]),
+    "SignalToNoiseRatioContrastiveLoss": ([{}, {"pos_margin": 0.2, "neg_margin": 2.0}], ["snr", "snr_raw"]),
+}
+# PML's SNRDistance, for SignalToNoiseRatioContrastiveLoss only.
+DISTANCES = {
+    **DISTANCES,
+    "snr": lambda: distances.SNRDistance(),
+    "snr_raw": lambda: distances.SNRDistance(normalize_embeddings=False),
 }
 # Losses whose PML code refuses references (ref_emb, CrossBatchMemory), or (TCM) indexes
 # the embeddings with the references' pairs.
@@ -268,6 +275,7 @@ FUNCTIONS = [
     ("n_pairs_loss", "NPairsLoss", {}),
     ("instance_loss", "InstanceLoss", {"gamma": 8.0}),
     ("angular_loss", "AngularLoss", {"alpha": 35.0}),
+    ("snr_contrastive_loss", "SignalToNoiseRatioContrastiveLoss", {"neg_margin": 2.0}),
 ]
 PML_NAMES = {"tn": "Tn", "tp": "Tp"}
 

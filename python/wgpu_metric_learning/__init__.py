@@ -34,7 +34,7 @@ and PML's pair losses :func:`contrastive_loss`, :func:`multi_similarity_loss`,
 :func:`lifted_structure_loss`, :func:`histogram_loss`, :func:`tuplet_margin_loss`,
 :func:`intra_pair_variance_loss`, :func:`ranked_list_loss`,
 :func:`threshold_consistent_margin_loss`, :func:`pnp_loss`, :func:`n_pairs_loss`,
-:func:`instance_loss`, :func:`angular_loss`; :func:`vicreg_loss` (two views, no labels).
+:func:`instance_loss`, :func:`angular_loss`, :func:`snr_contrastive_loss`; :func:`vicreg_loss` (two views, no labels).
 
 ``wgpu_metric_learning.pml`` has drop-ins for pytorch-metric-learning (``KNN`` for
 ``AccuracyCalculator``, the miners, ``CrossBatchMemory``, ``TripletMarginLoss`` and
@@ -106,6 +106,7 @@ __all__ = [
     "instance_loss",
     "angular_loss",
     "vicreg_loss",
+    "snr_contrastive_loss",
 ]
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -1343,3 +1344,25 @@ def vicreg_loss(
         ctx, _matrix(embeddings, "embeddings"), second, invariance_lambda=invariance_lambda,
         variance_mu=variance_mu, covariance_v=covariance_v, eps=eps,
     ))
+
+
+def snr_contrastive_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    pos_margin: float = 0.0,
+    neg_margin: float = 1.0,
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Loss:
+    """PML's ``SignalToNoiseRatioContrastiveLoss(pos_margin, neg_margin)``: the contrastive
+    loss on PML's ``SNRDistance`` (``var(q - r) / var(q)`` over each row's dimensions, the rows
+    normalised first when ``normalize``), with its gradient; as :func:`contrastive_loss`."""
+    return _pair_loss(
+        "snr_contrastive_loss", ctx, embeddings, labels, refs, pos_margin=pos_margin,
+        neg_margin=neg_margin, distance="squared_euclidean", normalize=normalize,
+        self_exclusion=self_exclusion, ref_grad=ref_grad,
+    )

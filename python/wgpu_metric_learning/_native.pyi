@@ -59,6 +59,7 @@ __all__ = [
     "instance_loss",
     "angular_loss",
     "vicreg_loss",
+    "snr_contrastive_loss",
 ]
 
 @final
@@ -647,3 +648,16 @@ def vicreg_loss(
     covariance_v: float = 1.0,
     eps: float = 1e-4,
 ) -> Tuple[float, float, float, float, _F32, Optional[_F32]]: ...
+def snr_contrastive_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
+    *,
+    pos_margin: float = 0.0,
+    neg_margin: float = 1.0,
+    distance: str = "squared_euclidean",
+    normalize: bool = True,
+    self_exclusion: _SelfExclusion = None,
+    ref_grad: bool = False,
+) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...

@@ -112,6 +112,7 @@ __all__ = [
     "PairMarginMiner",
     "PNPLoss",
     "RankedListLoss",
+    "SignalToNoiseRatioContrastiveLoss",
     "SupConLoss",
     "ThresholdConsistentMarginLoss",
     "TripletMarginLoss",
@@ -1821,3 +1822,38 @@ class VICRegLoss(_LibraryLoss, pml_losses.VICRegLoss):
         if ref_emb is not None:
             pairs.append((ref_emb, out[5]))
         return _loss_tensor(out[0], pairs)
+
+
+class SignalToNoiseRatioContrastiveLoss(_WholeLoss, pml_losses.SignalToNoiseRatioContrastiveLoss):
+    """PML's ``SignalToNoiseRatioContrastiveLoss(pos_margin=0, neg_margin=1,
+    distance=SNRDistance())`` whose value and gradient come from the library, as
+    :class:`ContrastiveLoss`'s do: the SNR distance ``var(q - r) / var(q)`` is the squared
+    distance of the centred rows over the query's squared norm, in row blocks.
+    ``loss.backward()`` reaches ``embeddings`` (and ``ref_emb`` when it requires grad). PML's
+    code runs instead with an ``indices_tuple``, another reducer, a regularizer or another
+    distance."""
+
+    _default_reducer = pml_reducers.AvgNonZeroReducer
+    _native_name = "snr_contrastive_loss"
+
+    def __init__(
+        self,
+        pos_margin: float = 0,
+        neg_margin: float = 1,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(pos_margin=pos_margin, neg_margin=neg_margin, **kwargs)
+        self._set_context(context, backend, budget)
+
+    def _library_can(self) -> bool:
+        snr = type(self.distance) is pml_distances.SNRDistance and self.distance.power == 1
+        return snr and self._default_reducers() and not self.all_regularization_loss_names()
+
+    def _call_args(self) -> Dict[str, Any]:
+        return dict(
+            distance="squared_euclidean", normalize=bool(self.distance.normalize_embeddings),
+            pos_margin=float(self.pos_margin), neg_margin=float(self.neg_margin),
+        )

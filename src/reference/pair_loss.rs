@@ -653,3 +653,41 @@ pub fn angular_loss(
     }
     out
 }
+
+/// PML's `SNRDistance` matrix of `queries` `(b, d)` against `refs` `(m, d)`, written as PML
+/// writes it (each row normalised first when `normalize`): `var(q − r) / var(q)` with torch's
+/// unbiased variances over the dimensions, in f64.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::reference::pair_loss::snr_distances;
+/// let q = array![[1.0, 2.0, 3.0]];
+/// let r = array![[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]];
+/// let d = snr_distances(q.view(), r.view(), false);
+/// assert_eq!((d[[0, 0]], d[[0, 1]]), (0.0, 4.0));
+/// ```
+pub fn snr_distances(
+    queries: ArrayView2<'_, f64>,
+    refs: ArrayView2<'_, f64>,
+    normalize: bool,
+) -> Array2<f64> {
+    let prepared = |x: ArrayView2<'_, f64>| {
+        let mut x = x.to_owned();
+        if normalize {
+            for mut row in x.rows_mut() {
+                let n = row.dot(&row).sqrt().max(1e-12);
+                row /= n;
+            }
+        }
+        x
+    };
+    let var = |v: ndarray::ArrayView1<'_, f64>| {
+        let mean = v.sum() / v.len() as f64;
+        v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (v.len() as f64 - 1.0)
+    };
+    let (q, r) = (prepared(queries), prepared(refs));
+    Array2::from_shape_fn((q.nrows(), r.nrows()), |(i, j)| {
+        var((&q.row(i) - &r.row(j)).view()) / var(q.row(i))
+    })
+}

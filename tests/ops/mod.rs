@@ -13,5 +13,6 @@ pub(crate) mod ntxent_loss;
 pub(crate) mod pair_loss;
 mod pair_loss_tuples;
 mod sampling_miners;
+mod snr_contrastive;
 mod triplet_margin_loss;
 mod vicreg_loss;

@@ -78,6 +78,9 @@ pub(crate) enum LossCommand {
     /// PML VICRegLoss of two views (no labels); prints {"loss", "invariance", "variance",
     /// "covariance"}.
     Vicreg(VicRegArgs),
+    /// PML SignalToNoiseRatioContrastiveLoss (the SNR distance; --metric's normalisation is
+    /// SNRDistance's); prints as contrastive does.
+    SnrContrastive(SnrContrastiveArgs),
 }
 
 /// The labelled inputs and gradient outputs of the label-based losses.
@@ -478,6 +481,20 @@ pub(crate) struct VicRegArgs {
     /// Output (n, d) float32 array: the gradient with respect to --ref-embeddings.
     #[arg(long)]
     pub(crate) ref_grad_out: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct SnrContrastiveArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// Default 0.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) pos_margin: Option<f32>,
+    /// Default 1.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) neg_margin: Option<f32>,
     #[command(flatten)]
     pub(crate) common: Common,
 }

@@ -9,8 +9,8 @@ use wgpu_metric_learning::{
     Angular, Circle, Contrastive, Distance, FastAp, GeneralizedLifted, Histogram, Hooks,
     InfoNceConfig, InfoNceLoss, Instance, IntraPairVariance, LiftedStructure, Margin, Matryoshka,
     MnrlConfig, MultiSimilarity, NPairs, Nca, PairLossConfig, PairLossRule, Pnp, PnpVariant,
-    RankedList, SupCon, ThresholdConsistentMargin, TripletLossConfig, TripletRule, TripletType,
-    TupletMargin, VicRegConfig,
+    RankedList, SnrContrastive, SupCon, ThresholdConsistentMargin, TripletLossConfig, TripletRule,
+    TripletType, TupletMargin, VicRegConfig,
 };
 
 use crate::commands::{context, distance_config, given, json_number, timed, Side};
@@ -18,7 +18,8 @@ use crate::loss_args::{
     AngularArgs, CircleArgs, ContrastiveArgs, FastApArgs, GeneralizedLiftedArgs, HistogramArgs,
     InstanceArgs, IntraPairVarianceArgs, LiftedArgs, LossInputs, MarginArgs, MatryoshkaArgs,
     MnrlArgs, MultiSimilarityArgs, NPairsArgs, NcaArgs, NtXentArgs, PnpArgs, PnpVariantArg,
-    RankedListArgs, SupConArgs, TcmArgs, TripletLossArgs, TupletArgs, VicRegArgs,
+    RankedListArgs, SnrContrastiveArgs, SupConArgs, TcmArgs, TripletLossArgs, TupletArgs,
+    VicRegArgs,
 };
 use crate::npy;
 use crate::{Common, Failure, TypeArg};
@@ -339,6 +340,15 @@ pub(crate) fn angular(a: &AngularArgs, hooks: &Hooks) -> Result<(), Failure> {
         Angular { alpha },
         hooks,
     )
+}
+
+pub(crate) fn snr_contrastive(a: &SnrContrastiveArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let d = SnrContrastive::default();
+    let rule = SnrContrastive {
+        pos_margin: a.pos_margin.unwrap_or(d.pos_margin),
+        neg_margin: a.neg_margin.unwrap_or(d.neg_margin),
+    };
+    pair("loss snr-contrastive", (&a.inputs, &a.common), rule, hooks)
 }
 
 pub(crate) fn vicreg(a: &VicRegArgs, hooks: &Hooks) -> Result<(), Failure> {

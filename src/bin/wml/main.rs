@@ -143,6 +143,7 @@ impl Command {
             Command::Loss(LossCommand::Instance(a)) => &a.common,
             Command::Loss(LossCommand::Angular(a)) => &a.common,
             Command::Loss(LossCommand::Vicreg(a)) => &a.common,
+            Command::Loss(LossCommand::SnrContrastive(a)) => &a.common,
             Command::Tune(a) => &a.common,
         }
     }
@@ -558,6 +559,7 @@ fn main() -> ExitCode {
         Command::Loss(LossCommand::Instance(a)) => losses::instance(&a, &hooks),
         Command::Loss(LossCommand::Angular(a)) => losses::angular(&a, &hooks),
         Command::Loss(LossCommand::Vicreg(a)) => losses::vicreg(&a, &hooks),
+        Command::Loss(LossCommand::SnrContrastive(a)) => losses::snr_contrastive(&a, &hooks),
         Command::Tune(a) => commands::tune(&a),
     };
     match done {

@@ -14,6 +14,7 @@ use crate::data::inputs::{self, Embeddings, Labelled, Rows};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
 use crate::metric::{Distance, DistanceConfig};
+use crate::ops::distance::native::normalized;
 use crate::ops::distance::native::{distances_into, is_direct, read_config, Norms};
 use crate::runtime::memory::HostReservation;
 use crate::runtime::pool::{threads, workers_within};
@@ -227,6 +228,11 @@ pub(super) struct Job<'a> {
     pub(super) ref_grad: bool,
     /// The rule scores pairs of references too: every thread gets a [`RefPairs`].
     pub(super) ref_pairs: bool,
+    /// PML's `SNRDistance` in place of `distance` (which is then squared Euclidean on raw
+    /// rows), on normalised rows when `Some(true)`: the rows centred (`u = x − mean(x)`) and
+    /// `D = |u_q − u_r|² / |u_q|²`, the ratio of the variances (module docs of
+    /// [`super::pair`]).
+    pub(super) snr: Option<bool>,
     pub(super) hooks: &'a Hooks,
 }
 
@@ -262,6 +268,24 @@ impl<'a> Job<'a> {
 /// Rows on the host, borrowed or read back.
 pub(super) type HostRows<'a> = ndarray::CowArray<'a, f32, ndarray::Ix2>;
 
+/// `x` `(n, d)` as the job's distances and products read it: normalised where the distance
+/// normalises ([`hat`]); for [`Job::snr`] normalised if asked, then each row centred.
+fn rows_of(x: ArrayView2<'_, f32>, job: &Job<'_>) -> Array2<f32> {
+    let Some(normalize) = job.snr else {
+        return hat(x, &job.distance);
+    };
+    let mut u = if normalize {
+        normalized(x)
+    } else {
+        x.to_owned()
+    };
+    for mut row in u.rows_mut() {
+        let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / row.len().max(1) as f64;
+        row.mapv_inplace(|v| (f64::from(v) - mean) as f32);
+    }
+    u
+}
+
 /// The loss sums and the gradients: the queries' `(b, d)` (both roles when they are the
 /// references), the references' `(m, d)` when asked for and given.
 pub(super) struct Output {
@@ -289,6 +313,8 @@ const NEAR_PAIR_BYTES: u64 = std::mem::size_of::<NearPair>() as u64;
 /// normalises ([`crate::ops::distance::native`]), and their norms.
 pub(super) struct Shared<'a> {
     distance: DistanceConfig,
+    /// [`Job::snr`]: each query row's distances divided by its squared norm.
+    snr: bool,
     q_hat: ArrayView2<'a, f32>,
     r_hat: ArrayView2<'a, f32>,
     q_norms: &'a Norms,
@@ -446,13 +472,25 @@ pub(super) fn run_as(
     // Every distance and product reads the rows as torch's normalisation makes them
     // (see `ops::distance::native`); the raw rows are for the normalisation's backward.
     let distance = read_config(&job.distance);
-    let q_hat = hat(q, &job.distance);
-    let r_hat_own = (!job.refs_are_queries).then(|| hat(r, &job.distance));
+    let q_hat = rows_of(q, job);
+    let r_hat_own = (!job.refs_are_queries).then(|| rows_of(r, job));
     let r_hat = r_hat_own.as_ref().map_or(q_hat.view(), |x| x.view());
     let q_norms = Norms::new(q_hat.view(), &distance);
+    if job.snr.is_some() {
+        if let Some(row) = q_norms.sq.iter().position(|&v| !(v > 0.0)) {
+            return Err(Error::InvalidParameter {
+                op: job.op,
+                what: "embeddings",
+                value: format!("row {row}"),
+                rule:
+                    "must vary: the signal-to-noise distance divides by each query row's variance",
+            });
+        }
+    }
     let r_norms = Norms::new(r_hat, &distance).direct(is_direct(b, m));
     let shared = Shared {
         distance,
+        snr: job.snr.is_some(),
         q_hat: q_hat.view(),
         r_hat,
         q_norms: &q_norms,
@@ -564,21 +602,31 @@ fn finish_scaled(
     (q, r): (ArrayView2<'_, f32>, ArrayView2<'_, f32>),
     factor: f32,
 ) -> Output {
-    let normalizes = job.distance.normalizes();
+    let normalizes = job.snr.unwrap_or(job.distance.normalizes());
+    let back = |g: &mut Array2<f32>, x: ArrayView2<'_, f32>| {
+        if job.snr.is_some() {
+            // Through the centring: each row's gradient less its mean.
+            for mut row in g.rows_mut() {
+                let mean = row.sum() / row.len().max(1) as f32;
+                row -= mean;
+            }
+        }
+        through_normalization(g, x, normalizes, factor);
+    };
     if job.refs_are_queries {
         if let Some(g_r) = &g_r {
             g_q += g_r;
         }
-        through_normalization(&mut g_q, q, normalizes, factor);
+        back(&mut g_q, q);
         return Output {
             totals,
             query_grad: g_q,
             ref_grad: None,
         };
     }
-    through_normalization(&mut g_q, q, normalizes, factor);
+    back(&mut g_q, q);
     let ref_grad = g_r.map(|mut g| {
-        through_normalization(&mut g, r, normalizes, factor);
+        back(&mut g, r);
         g
     });
     Output {
@@ -613,15 +661,34 @@ fn block_weights(
         u.view_mut(),
     );
     let m = u.ncols();
-    for (i, row) in u.rows_mut().into_iter().enumerate() {
+    // SNR: `D = s |u_q − u_r|²` with `s = 1 / |u_q|²`; each row's `−2 s Σ_j W D` multiplies
+    // its own row in the query's gradient (the derivative through `s`).
+    let mut through_scale = vec![0.0f64; if shared.snr { n } else { 0 }];
+    for (i, mut row) in u.rows_mut().into_iter().enumerate() {
         if report.cancelled() {
             return (totals, near);
+        }
+        let scale = shared
+            .snr
+            .then(|| 1.0 / f64::from(shared.q_norms.sq[a0 + i]));
+        if let Some(s) = scale {
+            row.mapv_inplace(|d| (f64::from(d) * s) as f32);
         }
         scratch.weights.fill(0.0);
         totals.add(rule(a0 + i, row.view(), scratch, shared));
         if forward {
             // A first pass reports no progress: the call's total is the second pass's.
             continue;
+        }
+        if let Some(s) = scale {
+            let wd: f64 = scratch
+                .weights
+                .iter()
+                .zip(&row)
+                .map(|(w, &d)| w * f64::from(d))
+                .sum();
+            through_scale[i] = -2.0 * s * wd;
+            scratch.weights.iter_mut().for_each(|w| *w *= s);
         }
         let x = (a0 + i, shared.q_hat.row(a0 + i), shared.q_norms.sq[a0 + i]);
         weights_to_u(shared, x, row, &scratch.weights, (&mut near, n * m));
@@ -633,6 +700,9 @@ fn block_weights(
     let q_hat = shared.q_hat.slice(s![a0..a0 + n, ..]);
     let distance = shared.distance.distance;
     query_side(distance, u.view(), q_hat, shared.r_hat, g.view_mut());
+    for (i, &c) in through_scale.iter().enumerate() {
+        g.row_mut(i).scaled_add(c as f32, &q_hat.row(i));
+    }
     for &(a, j, w) in &near {
         let mut row = g.row_mut(a - a0);
         row.scaled_add(w, &shared.q_hat.row(a));

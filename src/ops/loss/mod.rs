@@ -31,7 +31,7 @@ pub use pair::{pair_loss, pair_loss_plan, PairLoss, PairLossConfig};
 pub use pair_params::{
     Angular, Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, Instance,
     IntraPairVariance, LiftedStructure, Margin, MultiSimilarity, NPairs, Nca, PairLossRule, Pnp,
-    PnpVariant, RankedList, SupCon, ThresholdConsistentMargin, TupletMargin,
+    PnpVariant, RankedList, SnrContrastive, SupCon, ThresholdConsistentMargin, TupletMargin,
 };
 pub use triplet::{triplet_margin_loss, triplet_margin_loss_plan, TripletLoss, TripletLossConfig};
 pub use vicreg::{vicreg_loss, vicreg_loss_plan, VicRegConfig, VicRegLoss};

@@ -1,5 +1,5 @@
 //! PML's losses over the pairs (and triplets, tuples) of the distance matrix:
-//! `ContrastiveLoss`, `MultiSimilarityLoss`, `SupConLoss`, `CircleLoss`, `NCALoss`,
+//! `ContrastiveLoss` (and `SignalToNoiseRatioContrastiveLoss`), `MultiSimilarityLoss`, `SupConLoss`, `CircleLoss`, `NCALoss`,
 //! `GeneralizedLiftedStructureLoss`, `MarginLoss`, `FastAPLoss`, `TupletMarginLoss`,
 //! `RankedListLoss`, `PNPLoss`, `NPairsLoss` and `InstanceLoss` (each anchor's row by itself),
 //! `LiftedStructureLoss`, `HistogramLoss`, `IntraPairVarianceLoss` and
@@ -21,6 +21,13 @@
 //! Histogram without a triplet; FastAP, PNP and NPairs without an anchor that has a
 //! positive; TCM without a pair; Instance without a row. "Positive" losses are decided on the f32 value, as PML's
 //! reducers see them.
+//!
+//! `SignalToNoiseRatioContrastiveLoss` is the contrastive rule on PML's `SNRDistance`,
+//! `var(q − r) / var(q)` over the dimensions: with `u` the centred rows it is
+//! `|u_q − u_r|² / |u_q|²`, the driver's squared Euclidean blocks of the centred rows, each
+//! query row divided by its squared norm (its derivative through that norm added to the
+//! query's gradient, the gradient taken back through the centring). `AngularLoss` is not a
+//! function of one distance matrix: its own blocks are in [`super::angular`].
 //!
 //! They run on the native path on every context (a wgpu context reads device-resident rows
 //! back, once per pass): their device rules are not written yet.
@@ -235,6 +242,19 @@ fn check(op: &'static str, kind: Kind, distance: &DistanceConfig) -> Result<()> 
     let positive = |what: &'static str, value: f32| check_temperature(op, what, value);
     let finite = |what: &'static str, value: f32| validate::finite_param(op, what, value);
     match kind {
+        Kind::SnrContrastive(c) => {
+            finite("pos_margin", c.pos_margin)?;
+            finite("neg_margin", c.neg_margin)?;
+            if distance.distance == Distance::SquaredEuclidean {
+                return Ok(());
+            }
+            Err(Error::InvalidParameter {
+                op,
+                what: "distance",
+                value: format!("{:?}", distance.distance),
+                rule: "must be squared Euclidean, standing for PML's SNRDistance (its normalize is normalize_embeddings)",
+            })
+        }
         Kind::Contrastive(Contrastive {
             pos_margin,
             neg_margin,
@@ -412,14 +432,24 @@ fn job<L: Hash + Eq + Copy, R: PairLossRule, T>(
         |_| Ok(true),
         imports,
     )?;
+    // SNR: squared Euclidean distances of the centred rows, divided by the driver.
+    let snr = matches!(cfg.rule.kind(), Kind::SnrContrastive(_)).then_some(cfg.distance.normalize);
+    let distance = match snr {
+        Some(_) => DistanceConfig {
+            distance: Distance::SquaredEuclidean,
+            normalize: false,
+        },
+        None => cfg.distance,
+    };
     f(&Job {
         op,
         label: SCRATCH,
         set: &set,
         refs_are_queries: refs.is_none(),
-        distance: cfg.distance,
+        distance,
         ref_grad: cfg.ref_grad,
         ref_pairs: false,
+        snr,
         hooks: &cfg.hooks,
     })
 }
@@ -637,7 +667,7 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind, ranks: &[u32]) -> Result<PairLo
             out.totals.count = nonzero;
             Ok((loss, None, out))
         }
-        Kind::Contrastive(_) => {
+        Kind::Contrastive(_) | Kind::SnrContrastive(_) => {
             let counted = driver::run_as(ctx, job, &rule((0, 0)), Mode::Forward)?.totals;
             let divisors = (counted.count, counted.items);
             let mut out = driver::run_as(ctx, job, &rule(divisors), Mode::Sum)?;

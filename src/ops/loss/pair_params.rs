@@ -30,6 +30,46 @@ impl Default for Contrastive {
     }
 }
 
+/// PML's `SignalToNoiseRatioContrastiveLoss(pos_margin, neg_margin)` (defaults 0 and 1):
+/// [`Contrastive`] on PML's `SNRDistance`, `var(q − r) / var(q)` over each row's dimensions
+/// (the rows normalised first by default). Its [`PairLossConfig`](crate::PairLossConfig)
+/// `distance` stands for the SNR distance: it must be squared Euclidean (the SNR's
+/// numerator is the squared distance of the centred rows), and its `normalize` is
+/// `SNRDistance`'s `normalize_embeddings`.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{Distance, PairLossConfig, SnrContrastive};
+/// let cfg = PairLossConfig::<SnrContrastive>::default();
+/// assert_eq!((cfg.distance.distance, cfg.distance.normalize), (Distance::SquaredEuclidean, true));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SnrContrastive {
+    /// Finite.
+    pub pos_margin: f32,
+    /// Finite.
+    pub neg_margin: f32,
+}
+
+impl Default for SnrContrastive {
+    fn default() -> Self {
+        Self {
+            pos_margin: 0.0,
+            neg_margin: 1.0,
+        }
+    }
+}
+
+impl SnrContrastive {
+    /// The contrastive rule it applies to the SNR distances.
+    pub(super) fn contrastive(self) -> Contrastive {
+        Contrastive {
+            pos_margin: self.pos_margin,
+            neg_margin: self.neg_margin,
+        }
+    }
+}
+
 /// PML's `MultiSimilarityLoss(alpha, beta, base)` (defaults 2, 50, 0.5).
 ///
 /// # Example
@@ -479,12 +519,14 @@ mod sealed {
     impl Sealed for super::NPairs {}
     impl Sealed for super::Instance {}
     impl Sealed for super::Angular {}
+    impl Sealed for super::SnrContrastive {}
 }
 
 /// A pair loss's rule: [`Contrastive`], [`MultiSimilarity`], [`SupCon`], [`Circle`],
 /// [`Nca`], [`GeneralizedLifted`], [`Margin`], [`FastAp`], [`LiftedStructure`],
 /// [`Histogram`], [`TupletMargin`], [`IntraPairVariance`], [`RankedList`],
-/// [`ThresholdConsistentMargin`], [`Pnp`], [`NPairs`], [`Instance`] or [`Angular`]. Its type picks the loss
+/// [`ThresholdConsistentMargin`], [`Pnp`], [`NPairs`], [`Instance`], [`Angular`] or
+/// [`SnrContrastive`]. Its type picks the loss
 /// [`pair_loss`](crate::pair_loss) computes and the distance
 /// [`PairLossConfig`](crate::PairLossConfig) defaults to.
 pub trait PairLossRule: sealed::Sealed + Debug + Clone + Copy + PartialEq + Default {
@@ -521,6 +563,7 @@ pub enum Kind {
     NPairs(NPairs),
     Instance(Instance),
     Angular(Angular),
+    SnrContrastive(SnrContrastive),
 }
 
 const COSINE: DistanceConfig = DistanceConfig {
@@ -598,3 +641,11 @@ rule!(
 );
 rule!(Instance, "instance_loss", COSINE);
 rule!(Angular, "angular_loss", EUCLIDEAN);
+rule!(
+    SnrContrastive,
+    "snr_contrastive_loss",
+    DistanceConfig {
+        distance: Distance::SquaredEuclidean,
+        normalize: true,
+    }
+);

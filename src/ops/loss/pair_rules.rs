@@ -145,6 +145,7 @@ impl Row<'_> {
 pub(super) fn anchor(kind: Kind, row: &Row<'_>, s: &mut Scratch) -> Totals {
     match kind {
         Kind::Contrastive(c) => contrastive(c, row, s),
+        Kind::SnrContrastive(c) => contrastive(c.contrastive(), row, s),
         Kind::MultiSimilarity(c) => multi_similarity(c, row, s),
         Kind::SupCon(c) => supcon(c, row, s),
         Kind::Circle(c) => circle(c, row, s),

@@ -241,6 +241,7 @@ fn triplet_job<L: Hash + Eq + Copy, T>(
         distance: cfg.distance,
         ref_grad: cfg.ref_grad,
         ref_pairs: cfg.swap,
+        snr: None,
         hooks: &cfg.hooks,
     })
 }
