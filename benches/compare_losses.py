@@ -100,7 +100,8 @@ def mnrl_torch(anchors, positives, scale):
 # PML's pair losses the drop-ins compute (`--pair`), with PML's defaults.
 PAIR_LOSSES = ("ContrastiveLoss", "MultiSimilarityLoss", "SupConLoss", "CircleLoss", "NCALoss",
                "GeneralizedLiftedStructureLoss", "MarginLoss", "LiftedStructureLoss",
-               "TupletMarginLoss", "IntraPairVarianceLoss", "AngularLoss")
+               "TupletMarginLoss", "IntraPairVarianceLoss", "AngularLoss",
+               "SignalToNoiseRatioContrastiveLoss")
 # The losses whose PML code refuses references (`--in-batch`): B rows, no references.
 IN_BATCH_LOSSES = ("FastAPLoss", "HistogramLoss", "RankedListLoss", "ThresholdConsistentMarginLoss",
                    "PNPLoss", "NPairsLoss", "InstanceLoss")
