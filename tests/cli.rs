@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 
 use ndarray::{array, Array1, Array2};
 use ndarray_npy::{read_npy, write_npy};
+use wgpu_metric_learning::DynamicSoftMargin;
 use wgpu_metric_learning::{
     accuracy, angular_triplets, batch_hard_triplets, distance_weighted_triplets, hdc_pairs, knn,
     mine_triplets, multiple_negatives_ranking_loss, ntxent_loss, pair_loss, pair_margin_pairs,
@@ -894,6 +895,16 @@ fn pair_losses_print_their_json_and_write_the_library_gradients() {
     let out = run(&["snr-contrastive", "--neg-margin", "2"]);
     let rule = SnrContrastive {
         neg_margin: 2.0,
+        ..Default::default()
+    };
+    check(
+        &out,
+        pair_loss(&ctx, &batch, Some(&refs), &with(rule)).expect("loss"),
+    );
+    let out = run(&["dynamic-soft-margin", "--min-val", "-3", "--num-bins", "12"]);
+    let rule = DynamicSoftMargin {
+        min_val: -3.0,
+        num_bins: 12,
         ..Default::default()
     };
     check(

@@ -36,6 +36,7 @@ LOSSES = [
     "CircleLoss",
     "ContrastiveLoss",
     "CrossBatchMemory",
+    "DynamicSoftMarginLoss",
     "FastAPLoss",
     "GeneralizedLiftedStructureLoss",
     "HistogramLoss",

@@ -39,6 +39,7 @@ FILES = [
     "losses/test_angular_loss.py",
     "losses/test_vicreg_loss.py",
     "losses/test_signal_to_noise_ratio_losses.py",
+    "losses/test_dynamic_soft_margin_loss.py",
     "losses/test_pnp_loss.py",
     "losses/test_intra_pair_variance_loss.py",
     "losses/test_ranked_list_loss.py",

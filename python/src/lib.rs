@@ -26,11 +26,12 @@ use eval::{
     accuracy, adjusted_mutual_info, kmeans, knn, normalized_mutual_info, pairwise_distances,
 };
 use losses::{
-    angular_loss, circle_loss, contrastive_loss, fast_ap_loss, generalized_lifted_structure_loss,
-    histogram_loss, instance_loss, intra_pair_variance_loss, lifted_structure_loss, margin_loss,
-    multi_similarity_loss, multiple_negatives_ranking_loss, n_pairs_loss, nca_loss, ntxent_loss,
-    pnp_loss, ranked_list_loss, snr_contrastive_loss, supcon_loss,
-    threshold_consistent_margin_loss, triplet_margin_loss, tuplet_margin_loss, vicreg_loss,
+    angular_loss, circle_loss, contrastive_loss, dynamic_soft_margin_loss, fast_ap_loss,
+    generalized_lifted_structure_loss, histogram_loss, instance_loss, intra_pair_variance_loss,
+    lifted_structure_loss, margin_loss, multi_similarity_loss, multiple_negatives_ranking_loss,
+    n_pairs_loss, nca_loss, ntxent_loss, pnp_loss, ranked_list_loss, snr_contrastive_loss,
+    supcon_loss, threshold_consistent_margin_loss, triplet_margin_loss, tuplet_margin_loss,
+    vicreg_loss,
 };
 use mining::{
     all_pairs, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets, count_triplets,
@@ -87,5 +88,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(angular_loss, m)?)?;
     m.add_function(wrap_pyfunction!(vicreg_loss, m)?)?;
     m.add_function(wrap_pyfunction!(snr_contrastive_loss, m)?)?;
+    m.add_function(wrap_pyfunction!(dynamic_soft_margin_loss, m)?)?;
     Ok(())
 }

@@ -9,10 +9,11 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use wgpu_metric_learning as wml;
 use wml::{
-    Angular, Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, InfoNceLoss,
-    Instance, IntraPairVariance, LiftedStructure, Margin, Matryoshka, MnrlConfig, MultiSimilarity,
-    NPairs, Nca, PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, SnrContrastive, SupCon,
-    ThresholdConsistentMargin, TripletLossConfig, TupletMargin, VicRegConfig,
+    Angular, Circle, Contrastive, DynamicSoftMargin, DynamicSoftMarginConfig, FastAp,
+    GeneralizedLifted, Histogram, InfoNceConfig, InfoNceLoss, Instance, IntraPairVariance,
+    LiftedStructure, Margin, Matryoshka, MnrlConfig, MultiSimilarity, NPairs, Nca, PairLossConfig,
+    PairLossRule, Pnp, PnpVariant, RankedList, SnrContrastive, SupCon, ThresholdConsistentMargin,
+    TripletLossConfig, TupletMargin, VicRegConfig,
 };
 
 use crate::call::{distance_config, labelled, run, self_exclusion};
@@ -235,6 +236,61 @@ pub(crate) fn vicreg_loss<'py>(
             ref_grad,
         ],
     )
+}
+
+/// PML's `DynamicSoftMarginLoss` and its gradient, with the histogram PML carries: as
+/// [`contrastive_loss`] (`nonzero` the triplets), then the updated histogram; `histogram`
+/// is the previous call's (`None`: a fresh loss).
+#[pyfunction]
+#[pyo3(signature = (ctx, embeddings, labels, refs = None, *, min_val = -2.0, num_bins = 10, momentum = 0.01, histogram = None, distance = "euclidean", normalize = true, self_exclusion = None, ref_grad = false))]
+#[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
+pub(crate) fn dynamic_soft_margin_loss<'py>(
+    py: Python<'py>,
+    ctx: &PyContext,
+    embeddings: PyReadonlyArray2<'py, f32>,
+    labels: PyReadonlyArray1<'py, i64>,
+    refs: Option<&Bound<'py, PyAny>>,
+    min_val: f32,
+    num_bins: u32,
+    momentum: f32,
+    histogram: Option<Vec<f32>>,
+    distance: &str,
+    normalize: bool,
+    self_exclusion: Option<&Bound<'py, PyAny>>,
+    ref_grad: bool,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let loss = PairLossConfig {
+        rule: DynamicSoftMargin {
+            min_val,
+            num_bins,
+            momentum,
+        },
+        distance: distance_config(distance, normalize)?,
+        self_exclusion: self::self_exclusion(self_exclusion)?,
+        ref_grad,
+        ..Default::default()
+    };
+    let histogram = histogram.unwrap_or_default();
+    let out = labelled(
+        py,
+        ctx,
+        Some(&embeddings),
+        &labels,
+        refs,
+        move |c, q, r, hooks| {
+            let cfg = DynamicSoftMarginConfig {
+                loss: PairLossConfig { hooks, ..loss },
+                histogram,
+            };
+            wml::dynamic_soft_margin_loss(c, q, r, &cfg)
+        },
+    )?;
+    let l = out.loss;
+    let counts = (l.nonzero, l.positive_pairs + l.negative_pairs);
+    let tuple = loss_tuple(py, l.loss, counts, l.query_grad, l.ref_grad)?;
+    let mut items: Vec<Bound<'py, PyAny>> = tuple.iter().collect();
+    items.push(out.histogram.into_pyobject(py)?.into_any());
+    PyTuple::new(py, items)
 }
 
 /// The sides and options every pair loss takes.

@@ -34,7 +34,8 @@ and PML's pair losses :func:`contrastive_loss`, :func:`multi_similarity_loss`,
 :func:`lifted_structure_loss`, :func:`histogram_loss`, :func:`tuplet_margin_loss`,
 :func:`intra_pair_variance_loss`, :func:`ranked_list_loss`,
 :func:`threshold_consistent_margin_loss`, :func:`pnp_loss`, :func:`n_pairs_loss`,
-:func:`instance_loss`, :func:`angular_loss`, :func:`snr_contrastive_loss`; :func:`vicreg_loss` (two views, no labels).
+:func:`instance_loss`, :func:`angular_loss`, :func:`snr_contrastive_loss`,
+:func:`dynamic_soft_margin_loss`; :func:`vicreg_loss` (two views, no labels).
 
 ``wgpu_metric_learning.pml`` has drop-ins for pytorch-metric-learning (``KNN`` for
 ``AccuracyCalculator``, the miners, ``CrossBatchMemory``, ``TripletMarginLoss`` and
@@ -107,6 +108,7 @@ __all__ = [
     "angular_loss",
     "vicreg_loss",
     "snr_contrastive_loss",
+    "dynamic_soft_margin_loss",
 ]
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -1366,3 +1368,32 @@ def snr_contrastive_loss(
         neg_margin=neg_margin, distance="squared_euclidean", normalize=normalize,
         self_exclusion=self_exclusion, ref_grad=ref_grad,
     )
+
+
+def dynamic_soft_margin_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    refs: Any = None,
+    *,
+    min_val: float = -2.0,
+    num_bins: int = 10,
+    momentum: float = 0.01,
+    histogram: Any = None,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: Any = None,
+    ref_grad: bool = False,
+) -> Tuple[Loss, np.ndarray]:
+    """PML's ``DynamicSoftMarginLoss(min_val, num_bins, momentum)`` over every triplet (none
+    listed), with its gradient, and the histogram PML keeps: ``histogram`` is the previous
+    call's (``None``: a fresh loss's first call). Returns ``(Loss, histogram)``; ``count`` is
+    the triplets. A triplet outside the histogram raises (PML: an index error)."""
+    exclusion = _exclusion(self_exclusion)
+    prior = None if histogram is None else [float(v) for v in np.asarray(histogram).ravel()]
+    out = _native.dynamic_soft_margin_loss(
+        ctx, _matrix(embeddings, "embeddings"), _labels(labels, "labels"), _refs(refs),
+        min_val=min_val, num_bins=num_bins, momentum=momentum, histogram=prior,
+        distance=distance, normalize=normalize, self_exclusion=exclusion, ref_grad=ref_grad,
+    )
+    return Loss(*out[:5]), np.asarray(out[5], dtype=np.float32)

@@ -60,6 +60,7 @@ __all__ = [
     "angular_loss",
     "vicreg_loss",
     "snr_contrastive_loss",
+    "dynamic_soft_margin_loss",
 ]
 
 @final
@@ -661,3 +662,18 @@ def snr_contrastive_loss(
     self_exclusion: _SelfExclusion = None,
     ref_grad: bool = False,
 ) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
+def dynamic_soft_margin_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    refs: _Refs = None,
+    *,
+    min_val: float = ...,  # -2.0 (pyo3 renders negative defaults as ...)
+    num_bins: int = 10,
+    momentum: float = 0.01,
+    histogram: Optional[Sequence[float]] = None,
+    distance: str = "euclidean",
+    normalize: bool = True,
+    self_exclusion: _SelfExclusion = None,
+    ref_grad: bool = False,
+) -> Tuple[float, int, int, _F32, Optional[_F32], List[float]]: ...

@@ -96,6 +96,7 @@ __all__ = [
     "CircleLoss",
     "ContrastiveLoss",
     "CrossBatchMemory",
+    "DynamicSoftMarginLoss",
     "FastAPLoss",
     "GeneralizedLiftedStructureLoss",
     "HistogramLoss",
@@ -1857,3 +1858,48 @@ class SignalToNoiseRatioContrastiveLoss(_WholeLoss, pml_losses.SignalToNoiseRati
             distance="squared_euclidean", normalize=bool(self.distance.normalize_embeddings),
             pos_margin=float(self.pos_margin), neg_margin=float(self.neg_margin),
         )
+
+
+class DynamicSoftMarginLoss(_WholeLoss, pml_losses.DynamicSoftMarginLoss):
+    """PML's ``DynamicSoftMarginLoss(min_val=-2, num_bins=10, momentum=0.01,
+    distance=LpDistance())`` whose value, gradient and histogram (``hist_``, carried from call
+    to call) come from the library, over every triplet without listing one (PML lists
+    ``B·P·N``). ``loss.backward()`` reaches ``embeddings`` (and ``ref_emb`` when it requires
+    grad), through the CDF and this batch's part of the histogram as PML's autograd goes; the
+    previous histogram is a constant, where PML's second ``backward()`` raises (its ``hist_``
+    keeps the last step's graph). A triplet outside the histogram raises ``ValueError`` (PML:
+    an index error). PML's code runs instead without labels, with an ``indices_tuple``,
+    another reducer or a regularizer."""
+
+    _default_reducer = pml_reducers.MeanReducer
+    _native_name = "dynamic_soft_margin_loss"
+
+    def __init__(
+        self,
+        min_val: float = -2.0,
+        num_bins: int = 10,
+        momentum: float = 0.01,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(min_val=min_val, num_bins=num_bins, momentum=momentum, **kwargs)
+        self._set_library_context(context, backend, budget)
+
+    def _library_can(self) -> bool:
+        return (
+            self.min_val != 0 and 2 <= self.num_bins <= 65536 and super()._library_can()
+        )
+
+    def _library_args(self) -> Dict[str, Any]:
+        hist = self.hist_.detach().cpu().double().numpy()
+        return dict(
+            min_val=float(self.min_val), num_bins=int(self.num_bins),
+            momentum=float(self.momentum), histogram=[float(v) for v in hist],
+        )
+
+    def _extra(self, out):
+        # The histogram after the call, as PML leaves it (on the embeddings' device).
+        self.hist_ = torch.from_numpy(np.asarray(out[5], dtype=np.float32)).to(self.hist_.device)
+        return ()

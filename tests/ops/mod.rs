@@ -4,6 +4,7 @@ mod accuracy;
 mod angular_loss;
 mod checkpoint;
 mod device_inputs;
+mod dynamic_soft_margin;
 mod instance_loss;
 mod kmeans;
 mod matryoshka;

@@ -81,6 +81,9 @@ pub(crate) enum LossCommand {
     /// PML SignalToNoiseRatioContrastiveLoss (the SNR distance; --metric's normalisation is
     /// SNRDistance's); prints as contrastive does.
     SnrContrastive(SnrContrastiveArgs),
+    /// PML DynamicSoftMarginLoss, one call of a fresh loss (no earlier histogram); prints as
+    /// contrastive does ("nonzero": the triplets).
+    DynamicSoftMargin(DynamicSoftMarginArgs),
 }
 
 /// The labelled inputs and gradient outputs of the label-based losses.
@@ -495,6 +498,23 @@ pub(crate) struct SnrContrastiveArgs {
     /// Default 1.
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) neg_margin: Option<f32>,
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Args)]
+pub(crate) struct DynamicSoftMarginArgs {
+    #[command(flatten)]
+    pub(crate) inputs: LossInputs,
+    /// The histogram's lowest value. Default -2.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) min_val: Option<f32>,
+    /// Default 10.
+    #[arg(long)]
+    pub(crate) num_bins: Option<u32>,
+    /// Default 0.01 (a fresh loss's first call uses 1).
+    #[arg(long)]
+    pub(crate) momentum: Option<f32>,
     #[command(flatten)]
     pub(crate) common: Common,
 }

@@ -14,6 +14,7 @@ use wgpu_metric_learning::{
 };
 
 use crate::commands::{context, distance_config, given, json_number, timed, Side};
+use crate::loss_args::DynamicSoftMarginArgs;
 use crate::loss_args::{
     AngularArgs, CircleArgs, ContrastiveArgs, FastApArgs, GeneralizedLiftedArgs, HistogramArgs,
     InstanceArgs, IntraPairVarianceArgs, LiftedArgs, LossInputs, MarginArgs, MatryoshkaArgs,
@@ -23,6 +24,7 @@ use crate::loss_args::{
 };
 use crate::npy;
 use crate::{Common, Failure, TypeArg};
+use wgpu_metric_learning::DynamicSoftMargin;
 
 /// The inputs of a label-based loss, as read from disk.
 struct LossSides {
@@ -349,6 +351,21 @@ pub(crate) fn snr_contrastive(a: &SnrContrastiveArgs, hooks: &Hooks) -> Result<(
         neg_margin: a.neg_margin.unwrap_or(d.neg_margin),
     };
     pair("loss snr-contrastive", (&a.inputs, &a.common), rule, hooks)
+}
+
+pub(crate) fn dynamic_soft_margin(a: &DynamicSoftMarginArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let d = DynamicSoftMargin::default();
+    let rule = DynamicSoftMargin {
+        min_val: a.min_val.unwrap_or(d.min_val),
+        num_bins: a.num_bins.unwrap_or(d.num_bins),
+        momentum: a.momentum.unwrap_or(d.momentum),
+    };
+    pair(
+        "loss dynamic-soft-margin",
+        (&a.inputs, &a.common),
+        rule,
+        hooks,
+    )
 }
 
 pub(crate) fn vicreg(a: &VicRegArgs, hooks: &Hooks) -> Result<(), Failure> {

@@ -144,6 +144,7 @@ impl Command {
             Command::Loss(LossCommand::Angular(a)) => &a.common,
             Command::Loss(LossCommand::Vicreg(a)) => &a.common,
             Command::Loss(LossCommand::SnrContrastive(a)) => &a.common,
+            Command::Loss(LossCommand::DynamicSoftMargin(a)) => &a.common,
             Command::Tune(a) => &a.common,
         }
     }
@@ -560,6 +561,7 @@ fn main() -> ExitCode {
         Command::Loss(LossCommand::Angular(a)) => losses::angular(&a, &hooks),
         Command::Loss(LossCommand::Vicreg(a)) => losses::vicreg(&a, &hooks),
         Command::Loss(LossCommand::SnrContrastive(a)) => losses::snr_contrastive(&a, &hooks),
+        Command::Loss(LossCommand::DynamicSoftMargin(a)) => losses::dynamic_soft_margin(&a, &hooks),
         Command::Tune(a) => commands::tune(&a),
     };
     match done {

@@ -10,6 +10,7 @@
 mod angular;
 mod backward;
 mod driver;
+mod dynamic_soft_margin;
 mod gpu;
 mod info_nce;
 mod matryoshka;
@@ -22,6 +23,9 @@ mod plan;
 mod triplet;
 mod vicreg;
 
+pub use dynamic_soft_margin::{
+    dynamic_soft_margin_loss, DynamicSoftMarginConfig, DynamicSoftMarginLoss,
+};
 pub use info_nce::{
     multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan, ntxent_loss,
     ntxent_loss_plan, InfoNceConfig, InfoNceLoss, MnrlConfig,
@@ -29,9 +33,10 @@ pub use info_nce::{
 pub use matryoshka::Matryoshka;
 pub use pair::{pair_loss, pair_loss_plan, PairLoss, PairLossConfig};
 pub use pair_params::{
-    Angular, Circle, Contrastive, FastAp, GeneralizedLifted, Histogram, Instance,
-    IntraPairVariance, LiftedStructure, Margin, MultiSimilarity, NPairs, Nca, PairLossRule, Pnp,
-    PnpVariant, RankedList, SnrContrastive, SupCon, ThresholdConsistentMargin, TupletMargin,
+    Angular, Circle, Contrastive, DynamicSoftMargin, FastAp, GeneralizedLifted, Histogram,
+    Instance, IntraPairVariance, LiftedStructure, Margin, MultiSimilarity, NPairs, Nca,
+    PairLossRule, Pnp, PnpVariant, RankedList, SnrContrastive, SupCon, ThresholdConsistentMargin,
+    TupletMargin,
 };
 pub use triplet::{triplet_margin_loss, triplet_margin_loss_plan, TripletLoss, TripletLossConfig};
 pub use vicreg::{vicreg_loss, vicreg_loss_plan, VicRegConfig, VicRegLoss};

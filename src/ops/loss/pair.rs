@@ -36,7 +36,6 @@ use std::hash::Hash;
 
 use ndarray::{Array1, Array2, ArrayView1, Axis};
 
-use super::angular;
 use super::driver::{self, Job, Mode, Scratch, Shared};
 use super::info_nce::{check_temperature, pair_counts};
 use super::pair_global::{self, is_global, state_bytes, STATE};
@@ -45,6 +44,7 @@ use super::pair_params::{
     PairLossRule, PnpVariant,
 };
 use super::pair_rules::{anchor, Row};
+use super::{angular, dynamic_soft_margin};
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::data::device_rows::Rows;
@@ -181,6 +181,7 @@ pub fn pair_loss<L: Hash + Ord + Copy, R: PairLossRule>(
             Kind::NPairs(_) => n_pairs(ctx, job, cfg),
             Kind::Instance(_) => run(ctx, job, cfg.rule.kind(), &ranks(queries)),
             Kind::Angular(c) => angular::run(ctx, job, c),
+            Kind::DynamicSoftMargin(c) => Ok(dynamic_soft_margin::run(ctx, job, c, &[])?.0),
             kind => run(ctx, job, kind, &[]),
         }
     })
@@ -230,7 +231,12 @@ pub fn pair_loss_plan<L: Hash + Ord + Copy, R: PairLossRule>(
             return angular::plan(ctx, job);
         }
         // What the passes keep between them is held beside the blocks, as the run holds it.
-        let state = state_bytes(kind, job.set.labels.len());
+        let state = match kind {
+            Kind::DynamicSoftMargin(c) => {
+                dynamic_soft_margin::state_bytes(c, job.set.ref_labels.len())
+            }
+            _ => state_bytes(kind, job.set.labels.len()),
+        };
         let _held = HostReservation::new(STATE, state, ctx.tracker())?;
         Ok(super::plan::plan(ctx, job, None)?.with_imports((state, 0)))
     })?;
@@ -294,6 +300,31 @@ fn check(op: &'static str, kind: Kind, distance: &DistanceConfig) -> Result<()> 
         Kind::Instance(c) => {
             positive("gamma", c.gamma)?;
             cosine_only(op, distance)
+        }
+        Kind::DynamicSoftMargin(c) => {
+            finite("min_val", c.min_val)?;
+            finite("momentum", c.momentum)?;
+            if c.min_val == 0.0 || !(2..=dynamic_soft_margin::MAX_BINS).contains(&c.num_bins) {
+                return Err(Error::InvalidParameter {
+                    op,
+                    what: "min_val, num_bins",
+                    value: format!("{}, {}", c.min_val, c.num_bins),
+                    rule: "min_val must not be 0 and num_bins must be 2 to 65 536",
+                });
+            }
+            let lp = matches!(
+                distance.distance,
+                Distance::Euclidean | Distance::SquaredEuclidean
+            );
+            if lp && distance.normalize {
+                return Ok(());
+            }
+            Err(Error::InvalidParameter {
+                op,
+                what: "distance",
+                value: format!("{distance:?}"),
+                rule: "must be (squared) Euclidean on normalised embeddings (as PML's DynamicSoftMarginLoss asserts)",
+            })
         }
         Kind::Angular(c) => {
             angular::check_alpha(op, c.alpha)?;
@@ -413,7 +444,7 @@ fn refuse_refs<L, R: PairLossRule>(refs: Option<&MiningSet<'_, L>>, rule: &R) ->
 }
 
 /// Checks and prepares a call, and hands its job to `f`.
-fn job<L: Hash + Eq + Copy, R: PairLossRule, T>(
+pub(super) fn job<L: Hash + Eq + Copy, R: PairLossRule, T>(
     ctx: &Context,
     (queries, refs): (&MiningSet<'_, L>, Option<&MiningSet<'_, L>>),
     cfg: &PairLossConfig<R>,
@@ -466,7 +497,7 @@ fn has_loss(job: &Job<'_>, kind: Kind) -> ((u64, u64), bool) {
         Kind::Nca(_) => b > 1,
         Kind::Margin(_) | Kind::FastAp(_) => true,
         Kind::RankedList(_) | Kind::Instance(_) => b > 0,
-        Kind::Angular(_) => positives > 0 && negatives > 0,
+        Kind::Angular(_) | Kind::DynamicSoftMargin(_) => positives > 0 && negatives > 0,
         Kind::ThresholdConsistentMargin(_) => positives + negatives > 0,
         Kind::Histogram(_) => has_triplet(job),
         Kind::Pnp(_) | Kind::NPairs(_) => positives > 0,

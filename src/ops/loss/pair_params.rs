@@ -70,6 +70,38 @@ impl SnrContrastive {
     }
 }
 
+/// PML's `DynamicSoftMarginLoss(min_val, num_bins, momentum)` (defaults −2, 10, 0.01) on
+/// PML's `LpDistance()` (Euclidean or squared Euclidean on normalised rows): every triplet's
+/// `D_ap − D_an` weighted by its bin's CDF in the histogram PML keeps across calls. Through
+/// [`pair_loss`](crate::pair_loss) it is one call of a fresh loss (no earlier histogram);
+/// [`dynamic_soft_margin_loss`](crate::dynamic_soft_margin_loss) carries the histogram.
+///
+/// # Example
+/// ```
+/// let rule = wgpu_metric_learning::DynamicSoftMargin::default();
+/// assert_eq!((rule.min_val, rule.num_bins, rule.momentum), (-2.0, 10, 0.01));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DynamicSoftMargin {
+    /// The histogram's lowest value; its bins are `2 |min_val| / num_bins` wide. Finite, not 0.
+    pub min_val: f32,
+    /// 2 to 65 536.
+    pub num_bins: u32,
+    /// The current batch's weight in the histogram (1 when the earlier one is all zeros).
+    /// Finite.
+    pub momentum: f32,
+}
+
+impl Default for DynamicSoftMargin {
+    fn default() -> Self {
+        Self {
+            min_val: -2.0,
+            num_bins: 10,
+            momentum: 0.01,
+        }
+    }
+}
+
 /// PML's `MultiSimilarityLoss(alpha, beta, base)` (defaults 2, 50, 0.5).
 ///
 /// # Example
@@ -520,13 +552,14 @@ mod sealed {
     impl Sealed for super::Instance {}
     impl Sealed for super::Angular {}
     impl Sealed for super::SnrContrastive {}
+    impl Sealed for super::DynamicSoftMargin {}
 }
 
 /// A pair loss's rule: [`Contrastive`], [`MultiSimilarity`], [`SupCon`], [`Circle`],
 /// [`Nca`], [`GeneralizedLifted`], [`Margin`], [`FastAp`], [`LiftedStructure`],
 /// [`Histogram`], [`TupletMargin`], [`IntraPairVariance`], [`RankedList`],
-/// [`ThresholdConsistentMargin`], [`Pnp`], [`NPairs`], [`Instance`], [`Angular`] or
-/// [`SnrContrastive`]. Its type picks the loss
+/// [`ThresholdConsistentMargin`], [`Pnp`], [`NPairs`], [`Instance`], [`Angular`],
+/// [`SnrContrastive`] or [`DynamicSoftMargin`]. Its type picks the loss
 /// [`pair_loss`](crate::pair_loss) computes and the distance
 /// [`PairLossConfig`](crate::PairLossConfig) defaults to.
 pub trait PairLossRule: sealed::Sealed + Debug + Clone + Copy + PartialEq + Default {
@@ -564,6 +597,7 @@ pub enum Kind {
     Instance(Instance),
     Angular(Angular),
     SnrContrastive(SnrContrastive),
+    DynamicSoftMargin(DynamicSoftMargin),
 }
 
 const COSINE: DistanceConfig = DistanceConfig {
@@ -649,3 +683,4 @@ rule!(
         normalize: true,
     }
 );
+rule!(DynamicSoftMargin, "dynamic_soft_margin_loss", EUCLIDEAN);

@@ -163,7 +163,8 @@ pub(super) fn anchor(kind: Kind, row: &Row<'_>, s: &mut Scratch) -> Totals {
         | Kind::Histogram(_)
         | Kind::IntraPairVariance(_)
         | Kind::ThresholdConsistentMargin(_)
-        | Kind::Angular(_) => Totals::default(),
+        | Kind::Angular(_)
+        | Kind::DynamicSoftMargin(_) => Totals::default(),
     }
 }
 
