@@ -101,7 +101,7 @@ def mnrl_torch(anchors, positives, scale):
 PAIR_LOSSES = ("ContrastiveLoss", "MultiSimilarityLoss", "SupConLoss", "CircleLoss", "NCALoss",
                "GeneralizedLiftedStructureLoss", "MarginLoss", "LiftedStructureLoss",
                "TupletMarginLoss", "IntraPairVarianceLoss", "AngularLoss",
-               "SignalToNoiseRatioContrastiveLoss")
+               "SignalToNoiseRatioContrastiveLoss", "DynamicSoftMarginLoss")
 # The losses whose PML code refuses references (`--in-batch`): B rows, no references.
 IN_BATCH_LOSSES = ("FastAPLoss", "HistogramLoss", "RankedListLoss", "ThresholdConsistentMarginLoss",
                    "PNPLoss", "NPairsLoss", "InstanceLoss")
@@ -159,6 +159,9 @@ def worker(a):
             loss = loss_fn(e, y, None, r, ry) if kind == "pair" else loss_fn(e, y)
             loss.backward()
             timings.append(time.perf_counter() - t)
+            if name == "DynamicSoftMarginLoss" and side == "pml":
+                # PML's hist_ keeps the step's graph and its next backward raises.
+                loss_fn.hist_ = loss_fn.hist_.detach()
         rec.update(loss=loss.item(), seconds=timings)
         torch.save(e.grad, f"/tmp/wml-loss-grad-{a.func}-{a.m}.pt")
     elif a.func.startswith("vicreg_"):
