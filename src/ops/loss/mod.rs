@@ -9,6 +9,7 @@
 
 mod angular;
 mod backward;
+mod dense_row;
 mod driver;
 mod dynamic_soft_margin;
 mod gpu;

@@ -56,7 +56,7 @@ use super::pair_params::{
     Circle, Contrastive, FastAp, GeneralizedLifted, Kind, Margin, MultiSimilarity, Nca, Pnp,
     PnpVariant, RankedList, SupCon, TupletMargin,
 };
-use super::sigmoid;
+use super::{dense_row, sigmoid};
 
 /// `margin(x, y)` as PML's distance takes it: `x − y` for distances, `y − x` for similarities.
 pub(super) fn margin(similarity: bool, x: f64, y: f64) -> f64 {
@@ -624,6 +624,22 @@ fn cross_entropy(row: &Row<'_>, scale: f64, s: &mut Scratch) -> Totals {
         return Totals::default();
     };
     let sign = -row.first() * scale;
+    if let (Some(d), true) = (row.d.as_slice(), columns.len() == row.d.len()) {
+        // Every column a logit (Instance): the vectorised row.
+        s.sorted.resize(d.len(), 0.0);
+        let loss = dense_row::cross_entropy(
+            d,
+            (sign as f32, target as usize),
+            &mut s.weights,
+            &mut s.sorted,
+        );
+        return Totals {
+            loss,
+            count: 1,
+            items: columns.len() as u64,
+            aux: 0.0,
+        };
+    }
     let z = |j: u32| sign * row.at(j);
     let (lse, sum) = exps(columns.iter().copied(), z, false, &mut s.weights);
     // ∂/∂z_j = softmax_j − [j = target]; ∂z/∂D = sign.

@@ -1,0 +1,72 @@
+//! The cross entropy over a whole row (InstanceLoss: every column a logit) in f32 loops
+//! without branches that the compiler vectorises, compiled for the widest vectors the CPU has,
+//! with the exponentials of [`super::matryoshka_row`] and its sums in f64 over eight fixed
+//! lanes (so the same bits on every CPU).
+
+use super::matryoshka_row::{exp_bounded, lanes};
+
+/// The cross entropy of the logits `scale · d` `(m,)` with target column `target`: returns
+/// the loss and writes `∂loss/∂d` to `weights` (`scale (softmax − [j = target])`), using `e`
+/// `(m,)` as working space.
+pub(super) fn cross_entropy(
+    d: &[f32],
+    (scale, target): (f32, usize),
+    weights: &mut [f64],
+    e: &mut [f32],
+) -> f64 {
+    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") {
+            // SAFETY: the CPU (and the OS, which std's detection checks) supports AVX-512F.
+            return unsafe { row_avx512(d, (scale, target), weights, e) };
+        }
+        if has!("avx2") && has!("fma") {
+            // SAFETY: the CPU supports AVX2 and FMA.
+            return unsafe { row_avx2(d, (scale, target), weights, e) };
+        }
+    }
+    row(d, (scale, target), weights, e)
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+#[target_feature(enable = "avx512f,fma")]
+fn row_avx512(d: &[f32], st: (f32, usize), weights: &mut [f64], e: &mut [f32]) -> f64 {
+    row(d, st, weights, e)
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+#[target_feature(enable = "avx2,fma")]
+fn row_avx2(d: &[f32], st: (f32, usize), weights: &mut [f64], e: &mut [f32]) -> f64 {
+    row(d, st, weights, e)
+}
+
+#[inline(always)]
+fn row(d: &[f32], (scale, target): (f32, usize), weights: &mut [f64], e: &mut [f32]) -> f64 {
+    // The largest logit, over 16 lanes.
+    let mut top = [f32::NEG_INFINITY; 16];
+    let mut chunks = d.chunks_exact(16);
+    for c in &mut chunks {
+        for (t, &v) in top.iter_mut().zip(c) {
+            let z = scale * v;
+            *t = if z > *t { z } else { *t };
+        }
+    }
+    for &v in chunks.remainder() {
+        let z = scale * v;
+        top[0] = if z > top[0] { z } else { top[0] };
+    }
+    let top = top
+        .iter()
+        .fold(f32::NEG_INFINITY, |t, &v| if v > t { v } else { t });
+    for (e, &v) in e.iter_mut().zip(d) {
+        *e = exp_bounded(scale * v - top);
+    }
+    let sum = lanes(e);
+    let k = f64::from(scale) / sum;
+    for (w, &e) in weights.iter_mut().zip(e.iter()) {
+        *w = k * f64::from(e);
+    }
+    weights[target] -= f64::from(scale);
+    f64::from(top) + sum.ln() - f64::from(scale * d[target])
+}
