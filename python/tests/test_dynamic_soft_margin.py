@@ -92,3 +92,12 @@ def test_numpy_function():
         wml.dynamic_soft_margin_loss(ctx, x.numpy(), y.numpy(), histogram=[0.5, 0.5])
     with pytest.raises(ValueError, match="distance"):
         wml.dynamic_soft_margin_loss(ctx, x.numpy(), y.numpy(), distance="cosine")
+
+
+def test_the_histogram_keeps_the_embeddings_dtype():
+    x, y = batch(n=12, d=5, seed=9)
+    ours, theirs = drop.DynamicSoftMarginLoss(), losses.DynamicSoftMarginLoss()
+    got, want = ours(x.double(), y), theirs(x.double(), y)
+    assert got.item() == pytest.approx(want.item(), rel=1e-5)
+    assert ours.hist_.dtype == torch.float64 == theirs.hist_.dtype
+    assert torch.allclose(ours.hist_, theirs.hist_.detach(), atol=1e-6)

@@ -192,6 +192,8 @@ def test_fallbacks_run_pmls_code():
                     loss(x, y, pairs)
             continue
         assert ours(x, y, pairs).item() == pytest.approx(theirs(x, y, pairs).item(), rel=1e-6)
+    # SNRDistance(p=1) normalises by the L1 norm: PML's code.
+    assert not drop.SignalToNoiseRatioContrastiveLoss(distance=distances.SNRDistance(p=1))._library_can()
     # The default reducer's type with other thresholds is not the default.
     assert not drop.ContrastiveLoss(reducer=pml.reducers.AvgNonZeroReducer(high=0.5))._library_can()
     assert drop.ContrastiveLoss(reducer=pml.reducers.AvgNonZeroReducer())._library_can()

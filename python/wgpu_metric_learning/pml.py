@@ -1832,7 +1832,7 @@ class SignalToNoiseRatioContrastiveLoss(_WholeLoss, pml_losses.SignalToNoiseRati
     distance of the centred rows over the query's squared norm, in row blocks.
     ``loss.backward()`` reaches ``embeddings`` (and ``ref_emb`` when it requires grad). PML's
     code runs instead with an ``indices_tuple``, another reducer, a regularizer or another
-    distance."""
+    distance (``SNRDistance(p=…)`` normalising by another norm than L2 included)."""
 
     _default_reducer = pml_reducers.AvgNonZeroReducer
     _native_name = "snr_contrastive_loss"
@@ -1850,7 +1850,10 @@ class SignalToNoiseRatioContrastiveLoss(_WholeLoss, pml_losses.SignalToNoiseRati
         self._set_context(context, backend, budget)
 
     def _library_can(self) -> bool:
-        snr = type(self.distance) is pml_distances.SNRDistance and self.distance.power == 1
+        d = self.distance
+        # PML normalises with the distance's p: the library's normalisation is L2.
+        snr = type(d) is pml_distances.SNRDistance and d.power == 1
+        snr = snr and (d.p == 2 or not d.normalize_embeddings)
         return snr and self._default_reducers() and not self.all_regularization_loss_names()
 
     def _call_args(self) -> Dict[str, Any]:
@@ -1899,7 +1902,17 @@ class DynamicSoftMarginLoss(_WholeLoss, pml_losses.DynamicSoftMarginLoss):
             momentum=float(self.momentum), histogram=[float(v) for v in hist],
         )
 
+    def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
+        # PML keeps hist_ on the embeddings' device, in their dtype.
+        self._like = (embeddings.device, embeddings.dtype)
+        return super().forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+
+    def _against_bank(self, embeddings, labels, bank, exclusion, rule):
+        self._like = (embeddings.device, embeddings.dtype)
+        return super()._against_bank(embeddings, labels, bank, exclusion, rule)
+
     def _extra(self, out):
-        # The histogram after the call, as PML leaves it (on the embeddings' device).
-        self.hist_ = torch.from_numpy(np.asarray(out[5], dtype=np.float32)).to(self.hist_.device)
+        # The histogram after the call, where and as PML leaves it.
+        device, dtype = self._like
+        self.hist_ = torch.tensor(out[5], dtype=dtype, device=device)
         return ()

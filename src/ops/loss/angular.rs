@@ -8,7 +8,9 @@
 //! the product is split: `(x̂_a + x̂_p)·r_n = Q[a, n] + R[p, n]` with `Q = X̂_A rᵀ` the anchors'
 //! row and `R = X̂_P rᵀ` the positive's, so a class's anchors `A` and positives `P` (the
 //! references of its label) cost `(|A| + |P|, m, d)`: in all `(b + m, m, d)` however many
-//! pairs there are. The negatives are the same for every anchor of a class (the references of
+//! pairs there are, while every class fits a chunk (512 rows, or fewer under a tight
+//! budget); a larger class repeats its anchors' products once per chunk of its positives and
+//! the other way round. The negatives are the same for every anchor of a class (the references of
 //! another label).
 //!
 //! Each pair's row then gives `loss = log(1 + Σ_n e^{f_n})` (f32 exponentials against the
@@ -44,7 +46,7 @@ const SCRATCH: &str = "angular loss working memory";
 /// pair list stay small next to its `(rows, m)` rows.
 const ROWS_CAP: usize = 512;
 /// Bytes of a chunk's pair products and each pair's `∂/∂(x̂_a·x̂_p)`.
-const PAIR_BYTES: u64 = (ROWS_CAP * ROWS_CAP) as u64 * (4 + 16);
+const PAIR_BYTES: u64 = (ROWS_CAP * ROWS_CAP) as u64 * (4 + 4);
 
 /// `(c₁, c₂)` of the angle `alpha` in degrees, as PML takes them (`tan²α` in f64, then used
 /// against f32 values).
@@ -69,20 +71,20 @@ fn sizing(ctx: &Context, job: &Job<'_>) -> Result<Sizing> {
         0
     } + if resident_refs { floats(m) } else { 0 };
     // The normalised queries and their gradient; the references' raw gradient and their
-    // normalised rows' (the normalised rows themselves when given); each class's rows and
-    // the negatives' mask; a chunk's pair products.
+    // normalised rows' (the normalised rows themselves when given); a class per label id
+    // with its rows; the negatives' mask; a chunk's pair products.
     let refs_hat = if job.refs_are_queries { 0 } else { floats(m) };
     let base = read_back
         + 2 * floats(b)
         + 2 * floats(m)
         + refs_hat
-        + 8 * (b + m) as u64
+        + 56 * (b + m) as u64
         + 4 * m as u64
         + PAIR_BYTES;
     // Per thread its exponentials' row; per chunk row the anchors' and positives' products and
-    // gradients, one partial gradient row per thread, and the gathered rows.
+    // gradients, one partial gradient row per thread, the gathered rows and their gradients.
     let scratch = 4 * m as u64;
-    let per_row = 4 * m as u64 * (4 + threads() as u64) + 2 * floats(1);
+    let per_row = 4 * m as u64 * (4 + threads() as u64) + 4 * floats(1);
     let mut sizing = Sizing::within(ctx, job.op, (base, scratch, per_row), b.max(m), BLOCK_BYTES)?;
     sizing.rows = sizing.rows.min(ROWS_CAP);
     Ok(sizing)
@@ -285,7 +287,8 @@ fn chunk_pass(inp: &Inputs<'_>, chunk: &Chunk<'_>, grads: &mut Grads) -> (f64, u
         mask: chunk.mask,
         valid: &valid,
     };
-    let (loss, pairs, g_dot) = sweep(inp, &sides, g_q.view_mut(), g_p.view_mut());
+    let (loss, pairs, g_dot, transposed) = sweep(inp, &sides, g_q.view_mut(), g_p.view_mut());
+    let g_dot = if transposed { g_dot.t() } else { g_dot.view() };
     // The anchors' rows: c₁ G_Q r + ∂dot · x̂_P.
     let (c1, _) = inp.coefficients;
     let mut g_xa = g_dot.dot(&xp);
@@ -317,96 +320,90 @@ struct Sides<'a> {
     valid: &'a (dyn Fn(usize, usize) -> bool + Sync),
 }
 
-/// Every pair of the chunk: the losses' sum, the pairs, and `∂/∂(x̂_a·x̂_p)` `(ca, cp)`; the
-/// weights added to `g_q` `(ca, m)` and, with a reference role, `g_p` `(cp, m)`. The threads
-/// split the anchors (each its rows of `g_q`, and a partial `g_p` of its own) or, where
-/// there are more positives, the positives (the other way round).
+/// Every pair of the chunk: the losses' sum, the pairs, and `∂/∂(x̂_a·x̂_p)` `(ca, cp)`
+/// (transposed, `(cp, ca)`, when the last value is true); the weights added to `g_q` `(ca, m)`
+/// and, with a reference role, `g_p` `(cp, m)`. The threads split the anchors (each its rows
+/// of `g_q` and of `∂/∂dot`, and a partial `g_p` of its own) or, where there are more
+/// positives, the positives (the other way round).
 fn sweep(
     inp: &Inputs<'_>,
     sides: &Sides<'_>,
     mut g_q: ArrayViewMut2<'_, f32>,
     mut g_p: ArrayViewMut2<'_, f32>,
-) -> (f64, u64, Array2<f32>) {
+) -> (f64, u64, Array2<f32>, bool) {
     let (ca, cp) = sides.dots.dim();
     let m = sides.mask.len();
     let by_positive = inp.ref_role && cp > ca;
-    let own_rows = if by_positive { cp } else { ca };
+    let (own_rows, others) = if by_positive { (cp, ca) } else { (ca, cp) };
     let workers = inp.threads.min(own_rows).max(1);
     let per = own_rows.div_ceil(workers);
-    let mut g_dot = Array2::<f32>::zeros((ca, cp));
+    let mut g_dot = Array2::<f32>::zeros((own_rows, others));
     let (mut own, other) = if by_positive {
         (g_p.view_mut(), g_q.view_mut())
     } else {
         (g_q.view_mut(), g_p.view_mut())
     };
     let other_rows = other.nrows();
-    let results: Vec<(f64, u64, Vec<(usize, usize, f32)>, Array2<f32>)> =
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = own
-                .axis_chunks_iter_mut(Axis(0), per)
-                .enumerate()
-                .map(|(t, mut own)| {
-                    scope.spawn(move || {
-                        let mut partial = Array2::<f32>::zeros((other_rows, m));
-                        let mut e = vec![0.0f32; m];
-                        let (mut loss, mut pairs, mut dots) = (0.0, 0u64, Vec::new());
-                        for (k, mut own_row) in own.rows_mut().into_iter().enumerate() {
-                            let i = t * per + k;
-                            for j in 0..if by_positive { ca } else { cp } {
-                                let (a, p) = if by_positive { (j, i) } else { (i, j) };
-                                if !(sides.valid)(a, p) {
-                                    continue;
-                                }
-                                let row = PairRow {
-                                    q: sides.q_rows.row(a).to_slice().unwrap_or(&[]),
-                                    p: sides.p_rows.row(p).to_slice().unwrap_or(&[]),
-                                    mask: sides.mask,
-                                    coefficients: inp.coefficients,
-                                    dot: sides.dots[[a, p]],
-                                };
-                                let (l, w) = dispatch(&row, &mut e);
-                                loss += l;
-                                pairs += 1;
-                                dots.push((
-                                    a,
-                                    p,
-                                    (-f64::from(inp.coefficients.1) * w.1 * inp.scale) as f32,
-                                ));
-                                let k = (inp.scale / w.0) as f32;
-                                if let Some(own) = own_row.as_slice_mut() {
-                                    add_scaled(own, k, &e);
-                                }
-                                if let Some(mut other) =
-                                    (other_rows > 0).then(|| partial.row_mut(j))
-                                {
-                                    if let Some(other) = other.as_slice_mut() {
-                                        add_scaled(other, k, &e);
-                                    }
+    let results: Vec<(f64, u64, Array2<f32>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = own
+            .axis_chunks_iter_mut(Axis(0), per)
+            .zip(g_dot.axis_chunks_iter_mut(Axis(0), per))
+            .enumerate()
+            .map(|(t, (mut own, mut g_dot))| {
+                scope.spawn(move || {
+                    let mut partial = Array2::<f32>::zeros((other_rows, m));
+                    let mut e = vec![0.0f32; m];
+                    let (mut loss, mut pairs) = (0.0, 0u64);
+                    let rows = own.rows_mut().into_iter().zip(g_dot.rows_mut());
+                    for (k, (mut own_row, mut dot_row)) in rows.enumerate() {
+                        let i = t * per + k;
+                        for j in 0..others {
+                            let (a, p) = if by_positive { (j, i) } else { (i, j) };
+                            if !(sides.valid)(a, p) {
+                                continue;
+                            }
+                            let row = PairRow {
+                                q: sides.q_rows.row(a).to_slice().unwrap_or(&[]),
+                                p: sides.p_rows.row(p).to_slice().unwrap_or(&[]),
+                                mask: sides.mask,
+                                coefficients: inp.coefficients,
+                                dot: sides.dots[[a, p]],
+                            };
+                            let (l, w) = dispatch(&row, &mut e);
+                            loss += l;
+                            pairs += 1;
+                            let c2 = f64::from(inp.coefficients.1);
+                            dot_row[j] = (-c2 * w.1 * inp.scale) as f32;
+                            let k = (inp.scale / w.0) as f32;
+                            if let Some(own) = own_row.as_slice_mut() {
+                                add_scaled(own, k, &e);
+                            }
+                            if other_rows > 0 {
+                                if let Some(other) = partial.row_mut(j).as_slice_mut() {
+                                    add_scaled(other, k, &e);
                                 }
                             }
                         }
-                        (loss, pairs, dots, partial)
-                    })
+                    }
+                    (loss, pairs, partial)
                 })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                .collect()
-        });
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
     let (mut loss, mut pairs) = (0.0, 0);
     let mut other = other;
-    for (l, n, dots, partial) in results {
+    for (l, n, partial) in results {
         loss += l;
         pairs += n;
-        for (a, p, g) in dots {
-            g_dot[[a, p]] = g;
-        }
         if other_rows > 0 {
             other += &partial;
         }
     }
-    (loss, pairs, g_dot)
+    (loss, pairs, g_dot, by_positive)
 }
 
 /// `out += k · e`.

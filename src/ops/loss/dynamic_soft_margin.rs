@@ -37,8 +37,9 @@ use crate::runtime::memory::HostReservation;
 use crate::runtime::pool::threads;
 use crate::runtime::transfer;
 
-/// The most bins: the per-bin sums stay small beside the blocks.
-pub(super) const MAX_BINS: u32 = 1 << 16;
+/// The most bins: each anchor's bins are added under one lock shared by the threads, so
+/// they stay small beside its row.
+pub(super) const MAX_BINS: u32 = 4096;
 
 /// The bins' sums over the triplets seen so far.
 #[derive(Debug, Clone)]
@@ -127,8 +128,9 @@ fn sort_negatives(d: ArrayView1<'_, f32>, s: &mut Scratch) {
 /// Bytes the loss keeps beside the driver's blocks against `m` references: the call's bins
 /// and each thread's, with its difference array over the negatives.
 pub(super) fn state_bytes(c: DynamicSoftMargin, m: usize) -> u64 {
+    // The call's bins, then the mixed histogram, its CDF and the slopes.
     let bins = 3 * (u64::from(c.num_bins) + 1);
-    8 * bins + threads() as u64 * 8 * (bins + m as u64 + 1)
+    8 * 2 * bins + threads() as u64 * 8 * (bins + m as u64 + 1)
 }
 
 /// The loss, its triplets, the updated histogram and the gradients of `job` with the
@@ -363,6 +365,14 @@ pub fn dynamic_soft_margin_loss<L: Hash + Eq + Copy>(
 ) -> Result<DynamicSoftMarginLoss> {
     let mut imports = Imports::call();
     let rule = cfg.loss.rule;
+    if !cfg.histogram.is_empty() && cfg.histogram.len() != rule.num_bins as usize {
+        return Err(Error::InvalidParameter {
+            op: "dynamic_soft_margin_loss",
+            what: "histogram",
+            value: format!("{} bins", cfg.histogram.len()),
+            rule: "must be empty or hold num_bins values (PML's hist_)",
+        });
+    }
     let (loss, histogram) = pair::job(ctx, (queries, refs), &cfg.loss, &mut imports, |job| {
         let (positives, negatives) = super::info_nce::pair_counts(job.set);
         if positives == 0 || negatives == 0 {

@@ -179,7 +179,18 @@ pub fn pair_loss<L: Hash + Ord + Copy, R: PairLossRule>(
     job(ctx, (queries, refs), cfg, &mut imports, |job| {
         match cfg.rule.kind() {
             Kind::NPairs(_) => n_pairs(ctx, job, cfg),
-            Kind::Instance(_) => run(ctx, job, cfg.rule.kind(), &ranks(queries)),
+            Kind::Instance(_) => {
+                // The ranks, and while they are made a sorted copy of the labels: held in
+                // the budget beside what the run holds (its plan counts both).
+                let b = queries.labels.len() as u64;
+                let sorting = (4 + std::mem::size_of::<L>() as u64) * b;
+                let ranks = {
+                    let _sorting = HostReservation::new(STATE, sorting, ctx.tracker())?;
+                    ranks(queries)
+                };
+                let _ranks = HostReservation::new(STATE, 4 * b, ctx.tracker())?;
+                run(ctx, job, cfg.rule.kind(), &ranks)
+            }
             Kind::Angular(c) => angular::run(ctx, job, c),
             Kind::DynamicSoftMargin(c) => Ok(dynamic_soft_margin::run(ctx, job, c, &[])?.0),
             kind => run(ctx, job, kind, &[]),
@@ -309,7 +320,7 @@ fn check(op: &'static str, kind: Kind, distance: &DistanceConfig) -> Result<()> 
                     op,
                     what: "min_val, num_bins",
                     value: format!("{}, {}", c.min_val, c.num_bins),
-                    rule: "min_val must not be 0 and num_bins must be 2 to 65 536",
+                    rule: "min_val must not be 0 and num_bins must be 2 to 4 096",
                 });
             }
             let lp = matches!(

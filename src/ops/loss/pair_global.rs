@@ -68,8 +68,9 @@ pub(super) fn state_bytes(kind: Kind, b: usize) -> u64 {
         Kind::Histogram(c) => 32 * (u64::from(c.n_bins) + 1) + 25 * b as u64,
         // NPairs' targets, columns and the labels' first rows.
         Kind::NPairs(_) => 40 * b as u64,
-        // Instance's columns and targets.
-        Kind::Instance(_) => 24 * b as u64,
+        // Instance's columns and targets, and its ranks (or, before, the ranks and a sorted
+        // copy of labels of up to 24 bytes).
+        Kind::Instance(_) => 28 * b as u64,
         _ => 0,
     }
 }

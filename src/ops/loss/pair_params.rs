@@ -85,7 +85,7 @@ impl SnrContrastive {
 pub struct DynamicSoftMargin {
     /// The histogram's lowest value; its bins are `2 |min_val| / num_bins` wide. Finite, not 0.
     pub min_val: f32,
-    /// 2 to 65 536.
+    /// 2 to 4 096.
     pub num_bins: u32,
     /// The current batch's weight in the histogram (1 when the earlier one is all zeros).
     /// Finite.
