@@ -7,6 +7,7 @@
 //! reference under the operation's name that materialises every triplet or pair.
 
 pub mod distance_tile;
+pub mod dynamic_soft_margin;
 pub mod gemm_tile;
 pub mod info_nce_weights;
 pub mod kmeans;

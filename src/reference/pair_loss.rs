@@ -7,7 +7,6 @@
 use ndarray::{Array2, ArrayView2};
 
 use super::pair_gradient::pair_gradient;
-pub use super::pair_loss_tuples::dynamic_soft_margin_loss;
 use super::pair_loss_tuples::{dense, TupleRule};
 use crate::{
     Circle, Contrastive, Distance, DistanceConfig, FastAp, GeneralizedLifted, Histogram,

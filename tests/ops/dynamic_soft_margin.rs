@@ -7,7 +7,7 @@ use crate::ops::ntxent_loss::noise;
 
 use ndarray::Array1;
 use proptest::prelude::*;
-use wgpu_metric_learning::reference::pair_loss::dynamic_soft_margin_loss as reference;
+use wgpu_metric_learning::reference::dynamic_soft_margin::dynamic_soft_margin_loss as reference;
 use wgpu_metric_learning::{
     dynamic_soft_margin_loss, pair_loss, pair_loss_plan, Context, Distance, DistanceConfig,
     DynamicSoftMargin, DynamicSoftMarginConfig, Error, MiningSet, PairLossConfig,

@@ -28,12 +28,12 @@ use super::backward::through_normalization;
 use super::driver::{Job, Sizing, BLOCK_BYTES};
 use super::info_nce::pair_counts;
 use super::matryoshka_row::{exp_bounded, lanes};
-use super::pair::PairLoss;
+use super::pair_call::PairLoss;
 use super::pair_params::Angular;
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::data::inputs::{Embeddings, Rows};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::hooks::Reporter;
 use crate::ops::distance::native::normalized;
 use crate::runtime::memory::HostReservation;
@@ -48,18 +48,10 @@ const ROWS_CAP: usize = 512;
 /// Bytes of a chunk's pair products and each pair's `∂/∂(x̂_a·x̂_p)`.
 const PAIR_BYTES: u64 = (ROWS_CAP * ROWS_CAP) as u64 * (4 + 4);
 
-/// `(c₁, c₂)` of the angle `alpha` in degrees, as PML takes them (`tan²α` in f64, then used
-/// against f32 values).
-pub(super) fn coefficients(alpha: f32) -> (f32, f32) {
-    let t = f64::from(alpha).to_radians().tan();
-    let sq = t * t;
-    ((4.0 * sq) as f32, (2.0 * (1.0 + sq)) as f32)
-}
-
 /// How the call is sized: threads and chunk rows within the budget.
 ///
 /// # Errors
-/// [`Error::OverBudget`] when one thread with a one-row chunk does not fit.
+/// [`crate::Error::OverBudget`] when one thread with a one-row chunk does not fit.
 fn sizing(ctx: &Context, job: &Job<'_>) -> Result<Sizing> {
     let (queries, refs) = job.sides()?;
     let ((b, d), m) = (queries.dim(), refs.dim().0);
@@ -149,7 +141,7 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: Angular) -> Result<PairLos
             q_hat: q_hat.view(),
             r_hat,
             r,
-            coefficients: coefficients(rule.alpha),
+            coefficients: rule.coefficients(),
             scale: 1.0 / positive_pairs as f64,
             ref_role,
             threads: sizing.threads,
@@ -486,18 +478,4 @@ fn pair_kernel(row: &PairRow<'_>, e: &mut [f32]) -> (f64, (f64, f64)) {
     let negatives = lanes(e);
     let sum = negatives + (-f64::from(top)).exp();
     (f64::from(top) + sum.ln(), (sum, negatives / sum))
-}
-
-/// The error of an angle PML's formula cannot take in f32.
-pub(super) fn check_alpha(op: &'static str, alpha: f32) -> Result<()> {
-    let (c1, c2) = coefficients(alpha);
-    if alpha.is_finite() && c1.is_finite() && c2.is_finite() {
-        return Ok(());
-    }
-    Err(Error::InvalidParameter {
-        op,
-        what: "alpha",
-        value: alpha.to_string(),
-        rule: "must be finite degrees with 4 tan²(alpha) finite",
-    })
 }

@@ -477,7 +477,7 @@ pub(super) fn run_as(
     let r_hat = r_hat_own.as_ref().map_or(q_hat.view(), |x| x.view());
     let q_norms = Norms::new(q_hat.view(), &distance);
     if job.snr.is_some() {
-        if let Some(row) = q_norms.sq.iter().position(|&v| !(v > 0.0)) {
+        if let Some(row) = q_norms.sq.iter().position(|&v| v.is_nan() || v <= 0.0) {
             return Err(Error::InvalidParameter {
                 op: job.op,
                 what: "embeddings",

@@ -28,7 +28,7 @@ use std::sync::Mutex;
 use ndarray::{Array2, ArrayView1};
 
 use super::driver::{self, Job, Mode, Scratch, Shared, Totals};
-use super::pair::{self, PairLoss, PairLossConfig};
+use super::pair_call::{self, PairLoss, PairLossConfig};
 use super::pair_params::DynamicSoftMargin;
 use crate::context::{ComputePath, Context};
 use crate::data::inputs::{Imports, MiningSet};
@@ -36,10 +36,6 @@ use crate::error::{Error, Result};
 use crate::runtime::memory::HostReservation;
 use crate::runtime::pool::threads;
 use crate::runtime::transfer;
-
-/// The most bins: each anchor's bins are added under one lock shared by the threads, so
-/// they stay small beside its row.
-pub(super) const MAX_BINS: u32 = 4096;
 
 /// The bins' sums over the triplets seen so far.
 #[derive(Debug, Clone)]
@@ -373,7 +369,7 @@ pub fn dynamic_soft_margin_loss<L: Hash + Eq + Copy>(
             rule: "must be empty or hold num_bins values (PML's hist_)",
         });
     }
-    let (loss, histogram) = pair::job(ctx, (queries, refs), &cfg.loss, &mut imports, |job| {
+    let (loss, histogram) = pair_call::job(ctx, (queries, refs), &cfg.loss, &mut imports, |job| {
         let (positives, negatives) = super::info_nce::pair_counts(job.set);
         if positives == 0 || negatives == 0 {
             // No triplet: PML's zero loss, the histogram as it was.

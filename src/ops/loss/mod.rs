@@ -17,6 +17,7 @@ mod info_nce;
 mod matryoshka;
 mod matryoshka_row;
 mod pair;
+mod pair_call;
 mod pair_global;
 mod pair_params;
 mod pair_rules;
@@ -32,7 +33,8 @@ pub use info_nce::{
     ntxent_loss_plan, InfoNceConfig, InfoNceLoss, MnrlConfig,
 };
 pub use matryoshka::Matryoshka;
-pub use pair::{pair_loss, pair_loss_plan, PairLoss, PairLossConfig};
+pub use pair::{pair_loss, pair_loss_plan};
+pub use pair_call::{PairLoss, PairLossConfig};
 pub use pair_params::{
     Angular, Circle, Contrastive, DynamicSoftMargin, FastAp, GeneralizedLifted, Histogram,
     Instance, IntraPairVariance, LiftedStructure, Margin, MultiSimilarity, NPairs, Nca,

@@ -482,6 +482,16 @@ impl Default for Angular {
     }
 }
 
+impl Angular {
+    /// `(c₁, c₂) = (4 tan²α, 2 (1 + tan²α))` of the angle in degrees, as PML takes them
+    /// (`tan²α` in f64, then used against f32 values).
+    pub(super) fn coefficients(self) -> (f32, f32) {
+        let t = f64::from(self.alpha).to_radians().tan();
+        let sq = t * t;
+        ((4.0 * sq) as f32, (2.0 * (1.0 + sq)) as f32)
+    }
+}
+
 /// PML's `PNPLoss` variants: how an anchor's soft count `R` of negatives ranked above each
 /// positive becomes its cost `f(R)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
