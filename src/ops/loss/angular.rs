@@ -28,11 +28,10 @@ use super::backward::through_normalization;
 use super::driver::{Job, Sizing, BLOCK_BYTES};
 use super::info_nce::pair_counts;
 use super::matryoshka_row::{exp_bounded, lanes};
-use super::pair_call::PairLoss;
+use super::pair_call::{no_loss, PairLoss};
 use super::pair_params::Angular;
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
-use crate::data::inputs::{Embeddings, Rows};
 use crate::error::Result;
 use crate::hooks::Reporter;
 use crate::ops::distance::native::normalized;
@@ -56,12 +55,7 @@ fn sizing(ctx: &Context, job: &Job<'_>) -> Result<Sizing> {
     let (queries, refs) = job.sides()?;
     let ((b, d), m) = (queries.dim(), refs.dim().0);
     let floats = |rows: usize| 4 * (rows * d) as u64;
-    let resident_refs = !job.refs_are_queries && !matches!(refs, Embeddings::Host(_));
-    let read_back = if matches!(queries, Rows::Resident(_)) {
-        floats(b)
-    } else {
-        0
-    } + if resident_refs { floats(m) } else { 0 };
+    let read_back = job.read_back_bytes()?;
     // The normalised queries and their gradient; the references' raw gradient and their
     // normalised rows' (the normalised rows themselves when given); a class per label id
     // with its rows; the negatives' mask; a chunk's pair products.
@@ -109,18 +103,7 @@ pub(super) fn run(ctx: &Context, job: &Job<'_>, rule: Angular) -> Result<PairLos
     let ref_role = job.refs_are_queries || job.ref_grad;
     if positive_pairs == 0 || negative_pairs == 0 {
         // PML: no loss without a positive or a negative pair.
-        job.hooks.check(job.op)?;
-        return Ok(PairLoss {
-            loss: 0.0,
-            nonzero: 0,
-            positive_pairs,
-            negative_pairs,
-            query_grad: Array2::zeros((b, d)),
-            ref_grad: (job.ref_grad && !job.refs_are_queries).then(|| Array2::zeros((m, d))),
-            beta_grad: None,
-            path: ctx.path(),
-            transfers: job.set.imported,
-        });
+        return no_loss(ctx, job, (positive_pairs, negative_pairs), None);
     }
     let (out, mut transfers) = transfer::measure(|| -> Result<_> {
         let sizing = sizing(ctx, job)?;

@@ -248,6 +248,23 @@ impl<'a> Job<'a> {
         Ok((queries, refs))
     }
 
+    /// Bytes [`Job::host_sides`] allocates: host copies of the device-resident rows.
+    ///
+    /// # Errors
+    /// As [`Job::sides`].
+    pub(super) fn read_back_bytes(&self) -> Result<u64> {
+        let (queries, refs) = self.sides()?;
+        let ((b, d), m) = (queries.dim(), refs.dim().0);
+        let floats = |rows: usize| 4 * (rows * d) as u64;
+        let resident_refs = !self.refs_are_queries && !matches!(refs, Embeddings::Host(_));
+        let queries = if matches!(queries, Rows::Resident(_)) {
+            floats(b)
+        } else {
+            0
+        };
+        Ok(queries + if resident_refs { floats(m) } else { 0 })
+    }
+
     /// Both sides as host arrays (device-resident rows read back), and `None` for the
     /// references when they are the queries.
     ///
@@ -356,13 +373,7 @@ impl Sizing {
         // Host copies of device-resident rows (read back), the normalised copies, the
         // gradients, every thread's scratch; per block row its distances and at most `m`
         // near pairs.
-        let resident_refs = !job.refs_are_queries && !matches!(refs, Embeddings::Host(_));
-        let read_back = if matches!(queries, Rows::Resident(_)) {
-            floats(b)
-        } else {
-            0
-        } + if resident_refs { floats(m) } else { 0 };
-        let base = read_back
+        let base = job.read_back_bytes()?
             + floats(b) * 2
             + if job.refs_are_queries { 0 } else { floats(m) }
             + if ref_role { floats(m) } else { 0 };

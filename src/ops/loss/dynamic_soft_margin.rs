@@ -28,7 +28,7 @@ use std::sync::Mutex;
 use ndarray::{Array2, ArrayView1};
 
 use super::driver::{self, Job, Mode, Scratch, Shared, Totals};
-use super::pair_call::{self, PairLoss, PairLossConfig};
+use super::pair_call::{self, no_loss, PairLoss, PairLossConfig};
 use super::pair_params::DynamicSoftMargin;
 use crate::context::{ComputePath, Context};
 use crate::data::inputs::{Imports, MiningSet};
@@ -373,28 +373,10 @@ pub fn dynamic_soft_margin_loss<L: Hash + Eq + Copy>(
         let (positives, negatives) = super::info_nce::pair_counts(job.set);
         if positives == 0 || negatives == 0 {
             // No triplet: PML's zero loss, the histogram as it was.
-            return Ok((empty(ctx, job)?, cfg.histogram.clone()));
+            let counts = (positives, negatives);
+            return Ok((no_loss(ctx, job, counts, None)?, cfg.histogram.clone()));
         }
         run(ctx, job, rule, &cfg.histogram)
     })?;
     Ok(DynamicSoftMarginLoss { loss, histogram })
-}
-
-/// The zero loss of a call without a triplet.
-fn empty(ctx: &Context, job: &Job<'_>) -> Result<PairLoss> {
-    job.hooks.check(job.op)?;
-    let (b, m) = (job.set.labels.len(), job.set.ref_labels.len());
-    let d = job.sides()?.0.dim().1;
-    let (positive_pairs, negative_pairs) = super::info_nce::pair_counts(job.set);
-    Ok(PairLoss {
-        loss: 0.0,
-        nonzero: 0,
-        positive_pairs,
-        negative_pairs,
-        query_grad: Array2::zeros((b, d)),
-        ref_grad: (job.ref_grad && !job.refs_are_queries).then(|| Array2::zeros((m, d))),
-        beta_grad: None,
-        path: ctx.path(),
-        transfers: job.set.imported,
-    })
 }

@@ -38,7 +38,7 @@ use ndarray::{Array1, Array2, ArrayView1, Axis};
 
 use super::driver::{self, Job, Mode, Scratch, Shared};
 use super::info_nce::pair_counts;
-use super::pair_call::{job, refuse_refs, PairLoss, PairLossConfig, SCRATCH};
+use super::pair_call::{job, no_loss, refuse_refs, PairLoss, PairLossConfig, SCRATCH};
 use super::pair_global::{self, is_global, state_bytes, STATE};
 use super::pair_params::{Kind, PairLossRule, PnpVariant};
 use super::pair_rules::{anchor, Row};
@@ -311,22 +311,10 @@ fn has_triplet(job: &Job<'_>) -> bool {
 /// `ranks` are Instance's target columns per query ([`ranks`]), empty for the others.
 fn run(ctx: &Context, job: &Job<'_>, kind: Kind, ranks: &[u32]) -> Result<PairLoss> {
     let ((positive_pairs, negative_pairs), has) = has_loss(job, kind);
-    let (b, d) = job.set.queries.as_ref().map_or((0, 0), |q| q.dim());
-    let m = job.set.ref_labels.len();
     let learn_beta = matches!(kind, Kind::Margin(c) if c.learn_beta);
     if !has {
-        job.hooks.check(job.op)?;
-        return Ok(PairLoss {
-            loss: 0.0,
-            nonzero: 0,
-            positive_pairs,
-            negative_pairs,
-            query_grad: Array2::zeros((b, d)),
-            ref_grad: (job.ref_grad && !job.refs_are_queries).then(|| Array2::zeros((m, d))),
-            beta_grad: learn_beta.then_some(0.0),
-            path: ctx.path(),
-            transfers: job.set.imported,
-        });
+        let beta_grad = learn_beta.then_some(0.0);
+        return no_loss(ctx, job, (positive_pairs, negative_pairs), beta_grad);
     }
     let similarity = job.distance.distance.is_similarity();
     let histogram_max = match job.distance.distance {

@@ -180,19 +180,7 @@ pub(super) fn check(op: &'static str, kind: Kind, distance: &DistanceConfig) -> 
                     rule: "min_val must not be 0 and num_bins must be 2 to 4 096",
                 });
             }
-            let lp = matches!(
-                distance.distance,
-                Distance::Euclidean | Distance::SquaredEuclidean
-            );
-            if lp && distance.normalize {
-                return Ok(());
-            }
-            Err(Error::InvalidParameter {
-                op,
-                what: "distance",
-                value: format!("{distance:?}"),
-                rule: "must be (squared) Euclidean on normalised embeddings (as PML's DynamicSoftMarginLoss asserts)",
-            })
+            lp_only(op, distance)
         }
         Kind::Angular(c) => {
             let (c1, c2) = c.coefficients();
@@ -254,10 +242,6 @@ pub(super) fn check(op: &'static str, kind: Kind, distance: &DistanceConfig) -> 
         Kind::SupCon(c) => positive("temperature", c.temperature),
         Kind::Nca(c) => positive("softmax_scale", c.softmax_scale),
         Kind::FastAp(c) => {
-            let lp = matches!(
-                distance.distance,
-                Distance::Euclidean | Distance::SquaredEuclidean
-            );
             if c.num_bins == 0 || c.num_bins > MAX_BINS {
                 return Err(Error::InvalidParameter {
                     op,
@@ -266,15 +250,7 @@ pub(super) fn check(op: &'static str, kind: Kind, distance: &DistanceConfig) -> 
                     rule: "must be 1 to 4 096",
                 });
             }
-            if lp && distance.normalize {
-                return Ok(());
-            }
-            Err(Error::InvalidParameter {
-                op,
-                what: "distance",
-                value: format!("{distance:?}"),
-                rule: "must be Euclidean or squared Euclidean on normalised embeddings (as PML's FastAPLoss asserts)",
-            })
+            lp_only(op, distance)
         }
         Kind::Margin(c) => {
             finite("margin", c.margin)?;
@@ -287,6 +263,24 @@ pub(super) fn check(op: &'static str, kind: Kind, distance: &DistanceConfig) -> 
             cosine_only(op, distance)
         }
     }
+}
+
+/// The losses PML defines on its `LpDistance(p=2)` of normalised embeddings only (power 1
+/// or 2): FastAP, DynamicSoftMargin.
+fn lp_only(op: &'static str, distance: &DistanceConfig) -> Result<()> {
+    let lp = matches!(
+        distance.distance,
+        Distance::Euclidean | Distance::SquaredEuclidean
+    );
+    if lp && distance.normalize {
+        return Ok(());
+    }
+    Err(Error::InvalidParameter {
+        op,
+        what: "distance",
+        value: format!("{distance:?}"),
+        rule: "must be Euclidean or squared Euclidean on normalised embeddings (as PML asserts for this loss)",
+    })
 }
 
 /// The losses PML defines on cosine similarity only.
@@ -361,5 +355,32 @@ pub(super) fn job<L: Hash + Eq + Copy, R: PairLossRule, T>(
         ref_pairs: false,
         snr,
         hooks: &cfg.hooks,
+    })
+}
+
+/// The result of a call where PML returns no loss: zeros, the pair counts `counts`, the
+/// gradients' shapes (the references' when asked for), `beta_grad` as given.
+///
+/// # Errors
+/// `Cancelled` when the call's token is.
+pub(super) fn no_loss(
+    ctx: &Context,
+    job: &Job<'_>,
+    (positive_pairs, negative_pairs): (u64, u64),
+    beta_grad: Option<f32>,
+) -> Result<PairLoss> {
+    job.hooks.check(job.op)?;
+    let (b, d) = job.set.queries.as_ref().map_or((0, 0), |q| q.dim());
+    let m = job.set.ref_labels.len();
+    Ok(PairLoss {
+        loss: 0.0,
+        nonzero: 0,
+        positive_pairs,
+        negative_pairs,
+        query_grad: Array2::zeros((b, d)),
+        ref_grad: (job.ref_grad && !job.refs_are_queries).then(|| Array2::zeros((m, d))),
+        beta_grad,
+        path: ctx.path(),
+        transfers: job.set.imported,
     })
 }
