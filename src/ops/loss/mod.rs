@@ -19,6 +19,7 @@ mod matryoshka_row;
 mod pair;
 mod pair_call;
 mod pair_global;
+mod pair_global_linear;
 mod pair_params;
 mod pair_rules;
 mod plan;

@@ -42,7 +42,7 @@ use super::pair_call::{job, no_loss, refuse_refs, PairLoss, PairLossConfig, SCRA
 use super::pair_global::{self, is_global, state_bytes, STATE};
 use super::pair_params::{Kind, PairLossRule, PnpVariant};
 use super::pair_rules::{anchor, Row};
-use super::{angular, dynamic_soft_margin};
+use super::{angular, dynamic_soft_margin, pair_global_linear};
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::data::device_rows::Rows;
@@ -153,6 +153,9 @@ pub fn pair_loss_plan<L: Hash + Ord + Copy, R: PairLossRule>(
         let state = match kind {
             Kind::DynamicSoftMargin(c) => {
                 dynamic_soft_margin::state_bytes(c, job.set.ref_labels.len())
+            }
+            Kind::IntraPairVariance(_) if pair_global_linear::applies(job) => {
+                pair_global_linear::held_bytes(job)?
             }
             _ => state_bytes(kind, job.set.labels.len()),
         };

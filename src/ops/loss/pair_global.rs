@@ -17,7 +17,9 @@
 //!   in the top bin.
 //! - **IntraPairVariance**: over the positive pairs, `mean(relu(±(s − (1 ∓ ε) μ))²)` with `μ`
 //!   the positive pairs' mean (its gradient included), the same over the negative pairs, the
-//!   two added. Pass 1 takes the means, pass 2 the sums of `relu`, pass 3 the gradient.
+//!   two added. Pass 1 takes the means, pass 2 the sums of `relu`, pass 3 the gradient; on
+//!   cosine or dot product one pass ([`super::pair_global_linear`]: the means from class
+//!   sums of the rows).
 //! - **ThresholdConsistentMargin** (cosine): `λ⁺ mean(m⁺ − s)` over the positive pairs with
 //!   `s ≤ m⁺` plus `λ⁻ mean(s − m⁻)` over the negative pairs with `s ≥ m⁻`. Pass 1 counts
 //!   both groups, pass 2 takes the weights already divided.
@@ -34,6 +36,7 @@ use std::sync::Mutex;
 use ndarray::ArrayView1;
 
 use super::driver::{self, Job, Mode, Output, Scratch, Shared, Totals};
+use super::pair_global_linear;
 use super::pair_params::{
     Histogram, IntraPairVariance, Kind, LiftedStructure, ThresholdConsistentMargin,
 };
@@ -323,6 +326,9 @@ fn intra_pair_variance(
         count: s.positives.len() as u64,
         items: s.negatives.len() as u64,
     });
+    if pair_global_linear::applies(job) {
+        return pair_global_linear::intra_pair_variance(ctx, job, c);
+    }
     let t = driver::run_as(ctx, job, &means, Mode::Forward)?.totals;
     let (np, nn) = (t.count, t.items);
     let mean = |sum: f64, n: u64| if n == 0 { 0.0 } else { sum / n as f64 };
