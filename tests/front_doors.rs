@@ -53,6 +53,12 @@ const OPERATIONS: &[(&str, Option<&str>, Option<&str>)] = &[
         None,
     ),
     ("pair_loss", Some("pair_loss_plan"), None),
+    (
+        "dynamic_soft_margin_loss",
+        Some("dynamic_soft_margin_loss_plan"),
+        None,
+    ),
+    ("vicreg_loss", Some("vicreg_loss_plan"), None),
     // Label statistics of two clusterings, O(n) on the host.
     ("normalized_mutual_info", None, None),
     ("adjusted_mutual_info", None, None),

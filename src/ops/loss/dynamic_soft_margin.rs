@@ -30,6 +30,7 @@ use ndarray::{Array2, ArrayView1};
 use super::driver::{self, Job, Mode, Scratch, Shared, Totals};
 use super::pair_call::{self, no_loss, PairLoss, PairLossConfig};
 use super::pair_params::DynamicSoftMargin;
+use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::data::inputs::{Imports, MiningSet};
 use crate::error::{Error, Result};
@@ -353,7 +354,7 @@ pub struct DynamicSoftMarginLoss {
 /// cfg.histogram = first.histogram; // the next call mixes it in with momentum 0.01
 /// # Ok::<(), wgpu_metric_learning::Error>(())
 /// ```
-pub fn dynamic_soft_margin_loss<L: Hash + Eq + Copy>(
+pub fn dynamic_soft_margin_loss<L: Hash + Ord + Copy>(
     ctx: &Context,
     queries: &MiningSet<'_, L>,
     refs: Option<&MiningSet<'_, L>>,
@@ -379,4 +380,29 @@ pub fn dynamic_soft_margin_loss<L: Hash + Eq + Copy>(
         run(ctx, job, rule, &cfg.histogram)
     })?;
     Ok(DynamicSoftMarginLoss { loss, histogram })
+}
+
+/// The [`Plan`] of [`dynamic_soft_margin_loss`]: [`crate::pair_loss_plan`]'s with `cfg.loss`
+/// (the histogram holds `num_bins` values whatever it is).
+///
+/// # Errors
+/// As [`crate::pair_loss_plan`].
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{dynamic_soft_margin_loss_plan, Context, DynamicSoftMarginConfig, MiningSet};
+/// let x = ndarray::Array2::<f32>::ones((512, 64));
+/// let labels = ndarray::Array1::from_shape_fn(512, |i| i % 8);
+/// let ctx = Context::native_cpu(Some(16 << 20));
+/// let plan = dynamic_soft_margin_loss_plan(&ctx, &MiningSet::new(&x, &labels), None, &DynamicSoftMarginConfig::default())?;
+/// assert!(plan.bytes <= 16 << 20);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn dynamic_soft_margin_loss_plan<L: Hash + Ord + Copy>(
+    ctx: &Context,
+    queries: &MiningSet<'_, L>,
+    refs: Option<&MiningSet<'_, L>>,
+    cfg: &DynamicSoftMarginConfig,
+) -> Result<Plan> {
+    super::pair::pair_loss_plan(ctx, queries, refs, &cfg.loss)
 }

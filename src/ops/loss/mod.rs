@@ -27,7 +27,8 @@ mod triplet;
 mod vicreg;
 
 pub use dynamic_soft_margin::{
-    dynamic_soft_margin_loss, DynamicSoftMarginConfig, DynamicSoftMarginLoss,
+    dynamic_soft_margin_loss, dynamic_soft_margin_loss_plan, DynamicSoftMarginConfig,
+    DynamicSoftMarginLoss,
 };
 pub use info_nce::{
     multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan, ntxent_loss,
