@@ -9,8 +9,9 @@ use ndarray::Array1;
 use proptest::prelude::*;
 use wgpu_metric_learning::reference::dynamic_soft_margin::dynamic_soft_margin_loss as reference;
 use wgpu_metric_learning::{
-    dynamic_soft_margin_loss, pair_loss, pair_loss_plan, Context, Distance, DistanceConfig,
-    DynamicSoftMargin, DynamicSoftMarginConfig, Error, MiningSet, PairLossConfig,
+    dynamic_soft_margin_loss, dynamic_soft_margin_loss_plan, pair_loss, pair_loss_plan, Context,
+    Distance, DistanceConfig, DynamicSoftMargin, DynamicSoftMarginConfig, Error, MiningSet,
+    PairLossConfig,
 };
 
 fn config(
@@ -147,6 +148,12 @@ fn fits_its_plan_and_refuses_bad_parameters() {
     );
     let whole = pair_loss(&Context::native_cpu(None), &set, None, &cfg.loss).expect("loss");
     let plan = pair_loss_plan(&Context::native_cpu(None), &set, None, &cfg.loss).expect("plan");
+    let own =
+        dynamic_soft_margin_loss_plan(&Context::native_cpu(None), &set, None, &cfg).expect("plan");
+    assert_eq!(
+        (own.bytes, own.min_bytes, own.rows),
+        (plan.bytes, plan.min_bytes, plan.rows)
+    );
     let budget = plan.min_bytes + 4 * 120 * 8;
     let ctx = Context::native_cpu(Some(budget));
     let split = pair_loss(&ctx, &set, None, &cfg.loss).expect("loss");

@@ -382,11 +382,11 @@ pub fn dynamic_soft_margin_loss<L: Hash + Ord + Copy>(
     Ok(DynamicSoftMarginLoss { loss, histogram })
 }
 
-/// The [`Plan`] of [`dynamic_soft_margin_loss`]: [`crate::pair_loss_plan`]'s with `cfg.loss`
-/// (the histogram holds `num_bins` values whatever it is).
+/// The [`Plan`] of [`dynamic_soft_margin_loss`], allocating nothing: [`crate::pair_loss_plan`]'s
+/// with `cfg.loss` (the histogram holds `num_bins` values whatever it is).
 ///
 /// # Errors
-/// As [`crate::pair_loss_plan`].
+/// As [`dynamic_soft_margin_loss`]; [`Error::OverBudget`] when not even one anchor fits.
 ///
 /// # Example
 /// ```
@@ -404,5 +404,23 @@ pub fn dynamic_soft_margin_loss_plan<L: Hash + Ord + Copy>(
     refs: Option<&MiningSet<'_, L>>,
     cfg: &DynamicSoftMarginConfig,
 ) -> Result<Plan> {
-    super::pair::pair_loss_plan(ctx, queries, refs, &cfg.loss)
+    let mut imports = Imports::plan();
+    let plan = pair_call::job(ctx, (queries, refs), &cfg.loss, &mut imports, |job| {
+        let (positives, negatives) = super::info_nce::pair_counts(job.set);
+        if positives == 0 || negatives == 0 {
+            return Ok(Plan::nothing(ctx.path(), job.set.ref_labels.len()));
+        }
+        plan(ctx, job, cfg.loss.rule)
+    })?;
+    Ok(plan.with_imports(imports.footprint()))
+}
+
+/// The plan of `job`: the driver's blocks beside the state the loss holds.
+///
+/// # Errors
+/// [`Error::OverBudget`] when the state and one block do not fit.
+pub(super) fn plan(ctx: &Context, job: &Job<'_>, c: DynamicSoftMargin) -> Result<Plan> {
+    let state = state_bytes(c, job.set.ref_labels.len());
+    let _held = HostReservation::new(super::pair_global::STATE, state, ctx.tracker())?;
+    Ok(super::plan::plan(ctx, job, None)?.with_imports((state, 0)))
 }

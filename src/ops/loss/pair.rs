@@ -146,14 +146,13 @@ pub fn pair_loss_plan<L: Hash + Ord + Copy, R: PairLossRule>(
         if !has_loss(job, kind).1 {
             return Ok(Plan::nothing(ctx.path(), job.set.ref_labels.len()));
         }
-        if let Kind::Angular(_) = kind {
-            return angular::plan(ctx, job);
+        match kind {
+            Kind::Angular(_) => return angular::plan(ctx, job),
+            Kind::DynamicSoftMargin(c) => return dynamic_soft_margin::plan(ctx, job, c),
+            _ => {}
         }
         // What the passes keep between them is held beside the blocks, as the run holds it.
         let state = match kind {
-            Kind::DynamicSoftMargin(c) => {
-                dynamic_soft_margin::state_bytes(c, job.set.ref_labels.len())
-            }
             Kind::IntraPairVariance(_) if pair_global_linear::applies(job) => {
                 pair_global_linear::held_bytes(job)?
             }
