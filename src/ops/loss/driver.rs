@@ -398,17 +398,8 @@ impl Sizing {
         b: usize,
         cap: u64,
     ) -> Result<Self> {
-        let budget = ctx.tracker().stats().budget_bytes;
-        let least = base + scratch + per_row;
-        // What the call already holds (a loss's state between passes) counts too.
+        fits(ctx, op, base + scratch + per_row)?;
         let available = ctx.tracker().available();
-        if least > available {
-            return Err(Error::OverBudget {
-                op,
-                required: least + budget.saturating_sub(available),
-                budget,
-            });
-        }
         // A thread per core, or as many as the budget gives a scratch and a block row each.
         let threads = workers_within(threads(), scratch + per_row, available.saturating_sub(base));
         let room = available.saturating_sub(base + threads as u64 * scratch);
@@ -441,6 +432,21 @@ impl Sizing {
             min_bytes: self.base + self.scratch + self.per_row,
         }
     }
+}
+
+/// [`Error::OverBudget`] unless `bytes` fit what the context has left: what a call already
+/// holds (a loss's state between passes) counts too.
+pub(super) fn fits(ctx: &Context, op: &'static str, bytes: u64) -> Result<()> {
+    let budget = ctx.tracker().stats().budget_bytes;
+    let available = ctx.tracker().available();
+    if bytes > available {
+        return Err(Error::OverBudget {
+            op,
+            required: bytes + budget.saturating_sub(available),
+            budget,
+        });
+    }
+    Ok(())
 }
 
 /// What [`run_as`] does with the rule's weights.

@@ -25,10 +25,10 @@
 use std::hash::Hash;
 use std::sync::Mutex;
 
-use ndarray::{Array2, ArrayView1};
+use ndarray::ArrayView1;
 
 use super::driver::{self, Job, Mode, Scratch, Shared, Totals};
-use super::pair_call::{self, no_loss, PairLoss, PairLossConfig};
+use super::pair_call::{self, has_triplet, no_loss, PairLoss, PairLossConfig};
 use super::pair_params::DynamicSoftMargin;
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
@@ -151,6 +151,11 @@ pub(super) fn run(
             rule: "must be empty or hold num_bins values (PML's hist_)",
         });
     }
+    if !has_triplet(job) {
+        // PML: no loss, and the histogram is left as it was.
+        let counts = super::info_nce::pair_counts(job.set);
+        return Ok((no_loss(ctx, job, counts, None)?, previous.to_vec()));
+    }
     let state = state_bytes(c, job.set.ref_labels.len());
     let _state = HostReservation::new(super::pair_global::STATE, state, ctx.tracker())?;
     let (out, mut transfers) = transfer::measure(|| passes(ctx, job, c, geo, previous));
@@ -231,17 +236,11 @@ fn passes(
     }
     let triplets: f64 = bins.count.iter().sum();
     if triplets == 0.0 {
-        // PML: no loss, and the histogram is left as it was.
-        job.hooks.check(job.op)?;
-        let (b, m) = (job.set.labels.len(), job.set.ref_labels.len());
-        let d = job.sides()?.0.dim().1;
-        let ref_grad = (job.ref_grad && !job.refs_are_queries).then(|| Array2::zeros((m, d)));
-        let out = driver::Output {
-            totals: Totals::default(),
-            query_grad: Array2::zeros((b, d)),
-            ref_grad,
-        };
-        return Ok((0.0, 0, previous.to_vec(), out));
+        // `run` returned before the passes without a triplet.
+        return Err(Error::Internal {
+            op: job.op,
+            message: "a call with triplets binned none".into(),
+        });
     }
     // The mixed histogram, its CDF and each bin's ∂L/∂x.
     let old: f64 = previous.iter().map(|&v| f64::from(v)).sum();
@@ -371,12 +370,6 @@ pub fn dynamic_soft_margin_loss<L: Hash + Ord + Copy>(
         });
     }
     let (loss, histogram) = pair_call::job(ctx, (queries, refs), &cfg.loss, &mut imports, |job| {
-        let (positives, negatives) = super::info_nce::pair_counts(job.set);
-        if positives == 0 || negatives == 0 {
-            // No triplet: PML's zero loss, the histogram as it was.
-            let counts = (positives, negatives);
-            return Ok((no_loss(ctx, job, counts, None)?, cfg.histogram.clone()));
-        }
         run(ctx, job, rule, &cfg.histogram)
     })?;
     Ok(DynamicSoftMarginLoss { loss, histogram })
@@ -406,8 +399,7 @@ pub fn dynamic_soft_margin_loss_plan<L: Hash + Ord + Copy>(
 ) -> Result<Plan> {
     let mut imports = Imports::plan();
     let plan = pair_call::job(ctx, (queries, refs), &cfg.loss, &mut imports, |job| {
-        let (positives, negatives) = super::info_nce::pair_counts(job.set);
-        if positives == 0 || negatives == 0 {
+        if !has_triplet(job) {
             return Ok(Plan::nothing(ctx.path(), job.set.ref_labels.len()));
         }
         plan(ctx, job, cfg.loss.rule)

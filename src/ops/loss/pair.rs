@@ -38,7 +38,7 @@ use ndarray::{Array1, Array2, ArrayView1, Axis};
 
 use super::driver::{self, Job, Mode, Scratch, Shared};
 use super::info_nce::pair_counts;
-use super::pair_call::{job, no_loss, refuse_refs, PairLoss, PairLossConfig, SCRATCH};
+use super::pair_call::{has_triplet, job, no_loss, refuse_refs, PairLoss, PairLossConfig, SCRATCH};
 use super::pair_global::{self, is_global, state_bytes, STATE};
 use super::pair_params::{Kind, PairLossRule, PnpVariant};
 use super::pair_rules::{anchor, Row};
@@ -176,9 +176,9 @@ fn has_loss(job: &Job<'_>, kind: Kind) -> ((u64, u64), bool) {
         Kind::Nca(_) => b > 1,
         Kind::Margin(_) | Kind::FastAp(_) => true,
         Kind::RankedList(_) | Kind::Instance(_) => b > 0,
-        Kind::Angular(_) | Kind::DynamicSoftMargin(_) => positives > 0 && negatives > 0,
+        Kind::Angular(_) => positives > 0 && negatives > 0,
         Kind::ThresholdConsistentMargin(_) => positives + negatives > 0,
-        Kind::Histogram(_) => has_triplet(job),
+        Kind::Histogram(_) | Kind::DynamicSoftMargin(_) => has_triplet(job),
         Kind::Pnp(_) | Kind::NPairs(_) => positives > 0,
         Kind::SupCon(_) | Kind::LiftedStructure(_) | Kind::TupletMargin(_) => {
             !few && positives > 0 && negatives > 0
@@ -291,21 +291,6 @@ fn n_pairs<R: PairLossRule>(
         ref_grad: None,
         transfers,
         ..sub
-    })
-}
-
-/// Whether an anchor has a positive and a negative among the references (PML's triplets).
-fn has_triplet(job: &Job<'_>) -> bool {
-    let set = job.set;
-    let mut per_class: std::collections::HashMap<u32, u64> = Default::default();
-    for &l in &set.ref_labels {
-        *per_class.entry(l).or_default() += 1;
-    }
-    let m = set.ref_labels.len() as u64;
-    (set.labels.iter().zip(&set.self_slots)).any(|(label, &slot)| {
-        let same = per_class.get(label).copied().unwrap_or(0);
-        let own = set.ref_labels.get(slot as usize) == Some(label);
-        same > u64::from(own) && same < m
     })
 }
 

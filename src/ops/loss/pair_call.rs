@@ -384,3 +384,18 @@ pub(super) fn no_loss(
         transfers: job.set.imported,
     })
 }
+
+/// Whether an anchor has a positive and a negative among the references (PML's triplets).
+pub(super) fn has_triplet(job: &Job<'_>) -> bool {
+    let set = job.set;
+    let mut per_class: std::collections::HashMap<u32, u64> = Default::default();
+    for &l in &set.ref_labels {
+        *per_class.entry(l).or_default() += 1;
+    }
+    let m = set.ref_labels.len() as u64;
+    (set.labels.iter().zip(&set.self_slots)).any(|(label, &slot)| {
+        let same = per_class.get(label).copied().unwrap_or(0);
+        let own = set.ref_labels.get(slot as usize) == Some(label);
+        same > u64::from(own) && same < m
+    })
+}

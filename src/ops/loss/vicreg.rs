@@ -15,6 +15,7 @@
 
 use ndarray::{Array1, Array2, ArrayView2, Axis};
 
+use super::driver::fits;
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::error::{Error, Result};
@@ -108,7 +109,7 @@ pub fn vicreg_loss(
     cfg: &VicRegConfig,
 ) -> Result<VicRegLoss> {
     let bytes = check(embeddings, refs, cfg)?;
-    fits(ctx, bytes)?;
+    fits(ctx, OP, bytes)?;
     cfg.hooks.check(OP)?;
     let _held = HostReservation::new("vicreg working memory", bytes, ctx.tracker())?;
     let (n, d) = embeddings.dim();
@@ -170,7 +171,7 @@ pub fn vicreg_loss_plan(
     cfg: &VicRegConfig,
 ) -> Result<Plan> {
     let bytes = check(embeddings, refs, cfg)?;
-    fits(ctx, bytes)?;
+    fits(ctx, OP, bytes)?;
     let n = embeddings.nrows();
     Ok(Plan {
         path: ComputePath::NativeCpu,
@@ -180,20 +181,6 @@ pub fn vicreg_loss_plan(
         bytes,
         min_bytes: bytes,
     })
-}
-
-/// [`Error::OverBudget`] unless `bytes` fit the context's available memory.
-fn fits(ctx: &Context, bytes: u64) -> Result<()> {
-    let budget = ctx.tracker().stats().budget_bytes;
-    let available = ctx.tracker().available();
-    if bytes > available {
-        return Err(Error::OverBudget {
-            op: OP,
-            required: bytes + budget.saturating_sub(available),
-            budget,
-        });
-    }
-    Ok(())
 }
 
 /// Checks the call; returns its working bytes: per view its centred copy, its gradient, its
