@@ -59,6 +59,7 @@ const OPERATIONS: &[(&str, Option<&str>, Option<&str>)] = &[
         None,
     ),
     ("vicreg_loss", Some("vicreg_loss_plan"), None),
+    ("classifier_loss", Some("classifier_loss_plan"), None),
     // Label statistics of two clusterings, O(n) on the host.
     ("normalized_mutual_info", None, None),
     ("adjusted_mutual_info", None, None),

@@ -6,6 +6,7 @@
 //! CPU implementation is the native path of [`crate::Context`]. The losses also have a
 //! reference under the operation's name that materialises every triplet or pair.
 
+pub mod classifier_loss;
 pub mod distance_tile;
 pub mod dynamic_soft_margin;
 pub mod gemm_tile;

@@ -9,6 +9,9 @@
 
 mod angular;
 mod backward;
+mod classifier;
+mod classifier_params;
+mod classifier_pass;
 mod dense_row;
 mod driver;
 mod dynamic_soft_margin;
@@ -26,6 +29,8 @@ mod plan;
 mod triplet;
 mod vicreg;
 
+pub use classifier::{classifier_loss, classifier_loss_plan, ClassifierLoss, ClassifierLossConfig};
+pub use classifier_params::{ClassifierKind, MarginGrad};
 pub use dynamic_soft_margin::{
     dynamic_soft_margin_loss, dynamic_soft_margin_loss_plan, DynamicSoftMarginConfig,
     DynamicSoftMarginLoss,

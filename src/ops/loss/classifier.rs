@@ -1,0 +1,336 @@
+//! PML's losses with learnable class weights (ArcFace, CosFace, SubCenterArcFace,
+//! LargeMarginSoftmax, SphereFace, NormalizedSoftmax, ProxyNCA, SoftTriple), with the gradients
+//! for the embeddings and for the weights, without the `(b, classes)` logit matrix.
+//!
+//! Each is a cross entropy over logits `z_ij = scale · a_i · b_j · ψ(c_ij) + bias`, where `c_ij`
+//! is the cosine of row `i` and class `j` (the best of a class's sub-centres, or SoftTriple's
+//! softmax over its centres), `ψ` is the loss's margin on the target class, and `a`, `b` are
+//! norms where the loss keeps them ([`classifier_params`](super::classifier_params)). The classes
+//! are cut into tiles of centres. Pass 1 multiplies the normalised rows by a tile and folds the
+//! logits into each row's running maximum and sum of exponentials; pass 2 multiplies again,
+//! turns the products into `∂loss/∂c` and multiplies back, into the rows' gradient and into the
+//! tile's weights' gradient, which is complete after that tile
+//! ([`classifier_pass`](super::classifier_pass)).
+//!
+//! So the work is three GEMMs of `b · centres · d` when pass 1's products are kept, four when
+//! they are recomputed. They are kept where they are no larger than the weights (`b ≤ d`) and
+//! fit in the budget: memory stays `O(b · d + centres · d)` plus one tile either way.
+//!
+//! ArcFace's slope on the target is PML's, through `acos`: `sin(θ + m) / sin θ` (1 on its
+//! branch `θ > π − m`, 0 past `|c| = 1` as PML's clamp gives). At `|c| = 1` exactly, where
+//! PML's is infinite, `sin θ` is held at its value for the f32 cosine next to 1
+//! ([`MarginGrad::Pml`]); insightface's passes the gradient straight through
+//! ([`MarginGrad::StraightThrough`]).
+
+use ndarray::{Array2, ArrayView2};
+
+use super::classifier_params::{ClassifierKind, Rule};
+use super::classifier_pass::{self, Inputs, Tiling};
+use super::driver::fits;
+use crate::context::plan::Plan;
+use crate::context::{ComputePath, Context};
+use crate::error::{Error, Result};
+use crate::hooks::Hooks;
+use crate::runtime::memory::HostReservation;
+use crate::runtime::pool::threads;
+use crate::validate;
+
+const OP: &str = "classifier_loss";
+
+/// Centres per tile at most: enough for the GEMMs to run at speed, small enough to stay in
+/// cache-sized blocks whatever the number of classes.
+const TILE_CENTRES: usize = 2048;
+
+/// How [`classifier_loss`] computes. Default: PML's `ArcFaceLoss()`.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{ClassifierKind, ClassifierLossConfig};
+/// let cfg = ClassifierLossConfig { kind: ClassifierKind::cos_face(), ..Default::default() };
+/// assert_eq!(cfg.kind, ClassifierKind::CosFace { margin: 0.35, scale: 64.0 });
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClassifierLossConfig {
+    /// The loss and its parameters.
+    pub kind: ClassifierKind,
+    /// Cancellation (checked between tiles). Default: none.
+    pub hooks: Hooks,
+}
+
+impl Default for ClassifierLossConfig {
+    fn default() -> Self {
+        Self {
+            kind: ClassifierKind::arc_face(),
+            hooks: Hooks::default(),
+        }
+    }
+}
+
+/// The result of [`classifier_loss`]: PML's mean loss and its gradients.
+///
+/// See the example of [`classifier_loss`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ClassifierLoss {
+    /// The mean over the rows in it.
+    pub loss: f32,
+    /// Rows in the mean: all of them, except ProxyNCA's whose probability is 0 in f32 (PML
+    /// drops those).
+    pub count: usize,
+    /// `∂loss/∂embeddings` `(b, d)`.
+    pub grad: Array2<f32>,
+    /// `∂loss/∂weights`, in the weights' layout.
+    pub weight_grad: Array2<f32>,
+    /// Where it ran: the native path on every context.
+    pub path: ComputePath,
+}
+
+/// PML's classifier loss `cfg.kind` of `embeddings` `(b, d)` with class indices `labels`
+/// `(b,)` and class weights `weights` in PML's layout ([`ClassifierKind::weight_shape`]; pass
+/// `w.t()` for the other), with both gradients. Cost: 3–4 GEMMs of `b · centres · d` (module
+/// docs); memory `O(b · d + centres · d)` plus one tile of classes, never `(b, classes)`.
+///
+/// # Errors
+/// [`Error::Shape`] for weights that do not match `d` or a whole number of classes, labels of
+/// another length, or `d = 0`; [`Error::NonFinite`]; [`Error::InvalidParameter`] for a label
+/// outside `[0, classes)`, a parameter that is not finite, a zero temperature or `gamma`, no
+/// centres, or a `LargeMarginSoftmax`/`SphereFace` margin of 0; [`Error::OverBudget`];
+/// `Cancelled`.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{classifier_loss, ClassifierLossConfig, Context};
+/// let ctx = Context::native_cpu(None);
+/// let (x, w) = (array![[1.0f32, 0.0], [1.0, 1.0]], array![[1.0f32, 0.0, -1.0], [0.0, 1.0, 0.0]]);
+/// let out = classifier_loss(&ctx, x.view(), &[0, 1], w.view(), &ClassifierLossConfig::default())?;
+/// assert!(out.loss > 0.0 && out.weight_grad.dim() == (2, 3));
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn classifier_loss(
+    ctx: &Context,
+    embeddings: ArrayView2<'_, f32>,
+    labels: &[i64],
+    weights: ArrayView2<'_, f32>,
+    cfg: &ClassifierLossConfig,
+) -> Result<ClassifierLoss> {
+    let call = check(embeddings, labels, weights, cfg)?;
+    let (tiling, bytes, _) = sizing(ctx, &call)?;
+    cfg.hooks.check(OP)?;
+    let _held = HostReservation::new("classifier loss working memory", bytes, ctx.tracker())?;
+    let w = if call.on_rows { weights.t() } else { weights };
+    let inputs = Inputs {
+        x: embeddings,
+        labels: &call.labels,
+        w,
+        rule: call.rule,
+        drop_zero: matches!(cfg.kind, ClassifierKind::ProxyNca { .. }),
+    };
+    let out = classifier_pass::run(&inputs, tiling, call.on_rows, &cfg.hooks, OP)?;
+    Ok(ClassifierLoss {
+        loss: out.loss as f32,
+        count: out.count,
+        grad: out.grad,
+        weight_grad: out.weight_grad,
+        path: ComputePath::NativeCpu,
+    })
+}
+
+/// The [`Plan`] of [`classifier_loss`]: every row, `cols` centres per tile, and the bytes.
+///
+/// # Errors
+/// As [`classifier_loss`]; [`Error::OverBudget`] when one class's tile does not fit.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{classifier_loss_plan, ClassifierLossConfig, Context};
+/// let (x, w) = (ndarray::Array2::<f32>::ones((512, 64)), ndarray::Array2::<f32>::ones((64, 100_000)));
+/// let labels = vec![0i64; 512];
+/// let plan = classifier_loss_plan(&Context::native_cpu(None), x.view(), &labels, w.view(), &ClassifierLossConfig::default())?;
+/// assert!(plan.chunks > 1 && plan.bytes < 64 << 20);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn classifier_loss_plan(
+    ctx: &Context,
+    embeddings: ArrayView2<'_, f32>,
+    labels: &[i64],
+    weights: ArrayView2<'_, f32>,
+    cfg: &ClassifierLossConfig,
+) -> Result<Plan> {
+    let call = check(embeddings, labels, weights, cfg)?;
+    let (tiling, bytes, min_bytes) = sizing(ctx, &call)?;
+    Ok(Plan {
+        path: ComputePath::NativeCpu,
+        rows: call.b,
+        cols: tiling.cols,
+        chunks: call.centres.div_ceil(tiling.cols),
+        bytes,
+        min_bytes,
+    })
+}
+
+/// A checked call.
+struct Call {
+    b: usize,
+    d: usize,
+    centres: usize,
+    on_rows: bool,
+    rule: Rule,
+    labels: Vec<usize>,
+}
+
+fn check(
+    embeddings: ArrayView2<'_, f32>,
+    labels: &[i64],
+    weights: ArrayView2<'_, f32>,
+    cfg: &ClassifierLossConfig,
+) -> Result<Call> {
+    check_kind(&cfg.kind)?;
+    validate::embeddings(OP, "embeddings", embeddings)?;
+    validate::finite(OP, "weights", weights)?;
+    let (b, d) = embeddings.dim();
+    let per = cfg.kind.centres_per_class();
+    let on_rows = cfg.kind.classes_on_rows();
+    let (dim, centres) = if on_rows {
+        (weights.ncols(), weights.nrows())
+    } else {
+        (weights.nrows(), weights.ncols())
+    };
+    if dim != d || centres == 0 || centres % per != 0 {
+        let expected = if on_rows {
+            "(classes, d)"
+        } else {
+            "(d, classes · centres per class)"
+        };
+        return Err(Error::Shape {
+            op: OP,
+            what: "weights",
+            expected: format!("{expected} with d = {d}, classes >= 1, {per} centres per class"),
+            got: weights.shape().to_vec(),
+        });
+    }
+    if labels.len() != b {
+        return Err(Error::Shape {
+            op: OP,
+            what: "labels",
+            expected: format!("({b},) to match embeddings"),
+            got: vec![labels.len()],
+        });
+    }
+    let classes = centres / per;
+    let labels = labels
+        .iter()
+        .enumerate()
+        .map(|(i, &y)| match usize::try_from(y) {
+            Ok(c) if c < classes => Ok(c),
+            _ => Err(Error::InvalidParameter {
+                op: OP,
+                what: "labels",
+                value: format!("{y} at row {i} ({classes} classes)"),
+                rule: "a label is a class index in [0, classes)",
+            }),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Call {
+        b,
+        d,
+        centres,
+        on_rows,
+        rule: Rule::of(&cfg.kind),
+        labels,
+    })
+}
+
+fn check_kind(kind: &ClassifierKind) -> Result<()> {
+    let bad = |what: &'static str, value: String, rule: &'static str| {
+        Err(Error::InvalidParameter {
+            op: OP,
+            what,
+            value,
+            rule,
+        })
+    };
+    let finite = |what, v: f32| validate::finite_param(OP, what, v);
+    match *kind {
+        ClassifierKind::ArcFace { margin, scale, .. }
+        | ClassifierKind::CosFace { margin, scale } => {
+            finite("margin", margin)?;
+            finite("scale", scale)
+        }
+        ClassifierKind::SubCenterArcFace {
+            margin,
+            scale,
+            sub_centers,
+            ..
+        } => {
+            finite("margin", margin)?;
+            finite("scale", scale)?;
+            if sub_centers == 0 {
+                return bad("sub_centers", "0".into(), "at least 1");
+            }
+            Ok(())
+        }
+        ClassifierKind::LargeMarginSoftmax { margin, scale }
+        | ClassifierKind::SphereFace { margin, scale } => {
+            finite("scale", scale)?;
+            if margin == 0 {
+                // PML divides π by it.
+                return bad("margin", "0".into(), "an integer of at least 1");
+            }
+            Ok(())
+        }
+        ClassifierKind::NormalizedSoftmax { temperature } => {
+            finite("temperature", temperature)?;
+            if temperature == 0.0 {
+                return bad("temperature", "0".into(), "nonzero");
+            }
+            Ok(())
+        }
+        ClassifierKind::ProxyNca { softmax_scale } => finite("softmax_scale", softmax_scale),
+        ClassifierKind::SoftTriple {
+            centers_per_class,
+            la,
+            gamma,
+            margin,
+        } => {
+            finite("la", la)?;
+            finite("gamma", gamma)?;
+            finite("margin", margin)?;
+            if gamma == 0.0 || centers_per_class == 0 {
+                let value = format!("gamma {gamma}, centers_per_class {centers_per_class}");
+                return bad(
+                    "gamma",
+                    value,
+                    "gamma nonzero and at least 1 centre per class",
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The tiling, its bytes, and the bytes of the smallest plan (one class per tile, nothing
+/// kept).
+fn sizing(ctx: &Context, call: &Call) -> Result<(Tiling, u64, u64)> {
+    let (b, d, centres) = (call.b as u64, call.d as u64, call.centres as u64);
+    let per = call.rule.centres.per_class();
+    let row_state = 64 + 8;
+    let fixed = b * d * 4 + b * row_state;
+    let workers = threads() as u64;
+    let tile = |cols: u64, keep: bool| {
+        let products = if keep { b * centres * 4 } else { b * cols * 4 };
+        let through = if call.rule.col_norm { b * cols * 4 } else { 0 };
+        // The tile's norms and their inverses, each worker's row of logits and exponentials.
+        fixed + cols * 12 + products + through + workers * cols * 8
+    };
+    let min_bytes = tile(per as u64, false);
+    let available = ctx.tracker().available();
+    let mut cols = (TILE_CENTRES.min(call.centres) / per).max(1) * per;
+    let keep = b <= d && tile(cols as u64, true) <= available;
+    while !keep && cols > per && tile(cols as u64, false) > available {
+        cols = (cols / 2 / per).max(1) * per;
+    }
+    let bytes = tile(cols as u64, keep);
+    fits(ctx, OP, bytes)?;
+    Ok((Tiling { cols, keep }, bytes, min_bytes))
+}

@@ -1,0 +1,629 @@
+//! The two passes of [`super::classifier`] over tiles of classes.
+//!
+//! Pass 1 multiplies the normalised rows by a tile of normalised centres and folds each row's
+//! logits into its running maximum and sum of exponentials (online, so no row ever holds all
+//! its classes). Pass 2 takes the products again (kept from pass 1 where they fit, else
+//! recomputed), turns them into `∂loss/∂cosine` per centre, and multiplies back: into the
+//! rows' gradient (accumulated over tiles) and into the tile's centres' gradient (complete at
+//! once, so it is finished and written out before the next tile).
+
+use ndarray::{s, Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis};
+
+use super::classifier_params::Rule;
+use super::matryoshka_row::{exp_bounded, lanes};
+use crate::error::Result;
+use crate::hooks::Hooks;
+use crate::runtime::pool::{par_mul, threads};
+
+/// PML's `F.normalize` floor on a norm.
+pub(super) const NORM_EPS: f64 = 1e-12;
+
+/// `ln` of f32's least subnormal: a probability below it is 0 in PML's f32 softmax.
+const LN_LEAST_F32: f64 = -103.278_929_903_431_85;
+
+/// One call's inputs, with every centre's weight as a column of `w` `(d, centres)`.
+pub(super) struct Inputs<'a> {
+    pub(super) x: ArrayView2<'a, f32>,
+    pub(super) labels: &'a [usize],
+    pub(super) w: ArrayView2<'a, f32>,
+    pub(super) rule: Rule,
+    /// Rows whose probability underflows leave the mean (ProxyNCA).
+    pub(super) drop_zero: bool,
+}
+
+/// The passes' shape: centres per tile, and whether pass 1's products are kept.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Tiling {
+    pub(super) cols: usize,
+    pub(super) keep: bool,
+}
+
+/// The loss, the rows kept in its mean, the rows' gradient `(b, d)` and the centres' gradient
+/// in the caller's layout.
+pub(super) struct Output {
+    pub(super) loss: f64,
+    pub(super) count: usize,
+    pub(super) grad: Array2<f32>,
+    pub(super) weight_grad: Array2<f32>,
+}
+
+/// A row's running state.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    norm: f64,
+    /// `scale · a`: the logit's factor before the class's `b`.
+    k: f32,
+    max: f32,
+    sum: f64,
+    target: f64,
+    /// `ln Σ exp` after pass 1.
+    lse: f64,
+    /// `1 / count`, or 0 for a row out of the mean.
+    weight: f64,
+    /// `Σ_j ∂L/∂z_ij · z_ij`: the gradient through the row's norm (LargeMarginSoftmax).
+    through_norm: f64,
+}
+
+/// Runs both passes; the centres' gradient comes back as `(centres, d)` where `on_rows`, else
+/// `(d, centres)` (the layout of the caller's weights).
+pub(super) fn run(
+    inp: &Inputs<'_>,
+    tiling: Tiling,
+    on_rows: bool,
+    hooks: &Hooks,
+    op: &'static str,
+) -> Result<Output> {
+    let (b, d) = inp.x.dim();
+    let centres = inp.w.ncols();
+    let per = inp.rule.centres.per_class();
+    let (xhat, mut rows) = normalise_rows(inp);
+    let mut kept = Array2::<f32>::zeros((b, if tiling.keep { centres } else { 0 }));
+    let mut tile = Array2::<f32>::zeros((b, if tiling.keep { 0 } else { tiling.cols }));
+    let tiles: Vec<(usize, usize)> = (0..centres)
+        .step_by(tiling.cols.max(1))
+        .map(|c0| (c0, (c0 + tiling.cols).min(centres)))
+        .collect();
+    let mut none = Array2::<f32>::zeros((b, 0));
+    let mut all_norms = Vec::with_capacity(centres);
+    for &(c0, c1) in &tiles {
+        hooks.check(op)?;
+        // The raw weights go into the products; each column is scaled by its inverse norm in
+        // the row passes (no normalised copy of the weights).
+        let w = inp.w.slice(s![.., c0..c1]);
+        let norms: Vec<f64> = col_sums(w, w).into_iter().map(f64::sqrt).collect();
+        all_norms.extend_from_slice(&norms);
+        let scale = inverse_norms(&norms);
+        let mut prod = products(&mut kept, &mut tile, tiling.keep, (c0, c1));
+        par_mul(1.0, xhat.view(), w, 0.0, prod.view_mut());
+        by_rows(prod, none.view_mut(), &mut rows, |r0, prod, _, rows| {
+            fold_rows(inp, (c0 / per, &norms, &scale), r0, prod, rows);
+        });
+    }
+    let (loss, count) = close_rows(inp, &mut rows);
+    let mut gx = Array2::<f32>::zeros((b, d));
+    let mut weight_grad = Array2::<f32>::zeros(if on_rows { (centres, d) } else { (d, centres) });
+    let through_cols = if inp.rule.col_norm { tiling.cols } else { 0 };
+    let mut through = Array2::<f32>::zeros((b, through_cols));
+    for &(c0, c1) in &tiles {
+        hooks.check(op)?;
+        let n = c1 - c0;
+        let w = inp.w.slice(s![.., c0..c1]);
+        let norms = &all_norms[c0..c1];
+        let scale = inverse_norms(norms);
+        let mut prod = products(&mut kept, &mut tile, tiling.keep, (c0, c1));
+        let rescale: &[f32] = if tiling.keep {
+            &[]
+        } else {
+            par_mul(1.0, xhat.view(), w, 0.0, prod.view_mut());
+            &scale
+        };
+        let mut terms = through.slice_mut(s![.., ..through_cols.min(n)]);
+        by_rows(
+            prod.view_mut(),
+            terms.view_mut(),
+            &mut rows,
+            |r0, prod, terms, rows| {
+                slope_rows(
+                    inp,
+                    (c0 / per, norms, rescale),
+                    r0,
+                    (prod, terms),
+                    &scale,
+                    rows,
+                );
+            },
+        );
+        // `prod` is now `∂loss/∂c` over each centre's norm: `∂loss/∂ŵ` scaled alike.
+        par_mul(1.0, prod.view(), w.t(), 1.0, gx.view_mut());
+        let mut out = if on_rows {
+            weight_grad.slice_mut(s![c0..c1, ..]).reversed_axes()
+        } else {
+            weight_grad.slice_mut(s![.., c0..c1])
+        };
+        par_mul(1.0, xhat.t(), prod.view(), 0.0, out.view_mut());
+        let col_terms = terms.sum_axis(Axis(0));
+        let sums = inp
+            .rule
+            .col_norm
+            .then_some(col_terms.as_slice().unwrap_or_default());
+        finish_cols(w, (norms, sums), out);
+    }
+    finish_rows(inp, &xhat, &rows, gx.view_mut());
+    Ok(Output {
+        loss: if count > 0 { loss / count as f64 } else { 0.0 },
+        count,
+        grad: gx,
+        weight_grad,
+    })
+}
+
+/// The tile's products: columns `c0..c1` of the kept matrix, or the tile buffer.
+fn products<'a>(
+    kept: &'a mut Array2<f32>,
+    tile: &'a mut Array2<f32>,
+    keep: bool,
+    (c0, c1): (usize, usize),
+) -> ArrayViewMut2<'a, f32> {
+    if keep {
+        kept.slice_mut(s![.., c0..c1])
+    } else {
+        tile.slice_mut(s![.., ..c1 - c0])
+    }
+}
+
+/// `x / max(‖x‖, ε)` per row, and the rows' starting states.
+fn normalise_rows(inp: &Inputs<'_>) -> (Array2<f32>, Vec<Row>) {
+    let mut xhat = inp.x.to_owned();
+    let rows = xhat
+        .rows_mut()
+        .into_iter()
+        .map(|mut r| {
+            let norm = r.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>().sqrt();
+            let inv = (1.0 / norm.max(NORM_EPS)) as f32;
+            r.mapv_inplace(|v| v * inv);
+            let a = if inp.rule.row_norm { norm } else { 1.0 };
+            Row {
+                norm,
+                k: (inp.rule.scale * a) as f32,
+                max: f32::NEG_INFINITY,
+                sum: 0.0,
+                target: 0.0,
+                lse: 0.0,
+                weight: 0.0,
+                through_norm: 0.0,
+            }
+        })
+        .collect();
+    (xhat, rows)
+}
+
+/// `Σ_r a[r, k] b[r, k]` per column `k` of `(d, n)` views of one layout, in f64, in the
+/// order their memory runs (the weights are `(d, classes)` or, for proxies, its transpose).
+fn col_sums(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>) -> Vec<f64> {
+    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") {
+            // SAFETY: the CPU (and the OS, which std's detection checks) supports AVX-512F.
+            return unsafe { col_sums_avx512(a, b) };
+        }
+        if has!("avx2") && has!("fma") {
+            // SAFETY: the CPU supports AVX2 and FMA.
+            return unsafe { col_sums_avx2(a, b) };
+        }
+    }
+    col_sums_plain(a, b)
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+#[target_feature(enable = "avx512f,fma")]
+fn col_sums_avx512(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>) -> Vec<f64> {
+    col_sums_plain(a, b)
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+#[target_feature(enable = "avx2,fma")]
+fn col_sums_avx2(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>) -> Vec<f64> {
+    col_sums_plain(a, b)
+}
+
+#[inline(always)]
+fn col_sums_plain(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>) -> Vec<f64> {
+    let mut acc = vec![0.0f64; a.ncols()];
+    if a.strides()[1] == 1 && b.strides()[1] == 1 {
+        for (ra, rb) in a.rows().into_iter().zip(b.rows()) {
+            let (ra, rb) = (
+                ra.as_slice().unwrap_or_default(),
+                rb.as_slice().unwrap_or_default(),
+            );
+            for ((acc, &x), &y) in acc.iter_mut().zip(ra).zip(rb) {
+                *acc += f64::from(x) * f64::from(y);
+            }
+        }
+    } else {
+        for ((acc, ca), cb) in acc.iter_mut().zip(a.columns()).zip(b.columns()) {
+            *acc = ca
+                .iter()
+                .zip(cb)
+                .map(|(&x, &y)| f64::from(x) * f64::from(y))
+                .sum();
+        }
+    }
+    acc
+}
+
+/// `1 / max(norm, ε)` per column.
+fn inverse_norms(norms: &[f64]) -> Vec<f32> {
+    norms
+        .iter()
+        .map(|&n| (1.0 / n.max(NORM_EPS)) as f32)
+        .collect()
+}
+
+/// `p *= scale` element-wise (`scale` empty: nothing to do).
+fn rescale(p: &mut [f32], scale: &[f32]) {
+    for (v, &s) in p.iter_mut().zip(scale) {
+        *v *= s;
+    }
+}
+
+/// Runs `work(first row, prod rows, other rows, states)` over parts of the rows on the cores;
+/// `other` has the rows of `prod` (and any columns, none included).
+fn by_rows(
+    mut prod: ArrayViewMut2<'_, f32>,
+    mut other: ArrayViewMut2<'_, f32>,
+    rows: &mut [Row],
+    work: impl Fn(usize, ArrayViewMut2<'_, f32>, ArrayViewMut2<'_, f32>, &mut [Row]) + Sync,
+) {
+    let b = rows.len();
+    // A part of fewer than 2¹⁶ values costs more to hand out than to do.
+    let workers = threads().min((b * prod.ncols()).div_ceil(1 << 16)).max(1);
+    let per = b.div_ceil(workers).max(1);
+    let mut parts: Vec<_> = prod
+        .axis_chunks_iter_mut(Axis(0), per)
+        .zip(other.axis_chunks_iter_mut(Axis(0), per))
+        .zip(rows.chunks_mut(per))
+        .enumerate()
+        .collect();
+    let work = &work;
+    std::thread::scope(|scope| {
+        let last = parts.pop();
+        for (t, ((p, o), r)) in parts {
+            scope.spawn(move || work(t * per, p, o, r));
+        }
+        if let Some((t, ((p, o), r))) = last {
+            work(t * per, p, o, r);
+        }
+    });
+}
+
+/// A row's logits over the tile's classes into `z`, from its products `prod` (centres of the
+/// tile, `norms` theirs); returns the target's `(class in the tile, its cosine, its b)`.
+fn logits(
+    inp: &Inputs<'_>,
+    (class0, norms): (usize, &[f64]),
+    (label, row): (usize, &Row),
+    prod: &[f32],
+    z: &mut [f32],
+    slopes: &mut [f64],
+) -> Option<(usize, f64, f64)> {
+    let rule = &inp.rule;
+    let per = rule.centres.per_class();
+    let (k, bias) = (row.k, rule.bias as f32);
+    if per == 1 && rule.col_norm {
+        for ((z, &c), &nw) in z.iter_mut().zip(prod).zip(norms) {
+            *z = k * nw as f32 * c + bias;
+        }
+    } else if per == 1 {
+        for (z, &c) in z.iter_mut().zip(prod) {
+            *z = k * c + bias;
+        }
+    } else {
+        for (z, cs) in z.iter_mut().zip(prod.chunks_exact(per)) {
+            *z = k * rule.centres.reduce(cs, slopes) as f32 + bias;
+        }
+    }
+    let t = label.checked_sub(class0).filter(|&t| t < z.len())?;
+    let c = rule.centres.reduce(&prod[t * per..(t + 1) * per], slopes);
+    let b = if rule.col_norm { norms[t] } else { 1.0 };
+    Some((t, c, b))
+}
+
+/// Pass 1 on a part of the rows: scales the products to cosines (in place, where pass 2 may
+/// find them), then each row's running maximum, sum and target logit.
+fn fold_rows(
+    inp: &Inputs<'_>,
+    (class0, norms, scale): (usize, &[f64], &[f32]),
+    r0: usize,
+    mut prod: ArrayViewMut2<'_, f32>,
+    rows: &mut [Row],
+) {
+    let per = inp.rule.centres.per_class();
+    let classes = prod.ncols() / per;
+    let (mut z, mut e) = (vec![0.0f32; classes], vec![0.0f32; classes]);
+    let mut slopes = vec![0.0f64; per];
+    for (t, (p, row)) in prod.rows_mut().into_iter().zip(rows).enumerate() {
+        with_slice(p, |p| {
+            rescale(p, scale);
+            let label = inp.labels[r0 + t];
+            let tile = (class0, norms);
+            if let Some((j, c, b)) = logits(inp, tile, (label, row), p, &mut z, &mut slopes) {
+                let a = if inp.rule.row_norm { row.norm } else { 1.0 };
+                let (zt, _) = inp.rule.target(c, a, b);
+                z[j] = zt as f32;
+                row.target = f64::from(z[j]);
+            }
+        });
+        let top = max(&z).max(row.max);
+        exp_shifted(&z, top, &mut e);
+        row.sum = row.sum * f64::from(exp_bounded(row.max - top)) + lanes(&e);
+        row.max = top;
+    }
+}
+
+/// Runs `f` on `row` as a slice: a copy, written back, where the row is not contiguous.
+fn with_slice<R>(mut row: ArrayViewMut1<'_, f32>, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    if let Some(s) = row.as_slice_mut() {
+        return f(s);
+    }
+    let mut owned = row.to_vec();
+    let out = f(&mut owned);
+    row.assign(&ArrayView1::from(&owned[..]));
+    out
+}
+
+/// Each row's `ln Σ exp` and weight in the mean; returns the summed loss and the rows in it.
+fn close_rows(inp: &Inputs<'_>, rows: &mut [Row]) -> (f64, usize) {
+    let mut loss = 0.0;
+    let mut count = 0usize;
+    for row in rows.iter_mut() {
+        row.lse = f64::from(row.max) + row.sum.ln();
+        let log_p = row.target - row.lse;
+        // PML keeps a ProxyNCA row only where its f32 probability is not 0.
+        let kept = !(inp.drop_zero && log_p < LN_LEAST_F32);
+        row.weight = if kept { 1.0 } else { 0.0 };
+        if kept {
+            loss -= log_p;
+            count += 1;
+        }
+    }
+    for row in rows.iter_mut() {
+        row.weight /= count.max(1) as f64;
+    }
+    (loss, count)
+}
+
+/// Pass 2 on a part of the rows: overwrites `prod` with `∂loss/∂cosine` per centre, puts
+/// `∂loss/∂z · z` per class in `terms` (when it has columns: the gradient through the
+/// classes' norms) and adds it up per row (through the row's norm).
+fn slope_rows(
+    inp: &Inputs<'_>,
+    (class0, norms, again): (usize, &[f64], &[f32]),
+    r0: usize,
+    (mut prod, mut terms): (ArrayViewMut2<'_, f32>, ArrayViewMut2<'_, f32>),
+    scale: &[f32],
+    rows: &mut [Row],
+) {
+    let per = inp.rule.centres.per_class();
+    let classes = prod.ncols() / per;
+    let mut scratch = (
+        vec![0.0f32; classes],
+        vec![0.0f32; classes],
+        vec![0.0f64; per],
+    );
+    for (t, row) in rows.iter_mut().enumerate() {
+        let mut term = terms.row_mut(t);
+        with_slice(prod.row_mut(t), |p| {
+            if row.weight == 0.0 {
+                p.fill(0.0);
+                term.fill(0.0);
+                return;
+            }
+            rescale(p, again);
+            let label = inp.labels[r0 + t];
+            slope_row(
+                inp,
+                (class0, norms),
+                (label, row),
+                p,
+                term.view_mut(),
+                &mut scratch,
+            );
+            // ∂loss/∂(raw product) = ∂loss/∂c / ‖w‖: the GEMMs take the raw weights.
+            rescale(p, scale);
+        });
+    }
+}
+
+/// [`slope_rows`] for one row: `p` from its cosines to `∂loss/∂c` per centre.
+fn slope_row(
+    inp: &Inputs<'_>,
+    tile: (usize, &[f64]),
+    (label, row): (usize, &mut Row),
+    p: &mut [f32],
+    mut term: ndarray::ArrayViewMut1<'_, f32>,
+    (z, e, slopes): &mut (Vec<f32>, Vec<f32>, Vec<f64>),
+) {
+    let rule = &inp.rule;
+    let per = rule.centres.per_class();
+    let target = logits(inp, tile, (label, row), p, z, slopes);
+    let a = if rule.row_norm { row.norm } else { 1.0 };
+    let target = target.map(|(j, c, b)| {
+        let (zt, slope) = rule.target(c, a, b);
+        z[j] = zt as f32;
+        (j, slope)
+    });
+    exp_shifted(z, row.lse as f32, e);
+    let w = row.weight as f32;
+    // Off the target: ∂L/∂z = w p, and ∂z/∂c = k b.
+    if per == 1 && rule.col_norm {
+        for ((p, &e), &nw) in p.iter_mut().zip(e.iter()).zip(tile.1) {
+            *p = w * e * row.k * nw as f32;
+        }
+    } else if per == 1 {
+        for (p, &e) in p.iter_mut().zip(e.iter()) {
+            *p = w * e * row.k;
+        }
+    }
+    if rule.row_norm || rule.col_norm {
+        let mut through = 0.0f64;
+        for (j, (&e, &z)) in e.iter().zip(z.iter()).enumerate() {
+            let v = w * e * z;
+            through += f64::from(v);
+            // Kept per class only where the classes' norms need it.
+            if let Some(term) = term.get_mut(j) {
+                *term = v;
+            }
+        }
+        row.through_norm += through;
+    }
+    if let Some((j, _)) = target {
+        // The target's own `− w`.
+        e[j] -= 1.0;
+        if rule.row_norm || rule.col_norm {
+            let minus = w * z[j];
+            if let Some(term) = term.get_mut(j) {
+                *term -= minus;
+            }
+            row.through_norm -= f64::from(minus);
+        }
+    }
+    if per > 1 {
+        // ∂L/∂c = w (p − [target]) k, then through the class's centres.
+        for (j, cs) in p.chunks_exact_mut(per).enumerate() {
+            rule.centres.reduce(cs, slopes);
+            let g = match target {
+                Some((t, slope)) if t == j => f64::from(w * e[j]) * slope,
+                _ => f64::from(w * e[j]) * f64::from(row.k),
+            };
+            for (c, &s) in cs.iter_mut().zip(slopes.iter()) {
+                *c = (g * s) as f32;
+            }
+        }
+    } else if let Some((j, slope)) = target {
+        p[j] = (f64::from(w * e[j]) * slope) as f32;
+    }
+}
+
+/// A tile's centres' gradient `out` `(d, n)`, holding `∂loss/∂ŵ` over each centre's norm,
+/// taken on through the normalisation (and the norm, where the logit has it); `w` the tile's
+/// weights, `norms` theirs, `through` the logits' `Σ_i ∂loss/∂z · z` per centre.
+fn finish_cols(
+    w: ArrayView2<'_, f32>,
+    (norms, through): (&[f64], Option<&[f32]>),
+    mut out: ArrayViewMut2<'_, f32>,
+) {
+    // ∂/∂w = g/‖w‖ − (g/‖w‖ · w) w/‖w‖² + (Σ ∂z · z / ‖w‖²) w, the first term already in `out`.
+    let dots = col_sums(out.view(), w);
+    let coef: ndarray::Array1<f32> = norms
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| {
+            if n < NORM_EPS {
+                // Under PML's floor the normalisation is a plain scaling.
+                return 0.0;
+            }
+            let along = through.map_or(0.0, |t| f64::from(t[k]));
+            ((along - dots[k]) / (n * n)) as f32
+        })
+        .collect();
+    ndarray::Zip::from(&mut out)
+        .and(&w)
+        .and_broadcast(&coef)
+        .for_each(|o, &w, &c| *o += c * w);
+}
+
+/// The rows' gradient, from `∂loss/∂x̂` in `gx` (replaced in place).
+fn finish_rows(inp: &Inputs<'_>, xhat: &Array2<f32>, rows: &[Row], mut gx: ArrayViewMut2<'_, f32>) {
+    for (i, (mut g, row)) in gx.rows_mut().into_iter().zip(rows).enumerate() {
+        let grad_hat = g.to_owned();
+        unit_backward(
+            (grad_hat.view(), xhat.row(i), inp.x.row(i)),
+            (row.norm, row.through_norm),
+            g.view_mut(),
+        );
+    }
+}
+
+/// `∂/∂v` of a loss that sees `v̂ = v / max(‖v‖, ε)` with gradient `g`, and the norm `‖v‖`
+/// (norm `n`) with gradient `through / n` (the logits' `z / n` weighted sum).
+fn unit_backward(
+    (g, unit, v): (
+        ndarray::ArrayView1<'_, f32>,
+        ndarray::ArrayView1<'_, f32>,
+        ndarray::ArrayView1<'_, f32>,
+    ),
+    (norm, through): (f64, f64),
+    mut out: ndarray::ArrayViewMut1<'_, f32>,
+) {
+    if norm >= NORM_EPS {
+        let dot: f64 = g
+            .iter()
+            .zip(unit)
+            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+            .sum();
+        let (inv, dot) = ((1.0 / norm) as f32, dot as f32);
+        let along = (through / (norm * norm)) as f32;
+        for (((o, &g), &u), &v) in out.iter_mut().zip(g).zip(unit).zip(v) {
+            *o = (g - dot * u) * inv + along * v;
+        }
+    } else {
+        // Under PML's floor the normalisation is `v / ε`, a plain scaling; the norm's own
+        // gradient is 0 at 0, as torch's.
+        let inv = (1.0 / NORM_EPS) as f32;
+        for (o, &g) in out.iter_mut().zip(g) {
+            *o = g * inv;
+        }
+    }
+}
+
+/// The largest of `z`, over 16 lanes.
+fn max(z: &[f32]) -> f32 {
+    let mut top = [f32::NEG_INFINITY; 16];
+    let mut chunks = z.chunks_exact(16);
+    for c in &mut chunks {
+        for (t, &v) in top.iter_mut().zip(c) {
+            *t = if v > *t { v } else { *t };
+        }
+    }
+    for &v in chunks.remainder() {
+        top[0] = if v > top[0] { v } else { top[0] };
+    }
+    top.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+}
+
+/// `e = exp(z − shift)` (arguments at most 1), compiled for the widest vectors the CPU has.
+fn exp_shifted(z: &[f32], shift: f32, e: &mut [f32]) {
+    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") {
+            // SAFETY: the CPU (and the OS, which std's detection checks) supports AVX-512F.
+            return unsafe { exp_avx512(z, shift, e) };
+        }
+        if has!("avx2") && has!("fma") {
+            // SAFETY: the CPU supports AVX2 and FMA.
+            return unsafe { exp_avx2(z, shift, e) };
+        }
+    }
+    exp_plain(z, shift, e);
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+#[target_feature(enable = "avx512f,fma")]
+fn exp_avx512(z: &[f32], shift: f32, e: &mut [f32]) {
+    exp_plain(z, shift, e);
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+#[target_feature(enable = "avx2,fma")]
+fn exp_avx2(z: &[f32], shift: f32, e: &mut [f32]) {
+    exp_plain(z, shift, e);
+}
+
+#[inline(always)]
+fn exp_plain(z: &[f32], shift: f32, e: &mut [f32]) {
+    for (e, &z) in e.iter_mut().zip(z) {
+        *e = exp_bounded(z - shift);
+    }
+}
