@@ -1213,3 +1213,142 @@ fn vicreg_prints_its_terms_and_writes_both_gradients() {
     ];
     fails_with(&wml(&bad), &["n >= 2"]);
 }
+
+#[test]
+fn classifier_losses_print_their_loss_and_write_both_gradients() {
+    use wgpu_metric_learning::{classifier_loss, ClassifierKind, ClassifierLossConfig, MarginGrad};
+    let d = dir("classifier");
+    let (x, labels) = clustered();
+    let p = |n: &str| d.join(n);
+    write_npy(p("x.npy"), &x).expect("write");
+    write_npy(p("y.npy"), &labels).expect("write");
+    let cases = [
+        (
+            "arcface",
+            vec!["--margin-grad", "straight-through"],
+            ClassifierKind::ArcFace {
+                margin: 28.6,
+                scale: 64.0,
+                margin_grad: MarginGrad::StraightThrough,
+            },
+        ),
+        (
+            "sub-center-arcface",
+            vec!["--sub-centers", "2"],
+            ClassifierKind::SubCenterArcFace {
+                margin: 28.6,
+                scale: 64.0,
+                sub_centers: 2,
+                margin_grad: MarginGrad::Pml,
+            },
+        ),
+        (
+            "cosface",
+            vec!["--scale", "30"],
+            ClassifierKind::CosFace {
+                margin: 0.35,
+                scale: 30.0,
+            },
+        ),
+        (
+            "large-margin-softmax",
+            vec!["--margin", "3"],
+            ClassifierKind::LargeMarginSoftmax {
+                margin: 3,
+                scale: 1.0,
+            },
+        ),
+        ("sphereface", vec![], ClassifierKind::sphere_face()),
+        (
+            "normalized-softmax",
+            vec!["--temperature", "0.1"],
+            ClassifierKind::NormalizedSoftmax { temperature: 0.1 },
+        ),
+        ("proxy-nca", vec![], ClassifierKind::proxy_nca()),
+        (
+            "soft-triple",
+            vec!["--centers-per-class", "2"],
+            ClassifierKind::SoftTriple {
+                centers_per_class: 2,
+                la: 20.0,
+                gamma: 0.1,
+                margin: 0.01,
+            },
+        ),
+    ];
+    for (name, extra, kind) in cases {
+        let (r, c) = kind.weight_shape(3, 5);
+        let w = Array2::from_shape_fn((r, c), |(i, j)| ((i * 5 + j * 3) % 7) as f32 / 7.0 - 0.4);
+        write_npy(p("w.npy"), &w).expect("write");
+        let (xf, yf, wf, g, wg) = (p("x.npy"), p("y.npy"), p("w.npy"), p("g.npy"), p("wg.npy"));
+        let mut args = vec!["loss", name, "--embeddings", arg(&xf)];
+        args.extend([
+            "--labels",
+            arg(&yf),
+            "--weights",
+            arg(&wf),
+            "--grad-out",
+            arg(&g),
+        ]);
+        args.extend(["--weight-grad-out", arg(&wg), "--backend", "cpu"]);
+        args.extend(extra);
+        let out = ok(&wml(&args));
+        let cfg = ClassifierLossConfig {
+            kind,
+            ..Default::default()
+        };
+        let want = classifier_loss(
+            &Context::native_cpu(None),
+            x.view(),
+            labels.as_slice().expect("labels"),
+            w.view(),
+            &cfg,
+        )
+        .expect("loss");
+        assert_eq!(
+            json_field(&out, "loss"),
+            f64::from(want.loss),
+            "{name}: {out}"
+        );
+        assert_eq!(
+            json_field(&out, "count"),
+            want.count as f64,
+            "{name}: {out}"
+        );
+        let got: Array2<f32> = read_npy(&g).expect("grad");
+        let got_w: Array2<f32> = read_npy(&wg).expect("weight grad");
+        assert_eq!((got, got_w), (want.grad, want.weight_grad), "{name}");
+    }
+    // An option of another loss, a label past the classes.
+    let (xf, yf, wf, g) = (p("x.npy"), p("y.npy"), p("w.npy"), p("g2.npy"));
+    let base = [
+        "loss",
+        "cosface",
+        "--embeddings",
+        arg(&xf),
+        "--labels",
+        arg(&yf),
+        "--grad-out",
+        arg(&g),
+    ];
+    let mut bad = base.to_vec();
+    bad.extend([
+        "--weights",
+        arg(&wf),
+        "--temperature",
+        "0.1",
+        "--backend",
+        "cpu",
+    ]);
+    fails_with(
+        &wml(&bad),
+        &["--temperature does not apply to loss cosface"],
+    );
+    let narrow = Array2::<f32>::ones((5, 2));
+    write_npy(p("narrow.npy"), &narrow).expect("write");
+    let nf = p("narrow.npy");
+    let mut bad = base.to_vec();
+    bad.extend(["--weights", arg(&nf), "--backend", "cpu"]);
+    fails_with(&wml(&bad), &["labels", "2 classes"]);
+    assert!(!g.exists(), "no gradient file after a failure");
+}

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand, ValueEnum};
 
+use crate::classifier::ClassifierArgs;
+
 use super::{Common, Metric, TypeArg};
 
 #[derive(Subcommand)]
@@ -84,6 +86,28 @@ pub(crate) enum LossCommand {
     /// PML DynamicSoftMarginLoss, one call of a fresh loss (no earlier histogram); prints as
     /// contrastive does ("nonzero": the triplets).
     DynamicSoftMargin(DynamicSoftMarginArgs),
+    /// PML ArcFaceLoss with its weights W (d, classes); prints {"loss", "count"} and writes
+    /// --grad-out and --weight-grad-out.
+    #[command(name = "arcface")]
+    ArcFace(ClassifierArgs),
+    /// PML SubCenterArcFaceLoss, W (d, classes · sub-centers); prints as arcface does.
+    #[command(name = "sub-center-arcface")]
+    SubCenterArcFace(ClassifierArgs),
+    /// PML CosFaceLoss, W (d, classes); prints as arcface does.
+    #[command(name = "cosface")]
+    CosFace(ClassifierArgs),
+    /// PML LargeMarginSoftmaxLoss, W (d, classes); prints as arcface does.
+    LargeMarginSoftmax(ClassifierArgs),
+    /// PML SphereFaceLoss, W (d, classes); prints as arcface does.
+    #[command(name = "sphereface")]
+    SphereFace(ClassifierArgs),
+    /// PML NormalizedSoftmaxLoss, W (d, classes); prints as arcface does.
+    NormalizedSoftmax(ClassifierArgs),
+    /// PML ProxyNCALoss, proxies (classes, d); prints as arcface does ("count": the rows whose
+    /// probability is not 0).
+    ProxyNca(ClassifierArgs),
+    /// PML SoftTripleLoss, fc (d, classes · centers-per-class); prints as arcface does.
+    SoftTriple(ClassifierArgs),
 }
 
 /// The labelled inputs and gradient outputs of the label-based losses.

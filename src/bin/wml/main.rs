@@ -1,6 +1,7 @@
 //! `wml`: the library from the command line, on `.npy` files, for numpy and PyTorch users.
 //! `wml --help` lists the subcommands; `wml <subcommand> --help` their options.
 
+mod classifier;
 mod commands;
 #[cfg(feature = "mpi")]
 mod distributed;
@@ -16,6 +17,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 pub(crate) use self::TuneArgs as TuneOptions;
 use wgpu_metric_learning::{CancelToken, Hooks, Progress};
 
+use classifier::Which;
 use loss_args::LossCommand;
 
 /// The GPU core of metric learning on .npy files: triplet mining, PML's miners, kNN and
@@ -145,6 +147,16 @@ impl Command {
             Command::Loss(LossCommand::Vicreg(a)) => &a.common,
             Command::Loss(LossCommand::SnrContrastive(a)) => &a.common,
             Command::Loss(LossCommand::DynamicSoftMargin(a)) => &a.common,
+            Command::Loss(
+                LossCommand::ArcFace(a)
+                | LossCommand::SubCenterArcFace(a)
+                | LossCommand::CosFace(a)
+                | LossCommand::LargeMarginSoftmax(a)
+                | LossCommand::SphereFace(a)
+                | LossCommand::NormalizedSoftmax(a)
+                | LossCommand::ProxyNca(a)
+                | LossCommand::SoftTriple(a),
+            ) => &a.common,
             Command::Tune(a) => &a.common,
         }
     }
@@ -562,6 +574,20 @@ fn main() -> ExitCode {
         Command::Loss(LossCommand::Vicreg(a)) => losses::vicreg(&a, &hooks),
         Command::Loss(LossCommand::SnrContrastive(a)) => losses::snr_contrastive(&a, &hooks),
         Command::Loss(LossCommand::DynamicSoftMargin(a)) => losses::dynamic_soft_margin(&a, &hooks),
+        Command::Loss(LossCommand::ArcFace(a)) => classifier::run(Which::ArcFace, &a, &hooks),
+        Command::Loss(LossCommand::SubCenterArcFace(a)) => {
+            classifier::run(Which::SubCenterArcFace, &a, &hooks)
+        }
+        Command::Loss(LossCommand::CosFace(a)) => classifier::run(Which::CosFace, &a, &hooks),
+        Command::Loss(LossCommand::LargeMarginSoftmax(a)) => {
+            classifier::run(Which::LargeMarginSoftmax, &a, &hooks)
+        }
+        Command::Loss(LossCommand::SphereFace(a)) => classifier::run(Which::SphereFace, &a, &hooks),
+        Command::Loss(LossCommand::NormalizedSoftmax(a)) => {
+            classifier::run(Which::NormalizedSoftmax, &a, &hooks)
+        }
+        Command::Loss(LossCommand::ProxyNca(a)) => classifier::run(Which::ProxyNca, &a, &hooks),
+        Command::Loss(LossCommand::SoftTriple(a)) => classifier::run(Which::SoftTriple, &a, &hooks),
         Command::Tune(a) => commands::tune(&a),
     };
     match done {
