@@ -46,12 +46,12 @@ pub use ops::loss::{
     multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan, ntxent_loss,
     ntxent_loss_plan, pair_loss, pair_loss_plan, triplet_margin_loss, triplet_margin_loss_plan,
     vicreg_loss, vicreg_loss_plan, Angular, Circle, ClassifierKind, ClassifierLoss,
-    ClassifierLossConfig, Contrastive, DynamicSoftMargin, DynamicSoftMarginConfig,
-    DynamicSoftMarginLoss, FastAp, GeneralizedLifted, Histogram, InfoNceConfig, InfoNceLoss,
-    Instance, IntraPairVariance, LiftedStructure, Margin, MarginGrad, Matryoshka, MnrlConfig,
-    MultiSimilarity, NPairs, Nca, PairLoss, PairLossConfig, PairLossRule, Pnp, PnpVariant,
-    RankedList, SnrContrastive, SupCon, ThresholdConsistentMargin, TripletLoss, TripletLossConfig,
-    TupletMargin, VicRegConfig, VicRegLoss,
+    ClassifierLossConfig, ClassifierOptions, Contrastive, DynamicSoftMargin,
+    DynamicSoftMarginConfig, DynamicSoftMarginLoss, FastAp, GeneralizedLifted, Histogram,
+    InfoNceConfig, InfoNceLoss, Instance, IntraPairVariance, LiftedStructure, Margin, MarginGrad,
+    Matryoshka, MnrlConfig, MultiSimilarity, NPairs, Nca, PairLoss, PairLossConfig, PairLossRule,
+    Pnp, PnpVariant, RankedList, SnrContrastive, SupCon, ThresholdConsistentMargin, TripletLoss,
+    TripletLossConfig, TupletMargin, VicRegConfig, VicRegLoss,
 };
 pub use ops::miners::{
     all_pairs, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets,

@@ -372,3 +372,63 @@ fn bad_inputs_are_typed_errors() {
     let err = classifier_loss(&tiny, x.view(), &[0, 1, 2], w.view(), &cfg).expect_err("budget");
     assert!(matches!(err, Error::OverBudget { .. }), "{err}");
 }
+
+/// Kinds by name with PML's defaults and the options each takes.
+#[test]
+fn kinds_from_names_and_options() {
+    use wgpu_metric_learning::ClassifierOptions;
+    let none = ClassifierOptions::default();
+    for (name, want) in [
+        ("arcface", ClassifierKind::arc_face()),
+        ("sub_center_arcface", ClassifierKind::sub_center_arc_face()),
+        ("cosface", ClassifierKind::cos_face()),
+        (
+            "large-margin-softmax",
+            ClassifierKind::large_margin_softmax(),
+        ),
+        ("sphereface", ClassifierKind::sphere_face()),
+        ("normalized_softmax", ClassifierKind::normalized_softmax()),
+        ("proxy-nca", ClassifierKind::proxy_nca()),
+        ("soft-triple", ClassifierKind::soft_triple()),
+    ] {
+        assert_eq!(ClassifierKind::from_options(name, &none).expect(name), want);
+    }
+    let o = ClassifierOptions {
+        centres: Some(4),
+        margin: Some(0.2),
+        ..none
+    };
+    let kind = ClassifierKind::from_options("soft-triple", &o).expect("soft triple");
+    assert_eq!(
+        kind,
+        ClassifierKind::SoftTriple {
+            centers_per_class: 4,
+            la: 20.0,
+            gamma: 0.1,
+            margin: 0.2
+        }
+    );
+    for (name, o) in [
+        (
+            "arcface",
+            ClassifierOptions {
+                temperature: Some(0.1),
+                ..none
+            },
+        ),
+        (
+            "large-margin-softmax",
+            ClassifierOptions {
+                margin: Some(2.5),
+                ..none
+            },
+        ),
+        ("no-such-loss", none),
+    ] {
+        let err = ClassifierKind::from_options(name, &o).expect_err(name);
+        assert!(
+            matches!(err, Error::InvalidParameter { .. }),
+            "{name}: {err}"
+        );
+    }
+}

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use wgpu_metric_learning::{
-    classifier_loss, ClassifierKind, ClassifierLossConfig, Hooks, MarginGrad,
+    classifier_loss, ClassifierKind, ClassifierLossConfig, ClassifierOptions, Error, Hooks,
+    MarginGrad,
 };
 
 use crate::commands::{context, given, json_number, timed};
@@ -101,79 +102,44 @@ impl Which {
         }
     }
 
-    /// The loss with PML's defaults, overridden by the options that apply; an option that
-    /// does not apply is an error.
+    /// The loss with PML's defaults, overridden by the options given (one that the loss does
+    /// not take is an error).
     fn kind(self, a: &ClassifierArgs) -> Result<ClassifierKind, String> {
-        let given = [
-            ("--margin", a.margin.is_some()),
-            ("--scale", a.scale.is_some()),
-            ("--margin-grad", a.margin_grad.is_some()),
-            ("--sub-centers", a.sub_centers.is_some()),
-            ("--temperature", a.temperature.is_some()),
-            ("--softmax-scale", a.softmax_scale.is_some()),
-            ("--centers-per-class", a.centers_per_class.is_some()),
-            ("--la", a.la.is_some()),
-            ("--gamma", a.gamma.is_some()),
-        ];
-        let applies: &[&str] = match self {
-            Self::ArcFace => &["--margin", "--scale", "--margin-grad"],
-            Self::SubCenterArcFace => &["--margin", "--scale", "--margin-grad", "--sub-centers"],
-            Self::CosFace | Self::LargeMarginSoftmax | Self::SphereFace => &["--margin", "--scale"],
-            Self::NormalizedSoftmax => &["--temperature"],
-            Self::ProxyNca => &["--softmax-scale"],
-            Self::SoftTriple => &["--margin", "--centers-per-class", "--la", "--gamma"],
+        // Each loss names its centres its own way.
+        let (centres, other) = match self {
+            Self::SoftTriple => (a.centers_per_class, ("--sub-centers", a.sub_centers)),
+            _ => (a.sub_centers, ("--centers-per-class", a.centers_per_class)),
         };
-        if let Some((flag, _)) = given.iter().find(|(f, set)| *set && !applies.contains(f)) {
-            return Err(format!("{flag} does not apply to loss {}", self.name()));
-        }
-        let grad = match a.margin_grad {
-            Some(MarginGradArg::StraightThrough) => MarginGrad::StraightThrough,
-            _ => MarginGrad::Pml,
-        };
-        let multiple = |d: u32| match a.margin {
-            None => Ok(d),
-            Some(m) if m >= 1.0 && m.fract() == 0.0 && m <= u32::MAX as f32 => Ok(m as u32),
-            Some(m) => Err(format!(
-                "--margin {m}: {} takes an integer of at least 1",
+        if other.1.is_some() {
+            return Err(format!(
+                "{} does not apply to loss {}",
+                other.0,
                 self.name()
-            )),
+            ));
+        }
+        let options = ClassifierOptions {
+            margin: a.margin,
+            scale: a.scale,
+            margin_grad: a.margin_grad.map(|g| match g {
+                MarginGradArg::Pml => MarginGrad::Pml,
+                MarginGradArg::StraightThrough => MarginGrad::StraightThrough,
+            }),
+            centres,
+            temperature: a.temperature,
+            softmax_scale: a.softmax_scale,
+            la: a.la,
+            gamma: a.gamma,
         };
-        Ok(match self {
-            Self::ArcFace => ClassifierKind::ArcFace {
-                margin: a.margin.unwrap_or(28.6),
-                scale: a.scale.unwrap_or(64.0),
-                margin_grad: grad,
-            },
-            Self::SubCenterArcFace => ClassifierKind::SubCenterArcFace {
-                margin: a.margin.unwrap_or(28.6),
-                scale: a.scale.unwrap_or(64.0),
-                sub_centers: a.sub_centers.unwrap_or(3),
-                margin_grad: grad,
-            },
-            Self::CosFace => ClassifierKind::CosFace {
-                margin: a.margin.unwrap_or(0.35),
-                scale: a.scale.unwrap_or(64.0),
-            },
-            Self::LargeMarginSoftmax => ClassifierKind::LargeMarginSoftmax {
-                margin: multiple(4)?,
-                scale: a.scale.unwrap_or(1.0),
-            },
-            Self::SphereFace => ClassifierKind::SphereFace {
-                margin: multiple(4)?,
-                scale: a.scale.unwrap_or(1.0),
-            },
-            Self::NormalizedSoftmax => ClassifierKind::NormalizedSoftmax {
-                temperature: a.temperature.unwrap_or(0.05),
-            },
-            Self::ProxyNca => ClassifierKind::ProxyNca {
-                softmax_scale: a.softmax_scale.unwrap_or(1.0),
-            },
-            Self::SoftTriple => ClassifierKind::SoftTriple {
-                centers_per_class: a.centers_per_class.unwrap_or(10),
-                la: a.la.unwrap_or(20.0),
-                gamma: a.gamma.unwrap_or(0.1),
-                margin: a.margin.unwrap_or(0.01),
-            },
+        ClassifierKind::from_options(self.name(), &options).map_err(|e| match e {
+            Error::InvalidParameter { what, rule, .. } if rule.contains("does not take") => {
+                let flag = if what == "centres" {
+                    "sub-centers".into()
+                } else {
+                    what.replace('_', "-")
+                };
+                format!("--{flag} does not apply to loss {}", self.name())
+            }
+            e => e.to_string(),
         })
     }
 }

@@ -7,6 +7,8 @@
 //! target class and the loss's margin on it. The passes need `z` and `∂z/∂c`; the terms
 //! through `a` and `b` (LargeMarginSoftmax and SphereFace) follow from `z` itself.
 
+use crate::error::{Error, Result};
+
 /// Whose gradient ArcFace's margin has on the target class.
 ///
 /// # Example
@@ -178,6 +180,152 @@ impl ClassifierKind {
         } else {
             (d, centres)
         }
+    }
+}
+
+/// The options of [`ClassifierKind::from_options`], as the front ends name them: each `None`
+/// is PML's default; `centres` is `sub_centers` or `centers_per_class`.
+///
+/// # Example
+/// ```
+/// let o = wgpu_metric_learning::ClassifierOptions { scale: Some(30.0), ..Default::default() };
+/// assert_eq!(o.margin, None);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ClassifierOptions {
+    /// Degrees (ArcFace), a cosine (CosFace, SoftTriple) or an integer multiple
+    /// (LargeMarginSoftmax, SphereFace).
+    pub margin: Option<f32>,
+    /// The logits' scale (ArcFace, SubCenterArcFace, CosFace, LargeMarginSoftmax, SphereFace).
+    pub scale: Option<f32>,
+    /// ArcFace's and SubCenterArcFace's margin gradient.
+    pub margin_grad: Option<MarginGrad>,
+    /// SubCenterArcFace's `sub_centers`, SoftTriple's `centers_per_class`.
+    pub centres: Option<usize>,
+    /// NormalizedSoftmax's temperature.
+    pub temperature: Option<f32>,
+    /// ProxyNCA's `softmax_scale`.
+    pub softmax_scale: Option<f32>,
+    /// SoftTriple's `la`.
+    pub la: Option<f32>,
+    /// SoftTriple's `gamma`.
+    pub gamma: Option<f32>,
+}
+
+impl ClassifierKind {
+    /// The loss named `name` (`arcface`, `sub-center-arcface`, `cosface`,
+    /// `large-margin-softmax`, `sphereface`, `normalized-softmax`, `proxy-nca`, `soft-triple`;
+    /// `_` for `-` too) with PML's defaults, overridden by `options`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParameter`] for an unknown name, an option the loss does not take, or a
+    /// LargeMarginSoftmax/SphereFace margin that is not a whole number of at least 1.
+    ///
+    /// # Example
+    /// ```
+    /// use wgpu_metric_learning::{ClassifierKind, ClassifierOptions};
+    /// let o = ClassifierOptions { scale: Some(30.0), ..Default::default() };
+    /// let kind = ClassifierKind::from_options("cosface", &o)?;
+    /// assert_eq!(kind, ClassifierKind::CosFace { margin: 0.35, scale: 30.0 });
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
+    pub fn from_options(name: &str, o: &ClassifierOptions) -> Result<Self> {
+        let bad = |what: &'static str, value: String, rule: &'static str| Error::InvalidParameter {
+            op: "classifier_loss",
+            what,
+            value,
+            rule,
+        };
+        let kind = match name.replace('_', "-").as_str() {
+            "arcface" => Self::arc_face(),
+            "sub-center-arcface" => Self::sub_center_arc_face(),
+            "cosface" => Self::cos_face(),
+            "large-margin-softmax" => Self::large_margin_softmax(),
+            "sphereface" => Self::sphere_face(),
+            "normalized-softmax" => Self::normalized_softmax(),
+            "proxy-nca" => Self::proxy_nca(),
+            "soft-triple" => Self::soft_triple(),
+            _ => return Err(bad("loss", name.into(), "a classifier loss's name")),
+        };
+        let given = [
+            ("margin", o.margin.is_some()),
+            ("scale", o.scale.is_some()),
+            ("margin_grad", o.margin_grad.is_some()),
+            ("centres", o.centres.is_some()),
+            ("temperature", o.temperature.is_some()),
+            ("softmax_scale", o.softmax_scale.is_some()),
+            ("la", o.la.is_some()),
+            ("gamma", o.gamma.is_some()),
+        ];
+        let takes: &[&str] = match kind {
+            Self::ArcFace { .. } => &["margin", "scale", "margin_grad"],
+            Self::SubCenterArcFace { .. } => &["margin", "scale", "margin_grad", "centres"],
+            Self::CosFace { .. } | Self::LargeMarginSoftmax { .. } | Self::SphereFace { .. } => {
+                &["margin", "scale"]
+            }
+            Self::NormalizedSoftmax { .. } => &["temperature"],
+            Self::ProxyNca { .. } => &["softmax_scale"],
+            Self::SoftTriple { .. } => &["margin", "centres", "la", "gamma"],
+        };
+        if let Some((what, _)) = given.iter().find(|(w, set)| *set && !takes.contains(w)) {
+            return Err(bad(what, name.into(), "an option this loss does not take"));
+        }
+        let multiple = |m: u32| match o.margin {
+            None => Ok(m),
+            Some(v) if v >= 1.0 && v.fract() == 0.0 && v <= u32::MAX as f32 => Ok(v as u32),
+            Some(v) => Err(bad("margin", v.to_string(), "a whole number of at least 1")),
+        };
+        Ok(match kind {
+            Self::ArcFace {
+                margin,
+                scale,
+                margin_grad,
+            } => Self::ArcFace {
+                margin: o.margin.unwrap_or(margin),
+                scale: o.scale.unwrap_or(scale),
+                margin_grad: o.margin_grad.unwrap_or(margin_grad),
+            },
+            Self::SubCenterArcFace {
+                margin,
+                scale,
+                sub_centers,
+                margin_grad,
+            } => Self::SubCenterArcFace {
+                margin: o.margin.unwrap_or(margin),
+                scale: o.scale.unwrap_or(scale),
+                sub_centers: o.centres.unwrap_or(sub_centers),
+                margin_grad: o.margin_grad.unwrap_or(margin_grad),
+            },
+            Self::CosFace { margin, scale } => Self::CosFace {
+                margin: o.margin.unwrap_or(margin),
+                scale: o.scale.unwrap_or(scale),
+            },
+            Self::LargeMarginSoftmax { margin, scale } => Self::LargeMarginSoftmax {
+                margin: multiple(margin)?,
+                scale: o.scale.unwrap_or(scale),
+            },
+            Self::SphereFace { margin, scale } => Self::SphereFace {
+                margin: multiple(margin)?,
+                scale: o.scale.unwrap_or(scale),
+            },
+            Self::NormalizedSoftmax { temperature } => Self::NormalizedSoftmax {
+                temperature: o.temperature.unwrap_or(temperature),
+            },
+            Self::ProxyNca { softmax_scale } => Self::ProxyNca {
+                softmax_scale: o.softmax_scale.unwrap_or(softmax_scale),
+            },
+            Self::SoftTriple {
+                centers_per_class,
+                la,
+                gamma,
+                margin,
+            } => Self::SoftTriple {
+                centers_per_class: o.centres.unwrap_or(centers_per_class),
+                la: o.la.unwrap_or(la),
+                gamma: o.gamma.unwrap_or(gamma),
+                margin: o.margin.unwrap_or(margin),
+            },
+        })
     }
 }
 

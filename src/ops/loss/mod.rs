@@ -30,7 +30,7 @@ mod triplet;
 mod vicreg;
 
 pub use classifier::{classifier_loss, classifier_loss_plan, ClassifierLoss, ClassifierLossConfig};
-pub use classifier_params::{ClassifierKind, MarginGrad};
+pub use classifier_params::{ClassifierKind, ClassifierOptions, MarginGrad};
 pub use dynamic_soft_margin::{
     dynamic_soft_margin_loss, dynamic_soft_margin_loss_plan, DynamicSoftMarginConfig,
     DynamicSoftMarginLoss,
