@@ -33,6 +33,14 @@ MINERS = [
 ]
 LOSSES = [
     "AngularLoss",
+    "ArcFaceLoss",
+    "CosFaceLoss",
+    "LargeMarginSoftmaxLoss",
+    "NormalizedSoftmaxLoss",
+    "ProxyNCALoss",
+    "SoftTripleLoss",
+    "SphereFaceLoss",
+    "SubCenterArcFaceLoss",
     "CircleLoss",
     "ContrastiveLoss",
     "CrossBatchMemory",

@@ -45,6 +45,13 @@ FILES = [
     "losses/test_ranked_list_loss.py",
     "losses/test_tcm_loss.py",
     "losses/test_tuplet_margin_loss.py",
+    "losses/test_arcface_loss.py",
+    "losses/test_cosface_loss.py",
+    "losses/test_large_margin_softmax_loss.py",
+    "losses/test_normalized_softmax_loss.py",
+    "losses/test_proxy_nca_loss.py",
+    "losses/test_soft_triple_loss.py",
+    "losses/test_subcenter_arcface_loss.py",
     "utils/test_calculate_accuracies.py",
     "utils/test_calculate_accuracies_large_k.py",
 ]

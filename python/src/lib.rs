@@ -13,6 +13,7 @@
 
 mod bank;
 mod call;
+mod classifier;
 mod context;
 mod eval;
 mod losses;
@@ -50,6 +51,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(list_adapters, m)?)?;
     m.add_function(wrap_pyfunction!(pairwise_distances, m)?)?;
     m.add_function(wrap_pyfunction!(knn, m)?)?;
+    m.add_function(wrap_pyfunction!(classifier::classifier_loss, m)?)?;
     m.add_function(wrap_pyfunction!(mine_triplets, m)?)?;
     m.add_function(wrap_pyfunction!(count_triplets, m)?)?;
     m.add_function(wrap_pyfunction!(all_pairs, m)?)?;

@@ -35,7 +35,8 @@ and PML's pair losses :func:`contrastive_loss`, :func:`multi_similarity_loss`,
 :func:`intra_pair_variance_loss`, :func:`ranked_list_loss`,
 :func:`threshold_consistent_margin_loss`, :func:`pnp_loss`, :func:`n_pairs_loss`,
 :func:`instance_loss`, :func:`angular_loss`, :func:`snr_contrastive_loss`,
-:func:`dynamic_soft_margin_loss`; :func:`vicreg_loss` (two views, no labels).
+:func:`dynamic_soft_margin_loss`; :func:`vicreg_loss` (two views, no labels); and the losses
+with class weights (ArcFace and its family), :func:`classifier_loss`.
 
 ``wgpu_metric_learning.pml`` has drop-ins for pytorch-metric-learning (``KNN`` for
 ``AccuracyCalculator``, the miners, ``CrossBatchMemory``, ``TripletMarginLoss`` and
@@ -65,6 +66,7 @@ __all__ = [
     "Pairs",
     "TripletChunks",
     "VicReg",
+    "Classifier",
     "accuracy",
     "adjusted_mutual_info",
     "all_pairs",
@@ -107,6 +109,7 @@ __all__ = [
     "instance_loss",
     "angular_loss",
     "vicreg_loss",
+    "classifier_loss",
     "snr_contrastive_loss",
     "dynamic_soft_margin_loss",
 ]
@@ -154,6 +157,16 @@ class VicReg(NamedTuple):
     grad: np.ndarray
     #: ``∂loss/∂ref_embeddings`` ``(n, d)`` float32 when a second view was given.
     ref_grad: Optional[np.ndarray]
+
+
+class Classifier(NamedTuple):
+    """The result of :func:`classifier_loss`: the mean loss, the rows in it, and the gradients
+    for the embeddings ``(b, d)`` and for the weights (in their layout)."""
+
+    loss: float
+    count: int
+    grad: np.ndarray
+    weight_grad: np.ndarray
 
 
 class Loss(NamedTuple):
@@ -1397,3 +1410,36 @@ def dynamic_soft_margin_loss(
         distance=distance, normalize=normalize, self_exclusion=exclusion, ref_grad=ref_grad,
     )
     return Loss(*out[:5]), np.asarray(out[5], dtype=np.float32)
+
+
+def classifier_loss(
+    ctx: Context,
+    embeddings: Any,
+    labels: Any,
+    weights: Any,
+    kind: str = "arcface",
+    *,
+    margin: Optional[float] = None,
+    scale: Optional[float] = None,
+    margin_grad: Optional[str] = None,
+    centres: Optional[int] = None,
+    temperature: Optional[float] = None,
+    softmax_scale: Optional[float] = None,
+    la: Optional[float] = None,
+    gamma: Optional[float] = None,
+) -> Classifier:
+    """PML's loss with class weights ``kind`` (``"arcface"``, ``"sub_center_arcface"``,
+    ``"cosface"``, ``"large_margin_softmax"``, ``"sphereface"``, ``"normalized_softmax"``,
+    ``"proxy_nca"``, ``"soft_triple"``) of ``embeddings`` ``(b, d)`` with class indices
+    ``labels`` and ``weights`` in PML's layout (``(d, classes · centres)`` for ``W`` and
+    ``fc``, ``(classes, d)`` for ProxyNCA's ``proxies``), with both gradients, tiled over the
+    classes (never a ``(b, classes)`` matrix). Each option ``None`` is PML's default;
+    ``centres`` is ``sub_centers`` or ``centers_per_class``; ``margin`` is in degrees for
+    ArcFace; ``margin_grad`` ``"pml"`` (through ``acos``) or ``"straight_through"``
+    (insightface's). An option the loss does not take raises ``ValueError``."""
+    return Classifier(*_native.classifier_loss(
+        ctx, _matrix(embeddings, "embeddings"), _labels(labels, "labels"),
+        _matrix(weights, "weights"), kind, margin=margin, scale=scale, margin_grad=margin_grad,
+        centres=centres, temperature=temperature, softmax_scale=softmax_scale, la=la,
+        gamma=gamma,
+    ))

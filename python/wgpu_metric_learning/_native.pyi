@@ -59,6 +59,7 @@ __all__ = [
     "instance_loss",
     "angular_loss",
     "vicreg_loss",
+    "classifier_loss",
     "snr_contrastive_loss",
     "dynamic_soft_margin_loss",
 ]
@@ -639,6 +640,22 @@ def angular_loss(
     self_exclusion: _SelfExclusion = None,
     ref_grad: bool = False,
 ) -> Tuple[float, int, int, _F32, Optional[_F32]]: ...
+def classifier_loss(
+    ctx: Context,
+    embeddings: _F32,
+    labels: _I64,
+    weights: _F32,
+    kind: str,
+    *,
+    margin: Optional[float] = None,
+    scale: Optional[float] = None,
+    margin_grad: Optional[str] = None,
+    centres: Optional[int] = None,
+    temperature: Optional[float] = None,
+    softmax_scale: Optional[float] = None,
+    la: Optional[float] = None,
+    gamma: Optional[float] = None,
+) -> Tuple[float, int, _F32, _F32]: ...
 def vicreg_loss(
     ctx: Context,
     embeddings: _F32,

@@ -89,6 +89,14 @@ __all__ = [
     "BatchEasyHardMiner",
     "AngularLoss",
     "AngularMiner",
+    "ArcFaceLoss",
+    "CosFaceLoss",
+    "LargeMarginSoftmaxLoss",
+    "NormalizedSoftmaxLoss",
+    "ProxyNCALoss",
+    "SoftTripleLoss",
+    "SphereFaceLoss",
+    "SubCenterArcFaceLoss",
     "BatchHardMiner",
     "DistanceWeightedMiner",
     "HDCMiner",
@@ -1916,3 +1924,172 @@ class DynamicSoftMarginLoss(_WholeLoss, pml_losses.DynamicSoftMarginLoss):
         device, dtype = self._like
         self.hist_ = torch.tensor(out[5], dtype=dtype, device=device)
         return ()
+
+
+class _ClassifierLoss(_LibraryLoss):
+    """A PML loss with class weights (``W``, ``fc`` or ``proxies``) whose value and gradients
+    (for the embeddings and the weights) come from the library, tiled over the classes: no
+    ``(batch, classes)`` logit matrix. The weights stay PML's parameter, in PML's layout, so
+    ``SGD(loss_func.parameters())`` keeps working. PML's code runs instead without labels,
+    with an ``indices_tuple`` (miner weights), ``ref_emb``, another reducer, distance or dtype
+    (float16), a regularizer, or an empty batch."""
+
+    _default_reducer = pml_reducers.MeanReducer
+    _kind = ""
+    _weights = "W"
+    _distance: Any = pml_distances.CosineSimilarity
+    _power = 1
+
+    def __init__(
+        self,
+        *args: Any,
+        backend: str = "auto",
+        budget: Optional[int] = None,
+        context: Optional[Context] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._set_context(context, backend, budget)
+
+    def _options(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def _library_can(self) -> bool:
+        d = self.distance
+        distance = (
+            type(d) is self._distance and d.power == self._power and d.p == 2
+            and bool(d.normalize_embeddings)
+        )
+        return distance and self._default_reducers() and not self.all_regularization_loss_names()
+
+    def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
+        if (
+            labels is None
+            or indices_tuple is not None
+            or ref_emb is not None
+            or ref_labels is not None
+            or embeddings.dim() != 2
+            or embeddings.shape[0] == 0
+            or embeddings.dtype not in (torch.float32, torch.float64)
+            or not self._library_can()
+        ):
+            return super().forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        self.reset_stats()
+        # As PML's compute_loss: the weights follow the embeddings' dtype and device.
+        self.cast_types(embeddings.dtype, embeddings.device)
+        weights = getattr(self, self._weights)
+        out = _native.classifier_loss(
+            self.context, _emb(embeddings, "embeddings"), _lab(labels, "labels"),
+            _emb(weights, self._weights), self._kind, **self._options(),
+        )
+        return _loss_tensor(out[0], [(embeddings, out[2]), (weights, out[3])])
+
+
+class ArcFaceLoss(_ClassifierLoss, pml_losses.ArcFaceLoss):
+    """PML's ``ArcFaceLoss(num_classes, embedding_size, margin=28.6, scale=64)`` (``W``
+    ``(embedding_size, num_classes)``), computed as :class:`_ClassifierLoss` says. The
+    target's gradient goes through ``acos`` as PML's autograd does; at a cosine of exactly
+    ±1, where PML's is infinite, it is held at its value for the f32 cosine next to 1.
+    ``margin_grad="straight_through"`` gives insightface's instead."""
+
+    _kind = "arcface"
+
+    def __init__(self, *args: Any, margin_grad: str = "pml", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.margin_grad = margin_grad
+
+    def _options(self) -> Dict[str, Any]:
+        return dict(
+            margin=float(np.degrees(self.margin)), scale=float(self.scale),
+            margin_grad=self.margin_grad,
+        )
+
+
+class SubCenterArcFaceLoss(_ClassifierLoss, pml_losses.SubCenterArcFaceLoss):
+    """PML's ``SubCenterArcFaceLoss(num_classes=, embedding_size=, margin=28.6, scale=64,
+    sub_centers=3)``: class ``j``'s centres are ``W``'s columns ``j·k … j·k + k − 1`` and its
+    cosine their best (the gradient to the first best, as torch's ``max``)."""
+
+    _kind = "sub_center_arcface"
+
+    def __init__(self, *args: Any, margin_grad: str = "pml", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.margin_grad = margin_grad
+
+    def _options(self) -> Dict[str, Any]:
+        return dict(
+            margin=float(np.degrees(self.margin)), scale=float(self.scale),
+            centres=int(self.sub_centers), margin_grad=self.margin_grad,
+        )
+
+
+class CosFaceLoss(_ClassifierLoss, pml_losses.CosFaceLoss):
+    """PML's ``CosFaceLoss(num_classes, embedding_size, margin=0.35, scale=64)``."""
+
+    _kind = "cosface"
+
+    def _options(self) -> Dict[str, Any]:
+        return dict(margin=float(self.margin), scale=float(self.scale))
+
+
+class LargeMarginSoftmaxLoss(_ClassifierLoss, pml_losses.LargeMarginSoftmaxLoss):
+    """PML's ``LargeMarginSoftmaxLoss(num_classes, embedding_size, margin=4, scale=1)``:
+    ``cos(mθ)`` on the target, logits times ``‖x‖ ‖w‖`` (their gradients included). PML's
+    code runs for a margin below 1."""
+
+    _kind = "large_margin_softmax"
+
+    def _library_can(self) -> bool:
+        return int(self.margin) >= 1 and super()._library_can()
+
+    def _options(self) -> Dict[str, Any]:
+        return dict(margin=float(int(self.margin)), scale=float(self.scale))
+
+
+class SphereFaceLoss(LargeMarginSoftmaxLoss, pml_losses.SphereFaceLoss):
+    """PML's ``SphereFaceLoss(num_classes, embedding_size, margin=4, scale=1)``: as
+    :class:`LargeMarginSoftmaxLoss`, logits times ``‖x‖`` only."""
+
+    _kind = "sphereface"
+
+
+class NormalizedSoftmaxLoss(_ClassifierLoss, pml_losses.NormalizedSoftmaxLoss):
+    """PML's ``NormalizedSoftmaxLoss(num_classes, embedding_size, temperature=0.05)``."""
+
+    _kind = "normalized_softmax"
+    _distance = pml_distances.DotProductSimilarity
+
+    def _library_can(self) -> bool:
+        return float(self.temperature) != 0 and super()._library_can()
+
+    def _options(self) -> Dict[str, Any]:
+        return dict(temperature=float(self.temperature))
+
+
+class ProxyNCALoss(_ClassifierLoss, pml_losses.ProxyNCALoss):
+    """PML's ``ProxyNCALoss(num_classes, embedding_size, softmax_scale=1)`` (``proxies``
+    ``(num_classes, embedding_size)``): a row whose probability is 0 in f32 leaves the mean,
+    as PML drops it."""
+
+    _kind = "proxy_nca"
+    _weights = "proxies"
+    _distance = pml_distances.LpDistance
+    _power = 2
+
+    def _options(self) -> Dict[str, Any]:
+        return dict(softmax_scale=float(self.softmax_scale))
+
+
+class SoftTripleLoss(_ClassifierLoss, pml_losses.SoftTripleLoss):
+    """PML's ``SoftTripleLoss(num_classes, embedding_size, centers_per_class=10, la=20,
+    gamma=0.1, margin=0.01)`` (``fc`` ``(embedding_size, num_classes · centers_per_class)``)."""
+
+    _kind = "soft_triple"
+    _weights = "fc"
+
+    def _options(self) -> Dict[str, Any]:
+        # PML keeps 1 / gamma.
+        return dict(
+            centres=int(self.centers_per_class), la=float(self.la),
+            gamma=float(1.0 / self.gamma), margin=float(self.margin),
+        )
