@@ -55,7 +55,9 @@ pub(crate) fn classifier_loss<'py>(
     let kind = ClassifierKind::from_options(kind, &options).map_err(crate::call::py_err)?;
     let (x, w) = (embeddings.as_array(), weights.as_array());
     let labels = labels.as_array();
-    let labels = labels.as_slice().map_or_else(|| labels.to_vec(), <[i64]>::to_vec);
+    let labels = labels
+        .as_slice()
+        .map_or_else(|| labels.to_vec(), <[i64]>::to_vec);
     let inner = &ctx.inner;
     let out = run(py, move |hooks| {
         let cfg = ClassifierLossConfig { kind, hooks };

@@ -7,6 +7,7 @@
 //! target class and the loss's margin on it. The passes need `z` and `∂z/∂c`; the terms
 //! through `a` and `b` (LargeMarginSoftmax and SphereFace) follow from `z` itself.
 
+use super::matryoshka_row::exp_bounded;
 use crate::error::{Error, Result};
 
 /// Whose gradient ArcFace's margin has on the target class.
@@ -371,6 +372,37 @@ impl Centres {
         }
     }
 
+    /// The class's cosine from its centres' `cs`.
+    #[inline]
+    pub(super) fn value(self, cs: &[f32], slopes: &mut [f64]) -> f64 {
+        match self {
+            Self::One => f64::from(cs[0]),
+            Self::Max(_) => f64::from(cs[first_best(cs)]),
+            Self::Soft(..) => self.reduce(cs, slopes),
+        }
+    }
+
+    /// Overwrites the centres' cosines `cs` with `g ∂c/∂c_k`: `g` times the class cosine's
+    /// slope in each.
+    #[inline]
+    pub(super) fn spread(self, cs: &mut [f32], g: f64, slopes: &mut [f64]) {
+        match self {
+            Self::One => cs[0] = g as f32,
+            Self::Max(_) => {
+                let best = first_best(cs);
+                for (k, c) in cs.iter_mut().enumerate() {
+                    *c = if k == best { g as f32 } else { 0.0 };
+                }
+            }
+            Self::Soft(..) => {
+                self.reduce(cs, slopes);
+                for (c, &s) in cs.iter_mut().zip(slopes.iter()) {
+                    *c = (g * s) as f32;
+                }
+            }
+        }
+    }
+
     /// The class's cosine from its centres' `cs`; writes `∂c/∂c_k` to `slopes`.
     pub(super) fn reduce(self, cs: &[f32], slopes: &mut [f64]) -> f64 {
         match self {
@@ -379,13 +411,7 @@ impl Centres {
                 f64::from(cs[0])
             }
             Self::Max(_) => {
-                // The first best, as torch's `max` returns it on the CPU.
-                let mut best = 0;
-                for (k, &c) in cs.iter().enumerate() {
-                    if c > cs[best] {
-                        best = k;
-                    }
-                }
+                let best = first_best(cs);
                 slopes.fill(0.0);
                 slopes[best] = 1.0;
                 f64::from(cs[best])
@@ -396,7 +422,8 @@ impl Centres {
                     .fold(f64::NEG_INFINITY, |t, &c| t.max(f64::from(c)));
                 let mut sum = 0.0;
                 for (s, &c) in slopes.iter_mut().zip(cs) {
-                    *s = (gamma * (f64::from(c) - top)).exp();
+                    // In f32, as PML's softmax (its argument is at most 0).
+                    *s = f64::from(exp_bounded((gamma * (f64::from(c) - top)) as f32));
                     sum += *s;
                 }
                 let mut class = 0.0;
@@ -412,6 +439,18 @@ impl Centres {
             }
         }
     }
+}
+
+/// The first of the best of `cs`, as torch's `max` picks it on the CPU.
+#[inline]
+fn first_best(cs: &[f32]) -> usize {
+    let mut best = 0;
+    for (k, &c) in cs.iter().enumerate() {
+        if c > cs[best] {
+            best = k;
+        }
+    }
+    best
 }
 
 /// One loss's logit: `scale · a · b · ψ(c) + bias`.

@@ -90,7 +90,7 @@ pub(super) fn run(
         // The raw weights go into the products; each column is scaled by its inverse norm in
         // the row passes (no normalised copy of the weights).
         let w = inp.w.slice(s![.., c0..c1]);
-        let norms: Vec<f64> = col_sums(w, w).into_iter().map(f64::sqrt).collect();
+        let norms = norms_of(w);
         all_norms.extend_from_slice(&norms);
         let scale = inverse_norms(&norms);
         let mut prod = products(&mut kept, &mut tile, tiling.keep, (c0, c1));
@@ -146,7 +146,7 @@ pub(super) fn run(
             .rule
             .col_norm
             .then_some(col_terms.as_slice().unwrap_or_default());
-        finish_cols(w, (norms, sums), out);
+        finish_tile(w, (norms, sums), out);
     }
     finish_rows(inp, &xhat, &rows, gx.view_mut());
     Ok(Output {
@@ -252,6 +252,51 @@ fn col_sums_plain(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>) -> Vec<f64> {
     acc
 }
 
+/// Columns per core's part of a `(d, n)` tile (one part where the tile is small).
+fn col_part(d: usize, n: usize) -> usize {
+    let workers = threads().min((d * n).div_ceil(1 << 16)).max(1);
+    n.div_ceil(workers).max(1)
+}
+
+/// The norms of the columns of `w` `(d, n)`, parts of the columns on the cores.
+fn norms_of(w: ArrayView2<'_, f32>) -> Vec<f64> {
+    let per = col_part(w.nrows(), w.ncols());
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = w
+            .axis_chunks_iter(Axis(1), per)
+            .map(|part| scope.spawn(move || col_sums(part, part)))
+            .collect();
+        let mut norms = Vec::with_capacity(w.ncols());
+        for part in parts {
+            match part.join() {
+                Ok(sums) => norms.extend(sums.into_iter().map(f64::sqrt)),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        norms
+    })
+}
+
+/// [`finish_cols`] on parts of the tile's columns on the cores.
+fn finish_tile(
+    w: ArrayView2<'_, f32>,
+    (norms, through): (&[f64], Option<&[f32]>),
+    mut out: ArrayViewMut2<'_, f32>,
+) {
+    let per = col_part(w.nrows(), w.ncols());
+    std::thread::scope(|scope| {
+        let parts = out
+            .axis_chunks_iter_mut(Axis(1), per)
+            .zip(w.axis_chunks_iter(Axis(1), per))
+            .zip(norms.chunks(per))
+            .enumerate();
+        for (t, ((out, w), norms)) in parts {
+            let through = through.map(|all| &all[t * per..t * per + norms.len()]);
+            scope.spawn(move || finish_cols(w, (norms, through), out));
+        }
+    });
+}
+
 /// `1 / max(norm, ε)` per column.
 fn inverse_norms(norms: &[f64]) -> Vec<f32> {
     norms
@@ -320,7 +365,7 @@ fn logits(
         }
     } else {
         for (z, cs) in z.iter_mut().zip(prod.chunks_exact(per)) {
-            *z = k * rule.centres.reduce(cs, slopes) as f32 + bias;
+            *z = k * rule.centres.value(cs, slopes) as f32 + bias;
         }
     }
     let t = label.checked_sub(class0).filter(|&t| t < z.len())?;
@@ -491,14 +536,11 @@ fn slope_row(
     if per > 1 {
         // ∂L/∂c = w (p − [target]) k, then through the class's centres.
         for (j, cs) in p.chunks_exact_mut(per).enumerate() {
-            rule.centres.reduce(cs, slopes);
             let g = match target {
                 Some((t, slope)) if t == j => f64::from(w * e[j]) * slope,
                 _ => f64::from(w * e[j]) * f64::from(row.k),
             };
-            for (c, &s) in cs.iter_mut().zip(slopes.iter()) {
-                *c = (g * s) as f32;
-            }
+            rule.centres.spread(cs, g, slopes);
         }
     } else if let Some((j, slope)) = target {
         p[j] = (f64::from(w * e[j]) * slope) as f32;
