@@ -17,8 +17,18 @@ pub(crate) fn zeroed_u32(len: usize) -> Option<Vec<u32>> {
     Some(v)
 }
 
+/// [`zeroed_u32`] for `f32`: the large products and gradients of the classifier losses.
+pub(crate) fn zeroed_f32(len: usize) -> Option<Vec<f32>> {
+    let mut probe: Vec<f32> = Vec::new();
+    probe.try_reserve_exact(len).ok()?;
+    drop(probe);
+    let v = vec![0.0f32; len];
+    advise_huge_pages(&v);
+    Some(v)
+}
+
 #[cfg(target_os = "linux")]
-fn advise_huge_pages(v: &[u32]) {
+fn advise_huge_pages<T>(v: &[T]) {
     const HUGE: usize = 2 << 20;
     let bytes = std::mem::size_of_val(v);
     let start = v.as_ptr() as usize;
@@ -40,4 +50,4 @@ fn advise_huge_pages(v: &[u32]) {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn advise_huge_pages(_: &[u32]) {}
+fn advise_huge_pages<T>(_: &[T]) {}

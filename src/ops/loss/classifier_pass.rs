@@ -9,10 +9,11 @@
 
 use ndarray::{s, Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis};
 
-use super::classifier_params::Rule;
+use super::classifier_params::{Centres, Rule};
 use super::matryoshka_row::{exp_bounded, lanes};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::hooks::Hooks;
+use crate::runtime::host_alloc::zeroed_f32;
 use crate::runtime::pool::{par_mul, threads};
 
 /// PML's `F.normalize` floor on a norm.
@@ -77,7 +78,10 @@ pub(super) fn run(
     let centres = inp.w.ncols();
     let per = inp.rule.centres.per_class();
     let (xhat, mut rows) = normalise_rows(inp);
-    let mut kept = Array2::<f32>::zeros((b, if tiling.keep { centres } else { 0 }));
+    let mut kept = zeros(
+        "classifier_loss::products (host)",
+        (b, if tiling.keep { centres } else { 0 }),
+    )?;
     let mut tile = Array2::<f32>::zeros((b, if tiling.keep { 0 } else { tiling.cols }));
     let tiles: Vec<(usize, usize)> = (0..centres)
         .step_by(tiling.cols.max(1))
@@ -101,7 +105,8 @@ pub(super) fn run(
     }
     let (loss, count) = close_rows(inp, &mut rows);
     let mut gx = Array2::<f32>::zeros((b, d));
-    let mut weight_grad = Array2::<f32>::zeros(if on_rows { (centres, d) } else { (d, centres) });
+    let shape = if on_rows { (centres, d) } else { (d, centres) };
+    let mut weight_grad = zeros("classifier_loss::weight_grad (host)", shape)?;
     let through_cols = if inp.rule.col_norm { tiling.cols } else { 0 };
     let mut through = Array2::<f32>::zeros((b, through_cols));
     for &(c0, c1) in &tiles {
@@ -155,6 +160,21 @@ pub(super) fn run(
         grad: gx,
         weight_grad,
     })
+}
+
+/// A zeroed `(rows, cols)` matrix in huge pages where Linux offers them (these are the size of
+/// the weights: faulting them in 4 KiB pages costs as much as a pass over them), or an
+/// out-of-memory error naming `label`.
+fn zeros(label: &'static str, (rows, cols): (usize, usize)) -> Result<Array2<f32>> {
+    let len = rows.checked_mul(cols);
+    let oom = || Error::OutOfMemory {
+        label,
+        requested: (rows as u64).saturating_mul(cols as u64).saturating_mul(4),
+        message: "the host could not allocate it".into(),
+        source: None,
+    };
+    let v = len.and_then(zeroed_f32).ok_or_else(oom)?;
+    Array2::from_shape_vec((rows, cols), v).map_err(|_| oom())
 }
 
 /// The tile's products: columns `c0..c1` of the kept matrix, or the tile buffer.
@@ -362,6 +382,14 @@ fn logits(
     } else if per == 1 {
         for (z, &c) in z.iter_mut().zip(prod) {
             *z = k * c + bias;
+        }
+    } else if matches!(rule.centres, Centres::Max(_)) {
+        // The best centre's cosine, in branch-free f32 (the class's value is exactly it).
+        for (z, cs) in z.iter_mut().zip(prod.chunks_exact(per)) {
+            let best = cs
+                .iter()
+                .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+            *z = k * best + bias;
         }
     } else {
         for (z, cs) in z.iter_mut().zip(prod.chunks_exact(per)) {
