@@ -26,13 +26,14 @@ LOSSES = {
     "CosFaceLoss": {},
     "NormalizedSoftmaxLoss": {},
     "ProxyNCALoss": {},
+    "ProxyAnchorLoss": {},
     "LargeMarginSoftmaxLoss": {},
     "SphereFaceLoss": {},
     # C classes of 3 (10) centres each: the weights hold 3 (10) times the columns.
     "SubCenterArcFaceLoss": {"sub_centers": 3},
     "SoftTripleLoss": {"centers_per_class": 10},
 }
-WEIGHTS = {"ProxyNCALoss": "proxies", "SoftTripleLoss": "fc"}
+WEIGHTS = {"ProxyNCALoss": "proxies", "ProxyAnchorLoss": "proxies", "SoftTripleLoss": "fc"}
 
 
 def worker(impl, name, b, d, c, reps, out_dir):

@@ -1266,6 +1266,14 @@ fn classifier_losses_print_their_loss_and_write_both_gradients() {
         ),
         ("proxy-nca", vec![], ClassifierKind::proxy_nca()),
         (
+            "proxy-anchor",
+            vec!["--alpha", "16"],
+            ClassifierKind::ProxyAnchor {
+                margin: 0.1,
+                alpha: 16.0,
+            },
+        ),
+        (
             "soft-triple",
             vec!["--centers-per-class", "2"],
             ClassifierKind::SoftTriple {

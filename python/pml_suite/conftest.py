@@ -37,6 +37,7 @@ LOSSES = [
     "CosFaceLoss",
     "LargeMarginSoftmaxLoss",
     "NormalizedSoftmaxLoss",
+    "ProxyAnchorLoss",
     "ProxyNCALoss",
     "SoftTripleLoss",
     "SphereFaceLoss",

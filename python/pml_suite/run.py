@@ -50,6 +50,7 @@ FILES = [
     "losses/test_large_margin_softmax_loss.py",
     "losses/test_normalized_softmax_loss.py",
     "losses/test_proxy_nca_loss.py",
+    "losses/test_proxy_anchor_loss.py",
     "losses/test_soft_triple_loss.py",
     "losses/test_subcenter_arcface_loss.py",
     "utils/test_calculate_accuracies.py",

@@ -14,7 +14,7 @@ use crate::context::PyContext;
 /// count, grad (b, d), weight_grad (the weights' shape))`; every option `None` is PML's
 /// default, and one the loss does not take is a `ValueError`.
 #[pyfunction]
-#[pyo3(signature = (ctx, embeddings, labels, weights, kind, *, margin = None, scale = None, margin_grad = None, centres = None, temperature = None, softmax_scale = None, la = None, gamma = None))]
+#[pyo3(signature = (ctx, embeddings, labels, weights, kind, *, margin = None, scale = None, margin_grad = None, centres = None, temperature = None, softmax_scale = None, la = None, gamma = None, alpha = None))]
 #[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
 pub(crate) fn classifier_loss<'py>(
     py: Python<'py>,
@@ -31,6 +31,7 @@ pub(crate) fn classifier_loss<'py>(
     softmax_scale: Option<f32>,
     la: Option<f32>,
     gamma: Option<f32>,
+    alpha: Option<f32>,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let margin_grad = match margin_grad {
         None => None,
@@ -51,6 +52,7 @@ pub(crate) fn classifier_loss<'py>(
         softmax_scale,
         la,
         gamma,
+        alpha,
     };
     let kind = ClassifierKind::from_options(kind, &options).map_err(crate::call::py_err)?;
     let (x, w) = (embeddings.as_array(), weights.as_array());

@@ -35,6 +35,8 @@ CASES = [
     ("NormalizedSoftmaxLoss", {"temperature": 0.5}, "W"),
     ("ProxyNCALoss", {}, "proxies"),
     ("ProxyNCALoss", {"softmax_scale": 8}, "proxies"),
+    ("ProxyAnchorLoss", {}, "proxies"),
+    ("ProxyAnchorLoss", {"margin": 0.3, "alpha": 8}, "proxies"),
     ("SoftTripleLoss", {}, "fc"),
     ("SoftTripleLoss", {"centers_per_class": 3, "la": 10, "gamma": 0.5, "margin": 0.1}, "fc"),
 ]

@@ -1427,19 +1427,21 @@ def classifier_loss(
     softmax_scale: Optional[float] = None,
     la: Optional[float] = None,
     gamma: Optional[float] = None,
+    alpha: Optional[float] = None,
 ) -> Classifier:
     """PML's loss with class weights ``kind`` (``"arcface"``, ``"sub_center_arcface"``,
     ``"cosface"``, ``"large_margin_softmax"``, ``"sphereface"``, ``"normalized_softmax"``,
-    ``"proxy_nca"``, ``"soft_triple"``) of ``embeddings`` ``(b, d)`` with class indices
+    ``"proxy_nca"``, ``"proxy_anchor"``, ``"soft_triple"``) of ``embeddings`` ``(b, d)`` with class indices
     ``labels`` and ``weights`` in PML's layout (``(d, classes · centres)`` for ``W`` and
-    ``fc``, ``(classes, d)`` for ProxyNCA's ``proxies``), with both gradients, tiled over the
+    ``fc``, ``(classes, d)`` for the ``proxies``), with both gradients, tiled over the
     classes (never a ``(b, classes)`` matrix). Each option ``None`` is PML's default;
     ``centres`` is ``sub_centers`` or ``centers_per_class``; ``margin`` is in degrees for
     ArcFace; ``margin_grad`` ``"pml"`` (through ``acos``) or ``"straight_through"``
-    (insightface's). An option the loss does not take raises ``ValueError``."""
+    (insightface's). ProxyAnchor's ``count`` is the classes with a row in the batch. An option
+    the loss does not take raises ``ValueError``."""
     return Classifier(*_native.classifier_loss(
         ctx, _matrix(embeddings, "embeddings"), _labels(labels, "labels"),
         _matrix(weights, "weights"), kind, margin=margin, scale=scale, margin_grad=margin_grad,
         centres=centres, temperature=temperature, softmax_scale=softmax_scale, la=la,
-        gamma=gamma,
+        gamma=gamma, alpha=alpha,
     ))

@@ -655,6 +655,7 @@ def classifier_loss(
     softmax_scale: Optional[float] = None,
     la: Optional[float] = None,
     gamma: Optional[float] = None,
+    alpha: Optional[float] = None,
 ) -> Tuple[float, int, _F32, _F32]: ...
 def vicreg_loss(
     ctx: Context,

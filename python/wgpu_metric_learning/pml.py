@@ -93,6 +93,7 @@ __all__ = [
     "CosFaceLoss",
     "LargeMarginSoftmaxLoss",
     "NormalizedSoftmaxLoss",
+    "ProxyAnchorLoss",
     "ProxyNCALoss",
     "SoftTripleLoss",
     "SphereFaceLoss",
@@ -2078,6 +2079,19 @@ class ProxyNCALoss(_ClassifierLoss, pml_losses.ProxyNCALoss):
 
     def _options(self) -> Dict[str, Any]:
         return dict(softmax_scale=float(self.softmax_scale))
+
+
+class ProxyAnchorLoss(_ClassifierLoss, pml_losses.ProxyAnchorLoss):
+    """PML's ``ProxyAnchorLoss(num_classes, embedding_size, margin=0.1, alpha=32)``
+    (``proxies`` ``(num_classes, embedding_size)``): per class, a log-sum-exp over the batch,
+    one pass over tiles of classes (PML forms the ``(batch, classes)`` matrices)."""
+
+    _kind = "proxy_anchor"
+    _weights = "proxies"
+    _default_reducer = pml_reducers.DivisorReducer
+
+    def _options(self) -> Dict[str, Any]:
+        return dict(margin=float(self.margin), alpha=float(self.alpha))
 
 
 class SoftTripleLoss(_ClassifierLoss, pml_losses.SoftTripleLoss):

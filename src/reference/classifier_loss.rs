@@ -48,6 +48,9 @@ pub fn classifier_loss_f64(
     weights: ArrayView2<'_, f64>,
     kind: &ClassifierKind,
 ) -> ReferenceClassifierLoss {
+    if let ClassifierKind::ProxyAnchor { margin, alpha } = *kind {
+        return proxy_anchor(x, labels, weights, (f64::from(margin), f64::from(alpha)));
+    }
     let on_rows = matches!(kind, ClassifierKind::ProxyNca { .. });
     let w = if on_rows { weights.t() } else { weights }.to_owned();
     let x = x.to_owned();
@@ -61,10 +64,6 @@ pub fn classifier_loss_f64(
     };
     let centres = w.ncols();
     let classes = centres / per;
-    let unit = |v: Array1<f64>| {
-        let n = v.dot(&v).sqrt();
-        (&v / n.max(1e-12), n)
-    };
     let xs: Vec<_> = x.rows().into_iter().map(|r| unit(r.to_owned())).collect();
     let ws: Vec<_> = w
         .columns()
@@ -120,26 +119,14 @@ pub fn classifier_loss_f64(
             gwn[j * per] += g * dzn[j].1;
         }
     }
-    let back = |gh: Array1<f64>, (vh, n): &(Array1<f64>, f64), gn: f64, v: Array1<f64>| {
-        let along = if *n > 0.0 {
-            &v * (gn / n)
-        } else {
-            Array1::zeros(v.len())
-        };
-        if *n >= 1e-12 {
-            (&gh - &(vh * gh.dot(vh))) / *n + along
-        } else {
-            gh / 1e-12 + along
-        }
-    };
     let mut grad = Array2::zeros((b, d));
     for i in 0..b {
-        let g = back(gxh.row(i).to_owned(), &xs[i], gxn[i], x.row(i).to_owned());
+        let g = unit_back(gxh.row(i).to_owned(), &xs[i], gxn[i], x.row(i).to_owned());
         grad.row_mut(i).assign(&g);
     }
     let mut weight_grad = Array2::zeros((centres, d));
     for c in 0..centres {
-        let g = back(
+        let g = unit_back(
             gwh.row(c).to_owned(),
             &ws[c],
             gwn[c],
@@ -159,6 +146,91 @@ pub fn classifier_loss_f64(
             0.0
         },
         count,
+        grad,
+        weight_grad,
+    }
+}
+
+/// `v / max(‖v‖, ε)` and `‖v‖`.
+fn unit(v: Array1<f64>) -> (Array1<f64>, f64) {
+    let n = v.dot(&v).sqrt();
+    (&v / n.max(1e-12), n)
+}
+
+/// `∂/∂v` from `∂/∂v̂` `gh` (through PML's `F.normalize`) and `∂/∂‖v‖` `gn`.
+fn unit_back(
+    gh: Array1<f64>,
+    (vh, n): &(Array1<f64>, f64),
+    gn: f64,
+    v: Array1<f64>,
+) -> Array1<f64> {
+    let along = if *n > 0.0 {
+        &v * (gn / n)
+    } else {
+        Array1::zeros(v.len())
+    };
+    if *n >= 1e-12 {
+        (&gh - &(vh * gh.dot(vh))) / *n + along
+    } else {
+        gh / 1e-12 + along
+    }
+}
+
+/// PML's `ProxyAnchorLoss` as PML writes it: per class, `log(1 + Σ e^…)` over its rows and
+/// over the others, `(B, C)` at once.
+fn proxy_anchor(
+    x: ArrayView2<'_, f64>,
+    labels: &[usize],
+    proxies: ArrayView2<'_, f64>,
+    (delta, alpha): (f64, f64),
+) -> ReferenceClassifierLoss {
+    let (b, d) = x.dim();
+    let classes = proxies.nrows();
+    let xs: Vec<_> = x.rows().into_iter().map(|r| unit(r.to_owned())).collect();
+    let ps: Vec<_> = proxies
+        .rows()
+        .into_iter()
+        .map(|r| unit(r.to_owned()))
+        .collect();
+    let mut present = vec![false; classes];
+    labels.iter().for_each(|&y| present[y] = true);
+    let with_pos = present.iter().filter(|&&p| p).count().max(1) as f64;
+    let mut gcos = Array2::<f64>::zeros((b, classes));
+    let mut loss = 0.0;
+    for j in 0..classes {
+        for (positive, sign, divisor) in [(true, -1.0, with_pos), (false, 1.0, classes as f64)] {
+            let rows: Vec<usize> = (0..b).filter(|&i| (labels[i] == j) == positive).collect();
+            if rows.is_empty() {
+                continue;
+            }
+            let v: Vec<f64> = rows
+                .iter()
+                .map(|&i| sign * alpha * (xs[i].0.dot(&ps[j].0) - sign * -delta))
+                .collect();
+            let top = v.iter().cloned().fold(0.0, f64::max);
+            let lse = top + ((-top).exp() + v.iter().map(|x| (x - top).exp()).sum::<f64>()).ln();
+            loss += lse / divisor;
+            for (&i, x) in rows.iter().zip(&v) {
+                gcos[[i, j]] += sign * alpha * (x - lse).exp() / divisor;
+            }
+        }
+    }
+    let mut grad = Array2::zeros((b, d));
+    for i in 0..b {
+        let gh = (0..classes).fold(Array1::zeros(d), |acc, j| acc + &ps[j].0 * gcos[[i, j]]);
+        grad.row_mut(i)
+            .assign(&unit_back(gh, &xs[i], 0.0, x.row(i).to_owned()));
+    }
+    let mut weight_grad = Array2::zeros((classes, d));
+    for j in 0..classes {
+        let gh = (0..b).fold(Array1::zeros(d), |acc, i| acc + &xs[i].0 * gcos[[i, j]]);
+        weight_grad
+            .row_mut(j)
+            .assign(&unit_back(gh, &ps[j], 0.0, proxies.row(j).to_owned()));
+    }
+    ReferenceClassifierLoss {
+        loss,
+        count: present.iter().filter(|&&p| p).count(),
         grad,
         weight_grad,
     }
@@ -260,6 +332,8 @@ fn logit(
             let s = f64::from(softmax_scale);
             (-s * (2.0 - 2.0 * c), 2.0 * s, (0.0, 0.0))
         }
+        // Not a cross entropy: `proxy_anchor` computes it.
+        ClassifierKind::ProxyAnchor { .. } => (c, 1.0, (0.0, 0.0)),
         ClassifierKind::SoftTriple { la, margin, .. } => {
             let shift = if target { f64::from(margin) } else { 0.0 };
             (f64::from(la) * (c - shift), f64::from(la), (0.0, 0.0))

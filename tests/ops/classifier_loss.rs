@@ -192,6 +192,7 @@ fn tilings_agree() {
             ClassifierKind::arc_face(),
             ClassifierKind::large_margin_softmax(),
             ClassifierKind::sub_center_arc_face(),
+            ClassifierKind::proxy_anchor(),
         ] {
             let w = weights_for(&kind, classes, d, 6) * 0.5;
             let cfg = config(kind);
@@ -390,6 +391,7 @@ fn kinds_from_names_and_options() {
         ("normalized_softmax", ClassifierKind::normalized_softmax()),
         ("proxy-nca", ClassifierKind::proxy_nca()),
         ("soft-triple", ClassifierKind::soft_triple()),
+        ("proxy_anchor", ClassifierKind::proxy_anchor()),
     ] {
         assert_eq!(ClassifierKind::from_options(name, &none).expect(name), want);
     }

@@ -23,6 +23,7 @@ pub(crate) enum Which {
     SphereFace,
     NormalizedSoftmax,
     ProxyNca,
+    ProxyAnchor,
     SoftTriple,
 }
 
@@ -45,7 +46,7 @@ pub(crate) struct ClassifierArgs {
     #[arg(long)]
     pub(crate) labels: PathBuf,
     /// The class weights in PML's layout: (d, classes · centres) for W and fc, (classes, d)
-    /// for ProxyNCA's proxies.
+    /// for the proxies (proxy-nca, proxy-anchor).
     #[arg(long)]
     pub(crate) weights: PathBuf,
     /// The margin: degrees (arcface, sub-center-arcface; default 28.6), a cosine (cosface,
@@ -78,6 +79,9 @@ pub(crate) struct ClassifierArgs {
     /// soft-triple: the centres' softmax temperature. Default 0.1.
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) gamma: Option<f32>,
+    /// proxy-anchor: default 32 (its --margin: default 0.1).
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) alpha: Option<f32>,
     /// Output (b, d) float32 array: the gradient with respect to --embeddings.
     #[arg(long)]
     pub(crate) grad_out: PathBuf,
@@ -98,6 +102,7 @@ impl Which {
             Self::SphereFace => "sphereface",
             Self::NormalizedSoftmax => "normalized-softmax",
             Self::ProxyNca => "proxy-nca",
+            Self::ProxyAnchor => "proxy-anchor",
             Self::SoftTriple => "soft-triple",
         }
     }
@@ -129,6 +134,7 @@ impl Which {
             softmax_scale: a.softmax_scale,
             la: a.la,
             gamma: a.gamma,
+            alpha: a.alpha,
         };
         ClassifierKind::from_options(self.name(), &options).map_err(|e| match e {
             Error::InvalidParameter { what, rule, .. } if rule.contains("does not take") => {

@@ -106,6 +106,9 @@ pub(crate) enum LossCommand {
     /// PML ProxyNCALoss, proxies (classes, d); prints as arcface does ("count": the rows whose
     /// probability is not 0).
     ProxyNca(ClassifierArgs),
+    /// PML ProxyAnchorLoss, proxies (classes, d); prints as arcface does ("count": the
+    /// classes with a row in the batch).
+    ProxyAnchor(ClassifierArgs),
     /// PML SoftTripleLoss, fc (d, classes · centers-per-class); prints as arcface does.
     SoftTriple(ClassifierArgs),
 }

@@ -155,6 +155,7 @@ impl Command {
                 | LossCommand::SphereFace(a)
                 | LossCommand::NormalizedSoftmax(a)
                 | LossCommand::ProxyNca(a)
+                | LossCommand::ProxyAnchor(a)
                 | LossCommand::SoftTriple(a),
             ) => &a.common,
             Command::Tune(a) => &a.common,
@@ -587,6 +588,9 @@ fn main() -> ExitCode {
             classifier::run(Which::NormalizedSoftmax, &a, &hooks)
         }
         Command::Loss(LossCommand::ProxyNca(a)) => classifier::run(Which::ProxyNca, &a, &hooks),
+        Command::Loss(LossCommand::ProxyAnchor(a)) => {
+            classifier::run(Which::ProxyAnchor, &a, &hooks)
+        }
         Command::Loss(LossCommand::SoftTriple(a)) => classifier::run(Which::SoftTriple, &a, &hooks),
         Command::Tune(a) => commands::tune(&a),
     };

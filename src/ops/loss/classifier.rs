@@ -24,6 +24,7 @@
 
 use ndarray::{Array2, ArrayView2};
 
+use super::classifier_anchor;
 use super::classifier_params::{ClassifierKind, Rule};
 use super::classifier_pass::{self, Inputs, Tiling};
 use super::driver::fits;
@@ -126,7 +127,12 @@ pub fn classifier_loss(
         rule: call.rule,
         drop_zero: matches!(cfg.kind, ClassifierKind::ProxyNca { .. }),
     };
-    let out = classifier_pass::run(&inputs, tiling, call.on_rows, &cfg.hooks, OP)?;
+    let out = match cfg.kind {
+        ClassifierKind::ProxyAnchor { margin, alpha } => {
+            classifier_anchor::run(&inputs, (margin, alpha), tiling.cols, &cfg.hooks, OP)?
+        }
+        _ => classifier_pass::run(&inputs, tiling, call.on_rows, &cfg.hooks, OP)?,
+    };
     Ok(ClassifierLoss {
         loss: out.loss as f32,
         count: out.count,
@@ -171,6 +177,7 @@ pub fn classifier_loss_plan(
 
 /// A checked call.
 struct Call {
+    kind: ClassifierKind,
     b: usize,
     d: usize,
     centres: usize,
@@ -232,6 +239,7 @@ fn check(
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Call {
+        kind: cfg.kind,
         b,
         d,
         centres,
@@ -287,6 +295,10 @@ fn check_kind(kind: &ClassifierKind) -> Result<()> {
             Ok(())
         }
         ClassifierKind::ProxyNca { softmax_scale } => finite("softmax_scale", softmax_scale),
+        ClassifierKind::ProxyAnchor { margin, alpha } => {
+            finite("margin", margin)?;
+            finite("alpha", alpha)
+        }
         ClassifierKind::SoftTriple {
             centers_per_class,
             la,
@@ -326,7 +338,9 @@ fn sizing(ctx: &Context, call: &Call) -> Result<(Tiling, u64, u64)> {
     let min_bytes = tile(per as u64, false);
     let available = ctx.tracker().available();
     let mut cols = (TILE_CENTRES.min(call.centres) / per).max(1) * per;
-    let keep = b <= d && tile(cols as u64, true) <= available;
+    // ProxyAnchor's tiles are complete in one pass: nothing to keep.
+    let one_pass = matches!(call.kind, ClassifierKind::ProxyAnchor { .. });
+    let keep = !one_pass && b <= d && tile(cols as u64, true) <= available;
     while !keep && cols > per && tile(cols as u64, false) > available {
         cols = (cols / 2 / per).max(1) * per;
     }

@@ -92,6 +92,14 @@ pub enum ClassifierKind {
         /// `s`.
         softmax_scale: f32,
     },
+    /// `ProxyAnchorLoss(margin=0.1, alpha=32)`: per class a log-sum-exp over the batch
+    /// (module docs of `classifier_anchor`), proxies `(classes, d)`.
+    ProxyAnchor {
+        /// `δ`.
+        margin: f32,
+        /// `α`.
+        alpha: f32,
+    },
     /// `SoftTripleLoss(centers_per_class=10, la=20, gamma=0.1, margin=0.01)`.
     SoftTriple {
         /// Centres per class, at least 1.
@@ -153,6 +161,13 @@ impl ClassifierKind {
     pub fn proxy_nca() -> Self {
         Self::ProxyNca { softmax_scale: 1.0 }
     }
+    /// PML's `ProxyAnchorLoss()`.
+    pub fn proxy_anchor() -> Self {
+        Self::ProxyAnchor {
+            margin: 0.1,
+            alpha: 32.0,
+        }
+    }
     /// PML's `SoftTripleLoss()`.
     pub fn soft_triple() -> Self {
         Self::SoftTriple {
@@ -170,7 +185,7 @@ impl ClassifierKind {
 
     /// Whether the weights hold one class (centre) per row, as ProxyNCA's `proxies`.
     pub fn classes_on_rows(&self) -> bool {
-        matches!(self, Self::ProxyNca { .. })
+        matches!(self, Self::ProxyNca { .. } | Self::ProxyAnchor { .. })
     }
 
     /// The weights' shape in PML's layout for `classes` classes of dimension `d`.
@@ -211,11 +226,14 @@ pub struct ClassifierOptions {
     pub la: Option<f32>,
     /// SoftTriple's `gamma`.
     pub gamma: Option<f32>,
+    /// ProxyAnchor's `alpha`.
+    pub alpha: Option<f32>,
 }
 
 impl ClassifierKind {
     /// The loss named `name` (`arcface`, `sub-center-arcface`, `cosface`,
-    /// `large-margin-softmax`, `sphereface`, `normalized-softmax`, `proxy-nca`, `soft-triple`;
+    /// `large-margin-softmax`, `sphereface`, `normalized-softmax`, `proxy-nca`,
+    /// `proxy-anchor`, `soft-triple`;
     /// `_` for `-` too) with PML's defaults, overridden by `options`.
     ///
     /// # Errors
@@ -246,6 +264,7 @@ impl ClassifierKind {
             "normalized-softmax" => Self::normalized_softmax(),
             "proxy-nca" => Self::proxy_nca(),
             "soft-triple" => Self::soft_triple(),
+            "proxy-anchor" => Self::proxy_anchor(),
             _ => return Err(bad("loss", name.into(), "a classifier loss's name")),
         };
         let given = [
@@ -257,6 +276,7 @@ impl ClassifierKind {
             ("softmax_scale", o.softmax_scale.is_some()),
             ("la", o.la.is_some()),
             ("gamma", o.gamma.is_some()),
+            ("alpha", o.alpha.is_some()),
         ];
         let takes: &[&str] = match kind {
             Self::ArcFace { .. } => &["margin", "scale", "margin_grad"],
@@ -267,6 +287,7 @@ impl ClassifierKind {
             Self::NormalizedSoftmax { .. } => &["temperature"],
             Self::ProxyNca { .. } => &["softmax_scale"],
             Self::SoftTriple { .. } => &["margin", "centres", "la", "gamma"],
+            Self::ProxyAnchor { .. } => &["margin", "alpha"],
         };
         if let Some((what, _)) = given.iter().find(|(w, set)| *set && !takes.contains(w)) {
             return Err(bad(what, name.into(), "an option this loss does not take"));
@@ -325,6 +346,10 @@ impl ClassifierKind {
                 la: o.la.unwrap_or(la),
                 gamma: o.gamma.unwrap_or(gamma),
                 margin: o.margin.unwrap_or(margin),
+            },
+            Self::ProxyAnchor { margin, alpha } => Self::ProxyAnchor {
+                margin: o.margin.unwrap_or(margin),
+                alpha: o.alpha.unwrap_or(alpha),
             },
         })
     }
@@ -519,6 +544,8 @@ impl Rule {
                 bias: -2.0 * f64::from(softmax_scale),
                 ..plain(2.0 * f64::from(softmax_scale), Target::Plain)
             },
+            // Not a logit: its own pass (`classifier_anchor`) reads only the centres.
+            ClassifierKind::ProxyAnchor { alpha, .. } => plain(f64::from(alpha), Target::Plain),
             ClassifierKind::SoftTriple {
                 centers_per_class,
                 la,

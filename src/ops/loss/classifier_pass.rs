@@ -50,7 +50,7 @@ pub(super) struct Output {
 
 /// A row's running state.
 #[derive(Debug, Clone, Copy)]
-struct Row {
+pub(super) struct Row {
     norm: f64,
     /// `scale · a`: the logit's factor before the class's `b`.
     k: f32,
@@ -165,7 +165,7 @@ pub(super) fn run(
 /// A zeroed `(rows, cols)` matrix in huge pages where Linux offers them (these are the size of
 /// the weights: faulting them in 4 KiB pages costs as much as a pass over them), or an
 /// out-of-memory error naming `label`.
-fn zeros(label: &'static str, (rows, cols): (usize, usize)) -> Result<Array2<f32>> {
+pub(super) fn zeros(label: &'static str, (rows, cols): (usize, usize)) -> Result<Array2<f32>> {
     let len = rows.checked_mul(cols);
     let oom = || Error::OutOfMemory {
         label,
@@ -192,7 +192,7 @@ fn products<'a>(
 }
 
 /// `x / max(‖x‖, ε)` per row, and the rows' starting states.
-fn normalise_rows(inp: &Inputs<'_>) -> (Array2<f32>, Vec<Row>) {
+pub(super) fn normalise_rows(inp: &Inputs<'_>) -> (Array2<f32>, Vec<Row>) {
     let mut xhat = inp.x.to_owned();
     let rows = xhat
         .rows_mut()
@@ -273,13 +273,13 @@ fn col_sums_plain(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>) -> Vec<f64> {
 }
 
 /// Columns per core's part of a `(d, n)` tile (one part where the tile is small).
-fn col_part(d: usize, n: usize) -> usize {
+pub(super) fn col_part(d: usize, n: usize) -> usize {
     let workers = threads().min((d * n).div_ceil(1 << 16)).max(1);
     n.div_ceil(workers).max(1)
 }
 
 /// The norms of the columns of `w` `(d, n)`, parts of the columns on the cores.
-fn norms_of(w: ArrayView2<'_, f32>) -> Vec<f64> {
+pub(super) fn norms_of(w: ArrayView2<'_, f32>) -> Vec<f64> {
     let per = col_part(w.nrows(), w.ncols());
     std::thread::scope(|scope| {
         let parts: Vec<_> = w
@@ -298,7 +298,7 @@ fn norms_of(w: ArrayView2<'_, f32>) -> Vec<f64> {
 }
 
 /// [`finish_cols`] on parts of the tile's columns on the cores.
-fn finish_tile(
+pub(super) fn finish_tile(
     w: ArrayView2<'_, f32>,
     (norms, through): (&[f64], Option<&[f32]>),
     mut out: ArrayViewMut2<'_, f32>,
@@ -318,7 +318,7 @@ fn finish_tile(
 }
 
 /// `1 / max(norm, ε)` per column.
-fn inverse_norms(norms: &[f64]) -> Vec<f32> {
+pub(super) fn inverse_norms(norms: &[f64]) -> Vec<f32> {
     norms
         .iter()
         .map(|&n| (1.0 / n.max(NORM_EPS)) as f32)
@@ -326,7 +326,7 @@ fn inverse_norms(norms: &[f64]) -> Vec<f32> {
 }
 
 /// `p *= scale` element-wise (`scale` empty: nothing to do).
-fn rescale(p: &mut [f32], scale: &[f32]) {
+pub(super) fn rescale(p: &mut [f32], scale: &[f32]) {
     for (v, &s) in p.iter_mut().zip(scale) {
         *v *= s;
     }
@@ -435,7 +435,7 @@ fn fold_rows(
 }
 
 /// Runs `f` on `row` as a slice: a copy, written back, where the row is not contiguous.
-fn with_slice<R>(mut row: ArrayViewMut1<'_, f32>, f: impl FnOnce(&mut [f32]) -> R) -> R {
+pub(super) fn with_slice<R>(mut row: ArrayViewMut1<'_, f32>, f: impl FnOnce(&mut [f32]) -> R) -> R {
     if let Some(s) = row.as_slice_mut() {
         return f(s);
     }
@@ -604,7 +604,12 @@ fn finish_cols(
 }
 
 /// The rows' gradient, from `∂loss/∂x̂` in `gx` (replaced in place).
-fn finish_rows(inp: &Inputs<'_>, xhat: &Array2<f32>, rows: &[Row], mut gx: ArrayViewMut2<'_, f32>) {
+pub(super) fn finish_rows(
+    inp: &Inputs<'_>,
+    xhat: &Array2<f32>,
+    rows: &[Row],
+    mut gx: ArrayViewMut2<'_, f32>,
+) {
     for (i, (mut g, row)) in gx.rows_mut().into_iter().zip(rows).enumerate() {
         let grad_hat = g.to_owned();
         unit_backward(

@@ -10,6 +10,7 @@
 mod angular;
 mod backward;
 mod classifier;
+mod classifier_anchor;
 mod classifier_params;
 mod classifier_pass;
 mod dense_row;
