@@ -2006,22 +2006,15 @@ class ArcFaceLoss(_ClassifierLoss, pml_losses.ArcFaceLoss):
         )
 
 
-class SubCenterArcFaceLoss(_ClassifierLoss, pml_losses.SubCenterArcFaceLoss):
+class SubCenterArcFaceLoss(ArcFaceLoss, pml_losses.SubCenterArcFaceLoss):
     """PML's ``SubCenterArcFaceLoss(num_classes=, embedding_size=, margin=28.6, scale=64,
     sub_centers=3)``: class ``j``'s centres are ``W``'s columns ``j·k … j·k + k − 1`` and its
     cosine their best (the gradient to the first best, as torch's ``max``)."""
 
     _kind = "sub_center_arcface"
 
-    def __init__(self, *args: Any, margin_grad: str = "pml", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.margin_grad = margin_grad
-
     def _options(self) -> Dict[str, Any]:
-        return dict(
-            margin=float(np.degrees(self.margin)), scale=float(self.scale),
-            centres=int(self.sub_centers), margin_grad=self.margin_grad,
-        )
+        return dict(super()._options(), centres=int(self.sub_centers))
 
 
 class CosFaceLoss(_ClassifierLoss, pml_losses.CosFaceLoss):

@@ -10,7 +10,7 @@
 //! logits into each row's running maximum and sum of exponentials; pass 2 multiplies again,
 //! turns the products into `∂loss/∂c` and multiplies back, into the rows' gradient and into the
 //! tile's weights' gradient, which is complete after that tile
-//! ([`classifier_pass`](super::classifier_pass)).
+//! ([`classifier_pass`]).
 //!
 //! So the work is three GEMMs of `b · centres · d` when pass 1's products are kept, four when
 //! they are recomputed. They are kept where they are no larger than the weights (`b ≤ d`) and
@@ -19,8 +19,8 @@
 //! ArcFace's slope on the target is PML's, through `acos`: `sin(θ + m) / sin θ` (1 on its
 //! branch `θ > π − m`, 0 past `|c| = 1` as PML's clamp gives). At `|c| = 1` exactly, where
 //! PML's is infinite, `sin θ` is held at its value for the f32 cosine next to 1
-//! ([`MarginGrad::Pml`]); insightface's passes the gradient straight through
-//! ([`MarginGrad::StraightThrough`]).
+//! ([`MarginGrad::Pml`](crate::MarginGrad::Pml)); insightface's passes the gradient straight through
+//! ([`MarginGrad::StraightThrough`](crate::MarginGrad::StraightThrough)).
 
 use ndarray::{Array2, ArrayView2};
 
