@@ -13,8 +13,14 @@
 //!
 //! ```text
 //! cargo run --release -p wgpu-metric-learning-burn --example triplet_training -- \
-//!     [--steps 300] [--backend auto|wgpu|cpu] [--checkpoint bank.ckpt]
+//!     [--steps 300] [--backend auto|wgpu|cpu] [--checkpoint bank.ckpt] [--loss triplet|arcface]
 //! ```
+//!
+//! With `--loss arcface` the same network trains with PML's `ArcFaceLoss` instead (no bank,
+//! no mining): the library computes the loss and both gradients, burn takes the embeddings'
+//! through its autodiff (a surrogate `Σ emb · ∂loss/∂emb`), and the class weights `W`
+//! `(EMBEDDING, CLASSES)` are a plain array stepped by SGD with momentum, as a PML user's
+//! separate loss optimizer would.
 //!
 //! With `--checkpoint`, the bank is restored from that file when it exists and saved to it
 //! (atomically) at every evaluation and at the end; the network's weights are not saved (a
@@ -31,8 +37,9 @@ use burn::tensor::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use ndarray::{s, Array1, Array2, Axis};
 use wgpu_metric_learning::{
-    accuracy, list_adapters, mine_triplets, mine_triplets_on_device, AccuracyConfig, BankConfig,
-    Context, ContextConfig, Hooks, MemoryBank, MiningSet, TripletConfig, TripletType,
+    accuracy, classifier_loss, list_adapters, mine_triplets, mine_triplets_on_device,
+    AccuracyConfig, BankConfig, ClassifierLossConfig, Context, ContextConfig, Hooks, MemoryBank,
+    MiningSet, TripletConfig, TripletType,
 };
 use wgpu_metric_learning_burn::{
     from_array, index_columns, index_columns_on_device, shared_wgpu, to_array, DeviceTensor,
@@ -49,6 +56,9 @@ const BANK_ROWS: usize = 1024;
 /// PML's `TripletMarginLoss` default margin.
 const LOSS_MARGIN: f32 = 0.05;
 const LEARNING_RATE: f64 = 2e-3;
+/// SGD with momentum for ArcFace's class weights.
+const WEIGHT_RATE: f32 = 0.01;
+const WEIGHT_MOMENTUM: f32 = 0.9;
 
 type Failure = Box<dyn std::error::Error>;
 
@@ -132,6 +142,7 @@ struct Args {
     steps: usize,
     backend: Option<String>,
     checkpoint: Option<PathBuf>,
+    arcface: bool,
 }
 
 fn args() -> Result<Args, Failure> {
@@ -139,6 +150,7 @@ fn args() -> Result<Args, Failure> {
         steps: 300,
         backend: None,
         checkpoint: None,
+        arcface: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -147,6 +159,11 @@ fn args() -> Result<Args, Failure> {
             "--steps" => out.steps = value()?.parse()?,
             "--backend" => out.backend = Some(value()?),
             "--checkpoint" => out.checkpoint = Some(PathBuf::from(value()?)),
+            "--loss" => match value()?.as_str() {
+                "triplet" => out.arcface = false,
+                "arcface" => out.arcface = true,
+                other => return Err(format!("--loss {other}: triplet or arcface").into()),
+            },
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
@@ -230,6 +247,9 @@ fn main() -> Result<(), Failure> {
     let eval_every = (args.steps / 3).max(1);
     let started = Instant::now();
     let mut mined_total = 0usize;
+    // ArcFace's class weights, PML's initialisation (standard normal), and their momentum.
+    let mut weights = Array2::from_shape_fn((EMBEDDING, CLASSES), |_| rng.normal());
+    let mut velocity = Array2::<f32>::zeros((EMBEDDING, CLASSES));
     for step in 1..=args.steps {
         // A batch of BATCH_CLASSES classes, PER_CLASS samples each.
         let mut rows = Vec::with_capacity(BATCH_CLASSES * PER_CLASS);
@@ -243,6 +263,27 @@ fn main() -> Result<(), Failure> {
         let x = train_x.select(Axis(0), &rows);
         let y = train_y.select(Axis(0), &rows);
         let emb = model.embed(from_array(x.view(), &train_device));
+        if args.arcface {
+            let rows = to_array(&emb.clone().detach())?;
+            let out = classifier_loss(
+                &ctx,
+                rows.view(),
+                &y.to_vec(),
+                weights.view(),
+                &ClassifierLossConfig::default(),
+            )?;
+            velocity = velocity * WEIGHT_MOMENTUM + &out.weight_grad;
+            weights.scaled_add(-WEIGHT_RATE, &velocity);
+            // burn's autodiff takes ∂loss/∂emb on through the network.
+            let surrogate = (emb * from_array(out.grad.view(), &train_device)).sum();
+            let grads = GradientsParams::from_grads(surrogate.backward(), &model);
+            model = optim.step(LEARNING_RATE, model, grads);
+            if step % eval_every == 0 && step < args.steps {
+                println!("step {step}: ArcFace loss {:.4}", out.loss);
+                eval(&model, "held-out")?;
+            }
+            continue;
+        }
 
         // Enqueue, then mine the batch against the bank (PML's CrossBatchMemory order).
         let semihard = TripletConfig::margin_miner(TripletType::Semihard);
@@ -316,8 +357,12 @@ fn main() -> Result<(), Failure> {
             save(&ctx, &bank, args.checkpoint.as_deref())?;
         }
     }
+    let what = match args.arcface {
+        true => "with ArcFace".to_string(),
+        false => format!("{mined_total} triplets mined"),
+    };
     println!(
-        "{} steps: {mined_total} triplets mined, {:.1} s",
+        "{} steps: {what}, {:.1} s",
         args.steps,
         started.elapsed().as_secs_f64()
     );
