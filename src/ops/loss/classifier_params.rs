@@ -397,13 +397,34 @@ impl Centres {
         }
     }
 
-    /// The class's cosine from its centres' `cs`.
-    #[inline]
-    pub(super) fn value(self, cs: &[f32], slopes: &mut [f64]) -> f64 {
-        match self {
-            Self::One => f64::from(cs[0]),
-            Self::Max(_) => f64::from(cs[first_best(cs)]),
-            Self::Soft(..) => self.reduce(cs, slopes),
+    /// SoftTriple's classes of a whole row at once, in f32 (as PML's): each class's value
+    /// `Σ softmax_k(γ c_k) c_k` into `values` and each centre's slope `∂S/∂c_k` into `slopes`.
+    /// For `Soft` only (the others leave both untouched).
+    pub(super) fn soft_row(self, cs: &[f32], values: &mut [f32], slopes: &mut [f32]) {
+        let Self::Soft(per, gamma) = self else {
+            return;
+        };
+        let gamma = gamma as f32;
+        let classes = cs.chunks_exact(per).zip(slopes.chunks_exact_mut(per));
+        for (v, (c, s)) in values.iter_mut().zip(classes) {
+            let top = c
+                .iter()
+                .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+            let mut sum = 0.0f32;
+            for (s, &x) in s.iter_mut().zip(c) {
+                *s = exp_bounded(gamma * (x - top));
+                sum += *s;
+            }
+            let inv = 1.0 / sum;
+            let mut class = 0.0f32;
+            for (s, &x) in s.iter_mut().zip(c) {
+                *s *= inv;
+                class += *s * x;
+            }
+            for (s, &x) in s.iter_mut().zip(c) {
+                *s *= 1.0 + gamma * (x - class);
+            }
+            *v = class;
         }
     }
 

@@ -370,7 +370,7 @@ fn logits(
     (label, row): (usize, &Row),
     prod: &[f32],
     z: &mut [f32],
-    slopes: &mut [f64],
+    (slopes, row_slopes): (&mut [f64], &mut [f32]),
 ) -> Option<(usize, f64, f64)> {
     let rule = &inp.rule;
     let per = rule.centres.per_class();
@@ -392,14 +392,24 @@ fn logits(
             *z = k * best + bias;
         }
     } else {
-        for (z, cs) in z.iter_mut().zip(prod.chunks_exact(per)) {
-            *z = k * rule.centres.value(cs, slopes) as f32 + bias;
+        // SoftTriple: the classes' values, and each centre's slope for pass 2.
+        rule.centres.soft_row(prod, z, row_slopes);
+        for z in z.iter_mut() {
+            *z = k * *z + bias;
         }
     }
     let t = label.checked_sub(class0).filter(|&t| t < z.len())?;
     let c = rule.centres.reduce(&prod[t * per..(t + 1) * per], slopes);
     let b = if rule.col_norm { norms[t] } else { 1.0 };
     Some((t, c, b))
+}
+
+/// Each centre's slope of a row, for SoftTriple only (else empty).
+fn soft_scratch(inp: &Inputs<'_>, centres: usize) -> Vec<f32> {
+    match inp.rule.centres {
+        Centres::Soft(..) => vec![0.0; centres],
+        _ => Vec::new(),
+    }
 }
 
 /// Pass 1 on a part of the rows: scales the products to cosines (in place, where pass 2 may
@@ -415,12 +425,14 @@ fn fold_rows(
     let classes = prod.ncols() / per;
     let (mut z, mut e) = (vec![0.0f32; classes], vec![0.0f32; classes]);
     let mut slopes = vec![0.0f64; per];
+    let mut row_slopes = soft_scratch(inp, prod.ncols());
     for (t, (p, row)) in prod.rows_mut().into_iter().zip(rows).enumerate() {
         with_slice(p, |p| {
             rescale(p, scale);
             let label = inp.labels[r0 + t];
             let tile = (class0, norms);
-            if let Some((j, c, b)) = logits(inp, tile, (label, row), p, &mut z, &mut slopes) {
+            let scratch = (&mut slopes[..], &mut row_slopes[..]);
+            if let Some((j, c, b)) = logits(inp, tile, (label, row), p, &mut z, scratch) {
                 let a = if inp.rule.row_norm { row.norm } else { 1.0 };
                 let (zt, _) = inp.rule.target(c, a, b);
                 z[j] = zt as f32;
@@ -483,6 +495,7 @@ fn slope_rows(
         vec![0.0f32; classes],
         vec![0.0f32; classes],
         vec![0.0f64; per],
+        soft_scratch(inp, prod.ncols()),
     );
     for (t, row) in rows.iter_mut().enumerate() {
         let mut term = terms.row_mut(t);
@@ -515,11 +528,11 @@ fn slope_row(
     (label, row): (usize, &mut Row),
     p: &mut [f32],
     mut term: ndarray::ArrayViewMut1<'_, f32>,
-    (z, e, slopes): &mut (Vec<f32>, Vec<f32>, Vec<f64>),
+    (z, e, slopes, row_slopes): &mut (Vec<f32>, Vec<f32>, Vec<f64>, Vec<f32>),
 ) {
     let rule = &inp.rule;
     let per = rule.centres.per_class();
-    let target = logits(inp, tile, (label, row), p, z, slopes);
+    let target = logits(inp, tile, (label, row), p, z, (slopes, row_slopes));
     let a = if rule.row_norm { row.norm } else { 1.0 };
     let target = target.map(|(j, c, b)| {
         let (zt, slope) = rule.target(c, a, b);
@@ -568,7 +581,16 @@ fn slope_row(
                 Some((t, slope)) if t == j => f64::from(w * e[j]) * slope,
                 _ => f64::from(w * e[j]) * f64::from(row.k),
             };
-            rule.centres.spread(cs, g, slopes);
+            match rule.centres {
+                // SoftTriple's slopes, from `logits`.
+                Centres::Soft(..) => {
+                    let mine = &row_slopes[j * per..(j + 1) * per];
+                    for (c, &s) in cs.iter_mut().zip(mine) {
+                        *c = (g * f64::from(s)) as f32;
+                    }
+                }
+                _ => rule.centres.spread(cs, g, slopes),
+            }
         }
     } else if let Some((j, slope)) = target {
         p[j] = (f64::from(w * e[j]) * slope) as f32;
