@@ -607,7 +607,7 @@ fn finish_cols(
 ) {
     // ∂/∂w = g/‖w‖ − (g/‖w‖ · w) w/‖w‖² + (Σ ∂z · z / ‖w‖²) w, the first term already in `out`.
     let dots = col_sums(out.view(), w);
-    let coef: ndarray::Array1<f32> = norms
+    let coef: ndarray::Array1<f64> = norms
         .iter()
         .enumerate()
         .map(|(k, &n)| {
@@ -616,13 +616,15 @@ fn finish_cols(
                 return 0.0;
             }
             let along = through.map_or(0.0, |t| f64::from(t[k]));
-            ((along - dots[k]) / (n * n)) as f32
+            (along - dots[k]) / (n * n)
         })
         .collect();
+    // In f64: the two terms cancel where the gradient is (nearly) along `w` (exactly, at
+    // d = 1), and f32 would leave the rounding of the first as the answer.
     ndarray::Zip::from(&mut out)
         .and(&w)
         .and_broadcast(&coef)
-        .for_each(|o, &w, &c| *o += c * w);
+        .for_each(|o, &w, &c| *o = (f64::from(*o) + c * f64::from(w)) as f32);
 }
 
 /// The rows' gradient, from `∂loss/∂x̂` in `gx` (replaced in place).
@@ -659,10 +661,11 @@ fn unit_backward(
             .zip(unit)
             .map(|(&a, &b)| f64::from(a) * f64::from(b))
             .sum();
-        let (inv, dot) = ((1.0 / norm) as f32, dot as f32);
-        let along = (through / (norm * norm)) as f32;
+        // In f64, for the cancellation `finish_cols` describes.
+        let (inv, along) = (1.0 / norm, through / (norm * norm));
         for (((o, &g), &u), &v) in out.iter_mut().zip(g).zip(unit).zip(v) {
-            *o = (g - dot * u) * inv + along * v;
+            let (g, u, v) = (f64::from(g), f64::from(u), f64::from(v));
+            *o = ((g - dot * u) * inv + along * v) as f32;
         }
     } else {
         // Under PML's floor the normalisation is `v / ε`, a plain scaling; the norm's own
