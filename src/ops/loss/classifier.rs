@@ -1,11 +1,14 @@
 //! PML's losses with learnable class weights (ArcFace, CosFace, SubCenterArcFace,
-//! LargeMarginSoftmax, SphereFace, NormalizedSoftmax, ProxyNCA, SoftTriple), with the gradients
-//! for the embeddings and for the weights, without the `(b, classes)` logit matrix.
+//! LargeMarginSoftmax, SphereFace, NormalizedSoftmax, ProxyNCA, SoftTriple, ProxyAnchor), with
+//! the gradients for the embeddings and for the weights, without the `(b, classes)` logit
+//! matrix.
 //!
-//! Each is a cross entropy over logits `z_ij = scale · a_i · b_j · ψ(c_ij) + bias`, where `c_ij`
-//! is the cosine of row `i` and class `j` (the best of a class's sub-centres, or SoftTriple's
-//! softmax over its centres), `ψ` is the loss's margin on the target class, and `a`, `b` are
-//! norms where the loss keeps them ([`classifier_params`](super::classifier_params)). The classes
+//! ProxyAnchor, a log-sum-exp per class over the batch, is one pass per tile
+//! ([`classifier_anchor`]). Each of the others is a cross entropy over logits
+//! `z_ij = scale · a_i · b_j · ψ(c_ij) + bias`, where `c_ij` is the cosine of row `i` and
+//! class `j` (the best of a class's sub-centres, or SoftTriple's softmax over its centres),
+//! `ψ` is the loss's margin on the target class, and `a`, `b` are norms where the loss keeps
+//! them ([`classifier_params`](super::classifier_params)). The classes
 //! are cut into tiles of centres. Pass 1 multiplies the normalised rows by a tile and folds the
 //! logits into each row's running maximum and sum of exponentials; pass 2 multiplies again,
 //! turns the products into `∂loss/∂c` and multiplies back, into the rows' gradient and into the
@@ -73,10 +76,11 @@ impl Default for ClassifierLossConfig {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ClassifierLoss {
-    /// The mean over the rows in it.
+    /// PML's value: the mean over the rows in it (ProxyAnchor: its two sums of class terms,
+    /// over the classes with a row and over every class).
     pub loss: f32,
     /// Rows in the mean: all of them, except ProxyNCA's whose probability is 0 in f32 (PML
-    /// drops those).
+    /// drops those); for ProxyAnchor, the classes with a row in the batch.
     pub count: usize,
     /// `∂loss/∂embeddings` `(b, d)`.
     pub grad: Array2<f32>,
