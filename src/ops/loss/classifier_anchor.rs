@@ -90,7 +90,7 @@ pub(super) fn run(
         par_mul(1.0, xhat.t(), prod.view(), 0.0, out.view_mut());
         finish_tile(w, (&norms, None), out);
     }
-    finish_rows(inp, &xhat, &rows, gx.view_mut());
+    finish_rows(inp, &rows, gx.view_mut());
     let pos: f64 = pos_terms.iter().sum();
     let neg: f64 = neg_terms.iter().sum();
     Ok(Output {

@@ -429,9 +429,9 @@ impl Centres {
     }
 
     /// Overwrites the centres' cosines `cs` with `g ∂c/∂c_k`: `g` times the class cosine's
-    /// slope in each.
+    /// slope in each (SoftTriple's, `soft`, from [`Centres::soft_row`]).
     #[inline]
-    pub(super) fn spread(self, cs: &mut [f32], g: f64, slopes: &mut [f64]) {
+    pub(super) fn spread(self, cs: &mut [f32], g: f64, soft: &[f32]) {
         match self {
             Self::One => cs[0] = g as f32,
             Self::Max(_) => {
@@ -441,9 +441,8 @@ impl Centres {
                 }
             }
             Self::Soft(..) => {
-                self.reduce(cs, slopes);
-                for (c, &s) in cs.iter_mut().zip(slopes.iter()) {
-                    *c = (g * s) as f32;
+                for (c, &s) in cs.iter_mut().zip(soft) {
+                    *c = (g * f64::from(s)) as f32;
                 }
             }
         }

@@ -146,14 +146,14 @@ pub(super) fn run(
             weight_grad.slice_mut(s![.., c0..c1])
         };
         par_mul(1.0, xhat.t(), prod.view(), 0.0, out.view_mut());
-        let col_terms = terms.sum_axis(Axis(0));
-        let sums = inp
-            .rule
-            .col_norm
-            .then_some(col_terms.as_slice().unwrap_or_default());
-        finish_tile(w, (norms, sums), out);
+        let col_terms: Vec<f64> = terms
+            .sum_axis(Axis(0))
+            .iter()
+            .map(|&t| f64::from(t))
+            .collect();
+        finish_tile(w, (norms, inp.rule.col_norm.then_some(&col_terms[..])), out);
     }
-    finish_rows(inp, &xhat, &rows, gx.view_mut());
+    finish_rows(inp, &rows, gx.view_mut());
     Ok(Output {
         loss: if count > 0 { loss / count as f64 } else { 0.0 },
         count,
@@ -300,7 +300,7 @@ pub(super) fn norms_of(w: ArrayView2<'_, f32>) -> Vec<f64> {
 /// [`finish_cols`] on parts of the tile's columns on the cores.
 pub(super) fn finish_tile(
     w: ArrayView2<'_, f32>,
-    (norms, through): (&[f64], Option<&[f32]>),
+    (norms, through): (&[f64], Option<&[f64]>),
     mut out: ArrayViewMut2<'_, f32>,
 ) {
     let per = col_part(w.nrows(), w.ncols());
@@ -581,16 +581,9 @@ fn slope_row(
                 Some((t, slope)) if t == j => f64::from(w * e[j]) * slope,
                 _ => f64::from(w * e[j]) * f64::from(row.k),
             };
-            match rule.centres {
-                // SoftTriple's slopes, from `logits`.
-                Centres::Soft(..) => {
-                    let mine = &row_slopes[j * per..(j + 1) * per];
-                    for (c, &s) in cs.iter_mut().zip(mine) {
-                        *c = (g * f64::from(s)) as f32;
-                    }
-                }
-                _ => rule.centres.spread(cs, g, slopes),
-            }
+            // SoftTriple's slopes come from `logits` (empty for the others).
+            let soft = row_slopes.get(j * per..(j + 1) * per).unwrap_or_default();
+            rule.centres.spread(cs, g, soft);
         }
     } else if let Some((j, slope)) = target {
         p[j] = (f64::from(w * e[j]) * slope) as f32;
@@ -602,7 +595,7 @@ fn slope_row(
 /// weights, `norms` theirs, `through` the logits' `Σ_i ∂loss/∂z · z` per centre.
 fn finish_cols(
     w: ArrayView2<'_, f32>,
-    (norms, through): (&[f64], Option<&[f32]>),
+    (norms, through): (&[f64], Option<&[f64]>),
     mut out: ArrayViewMut2<'_, f32>,
 ) {
     // ∂/∂w = g/‖w‖ − (g/‖w‖ · w) w/‖w‖² + (Σ ∂z · z / ‖w‖²) w, the first term already in `out`.
@@ -615,7 +608,7 @@ fn finish_cols(
                 // Under PML's floor the normalisation is a plain scaling.
                 return 0.0;
             }
-            let along = through.map_or(0.0, |t| f64::from(t[k]));
+            let along = through.map_or(0.0, |t| t[k]);
             (along - dots[k]) / (n * n)
         })
         .collect();
@@ -628,53 +621,16 @@ fn finish_cols(
 }
 
 /// The rows' gradient, from `∂loss/∂x̂` in `gx` (replaced in place).
-pub(super) fn finish_rows(
-    inp: &Inputs<'_>,
-    xhat: &Array2<f32>,
-    rows: &[Row],
-    mut gx: ArrayViewMut2<'_, f32>,
-) {
-    for (i, (mut g, row)) in gx.rows_mut().into_iter().zip(rows).enumerate() {
-        let grad_hat = g.to_owned();
-        unit_backward(
-            (grad_hat.view(), xhat.row(i), inp.x.row(i)),
-            (row.norm, row.through_norm),
-            g.view_mut(),
-        );
+pub(super) fn finish_rows(inp: &Inputs<'_>, rows: &[Row], mut gx: ArrayViewMut2<'_, f32>) {
+    // The rows' backward is the centres' on the transposed views, once `∂loss/∂x̂` is over
+    // each row's norm as `∂loss/∂ŵ` arrives.
+    let norms: Vec<f64> = rows.iter().map(|r| r.norm).collect();
+    let through: Vec<f64> = rows.iter().map(|r| r.through_norm).collect();
+    for (mut g, &s) in gx.rows_mut().into_iter().zip(&inverse_norms(&norms)) {
+        g *= s;
     }
-}
-
-/// `∂/∂v` of a loss that sees `v̂ = v / max(‖v‖, ε)` with gradient `g`, and the norm `‖v‖`
-/// (norm `n`) with gradient `through / n` (the logits' `z / n` weighted sum).
-fn unit_backward(
-    (g, unit, v): (
-        ndarray::ArrayView1<'_, f32>,
-        ndarray::ArrayView1<'_, f32>,
-        ndarray::ArrayView1<'_, f32>,
-    ),
-    (norm, through): (f64, f64),
-    mut out: ndarray::ArrayViewMut1<'_, f32>,
-) {
-    if norm >= NORM_EPS {
-        let dot: f64 = g
-            .iter()
-            .zip(unit)
-            .map(|(&a, &b)| f64::from(a) * f64::from(b))
-            .sum();
-        // In f64, for the cancellation `finish_cols` describes.
-        let (inv, along) = (1.0 / norm, through / (norm * norm));
-        for (((o, &g), &u), &v) in out.iter_mut().zip(g).zip(unit).zip(v) {
-            let (g, u, v) = (f64::from(g), f64::from(u), f64::from(v));
-            *o = ((g - dot * u) * inv + along * v) as f32;
-        }
-    } else {
-        // Under PML's floor the normalisation is `v / ε`, a plain scaling; the norm's own
-        // gradient is 0 at 0, as torch's.
-        let inv = (1.0 / NORM_EPS) as f32;
-        for (o, &g) in out.iter_mut().zip(g) {
-            *o = g * inv;
-        }
-    }
+    let through = inp.rule.row_norm.then_some(&through[..]);
+    finish_tile(inp.x.t(), (&norms, through), gx.reversed_axes());
 }
 
 /// The largest of `z`, over 16 lanes.
