@@ -13,20 +13,6 @@ use crate::commands::{context, given, json_number, timed};
 use crate::npy;
 use crate::{Common, Failure};
 
-/// Which loss a classifier subcommand runs.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Which {
-    ArcFace,
-    SubCenterArcFace,
-    CosFace,
-    LargeMarginSoftmax,
-    SphereFace,
-    NormalizedSoftmax,
-    ProxyNca,
-    ProxyAnchor,
-    SoftTriple,
-}
-
 /// `--margin-grad`.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub(crate) enum MarginGradArg {
@@ -92,67 +78,48 @@ pub(crate) struct ClassifierArgs {
     pub(crate) common: Common,
 }
 
-impl Which {
-    fn name(self) -> &'static str {
-        match self {
-            Self::ArcFace => "arcface",
-            Self::SubCenterArcFace => "sub-center-arcface",
-            Self::CosFace => "cosface",
-            Self::LargeMarginSoftmax => "large-margin-softmax",
-            Self::SphereFace => "sphereface",
-            Self::NormalizedSoftmax => "normalized-softmax",
-            Self::ProxyNca => "proxy-nca",
-            Self::ProxyAnchor => "proxy-anchor",
-            Self::SoftTriple => "soft-triple",
-        }
+/// The loss `name` (the subcommand's) with PML's defaults, overridden by the options given (one
+/// that the loss does not take is an error).
+fn kind(name: &str, a: &ClassifierArgs) -> Result<ClassifierKind, String> {
+    // Each loss names its centres its own way.
+    let (centres, other) = match name {
+        "soft-triple" => (a.centers_per_class, ("--sub-centers", a.sub_centers)),
+        _ => (a.sub_centers, ("--centers-per-class", a.centers_per_class)),
+    };
+    if other.1.is_some() {
+        return Err(format!("{} does not apply to loss {}", other.0, name));
     }
-
-    /// The loss with PML's defaults, overridden by the options given (one that the loss does
-    /// not take is an error).
-    fn kind(self, a: &ClassifierArgs) -> Result<ClassifierKind, String> {
-        // Each loss names its centres its own way.
-        let (centres, other) = match self {
-            Self::SoftTriple => (a.centers_per_class, ("--sub-centers", a.sub_centers)),
-            _ => (a.sub_centers, ("--centers-per-class", a.centers_per_class)),
-        };
-        if other.1.is_some() {
-            return Err(format!(
-                "{} does not apply to loss {}",
-                other.0,
-                self.name()
-            ));
+    let options = ClassifierOptions {
+        margin: a.margin,
+        scale: a.scale,
+        margin_grad: a.margin_grad.map(|g| match g {
+            MarginGradArg::Pml => MarginGrad::Pml,
+            MarginGradArg::StraightThrough => MarginGrad::StraightThrough,
+        }),
+        centres,
+        temperature: a.temperature,
+        softmax_scale: a.softmax_scale,
+        la: a.la,
+        gamma: a.gamma,
+        alpha: a.alpha,
+    };
+    ClassifierKind::from_options(name, &options).map_err(|e| match e {
+        Error::InvalidParameter { what, rule, .. } if rule.contains("does not take") => {
+            let flag = if what == "centres" {
+                "sub-centers".into()
+            } else {
+                what.replace('_', "-")
+            };
+            format!("--{flag} does not apply to loss {}", name)
         }
-        let options = ClassifierOptions {
-            margin: a.margin,
-            scale: a.scale,
-            margin_grad: a.margin_grad.map(|g| match g {
-                MarginGradArg::Pml => MarginGrad::Pml,
-                MarginGradArg::StraightThrough => MarginGrad::StraightThrough,
-            }),
-            centres,
-            temperature: a.temperature,
-            softmax_scale: a.softmax_scale,
-            la: a.la,
-            gamma: a.gamma,
-            alpha: a.alpha,
-        };
-        ClassifierKind::from_options(self.name(), &options).map_err(|e| match e {
-            Error::InvalidParameter { what, rule, .. } if rule.contains("does not take") => {
-                let flag = if what == "centres" {
-                    "sub-centers".into()
-                } else {
-                    what.replace('_', "-")
-                };
-                format!("--{flag} does not apply to loss {}", self.name())
-            }
-            e => e.to_string(),
-        })
-    }
+        e => e.to_string(),
+    })
 }
 
-/// Runs the loss `which`: writes the gradients, prints `{"loss", "count"}`.
-pub(crate) fn run(which: Which, a: &ClassifierArgs, hooks: &Hooks) -> Result<(), Failure> {
-    let kind = which.kind(a)?;
+/// Runs the loss `name` (`arcface`, `cosface`, …: the subcommand's name): writes the
+/// gradients, prints `{"loss", "count"}`.
+pub(crate) fn run(name: &'static str, a: &ClassifierArgs, hooks: &Hooks) -> Result<(), Failure> {
+    let kind = kind(name, a)?;
     let x = npy::read_embeddings(&a.embeddings)?;
     let labels = npy::read_labels(&a.labels)?;
     let w = npy::read_embeddings(&a.weights)?;
@@ -167,8 +134,8 @@ pub(crate) fn run(which: Which, a: &ClassifierArgs, hooks: &Hooks) -> Result<(),
         ("labels", Some(a.labels.as_path())),
         ("weights", Some(a.weights.as_path())),
     ]);
-    let name = format!("loss {}", which.name());
-    let out = timed(&name, &ctx, &a.common, &files, || {
+    let what = format!("loss {name}");
+    let out = timed(&what, &ctx, &a.common, &files, || {
         classifier_loss(&ctx, x.view(), &labels, w.view(), &cfg)
     })?;
     npy::write(&a.grad_out, &out.grad)?;

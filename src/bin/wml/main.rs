@@ -17,7 +17,6 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 pub(crate) use self::TuneArgs as TuneOptions;
 use wgpu_metric_learning::{CancelToken, Hooks, Progress};
 
-use classifier::Which;
 use loss_args::LossCommand;
 
 /// The GPU core of metric learning on .npy files: triplet mining, PML's miners, kNN and
@@ -575,23 +574,21 @@ fn main() -> ExitCode {
         Command::Loss(LossCommand::Vicreg(a)) => losses::vicreg(&a, &hooks),
         Command::Loss(LossCommand::SnrContrastive(a)) => losses::snr_contrastive(&a, &hooks),
         Command::Loss(LossCommand::DynamicSoftMargin(a)) => losses::dynamic_soft_margin(&a, &hooks),
-        Command::Loss(LossCommand::ArcFace(a)) => classifier::run(Which::ArcFace, &a, &hooks),
+        Command::Loss(LossCommand::ArcFace(a)) => classifier::run("arcface", &a, &hooks),
         Command::Loss(LossCommand::SubCenterArcFace(a)) => {
-            classifier::run(Which::SubCenterArcFace, &a, &hooks)
+            classifier::run("sub-center-arcface", &a, &hooks)
         }
-        Command::Loss(LossCommand::CosFace(a)) => classifier::run(Which::CosFace, &a, &hooks),
+        Command::Loss(LossCommand::CosFace(a)) => classifier::run("cosface", &a, &hooks),
         Command::Loss(LossCommand::LargeMarginSoftmax(a)) => {
-            classifier::run(Which::LargeMarginSoftmax, &a, &hooks)
+            classifier::run("large-margin-softmax", &a, &hooks)
         }
-        Command::Loss(LossCommand::SphereFace(a)) => classifier::run(Which::SphereFace, &a, &hooks),
+        Command::Loss(LossCommand::SphereFace(a)) => classifier::run("sphereface", &a, &hooks),
         Command::Loss(LossCommand::NormalizedSoftmax(a)) => {
-            classifier::run(Which::NormalizedSoftmax, &a, &hooks)
+            classifier::run("normalized-softmax", &a, &hooks)
         }
-        Command::Loss(LossCommand::ProxyNca(a)) => classifier::run(Which::ProxyNca, &a, &hooks),
-        Command::Loss(LossCommand::ProxyAnchor(a)) => {
-            classifier::run(Which::ProxyAnchor, &a, &hooks)
-        }
-        Command::Loss(LossCommand::SoftTriple(a)) => classifier::run(Which::SoftTriple, &a, &hooks),
+        Command::Loss(LossCommand::ProxyNca(a)) => classifier::run("proxy-nca", &a, &hooks),
+        Command::Loss(LossCommand::ProxyAnchor(a)) => classifier::run("proxy-anchor", &a, &hooks),
+        Command::Loss(LossCommand::SoftTriple(a)) => classifier::run("soft-triple", &a, &hooks),
         Command::Tune(a) => commands::tune(&a),
     };
     match done {
