@@ -56,9 +56,11 @@ fn knn_waits_at_most_once_per_query_chunk_and_reads_back_only_the_lists() {
         );
         if budget == 64 << 20 {
             // Resident references (one upload submission), one range per chunk: each chunk
-            // is one submission.
+            // is one submission. On a hardware adapter, a GEMM bucket tuned during the call
+            // (not found in the tuner's cache) first submits what was recorded before it.
             assert_eq!(chunks, 1, "{plan:?}");
-            assert!(t.submissions <= chunks + 1, "{plan:?}: {t:?}");
+            let tuned = u64::from(t.host.tune_ns > 0);
+            assert!(t.submissions <= chunks + 1 + tuned, "{plan:?}: {t:?}");
         }
     }
 }

@@ -98,34 +98,45 @@ pub(crate) fn choose(
         return Ok(v);
     }
     let software = gpu.info.device_type == wgpu::DeviceType::Cpu;
-    let chosen = match gpu.tuning {
-        Tuning::Off => default_variant(gpu),
-        Tuning::Cached if software => default_variant(gpu),
-        Tuning::Cached | Tuning::Eager => {
-            rec.flush()?;
-            // Timed by the wall clock: timestamps would need buffers of their own, beyond
-            // what the operation planned to hold.
-            match tune(
-                gpu,
-                family,
-                bucket,
-                gpu.tuning == Tuning::Cached,
-                (p, b, false),
-            ) {
-                Ok(t) => t.chosen.or_else(|| default_variant(gpu)),
-                Err(e) => {
-                    // Not remembered: the next tile of this bucket tries again.
-                    log::warn!(
-                        "gemm_tile: tuning {} failed ({e}); using the default",
-                        bucket.label()
-                    );
-                    return Ok(default_variant(gpu));
-                }
-            }
-        }
+    let cached = match gpu.tuning {
+        Tuning::Off => return Ok(remember(family, bucket, default_variant(gpu))),
+        Tuning::Cached if software => return Ok(remember(family, bucket, default_variant(gpu))),
+        Tuning::Cached => from_cache(gpu, bucket),
+        Tuning::Eager => None,
     };
+    if let Some(t) = cached {
+        return Ok(remember(
+            family,
+            bucket,
+            t.chosen.or_else(|| default_variant(gpu)),
+        ));
+    }
+    // A cached winner costs no submission: only a tuning run submits what the operation
+    // recorded so far (its commands then run before the candidates write the tile).
+    rec.flush()?;
+    // Timed by the wall clock: timestamps would need buffers of their own, beyond what the
+    // operation planned to hold.
+    match tune(gpu, family, bucket, (p, b, false)) {
+        Ok(t) => Ok(remember(
+            family,
+            bucket,
+            t.chosen.or_else(|| default_variant(gpu)),
+        )),
+        Err(e) => {
+            // Not remembered: the next tile of this bucket tries again.
+            log::warn!(
+                "gemm_tile: tuning {} failed ({e}); using the default",
+                bucket.label()
+            );
+            Ok(default_variant(gpu))
+        }
+    }
+}
+
+/// Makes `chosen` the device's choice for `bucket`, and returns it.
+fn remember(family: &GemmTile, bucket: Bucket, chosen: Option<GemmVariant>) -> Option<GemmVariant> {
     family.choices().insert(bucket, chosen);
-    Ok(chosen)
+    chosen
 }
 
 /// Tunes the bucket of a `(rows, cols, dim4)` tile now (from the cache when `use_cache` and
@@ -149,13 +160,7 @@ pub(crate) fn tune_now(
         Some(tuned) => tuned,
         None => {
             let own = Buffers::new(gpu, bucket)?;
-            tune(
-                gpu,
-                &family,
-                bucket,
-                false,
-                (&own.p, &own.tile(), gpu.timestamps),
-            )?
+            tune(gpu, &family, bucket, (&own.p, &own.tile(), gpu.timestamps))?
         }
     };
     family
@@ -164,21 +169,16 @@ pub(crate) fn tune_now(
     Ok((bucket.label(), tuned))
 }
 
-/// Tunes `bucket` on `gpu` (from the cache when `use_cache` and it has the key) by timing the
-/// candidates on `tile` (its parameters, its buffers, and whether by timestamps), records the
-/// winner in the cache, and returns what it measured.
+/// Tunes `bucket` on `gpu` by timing the candidates on `tile` (its parameters, its buffers,
+/// and whether by timestamps), records the winner in the cache, and returns what it measured.
 fn tune(
     gpu: &GpuDevice,
     family: &GemmTile,
     bucket: Bucket,
-    use_cache: bool,
     tile: (&Params, &TileBuffers<'_>, bool),
 ) -> Result<Tuned> {
     let started = Instant::now();
     let key = cache_key(gpu, bucket);
-    if let Some(tuned) = use_cache.then(|| from_cache(gpu, bucket)).flatten() {
-        return Ok(tuned);
-    }
     let result = measure(gpu, family, tile);
     transfer::count_tuning(gpu, started.elapsed());
     let tuned = result?;
