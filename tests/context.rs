@@ -387,3 +387,90 @@ fn a_device_below_the_kernels_limits_is_refused_with_the_limit_named() {
         Ok(ctx) => panic!("made a context on {}", ctx.device_name()),
     }
 }
+
+/// A configuration whose device no other test asks for: its limits differ from the adapter's
+/// by `tag` in one that no kernel uses (so no other test's context takes its parked device).
+fn config_of_its_own(tag: u32) -> Option<ContextConfig> {
+    let ctx = common::gpu_context(None)?;
+    let mut limits = ctx.wgpu_device()?.0.limits();
+    limits.max_texture_dimension_1d -= tag;
+    Some(ContextConfig {
+        backend: BackendChoice::Wgpu,
+        limits: Some(limits),
+        fill_outputs_with_sentinel: true,
+        ..Default::default()
+    })
+}
+
+/// Whether `ctx` runs on GL, whose devices are never reused (and whose devices compare by
+/// ids unique only within each context's own instance).
+fn on_gl(ctx: &Context) -> bool {
+    ctx.adapter_info()
+        .is_some_and(|i| i.backend == wgpu::Backend::Gl)
+}
+
+/// `ctx`'s kNN lists of a small set match the native path's.
+fn answers_as_native(ctx: &Context) {
+    let x = ndarray::Array2::from_shape_fn((37, 5), |(i, j)| ((i * 7 + j * 3) % 11) as f32);
+    let cfg = KnnConfig {
+        k: 3,
+        ..Default::default()
+    };
+    let ours = knn(ctx, x.view(), x.view(), &cfg).expect("knn on the device");
+    let native = knn(&Context::native_cpu(None), x.view(), x.view(), &cfg).expect("native knn");
+    assert_eq!(ours.indices, native.indices);
+}
+
+#[test]
+fn a_dropped_contexts_device_serves_the_next_context_alike() {
+    let Some(cfg) = config_of_its_own(7) else {
+        return;
+    };
+    let first = Context::new(&cfg).expect("context");
+    let device = first.wgpu_device().expect("device").0.clone();
+    let gl = on_gl(&first);
+    answers_as_native(&first);
+    drop(first);
+    let second = Context::new(&cfg).expect("context");
+    if !gl {
+        let same = second.wgpu_device().expect("device").0 == &device;
+        assert!(same, "a parked device serves the next context");
+    }
+    // Only the device is shared: the budget and the counters are the new context's.
+    assert_eq!(second.transfers().submissions, 0);
+    assert_eq!(second.memory().current_bytes, 0);
+    answers_as_native(&second);
+}
+
+#[test]
+fn a_lost_device_is_never_handed_to_a_later_context() {
+    let Some(cfg) = config_of_its_own(11) else {
+        return;
+    };
+    let first = Context::new(&cfg).expect("context");
+    let device = first.wgpu_device().expect("device").0.clone();
+    device.destroy();
+    drop(first);
+    let second = Context::new(&cfg).expect("context after a loss");
+    if !on_gl(&second) {
+        assert!(second.wgpu_device().expect("device").0 != &device);
+    }
+    answers_as_native(&second);
+}
+
+#[test]
+fn a_device_lost_while_parked_is_destroyed_when_next_asked_for() {
+    let Some(cfg) = config_of_its_own(13) else {
+        return;
+    };
+    let first = Context::new(&cfg).expect("context");
+    let device = first.wgpu_device().expect("device").0.clone();
+    drop(first);
+    // Lost while no context holds it.
+    device.destroy();
+    let second = Context::new(&cfg).expect("context after a loss");
+    if !on_gl(&second) {
+        assert!(second.wgpu_device().expect("device").0 != &device);
+    }
+    answers_as_native(&second);
+}

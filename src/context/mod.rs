@@ -14,6 +14,7 @@ pub use crate::kernels::distance::DistanceKernel;
 use crate::kernels::gemm_tile::GemmVariant;
 use crate::runtime::device::{Accounting, GpuDevice};
 pub use crate::runtime::device::{ShaderChecks, Tuning};
+use crate::runtime::device_pool::{self, DeviceKey};
 use crate::runtime::memory::{MemoryStats, MemoryTracker, Transfers};
 #[cfg(feature = "mpi")]
 pub(crate) use adapter::nth_best_adapter;
@@ -173,6 +174,13 @@ pub enum ComputePath {
     NativeCpu,
 }
 
+/// How a context's device came to be: `own` when the library made it (and installs its
+/// handlers), and what it was made with where a later context may reuse it.
+struct Made {
+    own: bool,
+    reuse: Option<DeviceKey>,
+}
+
 /// Why a context runs on the CPU path, or which device it drives.
 #[derive(Debug)]
 enum Engine {
@@ -272,27 +280,36 @@ impl Context {
             }
             return Err(e);
         }
-        let requested = {
-            let _guard = crate::runtime::device::lifecycle_lock();
-            pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-                label: Some("wgpu-metric-learning"),
-                // Timestamps whenever the adapter has them: the tuner times candidates with
-                // them, and `kernel_timing` times every dispatch.
-                required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
-                required_limits,
-                experimental_features: wgpu::ExperimentalFeatures::disabled(),
-                memory_hints: wgpu::MemoryHints::Performance,
-                trace: wgpu::Trace::Off,
-            }))
+        // Timestamps whenever the adapter has them: the tuner times candidates with them, and
+        // `kernel_timing` times every dispatch.
+        let features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
+        let key = DeviceKey::reusable(&info, features, &required_limits);
+        let (device, queue) = match key.as_ref().and_then(device_pool::take) {
+            Some(parked) => parked,
+            None => {
+                let _guard = crate::runtime::device::lifecycle_lock();
+                pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+                    label: Some("wgpu-metric-learning"),
+                    required_features: features,
+                    required_limits,
+                    experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                    memory_hints: wgpu::MemoryHints::Performance,
+                    trace: wgpu::Trace::Off,
+                }))
+                .map_err(|source| Error::RequestDevice {
+                    adapter: info.name.clone(),
+                    source,
+                })?
+            }
         };
-        let (device, queue) = requested.map_err(|source| Error::RequestDevice {
-            adapter: info.name.clone(),
-            source,
-        })?;
         let budget = config.budget_bytes.unwrap_or_else(|| {
             reported_device_memory(&adapter).map_or(DEFAULT_BUDGET_BYTES, |heap| heap / 2)
         });
-        Ok(Self::on_device(device, queue, info, true, config, budget))
+        let made = Made {
+            own: true,
+            reuse: key,
+        };
+        Ok(Self::on_device(device, queue, info, made, config, budget))
     }
 
     /// Wraps a device and queue that the caller already has, so an application with its own
@@ -321,22 +338,26 @@ impl Context {
     ) -> Result<Self> {
         kernels::check_limits("Context::from_wgpu", &device.limits())?;
         let budget = config.budget_bytes.unwrap_or(DEFAULT_BUDGET_BYTES);
+        let made = Made {
+            own: false,
+            reuse: None,
+        };
         Ok(Self::on_device(
             device,
             queue,
             adapter_info,
-            false,
+            made,
             config,
             budget,
         ))
     }
 
-    /// A context on a device, `own` when the library made it (and installs its handlers).
+    /// A context on a device, made as `made` says.
     fn on_device(
         device: wgpu::Device,
         queue: wgpu::Queue,
         info: wgpu::AdapterInfo,
-        own: bool,
+        made: Made,
         config: &ContextConfig,
         budget: u64,
     ) -> Self {
@@ -349,7 +370,7 @@ impl Context {
             tuning: config.tuning,
             kernel_timing: config.kernel_timing,
         };
-        let gpu = GpuDevice::new(device, queue, info, own, accounting);
+        let gpu = GpuDevice::new(device, queue, info, made.own, accounting).reusable(made.reuse);
         gpu.install(kernels::distance::DistanceTile::with_setting(
             config.distance_kernel,
         ));
@@ -452,7 +473,9 @@ impl Context {
     }
 
     /// The wgpu device and queue, on the wgpu path, to share them with the application's own
-    /// work (the converse of [`Context::from_wgpu`]).
+    /// work (the converse of [`Context::from_wgpu`]). A device the library made outlives the
+    /// context: once the context is dropped, it may serve the next context made on the same
+    /// adapter with the same limits (devices are reused, not destroyed, outside GL).
     ///
     /// # Example
     /// ```

@@ -5,82 +5,13 @@
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
-use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::device_pool::{self, DeviceKey, LostFlag};
+pub(crate) use super::guard::{lifecycle_lock, poll, submit};
 use crate::error::{Error, Result};
 use crate::runtime::memory::{MemoryTracker, TransferCounter};
-
-/// The process-wide guard of what must not run concurrently on some drivers: enumerating
-/// adapters and querying them, making a device, compiling a pipeline, and destroying a
-/// device (its pipelines, queue and device) take it whole; queue submissions and device
-/// polls share it ([`submit`], [`poll`]), so that none of them runs while a device is made or
-/// destroyed, while they still run side by side with each other.
-///
-/// Why: NVIDIA's Vulkan driver (580.159.04, H100 and H200) crashed or hung processes whose
-/// threads made their first contexts at once. The crash's core shows a SIGSEGV in
-/// `libnvidia-eglcore` under wgpu-hal's `expose_adapter`, while five other threads were in
-/// `vkEnumeratePhysicalDevices` or in the driver's `vk_icdGetPhysicalDeviceProcAddr` on the
-/// same instance (RELIABILITY.md). With creation serialised, the integration tests in one
-/// process still hung: one thread in `vkDestroyDevice` and two others in `vkQueueSubmit` on
-/// other devices, all three waiting inside the driver for good. Concurrent device and
-/// pipeline creation crashes NVIDIA's Windows driver too (wgpu issue #10234). Creation and
-/// destruction are rare, millisecond-long events; a submission or a poll takes the shared
-/// side (an uncontended read lock, tens of nanoseconds). A device made or destroyed while
-/// another thread waits for the GPU waits for that wait to end.
-///
-/// `WML_DEVICE_LOCK=off` turns the guard off, only to reproduce the driver's fault
-/// (`benches/gpu-report.sh hunt`); read once per process.
-pub(crate) fn lifecycle_lock() -> Option<RwLockWriteGuard<'static, ()>> {
-    // A poisoned lock only means a panic while it was held; it guards no data.
-    guard_on().then(|| {
-        LIFECYCLE
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    })
-}
-
-static LIFECYCLE: RwLock<()> = RwLock::new(());
-
-fn guard_on() -> bool {
-    static OFF: OnceLock<bool> = OnceLock::new();
-    !*OFF.get_or_init(|| {
-        std::env::var("WML_DEVICE_LOCK").is_ok_and(|v| v.eq_ignore_ascii_case("off"))
-    })
-}
-
-/// The shared side of [`lifecycle_lock`]. Never held across another acquisition: a waiting
-/// writer blocks new readers, so a nested read could deadlock.
-fn shared_lock() -> Option<RwLockReadGuard<'static, ()>> {
-    guard_on().then(|| {
-        LIFECYCLE
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    })
-}
-
-/// `queue.submit(commands)` under the shared side of the lifecycle guard.
-pub(crate) fn submit(
-    queue: &wgpu::Queue,
-    commands: impl IntoIterator<Item = wgpu::CommandBuffer>,
-) -> wgpu::SubmissionIndex {
-    let _shared = shared_lock();
-    queue.submit(commands)
-}
-
-/// `device.poll(kind)` under the shared side of the lifecycle guard, a wait included: a
-/// device made or destroyed meanwhile waits for it. A wait is never cut into shorter timed
-/// waits: in wgpu-core 30.0.1 a timed wait that ends early, while another thread polls or
-/// submits on the same device, can trip a defensive assert in `Device::maintain` ("If the
-/// queue is empty, the current submission index … should be at least the wait submission
-/// index"; fixed upstream by gfx-rs/wgpu#9958), which eight threads on one context did.
-pub(crate) fn poll(
-    device: &wgpu::Device,
-    kind: wgpu::PollType,
-) -> std::result::Result<wgpu::PollStatus, wgpu::PollError> {
-    let _shared = shared_lock();
-    device.poll(kind)
-}
 
 /// Whether kernel modules keep naga's runtime checks (bounds checks on every index, a
 /// counter on every loop). Only kernels whose every index is bounded by construction are ever
@@ -144,16 +75,17 @@ pub enum Tuning {
 /// A wgpu device and queue with everything the kernels need to know about them.
 ///
 /// Dropping it waits for the device's work to finish (a device the library made), then
-/// destroys its pipelines, queue and device under [`lifecycle_lock`].
+/// destroys its pipelines under [`lifecycle_lock`], and its device and queue too unless the
+/// [`device_pool`] keeps them for a later context.
 #[derive(Debug)]
 pub(crate) struct GpuDevice {
-    /// Dropped by hand, under [`lifecycle_lock`] (see `Drop`).
+    /// Taken by hand, under [`lifecycle_lock`]: destroyed or parked (see `Drop`).
     pub(crate) device: ManuallyDrop<wgpu::Device>,
-    /// Dropped by hand, with the device.
+    /// Taken by hand, with the device.
     pub(crate) queue: ManuallyDrop<wgpu::Queue>,
     pub(crate) info: wgpu::AdapterInfo,
     pub(crate) limits: wgpu::Limits,
-    lost: Arc<Mutex<Option<(wgpu::DeviceLostReason, String)>>>,
+    lost: LostFlag,
     kernels: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     /// Unique per `GpuDevice` in the process. `wgpu::Device` equality compares ids that are
     /// only unique within one instance, and every context has its own instance.
@@ -176,6 +108,9 @@ pub(crate) struct GpuDevice {
     pub(crate) timestamps: bool,
     /// The library made the device (else it is an application's, shared).
     own: bool,
+    /// What the device was made with, where it may serve a later context once this one is
+    /// dropped ([`device_pool`]).
+    reuse: Option<DeviceKey>,
 }
 
 /// How a [`GpuDevice`] accounts for what it does: the context's settings.
@@ -238,7 +173,14 @@ impl GpuDevice {
             kernel_timing: accounting.kernel_timing && timestamps,
             timestamps,
             own,
+            reuse: None,
         }
+    }
+
+    /// Lets the device serve a later context made with `key` once this one is dropped.
+    pub(crate) fn reusable(mut self, key: Option<DeviceKey>) -> Self {
+        self.reuse = key.filter(|_| self.own);
+        self
     }
 
     /// After wgpu reported an error: `Err(DeviceLost)` if that is why. A destroyed device is
@@ -311,15 +253,15 @@ impl Drop for GpuDevice {
         // Finish the device's work outside the lock (bounded: a hung device must not hang
         // the drop), so that the destruction under it is short. Not an application's device:
         // dropping our handles destroys nothing there, and its work is not ours to wait for.
-        if self.own {
-            let _ = poll(
+        let finished = self.own
+            && poll(
                 &self.device,
                 wgpu::PollType::Wait {
                     submission_index: None,
                     timeout: Some(Duration::from_secs(60)),
                 },
-            );
-        }
+            )
+            .is_ok();
         let kernels = self
             .kernels
             .get_mut()
@@ -327,10 +269,19 @@ impl Drop for GpuDevice {
             .unwrap_or_default();
         let _guard = lifecycle_lock();
         drop(kernels);
-        // SAFETY: each is dropped once, here, and never used after: `drop` is the last use.
-        unsafe {
-            ManuallyDrop::drop(&mut self.queue);
-            ManuallyDrop::drop(&mut self.device);
+        // SAFETY: each is taken once, here, and never used after: `drop` is the last use.
+        let (device, queue) = unsafe {
+            (
+                ManuallyDrop::take(&mut self.device),
+                ManuallyDrop::take(&mut self.queue),
+            )
+        };
+        // A finished, healthy device of ours waits for the next context instead of being
+        // destroyed (see `device_pool` for why).
+        let healthy = finished && self.check_alive().is_ok();
+        if let Some(key) = self.reuse.take().filter(|_| healthy) {
+            // Handed back when the pool is full: destroyed below, under the guard.
+            let _ = device_pool::park(key, device, queue, Arc::clone(&self.lost));
         }
     }
 }

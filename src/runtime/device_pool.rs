@@ -1,0 +1,132 @@
+//! Devices kept for reuse: when a context is dropped, the device the library made for it
+//! waits here for the next context on the same adapter with the same features and limits,
+//! instead of being destroyed.
+//!
+//! Why: on NVIDIA's Vulkan driver (580.159.04, H100), `vkDestroyDevice` hung for good inside
+//! the driver, joining a thread of its own, while other threads of the process (and another
+//! process on the same GPU) ran kernels. The integration tests in one process at 8 threads
+//! hung that way in 1 of 5 runs, every other thread waiting for the lifecycle guard that the
+//! destroying thread held. A device that is not destroyed cannot hang there, and a context
+//! made after another was dropped skips the device's creation.
+//!
+//! Only the wgpu device and queue are reused: the pipelines, the budget, the counters and
+//! the tuner's choices are the new context's own. A device is parked only when the library
+//! made it, it is not a GL device (whose EGL context belongs to an instance of its own), it
+//! finished its work and it is not lost; one lost while parked is destroyed when it is next
+//! taken. At most [`MAX_PARKED`] wait; a device beyond them is destroyed as before. Parked
+//! devices are destroyed as the process exits (`atexit`), when no other thread is at work.
+//! `WML_DEVICE_LOCK=off` turns reuse off with the guard.
+
+use std::sync::{Arc, Mutex, Once};
+
+use super::guard::{guard_on, lifecycle_lock, poll, try_lifecycle_lock};
+
+/// Set by a device's lost callback: why, and wgpu's message.
+pub(crate) type LostFlag = Arc<Mutex<Option<(wgpu::DeviceLostReason, String)>>>;
+
+/// The most devices parked at once, over every adapter: about as many contexts as a process
+/// has ever held at once, beyond which parking would only keep memory.
+pub(crate) const MAX_PARKED: usize = 16;
+
+/// What a device was made with: a context asking for the same gets it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct DeviceKey {
+    pub(crate) info: wgpu::AdapterInfo,
+    pub(crate) features: wgpu::Features,
+    pub(crate) limits: wgpu::Limits,
+}
+
+impl DeviceKey {
+    /// The key of a device made for `info` with `features` and `limits`, or `None` where
+    /// such a device is never reused (GL, or the guard turned off).
+    pub(crate) fn reusable(
+        info: &wgpu::AdapterInfo,
+        features: wgpu::Features,
+        limits: &wgpu::Limits,
+    ) -> Option<Self> {
+        (info.backend != wgpu::Backend::Gl && guard_on()).then(|| Self {
+            info: info.clone(),
+            features,
+            limits: limits.clone(),
+        })
+    }
+}
+
+struct Parked {
+    key: DeviceKey,
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    /// The lost flag of the context that held it last: set if the device was lost since.
+    lost: LostFlag,
+}
+
+static PARKED: Mutex<Vec<Parked>> = Mutex::new(Vec::new());
+
+/// Registers [`destroy_at_exit`] once, at the first park.
+static AT_EXIT: Once = Once::new();
+
+/// Keeps a finished, healthy device for the next context with `key`; hands it back when the
+/// pool is full (the caller destroys it).
+pub(crate) fn park(
+    key: DeviceKey,
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    lost: LostFlag,
+) -> Option<(wgpu::Device, wgpu::Queue)> {
+    let mut parked = PARKED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if parked.len() >= MAX_PARKED {
+        return Some((device, queue));
+    }
+    AT_EXIT.call_once(|| {
+        // SAFETY: registers a plain function with no captured state; it runs once, at exit.
+        // A failed registration (-1) only leaves the devices to the exit, as before.
+        let _ = unsafe { libc::atexit(destroy_at_exit) };
+    });
+    parked.push(Parked {
+        key,
+        device,
+        queue,
+        lost,
+    });
+    None
+}
+
+/// A parked device made with `key`, if one is there and still alive (the lost ones found on
+/// the way are destroyed).
+pub(crate) fn take(key: &DeviceKey) -> Option<(wgpu::Device, wgpu::Queue)> {
+    loop {
+        let found = {
+            let mut parked = PARKED
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let i = parked.iter().position(|p| p.key == *key)?;
+            parked.swap_remove(i)
+        };
+        // A loss is reported at a poll: give it the chance before trusting the device.
+        let _ = poll(&found.device, wgpu::PollType::Poll);
+        let lost = found.lost.lock().map_or(true, |l| l.is_some());
+        if !lost {
+            return Some((found.device, found.queue));
+        }
+        let _guard = lifecycle_lock();
+        drop(found);
+    }
+}
+
+/// Destroys the parked devices as the process exits. A device's driver threads must not
+/// outlive the driver's libraries, which the exit unloads: on NVIDIA (580.159.04) a process
+/// that left its parked devices to the exit died of SIGSEGV there, in those threads. Skipped
+/// (the devices left as they are) when another thread holds the pool or the guard then.
+extern "C" fn destroy_at_exit() {
+    let Ok(mut parked) = PARKED.try_lock() else {
+        return;
+    };
+    let all = std::mem::take(&mut *parked);
+    drop(parked);
+    match try_lifecycle_lock() {
+        Some(_guard) => drop(all),
+        None => std::mem::forget(all),
+    }
+}
