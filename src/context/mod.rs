@@ -253,6 +253,9 @@ impl Context {
         let explicit = config.adapter != AdapterSelector::Best;
         // When GL was enumerated its lock is held to the end: the adapters not chosen are
         // dropped inside `select_adapter`, and a GL device makes its EGL context, under it.
+        // Adapters that look alike (several GPUs of one model, where the driver gives no PCI
+        // bus): a parked device could belong to any of them, so none is reused.
+        let infos: Vec<wgpu::AdapterInfo> = found.adapters.iter().map(|a| a.get_info()).collect();
         let adapter = match select_adapter(found.adapters, &config.adapter) {
             Ok(a) => a,
             Err(e) if config.backend == BackendChoice::Auto && !explicit => {
@@ -283,7 +286,8 @@ impl Context {
         // Timestamps whenever the adapter has them: the tuner times candidates with them, and
         // `kernel_timing` times every dispatch.
         let features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
-        let key = DeviceKey::reusable(&info, features, &required_limits);
+        let alike = infos.iter().filter(|i| **i == info).count();
+        let key = DeviceKey::reusable(&info, features, &required_limits).filter(|_| alike <= 1);
         let (device, queue) = match key.as_ref().and_then(device_pool::take) {
             Some(parked) => parked,
             None => {

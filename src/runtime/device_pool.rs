@@ -28,7 +28,8 @@ pub(crate) type LostFlag = Arc<Mutex<Option<(wgpu::DeviceLostReason, String)>>>;
 /// has ever held at once, beyond which parking would only keep memory.
 pub(crate) const MAX_PARKED: usize = 16;
 
-/// What a device was made with: a context asking for the same gets it.
+/// What a device was made with: a context asking for the same gets it. The adapter's info
+/// names one physical adapter only where no other adapter's is equal (the context checks).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct DeviceKey {
     pub(crate) info: wgpu::AdapterInfo,
