@@ -10,7 +10,8 @@
 //! shards, and compares what the group answers with what one process answers over all of
 //! it, bit for bit: kNN for every distance and self-exclusion, several query blocks per rank,
 //! `k` beyond one rank's references and ties across ranks; banks fed by random sequences of
-//! `enqueue_global`; a failure injected on one rank, which every rank must report; a rank
+//! `enqueue_global`; PML's losses with class weights, sharded and replicated (within f32
+//! rounding: the sums run in another order); a failure injected on one rank, which every rank must report; a rank
 //! that arrives late, which the others must give up on after the timeout. Exits non-zero
 //! (a panic, which ends the job) on the first difference.
 
@@ -19,10 +20,11 @@ use std::time::Duration;
 use ndarray::{s, Array1, Array2};
 use wgpu_metric_learning::distributed::mpi::traits::*;
 use wgpu_metric_learning::distributed::{self, mpi, Group, GroupConfig};
+use wgpu_metric_learning::distributed::{ClassWeights, DistributedClassifierConfig, RankGradients};
 use wgpu_metric_learning::{
-    accuracy, knn, AccuracyConfig, AccuracyK, AccuracyMetrics, BackendChoice, BankConfig,
-    CancelToken, Context, ContextConfig, Distance, DistanceConfig, Error, Hooks, KnnConfig,
-    MemoryBank, MiningSet, SelfExclusion,
+    accuracy, classifier_loss, knn, AccuracyConfig, AccuracyK, AccuracyMetrics, BackendChoice,
+    BankConfig, CancelToken, ClassifierKind, ClassifierLossConfig, Context, ContextConfig,
+    Distance, DistanceConfig, Error, Hooks, KnnConfig, MemoryBank, MiningSet, SelfExclusion,
 };
 
 /// xorshift64*: the same numbers on every rank for the same seed.
@@ -451,6 +453,136 @@ fn check_timeout(world: &impl Communicator) {
     }
 }
 
+/// PML's losses with class weights over the ranks against one process on the concatenated
+/// batch and `W`: every kind, sharded and replicated `W`, both gradient scalings, uneven
+/// batches (empty ones, every row on one rank) and class shards, classes absent from the
+/// batch. f32 sums in another order: equal within 1e-6 of each array's largest value.
+fn check_classifier(group: &Group, ctx: &Context, case: u64) {
+    let (p, rank) = (group.size(), group.rank());
+    let mut rng = Rng::new(case);
+    let kinds = [
+        ClassifierKind::arc_face(),
+        ClassifierKind::sub_center_arc_face(),
+        ClassifierKind::cos_face(),
+        ClassifierKind::large_margin_softmax(),
+        ClassifierKind::sphere_face(),
+        ClassifierKind::normalized_softmax(),
+        ClassifierKind::proxy_nca(),
+        ClassifierKind::proxy_anchor(),
+        ClassifierKind::soft_triple(),
+    ];
+    let kind = kinds[case as usize % kinds.len()];
+    let per = kind.centres_per_class();
+    let (d, classes, b) = (3 + rng.below(6), p + rng.below(9), 1 + rng.below(12));
+    let x = rows(&mut rng, b, d);
+    // Half of the classes at most have rows: the others are absent from the batch.
+    let labels: Vec<i64> = (0..b).map(|_| rng.below(classes / 2 + 1) as i64).collect();
+    let w = Array2::from_shape_fn(kind.weight_shape(classes, d), |_| rng.float());
+    let row_cut = if case.is_multiple_of(4) {
+        // Every row on one rank.
+        let owner = rng.below(p);
+        (0..p)
+            .map(|r| {
+                if r == owner {
+                    (0, b)
+                } else if r < owner {
+                    (0, 0)
+                } else {
+                    (b, b)
+                }
+            })
+            .collect()
+    } else {
+        shards(&mut rng, b, p)
+    };
+    // At least one class on each rank.
+    let class_cut: Vec<(usize, usize)> = shards(&mut rng, classes - p, p)
+        .iter()
+        .enumerate()
+        .map(|(r, &(c0, c1))| (c0 + r, c1 + r + 1))
+        .collect();
+    let weights = if (case / 9).is_multiple_of(2) {
+        ClassWeights::Sharded
+    } else {
+        ClassWeights::Replicated
+    };
+    let gradients = if (case / 18).is_multiple_of(2) {
+        RankGradients::Averaged
+    } else {
+        RankGradients::Summed
+    };
+    let loss = ClassifierLossConfig {
+        kind,
+        ..Default::default()
+    };
+    let single = classifier_loss(ctx, x.view(), &labels, w.view(), &loss).expect("one process");
+    let (r0, r1) = row_cut[rank];
+    let (c0, c1) = (class_cut[rank].0 * per, class_cut[rank].1 * per);
+    let on_rows = kind.classes_on_rows();
+    let mine = match (weights, on_rows) {
+        (ClassWeights::Replicated, _) => w.view(),
+        (ClassWeights::Sharded, true) => w.slice(s![c0..c1, ..]),
+        (ClassWeights::Sharded, false) => w.slice(s![.., c0..c1]),
+    };
+    let cfg = DistributedClassifierConfig {
+        loss,
+        weights,
+        gradients,
+    };
+    let out = distributed::classifier_loss(
+        group,
+        ctx,
+        x.slice(s![r0..r1, ..]),
+        &labels[r0..r1],
+        mine,
+        &cfg,
+    )
+    .unwrap_or_else(|e| panic!("case {case} ({kind:?}, {weights:?}): {e}"));
+    let what = format!("case {case}, {kind:?}, {weights:?}, {gradients:?}, rank {rank}");
+    let close = |a: f32, b: f32, scale: f32| (a - b).abs() <= 1e-6 * scale.max(1e-3);
+    assert!(
+        close(out.loss, single.loss, single.loss.abs()),
+        "{what}: loss {} vs {}",
+        out.loss,
+        single.loss
+    );
+    assert_eq!(out.count, single.count, "{what}: count");
+    let factor = if gradients == RankGradients::Averaged {
+        p as f32
+    } else {
+        1.0
+    };
+    let expected = single.grad.slice(s![r0..r1, ..]).mapv(|v| v * factor);
+    let top = single.grad.iter().fold(0.0f32, |m, v| m.max(v.abs())) * factor;
+    assert_eq!(out.grad.dim(), expected.dim(), "{what}: grad shape");
+    for (a, e) in out.grad.iter().zip(&expected) {
+        assert!(
+            close(*a, *e, top),
+            "{what}: grad {a} vs {e} (largest {top})"
+        );
+    }
+    let expected = match (weights, on_rows) {
+        (ClassWeights::Replicated, _) => single.weight_grad.view(),
+        (ClassWeights::Sharded, true) => single.weight_grad.slice(s![c0..c1, ..]),
+        (ClassWeights::Sharded, false) => single.weight_grad.slice(s![.., c0..c1]),
+    };
+    let top = single
+        .weight_grad
+        .iter()
+        .fold(0.0f32, |m, v| m.max(v.abs()));
+    assert_eq!(
+        out.weight_grad.dim(),
+        expected.dim(),
+        "{what}: weight_grad shape"
+    );
+    for (a, e) in out.weight_grad.iter().zip(&expected) {
+        assert!(
+            close(*a, *e, top),
+            "{what}: weight_grad {a} vs {e} (largest {top})"
+        );
+    }
+}
+
 fn main() {
     let (universe, threading) =
         mpi::initialize_with_threading(mpi::Threading::Funneled).expect("MPI initialises once");
@@ -481,6 +613,9 @@ fn main() {
         }
         for case in 0..40 {
             scored += usize::from(check_accuracy(&group, &ctx, 2000 + case));
+        }
+        for case in 0..36 {
+            check_classifier(&group, &ctx, 3000 + case);
         }
         check_failure(&world, &group, &ctx);
     }
@@ -522,7 +657,7 @@ fn main() {
     if world.rank() == 0 {
         println!(
             "distributed checks passed on {} ranks (kNN, banks, accuracy: {scored} cases scored, \
-             the others failing alike; failures, timeout)",
+             the others failing alike; classifier losses; failures, timeout)",
             world.size()
         );
     }

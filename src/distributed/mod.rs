@@ -1,5 +1,5 @@
-//! Beyond one machine (feature `mpi`): kNN evaluation, its accuracy metrics and a consistent
-//! memory bank over MPI.
+//! Beyond one machine (feature `mpi`): kNN evaluation, its accuracy metrics, a consistent
+//! memory bank, and PML's losses with class weights split by class, over MPI.
 //!
 //! Every rank holds a contiguous shard of the queries and of the references, in rank order;
 //! the operations here give each rank the answers a single process would give for its own
@@ -40,11 +40,13 @@
 
 mod accuracy;
 mod bank;
+mod classifier;
 mod knn;
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
+use mpi::collective::SystemOperation;
 use mpi::request::{Request, StaticScope};
 use mpi::topology::{Rank, SimpleCommunicator};
 use mpi::traits::*;
@@ -54,6 +56,7 @@ use crate::error::{Error, Result};
 
 pub use accuracy::accuracy;
 pub use bank::enqueue_global;
+pub use classifier::{classifier_loss, ClassWeights, DistributedClassifierConfig, RankGradients};
 pub use knn::knn;
 /// The MPI bindings this module is built on (rsmpi), for a matching `initialize` and
 /// communicators.
@@ -76,7 +79,7 @@ pub struct GroupConfig {
     /// slow shard needs a smaller `query_block` or a longer timeout). `None` waits forever.
     /// Default 10 minutes.
     pub timeout: Option<Duration>,
-    /// Queries per block sent to every rank by [`knn`]: the owner of a block holds about
+    /// Queries per block sent to every rank by [`knn()`]: the owner of a block holds about
     /// `query_block · (d + (8 + 4 · ranks) · k) · 4` bytes of host buffers for it (every
     /// rank's partial lists, and their merge), every other rank about
     /// `query_block · (d + 6 · k) · 4`.
@@ -380,6 +383,26 @@ impl Group {
             comm.process_at_rank(root as Rank)
                 .immediate_broadcast_into(StaticScope, &mut buf[..])
         })
+    }
+
+    /// Block `rank` of the element-wise sum over every rank of `send` (`size · block` values
+    /// on every rank, in blocks in rank order), the wait bounded by the group's timeout.
+    pub(crate) fn reduce_scatter_sum(
+        &self,
+        op: &'static str,
+        send: Vec<f64>,
+        block: usize,
+    ) -> Result<Vec<f64>> {
+        within_counts(op, &[send.len()])?;
+        let (_, recv) = self.bounded(op, (send, vec![0.0f64; block]), |comm, (send, recv)| {
+            comm.immediate_reduce_scatter_block_into(
+                StaticScope,
+                &send[..],
+                &mut recv[..],
+                SystemOperation::sum(),
+            )
+        })?;
+        Ok(recv)
     }
 
     /// Every rank's `n`, in rank order.

@@ -30,6 +30,7 @@ use ndarray::{Array2, ArrayView2};
 use super::classifier_anchor;
 use super::classifier_params::{ClassifierKind, Rule};
 use super::classifier_pass::{self, Inputs, Tiling};
+use super::classifier_shards::{Shards, Whole};
 use super::driver::fits;
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
@@ -119,7 +120,22 @@ pub fn classifier_loss(
     weights: ArrayView2<'_, f32>,
     cfg: &ClassifierLossConfig,
 ) -> Result<ClassifierLoss> {
-    let call = check(embeddings, labels, weights, cfg)?;
+    classifier_shard(ctx, embeddings, labels, weights, cfg, &Whole)
+}
+
+/// [`classifier_loss`] on one shard of the classes (`weights`, the shard's, classes numbered
+/// from the shard's first as `shards` says; `labels` over every shard's classes), every row
+/// of the batch in `embeddings`; `grad` holds this process's rows and `weight_grad` the
+/// shard's. The loss and the count are over every shard.
+pub(crate) fn classifier_shard(
+    ctx: &Context,
+    embeddings: ArrayView2<'_, f32>,
+    labels: &[i64],
+    weights: ArrayView2<'_, f32>,
+    cfg: &ClassifierLossConfig,
+    shards: &dyn Shards,
+) -> Result<ClassifierLoss> {
+    let call = check(embeddings, labels, weights, cfg, shards)?;
     let (tiling, bytes, _) = sizing(ctx, &call)?;
     cfg.hooks.check(OP)?;
     let _held = HostReservation::new("classifier loss working memory", bytes, ctx.tracker())?;
@@ -131,11 +147,12 @@ pub fn classifier_loss(
         rule: call.rule,
         drop_zero: matches!(cfg.kind, ClassifierKind::ProxyNca { .. }),
     };
+    let run = (&cfg.hooks, shards);
     let out = match cfg.kind {
         ClassifierKind::ProxyAnchor { margin, alpha } => {
-            classifier_anchor::run(&inputs, (margin, alpha), tiling.cols, &cfg.hooks, OP)?
+            classifier_anchor::run(&inputs, (margin, alpha), tiling.cols, run, OP)?
         }
-        _ => classifier_pass::run(&inputs, tiling, call.on_rows, &cfg.hooks, OP)?,
+        _ => classifier_pass::run(&inputs, tiling, call.on_rows, run, OP)?,
     };
     Ok(ClassifierLoss {
         loss: out.loss as f32,
@@ -167,7 +184,7 @@ pub fn classifier_loss_plan(
     weights: ArrayView2<'_, f32>,
     cfg: &ClassifierLossConfig,
 ) -> Result<Plan> {
-    let call = check(embeddings, labels, weights, cfg)?;
+    let call = check(embeddings, labels, weights, cfg, &Whole)?;
     let (tiling, bytes, min_bytes) = sizing(ctx, &call)?;
     Ok(Plan {
         path: ComputePath::NativeCpu,
@@ -177,6 +194,21 @@ pub fn classifier_loss_plan(
         bytes,
         min_bytes,
     })
+}
+
+/// [`classifier_shard`]'s checks and budget alone: what must hold before the shards begin
+/// to exchange.
+#[cfg(feature = "mpi")]
+pub(crate) fn classifier_shard_plan(
+    ctx: &Context,
+    embeddings: ArrayView2<'_, f32>,
+    labels: &[i64],
+    weights: ArrayView2<'_, f32>,
+    cfg: &ClassifierLossConfig,
+    shards: &dyn Shards,
+) -> Result<()> {
+    let call = check(embeddings, labels, weights, cfg, shards)?;
+    sizing(ctx, &call).map(drop)
 }
 
 /// A checked call.
@@ -195,6 +227,7 @@ fn check(
     labels: &[i64],
     weights: ArrayView2<'_, f32>,
     cfg: &ClassifierLossConfig,
+    shards: &dyn Shards,
 ) -> Result<Call> {
     check_kind(&cfg.kind)?;
     validate::embeddings(OP, "embeddings", embeddings)?;
@@ -228,7 +261,7 @@ fn check(
             got: vec![labels.len()],
         });
     }
-    let classes = centres / per;
+    let (_, classes) = shards.classes(centres / per);
     let labels = labels
         .iter()
         .enumerate()

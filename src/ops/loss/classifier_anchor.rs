@@ -12,9 +12,10 @@
 use ndarray::{s, Array2, ArrayViewMut2, Axis};
 
 use super::classifier_pass::{
-    col_part, finish_rows, finish_tile, inverse_norms, normalise_rows, norms_of, rescale,
-    with_slice, zeros, Inputs, Output,
+    col_part, finish_tile, inverse_norms, normalise_rows, norms_of, own_rows, rescale, with_slice,
+    zeros, Inputs, Output,
 };
+use super::classifier_shards::Shards;
 use super::matryoshka_row::exp_bounded;
 use crate::error::Result;
 use crate::hooks::Hooks;
@@ -30,17 +31,20 @@ struct Params {
     neg_weight: f64,
 }
 
-/// Runs the loss over tiles of `cols` proxies; `count` in the output is `|P⁺|`.
+/// Runs the loss over tiles of `cols` proxies of the shard `shards` says; `count` in the
+/// output is `|P⁺|` (over every shard).
 pub(super) fn run(
     inp: &Inputs<'_>,
     (margin, alpha): (f32, f32),
     cols: usize,
-    hooks: &Hooks,
+    (hooks, shards): (&Hooks, &dyn Shards),
     op: &'static str,
 ) -> Result<Output> {
     let (b, d) = inp.x.dim();
     let classes = inp.w.ncols();
-    let mut present = vec![false; classes];
+    let (first, total) = shards.classes(classes);
+    // Every shard has every row: `|P⁺|` is the same on each.
+    let mut present = vec![false; total];
     for &y in inp.labels {
         present[y] = true;
     }
@@ -49,9 +53,9 @@ pub(super) fn run(
         delta: margin,
         alpha,
         pos_weight: 1.0 / with_pos.max(1) as f64,
-        neg_weight: 1.0 / classes as f64,
+        neg_weight: 1.0 / total as f64,
     };
-    let (xhat, rows) = normalise_rows(inp);
+    let (xhat, mut rows) = normalise_rows(inp);
     let mut tile = Array2::<f32>::zeros((b, cols));
     let mut gx = Array2::<f32>::zeros((b, d));
     let mut weight_grad = zeros("classifier_loss::weight_grad (host)", (classes, d))?;
@@ -71,7 +75,7 @@ pub(super) fn run(
                 .zip(scale.chunks(per))
                 .enumerate()
                 .map(|(t, (part, scale))| {
-                    let class0 = c0 + t * per;
+                    let class0 = first + c0 + t * per;
                     scope.spawn(move || columns(inp.labels, class0, scale, params, part))
                 })
                 .collect();
@@ -90,11 +94,11 @@ pub(super) fn run(
         par_mul(1.0, xhat.t(), prod.view(), 0.0, out.view_mut());
         finish_tile(w, (&norms, None), out);
     }
-    finish_rows(inp, &rows, gx.view_mut());
+    let gx = own_rows(inp, shards, &mut rows, gx)?;
     let pos: f64 = pos_terms.iter().sum();
     let neg: f64 = neg_terms.iter().sum();
     Ok(Output {
-        loss: pos * params.pos_weight + neg * params.neg_weight,
+        loss: shards.sum(pos * params.pos_weight + neg * params.neg_weight)?,
         count: with_pos,
         grad: gx,
         weight_grad,

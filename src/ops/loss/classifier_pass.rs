@@ -10,6 +10,7 @@
 use ndarray::{s, Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis};
 
 use super::classifier_params::{Centres, Rule};
+use super::classifier_shards::{RowPart, Shards};
 use super::matryoshka_row::{exp_bounded, lanes};
 use crate::error::{Error, Result};
 use crate::hooks::Hooks;
@@ -65,18 +66,20 @@ pub(super) struct Row {
     through_norm: f64,
 }
 
-/// Runs both passes; the centres' gradient comes back as `(centres, d)` where `on_rows`, else
-/// `(d, centres)` (the layout of the caller's weights).
+/// Runs both passes on the shard `shards` says (its classes numbered from its first); the
+/// centres' gradient comes back as `(centres, d)` where `on_rows`, else `(d, centres)` (the
+/// layout of the caller's weights), and the rows' gradient for this process's rows.
 pub(super) fn run(
     inp: &Inputs<'_>,
     tiling: Tiling,
     on_rows: bool,
-    hooks: &Hooks,
+    (hooks, shards): (&Hooks, &dyn Shards),
     op: &'static str,
 ) -> Result<Output> {
     let (b, d) = inp.x.dim();
     let centres = inp.w.ncols();
     let per = inp.rule.centres.per_class();
+    let (first, _) = shards.classes(centres / per);
     let (xhat, mut rows) = normalise_rows(inp);
     let mut kept = zeros(
         "classifier_loss::products (host)",
@@ -100,9 +103,10 @@ pub(super) fn run(
         let mut prod = products(&mut kept, &mut tile, tiling.keep, (c0, c1));
         par_mul(1.0, xhat.view(), w, 0.0, prod.view_mut());
         by_rows(prod, none.view_mut(), &mut rows, |r0, prod, _, rows| {
-            fold_rows(inp, (c0 / per, &norms, &scale), r0, prod, rows);
+            fold_rows(inp, (first + c0 / per, &norms, &scale), r0, prod, rows);
         });
     }
+    combine_rows(shards, &mut rows)?;
     let (loss, count) = close_rows(inp, &mut rows);
     let mut gx = Array2::<f32>::zeros((b, d));
     let shape = if on_rows { (centres, d) } else { (d, centres) };
@@ -130,7 +134,7 @@ pub(super) fn run(
             |r0, prod, terms, rows| {
                 slope_rows(
                     inp,
-                    (c0 / per, norms, rescale),
+                    (first + c0 / per, norms, rescale),
                     r0,
                     (prod, terms),
                     &scale,
@@ -153,13 +157,55 @@ pub(super) fn run(
             .collect();
         finish_tile(w, (norms, inp.rule.col_norm.then_some(&col_terms[..])), out);
     }
-    finish_rows(inp, &rows, gx.view_mut());
+    let gx = own_rows(inp, shards, &mut rows, gx)?;
     Ok(Output {
         loss: if count > 0 { loss / count as f64 } else { 0.0 },
         count,
         grad: gx,
         weight_grad,
     })
+}
+
+/// Each row's pass-1 state combined over the shards (nothing changes on a single one).
+fn combine_rows(shards: &dyn Shards, rows: &mut [Row]) -> Result<()> {
+    let mut parts: Vec<RowPart> = rows
+        .iter()
+        .map(|r| RowPart {
+            max: r.max,
+            sum: r.sum,
+            target: r.target,
+        })
+        .collect();
+    shards.combine_rows(&mut parts)?;
+    for (r, p) in rows.iter_mut().zip(&parts) {
+        (r.max, r.sum, r.target) = (p.max, p.sum, p.target);
+    }
+    Ok(())
+}
+
+/// The rows' gradient `gx` (holding `∂loss/∂x̂` of every row on this shard) summed over the
+/// shards and finished, for this process's rows.
+pub(super) fn own_rows(
+    inp: &Inputs<'_>,
+    shards: &dyn Shards,
+    rows: &mut [Row],
+    gx: Array2<f32>,
+) -> Result<Array2<f32>> {
+    let through = rows.iter().map(|r| r.through_norm).collect();
+    let (own, mut gx, through) = shards.sum_rows(gx, through)?;
+    let rows = &mut rows[own.clone()];
+    for (r, t) in rows.iter_mut().zip(through) {
+        r.through_norm = t;
+    }
+    let mine = Inputs {
+        x: inp.x.slice(s![own.clone(), ..]),
+        labels: &inp.labels[own],
+        w: inp.w,
+        rule: inp.rule,
+        drop_zero: inp.drop_zero,
+    };
+    finish_rows(&mine, rows, gx.view_mut());
+    Ok(gx)
 }
 
 /// A zeroed `(rows, cols)` matrix in huge pages where Linux offers them (these are the size of
@@ -207,7 +253,8 @@ pub(super) fn normalise_rows(inp: &Inputs<'_>) -> (Array2<f32>, Vec<Row>) {
                 k: (inp.rule.scale * a) as f32,
                 max: f32::NEG_INFINITY,
                 sum: 0.0,
-                target: 0.0,
+                // Set by the shard that has the row's target class.
+                target: f64::NAN,
                 lse: 0.0,
                 weight: 0.0,
                 through_norm: 0.0,

@@ -13,6 +13,7 @@ mod classifier;
 mod classifier_anchor;
 mod classifier_params;
 mod classifier_pass;
+pub(crate) mod classifier_shards;
 mod dense_row;
 mod driver;
 mod dynamic_soft_margin;
@@ -31,6 +32,8 @@ mod triplet;
 mod vicreg;
 
 pub use classifier::{classifier_loss, classifier_loss_plan, ClassifierLoss, ClassifierLossConfig};
+#[cfg(feature = "mpi")]
+pub(crate) use classifier::{classifier_shard, classifier_shard_plan};
 pub use classifier_params::{ClassifierKind, ClassifierOptions, MarginGrad};
 pub use dynamic_soft_margin::{
     dynamic_soft_margin_loss, dynamic_soft_margin_loss_plan, DynamicSoftMarginConfig,

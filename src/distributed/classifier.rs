@@ -1,0 +1,312 @@
+//! PML's losses with class weights over the ranks: the classes split by rank, so that no rank
+//! holds more than its share of the weights and only length-`b` vectors and the rows cross.
+//!
+//! Every rank gathers every rank's rows and labels (uneven batches allowed) and runs the two
+//! passes of [`crate::classifier_loss`] over its own classes. Between the passes, each row's
+//! running maximum, sum of exponentials and target logit are exchanged and combined in rank
+//! order (the same bits on every rank); after them, the rows' gradients are summed over the
+//! ranks and scattered back to their owners (`MPI_Reduce_scatter_block`, in f64). A rank's
+//! classes' weight gradient is complete where it is computed.
+//!
+//! With [`ClassWeights::Replicated`], every rank holds the whole of `W` and computes the
+//! classes of an even split; the weight gradient is then gathered, so that every rank holds
+//! all of it, identical everywhere (each class's gradient is computed once, by its rank).
+
+use std::ops::Range;
+
+use ndarray::{s, Array2, ArrayView2, Axis};
+
+use super::{fingerprint, Group};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::hooks::Hooks;
+use crate::ops::loss::classifier_shards::{combine, RowPart, Shards};
+use crate::ops::loss::{classifier_shard, ClassifierLoss, ClassifierLossConfig};
+use crate::validate;
+
+const OP: &str = "distributed classifier_loss";
+
+/// How the ranks hold the class weights `W`. Default: [`ClassWeights::Sharded`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClassWeights {
+    /// Each rank holds a contiguous range of the classes, in rank order (any sizes, at least
+    /// one class each): `W` is never whole anywhere. The weight gradient is the rank's range.
+    #[default]
+    Sharded,
+    /// Every rank holds the whole of `W` (the same on every rank: the caller broadcasts it
+    /// once); the work is split by classes and the weight gradient, whole, is on every rank.
+    Replicated,
+}
+
+/// Which gradient of its rows each rank gets. Default: [`RankGradients::Averaged`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RankGradients {
+    /// The single process's gradient times the number of ranks: averaging the backbone's
+    /// gradients over the ranks (what DDP does) then gives exactly the single process's.
+    #[default]
+    Averaged,
+    /// The single process's gradient of the rank's rows, as it is: summing the backbone's
+    /// gradients over the ranks gives the single process's.
+    Summed,
+}
+
+/// How [`classifier_loss`] runs over the ranks. Every field has a documented default.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::distributed::{ClassWeights, DistributedClassifierConfig};
+/// let cfg = DistributedClassifierConfig { weights: ClassWeights::Replicated, ..Default::default() };
+/// assert_eq!(DistributedClassifierConfig::default().weights, ClassWeights::Sharded);
+/// # let _ = cfg;
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DistributedClassifierConfig {
+    /// The loss, as for one process. Its hooks cancel the whole group before the passes and
+    /// between them. Default: PML's `ArcFaceLoss()`.
+    pub loss: ClassifierLossConfig,
+    /// How `W` is held. Default: sharded by class.
+    pub weights: ClassWeights,
+    /// The scaling of the rows' gradient. Default: averaged (DDP's convention).
+    pub gradients: RankGradients,
+}
+
+/// PML's loss `cfg.loss.kind` over every rank's rows (collective): this rank's `embeddings`
+/// `(b_r, d)` with `labels` `(b_r,)` (class indices over every rank's classes), and its
+/// `weights` in PML's layout: its classes' (sharded: rank `r`'s classes numbered after those
+/// of ranks `0..r`) or the whole (replicated). `loss` and `count` are the single process's on
+/// the concatenated batch and `W`, on every rank; `grad` is this rank's rows' (scaled as
+/// `cfg.gradients` says); `weight_grad` is the rank's classes' (sharded) or the whole
+/// (replicated), in the weights' layout. Equal to one process within f32 rounding.
+/// Cost per rank: the gathered rows `(Σ b_r, d)`, the passes over its classes, and
+/// `Σ b_r · (d + 1)` f64 reduced and scattered.
+///
+/// # Errors
+/// On every rank when any rank's part fails (the others get [`Error::RankFailed`]): as
+/// [`crate::classifier_loss`] on that rank's part; [`Error::InvalidParameter`] when the loss,
+/// the modes or `d` differ between ranks, or replicated weights differ in shape or number
+/// fewer classes than ranks; [`Error::Cancelled`]; [`Error::Timeout`].
+///
+/// # Example
+/// See the [module example](super) for the group; then
+/// `distributed::classifier_loss(&group, &ctx, x.view(), &labels, w_shard.view(), &cfg)?`.
+pub fn classifier_loss(
+    group: &Group,
+    ctx: &Context,
+    embeddings: ArrayView2<'_, f32>,
+    labels: &[i64],
+    weights: ArrayView2<'_, f32>,
+    cfg: &DistributedClassifierConfig,
+) -> Result<ClassifierLoss> {
+    let kind = cfg.loss.kind;
+    let (per, on_rows) = (kind.centres_per_class(), kind.classes_on_rows());
+    let d = embeddings.ncols();
+    let centres = if on_rows {
+        weights.nrows()
+    } else {
+        weights.ncols()
+    };
+    let local = (|| {
+        validate::finite(OP, "embeddings", embeddings)?;
+        if labels.len() != embeddings.nrows() {
+            return Err(Error::Shape {
+                op: OP,
+                what: "labels",
+                expected: format!("({},) to match embeddings", embeddings.nrows()),
+                got: vec![labels.len()],
+            });
+        }
+        cfg.loss.hooks.check(OP)
+    })();
+    group.agree(OP, local)?;
+    let modes = (cfg.weights as u64) << 1 | cfg.gradients as u64;
+    group.same_everywhere(
+        OP,
+        &[
+            ("loss", fingerprint(&kind)),
+            ("weights and gradients modes", modes),
+            ("d", d as u64),
+        ],
+    )?;
+    let shapes = group.all_gather(OP, &[embeddings.nrows() as u64, centres as u64])?;
+    let rows_of: Vec<usize> = shapes.iter().step_by(2).map(|&n| n as usize).collect();
+    let centres_of: Vec<usize> = shapes
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .map(|&n| n as usize)
+        .collect();
+    let (first, classes, mine) = class_range(group, cfg.weights, &centres_of, per)?;
+    let weights = match (cfg.weights, on_rows) {
+        (ClassWeights::Sharded, _) => weights,
+        (ClassWeights::Replicated, true) => weights.slice_move(s![mine.clone(), ..]),
+        (ClassWeights::Replicated, false) => weights.slice_move(s![.., mine.clone()]),
+    };
+    let x = gather_rows(group, embeddings)?;
+    let y = group.all_gather(OP, labels)?;
+    let shards = RankShards {
+        group,
+        rows_of: &rows_of,
+        classes: (first, classes),
+        hooks: &cfg.loss.hooks,
+    };
+    // The shard's own checks and budget, agreed before any exchange inside the passes.
+    let plan =
+        crate::ops::loss::classifier_shard_plan(ctx, x.view(), &y, weights, &cfg.loss, &shards);
+    group.agree(OP, plan)?;
+    let quiet = ClassifierLossConfig {
+        hooks: Hooks::default(),
+        ..cfg.loss.clone()
+    };
+    let mut out = classifier_shard(ctx, x.view(), &y, weights, &quiet, &shards)?;
+    if cfg.gradients == RankGradients::Averaged {
+        out.grad *= group.size() as f32;
+    }
+    if cfg.weights == ClassWeights::Replicated {
+        out.weight_grad = gather_classes(group, out.weight_grad, on_rows)?;
+    }
+    Ok(out)
+}
+
+/// This rank's first class, the classes over every rank, and its centres in its `weights`
+/// (all of them when sharded).
+fn class_range(
+    group: &Group,
+    mode: ClassWeights,
+    centres_of: &[usize],
+    per: usize,
+) -> Result<(usize, usize, Range<usize>)> {
+    let rank = group.rank();
+    let classes_of: Vec<usize> = centres_of.iter().map(|&c| c / per).collect();
+    match mode {
+        ClassWeights::Sharded => {
+            let first = classes_of[..rank].iter().sum();
+            Ok((first, classes_of.iter().sum(), 0..centres_of[rank]))
+        }
+        ClassWeights::Replicated => {
+            let classes = classes_of[0];
+            if classes_of.iter().any(|&c| c != classes) || classes < group.size() {
+                return Err(Error::InvalidParameter {
+                    op: OP,
+                    what: "replicated weights' classes on each rank",
+                    value: format!("{classes_of:?}"),
+                    rule: "the same on every rank, and at least one class per rank",
+                });
+            }
+            let cut = |r: usize| classes * r / group.size();
+            let (c0, c1) = (cut(rank), cut(rank + 1));
+            Ok((c0, classes, c0 * per..c1 * per))
+        }
+    }
+}
+
+/// Every rank's rows `(Σ b_r, d)`, in rank order.
+fn gather_rows(group: &Group, x: ArrayView2<'_, f32>) -> Result<Array2<f32>> {
+    let d = x.ncols();
+    let flat: Vec<f32> = x.iter().copied().collect();
+    let all = group.all_gather(OP, &flat)?;
+    Array2::from_shape_vec((all.len() / d.max(1), d), all).map_err(|_| Error::Shape {
+        op: OP,
+        what: "gathered embeddings",
+        expected: format!("(n, {d})"),
+        got: vec![],
+    })
+}
+
+/// The whole weight gradient from every rank's classes', in the weights' layout.
+fn gather_classes(group: &Group, part: Array2<f32>, on_rows: bool) -> Result<Array2<f32>> {
+    // As `(centres, d)` rows, the classes in rank order.
+    let rows = if on_rows { part } else { part.reversed_axes() };
+    let d = rows.ncols();
+    let flat: Vec<f32> = rows.as_standard_layout().iter().copied().collect();
+    let all = group.all_gather(OP, &flat)?;
+    let whole =
+        Array2::from_shape_vec((all.len() / d.max(1), d), all).map_err(|_| Error::Shape {
+            op: OP,
+            what: "gathered weight gradient",
+            expected: format!("(centres, {d})"),
+            got: vec![],
+        })?;
+    Ok(if on_rows {
+        whole
+    } else {
+        whole.reversed_axes().as_standard_layout().into_owned()
+    })
+}
+
+/// The ranks as the shards of the classes.
+struct RankShards<'a> {
+    group: &'a Group,
+    rows_of: &'a [usize],
+    classes: (usize, usize),
+    hooks: &'a Hooks,
+}
+
+impl Shards for RankShards<'_> {
+    fn classes(&self, _local: usize) -> (usize, usize) {
+        self.classes
+    }
+
+    fn combine_rows(&self, parts: &mut [RowPart]) -> Result<()> {
+        // Cancelled between the passes on every rank alike.
+        self.group.agree(OP, self.hooks.check(OP))?;
+        let mine: Vec<f64> = parts
+            .iter()
+            .flat_map(|p| [f64::from(p.max), p.sum, p.target])
+            .collect();
+        let all = self.group.all_gather(OP, &mine)?;
+        let b = parts.len();
+        for (i, p) in parts.iter_mut().enumerate() {
+            let of_rank = (0..self.group.size()).map(|r| {
+                let v = &all[(r * b + i) * 3..(r * b + i) * 3 + 3];
+                RowPart {
+                    max: v[0] as f32,
+                    sum: v[1],
+                    target: v[2],
+                }
+            });
+            *p = combine(of_rank);
+        }
+        Ok(())
+    }
+
+    fn sum_rows(
+        &self,
+        gx: Array2<f32>,
+        through: Vec<f64>,
+    ) -> Result<(Range<usize>, Array2<f32>, Vec<f64>)> {
+        let d = gx.ncols();
+        let most = self.rows_of.iter().copied().max().unwrap_or(0);
+        let block = most * (d + 1);
+        // Each rank's rows in a block of the longest's size, each row its gradient and term.
+        let mut send = vec![0.0f64; block * self.group.size()];
+        let mut at = 0;
+        for (r, &n) in self.rows_of.iter().enumerate() {
+            for i in 0..n {
+                let row = &mut send[r * block + i * (d + 1)..r * block + (i + 1) * (d + 1)];
+                for (v, &g) in row.iter_mut().zip(gx.row(at + i)) {
+                    *v = f64::from(g);
+                }
+                row[d] = through[at + i];
+            }
+            at += n;
+        }
+        let recv = self.group.reduce_scatter_sum(OP, send, block)?;
+        let rank = self.group.rank();
+        let n = self.rows_of[rank];
+        let start: usize = self.rows_of[..rank].iter().sum();
+        let mut own = Array2::<f32>::zeros((n, d));
+        let mut terms = Vec::with_capacity(n);
+        for (i, mut row) in own.axis_iter_mut(Axis(0)).enumerate() {
+            let v = &recv[i * (d + 1)..(i + 1) * (d + 1)];
+            for (o, &g) in row.iter_mut().zip(v) {
+                *o = g as f32;
+            }
+            terms.push(v[d]);
+        }
+        Ok((start..start + n, own, terms))
+    }
+
+    fn sum(&self, v: f64) -> Result<f64> {
+        Ok(self.group.all_gather(OP, &[v])?.iter().sum())
+    }
+}
