@@ -121,3 +121,58 @@ grep -q "gave up on the other ranks after .* aborting the job" late.err \
     || { cat late.err; echo "FAIL: no timeout reported"; exit 1; }
 [ ! -e late-i.npy ] || { echo "FAIL: output after a timeout"; exit 1; }
 echo "a timeout ends the job, which writes nothing"
+
+# PML's losses with class weights: each rank reads its rows and its classes of the weights
+# (columns of W, rows of the proxies); the JSON and the gradients are the single process's
+# within f32 rounding (the sums run in another order), checked by numpy-free Python.
+python3 - <<'EOF2'
+import array, random, struct
+def save(path, typecode, descr, shape, values):
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, repr(tuple(shape)))
+    header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+        f.write(array.array(typecode, values).tobytes())
+rng = random.Random(11)
+b, d, c = 37, 8, 11
+save("cx.npy", "f", "<f4", (b, d), [rng.uniform(-1, 1) for _ in range(b * d)])
+save("cy.npy", "q", "<i8", (b,), [rng.randrange(c - 3) for _ in range(b)])  # 3 classes absent
+save("cw.npy", "f", "<f4", (d, c), [rng.uniform(-1, 1) for _ in range(d * c)])
+save("cw3.npy", "d", "<f8", (d, 3 * c), [rng.uniform(-1, 1) for _ in range(3 * d * c)])
+save("cp.npy", "f", "<f4", (c, d), [rng.uniform(-1, 1) for _ in range(c * d)])
+EOF2
+close() { # one.npy many.npy: equal within 1e-6 of the largest value
+    python3 - "$1" "$2" <<'EOF2' || { echo "FAIL: $1 and $2 differ"; exit 1; }
+import struct, sys
+def load(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<H", raw[8:10])[0]
+    header, data = raw[10:10 + n].decode(), raw[10 + n:]
+    shape = header.split("'shape': (")[1].split(")")[0]
+    return shape, struct.unpack("<%df" % (len(data) // 4), data)
+(sa, a), (sb, b) = load(sys.argv[1]), load(sys.argv[2])
+top = max(abs(v) for v in a)
+assert sa == sb, (sa, sb)
+assert all(abs(x - y) <= 1e-6 * max(top, 1e-3) for x, y in zip(a, b)), max(abs(x - y) for x, y in zip(a, b))
+EOF2
+}
+run_classifier() { # loss weights args...
+    local loss="$1" weights="$2"
+    shift 2
+    "$wml" loss "$loss" --embeddings cx.npy --labels cy.npy --weights "$weights" "$@" \
+        --backend cpu --grad-out "one-$loss-g.npy" --weight-grad-out "one-$loss-w.npy" > "one-$loss.json"
+    for np in 2 3; do
+        "${mpirun[@]}" -np "$np" "$wml" loss "$loss" --embeddings cx.npy --labels cy.npy \
+            --weights "$weights" "$@" --backend cpu --distributed \
+            --grad-out "$np-$loss-g.npy" --weight-grad-out "$np-$loss-w.npy" > "$np-$loss.json"
+        python3 -c 'import json, sys; a, b = (json.load(open(p)) for p in sys.argv[1:]); assert a["count"] == b["count"] and abs(a["loss"] - b["loss"]) <= 1e-6 * abs(a["loss"]), (a, b)' \
+            "one-$loss.json" "$np-$loss.json" || { echo "FAIL: $loss JSON differs"; exit 1; }
+        close "one-$loss-g.npy" "$np-$loss-g.npy"
+        close "one-$loss-w.npy" "$np-$loss-w.npy"
+    done
+    echo "loss $loss: 2 and 3 ranks give the single process's loss and gradients: $(cat "one-$loss.json")"
+}
+run_classifier arcface cw.npy
+run_classifier sub-center-arcface cw3.npy
+run_classifier proxy-anchor cp.npy
+run_classifier proxy-nca cp.npy

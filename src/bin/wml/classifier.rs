@@ -76,11 +76,14 @@ pub(crate) struct ClassifierArgs {
     pub(crate) weight_grad_out: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) common: Common,
+    #[cfg(feature = "mpi")]
+    #[command(flatten)]
+    pub(crate) distributed: crate::DistributedArgs,
 }
 
 /// The loss `name` (the subcommand's) with PML's defaults, overridden by the options given (one
 /// that the loss does not take is an error).
-fn kind(name: &str, a: &ClassifierArgs) -> Result<ClassifierKind, String> {
+pub(crate) fn kind(name: &str, a: &ClassifierArgs) -> Result<ClassifierKind, String> {
     // Each loss names its centres its own way.
     let (centres, other) = match name {
         "soft-triple" => (a.centers_per_class, ("--sub-centers", a.sub_centers)),
@@ -119,6 +122,10 @@ fn kind(name: &str, a: &ClassifierArgs) -> Result<ClassifierKind, String> {
 /// Runs the loss `name` (`arcface`, `cosface`, …: the subcommand's name): writes the
 /// gradients, prints `{"loss", "count"}`.
 pub(crate) fn run(name: &'static str, a: &ClassifierArgs, hooks: &Hooks) -> Result<(), Failure> {
+    #[cfg(feature = "mpi")]
+    if a.distributed.distributed {
+        return crate::distributed::classifier(name, a, hooks);
+    }
     let kind = kind(name, a)?;
     let x = npy::read_embeddings(&a.embeddings)?;
     let labels = npy::read_labels(&a.labels)?;
@@ -142,10 +149,15 @@ pub(crate) fn run(name: &'static str, a: &ClassifierArgs, hooks: &Hooks) -> Resu
     if let Some(path) = &a.weight_grad_out {
         npy::write(path, &out.weight_grad)?;
     }
+    print_loss(out.loss, out.count);
+    Ok(())
+}
+
+/// Prints `{"loss", "count"}`.
+pub(crate) fn print_loss(loss: f32, count: usize) {
     println!(
         "{{\"loss\": {}, \"count\": {}}}",
-        json_number(f64::from(out.loss)),
-        out.count
+        json_number(f64::from(loss)),
+        count
     );
-    Ok(())
 }

@@ -1,5 +1,6 @@
-//! `--distributed`: `wml knn` and `wml accuracy` as one rank of an MPI job. Each rank reads
-//! only its rows of the inputs; rank 0 writes or prints the result.
+//! `--distributed`: `wml knn`, `wml accuracy` and `wml loss arcface|…` as one rank of an MPI
+//! job. Each rank reads only its rows of the inputs (and its classes of the weights); rank 0
+//! writes or prints the result.
 
 use std::ops::Range;
 use std::path::Path;
@@ -8,9 +9,12 @@ use std::time::Duration;
 use ndarray::{Array1, Array2};
 use wgpu_metric_learning::distributed::mpi::environment::Universe;
 use wgpu_metric_learning::distributed::mpi::traits::*;
-use wgpu_metric_learning::distributed::{self, mpi, Group, GroupConfig};
-use wgpu_metric_learning::{Context, Hooks, MiningSet};
+use wgpu_metric_learning::distributed::{
+    self, mpi, ClassWeights, DistributedClassifierConfig, Group, GroupConfig, RankGradients,
+};
+use wgpu_metric_learning::{ClassifierLossConfig, Context, Hooks, MiningSet};
 
+use crate::classifier::ClassifierArgs;
 use crate::commands::{
     accuracy_config, accuracy_inputs, context_config, given, knn_config, print_accuracy, timed,
     with_causes,
@@ -219,4 +223,107 @@ fn accuracy_rank(a: &AccuracyArgs, hooks: &Hooks, group: &Group) -> Result<(), F
         print_accuracy(&acc, &cfg);
     }
     Ok(())
+}
+
+/// `wml loss arcface|… --distributed`: each rank reads its share of the rows and of the
+/// classes (its columns of `W`/`fc`, its rows of the proxies); rank 0 writes the gradients,
+/// assembled, and prints the JSON: the single process's.
+pub(crate) fn classifier(
+    name: &'static str,
+    a: &ClassifierArgs,
+    hooks: &Hooks,
+) -> Result<(), Failure> {
+    as_rank(&a.distributed, |group| {
+        classifier_rank(name, a, hooks, group)
+    })
+}
+
+fn classifier_rank(
+    name: &'static str,
+    a: &ClassifierArgs,
+    hooks: &Hooks,
+    group: &Group,
+) -> Result<(), Failure> {
+    let kind = crate::classifier::kind(name, a)?;
+    let (per, on_rows) = (kind.centres_per_class(), kind.classes_on_rows());
+    let read = (|| {
+        let (n, x) = embedding_rows(&a.embeddings, group)?;
+        let y = label_rows(&a.labels, n, group)?;
+        let shape = npy::shape_of(&a.weights, 2, "weights")?;
+        let centres = if on_rows { shape[0] } else { shape[1] };
+        if centres % per != 0 {
+            return Err(npy::problem(
+                &a.weights,
+                format!("{centres} centres are not a whole number of classes of {per}"),
+            ));
+        }
+        let classes = share(centres / per, group.rank(), group.size());
+        let mine = classes.start * per..classes.end * per;
+        let w = if on_rows {
+            npy::read_embedding_rows(&a.weights, mine)?
+        } else {
+            npy::read_columns(&a.weights, mine)?
+        };
+        Ok((n, x, y, w, shape))
+    })();
+    let (n, x, y, w, shape) = agreed(group, "read the inputs", read)?;
+    let ctx = context(group, &a.common)?;
+    let cfg = DistributedClassifierConfig {
+        loss: ClassifierLossConfig {
+            kind,
+            hooks: hooks.clone(),
+        },
+        weights: ClassWeights::Sharded,
+        gradients: RankGradients::Summed,
+    };
+    let files = given(&[
+        ("embeddings", Some(a.embeddings.as_path())),
+        ("labels", Some(a.labels.as_path())),
+        ("weights", Some(a.weights.as_path())),
+    ]);
+    let labels = y.to_vec();
+    let what = format!("loss {name}");
+    let out = timed(&what, &ctx, &a.common, &files, || {
+        distributed::classifier_loss(group, &ctx, x.view(), &labels, w.view(), &cfg)
+    })
+    .map_err(|f| on_rank(group, f))?;
+    // Every rank's rows and classes to rank 0, which writes them.
+    let grad: Vec<f32> = out.grad.iter().copied().collect();
+    // The classes' gradients as rows (a class's centres, in order), then back to the layout.
+    let classes = if on_rows {
+        out.weight_grad
+    } else {
+        out.weight_grad.reversed_axes()
+    };
+    let weight_grad: Vec<f32> = classes.as_standard_layout().iter().copied().collect();
+    let gathered = (|| {
+        Ok((
+            group.gather("gather the outputs", 0, &grad)?,
+            group.gather("gather the outputs", 0, &weight_grad)?,
+        ))
+    })()
+    .map_err(|e: wgpu_metric_learning::Error| {
+        Failure::from(format!("rank {}: {}", group.rank(), with_causes(&e)))
+    })?;
+    let written = match gathered {
+        (Some(grad), Some(weight_grad)) => (|| {
+            let grad = Array2::from_shape_vec((n, x.ncols()), grad).map_err(|e| e.to_string())?;
+            npy::write(&a.grad_out, &grad)?;
+            if let Some(path) = &a.weight_grad_out {
+                let (rows, cols) = if on_rows {
+                    (shape[0], shape[1])
+                } else {
+                    (shape[1], shape[0])
+                };
+                let w =
+                    Array2::from_shape_vec((rows, cols), weight_grad).map_err(|e| e.to_string())?;
+                let w = if on_rows { w } else { w.reversed_axes() };
+                npy::write(path, &w.as_standard_layout())?;
+            }
+            crate::classifier::print_loss(out.loss, out.count);
+            Ok(())
+        })(),
+        _ => Ok(()),
+    };
+    agreed(group, "write the outputs", written)
 }

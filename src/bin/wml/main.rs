@@ -374,19 +374,19 @@ struct AccuracyArgs {
 /// Running as one rank of an MPI job (a `wml` built with the `mpi` feature).
 #[cfg(feature = "mpi")]
 #[derive(Args)]
-struct DistributedArgs {
+pub(crate) struct DistributedArgs {
     /// Run as one rank of an MPI job (`mpirun -np N wml ... --distributed`): each rank reads
     /// only its share of the input files' rows (contiguous, in rank order), the ranks search
     /// together, and rank 0 writes the outputs (knn) or prints the JSON (accuracy), the same
     /// as one process would. No rank reads or holds all the references.
     #[arg(long)]
-    distributed: bool,
+    pub(crate) distributed: bool,
     /// With --distributed: the longest a rank waits for the others at a step, in seconds
     /// (their search of one query block included: lower --query-block for slow shards). A
     /// rank that gives up reports the step and ends the whole job (MPI cannot withdraw a
     /// collective it entered).
     #[arg(long, default_value_t = 600.0, requires = "distributed")]
-    timeout: f64,
+    pub(crate) timeout: f64,
     /// With --distributed: queries sent to every rank at a time. Each block costs its owner
     /// about `block · (d + (8 + 4 · ranks) · k) · 4` bytes of host memory.
     #[arg(
@@ -395,7 +395,7 @@ struct DistributedArgs {
         value_parser = clap::value_parser!(u64).range(1..),
         requires = "distributed"
     )]
-    query_block: u64,
+    pub(crate) query_block: u64,
 }
 
 #[derive(Clone, Copy, ValueEnum)]

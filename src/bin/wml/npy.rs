@@ -186,6 +186,12 @@ fn element_bytes(descr: &str) -> Option<usize> {
     }
 }
 
+/// The shape of `path`'s array, from its header alone.
+#[cfg(feature = "mpi")]
+pub(crate) fn shape_of(path: &Path, ndim: usize, what: &str) -> Result<Vec<usize>, String> {
+    Ok(layout(path, ndim, what)?.shape)
+}
+
 /// The rows of `path`'s array (its first dimension), from its header alone.
 #[cfg(feature = "mpi")]
 pub(crate) fn rows_of(path: &Path, ndim: usize, what: &str) -> Result<usize, String> {
@@ -224,23 +230,57 @@ pub(crate) fn read_embedding_rows(
     let layout = layout(path, 2, "embeddings")?;
     let d = layout.shape[1];
     let bytes = read_range(path, &layout, rows.clone(), d)?;
-    let values: Vec<f32> = match layout.descr.as_str() {
-        "<f4" => bytes
+    let values = floats(path, &layout.descr, &bytes)?;
+    Array2::from_shape_vec((rows.len(), d), values).map_err(|e| problem(path, e))
+}
+
+/// Columns `cols` of a `(n, m)` float32 or float64 array (little-endian, C order), each row's
+/// part read alone: `n` reads, the rest of the file never read.
+#[cfg(feature = "mpi")]
+pub(crate) fn read_columns(
+    path: &Path,
+    cols: std::ops::Range<usize>,
+) -> Result<Array2<f32>, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let layout = layout(path, 2, "weights")?;
+    let (n, m) = (layout.shape[0], layout.shape[1]);
+    if cols.end > m {
+        return Err(problem(path, format!("columns {cols:?} of {m}")));
+    }
+    let width = element_bytes(&layout.descr).unwrap_or(1) as u64;
+    let mut file =
+        std::fs::File::open(path).map_err(|e| problem(path, format!("cannot read it: {e}")))?;
+    let mut bytes = vec![0u8; n * cols.len() * width as usize];
+    for (i, part) in bytes
+        .chunks_exact_mut(cols.len() * width as usize)
+        .enumerate()
+    {
+        let at = layout.data_start + (i as u64 * m as u64 + cols.start as u64) * width;
+        file.seek(SeekFrom::Start(at))
+            .and_then(|_| file.read_exact(part))
+            .map_err(|e| problem(path, format!("cannot read row {i}'s columns {cols:?}: {e}")))?;
+    }
+    let values = floats(path, &layout.descr, &bytes)?;
+    Array2::from_shape_vec((n, cols.len()), values).map_err(|e| problem(path, e))
+}
+
+/// Little-endian float32 or float64 bytes as `f32`.
+#[cfg(feature = "mpi")]
+fn floats(path: &Path, descr: &str, bytes: &[u8]) -> Result<Vec<f32>, String> {
+    match descr {
+        "<f4" => Ok(bytes
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        "<f8" => bytes
+            .collect()),
+        "<f8" => Ok(bytes
             .chunks_exact(8)
             .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f32)
-            .collect(),
-        other => {
-            return Err(problem(
-                path,
-                format!("embeddings read by rows must be float32 or float64 (little-endian), the file holds dtype {other}"),
-            ))
-        }
-    };
-    Array2::from_shape_vec((rows.len(), d), values).map_err(|e| problem(path, e))
+            .collect()),
+        other => Err(problem(
+            path,
+            format!("arrays read in parts must be float32 or float64 (little-endian), the file holds dtype {other}"),
+        )),
+    }
 }
 
 /// Rows `rows` of labels `(n,)` (int32, int64 or uint32, little-endian) as `i64`, read alone.

@@ -82,7 +82,7 @@ impl Shards for Whole {
 
 /// One row's parts from every shard, in shard order, as one: the largest maximum, the sums
 /// rescaled to it (in f64), and the one target that is there (NaN if none is).
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+#[cfg(any(feature = "mpi", test))]
 pub(crate) fn combine(parts: impl Iterator<Item = RowPart> + Clone) -> RowPart {
     let max = parts
         .clone()
