@@ -42,16 +42,17 @@ pub use ops::distance::{
 pub use ops::kmeans::{kmeans, kmeans_plan, Kmeans, KmeansConfig};
 pub use ops::knn::{knn, knn_on_device, knn_plan, knn_sharded, Knn, KnnConfig, KnnOnDevice};
 pub use ops::loss::{
-    classifier_loss, classifier_loss_plan, dynamic_soft_margin_loss, dynamic_soft_margin_loss_plan,
-    multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan, ntxent_loss,
-    ntxent_loss_plan, pair_loss, pair_loss_plan, triplet_margin_loss, triplet_margin_loss_plan,
-    vicreg_loss, vicreg_loss_plan, Angular, Circle, ClassifierKind, ClassifierLoss,
-    ClassifierLossConfig, ClassifierOptions, Contrastive, DynamicSoftMargin,
-    DynamicSoftMarginConfig, DynamicSoftMarginLoss, FastAp, GeneralizedLifted, Histogram,
-    InfoNceConfig, InfoNceLoss, Instance, IntraPairVariance, LiftedStructure, Margin, MarginGrad,
-    Matryoshka, MnrlConfig, MultiSimilarity, NPairs, Nca, PairLoss, PairLossConfig, PairLossRule,
-    Pnp, PnpVariant, RankedList, SnrContrastive, SupCon, ThresholdConsistentMargin, TripletLoss,
-    TripletLossConfig, TupletMargin, VicRegConfig, VicRegLoss,
+    classifier_loss, classifier_loss_plan, classifier_loss_sharded, classifier_loss_sharded_plan,
+    dynamic_soft_margin_loss, dynamic_soft_margin_loss_plan, multiple_negatives_ranking_loss,
+    multiple_negatives_ranking_loss_plan, ntxent_loss, ntxent_loss_plan, pair_loss, pair_loss_plan,
+    triplet_margin_loss, triplet_margin_loss_plan, vicreg_loss, vicreg_loss_plan, Angular, Circle,
+    ClassShard, ClassifierKind, ClassifierLoss, ClassifierLossConfig, ClassifierOptions,
+    Contrastive, DynamicSoftMargin, DynamicSoftMarginConfig, DynamicSoftMarginLoss, FastAp,
+    GeneralizedLifted, Histogram, InfoNceConfig, InfoNceLoss, Instance, IntraPairVariance,
+    LiftedStructure, Margin, MarginGrad, Matryoshka, MnrlConfig, MultiSimilarity, NPairs, Nca,
+    PairLoss, PairLossConfig, PairLossRule, Pnp, PnpVariant, RankedList, ShardCollectives,
+    SnrContrastive, SupCon, ThresholdConsistentMargin, TripletLoss, TripletLossConfig,
+    TupletMargin, VicRegConfig, VicRegLoss,
 };
 pub use ops::miners::{
     all_pairs, angular_triplets, batch_easy_hard_pairs, batch_hard_triplets,

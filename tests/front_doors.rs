@@ -60,6 +60,12 @@ const OPERATIONS: &[(&str, Option<&str>, Option<&str>)] = &[
     ),
     ("vicreg_loss", Some("vicreg_loss_plan"), None),
     ("classifier_loss", Some("classifier_loss_plan"), None),
+    // One process's part of the same loss: the native path, as classifier_loss.
+    (
+        "classifier_loss_sharded",
+        Some("classifier_loss_sharded_plan"),
+        None,
+    ),
     // Label statistics of two clusterings, O(n) on the host.
     ("normalized_mutual_info", None, None),
     ("adjusted_mutual_info", None, None),

@@ -14,14 +14,14 @@
 
 use std::ops::Range;
 
-use ndarray::{s, Array2, ArrayView2, Axis};
+use ndarray::{s, Array2, ArrayView2};
 
 use super::{fingerprint, Group};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::hooks::Hooks;
-use crate::ops::loss::classifier_shards::{combine, RowPart, Shards};
-use crate::ops::loss::{classifier_shard, ClassifierLoss, ClassifierLossConfig};
+use crate::ops::loss::{
+    classifier_loss_sharded, ClassShard, ClassifierLoss, ClassifierLossConfig, ShardCollectives,
+};
 use crate::validate;
 
 const OP: &str = "distributed classifier_loss";
@@ -143,21 +143,20 @@ pub fn classifier_loss(
     };
     let x = gather_rows(group, embeddings)?;
     let y = group.all_gather(OP, labels)?;
-    let shards = RankShards {
-        group,
-        rows_of: &rows_of,
-        classes: (first, classes),
-        hooks: &cfg.loss.hooks,
+    let shard = ClassShard {
+        first_class: first,
+        classes,
+        rows_of,
     };
-    // The shard's own checks and budget, agreed before any exchange inside the passes.
-    let plan =
-        crate::ops::loss::classifier_shard_plan(ctx, x.view(), &y, weights, &cfg.loss, &shards);
-    group.agree(OP, plan)?;
-    let quiet = ClassifierLossConfig {
-        hooks: Hooks::default(),
-        ..cfg.loss.clone()
-    };
-    let mut out = classifier_shard(ctx, x.view(), &y, weights, &quiet, &shards)?;
+    let mut out = classifier_loss_sharded(
+        ctx,
+        x.view(),
+        &y,
+        weights,
+        &cfg.loss,
+        &shard,
+        &GroupCollectives(group),
+    )?;
     if cfg.gradients == RankGradients::Averaged {
         out.grad *= group.size() as f32;
     }
@@ -233,80 +232,27 @@ fn gather_classes(group: &Group, part: Array2<f32>, on_rows: bool) -> Result<Arr
     })
 }
 
-/// The ranks as the shards of the classes.
-struct RankShards<'a> {
-    group: &'a Group,
-    rows_of: &'a [usize],
-    classes: (usize, usize),
-    hooks: &'a Hooks,
-}
+/// The group's collectives for [`classifier_loss_sharded`], every wait bounded by its timeout.
+struct GroupCollectives<'a>(&'a Group);
 
-impl Shards for RankShards<'_> {
-    fn classes(&self, _local: usize) -> (usize, usize) {
-        self.classes
+impl ShardCollectives for GroupCollectives<'_> {
+    fn rank(&self) -> usize {
+        self.0.rank()
     }
 
-    fn combine_rows(&self, parts: &mut [RowPart]) -> Result<()> {
-        // Cancelled between the passes on every rank alike.
-        self.group.agree(OP, self.hooks.check(OP))?;
-        let mine: Vec<f64> = parts
-            .iter()
-            .flat_map(|p| [f64::from(p.max), p.sum, p.target])
-            .collect();
-        let all = self.group.all_gather(OP, &mine)?;
-        let b = parts.len();
-        for (i, p) in parts.iter_mut().enumerate() {
-            let of_rank = (0..self.group.size()).map(|r| {
-                let v = &all[(r * b + i) * 3..(r * b + i) * 3 + 3];
-                RowPart {
-                    max: v[0] as f32,
-                    sum: v[1],
-                    target: v[2],
-                }
-            });
-            *p = combine(of_rank);
-        }
-        Ok(())
+    fn size(&self) -> usize {
+        self.0.size()
     }
 
-    fn sum_rows(
-        &self,
-        gx: Array2<f32>,
-        through: Vec<f64>,
-    ) -> Result<(Range<usize>, Array2<f32>, Vec<f64>)> {
-        let d = gx.ncols();
-        let most = self.rows_of.iter().copied().max().unwrap_or(0);
-        let block = most * (d + 1);
-        // Each rank's rows in a block of the longest's size, each row its gradient and term.
-        let mut send = vec![0.0f64; block * self.group.size()];
-        let mut at = 0;
-        for (r, &n) in self.rows_of.iter().enumerate() {
-            for i in 0..n {
-                let row = &mut send[r * block + i * (d + 1)..r * block + (i + 1) * (d + 1)];
-                for (v, &g) in row.iter_mut().zip(gx.row(at + i)) {
-                    *v = f64::from(g);
-                }
-                row[d] = through[at + i];
-            }
-            at += n;
-        }
-        let recv = self.group.reduce_scatter_sum(OP, send, block)?;
-        let rank = self.group.rank();
-        let n = self.rows_of[rank];
-        let start: usize = self.rows_of[..rank].iter().sum();
-        let mut own = Array2::<f32>::zeros((n, d));
-        let mut terms = Vec::with_capacity(n);
-        for (i, mut row) in own.axis_iter_mut(Axis(0)).enumerate() {
-            let v = &recv[i * (d + 1)..(i + 1) * (d + 1)];
-            for (o, &g) in row.iter_mut().zip(v) {
-                *o = g as f32;
-            }
-            terms.push(v[d]);
-        }
-        Ok((start..start + n, own, terms))
+    fn all_gather(&self, values: &[f64]) -> Result<Vec<f64>> {
+        self.0.all_gather(OP, values)
     }
 
-    fn sum(&self, v: f64) -> Result<f64> {
-        Ok(self.group.all_gather(OP, &[v])?.iter().sum())
+    fn reduce_scatter(&self, send: Vec<f64>, block: usize) -> Result<Vec<f64>> {
+        self.0.reduce_scatter_sum(OP, send, block)
+    }
+
+    fn agree(&self, op: &'static str, local: Result<()>) -> Result<()> {
+        self.0.agree(op, local)
     }
 }

@@ -30,7 +30,7 @@ use ndarray::{Array2, ArrayView2};
 use super::classifier_anchor;
 use super::classifier_params::{ClassifierKind, Rule};
 use super::classifier_pass::{self, Inputs, Tiling};
-use super::classifier_shards::{Shards, Whole};
+use super::classifier_shards::{ClassShard, Exchange, ShardCollectives, Shards, Whole};
 use super::driver::fits;
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
@@ -123,11 +123,146 @@ pub fn classifier_loss(
     classifier_shard(ctx, embeddings, labels, weights, cfg, &Whole)
 }
 
+/// [`classifier_loss`] with the classes split over processes: this one holds `weights` for
+/// the classes from `shard.first_class` and every process's rows, in rank order, in
+/// `embeddings` `(Σ rows_of, d)` (labels over every class); all call it at once through
+/// `collectives`. Returns the single process's `loss`, `count`, `grad` of this process's rows
+/// and `weight_grad` of its classes. Cost: its classes' passes, `(d + 4) · Σ b` f64 moved.
+///
+/// # Errors
+/// As [`classifier_loss`]; [`Error::Shape`] for `rows_of` that are not one per process or do
+/// not add up to the rows, or weights past `shard.classes`; the engine's errors. A part that
+/// fails before the exchanges fails every process ([`Error::RankFailed`] elsewhere).
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{classifier_loss_sharded as sharded, ClassShard, Context, Result, ShardCollectives};
+/// struct Alone; // one process: its collectives return what they are given
+/// impl ShardCollectives for Alone {
+///     fn rank(&self) -> usize { 0 }
+///     fn size(&self) -> usize { 1 }
+///     fn all_gather(&self, v: &[f64]) -> Result<Vec<f64>> { Ok(v.to_vec()) }
+///     fn reduce_scatter(&self, v: Vec<f64>, _: usize) -> Result<Vec<f64>> { Ok(v) }
+/// }
+/// let (x, w, shard) = (ndarray::array![[1.0f32, 0.0]], ndarray::Array2::<f32>::eye(2), ClassShard { first_class: 0, classes: 2, rows_of: vec![1] });
+/// sharded(&Context::native_cpu(None), x.view(), &[1], w.view(), &Default::default(), &shard, &Alone)?;
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn classifier_loss_sharded(
+    ctx: &Context,
+    embeddings: ArrayView2<'_, f32>,
+    labels: &[i64],
+    weights: ArrayView2<'_, f32>,
+    cfg: &ClassifierLossConfig,
+    shard: &ClassShard,
+    collectives: &dyn ShardCollectives,
+) -> Result<ClassifierLoss> {
+    let exchange = Exchange {
+        op: OP,
+        shard,
+        engine: collectives,
+        hooks: &cfg.hooks,
+    };
+    let local = check_shard(embeddings, shard, collectives.rank(), collectives.size())
+        .and_then(|()| check(embeddings, labels, weights, cfg, &exchange))
+        .and_then(|call| sizing(ctx, &call))
+        .and_then(|_| cfg.hooks.check(OP));
+    collectives.agree(OP, local)?;
+    // Cancellation only where every process agrees on it (a process stopping alone would
+    // leave the others waiting in an exchange).
+    let quiet = ClassifierLossConfig {
+        hooks: Hooks::default(),
+        ..cfg.clone()
+    };
+    classifier_shard(ctx, embeddings, labels, weights, &quiet, &exchange)
+}
+
+/// The [`Plan`] of [`classifier_loss_sharded`] on this process (no exchange).
+///
+/// # Errors
+/// As [`classifier_loss_sharded`]'s own checks.
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::{classifier_loss_sharded_plan, ClassShard, ClassifierLossConfig, Context};
+/// let (x, w) = (ndarray::Array2::<f32>::ones((512, 64)), ndarray::Array2::<f32>::ones((64, 50_000)));
+/// let shard = ClassShard { first_class: 50_000, classes: 100_000, rows_of: vec![256, 256] };
+/// let plan = classifier_loss_sharded_plan(&Context::native_cpu(None), x.view(), &vec![0; 512], w.view(), &ClassifierLossConfig::default(), &shard, 1)?;
+/// assert!(plan.chunks > 1);
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn classifier_loss_sharded_plan(
+    ctx: &Context,
+    embeddings: ArrayView2<'_, f32>,
+    labels: &[i64],
+    weights: ArrayView2<'_, f32>,
+    cfg: &ClassifierLossConfig,
+    shard: &ClassShard,
+    rank: usize,
+) -> Result<Plan> {
+    check_shard(embeddings, shard, rank, shard.rows_of.len())?;
+    let whole = Fixed(shard.first_class, shard.classes);
+    let call = check(embeddings, labels, weights, cfg, &whole)?;
+    let (tiling, bytes, min_bytes) = sizing(ctx, &call)?;
+    Ok(Plan {
+        path: ComputePath::NativeCpu,
+        rows: call.b,
+        cols: tiling.cols,
+        chunks: call.centres.div_ceil(tiling.cols),
+        bytes,
+        min_bytes,
+    })
+}
+
+/// A shard's numbering of the classes, for the checks that need no exchange.
+struct Fixed(usize, usize);
+
+impl Shards for Fixed {
+    fn classes(&self, _local: usize) -> (usize, usize) {
+        (self.0, self.1)
+    }
+    fn combine_rows(&self, _parts: &mut [super::classifier_shards::RowPart]) -> Result<()> {
+        Ok(())
+    }
+    fn sum_rows(
+        &self,
+        gx: Array2<f32>,
+        through: Vec<f64>,
+    ) -> Result<(std::ops::Range<usize>, Array2<f32>, Vec<f64>)> {
+        Ok((0..gx.nrows(), gx, through))
+    }
+    fn sum(&self, v: f64) -> Result<f64> {
+        Ok(v)
+    }
+}
+
+/// The shard's own consistency: one row count per process, adding up to the embeddings'.
+fn check_shard(
+    embeddings: ArrayView2<'_, f32>,
+    shard: &ClassShard,
+    rank: usize,
+    size: usize,
+) -> Result<()> {
+    let rows: usize = shard.rows_of.iter().sum();
+    if shard.rows_of.len() != size || rank >= size || rows != embeddings.nrows() {
+        return Err(Error::Shape {
+            op: OP,
+            what: "ClassShard::rows_of",
+            expected: format!(
+                "one count per process ({size}, this one {rank}), adding up to the embeddings' {} rows",
+                embeddings.nrows()
+            ),
+            got: shard.rows_of.clone(),
+        });
+    }
+    Ok(())
+}
+
 /// [`classifier_loss`] on one shard of the classes (`weights`, the shard's, classes numbered
 /// from the shard's first as `shards` says; `labels` over every shard's classes), every row
 /// of the batch in `embeddings`; `grad` holds this process's rows and `weight_grad` the
 /// shard's. The loss and the count are over every shard.
-pub(crate) fn classifier_shard(
+fn classifier_shard(
     ctx: &Context,
     embeddings: ArrayView2<'_, f32>,
     labels: &[i64],
@@ -196,21 +331,6 @@ pub fn classifier_loss_plan(
     })
 }
 
-/// [`classifier_shard`]'s checks and budget alone: what must hold before the shards begin
-/// to exchange.
-#[cfg(feature = "mpi")]
-pub(crate) fn classifier_shard_plan(
-    ctx: &Context,
-    embeddings: ArrayView2<'_, f32>,
-    labels: &[i64],
-    weights: ArrayView2<'_, f32>,
-    cfg: &ClassifierLossConfig,
-    shards: &dyn Shards,
-) -> Result<()> {
-    let call = check(embeddings, labels, weights, cfg, shards)?;
-    sizing(ctx, &call).map(drop)
-}
-
 /// A checked call.
 struct Call {
     kind: ClassifierKind,
@@ -261,7 +381,18 @@ fn check(
             got: vec![labels.len()],
         });
     }
-    let (_, classes) = shards.classes(centres / per);
+    let (first, classes) = shards.classes(centres / per);
+    if first + centres / per > classes {
+        return Err(Error::Shape {
+            op: OP,
+            what: "weights",
+            expected: format!(
+                "at most {} classes from class {first}",
+                classes - first.min(classes)
+            ),
+            got: weights.shape().to_vec(),
+        });
+    }
     let labels = labels
         .iter()
         .enumerate()

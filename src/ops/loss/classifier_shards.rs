@@ -1,6 +1,7 @@
 //! The classes split over processes: what the passes of [`super::classifier_pass`] and
 //! [`super::classifier_anchor`] exchange with the other shards. One process is the single
-//! shard [`Whole`], which exchanges nothing; `distributed::classifier_loss` is the other.
+//! shard [`Whole`], which exchanges nothing; [`Exchange`] runs the exchanges on any engine's
+//! [`ShardCollectives`] (MPI's in `distributed`, torch.distributed's from Python).
 //!
 //! A shard holds a contiguous range of the classes and every row of the batch. After pass 1,
 //! each row's running maximum, sum and target logit are combined over the shards (length-`b`
@@ -12,7 +13,8 @@ use std::ops::Range;
 
 use ndarray::Array2;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::hooks::Hooks;
 
 /// A row's pass-1 state on one shard: its largest logit over the shard's classes, its sum of
 /// `exp(z − max)` over them, and its target's logit (NaN where another shard has the target).
@@ -82,7 +84,6 @@ impl Shards for Whole {
 
 /// One row's parts from every shard, in shard order, as one: the largest maximum, the sums
 /// rescaled to it (in f64), and the one target that is there (NaN if none is).
-#[cfg(any(feature = "mpi", test))]
 pub(crate) fn combine(parts: impl Iterator<Item = RowPart> + Clone) -> RowPart {
     let max = parts
         .clone()
@@ -99,6 +100,164 @@ pub(crate) fn combine(parts: impl Iterator<Item = RowPart> + Clone) -> RowPart {
         }
     }
     RowPart { max, sum, target }
+}
+
+/// The collectives a class-sharded classifier loss asks of whatever connects the processes
+/// (MPI, torch.distributed, …). Every process calls them in the same order; each call
+/// returns the same answer on every process.
+pub trait ShardCollectives {
+    /// This process's place, `0 ≤ rank < size`.
+    fn rank(&self) -> usize;
+    /// The number of processes.
+    fn size(&self) -> usize;
+    /// Every process's `values` (the same length on each), concatenated in rank order.
+    ///
+    /// # Errors
+    /// The engine's, as [`Error::RankFailed`] or [`Error::Timeout`].
+    fn all_gather(&self, values: &[f64]) -> Result<Vec<f64>>;
+    /// Block `rank` of the element-wise sum over every process of `send` (`size · block`
+    /// values, in blocks in rank order).
+    ///
+    /// # Errors
+    /// As [`ShardCollectives::all_gather`].
+    fn reduce_scatter(&self, send: Vec<f64>, block: usize) -> Result<Vec<f64>>;
+    /// Makes `local` collective: `Err` on every process when it is one on any (its own
+    /// error there, [`Error::RankFailed`] elsewhere). The default exchanges one word.
+    ///
+    /// # Errors
+    /// As above, and as [`ShardCollectives::all_gather`].
+    fn agree(&self, op: &'static str, local: Result<()>) -> Result<()> {
+        let failed = f64::from(u8::from(local.is_err()));
+        let all = self.all_gather(&[failed])?;
+        local?;
+        match all.iter().position(|&v| v != 0.0) {
+            Some(rank) => Err(Error::RankFailed {
+                op,
+                rank,
+                message: "its part failed or was cancelled".into(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Where this process's part of a class-sharded loss sits. See
+/// [`classifier_loss_sharded`](crate::classifier_loss_sharded).
+///
+/// # Example
+/// ```
+/// use wgpu_metric_learning::ClassShard;
+/// // The second of 3 processes, holding classes 40..80 of 100; 5, 7 and 6 rows.
+/// let shard = ClassShard { first_class: 40, classes: 100, rows_of: vec![5, 7, 6] };
+/// # let _ = shard;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassShard {
+    /// This process's first class, numbered over every process's classes (its weights hold
+    /// the classes from there, contiguous).
+    pub first_class: usize,
+    /// The classes over every process.
+    pub classes: usize,
+    /// Every process's rows, in rank order: the embeddings hold them all, concatenated.
+    pub rows_of: Vec<usize>,
+}
+
+/// The exchanges of [`Shards`] on an engine's collectives: the rows' states gathered and
+/// combined in rank order, the rows' gradients reduced and scattered (in f64, each process's
+/// rows padded to the longest's), the cancellation agreed between the passes.
+pub(crate) struct Exchange<'a> {
+    pub(crate) op: &'static str,
+    pub(crate) shard: &'a ClassShard,
+    pub(crate) engine: &'a dyn ShardCollectives,
+    pub(crate) hooks: &'a Hooks,
+}
+
+impl Shards for Exchange<'_> {
+    fn classes(&self, _local: usize) -> (usize, usize) {
+        (self.shard.first_class, self.shard.classes)
+    }
+
+    fn combine_rows(&self, parts: &mut [RowPart]) -> Result<()> {
+        // Cancelled between the passes on every process alike.
+        self.engine.agree(self.op, self.hooks.check(self.op))?;
+        let mine: Vec<f64> = parts
+            .iter()
+            .flat_map(|p| [f64::from(p.max), p.sum, p.target])
+            .collect();
+        let all = self.engine.all_gather(&mine)?;
+        let b = parts.len();
+        if all.len() != b * 3 * self.engine.size() {
+            return Err(Error::Shape {
+                op: self.op,
+                what: "row states gathered from every process",
+                expected: format!("{} values", b * 3 * self.engine.size()),
+                got: vec![all.len()],
+            });
+        }
+        for (i, p) in parts.iter_mut().enumerate() {
+            let of_rank = (0..self.engine.size()).map(|r| {
+                let v = &all[(r * b + i) * 3..(r * b + i) * 3 + 3];
+                RowPart {
+                    max: v[0] as f32,
+                    sum: v[1],
+                    target: v[2],
+                }
+            });
+            *p = combine(of_rank);
+        }
+        Ok(())
+    }
+
+    fn sum_rows(
+        &self,
+        gx: Array2<f32>,
+        through: Vec<f64>,
+    ) -> Result<(Range<usize>, Array2<f32>, Vec<f64>)> {
+        let d = gx.ncols();
+        let rows_of = &self.shard.rows_of;
+        let most = rows_of.iter().copied().max().unwrap_or(0);
+        let block = most * (d + 1);
+        // Each process's rows in a block of the longest's size, each row its gradient and
+        // its term.
+        let mut send = vec![0.0f64; block * rows_of.len()];
+        let mut at = 0;
+        for (r, &n) in rows_of.iter().enumerate() {
+            for i in 0..n {
+                let row = &mut send[r * block + i * (d + 1)..r * block + (i + 1) * (d + 1)];
+                for (v, &g) in row.iter_mut().zip(gx.row(at + i)) {
+                    *v = f64::from(g);
+                }
+                row[d] = through[at + i];
+            }
+            at += n;
+        }
+        let recv = self.engine.reduce_scatter(send, block)?;
+        let rank = self.engine.rank();
+        let n = rows_of[rank];
+        if recv.len() < n * (d + 1) {
+            return Err(Error::Shape {
+                op: self.op,
+                what: "rows' gradients scattered to this process",
+                expected: format!("{} values", n * (d + 1)),
+                got: vec![recv.len()],
+            });
+        }
+        let start: usize = rows_of[..rank].iter().sum();
+        let mut own = Array2::<f32>::zeros((n, d));
+        let mut terms = Vec::with_capacity(n);
+        for (i, mut row) in own.rows_mut().into_iter().enumerate() {
+            let v = &recv[i * (d + 1)..(i + 1) * (d + 1)];
+            for (o, &g) in row.iter_mut().zip(v) {
+                *o = g as f32;
+            }
+            terms.push(v[d]);
+        }
+        Ok((start..start + n, own, terms))
+    }
+
+    fn sum(&self, v: f64) -> Result<f64> {
+        Ok(self.engine.all_gather(&[v])?.iter().sum())
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ mod classifier;
 mod classifier_anchor;
 mod classifier_params;
 mod classifier_pass;
-pub(crate) mod classifier_shards;
+mod classifier_shards;
 mod dense_row;
 mod driver;
 mod dynamic_soft_margin;
@@ -31,10 +31,12 @@ mod plan;
 mod triplet;
 mod vicreg;
 
-pub use classifier::{classifier_loss, classifier_loss_plan, ClassifierLoss, ClassifierLossConfig};
-#[cfg(feature = "mpi")]
-pub(crate) use classifier::{classifier_shard, classifier_shard_plan};
+pub use classifier::{
+    classifier_loss, classifier_loss_plan, classifier_loss_sharded, classifier_loss_sharded_plan,
+    ClassifierLoss, ClassifierLossConfig,
+};
 pub use classifier_params::{ClassifierKind, ClassifierOptions, MarginGrad};
+pub use classifier_shards::{ClassShard, ShardCollectives};
 pub use dynamic_soft_margin::{
     dynamic_soft_margin_loss, dynamic_soft_margin_loss_plan, DynamicSoftMarginConfig,
     DynamicSoftMarginLoss,
