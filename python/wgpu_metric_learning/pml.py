@@ -1947,13 +1947,41 @@ class _ClassifierLoss(_LibraryLoss):
         backend: str = "auto",
         budget: Optional[int] = None,
         context: Optional[Context] = None,
+        distributed: Optional[str] = None,
+        process_group: Any = None,
         **kwargs: Any,
     ) -> None:
+        if distributed not in (None, "replicated", "sharded"):
+            raise ValueError(
+                f"distributed must be None, 'replicated' or 'sharded', got {distributed!r}"
+            )
         super().__init__(*args, **kwargs)
         self._set_context(context, backend, budget)
+        # Over torch.distributed (wgpu_metric_learning.distributed): every rank calls the
+        # loss at once. Not the default: a loss called on some ranks only would wait forever.
+        self.distributed = distributed
+        self.process_group = process_group
+        self._broadcast = False
 
     def _options(self) -> Dict[str, Any]:
         raise NotImplementedError
+
+    def _distributed_forward(self, embeddings, labels, weights):
+        from . import distributed as _dist
+
+        if self.distributed == "replicated" and not self._broadcast:
+            # The same W on every rank from the start: rank 0's.
+            src = torch.distributed.get_global_rank(self.process_group, 0) if self.process_group else 0
+            torch.distributed.broadcast(weights.data, src=src, group=self.process_group)
+            self._broadcast = True
+        options = self._options()
+        out = _dist.sharded_call(
+            self.context, _emb(embeddings, "embeddings"), _lab(labels, "labels"),
+            _emb(weights, self._weights), self._kind, self.distributed,
+            int(options.get("centres", 1)), self._weights == "proxies", self.process_group,
+            **options,
+        )
+        return _loss_tensor(out[0], [(embeddings, out[2]), (weights, out[3])])
 
     def _library_can(self) -> bool:
         d = self.distance
@@ -1979,6 +2007,8 @@ class _ClassifierLoss(_LibraryLoss):
         # As PML's compute_loss: the weights follow the embeddings' dtype and device.
         self.cast_types(embeddings.dtype, embeddings.device)
         weights = getattr(self, self._weights)
+        if self.distributed is not None:
+            return self._distributed_forward(embeddings, labels, weights)
         out = _native.classifier_loss(
             self.context, _emb(embeddings, "embeddings"), _lab(labels, "labels"),
             _emb(weights, self._weights), self._kind, **self._options(),
