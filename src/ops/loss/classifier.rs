@@ -120,7 +120,7 @@ pub fn classifier_loss(
     weights: ArrayView2<'_, f32>,
     cfg: &ClassifierLossConfig,
 ) -> Result<ClassifierLoss> {
-    classifier_shard(ctx, embeddings, labels, weights, cfg, &Whole)
+    classifier_shard(ctx, embeddings, labels, weights, cfg, &Whole(None))
 }
 
 /// [`classifier_loss`] with the classes split over processes: this one holds `weights` for
@@ -201,9 +201,13 @@ pub fn classifier_loss_sharded_plan(
     rank: usize,
 ) -> Result<Plan> {
     check_shard(embeddings, shard, rank, shard.rows_of.len())?;
-    let whole = Fixed(shard.first_class, shard.classes);
-    let call = check(embeddings, labels, weights, cfg, &whole)?;
-    let (tiling, bytes, min_bytes) = sizing(ctx, &call)?;
+    let numbered = Whole(Some((shard.first_class, shard.classes)));
+    plan_of(ctx, &check(embeddings, labels, weights, cfg, &numbered)?)
+}
+
+/// The plan of a checked call.
+fn plan_of(ctx: &Context, call: &Call) -> Result<Plan> {
+    let (tiling, bytes, min_bytes) = sizing(ctx, call)?;
     Ok(Plan {
         path: ComputePath::NativeCpu,
         rows: call.b,
@@ -212,28 +216,6 @@ pub fn classifier_loss_sharded_plan(
         bytes,
         min_bytes,
     })
-}
-
-/// A shard's numbering of the classes, for the checks that need no exchange.
-struct Fixed(usize, usize);
-
-impl Shards for Fixed {
-    fn classes(&self, _local: usize) -> (usize, usize) {
-        (self.0, self.1)
-    }
-    fn combine_rows(&self, _parts: &mut [super::classifier_shards::RowPart]) -> Result<()> {
-        Ok(())
-    }
-    fn sum_rows(
-        &self,
-        gx: Array2<f32>,
-        through: Vec<f64>,
-    ) -> Result<(std::ops::Range<usize>, Array2<f32>, Vec<f64>)> {
-        Ok((0..gx.nrows(), gx, through))
-    }
-    fn sum(&self, v: f64) -> Result<f64> {
-        Ok(v)
-    }
 }
 
 /// The shard's own consistency: one row count per process, adding up to the embeddings'.
@@ -319,16 +301,7 @@ pub fn classifier_loss_plan(
     weights: ArrayView2<'_, f32>,
     cfg: &ClassifierLossConfig,
 ) -> Result<Plan> {
-    let call = check(embeddings, labels, weights, cfg, &Whole)?;
-    let (tiling, bytes, min_bytes) = sizing(ctx, &call)?;
-    Ok(Plan {
-        path: ComputePath::NativeCpu,
-        rows: call.b,
-        cols: tiling.cols,
-        chunks: call.centres.div_ceil(tiling.cols),
-        bytes,
-        min_bytes,
-    })
+    plan_of(ctx, &check(embeddings, labels, weights, cfg, &Whole(None))?)
 }
 
 /// A checked call.

@@ -56,13 +56,14 @@ pub(crate) trait Shards {
     fn sum(&self, v: f64) -> Result<f64>;
 }
 
-/// One process, every class: nothing to exchange.
+/// One process, every class: nothing to exchange. Its classes are numbered from 0, or as the
+/// `(first, classes)` given (a shard's own checks and plan, which exchange nothing either).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Whole;
+pub(crate) struct Whole(pub(crate) Option<(usize, usize)>);
 
 impl Shards for Whole {
     fn classes(&self, local: usize) -> (usize, usize) {
-        (0, local)
+        self.0.unwrap_or((0, local))
     }
 
     fn combine_rows(&self, _parts: &mut [RowPart]) -> Result<()> {
