@@ -63,6 +63,11 @@ struct Parked {
 
 static PARKED: Mutex<Vec<Parked>> = Mutex::new(Vec::new());
 
+// The C runtime's, on every platform (the `libc` crate is a Linux-only dependency here).
+unsafe extern "C" {
+    fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
+}
+
 /// Registers [`destroy_at_exit`] once, at the first park.
 static AT_EXIT: Once = Once::new();
 
@@ -82,8 +87,8 @@ pub(crate) fn park(
     }
     AT_EXIT.call_once(|| {
         // SAFETY: registers a plain function with no captured state; it runs once, at exit.
-        // A failed registration (-1) only leaves the devices to the exit, as before.
-        let _ = unsafe { libc::atexit(destroy_at_exit) };
+        // A failed registration (nonzero) only leaves the devices to the exit, as before.
+        let _ = unsafe { atexit(destroy_at_exit) };
     });
     parked.push(Parked {
         key,
