@@ -14,10 +14,12 @@
 //! made it, it is not a GL device (whose EGL context belongs to an instance of its own), it
 //! finished its work and it is not lost; one lost while parked is destroyed when it is next
 //! taken. At most [`MAX_PARKED`] wait; a device beyond them is destroyed as before. Parked
-//! devices are destroyed as the process exits (`atexit`), when no other thread is at work.
+//! devices are destroyed as the process exits (`atexit` hands them to a thread of their own),
+//! when no other thread holds the guard.
 //! `WML_DEVICE_LOCK=off` turns reuse off with the guard.
 
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Condvar, Mutex, Once};
+use std::time::Duration;
 
 use super::guard::{guard_on, lifecycle_lock, poll, try_lifecycle_lock};
 
@@ -68,8 +70,14 @@ unsafe extern "C" {
     fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
 }
 
-/// Registers [`destroy_at_exit`] once, at the first park.
+/// Starts the [`reaper`] and registers [`destroy_at_exit`] once, at the first park.
 static AT_EXIT: Once = Once::new();
+
+/// The exit's handshake with the [`reaper`]: `(asked, done)`.
+static EXITING: (Mutex<(bool, bool)>, Condvar) = (Mutex::new((false, false)), Condvar::new());
+
+/// How long the exit waits for the parked devices' destruction.
+const EXIT_WAIT: Duration = Duration::from_secs(10);
 
 /// Keeps a finished, healthy device for the next context with `key`; hands it back when the
 /// pool is full (the caller destroys it).
@@ -86,9 +94,14 @@ pub(crate) fn park(
         return Some((device, queue));
     }
     AT_EXIT.call_once(|| {
-        // SAFETY: registers a plain function with no captured state; it runs once, at exit.
-        // A failed registration (nonzero) only leaves the devices to the exit, as before.
-        let _ = unsafe { atexit(destroy_at_exit) };
+        let started = std::thread::Builder::new()
+            .name("wml-device-reaper".into())
+            .spawn(reaper);
+        if started.is_ok() {
+            // SAFETY: registers a plain function with no captured state; it runs once, at
+            // exit. A failed registration (nonzero) only leaves the devices to the exit.
+            let _ = unsafe { atexit(destroy_at_exit) };
+        }
     });
     parked.push(Parked {
         key,
@@ -121,18 +134,43 @@ pub(crate) fn take(key: &DeviceKey) -> Option<(wgpu::Device, wgpu::Queue)> {
     }
 }
 
-/// Destroys the parked devices as the process exits. A device's driver threads must not
-/// outlive the driver's libraries, which the exit unloads: on NVIDIA (580.159.04) a process
-/// that left its parked devices to the exit died of SIGSEGV there, in those threads. Skipped
-/// (the devices left as they are) when another thread holds the pool or the guard then.
+/// Has the [`reaper`] destroy the parked devices as the process exits, waiting for it at most
+/// [`EXIT_WAIT`]. A device's driver threads must not outlive the driver's libraries, which the
+/// exit unloads: on NVIDIA (580.159.04) a process that left its parked devices to the exit
+/// died of SIGSEGV there, in those threads. Not on this thread: the exiting thread's
+/// thread-locals are gone, and wgpu's destruction uses some (a panic that cannot unwind).
 extern "C" fn destroy_at_exit() {
-    let Ok(mut parked) = PARKED.try_lock() else {
+    let (state, signal) = &EXITING;
+    let Ok(mut s) = state.lock() else {
         return;
     };
-    let all = std::mem::take(&mut *parked);
-    drop(parked);
-    match try_lifecycle_lock() {
-        Some(_guard) => drop(all),
-        None => std::mem::forget(all),
+    s.0 = true;
+    signal.notify_all();
+    let _ = signal.wait_timeout_while(s, EXIT_WAIT, |s| !s.1);
+}
+
+/// The thread that destroys the parked devices when the exit asks: it waits until then, and
+/// skips them (left as they are) when another thread holds the pool or the guard.
+fn reaper() {
+    let (state, signal) = &EXITING;
+    let Ok(s) = state.lock() else {
+        return;
+    };
+    let Ok(s) = signal.wait_while(s, |s| !s.0) else {
+        return;
+    };
+    // Not held while destroying: a destruction that hangs must leave the exit its timeout.
+    drop(s);
+    if let Ok(mut parked) = PARKED.try_lock() {
+        let all = std::mem::take(&mut *parked);
+        drop(parked);
+        match try_lifecycle_lock() {
+            Some(_guard) => drop(all),
+            None => std::mem::forget(all),
+        }
+    }
+    if let Ok(mut s) = state.lock() {
+        s.1 = true;
+        signal.notify_all();
     }
 }
