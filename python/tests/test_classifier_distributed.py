@@ -120,3 +120,10 @@ def test_distributed_drop_ins_match_one_process(name, mode, size):
 def test_an_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="distributed must be"):
         pml.ArcFaceLoss(num_classes=3, embedding_size=2, distributed="ddp")
+
+
+def test_what_only_pml_runs_is_refused_when_distributed():
+    loss = pml.ArcFaceLoss(num_classes=3, embedding_size=2, distributed="replicated")
+    x = torch.randn(4, 2, dtype=torch.float16)
+    with pytest.raises(ValueError, match="runs only on the library's path"):
+        loss(x, torch.tensor([0, 1, 2, 0]))

@@ -2002,6 +2002,13 @@ class _ClassifierLoss(_LibraryLoss):
             or embeddings.dtype not in (torch.float32, torch.float64)
             or not self._library_can()
         ):
+            if self.distributed is not None:
+                # PML's code would give each rank its own W gradient: the very fault.
+                raise ValueError(
+                    f"distributed={self.distributed!r} runs only on the library's path: labels, "
+                    "no indices_tuple or ref_emb, 2-d float32/float64 embeddings with rows, the "
+                    "default reducer and distance, no regularizer"
+                )
             return super().forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         self.reset_stats()
         # As PML's compute_loss: the weights follow the embeddings' dtype and device.
