@@ -1998,7 +1998,8 @@ class _ClassifierLoss(_LibraryLoss):
             or ref_emb is not None
             or ref_labels is not None
             or embeddings.dim() != 2
-            or embeddings.shape[0] == 0
+            # Distributed, a rank's batch may be empty: the others' rows are the loss's.
+            or (embeddings.shape[0] == 0 and self.distributed is None)
             or embeddings.dtype not in (torch.float32, torch.float64)
             or not self._library_can()
         ):
