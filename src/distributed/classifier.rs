@@ -198,14 +198,14 @@ fn class_range(
     }
 }
 
-/// Every rank's rows `(Σ b_r, d)`, in rank order.
+/// Every rank's rows `(Σ b_r, d)` (embeddings, or a weight gradient's classes), in rank order.
 fn gather_rows(group: &Group, x: ArrayView2<'_, f32>) -> Result<Array2<f32>> {
     let d = x.ncols();
     let flat: Vec<f32> = x.iter().copied().collect();
     let all = group.all_gather(OP, &flat)?;
     Array2::from_shape_vec((all.len() / d.max(1), d), all).map_err(|_| Error::Shape {
         op: OP,
-        what: "gathered embeddings",
+        what: "gathered rows",
         expected: format!("(n, {d})"),
         got: vec![],
     })
@@ -215,16 +215,7 @@ fn gather_rows(group: &Group, x: ArrayView2<'_, f32>) -> Result<Array2<f32>> {
 fn gather_classes(group: &Group, part: Array2<f32>, on_rows: bool) -> Result<Array2<f32>> {
     // As `(centres, d)` rows, the classes in rank order.
     let rows = if on_rows { part } else { part.reversed_axes() };
-    let d = rows.ncols();
-    let flat: Vec<f32> = rows.as_standard_layout().iter().copied().collect();
-    let all = group.all_gather(OP, &flat)?;
-    let whole =
-        Array2::from_shape_vec((all.len() / d.max(1), d), all).map_err(|_| Error::Shape {
-            op: OP,
-            what: "gathered weight gradient",
-            expected: format!("(centres, {d})"),
-            got: vec![],
-        })?;
+    let whole = gather_rows(group, rows.view())?;
     Ok(if on_rows {
         whole
     } else {
