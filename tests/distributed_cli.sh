@@ -11,10 +11,9 @@ dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
 cd "$dir"
 
-# .npy files from the standard library alone (float32 and float64 rows, int64 and int32
-# labels), with duplicated rows for ties across ranks.
-python3 - <<'EOF'
-import array, random, struct
+# A .npy writer from the standard library alone, for both data sets below.
+cat > npy_save.py <<'EOF'
+import array, struct
 
 def save(path, typecode, descr, shape, values):
     header = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, repr(tuple(shape)))
@@ -22,6 +21,13 @@ def save(path, typecode, descr, shape, values):
     with open(path, "wb") as f:
         f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
         f.write(array.array(typecode, values).tobytes())
+EOF
+
+# float32 and float64 rows, int64 and int32 labels, with duplicated rows for ties across
+# ranks.
+python3 - <<'EOF'
+import random
+from npy_save import save
 
 rng = random.Random(7)
 d = 24
@@ -126,13 +132,8 @@ echo "a timeout ends the job, which writes nothing"
 # (columns of W, rows of the proxies); the JSON and the gradients are the single process's
 # within f32 rounding (the sums run in another order), checked by numpy-free Python.
 python3 - <<'EOF2'
-import array, random, struct
-def save(path, typecode, descr, shape, values):
-    header = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, repr(tuple(shape)))
-    header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
-    with open(path, "wb") as f:
-        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
-        f.write(array.array(typecode, values).tobytes())
+import random
+from npy_save import save
 rng = random.Random(11)
 b, d, c = 37, 8, 11
 save("cx.npy", "f", "<f4", (b, d), [rng.uniform(-1, 1) for _ in range(b * d)])
