@@ -52,26 +52,11 @@ struct Params {
 // Invocations per workgroup: set from Rust (info_nce_weights::WORKGROUP_SIZE).
 override WORKGROUP_SIZE: u32;
 
-const NONE: u32 = 0u;
-const POSITIVE: u32 = 1u;
-const NEGATIVE: u32 = 2u;
 // PML's small_val: f32's smallest normal number.
 const TINY: f32 = 1.17549435e-38;
 
 var<workgroup> reduced: array<f32, WORKGROUP_SIZE>;
 var<workgroup> counted: array<vec2<u32>, WORKGROUP_SIZE>;
-
-fn role(a: u32, j: u32) -> u32 {
-    let other = labels[j];
-    let label = labels[params.refs + 2u * a];
-    if (other != label) {
-        return NEGATIVE;
-    }
-    if (j == labels[params.refs + 2u * a + 1u]) {
-        return NONE;
-    }
-    return POSITIVE;
-}
 
 // log(e^x + e^y) without overflow or underflow.
 fn log_add_exp(x: f32, y: f32) -> f32 {
@@ -84,15 +69,6 @@ fn log_add_exp(x: f32, y: f32) -> f32 {
 fn positive_terms(log_x: f32) -> vec2<f32> {
     let log_tiny = log(TINY);
     return vec2<f32>(-log_add_exp(log_x, log_tiny), sigmoid(log_x - log_tiny));
-}
-
-// 1 / (1 + e^{-t}) without overflow.
-fn sigmoid(t: f32) -> f32 {
-    if (t >= 0.0) {
-        return 1.0 / (1.0 + exp(-t));
-    }
-    let e = exp(t);
-    return e / (1.0 + e);
 }
 
 // The workgroup's maximum (op 0) or sum (op 1) of v, on every invocation.
@@ -134,17 +110,17 @@ fn main(
     var positives = 0u;
     for (var j = t; j < m; j += WORKGROUP_SIZE) {
         let r = role(a, j);
-        if (r == NEGATIVE) {
+        if (r == ROLE_NEGATIVE) {
             top = max(top, dz * distances[row + j]);
             negatives += 1u;
-        } else if (r == POSITIVE) {
+        } else if (r == ROLE_POSITIVE) {
             positives += 1u;
         }
     }
     top = combine(t, top, 0u);
     var sum = 0.0;
     for (var j = t; j < m; j += WORKGROUP_SIZE) {
-        if (role(a, j) == NEGATIVE) {
+        if (role(a, j) == ROLE_NEGATIVE) {
             sum += exp(dz * distances[row + j] - top);
         }
     }
@@ -156,7 +132,7 @@ fn main(
     var loss = 0.0;
     var on_negatives = 0.0;
     for (var j = t; j < m; j += WORKGROUP_SIZE) {
-        if (role(a, j) == POSITIVE) {
+        if (role(a, j) == ROLE_POSITIVE) {
             // log x = log sigmoid(z - L) = -log(1 + e^{L - z}); 0 without a negative.
             var log_x = 0.0;
             var rest = 0.0;
@@ -177,11 +153,11 @@ fn main(
         let d = distances[row + j];
         let r = role(a, j);
         var w = 0.0;
-        if (r == POSITIVE && any_negative) {
+        if (r == ROLE_POSITIVE && any_negative) {
             let z = dz * d;
             let flat = positive_terms(-log_add_exp(0.0, log_sum - z)).y;
             w = -dz * flat * sigmoid(log_sum - z);
-        } else if (r == NEGATIVE) {
+        } else if (r == ROLE_NEGATIVE) {
             w = dz * exp(dz * d - log_sum) * on_negatives;
         }
         u[row + j] = pair_weight(a, j, w, d);

@@ -12,7 +12,8 @@ use wgpu_metric_learning::{
     pairwise_distances, pairwise_distances_plan, triplet_margin_loss, triplet_margin_loss_plan,
     AccuracyConfig, AccuracyK, BackendChoice, ComputePath, Context, ContextConfig, Contrastive,
     Error, InfoNceConfig, KmeansConfig, KnnConfig, MiningSet, MnrlConfig, PairLossConfig,
-    PairMarginConfig, Plan, Result, SupCon, TripletConfig, TripletLossConfig, TripletType, Tuning,
+    PairMarginConfig, Plan, RankedList, Result, SupCon, TripletConfig, TripletLossConfig,
+    TripletType, Tuning,
 };
 
 fn data(rows: usize, d: usize, classes: usize) -> (Array2<f32>, Array1<u32>) {
@@ -256,8 +257,8 @@ fn losses<'a>(
     pair_losses(path, budget, (set, refs));
 }
 
-/// The pair losses run natively on every context (two passes for Contrastive): their plans
-/// say so, and hold on both.
+/// The pair losses with a device rule run on the context's path (two passes for
+/// Contrastive), the others natively on every context: their plans say so, and hold.
 fn pair_losses<'a>(
     path: ComputePath,
     budget: u64,
@@ -268,36 +269,33 @@ fn pair_losses<'a>(
         ref_grad: true,
         ..Default::default()
     };
-    match path {
-        ComputePath::NativeCpu => {
-            check(
-                "pair_loss (contrastive)",
-                path,
-                budget,
-                |ctx| pair_loss_plan(ctx, set, None, &contrastive),
-                |ctx| pair_loss(ctx, set, None, &contrastive),
-            );
-            check(
-                "pair_loss (supcon) against references",
-                path,
-                budget,
-                |ctx| pair_loss_plan(ctx, set, Some(refs), &supcon),
-                |ctx| pair_loss(ctx, set, Some(refs), &supcon),
-            );
-        }
-        ComputePath::Wgpu => {
-            let Some(ctx) = context(path, budget) else {
-                return;
-            };
-            let plan = pair_loss_plan(&ctx, set, Some(refs), &supcon).expect("plan");
-            ctx.reset_peak();
-            let out = pair_loss(&ctx, set, Some(refs), &supcon).expect("loss");
-            assert_eq!(
-                (plan.path, out.path),
-                (ComputePath::NativeCpu, ComputePath::NativeCpu)
-            );
-            assert!(ctx.memory().peak_bytes <= plan.bytes, "{plan:?}");
-        }
+    check(
+        "pair_loss (contrastive)",
+        path,
+        budget,
+        |ctx| pair_loss_plan(ctx, set, None, &contrastive),
+        |ctx| pair_loss(ctx, set, None, &contrastive),
+    );
+    check(
+        "pair_loss (supcon) against references",
+        path,
+        budget,
+        |ctx| pair_loss_plan(ctx, set, Some(refs), &supcon),
+        |ctx| pair_loss(ctx, set, Some(refs), &supcon),
+    );
+    if path == ComputePath::Wgpu {
+        let Some(ctx) = context(path, budget) else {
+            return;
+        };
+        let ranked = PairLossConfig::<RankedList>::default();
+        let plan = pair_loss_plan(&ctx, set, Some(refs), &ranked).expect("plan");
+        ctx.reset_peak();
+        let out = pair_loss(&ctx, set, Some(refs), &ranked).expect("loss");
+        assert_eq!(
+            (plan.path, out.path),
+            (ComputePath::NativeCpu, ComputePath::NativeCpu)
+        );
+        assert!(ctx.memory().peak_bytes <= plan.bytes, "{plan:?}");
     }
 }
 

@@ -8,3 +8,12 @@ fn log1p(z: f32) -> f32 {
     }
     return log(w) * z / (w - 1.0);
 }
+
+// 1 / (1 + e^{-t}) without overflow.
+fn sigmoid(t: f32) -> f32 {
+    if (t >= 0.0) {
+        return 1.0 / (1.0 + exp(-t));
+    }
+    let e = exp(t);
+    return e / (1.0 + e);
+}

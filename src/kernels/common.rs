@@ -5,11 +5,12 @@
 //! four-language translation all check it whole. `tests/shaders.rs` fails if a function of a
 //! common file is defined again in a kernel, or if two kernels carry the same function.
 //!
-//! The parts, in the order a kernel composes them: `math` (log1p), `metric` (metric codes,
-//! `inv_norm`, `scale_of`, the distance epilogue `metric_of`), `tile` (the distance tile's
-//! uniform block, bindings and loads; after `metric`), `margin` (TripletMarginMiner's rule),
-//! `pairs` (`anchor_of`), `pair_weight` (a loss's per-pair weight; after `metric`). The last
-//! three name globals of the kernel they are composed into: each file's header says which.
+//! The parts, in the order a kernel composes them: `math` (log1p, sigmoid), `metric` (metric
+//! codes, `inv_norm`, `scale_of`, the distance epilogue `metric_of`), `tile` (the distance
+//! tile's uniform block, bindings and loads; after `metric`), `margin` (TripletMarginMiner's
+//! rule), `pairs` (`anchor_of`), `roles` (a reference's role for an anchor), `pair_weight` (a
+//! loss's per-pair weight; after `metric`). The last four name globals of the kernel they are
+//! composed into: each file's header says which.
 
 use crate::metric::Distance;
 
@@ -38,6 +39,7 @@ pub(crate) const PARTS: &[(&str, &str)] = &[
         include_str!("../../shaders/common/pair_weight.wgsl"),
     ),
     ("pairs", include_str!("../../shaders/common/pairs.wgsl")),
+    ("roles", include_str!("../../shaders/common/roles.wgsl")),
     ("tile", include_str!("../../shaders/common/tile.wgsl")),
 ];
 
@@ -54,6 +56,14 @@ pub(crate) mod rule {
     pub(crate) const SEMIHARD: u32 = 3;
     /// "easy": `tm > margin`.
     pub(crate) const EASY: u32 = 4;
+}
+
+/// A reference's role for an anchor (common/roles.wgsl's `ROLE_*`): the anchor's own row, its
+/// label, another label. The kernels use them among themselves; Rust fixes their values here.
+pub(crate) mod role {
+    pub(crate) const NONE: u32 = 0;
+    pub(crate) const POSITIVE: u32 = 1;
+    pub(crate) const NEGATIVE: u32 = 2;
 }
 
 /// Every `const` of `shaders/common/` with the Rust value it must equal (checked by
@@ -73,5 +83,8 @@ pub(crate) fn codes() -> Vec<(&'static str, u32)> {
         ("RULE_HARD", rule::HARD),
         ("RULE_SEMIHARD", rule::SEMIHARD),
         ("RULE_EASY", rule::EASY),
+        ("ROLE_NONE", role::NONE),
+        ("ROLE_POSITIVE", role::POSITIVE),
+        ("ROLE_NEGATIVE", role::NEGATIVE),
     ]
 }

@@ -33,7 +33,7 @@ pub(crate) struct Params {
 pub(crate) const SPEC: Spec = Spec {
     kernel: WgslKernel {
         stem: "info_nce_weights",
-        source: wgsl!("info_nce_weights", "math", "metric", "pair_weight"),
+        source: wgsl!("info_nce_weights", "math", "metric", "roles", "pair_weight"),
         constants: &[("WORKGROUP_SIZE", WORKGROUP_SIZE as f64)],
     },
     entries: &[Entry {

@@ -19,6 +19,7 @@ pub(crate) mod knn_sort;
 pub(crate) mod loss_backward;
 pub(crate) mod negative_buckets;
 pub(crate) mod pair_select;
+pub(crate) mod pair_weights;
 mod pipeline;
 pub(crate) mod row_norms;
 pub(crate) mod triplet_expand;
@@ -68,6 +69,7 @@ pub const WGSL_KERNELS: &[WgslKernel] = &[
     loss_backward::SPEC.kernel,
     negative_buckets::SPEC.kernel,
     pair_select::SPEC.kernel,
+    pair_weights::SPEC.kernel,
     row_norms::SPEC.kernel,
     triplet_expand::SPEC.kernel,
     triplet_lists::SPEC.kernel,
@@ -84,6 +86,7 @@ pub(crate) const SPECS: &[&Spec] = &[
     &loss_backward::SPEC,
     &negative_buckets::SPEC,
     &pair_select::SPEC,
+    &pair_weights::SPEC,
     &row_norms::SPEC,
     &triplet_expand::SPEC,
     &triplet_lists::SPEC,

@@ -22,6 +22,7 @@ mod pair_gradient;
 pub mod pair_loss;
 mod pair_loss_tuples;
 pub mod pair_select;
+pub mod pair_weights;
 pub mod row_norms;
 pub mod triplet_expand;
 pub mod triplet_lists;

@@ -175,6 +175,7 @@ pub(crate) const KERNEL_STEMS: &[&str] = &[
     "loss_backward",
     "negative_buckets",
     "pair_select",
+    "pair_weights",
     "row_norms",
     "triplet_expand",
     "triplet_lists",

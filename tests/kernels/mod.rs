@@ -9,6 +9,7 @@ mod knn_sort;
 mod loss_backward;
 mod negative_buckets;
 mod pair_select;
+mod pair_weights;
 mod row_norms;
 mod triplet_expand;
 mod triplet_lists;

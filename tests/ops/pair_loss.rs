@@ -168,7 +168,7 @@ fn old_rule() -> impl Strategy<Value = PairLossRef> {
 }
 
 /// Problems of up to `b` queries and `m` references of up to `d` dimensions.
-fn problem_of(b: usize, m: usize, d: usize) -> impl Strategy<Value = Problem> {
+pub(crate) fn problem_of(b: usize, m: usize, d: usize) -> impl Strategy<Value = Problem> {
     (0..=b, 0..=m, 1..=d, 1u32..5, any::<bool>())
         .prop_flat_map(|(b, m, d, classes, with_refs)| {
             let labels = move |n| proptest::collection::vec(0..classes, n).prop_map(Array1::from);
@@ -287,15 +287,37 @@ pub(crate) fn run(
     .expect("loss")
 }
 
-fn check(p: &Problem, ctx: &Context) {
+/// Whether `rule` has a device path (`pair_weights`).
+pub(crate) fn on_device(rule: PairLossRef) -> bool {
+    matches!(
+        rule,
+        PairLossRef::Contrastive(_)
+            | PairLossRef::MultiSimilarity(_)
+            | PairLossRef::SupCon(_)
+            | PairLossRef::Circle(_)
+            | PairLossRef::Nca(_)
+            | PairLossRef::GeneralizedLifted(_)
+            | PairLossRef::Margin(_)
+            | PairLossRef::FastAp(_)
+            | PairLossRef::ThresholdConsistentMargin(_)
+    )
+}
+
+pub(crate) fn check(p: &Problem, ctx: &Context) {
     let set = MiningSet::new(&p.x, &p.labels);
     let ref_set = p.refs.as_ref().map(|(l, e)| MiningSet::new(e, l));
     let got = run(ctx, p, &set, ref_set.as_ref());
     // The native path's distances: the losses run there on every context.
+    // Scored on the distances of the path that runs the rule (the device's own, or the
+    // native path's), so that kinks fall on the same side.
     let native = Context::native_cpu(None);
+    let scorer = match on_device(p.rule) {
+        true => ctx,
+        false => &native,
+    };
     let sides = (&p.x, &p.labels);
     let (ref_x, distances, lists) =
-        common::reference_inputs(&native, sides, p.refs.as_ref(), p.distance);
+        common::reference_inputs(scorer, sides, p.refs.as_ref(), p.distance);
     let want = reference(
         p.x.view(),
         ref_x.view(),
@@ -305,11 +327,16 @@ fn check(p: &Problem, ctx: &Context) {
         p.distance,
     );
     let what = format!("{p:?}");
-    // Calls without a loss return before either path, with the context's.
-    let native = got.path == ComputePath::NativeCpu;
+    // Calls without a loss return before either path, with the context's; the rules with a
+    // device path take it on a wgpu context.
+    let path = match (ctx.path(), on_device(p.rule)) {
+        (ComputePath::Wgpu, true) => ComputePath::Wgpu,
+        _ => ComputePath::NativeCpu,
+    };
     assert!(
-        native || got.path == ctx.path() && got.loss == 0.0,
-        "{what}"
+        got.path == path || got.path == ctx.path() && got.loss == 0.0,
+        "{what}: {:?}",
+        got.path
     );
     assert_eq!(got.nonzero, want.nonzero, "{what}");
     assert!(
@@ -348,9 +375,10 @@ proptest! {
         check(&p, &Context::native_cpu(None));
     }
 
-    /// A wgpu context reads nothing back here (host rows) and runs the native path.
+    /// On a wgpu context the rules with a device path run there (`pair_weights`), the others
+    /// natively.
     #[test]
-    fn pair_losses_on_a_gpu_context_run_natively(p in problem_of(6, 8, 3)) {
+    fn pair_losses_on_a_gpu_context_match_the_reference(p in problem_of(6, 8, 3)) {
         if let Some(ctx) = common::shared_gpu() {
             check(&p, ctx);
         }

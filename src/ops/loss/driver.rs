@@ -593,26 +593,12 @@ pub(super) fn run_as(
     Ok(finish_scaled(job, totals, (g_q, g_r), (q, r), factor))
 }
 
-/// The mean's division and the normalisation's backward of the gradients with respect to the
+/// The gradients multiplied by `factor` (the mean's division, or the rule's own) and the
+/// normalisation's backward of the gradients with respect to the
 /// normalised rows, `g_q` `(b, d)` and `g_r` `(m, d)` (when a gradient goes to the
 /// references), from the raw rows `q` and `r`; with the queries as references both roles are
 /// one row's.
-pub(super) fn finish(
-    job: &Job<'_>,
-    totals: Totals,
-    grads: (Array2<f32>, Option<Array2<f32>>),
-    rows: (ArrayView2<'_, f32>, ArrayView2<'_, f32>),
-) -> Output {
-    let factor = if totals.count == 0 {
-        0.0
-    } else {
-        (1.0 / totals.count as f64) as f32
-    };
-    finish_scaled(job, totals, grads, rows, factor)
-}
-
-/// [`finish`] with the gradients multiplied by `factor` instead of the mean's.
-fn finish_scaled(
+pub(super) fn finish_scaled(
     job: &Job<'_>,
     totals: Totals,
     (mut g_q, g_r): (Array2<f32>, Option<Array2<f32>>),

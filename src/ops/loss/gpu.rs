@@ -4,7 +4,7 @@
 //! two gradient products (`loss_backward`), all on the device;
 //! one submission per block and one wait per call, which reads back only the loss sums and the
 //! gradients `(b, d)` and `(m, d)`. The normalisation's backward and the mean's division then
-//! run on the host, as on the native path ([`driver::finish`]).
+//! run on the host, as on the native path ([`driver::finish_scaled`]).
 //!
 //! It takes the references in one page (one storage binding): past that, and for PML's swap,
 //! the caller runs the native path.
@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::hooks::Reporter;
 use crate::kernels::info_nce_weights::{self, InfoNceWeights};
 use crate::kernels::loss_backward::{self, BackwardBuffers, LossBackward, Side};
+use crate::kernels::pair_weights::{self, PairWeights};
 use crate::kernels::triplet_weights::{self, TripletWeights, WeightBuffers, TOTAL_WORDS};
 use crate::kernels::{distance_tile, grid_2d};
 use crate::ops::distance::gpu::{distance_rows_buffers, DistanceRows};
@@ -41,11 +42,35 @@ pub(super) enum Rule {
     },
     /// `info_nce_weights`: the InfoNCE family with logits `dz · D`.
     InfoNce { dz: f32 },
+    /// `pair_weights`: one of PML's pair losses.
+    Pair(PairRule),
+}
+
+/// A pair loss's rule as `pair_weights` takes it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PairRule {
+    /// A `pair_weights::code`.
+    pub(super) code: u32,
+    /// The rule's parameters (the shader's header names them).
+    pub(super) params: [f32; 4],
+    /// FastAP's bins (`num_bins + 1`).
+    pub(super) edges: u32,
+    /// A pass that gathers the anchors' words only: no weights, no gradient.
+    pub(super) forward: bool,
+}
+
+/// What a pair loss's pass gives: every anchor's [`pair_weights::WORDS`] words and the
+/// gradients with respect to the normalised rows (empty after a forward pass).
+pub(super) struct Raw {
+    pub(super) words: Vec<u32>,
+    grads: (Array2<f32>, Option<Array2<f32>>),
 }
 
 /// The uniform block either weights kernel takes.
 fn weight_params_size() -> u64 {
-    uniform_size::<triplet_weights::Params>().max(uniform_size::<info_nce_weights::Params>())
+    uniform_size::<triplet_weights::Params>()
+        .max(uniform_size::<info_nce_weights::Params>())
+        .max(uniform_size::<pair_weights::Params>())
 }
 
 /// Device bytes of a call with `b` anchors in blocks of `rows` against `m` references of
@@ -98,6 +123,7 @@ fn footprint(
         workgroup_storage: distance_tile::WORKGROUP_STORAGE
             .max(triplet_weights::WORKGROUP_STORAGE)
             .max(info_nce_weights::WORKGROUP_STORAGE)
+            .max(pair_weights::WORKGROUP_STORAGE)
             .max(loss_backward::WORKGROUP_STORAGE),
     }
 }
@@ -205,6 +231,34 @@ pub(super) fn run(
     job: &Job<'_>,
     rule: &Rule,
 ) -> Result<Option<Output>> {
+    let Some(raw) = run_raw(ctx, gpu, job, rule)? else {
+        return Ok(None);
+    };
+    // The kernel writes zeros after each anchor's counts: anything else (the sentinel) is a
+    // row it never wrote.
+    let sums = sum_totals(&raw.words).ok_or_else(|| Error::Internal {
+        op: job.op,
+        message: "the loss kernel left an anchor's totals unwritten".into(),
+    })?;
+    let factor = if sums.count == 0 {
+        0.0
+    } else {
+        (1.0 / sums.count as f64) as f32
+    };
+    finish(ctx, job, raw, sums, factor).map(Some)
+}
+
+/// [`run`]'s device work: the anchors' words and the gradients with respect to the
+/// normalised rows, or `None` where the native path runs.
+///
+/// # Errors
+/// As [`run`].
+pub(super) fn run_raw(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    job: &Job<'_>,
+    rule: &Rule,
+) -> Result<Option<Raw>> {
     let op = job.op;
     let set = job.set;
     let queries = set.queries.as_ref().ok_or_else(|| inputs::unimported(op))?;
@@ -214,11 +268,18 @@ pub(super) fn run(
     report.check()?;
     let ref_role = job.refs_are_queries || job.ref_grad;
     if b == 0 || m == 0 {
-        // No triplet: a zero loss and zero gradients, with nothing to put on the device.
-        return Ok(Some(Output {
-            totals: Totals::default(),
-            query_grad: Array2::zeros((b, d)),
-            ref_grad: (job.ref_grad && !job.refs_are_queries).then(|| Array2::zeros((m, d))),
+        // No pair: zero words (a zero loss) and zero gradients, with nothing to put on the
+        // device.
+        let words_per = match rule {
+            Rule::Pair(_) => pair_weights::WORDS,
+            _ => TOTAL_WORDS,
+        };
+        return Ok(Some(Raw {
+            words: vec![0; b * words_per],
+            grads: (
+                Array2::zeros((b, d)),
+                ref_role.then(|| Array2::zeros((m, d))),
+            ),
         }));
     }
     // Decided as the plan decides: a call that does not fit allocates nothing here.
@@ -237,13 +298,34 @@ pub(super) fn run(
         report.restart();
         gpu.settled(blocks(ctx, gpu, job, rule, &resident, (ref_role, &report)))
     });
-    let (sums, g_q, g_r) = match attempt {
+    match attempt {
         // The call's whole gradients and sums live on the device beside a block: where they
         // (or one block) do not fit the budget or a binding, the native path, which needs
         // less of both, runs instead.
-        Err(Error::OverBudget { .. } | Error::DeviceLimit { .. }) => return Ok(None),
-        other => other?,
-    };
+        Err(Error::OverBudget { .. } | Error::DeviceLimit { .. }) => Ok(None),
+        other => other.map(Some),
+    }
+}
+
+/// The gradients of `raw` scaled by `factor` and taken back through the normalisation on the
+/// host, as on the native path ([`driver::finish_scaled`]), with `totals` as the sums.
+///
+/// # Errors
+/// Reading device-resident rows back.
+pub(super) fn finish(
+    ctx: &Context,
+    job: &Job<'_>,
+    raw: Raw,
+    totals: Totals,
+    factor: f32,
+) -> Result<Output> {
+    let op = job.op;
+    let queries = job
+        .set
+        .queries
+        .as_ref()
+        .ok_or_else(|| inputs::unimported(op))?;
+    let refs = job.set.refs.ok_or_else(|| inputs::unimported(op))?;
     let q = host_rows(op, ctx, queries.reborrow())?;
     let r_own = match job.refs_are_queries || !job.ref_grad {
         true => None,
@@ -251,12 +333,20 @@ pub(super) fn run(
     };
     let q = q.view();
     let r = r_own.as_ref().map_or(q, |r| r.view());
-    Ok(Some(driver::finish(job, sums, (g_q, g_r), (q, r))))
+    let (g_q, g_r) = raw.grads;
+    let g_r = g_r.filter(|_| job.refs_are_queries || job.ref_grad);
+    Ok(driver::finish_scaled(
+        job,
+        totals,
+        (g_q, g_r),
+        (q, r),
+        factor,
+    ))
 }
 
-/// The blocks of [`run`] (one attempt under the current planning budget): the sums, the
-/// queries' gradient `(b, d)` and, with `ref_role`, the references' `(m, d)`, with respect to
-/// the normalised rows.
+/// The blocks of [`run_raw`] (one attempt under the current planning budget): every anchor's
+/// words, the queries' gradient `(b, d)` and, with `ref_role`, the references' `(m, d)`, with
+/// respect to the normalised rows (none after a forward pass).
 fn blocks(
     ctx: &Context,
     gpu: &GpuDevice,
@@ -264,7 +354,7 @@ fn blocks(
     rule: &Rule,
     resident: &Resident<'_>,
     (ref_role, report): (bool, &Reporter<'_>),
-) -> Result<(Totals, Array2<f32>, Option<Array2<f32>>)> {
+) -> Result<Raw> {
     let (op, set) = (job.op, job.set);
     let queries = set.queries.as_ref().ok_or_else(|| inputs::unimported(op))?;
     let ((b, d), m) = (queries.dim(), set.ref_labels.len());
@@ -315,8 +405,10 @@ fn blocks(
                 4 * triplet_weights::partial_words(rows as u64, m as u64),
             )?,
         )),
-        Rule::InfoNce { .. } => None,
+        Rule::InfoNce { .. } | Rule::Pair(_) => None,
     };
+    // A forward pass (a pair loss's first) takes no gradient: no weights, no products.
+    let forward = matches!(rule, Rule::Pair(p) if p.forward);
     let totals = transfer::output(gpu, "loss_gpu::totals", f32s(b * TOTAL_WORDS))?;
     let g_q = transfer::output(gpu, "loss_gpu::query_grad", f32s(b * dim4 * 4))?;
     let g_r: Option<TrackedBuffer> = ref_role
@@ -353,7 +445,9 @@ fn blocks(
             false => queries.reborrow(),
         };
         distance.encode(&mut rec, rows, a0, n, view, &job.distance)?;
-        rec.sentinel(&u, f32s(n * m))?;
+        if !forward {
+            rec.sentinel(&u, f32s(n * m))?;
+        }
         match (rule, &triplet_buffers) {
             (
                 &Rule::Triplet {
@@ -423,12 +517,50 @@ fn blocks(
                 let kernel = gpu.kernel::<InfoNceWeights>()?;
                 kernel.encode(&mut rec, n as u64, &buffers)?;
             }
+            (&Rule::Pair(p), _) => {
+                let [p0, p1, p2, p3] = p.params;
+                let params = pair_weights::Params {
+                    anchors: n as u32,
+                    refs: m as u32,
+                    dim4: dim4 as u32,
+                    metric,
+                    normalize,
+                    near: NEAR,
+                    row0: a0 as u32,
+                    rule: p.code,
+                    forward: u32::from(p.forward),
+                    edges: p.edges,
+                    _pad: [0; 2],
+                    p0,
+                    p1,
+                    p2,
+                    p3,
+                };
+                rec.upload(&weight_params, 0, &[params])?;
+                let buffers = [
+                    &weight_params,
+                    &distance.distances,
+                    &labels,
+                    &distance.queries,
+                    ref_rows,
+                    &distance.query_norms,
+                    ref_norms,
+                    &u,
+                    &totals,
+                ];
+                let kernel = gpu.kernel::<PairWeights>()?;
+                kernel.encode(&mut rec, n as u64, &buffers)?;
+            }
             (Rule::Triplet { .. }, None) => {
                 return Err(Error::Internal {
                     op,
                     message: "the triplet loss's buffers were not made".into(),
                 })
             }
+        }
+        if forward {
+            report.add((n * m) as u64);
+            continue;
         }
         let shape = (n as u64, m as u64, dim4 as u64);
         let sides = [(Side::Query, Some(&g_q)), (Side::Ref, g_r.as_ref())];
@@ -458,29 +590,34 @@ fn blocks(
         report.add((n * m) as u64);
     }
     rec.read_back(&totals, 0, &totals_staging, 0, f32s(b * TOTAL_WORDS));
-    rec.read_back(&g_q, 0, &g_q_staging, 0, f32s(b * dim4 * 4));
-    if let (Some(g_r), Some(staging)) = (&g_r, &g_r_staging) {
-        rec.read_back(g_r, 0, staging, 0, f32s(m * dim4 * 4));
+    if !forward {
+        rec.read_back(&g_q, 0, &g_q_staging, 0, f32s(b * dim4 * 4));
+        if let (Some(g_r), Some(staging)) = (&g_r, &g_r_staging) {
+            rec.read_back(g_r, 0, staging, 0, f32s(m * dim4 * 4));
+        }
     }
     let done = rec.submit()?;
-    let sums_read = totals_staging.map(&done, f32s(b * TOTAL_WORDS));
+    let words_read = totals_staging.map(&done, f32s(b * TOTAL_WORDS));
+    let words = words_read.read::<u32, _>(gpu, b * TOTAL_WORDS, <[u32]>::to_vec)?;
+    if forward {
+        return Ok(Raw {
+            words,
+            grads: (Array2::zeros((0, d)), None),
+        });
+    }
     let g_q_read = g_q_staging.map(&done, f32s(b * dim4 * 4));
     let g_r_read = g_r_staging
         .as_ref()
         .map(|s| s.map(&done, f32s(m * dim4 * 4)));
-    let sums = sums_read.read::<u32, _>(gpu, b * TOTAL_WORDS, sum_totals)?;
-    // The kernel writes zeros after each anchor's counts: anything else (the sentinel) is a
-    // row it never wrote.
-    let sums = sums.ok_or_else(|| Error::Internal {
-        op,
-        message: "the loss kernel left an anchor's totals unwritten".into(),
-    })?;
     let g_q = g_q_read.read::<f32, _>(gpu, b * dim4 * 4, |v| unpad(v, b, d))?;
     let g_r = match g_r_read {
         Some(read) => Some(read.read::<f32, _>(gpu, m * dim4 * 4, |v| unpad(v, m, d))?),
         None => None,
     };
-    Ok((sums, g_q, g_r))
+    Ok(Raw {
+        words,
+        grads: (g_q, g_r),
+    })
 }
 
 /// The call's sums from every anchor's [`TOTAL_WORDS`] words; `None` when an anchor's

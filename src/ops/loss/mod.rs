@@ -23,6 +23,7 @@ mod matryoshka;
 mod matryoshka_row;
 mod pair;
 mod pair_call;
+mod pair_device;
 mod pair_global;
 mod pair_global_linear;
 mod pair_params;

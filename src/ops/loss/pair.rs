@@ -29,20 +29,23 @@
 //! query's gradient, the gradient taken back through the centring). `AngularLoss` is not a
 //! function of one distance matrix: its own blocks are in [`super::angular`].
 //!
-//! They run on the native path on every context (a wgpu context reads device-resident rows
-//! back, once per pass): their device rules are not written yet.
+//! On a wgpu context Contrastive, MultiSimilarity, SupCon, Circle, NCA, GeneralizedLifted,
+//! Margin, FastAP and ThresholdConsistentMargin run on the device ([`super::pair_device`]:
+//! one kernel skeleton, `pair_weights`, with each rule's pieces); the others run natively
+//! there (device-resident rows read back, once per pass).
 
 use std::hash::Hash;
 
 use ndarray::{Array1, Array2, ArrayView1, Axis};
 
 use super::driver::{self, Job, Mode, Scratch, Shared};
+use super::gpu::Rule;
 use super::info_nce::pair_counts;
 use super::pair_call::{has_triplet, job, no_loss, refuse_refs, PairLoss, PairLossConfig, SCRATCH};
 use super::pair_global::{self, is_global, state_bytes, STATE};
 use super::pair_params::{Kind, PairLossRule, PnpVariant};
 use super::pair_rules::{anchor, Row};
-use super::{angular, dynamic_soft_margin, pair_global_linear};
+use super::{angular, dynamic_soft_margin, pair_device, pair_global_linear};
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::data::device_rows::Rows;
@@ -159,7 +162,8 @@ pub fn pair_loss_plan<L: Hash + Ord + Copy, R: PairLossRule>(
             _ => state_bytes(kind, job.set.labels.len()),
         };
         let _held = HostReservation::new(STATE, state, ctx.tracker())?;
-        Ok(super::plan::plan(ctx, job, None)?.with_imports((state, 0)))
+        let device = pair_device::rule(kind, job).map(Rule::Pair);
+        Ok(super::plan::plan(ctx, job, device.as_ref())?.with_imports((state, 0)))
     })?;
     Ok(plan.with_imports(imports.footprint()))
 }
@@ -344,7 +348,7 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind, ranks: &[u32]) -> Result<PairLo
             anchor(kind, &row, s)
         }
     };
-    let (out, mut transfers) = transfer::measure(|| match kind {
+    let native = || match kind {
         _ if is_global(kind) => {
             let (loss, nonzero, mut out) = pair_global::run(ctx, job, kind)?;
             out.totals.count = nonzero;
@@ -379,9 +383,20 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind, ranks: &[u32]) -> Result<PairLo
             let shift = if dq { 1.0 } else { 0.0 };
             Ok((shift + f64::from(out.totals.mean()), None, out))
         }
+    };
+    // On the device where the rule has a device path and the call fits it, else natively.
+    let (out, mut transfers) = transfer::measure(|| {
+        let on_device = match ctx.gpu() {
+            Some(gpu) => pair_device::run(ctx, gpu, job, kind)?,
+            None => None,
+        };
+        match on_device {
+            Some(found) => Ok((found, ComputePath::Wgpu)),
+            None => native().map(|found| (found, ComputePath::NativeCpu)),
+        }
     });
     transfers.add(job.set.imported);
-    let (loss, beta_grad, out) = out?;
+    let ((loss, beta_grad, out), path) = out?;
     Ok(PairLoss {
         loss: loss as f32,
         nonzero: out.totals.count,
@@ -390,7 +405,7 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind, ranks: &[u32]) -> Result<PairLo
         query_grad: out.query_grad,
         ref_grad: out.ref_grad,
         beta_grad,
-        path: ComputePath::NativeCpu,
+        path,
         transfers,
     })
 }

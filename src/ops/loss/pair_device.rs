@@ -1,0 +1,207 @@
+//! The device path of the pair losses ([`super::pair`]): the rules `pair_weights` runs
+//! (Contrastive, MultiSimilarity, SupCon, Circle, NCA, GeneralizedLifted, Margin, FastAP and
+//! ThresholdConsistentMargin), each call through the losses' device loop ([`super::gpu`]:
+//! distance tiles, the weights kernel, the two gradient products, one submission per pass),
+//! and the anchors' words combined on the host into PML's reducers, in f64.
+//!
+//! Contrastive and TCM divide by counts over every anchor: a first pass counts them (words
+//! only: no weights, no products), the second takes the weights already divided, as the
+//! native path's two passes do. The others take one pass. A call the device loop does not
+//! take (references past one page, buffers past the budget) runs natively.
+
+use super::driver::{Job, Output, Totals};
+use super::gpu::{self, PairRule, Raw, Rule};
+use super::pair_params::Kind;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::kernels::pair_weights::{code, MAX_EDGES, WORDS};
+use crate::metric::Distance;
+use crate::runtime::device::GpuDevice;
+
+/// The loss, `∂loss/∂β` (Margin with a learnt β) and the gradients: what [`super::pair`]'s
+/// native arms give.
+pub(super) type Found = (f64, Option<f32>, Output);
+
+/// The device rule of `kind` on `job` (its first pass's), or `None` where the rule has no
+/// device path: the rules outside the module docs' list, SNR's distance, and FastAP past
+/// `MAX_EDGES − 1` bins.
+pub(super) fn rule(kind: Kind, job: &Job<'_>) -> Option<PairRule> {
+    if job.snr.is_some() || job.ref_pairs {
+        return None;
+    }
+    let (code, params, edges) = match kind {
+        Kind::Contrastive(c) => (code::CONTRASTIVE, [c.pos_margin, c.neg_margin, 0.0, 0.0], 0),
+        Kind::MultiSimilarity(c) => (code::MULTI_SIMILARITY, [c.alpha, c.beta, c.base, 0.0], 0),
+        Kind::SupCon(c) => (code::SUPCON, [c.temperature, 0.0, 0.0, 0.0], 0),
+        Kind::Circle(c) => (code::CIRCLE, [c.m, c.gamma, 0.0, 0.0], 0),
+        Kind::Nca(c) => (code::NCA, [c.softmax_scale, 0.0, 0.0, 0.0], 0),
+        Kind::GeneralizedLifted(c) => (
+            code::GENERALIZED_LIFTED,
+            [c.pos_margin, c.neg_margin, 0.0, 0.0],
+            0,
+        ),
+        Kind::Margin(c) => (code::MARGIN, [c.margin, c.beta, 0.0, 0.0], 0),
+        Kind::FastAp(c) if c.num_bins < MAX_EDGES => {
+            // The bins' width over [0, 2] (Euclidean) or [0, 4] (squared), as natively.
+            let max = match job.distance.distance {
+                Distance::SquaredEuclidean => 4.0,
+                _ => 2.0,
+            };
+            let delta = (max / f64::from(c.num_bins)) as f32;
+            (code::FAST_AP, [delta, 0.0, 0.0, 0.0], c.num_bins + 1)
+        }
+        Kind::ThresholdConsistentMargin(c) => (
+            code::THRESHOLD_CONSISTENT,
+            [c.margin_plus, c.margin_minus, 0.0, 0.0],
+            0,
+        ),
+        _ => return None,
+    };
+    let forward = matches!(
+        kind,
+        Kind::Contrastive(_) | Kind::ThresholdConsistentMargin(_)
+    );
+    Some(PairRule {
+        code,
+        params,
+        edges,
+        forward,
+    })
+}
+
+/// One anchor's words: three f32, four counts.
+struct Words {
+    floats: [f64; 3],
+    counts: [u64; 4],
+}
+
+/// Every anchor's [`Words`]; an error where an anchor's last word is not the zero the kernel
+/// writes (the sentinel: an anchor it never reached).
+fn words(op: &'static str, raw: &Raw) -> Result<Vec<Words>> {
+    raw.words
+        .chunks_exact(WORDS)
+        .map(|w| match w[7] {
+            0 => Ok(Words {
+                floats: [0, 1, 2].map(|i| f64::from(f32::from_bits(w[i]))),
+                counts: [3, 4, 5, 6].map(|i| u64::from(w[i])),
+            }),
+            _ => Err(Error::Internal {
+                op,
+                message: "pair_weights left an anchor's words unwritten".into(),
+            }),
+        })
+        .collect()
+}
+
+/// `1 / count` as the gradients' factor; 0 over nothing.
+fn share(count: u64) -> f64 {
+    if count == 0 {
+        0.0
+    } else {
+        1.0 / count as f64
+    }
+}
+
+/// `kind` on `gpu`, or `None` where it has no device rule or the device loop does not take the
+/// call (the caller then runs the native path). Called where PML computes a loss.
+///
+/// # Errors
+/// As [`gpu::run_raw`].
+pub(super) fn run(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    job: &Job<'_>,
+    kind: Kind,
+) -> Result<Option<Found>> {
+    let Some(first) = rule(kind, job) else {
+        return Ok(None);
+    };
+    let op = job.op;
+    let pass = |rule: PairRule| gpu::run_raw(ctx, gpu, job, &Rule::Pair(rule));
+    match kind {
+        Kind::Contrastive(_) | Kind::ThresholdConsistentMargin(_) => {
+            let Some(counted) = pass(first)? else {
+                return Ok(None);
+            };
+            let (cp, cn) = words(op, &counted)?
+                .iter()
+                .fold((0, 0), |(p, n), w| (p + w.counts[0], n + w.counts[1]));
+            // Each group's mean over its nonzero pairs; TCM's weighted by its λs.
+            let (lp, ln) = match kind {
+                Kind::ThresholdConsistentMargin(c) => {
+                    (f64::from(c.lambda_plus), f64::from(c.lambda_minus))
+                }
+                _ => (1.0, 1.0),
+            };
+            let (on_pos, on_neg) = (lp * share(cp), ln * share(cn));
+            let [p0, p1, ..] = first.params;
+            let second = PairRule {
+                params: [p0, p1, on_pos as f32, on_neg as f32],
+                forward: false,
+                ..first
+            };
+            let Some(raw) = pass(second)? else {
+                return Ok(None);
+            };
+            let loss: f64 = words(op, &raw)?
+                .iter()
+                .map(|w| on_pos * w.floats[0] + on_neg * w.floats[1])
+                .sum();
+            let totals = Totals {
+                loss,
+                count: cp + cn,
+                items: 0,
+                aux: 0.0,
+            };
+            let out = gpu::finish(ctx, job, raw, totals, 1.0)?;
+            Ok(Some((loss, None, out)))
+        }
+        Kind::Margin(c) => {
+            let Some(raw) = pass(first)? else {
+                return Ok(None);
+            };
+            let first_slope = if job.distance.distance.is_similarity() {
+                -1.0
+            } else {
+                1.0
+            };
+            // Each term counts once per pair of the other side (the rule's docs).
+            let mut t = Totals::default();
+            for w in words(op, &raw)? {
+                let [cp, cn, np, nn] = w.counts;
+                t.loss += nn as f64 * w.floats[0] + np as f64 * w.floats[1];
+                t.count += cp * nn + cn * np;
+                t.items += np * nn;
+                t.aux += first_slope * ((np * cn) as f64 - (nn * cp) as f64);
+            }
+            // PML returns no loss (nor β's regulariser) without a triplet.
+            let (loss, beta_grad) = match (t.items, t.count) {
+                (0, _) | (_, 0) => (0.0, 0.0),
+                (_, count) => (t.loss / count as f64, t.aux / count as f64),
+            };
+            let reg = c.learn_beta && t.items > 0;
+            let (nu, beta) = (f64::from(c.nu), f64::from(c.beta));
+            let loss = loss + if reg { nu * beta } else { 0.0 };
+            let beta_grad = beta_grad + if reg { nu } else { 0.0 };
+            let factor = share(t.count) as f32;
+            let out = gpu::finish(ctx, job, raw, t, factor)?;
+            Ok(Some((loss, c.learn_beta.then_some(beta_grad as f32), out)))
+        }
+        _ => {
+            // The mean over the anchors the rule counts.
+            let Some(raw) = pass(first)? else {
+                return Ok(None);
+            };
+            let mut t = Totals::default();
+            for w in words(op, &raw)? {
+                t.loss += w.floats[0];
+                t.count += w.counts[0];
+                t.items += w.counts[1];
+            }
+            let factor = share(t.count) as f32;
+            let loss = f64::from(t.mean());
+            let out = gpu::finish(ctx, job, raw, t, factor)?;
+            Ok(Some((loss, None, out)))
+        }
+    }
+}
