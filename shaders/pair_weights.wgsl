@@ -7,8 +7,8 @@
 //      label[j] != label[a]) and the maxima of the rule's logit over P, over N, and over
 //      every column (SupCon's row maximum);                                   `logit`
 //   2. over the row: four sums and four counts, from the maxima;             `part`
-//   3. once per anchor: the loss's words and the factors of its weights;    `anchor_of`
-//      (FastAP first bins the row into its histograms: `fast_ap_bins`)
+//   3. once per anchor: its words and the factors of its weights; `anchor_words`, `factors`
+//      (FastAP first bins the row: `fast_ap_bins`; Histogram's first pass: `histogram_bins`)
 //   4. over the row: W = dL/dD for each pair, then U as loss_backward takes it. `weight`
 //
 // The rules (codes PAIR_*, set from Rust), with `margin(x, y)` = x - y for distances and
@@ -18,12 +18,19 @@
 //   MULTI_SIMILARITY (p0 alpha, p1 beta, p2 base), SUPCON (p0 temperature),
 //   CIRCLE (p0 m, p1 gamma), NCA (p0 softmax_scale), GENERALIZED_LIFTED (p0, p1 margins),
 //   MARGIN (p0 margin, p1 beta), FAST_AP (p0 the bins' width, `edges` bins),
-//   THRESHOLD_CONSISTENT (p0 m+, p1 m-, p2 lambda+ / |P kept|, p3 lambda- / |N kept|).
+//   THRESHOLD_CONSISTENT (p0 m+, p1 m-, p2 lambda+ / |P kept|, p3 lambda- / |N kept|),
+//   LIFTED (p0, p1 margins; the state: every query row's log S, LOWEST where it has no
+//   negative), HISTOGRAM (p0 the nodes' spacing, `edges` nodes; the state: the loss's
+//   derivatives by positive node and by negative node, each divided by the spacing and its
+//   histogram's pair count, then a flag per query row: its class has a positive).
 // Contrastive and TCM divide by counts over every anchor: a first pass with `forward` set
-// counts them (U untouched), the second takes the weights already divided.
+// counts them (U untouched), the second takes the weights already divided. Lifted's first
+// pass gives each row its log S, Histogram's its histograms; their second passes read them
+// back, gathered, from the state. Lifted and Histogram run with the queries as references.
 //
-//   totals[8 (row0 + a) ..] = three f32 words (the loss, or the sums the host combines: see
-//             src/ops/loss/pair_device.rs), four counts, a zero
+//   totals[stride (row0 + a) ..] = three f32 words (the loss, or the sums the host combines:
+//             see src/ops/loss/pair_device.rs), four counts, a zero; Histogram's first pass
+//             then its (positive, negative) histograms, node by node
 //
 // One workgroup per anchor (y folded into x past 65 535), WORKGROUP_SIZE (256, set from
 // Rust) invocations striding over the row, each stage a uniform loop with workgroup
@@ -46,8 +53,10 @@ struct Params {
     forward: u32,
     // FastAP's bins (num_bins + 1, at most MAX_EDGES).
     edges: u32,
-    _pad0: u32,
-    _pad1: u32,
+    // Where the rule's state starts in `labels` (Lifted, Histogram).
+    state0: u32,
+    // Words per anchor in `totals`: 8, and Histogram's two histograms.
+    stride: u32,
     // The rule's parameters (above).
     p0: f32,
     p1: f32,
@@ -82,6 +91,8 @@ const PAIR_GENERALIZED_LIFTED: u32 = 5u;
 const PAIR_MARGIN: u32 = 6u;
 const PAIR_FAST_AP: u32 = 7u;
 const PAIR_THRESHOLD_CONSISTENT: u32 = 8u;
+const PAIR_LIFTED: u32 = 9u;
+const PAIR_HISTOGRAM: u32 = 10u;
 // FastAP's most bins (pair_weights::MAX_EDGES).
 const MAX_EDGES: u32 = 256u;
 
@@ -89,6 +100,63 @@ const MAX_EDGES: u32 = 256u;
 const LOWEST: f32 = -3.40282347e38;
 // log of f32's smallest subnormal, halved up: a probability below e^this is 0 in f32.
 const LOG_ZERO: f32 = -103.28;
+
+// The anchor (its row among the call's queries) and the column an invocation is at: what
+// Lifted's and Histogram's state is indexed by (the references are the queries there).
+var<private> anchor_row: u32;
+var<private> column: u32;
+
+// Word i of the rule's state, as a float and as a count.
+fn state_f32(i: u32) -> f32 {
+    return bitcast<f32>(labels[params.state0 + i]);
+}
+
+fn state_u32(i: u32) -> u32 {
+    return labels[params.state0 + i];
+}
+
+// Lifted: log(S_a + S_p) from the rows' log S (LOWEST: a row without a negative, S = 0); 0
+// where both are (PML's masked fill).
+fn lifted_lse(x: f32, y: f32) -> f32 {
+    if (x == LOWEST && y == LOWEST) {
+        return 0.0;
+    }
+    if (x == LOWEST || y == LOWEST) {
+        return max(x, y);
+    }
+    return max(x, y) + log1p(exp(-abs(x - y)));
+}
+
+// Lifted's positive pair (anchor, column) at distance d: relu(log(S_a + S_p) + margin(d,
+// pos_margin)) and its share e^{log S_a - lse} of the anchor's negatives (0 without).
+fn lifted_pair(d: f32) -> vec2<f32> {
+    let own = state_f32(anchor_row);
+    let lse = lifted_lse(own, state_f32(column));
+    let g = max(lse + margin_of(d, params.p0), 0.0);
+    return vec2<f32>(g, select(exp(own - lse), 0.0, own == LOWEST));
+}
+
+// Histogram: whether the pair (anchor, column) of role r is one of PML's (each unordered pair
+// once; a negative pair where a side has a positive: the state's flags after 2 edges floats).
+fn histogram_kept(r: u32) -> bool {
+    if (column <= anchor_row) {
+        return false;
+    }
+    if (r == ROLE_POSITIVE) {
+        return true;
+    }
+    let flags = 2u * params.edges;
+    return state_u32(flags + anchor_row) != 0u || state_u32(flags + column) != 0u;
+}
+
+// Histogram's lower node of similarity s (clamped to [-1, 1]; 1 in the top bin) and the
+// weight of the node above it.
+fn histogram_node(s: f32) -> vec2<f32> {
+    let c = clamp(s, -1.0, 1.0);
+    let delta = params.p0;
+    let r = clamp(floor((c + 1.0) / delta), 0.0, f32(params.edges) - 2.0);
+    return vec2<f32>(r, (c + 1.0 - r * delta) / delta);
+}
 
 var<workgroup> reduced: array<vec4<f32>, WORKGROUP_SIZE>;
 var<workgroup> counted: array<vec4<u32>, WORKGROUP_SIZE>;
@@ -189,6 +257,9 @@ fn logit(r: u32, d: f32) -> f32 {
         case PAIR_GENERALIZED_LIFTED: {
             return select(margin_of(params.p1, d), margin_of(d, params.p0), positive);
         }
+        case PAIR_LIFTED: {
+            return select(margin_of(params.p1, d), 0.0, positive);
+        }
         default: {
             return 0.0;
         }
@@ -251,6 +322,22 @@ fn part(r: u32, d: f32, top: vec4<f32>) -> Part {
             let top2 = max(top.x, top.y) - top.z;
             p.s.x = exp(shifted - top2);
             p.s.y = select(0.0, shifted, positive);
+        }
+        case PAIR_LIFTED: {
+            if (params.forward != 0u) {
+                // The first pass: the row's negatives' sum, for its log S.
+                p.s.y = select(exp(x - top.y), 0.0, positive);
+            } else if (positive) {
+                // relu(t)^2 / 2, and what the row's negatives share (each pair comes both ways).
+                let g = lifted_pair(d);
+                p.s.x = g.x * g.x / 2.0;
+                p.s.y = 2.0 * g.x * g.y;
+            }
+        }
+        case PAIR_HISTOGRAM: {
+            if (histogram_kept(r)) {
+                p.c = select(vec4<u32>(0u, 1u, 0u, 0u), vec4<u32>(1u, 0u, 0u, 0u), positive);
+            }
         }
         case PAIR_NCA: {
             // Every column's share under the row's top, the positives' under theirs (so that
@@ -330,6 +417,37 @@ fn fast_ap_bins(t: u32, a: u32, k: f32) -> f32 {
     return workgroupUniformLoad(&fast_loss);
 }
 
+// Histogram's first pass: the row's kept pairs soft-binned into its (positive, negative)
+// histograms, node by node, written after the anchor's words.
+fn histogram_bins(t: u32, a: u32) {
+    let m = params.refs;
+    let row = a * m;
+    let at = params.stride * (params.row0 + a) + 8u;
+    for (var c = 0u; c < params.edges; c++) {
+        var h = vec2<f32>(0.0);
+        for (var j = t; j < m; j += WORKGROUP_SIZE) {
+            column = j;
+            let r = role(a, j);
+            if (r != ROLE_NONE && histogram_kept(r)) {
+                let node = histogram_node(distances[row + j]);
+                let lower = u32(node.x);
+                var v = 0.0;
+                if (c == lower) {
+                    v = 1.0 - node.y;
+                } else if (c == lower + 1u) {
+                    v = node.y;
+                }
+                h += select(vec2<f32>(0.0, v), vec2<f32>(v, 0.0), r == ROLE_POSITIVE);
+            }
+        }
+        let total = combine(t, vec4<f32>(h, 0.0, 0.0), 1u);
+        if (t == 0u) {
+            totals[at + 2u * c] = bitcast<u32>(total.x);
+            totals[at + 2u * c + 1u] = bitcast<u32>(total.y);
+        }
+    }
+}
+
 // Stage 3: the anchor's words in `totals`: three f32 and four counts.
 struct Words {
     loss: vec3<f32>,
@@ -358,6 +476,20 @@ fn anchor_words(n: Anchor, fast: f32) -> Words {
             if (np > 0u) {
                 w = Words(vec3<f32>(fast, 0.0, 0.0), vec4<u32>(1u, nn, 0u, 0u));
             }
+        }
+        case PAIR_LIFTED: {
+            if (params.forward == 0u) {
+                w = Words(vec3<f32>(s.x, 0.0, 0.0), vec4<u32>(np, nn, 0u, 0u));
+            } else if (nn > 0u) {
+                // The row's log S, for the second pass.
+                w = Words(vec3<f32>(n.top.y + log(s.y), 0.0, 0.0), vec4<u32>(1u, 0u, 0u, 0u));
+            } else {
+                w = Words(vec3<f32>(LOWEST, 0.0, 0.0), vec4<u32>(0u));
+            }
+        }
+        case PAIR_HISTOGRAM: {
+            // The pairs the histograms hold; the histograms follow the words (first pass).
+            w = Words(vec3<f32>(0.0), vec4<u32>(c.z, c.w, 0u, 0u));
         }
         default: {
             // SupCon, Circle, NCA: the loss where the anchor is kept (f.w > 0 then).
@@ -493,6 +625,25 @@ fn weight(r: u32, d: f32, n: Anchor) -> f32 {
             let all = exp(x - max(top.x, top.y)) * f.x;
             return select(all, all - exp(x - top.x) * f.y, positive);
         }
+        case PAIR_LIFTED: {
+            if (positive) {
+                return first() * lifted_pair(d).x;
+            }
+            let own = n.sums.y;
+            if (own > 0.0) {
+                return -first() * own * exp(margin_of(params.p1, d) - state_f32(anchor_row));
+            }
+            return 0.0;
+        }
+        case PAIR_HISTOGRAM: {
+            // The slope between the pair's two nodes (the state's derivatives by node, divided
+            // by the bins' width and the pairs of the histogram); none outside [-1, 1].
+            if (!histogram_kept(r) || d < -1.0 || d > 1.0) {
+                return 0.0;
+            }
+            let node = u32(histogram_node(d).x) + select(params.edges, 0u, positive);
+            return state_f32(node + 1u) - state_f32(node);
+        }
         case PAIR_FAST_AP: {
             if (n.counts.x == 0u) {
                 return 0.0;
@@ -529,6 +680,7 @@ fn main(
     let t = lid.x;
     let m = params.refs;
     let row = a * m;
+    anchor_row = params.row0 + a;
 
     // 1. The counts and the maxima.
     var highest = vec4<f32>(LOWEST);
@@ -555,6 +707,7 @@ fn main(
     for (var j = t; j < m; j += WORKGROUP_SIZE) {
         let r = role(a, j);
         if (r != ROLE_NONE) {
+            column = j;
             let p = part(r, distances[row + j], top);
             sum += p.s;
             hinges += p.c;
@@ -568,6 +721,9 @@ fn main(
     if (params.rule == PAIR_FAST_AP && roles.x > 0u) {
         fast = fast_ap_bins(t, a, f32(roles.x));
     }
+    if (params.rule == PAIR_HISTOGRAM && params.forward != 0u) {
+        histogram_bins(t, a);
+    }
     let counts = vec4<u32>(roles.x, roles.y, nonzero.x, nonzero.y);
     let n = Anchor(top, sums, counts, factors(top, sums, roles.x, roles.y));
 
@@ -578,6 +734,7 @@ fn main(
             let r = role(a, j);
             var w = 0.0;
             if (r != ROLE_NONE) {
+                column = j;
                 w = weight(r, d, n);
             }
             u[row + j] = pair_weight(a, j, w, d);
@@ -586,7 +743,7 @@ fn main(
 
     if (t == 0u) {
         let words = anchor_words(n, fast);
-        let at = 8u * (params.row0 + a);
+        let at = params.stride * (params.row0 + a);
         totals[at] = bitcast<u32>(words.loss.x);
         totals[at + 1u] = bitcast<u32>(words.loss.y);
         totals[at + 2u] = bitcast<u32>(words.loss.z);

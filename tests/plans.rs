@@ -11,9 +11,9 @@ use wgpu_metric_learning::{
     ntxent_loss, ntxent_loss_plan, pair_loss, pair_loss_plan, pair_margin_pairs,
     pairwise_distances, pairwise_distances_plan, triplet_margin_loss, triplet_margin_loss_plan,
     AccuracyConfig, AccuracyK, BackendChoice, ComputePath, Context, ContextConfig, Contrastive,
-    Error, InfoNceConfig, KmeansConfig, KnnConfig, MiningSet, MnrlConfig, PairLossConfig,
-    PairMarginConfig, Plan, RankedList, Result, SupCon, TripletConfig, TripletLossConfig,
-    TripletType, Tuning,
+    Error, Histogram, InfoNceConfig, KmeansConfig, KnnConfig, LiftedStructure, MiningSet,
+    MnrlConfig, PairLossConfig, PairMarginConfig, Plan, RankedList, Result, SupCon, TripletConfig,
+    TripletLossConfig, TripletType, Tuning,
 };
 
 fn data(rows: usize, d: usize, classes: usize) -> (Array2<f32>, Array1<u32>) {
@@ -282,6 +282,22 @@ fn pair_losses<'a>(
         budget,
         |ctx| pair_loss_plan(ctx, set, Some(refs), &supcon),
         |ctx| pair_loss(ctx, set, Some(refs), &supcon),
+    );
+    let lifted = PairLossConfig::<LiftedStructure>::default();
+    check(
+        "pair_loss (lifted structure)",
+        path,
+        budget,
+        |ctx| pair_loss_plan(ctx, set, None, &lifted),
+        |ctx| pair_loss(ctx, set, None, &lifted),
+    );
+    let histogram = PairLossConfig::<Histogram>::default();
+    check(
+        "pair_loss (histogram)",
+        path,
+        budget,
+        |ctx| pair_loss_plan(ctx, set, None, &histogram),
+        |ctx| pair_loss(ctx, set, None, &histogram),
     );
     if path == ComputePath::Wgpu {
         let Some(ctx) = context(path, budget) else {

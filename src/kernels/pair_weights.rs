@@ -20,7 +20,8 @@ pub(crate) const MAX_EDGES: u32 = 256;
 pub(crate) const WORKGROUP_STORAGE: u64 =
     WORKGROUP_SIZE * (16 + 16) + MAX_EDGES as u64 * (8 + 16) + 4;
 
-/// Words per anchor in the totals: three f32, four counts, a zero.
+/// Words per anchor in the totals: three f32, four counts, a zero (Histogram's first pass:
+/// then its two histograms).
 pub(crate) const WORDS: usize = 8;
 
 /// The rules' codes (`PAIR_*` in the shader).
@@ -34,11 +35,13 @@ pub(crate) mod code {
     pub(crate) const MARGIN: u32 = 6;
     pub(crate) const FAST_AP: u32 = 7;
     pub(crate) const THRESHOLD_CONSISTENT: u32 = 8;
+    pub(crate) const LIFTED: u32 = 9;
+    pub(crate) const HISTOGRAM: u32 = 10;
 }
 
 /// The kernel's uniform block, laid out as `Params` in the shader.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct Params {
     pub(crate) anchors: u32,
     pub(crate) refs: u32,
@@ -52,9 +55,12 @@ pub(crate) struct Params {
     pub(crate) rule: u32,
     /// 1: the words only, `U` untouched.
     pub(crate) forward: u32,
-    /// FastAP's bins.
+    /// FastAP's bins, Histogram's nodes.
     pub(crate) edges: u32,
-    pub(crate) _pad: [u32; 2],
+    /// Where the rule's state starts in the labels.
+    pub(crate) state0: u32,
+    /// Words per anchor in the totals ([`WORDS`], and Histogram's histograms).
+    pub(crate) stride: u32,
     /// The rule's parameters (the shader's header names them).
     pub(crate) p0: f32,
     pub(crate) p1: f32,
@@ -88,7 +94,7 @@ pub(crate) const SPEC: Spec = Spec {
         size: std::mem::size_of::<Params>(),
         fields: fields!(
             Params: anchors, refs, dim4, metric, normalize, near, row0, rule, forward, edges,
-            p0, p1, p2, p3
+            state0, stride, p0, p1, p2, p3
         ),
     },
     codes: &[
@@ -101,6 +107,8 @@ pub(crate) const SPEC: Spec = Spec {
         ("PAIR_MARGIN", code::MARGIN),
         ("PAIR_FAST_AP", code::FAST_AP),
         ("PAIR_THRESHOLD_CONSISTENT", code::THRESHOLD_CONSISTENT),
+        ("PAIR_LIFTED", code::LIFTED),
+        ("PAIR_HISTOGRAM", code::HISTOGRAM),
         ("MAX_EDGES", MAX_EDGES),
     ],
 };

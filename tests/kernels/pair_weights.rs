@@ -1,6 +1,7 @@
 //! `pair_weights` (with `distance_tile` and `loss_backward`) on the GPU against its reference:
 //! every rule with a device path (Contrastive, MultiSimilarity, SupCon, Circle, NCA,
-//! GeneralizedLifted, Margin, FastAP, ThresholdConsistentMargin) through `pair_loss`, the
+//! GeneralizedLifted, Margin, FastAP, ThresholdConsistentMargin, and LiftedStructure and
+//! Histogram with the queries as references) through `pair_loss`, the
 //! loss, its divisors, `∂loss/∂β` and both gradients against `reference::pair_weights` taken
 //! on through `reference::pair_loss`, scored on the device's own distances. Rows of up to 600
 //! references cross the kernel's 256-wide strides; empty sides, one class, ties on the grid,
@@ -20,7 +21,7 @@ use wgpu_metric_learning::{
 
 /// Problems whose rule has a device path.
 fn device_problem(b: usize, m: usize, d: usize) -> impl Strategy<Value = Problem> {
-    problem_of(b, m, d).prop_filter("a rule with a device path", |p| on_device(p.rule))
+    problem_of(b, m, d).prop_filter("a rule with a device path", on_device)
 }
 
 proptest! {

@@ -287,20 +287,26 @@ pub(crate) fn run(
     .expect("loss")
 }
 
-/// Whether `rule` has a device path (`pair_weights`).
-pub(crate) fn on_device(rule: PairLossRef) -> bool {
-    matches!(
-        rule,
-        PairLossRef::Contrastive(_)
-            | PairLossRef::MultiSimilarity(_)
-            | PairLossRef::SupCon(_)
-            | PairLossRef::Circle(_)
-            | PairLossRef::Nca(_)
-            | PairLossRef::GeneralizedLifted(_)
-            | PairLossRef::Margin(_)
-            | PairLossRef::FastAp(_)
-            | PairLossRef::ThresholdConsistentMargin(_)
-    )
+/// Whether `p`'s rule has a device path (`pair_weights`; Lifted and Histogram with the
+/// queries as references).
+pub(crate) fn on_device(p: &Problem) -> bool {
+    let symmetric = matches!(
+        p.rule,
+        PairLossRef::LiftedStructure(_) | PairLossRef::Histogram(_)
+    );
+    symmetric && p.refs.is_none()
+        || matches!(
+            p.rule,
+            PairLossRef::Contrastive(_)
+                | PairLossRef::MultiSimilarity(_)
+                | PairLossRef::SupCon(_)
+                | PairLossRef::Circle(_)
+                | PairLossRef::Nca(_)
+                | PairLossRef::GeneralizedLifted(_)
+                | PairLossRef::Margin(_)
+                | PairLossRef::FastAp(_)
+                | PairLossRef::ThresholdConsistentMargin(_)
+        )
 }
 
 pub(crate) fn check(p: &Problem, ctx: &Context) {
@@ -311,7 +317,7 @@ pub(crate) fn check(p: &Problem, ctx: &Context) {
     // Scored on the distances of the path that runs the rule (the device's own, or the
     // native path's), so that kinks fall on the same side.
     let native = Context::native_cpu(None);
-    let scorer = match on_device(p.rule) {
+    let scorer = match on_device(p) {
         true => ctx,
         false => &native,
     };
@@ -329,7 +335,7 @@ pub(crate) fn check(p: &Problem, ctx: &Context) {
     let what = format!("{p:?}");
     // Calls without a loss return before either path, with the context's; the rules with a
     // device path take it on a wgpu context.
-    let path = match (ctx.path(), on_device(p.rule)) {
+    let path = match (ctx.path(), on_device(p)) {
         (ComputePath::Wgpu, true) => ComputePath::Wgpu,
         _ => ComputePath::NativeCpu,
     };

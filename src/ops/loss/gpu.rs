@@ -47,7 +47,7 @@ pub(super) enum Rule {
 }
 
 /// A pair loss's rule as `pair_weights` takes it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct PairRule {
     /// A `pair_weights::code`.
     pub(super) code: u32,
@@ -57,6 +57,28 @@ pub(super) struct PairRule {
     pub(super) edges: u32,
     /// A pass that gathers the anchors' words only: no weights, no gradient.
     pub(super) forward: bool,
+    /// What the rule reads of earlier passes, after the labels (Lifted's, Histogram's).
+    pub(super) state: Vec<u32>,
+    /// Words per anchor: [`pair_weights::WORDS`], and Histogram's histograms.
+    pub(super) stride: usize,
+}
+
+impl Rule {
+    /// Words per anchor in the totals.
+    fn words(&self) -> usize {
+        match self {
+            Rule::Pair(p) => p.stride,
+            _ => TOTAL_WORDS,
+        }
+    }
+
+    /// Words of state after the labels.
+    fn state(&self) -> &[u32] {
+        match self {
+            Rule::Pair(p) => &p.state,
+            _ => &[],
+        }
+    }
 }
 
 /// What a pair loss's pass gives: every anchor's [`pair_weights::WORDS`] words and the
@@ -73,23 +95,25 @@ fn weight_params_size() -> u64 {
         .max(uniform_size::<pair_weights::Params>())
 }
 
-/// Device bytes of a call with `b` anchors in blocks of `rows` against `m` references of
-/// `dim4` `vec4`s (`ref_role`: they get a gradient): every buffer [`blocks`] makes (the
-/// references are on the device before it plans, so the budget it plans in has them).
+/// Device bytes of a call of `rule` with `b` anchors in blocks of `rows` against `m`
+/// references of `dim4` `vec4`s (`ref_role`: they get a gradient): every buffer [`blocks`]
+/// makes (the references are on the device before it plans, so the budget it plans in has
+/// them).
 fn footprint(
     rows: usize,
     (b, m, dim4): (usize, usize, usize),
-    (triplet, ref_role): (bool, bool),
+    (rule, ref_role): (&Rule, bool),
     max_per_dim: u64,
 ) -> Footprint {
+    let triplet = matches!(rule, Rule::Triplet { .. });
     let mut buffers = distance_rows_buffers(rows, m, dim4, 1);
-    let totals = f32s(b * TOTAL_WORDS);
+    let totals = f32s(b * rule.words());
     let g_q = f32s(b * dim4 * 4);
     buffers.extend([
         weight_params_size(),
         2 * uniform_size::<loss_backward::Params>(),
-        f32s(m + 2 * rows), // labels
-        f32s(rows * m),     // U
+        f32s(m + 2 * rows + rule.state().len()), // labels
+        f32s(rows * m),                          // U
         totals,
         g_q,
         totals, // their staging
@@ -160,11 +184,13 @@ fn upload_bytes(
     fits.then_some(upload)
 }
 
-/// Host bytes [`run`] holds for `b` anchors and `m` references of `d` floats: the gradients
-/// read back, and copies of device-resident rows for the normalisation's backward.
-fn host_bytes((b, m, d): (usize, usize, usize), ref_role: bool) -> u64 {
+/// Host bytes [`run`] holds for `b` anchors and `m` references of `d` floats: the anchors'
+/// words and the gradients read back, and copies of device-resident rows for the
+/// normalisation's backward.
+fn host_bytes((b, m, d): (usize, usize, usize), rule: &Rule, ref_role: bool) -> u64 {
     let floats = |n: usize| 4 * (n * d) as u64;
-    floats(b) * 2 + if ref_role { floats(m) * 2 } else { 0 }
+    let words = 4 * (b * rule.words()) as u64;
+    words + floats(b) * 2 + if ref_role { floats(m) * 2 } else { 0 }
 }
 
 /// The plan of [`run`] on `gpu`, or `None` where [`run`] leaves the call to the native path
@@ -193,20 +219,12 @@ pub(super) fn plan(
     };
     let ref_role = job.refs_are_queries || job.ref_grad;
     // The references are uploaded and the host memory held before the blocks plan.
-    let held = upload + host_bytes((b, m, d), ref_role);
+    let held = upload + host_bytes((b, m, d), rule, ref_role);
     let Some(left) = oom_retry::planning_budget(ctx).checked_sub(held) else {
         return Ok(None);
     };
-    let triplet = matches!(rule, Rule::Triplet { .. });
     let max_per_dim = u64::from(caps.max_workgroups_per_dimension);
-    let cost = |rows| {
-        footprint(
-            rows,
-            (b, m, d.div_ceil(4)),
-            (triplet, ref_role),
-            max_per_dim,
-        )
-    };
+    let cost = |rows| footprint(rows, (b, m, d.div_ceil(4)), (rule, ref_role), max_per_dim);
     match plan_rows(op, b, m, left, &caps, cost) {
         Ok(tiles) => {
             let mut plan = tiles.public(b, m, cost(1).bytes + held);
@@ -270,12 +288,8 @@ pub(super) fn run_raw(
     if b == 0 || m == 0 {
         // No pair: zero words (a zero loss) and zero gradients, with nothing to put on the
         // device.
-        let words_per = match rule {
-            Rule::Pair(_) => pair_weights::WORDS,
-            _ => TOTAL_WORDS,
-        };
         return Ok(Some(Raw {
-            words: vec![0; b * words_per],
+            words: vec![0; b * rule.words()],
             grads: (
                 Array2::zeros((b, d)),
                 ref_role.then(|| Array2::zeros((m, d))),
@@ -292,7 +306,8 @@ pub(super) fn run_raw(
         Ok(_) | Err(Error::OverBudget { .. } | Error::DeviceLimit { .. }) => return Ok(None),
         Err(e) => return Err(e),
     };
-    let _held = HostReservation::new(job.label, host_bytes((b, m, d), ref_role), ctx.tracker())?;
+    let held = host_bytes((b, m, d), rule, ref_role);
+    let _held = HostReservation::new(job.label, held, ctx.tracker())?;
     let attempt = oom_retry::retry(ctx, || {
         report.check()?;
         report.restart();
@@ -363,8 +378,7 @@ fn blocks(
     let budget = oom_retry::planning_budget(ctx);
     let max_per_dim = u64::from(caps.max_workgroups_per_dimension);
     let plan = plan_rows(op, b.max(1), m, budget, &caps, |rows| {
-        let triplet = matches!(rule, Rule::Triplet { .. });
-        footprint(rows, (b, m, dim4), (triplet, ref_role), max_per_dim)
+        footprint(rows, (b, m, dim4), (rule, ref_role), max_per_dim)
     })?;
     let rows = plan.rows;
     let view = RowsView {
@@ -389,7 +403,9 @@ fn blocks(
             uniform,
         )?,
     ];
-    let labels = make("loss_gpu::labels", f32s(m + 2 * rows), input)?;
+    let state0 = m + 2 * rows;
+    let labels = make("loss_gpu::labels", f32s(state0 + rule.state().len()), input)?;
+    let words = rule.words();
     let u = transfer::output(gpu, "loss_gpu::u", f32s(rows * m))?;
     // The triplet loss's columns by role and sums per block of a row.
     let triplet_buffers = match rule {
@@ -409,12 +425,12 @@ fn blocks(
     };
     // A forward pass (a pair loss's first) takes no gradient: no weights, no products.
     let forward = matches!(rule, Rule::Pair(p) if p.forward);
-    let totals = transfer::output(gpu, "loss_gpu::totals", f32s(b * TOTAL_WORDS))?;
+    let totals = transfer::output(gpu, "loss_gpu::totals", f32s(b * words))?;
     let g_q = transfer::output(gpu, "loss_gpu::query_grad", f32s(b * dim4 * 4))?;
     let g_r: Option<TrackedBuffer> = ref_role
         .then(|| transfer::output(gpu, "loss_gpu::ref_grad", f32s(m * dim4 * 4)))
         .transpose()?;
-    let totals_staging = Staging::new(gpu, "loss_gpu::totals_staging", f32s(b * TOTAL_WORDS))?;
+    let totals_staging = Staging::new(gpu, "loss_gpu::totals_staging", f32s(b * words))?;
     let g_q_staging = Staging::new(gpu, "loss_gpu::query_grad_staging", f32s(b * dim4 * 4))?;
     let g_r_staging = ref_role
         .then(|| Staging::new(gpu, "loss_gpu::ref_grad_staging", f32s(m * dim4 * 4)))
@@ -425,8 +441,18 @@ fn blocks(
     let metric = job.distance.distance.code();
     let normalize = u32::from(job.distance.normalizes());
     let mut rec = Recorder::new(gpu, op);
-    rec.upload(&labels, 0, &set.ref_labels)?;
-    rec.sentinel(&totals, f32s(b * TOTAL_WORDS))?;
+    match rule.state() {
+        [] => rec.upload(&labels, 0, &set.ref_labels)?,
+        // One upload (a second to the same buffer would split the submission): the labels,
+        // the blocks' anchors (written per block), the state.
+        state => {
+            let mut all = set.ref_labels.to_vec();
+            all.resize(state0, 0);
+            all.extend_from_slice(state);
+            rec.upload(&labels, 0, &all)?;
+        }
+    }
+    rec.sentinel(&totals, f32s(b * words))?;
     rec.sentinel(&g_q, f32s(b * dim4 * 4))?;
     if let Some(g_r) = &g_r {
         rec.clear(g_r, f32s(m * dim4 * 4));
@@ -517,7 +543,7 @@ fn blocks(
                 let kernel = gpu.kernel::<InfoNceWeights>()?;
                 kernel.encode(&mut rec, n as u64, &buffers)?;
             }
-            (&Rule::Pair(p), _) => {
+            (Rule::Pair(p), _) => {
                 let [p0, p1, p2, p3] = p.params;
                 let params = pair_weights::Params {
                     anchors: n as u32,
@@ -530,7 +556,8 @@ fn blocks(
                     rule: p.code,
                     forward: u32::from(p.forward),
                     edges: p.edges,
-                    _pad: [0; 2],
+                    state0: state0 as u32,
+                    stride: words as u32,
                     p0,
                     p1,
                     p2,
@@ -589,7 +616,7 @@ fn blocks(
         }
         report.add((n * m) as u64);
     }
-    rec.read_back(&totals, 0, &totals_staging, 0, f32s(b * TOTAL_WORDS));
+    rec.read_back(&totals, 0, &totals_staging, 0, f32s(b * words));
     if !forward {
         rec.read_back(&g_q, 0, &g_q_staging, 0, f32s(b * dim4 * 4));
         if let (Some(g_r), Some(staging)) = (&g_r, &g_r_staging) {
@@ -597,8 +624,8 @@ fn blocks(
         }
     }
     let done = rec.submit()?;
-    let words_read = totals_staging.map(&done, f32s(b * TOTAL_WORDS));
-    let words = words_read.read::<u32, _>(gpu, b * TOTAL_WORDS, <[u32]>::to_vec)?;
+    let words_read = totals_staging.map(&done, f32s(b * words));
+    let words = words_read.read::<u32, _>(gpu, b * words, <[u32]>::to_vec)?;
     if forward {
         return Ok(Raw {
             words,

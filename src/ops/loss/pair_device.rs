@@ -55,17 +55,42 @@ pub(super) fn rule(kind: Kind, job: &Job<'_>) -> Option<PairRule> {
             [c.margin_plus, c.margin_minus, 0.0, 0.0],
             0,
         ),
+        // Their second passes read every query row's first-pass result by reference: with
+        // the queries as references only.
+        Kind::LiftedStructure(c) if job.refs_are_queries => {
+            (code::LIFTED, [c.pos_margin, c.neg_margin, 0.0, 0.0], 0)
+        }
+        Kind::Histogram(c) if job.refs_are_queries && c.n_bins < MAX_EDGES => {
+            let delta = (2.0 / f64::from(c.n_bins)) as f32;
+            (code::HISTOGRAM, [delta, 0.0, 0.0, 0.0], c.n_bins + 1)
+        }
         _ => return None,
     };
     let forward = matches!(
         kind,
-        Kind::Contrastive(_) | Kind::ThresholdConsistentMargin(_)
+        Kind::Contrastive(_)
+            | Kind::ThresholdConsistentMargin(_)
+            | Kind::LiftedStructure(_)
+            | Kind::Histogram(_)
     );
+    let stride = match kind {
+        Kind::Histogram(_) => WORDS + 2 * edges as usize,
+        _ => WORDS,
+    };
+    // The state's room (filled by each pass), so that plans count it.
+    let b = job.set.labels.len();
+    let state = match kind {
+        Kind::LiftedStructure(_) => vec![0; b],
+        Kind::Histogram(_) => vec![0; 2 * edges as usize + b],
+        _ => Vec::new(),
+    };
     Some(PairRule {
         code,
         params,
         edges,
         forward,
+        state,
+        stride,
     })
 }
 
@@ -75,11 +100,11 @@ struct Words {
     counts: [u64; 4],
 }
 
-/// Every anchor's [`Words`]; an error where an anchor's last word is not the zero the kernel
-/// writes (the sentinel: an anchor it never reached).
-fn words(op: &'static str, raw: &Raw) -> Result<Vec<Words>> {
+/// Every anchor's [`Words`] (of `stride` words each); an error where an anchor's eighth word
+/// is not the zero the kernel writes (the sentinel: an anchor it never reached).
+fn words(op: &'static str, raw: &Raw, stride: usize) -> Result<Vec<Words>> {
     raw.words
-        .chunks_exact(WORDS)
+        .chunks_exact(stride)
         .map(|w| match w[7] {
             0 => Ok(Words {
                 floats: [0, 1, 2].map(|i| f64::from(f32::from_bits(w[i]))),
@@ -117,13 +142,13 @@ pub(super) fn run(
         return Ok(None);
     };
     let op = job.op;
-    let pass = |rule: PairRule| gpu::run_raw(ctx, gpu, job, &Rule::Pair(rule));
+    let pass = |rule: &PairRule| gpu::run_raw(ctx, gpu, job, &Rule::Pair(rule.clone()));
     match kind {
         Kind::Contrastive(_) | Kind::ThresholdConsistentMargin(_) => {
-            let Some(counted) = pass(first)? else {
+            let Some(counted) = pass(&first)? else {
                 return Ok(None);
             };
-            let (cp, cn) = words(op, &counted)?
+            let (cp, cn) = words(op, &counted, WORDS)?
                 .iter()
                 .fold((0, 0), |(p, n), w| (p + w.counts[0], n + w.counts[1]));
             // Each group's mean over its nonzero pairs; TCM's weighted by its λs.
@@ -138,12 +163,12 @@ pub(super) fn run(
             let second = PairRule {
                 params: [p0, p1, on_pos as f32, on_neg as f32],
                 forward: false,
-                ..first
+                ..first.clone()
             };
-            let Some(raw) = pass(second)? else {
+            let Some(raw) = pass(&second)? else {
                 return Ok(None);
             };
-            let loss: f64 = words(op, &raw)?
+            let loss: f64 = words(op, &raw, WORDS)?
                 .iter()
                 .map(|w| on_pos * w.floats[0] + on_neg * w.floats[1])
                 .sum();
@@ -156,8 +181,10 @@ pub(super) fn run(
             let out = gpu::finish(ctx, job, raw, totals, 1.0)?;
             Ok(Some((loss, None, out)))
         }
+        Kind::LiftedStructure(_) => lifted(ctx, gpu, job, first),
+        Kind::Histogram(c) => histogram(ctx, gpu, job, first, c.n_bins),
         Kind::Margin(c) => {
-            let Some(raw) = pass(first)? else {
+            let Some(raw) = pass(&first)? else {
                 return Ok(None);
             };
             let first_slope = if job.distance.distance.is_similarity() {
@@ -167,7 +194,7 @@ pub(super) fn run(
             };
             // Each term counts once per pair of the other side (the rule's docs).
             let mut t = Totals::default();
-            for w in words(op, &raw)? {
+            for w in words(op, &raw, WORDS)? {
                 let [cp, cn, np, nn] = w.counts;
                 t.loss += nn as f64 * w.floats[0] + np as f64 * w.floats[1];
                 t.count += cp * nn + cn * np;
@@ -189,11 +216,11 @@ pub(super) fn run(
         }
         _ => {
             // The mean over the anchors the rule counts.
-            let Some(raw) = pass(first)? else {
+            let Some(raw) = pass(&first)? else {
                 return Ok(None);
             };
             let mut t = Totals::default();
-            for w in words(op, &raw)? {
+            for w in words(op, &raw, WORDS)? {
                 t.loss += w.floats[0];
                 t.count += w.counts[0];
                 t.items += w.counts[1];
@@ -204,4 +231,115 @@ pub(super) fn run(
             Ok(Some((loss, None, out)))
         }
     }
+}
+
+/// Lifted on the device: the first pass gives every row its `log S` (the kernel's words), the
+/// second reads them back by row and takes the mean over the positive pairs.
+fn lifted(ctx: &Context, gpu: &GpuDevice, job: &Job<'_>, first: PairRule) -> Result<Option<Found>> {
+    let op = job.op;
+    let Some(logs) = gpu::run_raw(ctx, gpu, job, &Rule::Pair(first.clone()))? else {
+        return Ok(None);
+    };
+    let state = logs.words.chunks_exact(WORDS).map(|w| w[0]).collect();
+    let second = PairRule {
+        forward: false,
+        state,
+        ..first
+    };
+    let Some(raw) = gpu::run_raw(ctx, gpu, job, &Rule::Pair(second))? else {
+        return Ok(None);
+    };
+    let mut t = Totals::default();
+    for w in words(op, &raw, WORDS)? {
+        t.loss += w.floats[0];
+        t.count += w.counts[0];
+        t.items += w.counts[1];
+    }
+    let loss = f64::from(t.mean());
+    let out = gpu::finish(ctx, job, raw, t, share(t.count) as f32)?;
+    Ok(Some((loss, None, out)))
+}
+
+/// Histogram on the device: the first pass gives every anchor its share of both histograms
+/// (its pairs with later rows), added here in f64; the loss and its derivative by node are
+/// PML's (as natively), and the second pass gives each pair the slope between its nodes.
+fn histogram(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    job: &Job<'_>,
+    first: PairRule,
+    n_bins: u32,
+) -> Result<Option<Found>> {
+    let (op, set) = (job.op, job.set);
+    let edges = n_bins as usize + 1;
+    // Each row's flag: its class has a positive (PML keeps a negative pair with such a side).
+    let mut per_class: std::collections::HashMap<u32, usize> = Default::default();
+    for &l in &set.labels {
+        *per_class.entry(l).or_default() += 1;
+    }
+    let flags = set.labels.iter().map(|l| u32::from(per_class[l] > 1));
+    let state = |front: Vec<u32>| front.into_iter().chain(flags.clone()).collect();
+    let pass1 = PairRule {
+        state: state(vec![0; 2 * edges]),
+        ..first.clone()
+    };
+    let Some(binned) = gpu::run_raw(ctx, gpu, job, &Rule::Pair(pass1))? else {
+        return Ok(None);
+    };
+    let (mut pos, mut neg) = (vec![0.0f64; edges], vec![0.0f64; edges]);
+    let (mut np, mut nn) = (0u64, 0u64);
+    for (w, anchor) in words(op, &binned, first.stride)?
+        .iter()
+        .zip(binned.words.chunks_exact(first.stride))
+    {
+        np += w.counts[0];
+        nn += w.counts[1];
+        for (c, node) in anchor[WORDS..].chunks_exact(2).enumerate() {
+            pos[c] += f64::from(f32::from_bits(node[0]));
+            neg[c] += f64::from(f32::from_bits(node[1]));
+        }
+    }
+    let (kp, kn) = (np.max(1) as f64, nn.max(1) as f64);
+    // φ = cumsum(h⁺); loss = Σ h⁻ φ; ∂/∂h⁺_c = Σ_{b ≥ c} h⁻_b, ∂/∂h⁻_b = φ_b.
+    let phi: Vec<f64> = pos
+        .iter()
+        .scan(0.0, |acc, p| {
+            *acc += p / kp;
+            Some(*acc)
+        })
+        .collect();
+    let loss: f64 = neg.iter().zip(&phi).map(|(n, f)| n / kn * f).sum();
+    let mut g_pos: Vec<f64> = neg
+        .iter()
+        .rev()
+        .scan(0.0, |acc, n| {
+            *acc += n / kn;
+            Some(*acc)
+        })
+        .collect();
+    g_pos.reverse();
+    let delta = 2.0 / f64::from(n_bins);
+    let slopes = |g: &[f64], count: f64| -> Vec<u32> {
+        g.iter()
+            .map(|v| ((v / delta / count) as f32).to_bits())
+            .collect()
+    };
+    let front = [slopes(&g_pos, kp), slopes(&phi, kn)].concat();
+    let pass2 = PairRule {
+        forward: false,
+        state: state(front),
+        stride: WORDS,
+        ..first
+    };
+    let Some(raw) = gpu::run_raw(ctx, gpu, job, &Rule::Pair(pass2))? else {
+        return Ok(None);
+    };
+    let totals = Totals {
+        loss,
+        count: np + nn,
+        items: 0,
+        aux: 0.0,
+    };
+    let out = gpu::finish(ctx, job, raw, totals, 1.0)?;
+    Ok(Some((loss, None, out)))
 }
