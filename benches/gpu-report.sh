@@ -6,7 +6,8 @@
 #
 #   benches/gpu-report.sh build          # here, with the toolchain: fills .devbin/, .gl/, .whl/
 #   benches/gpu-report.sh run [--quick]  # there, from the project root, with them carried
-#   benches/gpu-report.sh core [--quick] | hunt | hunt-parallel | prepare   # see each below
+#   benches/gpu-report.sh core [--quick] | pairs [--quick] | hunt | hunt-parallel | prepare
+#                                        # see each below
 #
 # `build` compiles the test binaries (`cargo test --release --no-run`: the integration tests
 # are one binary, plus the library's unit tests), the bench examples and `wml` in release,
@@ -201,8 +202,10 @@ run() {
         done
     done
 
+
     pml_cuda --Q $q --N $n --reps $reps --mining "${pml_cases[@]}" --loss "${loss_cases[@]}" \
         --infonce "$infonce_b,768" | tee "$out/pml.jsonl" || true
+    pair_losses "$out" $reps "$quick"
     python3 benches/gpu_report.py "$out" >"$out/report.md"
     cat "$out/report.md"
 }
@@ -249,6 +252,40 @@ pml_cuda() {
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl || true
     fi
     PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} python3 benches/pml_cuda.py "$@"
+}
+
+# PML's pair losses with their gradient on the adapter (pair_weights), on the native path and
+# in PML on CUDA (appended to $OUT/results.jsonl and $OUT/pml.jsonl): B = 256 against M =
+# 4 096 references, and Lifted and Histogram (on the device only in-batch) over 4 096 rows.
+# Each wgpu case also once with every kernel's time (`--kernel-timing`). Called by `run`, or
+# alone as `pairs` (about a minute on an H100).
+pair_losses() {
+    local out=$1 reps=$2 quick=${3:-}
+    local names=(contrastive multi_similarity supcon circle nca generalized_lifted margin fast_ap tcm)
+    local b=256 m=4096 batch=4096 cases=() pml=()
+    if [ "$quick" = --quick ]; then b=64 m=512 batch=256; fi
+    for nm in "${names[@]}"; do cases+=("$nm $b $m"); done
+    cases+=("lifted $batch 0" "histogram $batch 0")
+    for c in "${cases[@]}"; do
+        read -r nm cb cm <<<"$c"
+        for path in wgpu cpu; do
+            .devbin/bench_mining --path $path --func "loss_pair_$nm" --B "$cb" --M "$cm" --C 100 \
+                --budget-mib 1024 --reps "$reps" | tee -a "$out/results.jsonl"
+        done
+        .devbin/bench_mining --path wgpu --func "loss_pair_$nm" --B "$cb" --M "$cm" --C 100 \
+            --budget-mib 1024 --reps 1 --kernel-timing | tee -a "$out/kernels.jsonl"
+        pml+=("$nm,$cb,$cm,100")
+    done
+    pml_cuda --Q 0 --N 0 --k "" --reps "$reps" --pair "${pml[@]}" | tee -a "$out/pml.jsonl" || true
+}
+
+pairs() {
+    local out=${OUT:-$PWD/gpu-report-out}
+    mkdir -p "$out"
+    prepare "$out"
+    pair_losses "$out" 3 "${1:-}"
+    python3 benches/gpu_report.py "$out" >"$out/report.md" || true
+    cat "$out/report.md"
 }
 
 # The GPU core's figures, quickly (about 2 minutes on an H100): the FMA-loop and copy peaks,
@@ -540,8 +577,9 @@ prepare)
 hunt) hunt ;;
 hunt-parallel) hunt_parallel ;;
 core) core "${2:-}" ;;
+pairs) pairs "${2:-}" ;;
 *)
-    echo "usage: benches/gpu-report.sh build | run [--quick] | core [--quick] | hunt | hunt-parallel | prepare" >&2
+    echo "usage: benches/gpu-report.sh build | run [--quick] | core [--quick] | pairs [--quick] | hunt | hunt-parallel | prepare" >&2
     exit 2
     ;;
 esac

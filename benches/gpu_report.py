@@ -133,7 +133,11 @@ def main():
             key = (r["func"], r["B"])
             gflops = None
         else:
-            what = "non-zero triplets" if r["func"].startswith("loss_") else "triplets"
+            what = "triplets"
+            if r["func"].startswith("loss_pair_"):
+                what = "in the mean"
+            elif r["func"].startswith("loss_"):
+                what = "non-zero triplets"
             case = f"{r['func']} B={r['B']} M={r['M']} C={r['C']} ({r['count']:,} {what})"
             if r.get("path") == "cpu":
                 case += ", native path"

@@ -15,6 +15,10 @@ so the ratios are conservative for us). Prints one JSON line per case:
                   and MNRL (B anchors against their noisy positives, scale 20), forward and
                   backward, in D dimensions (benches/compare_losses.py's forms)
   gemm            torch's fp32 q @ r.T (cuBLAS, TF32 off) of Q x D by N x D: the GEMM reference
+  loss_pair_<name>
+                  PML's pair loss <name> (bench_mining's names) with its defaults, forward and
+                  backward: B normalised queries against M references, or among themselves
+                  (M = 0); labels uniform over C classes
   loss_triplet_<type>
                   TripletMarginLoss()(emb, labels, miner(...), ref, ref_labels).backward() with
                   emb requiring grad: every valid triplet (type all) or TripletMarginMiner(0.2,
@@ -58,6 +62,8 @@ def main():
                    help="B,D: NTXent and MNRL in torch's full-matrix form with their backward")
     p.add_argument("--gemm", nargs="*", default=[],
                    help="Q,N,D: torch's fp32 q @ r.T on CUDA (cuBLAS, TF32 off), the GEMM reference")
+    p.add_argument("--pair", nargs="*", default=[],
+                   help="name,B,M,C: PML's pair loss with its backward (M = 0: in-batch)")
     p.add_argument("--reps", type=int, default=5)
     a = p.parse_args()
     try:
@@ -156,6 +162,36 @@ def main():
                           "loss": float(out[0]), "median_s": secs,
                           "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20}), flush=True)
 
+    for case in a.pair:
+        nm, b, m, c = case.split(",")
+        b, m, c = int(b), int(m), int(c)
+        func = f"loss_pair_{nm}"
+        emb = torch.nn.functional.normalize(torch.randn(b, d, device=dev, generator=g), dim=1)
+        labels = torch.randint(0, c, (b,), device=dev, generator=g)
+        r = torch.nn.functional.normalize(torch.randn(m, d, device=dev, generator=g), dim=1)
+        ref_labels = torch.randint(0, c, (m,), device=dev, generator=g)
+        loss_fn = getattr(losses, PAIR_LOSSES[nm])()
+
+        def step():
+            x = emb.clone().requires_grad_(True)
+            if m:
+                loss = loss_fn(x, labels, None, r, ref_labels)
+            else:
+                loss = loss_fn(x, labels)
+            loss.backward()
+            return loss.detach(), x.grad
+
+        row = {"impl": "pml-cuda", "device": name, "func": func, "B": b, "M": m, "C": c}
+        try:
+            torch.cuda.reset_peak_memory_stats()
+            secs, out = timed(step, a.reps)
+        except Exception as e:  # out of memory, or a case PML refuses (its references)
+            print(json.dumps({**row, "error": f"{type(e).__name__}: {str(e)[:120]}"}), flush=True)
+            torch.cuda.empty_cache()
+            continue
+        print(json.dumps({**row, "loss": float(out[0]), "median_s": secs,
+                          "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20}), flush=True)
+
     for case in a.infonce:
         b, d_in = (int(v) for v in case.split(","))
         items = torch.randn(b // 2, d_in, device=dev, generator=g)
@@ -180,6 +216,22 @@ def main():
             print(json.dumps({"impl": "torch-cuda", "device": name, "func": func, "B": b, "D": d_in,
                               "loss": float(out[0]), "median_s": secs,
                               "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20}), flush=True)
+
+
+# bench_mining's pair-loss names and PML's classes.
+PAIR_LOSSES = {
+    "contrastive": "ContrastiveLoss",
+    "multi_similarity": "MultiSimilarityLoss",
+    "supcon": "SupConLoss",
+    "circle": "CircleLoss",
+    "nca": "NCALoss",
+    "generalized_lifted": "GeneralizedLiftedStructureLoss",
+    "margin": "MarginLoss",
+    "fast_ap": "FastAPLoss",
+    "tcm": "ThresholdConsistentMarginLoss",
+    "lifted": "LiftedStructureLoss",
+    "histogram": "HistogramLoss",
+}
 
 
 def ntxent_full(x, labels, temperature):

@@ -22,6 +22,11 @@
 //! against their noisy positives), `--D` dimensions (default 768); `count` is the positive
 //! pairs. `--matryoshka 768,512,256,128,64` adds sentence-transformers' `MatryoshkaLoss`
 //! widths to either (one pass over every width).
+//! PML's pair losses with their gradient (`pair_loss`, each loss's defaults and default
+//! distance): `loss_pair_<contrastive|multi_similarity|supcon|circle|nca|generalized_lifted|
+//! margin|fast_ap|tcm|lifted|histogram>`, the `B` queries against `M` references without
+//! their gradient, or among themselves with `--M 0` (Lifted and Histogram run on the device
+//! only so; PML's FastAP and Histogram take no references); `count` is the reducers' divisors.
 //! `--kernel-timing`: every kernel timed by timestamps, its GPU seconds per operation in
 //! the line's `kernels`.
 //! Inputs follow the anchors: labels uniform over C classes, embeddings N(0, 1) in 128-d,
@@ -38,11 +43,13 @@ use support::{embeddings, flag, kernel_timing_flag, peak_rss_mib, summary, traff
 use wgpu_metric_learning::{
     all_pairs, batch_easy_hard_pairs, count_triplets, mine_on_device, mine_triplets,
     mine_triplets_on_device, mine_triplets_streaming, multi_similarity_pairs,
-    multiple_negatives_ranking_loss, ntxent_loss, pair_margin_pairs, triplet_margin_loss,
-    AllPairsConfig, BackendChoice, BatchEasyHardConfig, ComputePath, Context, ContextConfig,
-    CountMethod, InfoNceConfig, Matryoshka, MiningSet, MnrlConfig, MultiSimilarityConfig,
-    PairMarginConfig, Pairs, PairsOnDevice, TripletConfig, TripletLossConfig, TripletRule,
-    TripletType,
+    multiple_negatives_ranking_loss, ntxent_loss, pair_loss, pair_margin_pairs,
+    triplet_margin_loss, AllPairsConfig, BackendChoice, BatchEasyHardConfig, Circle,
+    ComputePath, Context, ContextConfig, Contrastive, CountMethod, FastAp, GeneralizedLifted,
+    Histogram, InfoNceConfig, LiftedStructure, Margin, Matryoshka, MiningSet, MnrlConfig,
+    MultiSimilarity, MultiSimilarityConfig, Nca, PairLoss, PairLossConfig, PairLossRule,
+    PairMarginConfig, Pairs, PairsOnDevice, SupCon, ThresholdConsistentMargin, TripletConfig,
+    TripletLossConfig, TripletRule, TripletType,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -158,6 +165,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         return measure(&ctx, (&func, b, m, c), (budget, reps, on_device), run);
     }
+    if let Some(name) = func.strip_prefix("loss_pair_") {
+        let against = (m > 0).then_some(&refs);
+        let run = || {
+            let out = pair_case(&ctx, name, &queries, against)?;
+            on_path(&ctx, out.path).map(|()| out.nonzero)
+        };
+        return measure(&ctx, (&func, b, m, c), (budget, reps, on_device), run);
+    }
     if let Some(kind) = func.strip_prefix("loss_triplet_") {
         // PML's TripletMarginLoss (margin 0.05) over every valid triplet or those its
         // TripletMarginMiner (margin 0.2) keeps, against the references (a bank's rows:
@@ -218,6 +233,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// An error unless a loss ran on the context's path (a device path that fell back to the
 /// native one would be reported under the wrong path).
+/// `pair_loss` with the rule `name` names and its defaults.
+fn pair_case(
+    ctx: &Context,
+    name: &str,
+    queries: &MiningSet<'_, i64>,
+    refs: Option<&MiningSet<'_, i64>>,
+) -> Result<PairLoss, wgpu_metric_learning::Error> {
+    fn with<R: PairLossRule>(
+        ctx: &Context,
+        (queries, refs): (&MiningSet<'_, i64>, Option<&MiningSet<'_, i64>>),
+    ) -> Result<PairLoss, wgpu_metric_learning::Error> {
+        pair_loss(ctx, queries, refs, &PairLossConfig::<R>::default())
+    }
+    let sides = (queries, refs);
+    match name {
+        "contrastive" => with::<Contrastive>(ctx, sides),
+        "multi_similarity" => with::<MultiSimilarity>(ctx, sides),
+        "supcon" => with::<SupCon>(ctx, sides),
+        "circle" => with::<Circle>(ctx, sides),
+        "nca" => with::<Nca>(ctx, sides),
+        "generalized_lifted" => with::<GeneralizedLifted>(ctx, sides),
+        "margin" => with::<Margin>(ctx, sides),
+        "fast_ap" => with::<FastAp>(ctx, sides),
+        "tcm" => with::<ThresholdConsistentMargin>(ctx, sides),
+        "lifted" => with::<LiftedStructure>(ctx, sides),
+        "histogram" => with::<Histogram>(ctx, sides),
+        other => Err(wgpu_metric_learning::Error::InvalidParameter {
+            op: "bench_mining",
+            what: "--func",
+            value: format!("loss_pair_{other}"),
+            rule: "a pair loss this bench knows",
+        }),
+    }
+}
+
 fn on_path(ctx: &Context, path: ComputePath) -> Result<(), wgpu_metric_learning::Error> {
     if path == ctx.path() {
         return Ok(());
