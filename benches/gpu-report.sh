@@ -261,7 +261,8 @@ pml_cuda() {
 # alone as `pairs` (about a minute on an H100).
 pair_losses() {
     local out=$1 reps=$2 quick=${3:-}
-    local names=(contrastive multi_similarity supcon circle nca generalized_lifted margin fast_ap tcm)
+    local names=(contrastive multi_similarity supcon circle nca generalized_lifted margin fast_ap tcm
+        ranked_list intra_pair_variance)
     local b=256 m=4096 batch=4096 cases=() pml=()
     if [ "$quick" = --quick ]; then b=64 m=512 batch=256; fi
     for nm in "${names[@]}"; do cases+=("$nm $b $m"); done

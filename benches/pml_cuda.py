@@ -231,6 +231,8 @@ PAIR_LOSSES = {
     "tcm": "ThresholdConsistentMarginLoss",
     "lifted": "LiftedStructureLoss",
     "histogram": "HistogramLoss",
+    "ranked_list": "RankedListLoss",
+    "intra_pair_variance": "IntraPairVarianceLoss",
 }
 
 

@@ -24,7 +24,7 @@
 //! widths to either (one pass over every width).
 //! PML's pair losses with their gradient (`pair_loss`, each loss's defaults and default
 //! distance): `loss_pair_<contrastive|multi_similarity|supcon|circle|nca|generalized_lifted|
-//! margin|fast_ap|tcm|lifted|histogram>`, the `B` queries against `M` references without
+//! margin|fast_ap|tcm|ranked_list|intra_pair_variance|lifted|histogram>`, the `B` queries against `M` references without
 //! their gradient, or among themselves with `--M 0` (Lifted and Histogram run on the device
 //! only so; PML's FastAP and Histogram take no references); `count` is the reducers' divisors.
 //! `--kernel-timing`: every kernel timed by timestamps, its GPU seconds per operation in
@@ -44,12 +44,12 @@ use wgpu_metric_learning::{
     all_pairs, batch_easy_hard_pairs, count_triplets, mine_on_device, mine_triplets,
     mine_triplets_on_device, mine_triplets_streaming, multi_similarity_pairs,
     multiple_negatives_ranking_loss, ntxent_loss, pair_loss, pair_margin_pairs,
-    triplet_margin_loss, AllPairsConfig, BackendChoice, BatchEasyHardConfig, Circle,
-    ComputePath, Context, ContextConfig, Contrastive, CountMethod, FastAp, GeneralizedLifted,
-    Histogram, InfoNceConfig, LiftedStructure, Margin, Matryoshka, MiningSet, MnrlConfig,
+    triplet_margin_loss, AllPairsConfig, BackendChoice, BatchEasyHardConfig, Circle, ComputePath,
+    Context, ContextConfig, Contrastive, CountMethod, FastAp, GeneralizedLifted, Histogram,
+    InfoNceConfig, IntraPairVariance, LiftedStructure, Margin, Matryoshka, MiningSet, MnrlConfig,
     MultiSimilarity, MultiSimilarityConfig, Nca, PairLoss, PairLossConfig, PairLossRule,
-    PairMarginConfig, Pairs, PairsOnDevice, SupCon, ThresholdConsistentMargin, TripletConfig,
-    TripletLossConfig, TripletRule, TripletType,
+    PairMarginConfig, Pairs, PairsOnDevice, RankedList, SupCon, ThresholdConsistentMargin,
+    TripletConfig, TripletLossConfig, TripletRule, TripletType,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -259,6 +259,8 @@ fn pair_case(
         "tcm" => with::<ThresholdConsistentMargin>(ctx, sides),
         "lifted" => with::<LiftedStructure>(ctx, sides),
         "histogram" => with::<Histogram>(ctx, sides),
+        "ranked_list" => with::<RankedList>(ctx, sides),
+        "intra_pair_variance" => with::<IntraPairVariance>(ctx, sides),
         other => Err(wgpu_metric_learning::Error::InvalidParameter {
             op: "bench_mining",
             what: "--func",

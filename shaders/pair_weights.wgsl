@@ -22,7 +22,11 @@
 //   LIFTED (p0, p1 margins; the state: every query row's log S, LOWEST where it has no
 //   negative), HISTOGRAM (p0 the nodes' spacing, `edges` nodes; the state: the loss's
 //   derivatives by positive node and by negative node, each divided by the spacing and its
-//   histogram's pair count, then a flag per query row: its class has a positive).
+//   histogram's pair count, then a flag per query row: its class has a positive),
+//   RANKED_LIST (p0 the positives' boundary alpha - margin, p1 the negatives' alpha, p2 T_p,
+//   p3 T_n, p4 imbalance), INTRA_PAIR_VARIANCE (`edges` the pass: 0 sums the distances, 1
+//   the hinges, 2 the squares and the weights; per group (P: p0, p1, p4, p6; N: p2, p3, p5,
+//   p7) the hinge's slope a and offset b mu, 2 / |group| and b times the hinges' mean).
 // Contrastive and TCM divide by counts over every anchor: a first pass with `forward` set
 // counts them (U untouched), the second takes the weights already divided. Lifted's first
 // pass gives each row its log S, Histogram's its histograms; their second passes read them
@@ -62,6 +66,10 @@ struct Params {
     p1: f32,
     p2: f32,
     p3: f32,
+    p4: f32,
+    p5: f32,
+    p6: f32,
+    p7: f32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -93,6 +101,8 @@ const PAIR_FAST_AP: u32 = 7u;
 const PAIR_THRESHOLD_CONSISTENT: u32 = 8u;
 const PAIR_LIFTED: u32 = 9u;
 const PAIR_HISTOGRAM: u32 = 10u;
+const PAIR_RANKED_LIST: u32 = 11u;
+const PAIR_INTRA_PAIR_VARIANCE: u32 = 12u;
 // FastAP's most bins (pair_weights::MAX_EDGES).
 const MAX_EDGES: u32 = 256u;
 
@@ -260,6 +270,10 @@ fn logit(r: u32, d: f32) -> f32 {
         case PAIR_LIFTED: {
             return select(margin_of(params.p1, d), 0.0, positive);
         }
+        case PAIR_RANKED_LIST: {
+            let k = ranked(positive, d);
+            return select(LOWEST, k.z, k.x != 0.0);
+        }
         default: {
             return 0.0;
         }
@@ -274,6 +288,31 @@ fn with_zero(top: vec4<f32>) -> vec4<f32> {
 // v in the P sum (x) or the N sum (y).
 fn sided(positive: bool, v: f32) -> vec4<f32> {
     return select(vec4<f32>(0.0, v, 0.0, 0.0), vec4<f32>(v, 0.0, 0.0, 0.0), positive);
+}
+
+// RankedList: (kept, gap, T gap) of a pair: the positives past alpha - margin, the
+// negatives inside alpha (both above 0), gap signed so that a larger one costs more. Its
+// weight e^{T gap} is taken less the side's largest T gap (stage 1), and the side's 1e-5 m
+// scaled to match, so that no exponential overflows.
+fn ranked(positive: bool, d: f32) -> vec3<f32> {
+    let inside = select((d < params.p1), (d > params.p0), positive);
+    if (d <= 0.0 || !inside) {
+        return vec3<f32>(0.0);
+    }
+    let gap = select(params.p1 - d, d - params.p0, positive);
+    let t = select(params.p3, params.p2, positive);
+    return vec3<f32>(1.0, gap, t * gap);
+}
+
+// RankedList's 1e-5 m under a side's shift `top` (0 where the side keeps no pair).
+fn ranked_eps(top: f32) -> f32 {
+    return select(1e-5 * f32(params.refs) * exp(-top), 0.0, top == LOWEST);
+}
+
+// IntraPairVariance's hinge of a pair: relu(a d + b mu) of its group.
+fn variance_hinge(positive: bool, d: f32) -> f32 {
+    let slope = select(params.p2, params.p0, positive);
+    return max(slope * d + select(params.p3, params.p1, positive), 0.0);
 }
 
 // Stage 2: one pair's sums and counts, from the maxima `top` (P, N, every column).
@@ -333,6 +372,20 @@ fn part(r: u32, d: f32, top: vec4<f32>) -> Part {
                 p.s.x = g.x * g.x / 2.0;
                 p.s.y = 2.0 * g.x * g.y;
             }
+        }
+        case PAIR_RANKED_LIST: {
+            let k = ranked(positive, d);
+            let w = select(0.0, exp(k.z - select(top.y, top.x, positive)), k.x != 0.0);
+            let v = vec2<f32>(w * k.y, w);
+            p.s = select(vec4<f32>(0.0, 0.0, v), vec4<f32>(v, 0.0, 0.0), positive);
+        }
+        case PAIR_INTRA_PAIR_VARIANCE: {
+            var v = d;
+            if (params.edges > 0u) {
+                let h = variance_hinge(positive, d);
+                v = select(h, h * h, params.edges == 2u);
+            }
+            p.s = sided(positive, v);
         }
         case PAIR_HISTOGRAM: {
             if (histogram_kept(r)) {
@@ -487,6 +540,13 @@ fn anchor_words(n: Anchor, fast: f32) -> Words {
                 w = Words(vec3<f32>(LOWEST, 0.0, 0.0), vec4<u32>(0u));
             }
         }
+        case PAIR_RANKED_LIST: {
+            w = Words(vec3<f32>(n.f.w, 0.0, 0.0), vec4<u32>(1u, nn, 0u, 0u));
+        }
+        case PAIR_INTRA_PAIR_VARIANCE: {
+            // Each group's sum (of distances, hinges or squares) and its pairs.
+            w = Words(vec3<f32>(s.x, s.y, 0.0), vec4<u32>(np, nn, 0u, 0u));
+        }
         case PAIR_HISTOGRAM: {
             // The pairs the histograms hold; the histograms follow the words (first pass).
             w = Words(vec3<f32>(0.0), vec4<u32>(c.z, c.w, 0u, 0u));
@@ -551,6 +611,14 @@ fn factors(top: vec4<f32>, s: vec4<f32>, np: u32, nn: u32) -> vec4<f32> {
                 return vec4<f32>(g / s.x, g / s.y, 1.0, loss);
             }
             return vec4<f32>(0.0);
+        }
+        case PAIR_RANKED_LIST: {
+            // Each side's sum (w gap) / (sum w + 1e-5 m), mixed by imbalance.
+            // A side that keeps no pair adds 0 (its shifted sum of weights is at least 1 else).
+            let part_p = select(0.0, s.x / (s.y + ranked_eps(top.x)), s.y > 0.0);
+            let part_n = select(0.0, s.z / (s.w + ranked_eps(top.y)), s.w > 0.0);
+            let loss = (1.0 - params.p4) * part_p + params.p4 * part_n;
+            return vec4<f32>(part_p, part_n, 1.0, loss);
         }
         case PAIR_NCA: {
             if (np == 0u) {
@@ -634,6 +702,28 @@ fn weight(r: u32, d: f32, n: Anchor) -> f32 {
                 return -first() * own * exp(margin_of(params.p1, d) - state_f32(anchor_row));
             }
             return 0.0;
+        }
+        case PAIR_RANKED_LIST: {
+            // d(num/den)/dgap = w (T gap + 1 - T part) / den; dgap/dD = +1 (P), -1 (N).
+            let k = ranked(positive, d);
+            if (k.x == 0.0) {
+                return 0.0;
+            }
+            let t = select(params.p3, params.p2, positive);
+            let side = select(top.y, top.x, positive);
+            let part = select(f.y, f.x, positive);
+            let den = select(n.sums.w, n.sums.y, positive) + ranked_eps(side);
+            let share = select(params.p4, 1.0 - params.p4, positive);
+            let slope = exp(k.z - side) * (t * k.y + 1.0 - t * part) / den;
+            return select(-share * slope, share * slope, positive);
+        }
+        case PAIR_INTRA_PAIR_VARIANCE: {
+            // d/dD of mean(relu(a D + b mu)^2) = (2 / K) (a r + b R / K): mu's own slope 1/K.
+            let h = variance_hinge(positive, d);
+            if (positive) {
+                return params.p4 * (params.p0 * h + params.p6);
+            }
+            return params.p5 * (params.p2 * h + params.p7);
         }
         case PAIR_HISTOGRAM: {
             // The slope between the pair's two nodes (the state's derivatives by node, divided

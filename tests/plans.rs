@@ -12,8 +12,8 @@ use wgpu_metric_learning::{
     pairwise_distances, pairwise_distances_plan, triplet_margin_loss, triplet_margin_loss_plan,
     AccuracyConfig, AccuracyK, BackendChoice, ComputePath, Context, ContextConfig, Contrastive,
     Error, Histogram, InfoNceConfig, KmeansConfig, KnnConfig, LiftedStructure, MiningSet,
-    MnrlConfig, PairLossConfig, PairMarginConfig, Plan, RankedList, Result, SupCon, TripletConfig,
-    TripletLossConfig, TripletType, Tuning,
+    MnrlConfig, PairLossConfig, PairMarginConfig, Plan, Result, SupCon, TripletConfig,
+    TripletLossConfig, TripletType, Tuning, TupletMargin,
 };
 
 fn data(rows: usize, d: usize, classes: usize) -> (Array2<f32>, Array1<u32>) {
@@ -303,10 +303,10 @@ fn pair_losses<'a>(
         let Some(ctx) = context(path, budget) else {
             return;
         };
-        let ranked = PairLossConfig::<RankedList>::default();
-        let plan = pair_loss_plan(&ctx, set, Some(refs), &ranked).expect("plan");
+        let tuplet = PairLossConfig::<TupletMargin>::default();
+        let plan = pair_loss_plan(&ctx, set, Some(refs), &tuplet).expect("plan");
         ctx.reset_peak();
-        let out = pair_loss(&ctx, set, Some(refs), &ranked).expect("loss");
+        let out = pair_loss(&ctx, set, Some(refs), &tuplet).expect("loss");
         assert_eq!(
             (plan.path, out.path),
             (ComputePath::NativeCpu, ComputePath::NativeCpu)

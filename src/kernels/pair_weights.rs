@@ -37,6 +37,8 @@ pub(crate) mod code {
     pub(crate) const THRESHOLD_CONSISTENT: u32 = 8;
     pub(crate) const LIFTED: u32 = 9;
     pub(crate) const HISTOGRAM: u32 = 10;
+    pub(crate) const RANKED_LIST: u32 = 11;
+    pub(crate) const INTRA_PAIR_VARIANCE: u32 = 12;
 }
 
 /// The kernel's uniform block, laid out as `Params` in the shader.
@@ -55,7 +57,7 @@ pub(crate) struct Params {
     pub(crate) rule: u32,
     /// 1: the words only, `U` untouched.
     pub(crate) forward: u32,
-    /// FastAP's bins, Histogram's nodes.
+    /// FastAP's bins, Histogram's nodes, IntraPairVariance's pass.
     pub(crate) edges: u32,
     /// Where the rule's state starts in the labels.
     pub(crate) state0: u32,
@@ -66,6 +68,10 @@ pub(crate) struct Params {
     pub(crate) p1: f32,
     pub(crate) p2: f32,
     pub(crate) p3: f32,
+    pub(crate) p4: f32,
+    pub(crate) p5: f32,
+    pub(crate) p6: f32,
+    pub(crate) p7: f32,
 }
 
 pub(crate) const SPEC: Spec = Spec {
@@ -94,7 +100,7 @@ pub(crate) const SPEC: Spec = Spec {
         size: std::mem::size_of::<Params>(),
         fields: fields!(
             Params: anchors, refs, dim4, metric, normalize, near, row0, rule, forward, edges,
-            state0, stride, p0, p1, p2, p3
+            state0, stride, p0, p1, p2, p3, p4, p5, p6, p7
         ),
     },
     codes: &[
@@ -109,6 +115,8 @@ pub(crate) const SPEC: Spec = Spec {
         ("PAIR_THRESHOLD_CONSISTENT", code::THRESHOLD_CONSISTENT),
         ("PAIR_LIFTED", code::LIFTED),
         ("PAIR_HISTOGRAM", code::HISTOGRAM),
+        ("PAIR_RANKED_LIST", code::RANKED_LIST),
+        ("PAIR_INTRA_PAIR_VARIANCE", code::INTRA_PAIR_VARIANCE),
         ("MAX_EDGES", MAX_EDGES),
     ],
 };

@@ -1,6 +1,7 @@
 //! `pair_weights` (with `distance_tile` and `loss_backward`) on the GPU against its reference:
 //! every rule with a device path (Contrastive, MultiSimilarity, SupCon, Circle, NCA,
-//! GeneralizedLifted, Margin, FastAP, ThresholdConsistentMargin, and LiftedStructure and
+//! GeneralizedLifted, Margin, FastAP, ThresholdConsistentMargin, RankedList,
+//! IntraPairVariance, and LiftedStructure and
 //! Histogram with the queries as references) through `pair_loss`, the
 //! loss, its divisors, `∂loss/∂β` and both gradients against `reference::pair_weights` taken
 //! on through `reference::pair_loss`, scored on the device's own distances. Rows of up to 600

@@ -287,33 +287,39 @@ pub(crate) fn run(
     .expect("loss")
 }
 
-/// Whether `p`'s rule has a device path (`pair_weights`; Lifted and Histogram with the
-/// queries as references).
+/// Whether `p` runs on the device on a wgpu context (`pair_weights`; Lifted and Histogram
+/// with the queries as references; a call without references runs natively).
 pub(crate) fn on_device(p: &Problem) -> bool {
     let symmetric = matches!(
         p.rule,
         PairLossRef::LiftedStructure(_) | PairLossRef::Histogram(_)
     );
-    symmetric && p.refs.is_none()
-        || matches!(
-            p.rule,
-            PairLossRef::Contrastive(_)
-                | PairLossRef::MultiSimilarity(_)
-                | PairLossRef::SupCon(_)
-                | PairLossRef::Circle(_)
-                | PairLossRef::Nca(_)
-                | PairLossRef::GeneralizedLifted(_)
-                | PairLossRef::Margin(_)
-                | PairLossRef::FastAp(_)
-                | PairLossRef::ThresholdConsistentMargin(_)
-        )
+    let m = p.refs.as_ref().map_or(p.labels.len(), |(l, _)| l.len());
+    m > 0 && (symmetric && p.refs.is_none() || ruled(p.rule))
+}
+
+/// The rules with a device path for any references.
+fn ruled(rule: PairLossRef) -> bool {
+    matches!(
+        rule,
+        PairLossRef::Contrastive(_)
+            | PairLossRef::MultiSimilarity(_)
+            | PairLossRef::SupCon(_)
+            | PairLossRef::Circle(_)
+            | PairLossRef::Nca(_)
+            | PairLossRef::GeneralizedLifted(_)
+            | PairLossRef::Margin(_)
+            | PairLossRef::FastAp(_)
+            | PairLossRef::ThresholdConsistentMargin(_)
+            | PairLossRef::RankedList(_)
+            | PairLossRef::IntraPairVariance(_)
+    )
 }
 
 pub(crate) fn check(p: &Problem, ctx: &Context) {
     let set = MiningSet::new(&p.x, &p.labels);
     let ref_set = p.refs.as_ref().map(|(l, e)| MiningSet::new(e, l));
     let got = run(ctx, p, &set, ref_set.as_ref());
-    // The native path's distances: the losses run there on every context.
     // Scored on the distances of the path that runs the rule (the device's own, or the
     // native path's), so that kinks fall on the same side.
     let native = Context::native_cpu(None);

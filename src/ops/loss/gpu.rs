@@ -52,7 +52,7 @@ pub(super) struct PairRule {
     /// A `pair_weights::code`.
     pub(super) code: u32,
     /// The rule's parameters (the shader's header names them).
-    pub(super) params: [f32; 4],
+    pub(super) params: [f32; 8],
     /// FastAP's bins (`num_bins + 1`).
     pub(super) edges: u32,
     /// A pass that gathers the anchors' words only: no weights, no gradient.
@@ -544,7 +544,7 @@ fn blocks(
                 kernel.encode(&mut rec, n as u64, &buffers)?;
             }
             (Rule::Pair(p), _) => {
-                let [p0, p1, p2, p3] = p.params;
+                let [p0, p1, p2, p3, p4, p5, p6, p7] = p.params;
                 let params = pair_weights::Params {
                     anchors: n as u32,
                     refs: m as u32,
@@ -562,6 +562,10 @@ fn blocks(
                     p1,
                     p2,
                     p3,
+                    p4,
+                    p5,
+                    p6,
+                    p7,
                 };
                 rec.upload(&weight_params, 0, &[params])?;
                 let buffers = [

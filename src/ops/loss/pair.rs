@@ -30,9 +30,10 @@
 //! function of one distance matrix: its own blocks are in [`super::angular`].
 //!
 //! On a wgpu context Contrastive, MultiSimilarity, SupCon, Circle, NCA, GeneralizedLifted,
-//! Margin, FastAP and ThresholdConsistentMargin run on the device ([`super::pair_device`]:
-//! one kernel skeleton, `pair_weights`, with each rule's pieces); the others run natively
-//! there (device-resident rows read back, once per pass).
+//! Margin, FastAP, ThresholdConsistentMargin, RankedList and IntraPairVariance run on the
+//! device, and LiftedStructure and Histogram with the queries as references
+//! ([`super::pair_device`]: one kernel skeleton, `pair_weights`, with each rule's pieces);
+//! the others run natively there (device-resident rows read back, once per pass).
 
 use std::hash::Hash;
 

@@ -1,17 +1,20 @@
 //! The device path of the pair losses ([`super::pair`]): the rules `pair_weights` runs
-//! (Contrastive, MultiSimilarity, SupCon, Circle, NCA, GeneralizedLifted, Margin, FastAP and
-//! ThresholdConsistentMargin), each call through the losses' device loop ([`super::gpu`]:
+//! (Contrastive, MultiSimilarity, SupCon, Circle, NCA, GeneralizedLifted, Margin, FastAP,
+//! ThresholdConsistentMargin, RankedList and IntraPairVariance; LiftedStructure and Histogram
+//! with the queries as references), each call through the losses' device loop ([`super::gpu`]:
 //! distance tiles, the weights kernel, the two gradient products, one submission per pass),
 //! and the anchors' words combined on the host into PML's reducers, in f64.
 //!
 //! Contrastive and TCM divide by counts over every anchor: a first pass counts them (words
 //! only: no weights, no products), the second takes the weights already divided, as the
-//! native path's two passes do. The others take one pass. A call the device loop does not
-//! take (references past one page, buffers past the budget) runs natively.
+//! native path's two passes do. Lifted and Histogram gather every row's `log S` or
+//! histograms first, IntraPairVariance its means in two passes. The others take one pass. A
+//! call the device loop does not take (references past one page, buffers past the budget)
+//! runs natively.
 
 use super::driver::{Job, Output, Totals};
 use super::gpu::{self, PairRule, Raw, Rule};
-use super::pair_params::Kind;
+use super::pair_params::{IntraPairVariance, Kind};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::pair_weights::{code, MAX_EDGES, WORDS};
@@ -30,17 +33,17 @@ pub(super) fn rule(kind: Kind, job: &Job<'_>) -> Option<PairRule> {
         return None;
     }
     let (code, params, edges) = match kind {
-        Kind::Contrastive(c) => (code::CONTRASTIVE, [c.pos_margin, c.neg_margin, 0.0, 0.0], 0),
-        Kind::MultiSimilarity(c) => (code::MULTI_SIMILARITY, [c.alpha, c.beta, c.base, 0.0], 0),
-        Kind::SupCon(c) => (code::SUPCON, [c.temperature, 0.0, 0.0, 0.0], 0),
-        Kind::Circle(c) => (code::CIRCLE, [c.m, c.gamma, 0.0, 0.0], 0),
-        Kind::Nca(c) => (code::NCA, [c.softmax_scale, 0.0, 0.0, 0.0], 0),
+        Kind::Contrastive(c) => (code::CONTRASTIVE, pad(&[c.pos_margin, c.neg_margin]), 0),
+        Kind::MultiSimilarity(c) => (code::MULTI_SIMILARITY, pad(&[c.alpha, c.beta, c.base]), 0),
+        Kind::SupCon(c) => (code::SUPCON, pad(&[c.temperature]), 0),
+        Kind::Circle(c) => (code::CIRCLE, pad(&[c.m, c.gamma]), 0),
+        Kind::Nca(c) => (code::NCA, pad(&[c.softmax_scale]), 0),
         Kind::GeneralizedLifted(c) => (
             code::GENERALIZED_LIFTED,
-            [c.pos_margin, c.neg_margin, 0.0, 0.0],
+            pad(&[c.pos_margin, c.neg_margin]),
             0,
         ),
-        Kind::Margin(c) => (code::MARGIN, [c.margin, c.beta, 0.0, 0.0], 0),
+        Kind::Margin(c) => (code::MARGIN, pad(&[c.margin, c.beta]), 0),
         Kind::FastAp(c) if c.num_bins < MAX_EDGES => {
             // The bins' width over [0, 2] (Euclidean) or [0, 4] (squared), as natively.
             let max = match job.distance.distance {
@@ -48,21 +51,33 @@ pub(super) fn rule(kind: Kind, job: &Job<'_>) -> Option<PairRule> {
                 _ => 2.0,
             };
             let delta = (max / f64::from(c.num_bins)) as f32;
-            (code::FAST_AP, [delta, 0.0, 0.0, 0.0], c.num_bins + 1)
+            (code::FAST_AP, pad(&[delta]), c.num_bins + 1)
         }
         Kind::ThresholdConsistentMargin(c) => (
             code::THRESHOLD_CONSISTENT,
-            [c.margin_plus, c.margin_minus, 0.0, 0.0],
+            pad(&[c.margin_plus, c.margin_minus]),
             0,
         ),
         // Their second passes read every query row's first-pass result by reference: with
         // the queries as references only.
         Kind::LiftedStructure(c) if job.refs_are_queries => {
-            (code::LIFTED, [c.pos_margin, c.neg_margin, 0.0, 0.0], 0)
+            (code::LIFTED, pad(&[c.pos_margin, c.neg_margin]), 0)
         }
+        Kind::RankedList(c) => {
+            // The boundaries as natively: alpha (default 1 + margin / 2) and alpha - margin.
+            let margin = f64::from(c.margin);
+            let alpha = c.alpha.map_or(1.0 + margin / 2.0, f64::from);
+            let (boundary, floor) = ((alpha - margin) as f32, alpha as f32);
+            (
+                code::RANKED_LIST,
+                pad(&[boundary, floor, c.tp, c.tn, c.imbalance]),
+                0,
+            )
+        }
+        Kind::IntraPairVariance(_) => (code::INTRA_PAIR_VARIANCE, pad(&[]), 0),
         Kind::Histogram(c) if job.refs_are_queries && c.n_bins < MAX_EDGES => {
             let delta = (2.0 / f64::from(c.n_bins)) as f32;
-            (code::HISTOGRAM, [delta, 0.0, 0.0, 0.0], c.n_bins + 1)
+            (code::HISTOGRAM, pad(&[delta]), c.n_bins + 1)
         }
         _ => return None,
     };
@@ -72,6 +87,7 @@ pub(super) fn rule(kind: Kind, job: &Job<'_>) -> Option<PairRule> {
             | Kind::ThresholdConsistentMargin(_)
             | Kind::LiftedStructure(_)
             | Kind::Histogram(_)
+            | Kind::IntraPairVariance(_)
     );
     let stride = match kind {
         Kind::Histogram(_) => WORDS + 2 * edges as usize,
@@ -92,6 +108,13 @@ pub(super) fn rule(kind: Kind, job: &Job<'_>) -> Option<PairRule> {
         state,
         stride,
     })
+}
+
+/// `head` followed by zeros: a rule's parameters as the kernel takes them.
+fn pad(head: &[f32]) -> [f32; 8] {
+    let mut all = [0.0; 8];
+    all[..head.len()].copy_from_slice(head);
+    all
 }
 
 /// One anchor's words: three f32, four counts.
@@ -141,6 +164,10 @@ pub(super) fn run(
     let Some(first) = rule(kind, job) else {
         return Ok(None);
     };
+    // No reference: nothing for the device (RankedList still counts every anchor natively).
+    if job.set.ref_labels.is_empty() {
+        return Ok(None);
+    }
     let op = job.op;
     let pass = |rule: &PairRule| gpu::run_raw(ctx, gpu, job, &Rule::Pair(rule.clone()));
     match kind {
@@ -161,7 +188,7 @@ pub(super) fn run(
             let (on_pos, on_neg) = (lp * share(cp), ln * share(cn));
             let [p0, p1, ..] = first.params;
             let second = PairRule {
-                params: [p0, p1, on_pos as f32, on_neg as f32],
+                params: pad(&[p0, p1, on_pos as f32, on_neg as f32]),
                 forward: false,
                 ..first.clone()
             };
@@ -183,6 +210,7 @@ pub(super) fn run(
         }
         Kind::LiftedStructure(_) => lifted(ctx, gpu, job, first),
         Kind::Histogram(c) => histogram(ctx, gpu, job, first, c.n_bins),
+        Kind::IntraPairVariance(c) => intra_pair_variance(ctx, gpu, job, first, c),
         Kind::Margin(c) => {
             let Some(raw) = pass(&first)? else {
                 return Ok(None);
@@ -334,6 +362,74 @@ fn histogram(
     let Some(raw) = gpu::run_raw(ctx, gpu, job, &Rule::Pair(pass2))? else {
         return Ok(None);
     };
+    let totals = Totals {
+        loss,
+        count: np + nn,
+        items: 0,
+        aux: 0.0,
+    };
+    let out = gpu::finish(ctx, job, raw, totals, 1.0)?;
+    Ok(Some((loss, None, out)))
+}
+
+/// IntraPairVariance on the device, as natively: a pass for each group's mean distance `μ`,
+/// one for the mean of its hinges `relu(a D + b μ)`, and the last for the squares and the
+/// weights `(2 / K) (a r + b R / K)`.
+fn intra_pair_variance(
+    ctx: &Context,
+    gpu: &GpuDevice,
+    job: &Job<'_>,
+    first: PairRule,
+    c: IntraPairVariance,
+) -> Result<Option<Found>> {
+    let op = job.op;
+    // Each group's sums and pairs over every anchor.
+    let sums = |raw: &Raw| -> Result<([f64; 2], [u64; 2])> {
+        let all = words(op, raw, WORDS)?;
+        Ok(all.iter().fold(([0.0; 2], [0; 2]), |(s, n), w| {
+            (
+                [s[0] + w.floats[0], s[1] + w.floats[1]],
+                [n[0] + w.counts[0], n[1] + w.counts[1]],
+            )
+        }))
+    };
+    let mean = |sum: f64, n: u64| if n == 0 { 0.0 } else { sum / n as f64 };
+    let Some(raw) = gpu::run_raw(ctx, gpu, job, &Rule::Pair(first.clone()))? else {
+        return Ok(None);
+    };
+    let (d_sums, [np, nn]) = sums(&raw)?;
+    let (ep, en) = (f64::from(c.pos_eps), f64::from(c.neg_eps));
+    // (a, b) of `v = a D + b μ`: positives want to rise on a similarity, negatives to fall.
+    let gaps = if job.distance.distance.is_similarity() {
+        [(-1.0, 1.0 - ep), (1.0, -(1.0 + en))]
+    } else {
+        [(1.0, -(1.0 + ep)), (-1.0, 1.0 - en)]
+    };
+    let mu = [mean(d_sums[0], np), mean(d_sums[1], nn)];
+    let hinges = [
+        gaps[0].0 as f32,
+        (gaps[0].1 * mu[0]) as f32,
+        gaps[1].0 as f32,
+        (gaps[1].1 * mu[1]) as f32,
+    ];
+    let pass = |edges: u32, forward: bool, tail: [f64; 4]| PairRule {
+        params: pad(&[hinges.as_slice(), &tail.map(|v| v as f32)].concat()),
+        edges,
+        forward,
+        ..first.clone()
+    };
+    let Some(raw) = gpu::run_raw(ctx, gpu, job, &Rule::Pair(pass(1, true, [0.0; 4])))? else {
+        return Ok(None);
+    };
+    let (r_sums, _) = sums(&raw)?;
+    let (rp, rn) = (mean(r_sums[0], np), mean(r_sums[1], nn));
+    let two = |n: u64| if n == 0 { 0.0 } else { 2.0 / n as f64 };
+    let tail = [two(np), two(nn), gaps[0].1 * rp, gaps[1].1 * rn];
+    let Some(raw) = gpu::run_raw(ctx, gpu, job, &Rule::Pair(pass(2, false, tail)))? else {
+        return Ok(None);
+    };
+    let (squares, _) = sums(&raw)?;
+    let loss = mean(squares[0], np) + mean(squares[1], nn);
     let totals = Totals {
         loss,
         count: np + nn,
