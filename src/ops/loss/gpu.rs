@@ -440,6 +440,18 @@ fn blocks(
     let softplus_floor = triplet_weights::softplus_floor();
     let metric = job.distance.distance.code();
     let normalize = u32::from(job.distance.normalizes());
+    // The buffers of either row-wise weights kernel (info_nce_weights, pair_weights).
+    let weight_buffers = [
+        &weight_params,
+        &distance.distances,
+        &labels,
+        &distance.queries,
+        ref_rows,
+        &distance.query_norms,
+        ref_norms,
+        &u,
+        &totals,
+    ];
     let mut rec = Recorder::new(gpu, op);
     match rule.state() {
         [] => rec.upload(&labels, 0, &set.ref_labels)?,
@@ -529,19 +541,8 @@ fn blocks(
                     row0: a0 as u32,
                 };
                 rec.upload(&weight_params, 0, &[params])?;
-                let buffers = [
-                    &weight_params,
-                    &distance.distances,
-                    &labels,
-                    &distance.queries,
-                    ref_rows,
-                    &distance.query_norms,
-                    ref_norms,
-                    &u,
-                    &totals,
-                ];
                 let kernel = gpu.kernel::<InfoNceWeights>()?;
-                kernel.encode(&mut rec, n as u64, &buffers)?;
+                kernel.encode(&mut rec, n as u64, &weight_buffers)?;
             }
             (Rule::Pair(p), _) => {
                 let [p0, p1, p2, p3, p4, p5, p6, p7] = p.params;
@@ -568,19 +569,8 @@ fn blocks(
                     p7,
                 };
                 rec.upload(&weight_params, 0, &[params])?;
-                let buffers = [
-                    &weight_params,
-                    &distance.distances,
-                    &labels,
-                    &distance.queries,
-                    ref_rows,
-                    &distance.query_norms,
-                    ref_norms,
-                    &u,
-                    &totals,
-                ];
                 let kernel = gpu.kernel::<PairWeights>()?;
-                kernel.encode(&mut rec, n as u64, &buffers)?;
+                kernel.encode(&mut rec, n as u64, &weight_buffers)?;
             }
             (Rule::Triplet { .. }, None) => {
                 return Err(Error::Internal {

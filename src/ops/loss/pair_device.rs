@@ -150,6 +150,33 @@ fn share(count: u64) -> f64 {
     }
 }
 
+/// The mean of the anchors' losses (word 0) over what they count (count 0), the gradients
+/// divided by it: the rules whose reducer is a mean over anchors or pairs.
+fn mean_of(ctx: &Context, job: &Job<'_>, raw: Raw) -> Result<Found> {
+    let mut t = Totals::default();
+    for w in words(job.op, &raw, WORDS)? {
+        t.loss += w.floats[0];
+        t.count += w.counts[0];
+        t.items += w.counts[1];
+    }
+    let loss = f64::from(t.mean());
+    let out = gpu::finish(ctx, job, raw, t, share(t.count) as f32)?;
+    Ok((loss, None, out))
+}
+
+/// The rule's own `(loss, divisor)`, the gradients as the weights give them (the rule divided
+/// already).
+fn summed(ctx: &Context, job: &Job<'_>, raw: Raw, (loss, count): (f64, u64)) -> Result<Found> {
+    let totals = Totals {
+        loss,
+        count,
+        items: 0,
+        aux: 0.0,
+    };
+    let out = gpu::finish(ctx, job, raw, totals, 1.0)?;
+    Ok((loss, None, out))
+}
+
 /// `kind` on `gpu`, or `None` where it has no device rule or the device loop does not take the
 /// call (the caller then runs the native path). Called where PML computes a loss.
 ///
@@ -199,14 +226,7 @@ pub(super) fn run(
                 .iter()
                 .map(|w| on_pos * w.floats[0] + on_neg * w.floats[1])
                 .sum();
-            let totals = Totals {
-                loss,
-                count: cp + cn,
-                items: 0,
-                aux: 0.0,
-            };
-            let out = gpu::finish(ctx, job, raw, totals, 1.0)?;
-            Ok(Some((loss, None, out)))
+            summed(ctx, job, raw, (loss, cp + cn)).map(Some)
         }
         Kind::LiftedStructure(_) => lifted(ctx, gpu, job, first),
         Kind::Histogram(c) => histogram(ctx, gpu, job, first, c.n_bins),
@@ -247,16 +267,7 @@ pub(super) fn run(
             let Some(raw) = pass(&first)? else {
                 return Ok(None);
             };
-            let mut t = Totals::default();
-            for w in words(op, &raw, WORDS)? {
-                t.loss += w.floats[0];
-                t.count += w.counts[0];
-                t.items += w.counts[1];
-            }
-            let factor = share(t.count) as f32;
-            let loss = f64::from(t.mean());
-            let out = gpu::finish(ctx, job, raw, t, factor)?;
-            Ok(Some((loss, None, out)))
+            mean_of(ctx, job, raw).map(Some)
         }
     }
 }
@@ -264,11 +275,14 @@ pub(super) fn run(
 /// Lifted on the device: the first pass gives every row its `log S` (the kernel's words), the
 /// second reads them back by row and takes the mean over the positive pairs.
 fn lifted(ctx: &Context, gpu: &GpuDevice, job: &Job<'_>, first: PairRule) -> Result<Option<Found>> {
-    let op = job.op;
     let Some(logs) = gpu::run_raw(ctx, gpu, job, &Rule::Pair(first.clone()))? else {
         return Ok(None);
     };
-    let state = logs.words.chunks_exact(WORDS).map(|w| w[0]).collect();
+    // Each row's log S, as the kernel wrote it (f32, so back without rounding).
+    let state = words(job.op, &logs, WORDS)?
+        .iter()
+        .map(|w| (w.floats[0] as f32).to_bits())
+        .collect();
     let second = PairRule {
         forward: false,
         state,
@@ -277,15 +291,7 @@ fn lifted(ctx: &Context, gpu: &GpuDevice, job: &Job<'_>, first: PairRule) -> Res
     let Some(raw) = gpu::run_raw(ctx, gpu, job, &Rule::Pair(second))? else {
         return Ok(None);
     };
-    let mut t = Totals::default();
-    for w in words(op, &raw, WORDS)? {
-        t.loss += w.floats[0];
-        t.count += w.counts[0];
-        t.items += w.counts[1];
-    }
-    let loss = f64::from(t.mean());
-    let out = gpu::finish(ctx, job, raw, t, share(t.count) as f32)?;
-    Ok(Some((loss, None, out)))
+    mean_of(ctx, job, raw).map(Some)
 }
 
 /// Histogram on the device: the first pass gives every anchor its share of both histograms
@@ -362,14 +368,7 @@ fn histogram(
     let Some(raw) = gpu::run_raw(ctx, gpu, job, &Rule::Pair(pass2))? else {
         return Ok(None);
     };
-    let totals = Totals {
-        loss,
-        count: np + nn,
-        items: 0,
-        aux: 0.0,
-    };
-    let out = gpu::finish(ctx, job, raw, totals, 1.0)?;
-    Ok(Some((loss, None, out)))
+    summed(ctx, job, raw, (loss, np + nn)).map(Some)
 }
 
 /// IntraPairVariance on the device, as natively: a pass for each group's mean distance `μ`,
@@ -430,12 +429,5 @@ fn intra_pair_variance(
     };
     let (squares, _) = sums(&raw)?;
     let loss = mean(squares[0], np) + mean(squares[1], nn);
-    let totals = Totals {
-        loss,
-        count: np + nn,
-        items: 0,
-        aux: 0.0,
-    };
-    let out = gpu::finish(ctx, job, raw, totals, 1.0)?;
-    Ok(Some((loss, None, out)))
+    summed(ctx, job, raw, (loss, np + nn)).map(Some)
 }
