@@ -108,8 +108,9 @@ const MAX_EDGES: u32 = 256u;
 
 // The maxima's start: below every logit (an empty group keeps it, and is never read).
 const LOWEST: f32 = -3.40282347e38;
-// log of f32's smallest subnormal, halved up: a probability below e^this is 0 in f32.
-const LOG_ZERO: f32 = -103.28;
+// ln 2^-150, half f32's smallest subnormal: a probability at or below e^this rounds to 0 in
+// f32 (the native path's test), whether or not the device keeps subnormals.
+const LOG_ZERO: f32 = -103.972;
 
 // The anchor (its row among the call's queries) and the column an invocation is at: what
 // Lifted's and Histogram's state is indexed by (the references are the queries there).
@@ -606,7 +607,9 @@ fn factors(top: vec4<f32>, s: vec4<f32>, np: u32, nn: u32) -> vec4<f32> {
             }
             let t = top.x + log(s.x) + top.y + log(s.y);
             let loss = softplus(t);
-            if (loss > 0.0) {
+            // Kept where softplus(t) ~ e^t is not 0 in f32, as natively (decided on t: a
+            // device that flushes subnormals would drop anchors the host keeps).
+            if (t > LOG_ZERO) {
                 let g = sigmoid(t);
                 return vec4<f32>(g / s.x, g / s.y, 1.0, loss);
             }

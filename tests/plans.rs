@@ -303,6 +303,14 @@ fn pair_losses<'a>(
         let Some(ctx) = context(path, budget) else {
             return;
         };
+        // The rules with a device path ran there (`check` asserts the plans' path only).
+        let ran = (
+            pair_loss(&ctx, set, None, &contrastive)
+                .expect("contrastive")
+                .path,
+            pair_loss(&ctx, set, None, &lifted).expect("lifted").path,
+        );
+        assert_eq!(ran, (ComputePath::Wgpu, ComputePath::Wgpu));
         let tuplet = PairLossConfig::<TupletMargin>::default();
         let plan = pair_loss_plan(&ctx, set, Some(refs), &tuplet).expect("plan");
         ctx.reset_peak();

@@ -86,6 +86,8 @@ impl Rule {
 pub(super) struct Raw {
     pub(super) words: Vec<u32>,
     grads: (Array2<f32>, Option<Array2<f32>>),
+    /// The host memory the call holds ([`host_bytes`]), until [`finish`] is done with it.
+    held: Option<HostReservation>,
 }
 
 /// The uniform block either weights kernel takes.
@@ -185,11 +187,11 @@ fn upload_bytes(
 }
 
 /// Host bytes [`run`] holds for `b` anchors and `m` references of `d` floats: the anchors'
-/// words and the gradients read back, and copies of device-resident rows for the
-/// normalisation's backward.
+/// words and the gradients read back, copies of device-resident rows for the
+/// normalisation's backward, and a pair rule's state with its upload's copy.
 fn host_bytes((b, m, d): (usize, usize, usize), rule: &Rule, ref_role: bool) -> u64 {
     let floats = |n: usize| 4 * (n * d) as u64;
-    let words = 4 * (b * rule.words()) as u64;
+    let words = 4 * (b * rule.words()) as u64 + 8 * rule.state().len() as u64;
     words + floats(b) * 2 + if ref_role { floats(m) * 2 } else { 0 }
 }
 
@@ -289,6 +291,7 @@ pub(super) fn run_raw(
         // No pair: zero words (a zero loss) and zero gradients, with nothing to put on the
         // device.
         return Ok(Some(Raw {
+            held: None,
             words: vec![0; b * rule.words()],
             grads: (
                 Array2::zeros((b, d)),
@@ -306,8 +309,8 @@ pub(super) fn run_raw(
         Ok(_) | Err(Error::OverBudget { .. } | Error::DeviceLimit { .. }) => return Ok(None),
         Err(e) => return Err(e),
     };
-    let held = host_bytes((b, m, d), rule, ref_role);
-    let _held = HostReservation::new(job.label, held, ctx.tracker())?;
+    let bytes = host_bytes((b, m, d), rule, ref_role);
+    let held = HostReservation::new(job.label, bytes, ctx.tracker())?;
     let attempt = oom_retry::retry(ctx, || {
         report.check()?;
         report.restart();
@@ -318,7 +321,12 @@ pub(super) fn run_raw(
         // (or one block) do not fit the budget or a binding, the native path, which needs
         // less of both, runs instead.
         Err(Error::OverBudget { .. } | Error::DeviceLimit { .. }) => Ok(None),
-        other => other.map(Some),
+        other => other.map(|raw| {
+            Some(Raw {
+                held: Some(held),
+                ..raw
+            })
+        }),
     }
 }
 
@@ -341,6 +349,15 @@ pub(super) fn finish(
         .as_ref()
         .ok_or_else(|| inputs::unimported(op))?;
     let refs = job.set.refs.ok_or_else(|| inputs::unimported(op))?;
+    let ((b, d), m) = (queries.dim(), job.set.ref_labels.len());
+    if b == 0 || m == 0 {
+        // Zero gradients: nothing to read back.
+        return Ok(Output {
+            totals,
+            query_grad: Array2::zeros((b, d)),
+            ref_grad: (job.ref_grad && !job.refs_are_queries).then(|| Array2::zeros((m, d))),
+        });
+    }
     let q = host_rows(op, ctx, queries.reborrow())?;
     let r_own = match job.refs_are_queries || !job.ref_grad {
         true => None,
@@ -350,6 +367,8 @@ pub(super) fn finish(
     let r = r_own.as_ref().map_or(q, |r| r.view());
     let (g_q, g_r) = raw.grads;
     let g_r = g_r.filter(|_| job.refs_are_queries || job.ref_grad);
+    // Held (with the rows' copies) until the gradients are finished.
+    let _held = raw.held;
     Ok(driver::finish_scaled(
         job,
         totals,
@@ -465,9 +484,11 @@ fn blocks(
         }
     }
     rec.sentinel(&totals, f32s(b * words))?;
-    rec.sentinel(&g_q, f32s(b * dim4 * 4))?;
-    if let Some(g_r) = &g_r {
-        rec.clear(g_r, f32s(m * dim4 * 4));
+    if !forward {
+        rec.sentinel(&g_q, f32s(b * dim4 * 4))?;
+        if let Some(g_r) = &g_r {
+            rec.clear(g_r, f32s(m * dim4 * 4));
+        }
     }
     for a0 in (0..b).step_by(rows) {
         report.check()?;
@@ -622,6 +643,7 @@ fn blocks(
     let words = words_read.read::<u32, _>(gpu, b * words, <[u32]>::to_vec)?;
     if forward {
         return Ok(Raw {
+            held: None,
             words,
             grads: (Array2::zeros((0, d)), None),
         });
@@ -636,6 +658,7 @@ fn blocks(
         None => None,
     };
     Ok(Raw {
+        held: None,
         words,
         grads: (g_q, g_r),
     })

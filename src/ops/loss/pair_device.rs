@@ -205,6 +205,7 @@ pub(super) fn run(
             let (cp, cn) = words(op, &counted, WORDS)?
                 .iter()
                 .fold((0, 0), |(p, n), w| (p + w.counts[0], n + w.counts[1]));
+            drop(counted);
             // Each group's mean over its nonzero pairs; TCM's weighted by its λs.
             let (lp, ln) = match kind {
                 Kind::ThresholdConsistentMargin(c) => {
@@ -283,6 +284,7 @@ fn lifted(ctx: &Context, gpu: &GpuDevice, job: &Job<'_>, first: PairRule) -> Res
         .iter()
         .map(|w| (w.floats[0] as f32).to_bits())
         .collect();
+    drop(logs);
     let second = PairRule {
         forward: false,
         state,
@@ -333,6 +335,7 @@ fn histogram(
             neg[c] += f64::from(f32::from_bits(node[1]));
         }
     }
+    drop(binned);
     let (kp, kn) = (np.max(1) as f64, nn.max(1) as f64);
     // φ = cumsum(h⁺); loss = Σ h⁻ φ; ∂/∂h⁺_c = Σ_{b ≥ c} h⁻_b, ∂/∂h⁻_b = φ_b.
     let phi: Vec<f64> = pos
@@ -397,6 +400,8 @@ fn intra_pair_variance(
         return Ok(None);
     };
     let (d_sums, [np, nn]) = sums(&raw)?;
+    // Each pass's words (and the host memory its call holds) go before the next pass plans.
+    drop(raw);
     let (ep, en) = (f64::from(c.pos_eps), f64::from(c.neg_eps));
     // (a, b) of `v = a D + b μ`: positives want to rise on a similarity, negatives to fall.
     let gaps = if job.distance.distance.is_similarity() {
@@ -421,6 +426,7 @@ fn intra_pair_variance(
         return Ok(None);
     };
     let (r_sums, _) = sums(&raw)?;
+    drop(raw);
     let (rp, rn) = (mean(r_sums[0], np), mean(r_sums[1], nn));
     let two = |n: u64| if n == 0 { 0.0 } else { 2.0 / n as f64 };
     let tail = [two(np), two(nn), gaps[0].1 * rp, gaps[1].1 * rn];
