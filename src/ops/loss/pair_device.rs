@@ -14,6 +14,7 @@
 
 use super::driver::{Job, Output, Totals};
 use super::gpu::{self, PairRule, Raw, Rule};
+use super::pair_global::{variance_gaps, with_positive};
 use super::pair_params::{IntraPairVariance, Kind};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -309,11 +310,7 @@ fn histogram(
     let (op, set) = (job.op, job.set);
     let edges = n_bins as usize + 1;
     // Each row's flag: its class has a positive (PML keeps a negative pair with such a side).
-    let mut per_class: std::collections::HashMap<u32, usize> = Default::default();
-    for &l in &set.labels {
-        *per_class.entry(l).or_default() += 1;
-    }
-    let flags = set.labels.iter().map(|l| u32::from(per_class[l] > 1));
+    let flags = with_positive(&set.labels).into_iter().map(u32::from);
     let state = |front: Vec<u32>| front.into_iter().chain(flags.clone()).collect();
     let pass1 = PairRule {
         state: state(vec![0; 2 * edges]),
@@ -402,13 +399,7 @@ fn intra_pair_variance(
     let (d_sums, [np, nn]) = sums(&raw)?;
     // Each pass's words (and the host memory its call holds) go before the next pass plans.
     drop(raw);
-    let (ep, en) = (f64::from(c.pos_eps), f64::from(c.neg_eps));
-    // (a, b) of `v = a D + b μ`: positives want to rise on a similarity, negatives to fall.
-    let gaps = if job.distance.distance.is_similarity() {
-        [(-1.0, 1.0 - ep), (1.0, -(1.0 + en))]
-    } else {
-        [(1.0, -(1.0 + ep)), (-1.0, 1.0 - en)]
-    };
+    let gaps = variance_gaps(c, job.distance.distance.is_similarity());
     let mu = [mean(d_sums[0], np), mean(d_sums[1], nn)];
     let hinges = [
         gaps[0].0 as f32,

@@ -229,15 +229,32 @@ fn nodes(s: f32, n_bins: u32, delta: f64) -> (usize, f64) {
     (r as usize, (s + 1.0 - r * delta) / delta)
 }
 
-fn histogram(ctx: &Context, job: &Job<'_>, c: Histogram) -> Result<Outcome> {
-    let set = job.set;
+/// Per query row of `labels`: its class has a positive (another row), so that Histogram
+/// keeps the negative pairs it is a side of, as PML does.
+pub(super) fn with_positive(labels: &[u32]) -> Vec<bool> {
     let mut per_class: HashMap<u32, usize> = HashMap::new();
-    for &l in &set.labels {
+    for &l in labels {
         *per_class.entry(l).or_default() += 1;
     }
-    let has_pos: Vec<bool> = (set.labels.iter())
+    (labels.iter())
         .map(|l| per_class.get(l).is_some_and(|&n| n > 1))
-        .collect();
+        .collect()
+}
+
+/// IntraPairVariance's `(α, β)` of `v = α D + β μ` for the positive and the negative pairs:
+/// positives want to rise on a similarity, negatives to fall.
+pub(super) fn variance_gaps(c: IntraPairVariance, sim: bool) -> [(f64, f64); 2] {
+    let (ep, en) = (f64::from(c.pos_eps), f64::from(c.neg_eps));
+    if sim {
+        [(-1.0, 1.0 - ep), (1.0, -(1.0 + en))]
+    } else {
+        [(1.0, -(1.0 + ep)), (-1.0, 1.0 - en)]
+    }
+}
+
+fn histogram(ctx: &Context, job: &Job<'_>, c: Histogram) -> Result<Outcome> {
+    let set = job.set;
+    let has_pos = with_positive(&set.labels);
     let (n_bins, size) = (c.n_bins, c.n_bins as usize + 1);
     let delta = 2.0 / f64::from(n_bins);
     // The anchor's pairs the histograms hold: each unordered pair once (a < j), negative
@@ -332,13 +349,7 @@ fn intra_pair_variance(
     let t = driver::run_as(ctx, job, &means, Mode::Forward)?.totals;
     let (np, nn) = (t.count, t.items);
     let mean = |sum: f64, n: u64| if n == 0 { 0.0 } else { sum / n as f64 };
-    let (ep, en) = (f64::from(c.pos_eps), f64::from(c.neg_eps));
-    // (α, β) of `v = α s + β μ`: positives want to rise on a similarity, negatives to fall.
-    let gaps = if sim {
-        [(-1.0, 1.0 - ep), (1.0, -(1.0 + en))]
-    } else {
-        [(1.0, -(1.0 + ep)), (-1.0, 1.0 - en)]
-    };
+    let gaps = variance_gaps(c, sim);
     let mu = [mean(t.loss, np), mean(t.aux, nn)];
     let relu = move |group: usize, d: f32| {
         let (alpha, beta) = gaps[group];
