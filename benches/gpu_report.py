@@ -207,6 +207,27 @@ def report_json(d):
             row(f"{name}-{r['B']}x768{suffix}", r["median_s"], t["median_s"] if t else None,
                 "torch full-matrix loss on CUDA, forward and backward" if t else None,
                 peak_device_mib=r.get("peak_device_mib"))
+    # PML's pair losses: ours (both paths) against PML on CUDA at the same (B, M); PML's error
+    # (out of memory, references refused) kept as the anchor's figure. Each wgpu row gains its
+    # kernels' GPU seconds from kernels.jsonl (`--kernel-timing`) where that ran.
+    pml_pair = {(r["func"], r["B"], r["M"]): r for r in pml if r.get("func", "").startswith("loss_pair_")}
+    timed = {(r["func"], r["B"], r["M"]): r.get("kernels")
+             for r in records(os.path.join(d, "kernels.jsonl")) if r.get("func", "").startswith("loss_pair_")}
+    for r in ours:
+        func = r.get("func", "")
+        if not func.startswith("loss_pair_"):
+            continue
+        key = (func, r["B"], r["M"])
+        t = pml_pair.get(key, {})
+        native = r.get("path") == "cpu"
+        extra = {"anchor_error": t["error"]} if "error" in t else {}
+        if "peak_cuda_mib" in t:
+            extra["anchor_peak_cuda_mib"] = t["peak_cuda_mib"]
+        if not native and timed.get(key):
+            extra["kernels"] = timed[key]
+        row(f"{func.replace('_', '-')}-{r['B']}x{r['M']}{'-native' if native else ''}", r["median_s"],
+            t.get("median_s"), "PML on CUDA, forward and backward (tensors on the device)" if t else None,
+            peak_device_mib=r.get("peak_device_mib"), host_waits=r.get("host_waits"), **extra)
     for r in hunt:
         row(r["case"], None, **{k: v for k, v in r.items() if k not in ("case", "device", "driver")})
     return rows

@@ -170,7 +170,9 @@ def main():
         labels = torch.randint(0, c, (b,), device=dev, generator=g)
         r = torch.nn.functional.normalize(torch.randn(m, d, device=dev, generator=g), dim=1)
         ref_labels = torch.randint(0, c, (m,), device=dev, generator=g)
-        loss_fn = getattr(losses, PAIR_LOSSES[nm])()
+        # RankedListLoss has no defaults for these: the library's `RankedList::default()`.
+        kwargs = {"margin": 0.4, "Tn": 1.0} if nm == "ranked_list" else {}
+        loss_fn = getattr(losses, PAIR_LOSSES[nm])(**kwargs)
 
         def step():
             x = emb.clone().requires_grad_(True)
