@@ -337,6 +337,10 @@ core() {
 #   churn-off    the stress test of contexts made and dropped beside running kernels,
 #                guard off (0 runs: it never failed on an H200), and
 #   churn        with the guard (2 runs, 60 s)
+#   exit-off     the test whose child processes exit holding a context (WML_EXIT_RUNS, 20,
+#                children per run), with the exit's teardown off (WML_EXIT_TEARDOWN=off):
+#                whether the driver's fault at exit shows without it (1 run, 120 s)
+#   exit         the same with the teardown, as shipped (1 run, 120 s)
 #   unit         the library's unit tests (20 runs, 45 s)
 #   integration  the integration tests (10 runs, 240 s)
 # A stage is skipped once a run would end past HUNT_DEADLINE (420) seconds from the start.
@@ -369,14 +373,18 @@ hunt() {
     driver=$(cut -d, -f2 "$out/gpu.txt" 2>/dev/null | xargs || true)
     : >"$out/hunt$tag.jsonl"
     local spec label bin runs limit lock filter failing=()
+    # Children per run of the exit test (a context held through the exit).
+    export WML_EXIT_RUNS=${WML_EXIT_RUNS:-20}
     for spec in \
-        "first-off test-root ${HUNT_FIRST_OFF_RUNS:-2} ${HUNT_FIRST_OFF_LIMIT:-120} off concurrency::first_contexts" \
-        "first test-root ${HUNT_FIRST_RUNS:-2} ${HUNT_FIRST_LIMIT:-120} on concurrency::first_contexts" \
-        "churn-off test-root ${HUNT_CHURN_OFF_RUNS:-0} ${HUNT_CHURN_OFF_LIMIT:-60} off concurrency::contexts_made_and_dropped" \
-        "churn test-root ${HUNT_CHURN_RUNS:-2} ${HUNT_CHURN_LIMIT:-60} on concurrency::contexts_made_and_dropped" \
-        "unit test-wgpu_metric_learning ${HUNT_UNIT_RUNS:-20} ${HUNT_UNIT_LIMIT:-45} on" \
-        "integration test-root ${HUNT_INTEGRATION_RUNS:-10} ${HUNT_INTEGRATION_LIMIT:-240} on"; do
-        read -r label bin runs limit lock filter <<<"$spec"
+        "first-off test-root ${HUNT_FIRST_OFF_RUNS:-2} ${HUNT_FIRST_OFF_LIMIT:-120} off auto concurrency::first_contexts" \
+        "first test-root ${HUNT_FIRST_RUNS:-2} ${HUNT_FIRST_LIMIT:-120} on auto concurrency::first_contexts" \
+        "churn-off test-root ${HUNT_CHURN_OFF_RUNS:-0} ${HUNT_CHURN_OFF_LIMIT:-60} off auto concurrency::contexts_made_and_dropped" \
+        "churn test-root ${HUNT_CHURN_RUNS:-2} ${HUNT_CHURN_LIMIT:-60} on auto concurrency::contexts_made_and_dropped" \
+        "exit-off test-root ${HUNT_EXIT_OFF_RUNS:-1} ${HUNT_EXIT_OFF_LIMIT:-120} on off concurrency::devices_still_in_use_at_exit" \
+        "exit test-root ${HUNT_EXIT_RUNS:-1} ${HUNT_EXIT_LIMIT:-120} on auto concurrency::devices_still_in_use_at_exit" \
+        "unit test-wgpu_metric_learning ${HUNT_UNIT_RUNS:-20} ${HUNT_UNIT_LIMIT:-45} on auto" \
+        "integration test-root ${HUNT_INTEGRATION_RUNS:-10} ${HUNT_INTEGRATION_LIMIT:-240} on auto"; do
+        read -r label bin runs limit lock teardown filter <<<"$spec"
         [ -x ".devbin/$bin" ] && [ "$runs" -gt 0 ] || continue
         [ -z "${HUNT_STAGES:-}" ] || [[ " $HUNT_STAGES " == *" $label "* ]] || continue
         local passed=0 hangs=0 crashes=0 failed=0 done_runs=0 under_gdb=0 i status
@@ -385,7 +393,7 @@ hunt() {
                 echo "hunt: deadline, $label stopped after $done_runs runs" | tee -a "$work/summary.txt"
                 break
             fi
-            status=$(WML_DEVICE_LOCK=$lock HUNT_FILTER=$filter \
+            status=$(WML_DEVICE_LOCK=$lock WML_EXIT_TEARDOWN=$teardown HUNT_FILTER=$filter \
                 hunt_once "$work/$label-$i" ".devbin/$bin" "$limit" "$threads" "$under_gdb")
             done_runs=$((done_runs + 1))
             case $status in
@@ -464,7 +472,8 @@ debuggers() {
 }
 
 # One run of binary $2 at $4 threads under a $3-second watchdog, in directory $1 (under gdb
-# when $5 = 1). Prints pass, fail, hang, crash (a core read) or crash-nocore.
+# when $5 = 1). Prints pass, fail, hang, crash (a core read), crash-nocore or crash-at-exit
+# (every test passed, then the process died of a signal).
 hunt_once() {
     local dir=$1 bin=$2 limit=$3 threads=$4 gdb=$5 pid target t0=$SECONDS rc=0
     mkdir -p "$dir"
@@ -510,8 +519,12 @@ hunt_once() {
         "${GDB[@]}" -q -batch -ex 'info threads' -ex 'thread apply all bt 40' "$bin" "$core" >"$dir/stacks-$n.txt" 2>&1 || true
         rm -f "$core"
     done
-    if grep -q '^test result: ok' "$dir/log"; then
+    if grep -q '^test result: ok' "$dir/log" && [ "$rc" -eq 0 ]; then
         echo pass
+    elif grep -q '^test result: ok' "$dir/log" && [ "$rc" -gt 128 ]; then
+        # Every test passed and the process then died of a signal: a fault at exit (on an
+        # H200 the driver's threads ran on while the exit unloaded its libraries).
+        echo crash-at-exit
     elif grep -q 'hung for [0-9]* s' "$dir/log"; then
         echo hang # a child process of the test
     elif grep -q 'failed (signal: ' "$dir/log"; then

@@ -153,6 +153,13 @@ impl GpuDevice {
         }
         let limits = device.limits();
         let timestamps = device.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+        let serial = {
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        };
+        if own {
+            device_pool::register_live(serial, &device, &info);
+        }
         Self {
             device: ManuallyDrop::new(device),
             queue: ManuallyDrop::new(queue),
@@ -160,10 +167,7 @@ impl GpuDevice {
             limits,
             lost,
             kernels: Mutex::new(HashMap::new()),
-            serial: {
-                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            },
+            serial,
             memory: accounting.memory,
             fill_sentinel: accounting.fill_sentinel,
             simulated_device_bytes: accounting.simulated_device_bytes,
@@ -268,6 +272,7 @@ impl Drop for GpuDevice {
             .map(std::mem::take)
             .unwrap_or_default();
         let _guard = lifecycle_lock();
+        device_pool::forget_live(self.serial);
         drop(kernels);
         // SAFETY: each is taken once, here, and never used after: `drop` is the last use.
         let (device, queue) = unsafe {
