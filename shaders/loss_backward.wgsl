@@ -18,8 +18,15 @@
 // lid.y + TILE m, vec4s lid.x + TILE k: neighbours read neighbouring vec4s). The summed-over
 // index is walked TILE at a time, its weights and rows staged in workgroup memory, so every
 // staged weight feeds CN and every staged vec4 RM accumulators. Every output is one chain of
-// additions over the summed index in ascending order, as in the 16 x 16 kernel this one
-// replaced: the same bits. Tiles of rows fold y into x past 65 535; z walks the dimension.
+// additions over the summed index in ascending order.
+//
+// Split: with few output tiles (a block of 256 anchors is 4 tiles of the query side, a few
+// percent of a large GPU), the summed index is cut into `splits` chunks of `chunk` steps
+// (a multiple of TILE); each workgroup sums one chunk of its tile into `partial` (one (out
+// rows, dim4) slab per chunk), and `query_gather` / `ref_gather` add the slabs in chunk order
+// and write (query side) or add (ref side) the output. Every output is then a sum of chunk
+// sums, in a fixed order: the same bits on every run, within rounding of one chain. Tiles of
+// rows fold y into x past 65 535; z walks the dimension's tiles, then the chunks.
 
 struct Params {
     // Anchor rows of the block.
@@ -31,8 +38,10 @@ struct Params {
     normalize: u32,
     // query_side: the block's first row in `out`.
     out_row0: u32,
-    _pad0: u32,
-    _pad1: u32,
+    // Steps of the summed index per chunk (a multiple of TILE), and chunks (1: no split, the
+    // products write `out` themselves).
+    chunk: u32,
+    splits: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -43,6 +52,8 @@ struct Params {
 @group(0) @binding(4) var<storage, read> refs: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> ref_sq_norms: array<f32>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
+// (splits, out rows, dim4) chunk sums, when split.
+@group(0) @binding(7) var<storage, read_write> partial: array<vec4<f32>>;
 
 // Invocations per side and the summed index's step: set from Rust (loss_backward::TILE).
 override TILE: u32;
@@ -111,12 +122,15 @@ fn term(w: f32, x: vec4<f32>, mine: vec4<f32>, euclidean: bool) -> vec4<f32> {
     return w * select(x, mine - x, euclidean);
 }
 
-// Writes (query) or adds (ref side) output row `row` at vec4 `c`, inside the output.
-fn emit(query: bool, row: u32, c: u32, out_rows: u32, value: vec4<f32>) {
+// Writes (query) or adds (ref side) output row `row` at vec4 `c`, inside the output; when
+// split, writes chunk `split`'s sum to its slab instead.
+fn emit(query: bool, split: u32, row: u32, c: u32, out_rows: u32, value: vec4<f32>) {
     if (row >= out_rows || c >= params.dim4) {
         return;
     }
-    if (query) {
+    if (params.splits > 1u) {
+        partial[(split * out_rows + row) * params.dim4 + c] = value;
+    } else if (query) {
         out[(params.out_row0 + row) * params.dim4 + c] = value;
     } else {
         let at = row * params.dim4 + c;
@@ -130,7 +144,9 @@ fn emit(query: bool, row: u32, c: u32, out_rows: u32, value: vec4<f32>) {
 // every compiler keeps them in registers. RM = 4 and CN = 2 are spelled out below.
 fn product(lid: vec3<u32>, wid: vec3<u32>, groups: vec3<u32>, query: bool) {
     let row0 = (wid.x + wid.y * groups.x) * TILE * RM;
-    let col0 = wid.z * TILE * CN;
+    let col_tiles = (params.dim4 + TILE * CN - 1u) / (TILE * CN);
+    let col0 = (wid.z % col_tiles) * TILE * CN;
+    let split = wid.z / col_tiles;
     let t = lid.y * TILE + lid.x;
     let e = !is_similarity(params.metric);
     var out_rows = params.refs;
@@ -140,6 +156,14 @@ fn product(lid: vec3<u32>, wid: vec3<u32>, groups: vec3<u32>, query: bool) {
         out_rows = params.rows;
         summed = params.refs;
         own = 0u;
+    }
+    // This workgroup's chunk of the summed index (uniform: from the workgroup id). Steps past
+    // `summed` weigh 0 (`weight`), so the last chunk's stage may run past it.
+    var k_begin = 0u;
+    var k_end = summed;
+    if (params.splits > 1u) {
+        k_begin = min(split * params.chunk, summed);
+        k_end = min(k_begin + params.chunk, summed);
     }
     let r0 = row0 + lid.y;
     let r1 = r0 + TILE;
@@ -163,7 +187,7 @@ fn product(lid: vec3<u32>, wid: vec3<u32>, groups: vec3<u32>, query: bool) {
     var a21 = vec4<f32>(0.0);
     var a30 = vec4<f32>(0.0);
     var a31 = vec4<f32>(0.0);
-    for (var k0 = 0u; k0 < summed; k0 += TILE) {
+    for (var k0 = k_begin; k0 < k_end; k0 += TILE) {
         stage(t, query, row0, col0, k0);
         workgroupBarrier();
         for (var i = 0u; i < TILE; i++) {
@@ -184,14 +208,40 @@ fn product(lid: vec3<u32>, wid: vec3<u32>, groups: vec3<u32>, query: bool) {
         }
         workgroupBarrier();
     }
-    emit(query, r0, c0, out_rows, a00);
-    emit(query, r0, c1, out_rows, a01);
-    emit(query, r1, c0, out_rows, a10);
-    emit(query, r1, c1, out_rows, a11);
-    emit(query, r2, c0, out_rows, a20);
-    emit(query, r2, c1, out_rows, a21);
-    emit(query, r3, c0, out_rows, a30);
-    emit(query, r3, c1, out_rows, a31);
+    emit(query, split, r0, c0, out_rows, a00);
+    emit(query, split, r0, c1, out_rows, a01);
+    emit(query, split, r1, c0, out_rows, a10);
+    emit(query, split, r1, c1, out_rows, a11);
+    emit(query, split, r2, c0, out_rows, a20);
+    emit(query, split, r2, c1, out_rows, a21);
+    emit(query, split, r3, c0, out_rows, a30);
+    emit(query, split, r3, c1, out_rows, a31);
+}
+
+// Invocations per workgroup of the gathers: set from Rust (loss_backward::GATHER_GROUP).
+override GATHER: u32;
+
+// The chunk sums of output vec4 `i` (row-major over (out rows, dim4)) added in chunk order,
+// then written (query side, at the block's rows) or added (ref side) to `out`.
+fn gather(lid: vec3<u32>, wid: vec3<u32>, groups: vec3<u32>, query: bool) {
+    let i = (wid.x + wid.y * groups.x) * GATHER + lid.x;
+    var out_rows = params.refs;
+    if (query) {
+        out_rows = params.rows;
+    }
+    let n = out_rows * params.dim4;
+    if (i >= n) {
+        return;
+    }
+    var sum = partial[i];
+    for (var s = 1u; s < params.splits; s++) {
+        sum += partial[s * n + i];
+    }
+    if (query) {
+        out[params.out_row0 * params.dim4 + i] = sum;
+    } else {
+        out[i] = out[i] + sum;
+    }
 }
 
 @compute @workgroup_size(TILE, TILE, 1)
@@ -210,4 +260,22 @@ fn ref_side(
     @builtin(num_workgroups) groups: vec3<u32>,
 ) {
     product(lid, wid, groups, false);
+}
+
+@compute @workgroup_size(GATHER, 1, 1)
+fn query_gather(
+    @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+) {
+    gather(lid, wid, groups, true);
+}
+
+@compute @workgroup_size(GATHER, 1, 1)
+fn ref_gather(
+    @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+) {
+    gather(lid, wid, groups, false);
 }

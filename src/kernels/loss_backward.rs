@@ -24,6 +24,16 @@ pub(crate) const GROUP_ROWS: u64 = TILE * ROWS_PER;
 /// Output `vec4` columns of one workgroup.
 pub(crate) const GROUP_VEC4S: u64 = TILE * COLS_PER;
 
+/// Invocations per workgroup of the gathers (`GATHER` in the shader), one output `vec4` each.
+pub(crate) const GATHER_GROUP: u64 = 256;
+
+/// Workgroups a split product aims at: enough to fill a large GPU (an H200 has 132
+/// multiprocessors) several times over.
+const SPLIT_TARGET: u64 = 1024;
+
+/// The fewest steps of the summed index per chunk: four stages.
+const MIN_CHUNK: u64 = 4 * TILE;
+
 /// Workgroup memory: `TILE · ROWS_PER` rows of `TILE` weights, and `TILE` steps of
 /// `TILE · COLS_PER` staged `vec4`s.
 pub(crate) const WORKGROUP_STORAGE: u64 = TILE * ROWS_PER * TILE * 4 + TILE * TILE * COLS_PER * 16;
@@ -39,7 +49,10 @@ pub(crate) struct Params {
     pub(crate) normalize: u32,
     /// `query_side`: the block's first row in the output.
     pub(crate) out_row0: u32,
-    pub(crate) _pad: [u32; 2],
+    /// Steps of the summed index per chunk; set by [`LossBackward::encode`].
+    pub(crate) chunk: u32,
+    /// Chunks (1: no split); set by [`LossBackward::encode`].
+    pub(crate) splits: u32,
 }
 
 const BINDINGS: &[(u32, Binding, u64)] = &[
@@ -50,13 +63,14 @@ const BINDINGS: &[(u32, Binding, u64)] = &[
     (4, Binding::ReadOnly, 16),
     (5, Binding::ReadOnly, 4),
     (6, Binding::ReadWrite, 16),
+    (7, Binding::ReadWrite, 16),
 ];
 
 pub(crate) const SPEC: Spec = Spec {
     kernel: WgslKernel {
         stem: "loss_backward",
         source: wgsl!("loss_backward", "metric"),
-        constants: &[("TILE", TILE as f64)],
+        constants: &[("TILE", TILE as f64), ("GATHER", GATHER_GROUP as f64)],
     },
     entries: &[
         Entry {
@@ -71,10 +85,22 @@ pub(crate) const SPEC: Spec = Spec {
             workgroup_bytes: WORKGROUP_STORAGE,
             bindings: BINDINGS,
         },
+        Entry {
+            name: "query_gather",
+            workgroup_size: [GATHER_GROUP as u32, 1, 1],
+            workgroup_bytes: 0,
+            bindings: BINDINGS,
+        },
+        Entry {
+            name: "ref_gather",
+            workgroup_size: [GATHER_GROUP as u32, 1, 1],
+            workgroup_bytes: 0,
+            bindings: BINDINGS,
+        },
     ],
     params: Layout {
         size: std::mem::size_of::<Params>(),
-        fields: fields!(Params: rows, refs, dim4, metric, normalize, out_row0, _pad),
+        fields: fields!(Params: rows, refs, dim4, metric, normalize, out_row0, chunk, splits),
     },
     codes: &[],
 };
@@ -90,6 +116,9 @@ pub(crate) struct BackwardBuffers<'a> {
     pub(crate) ref_sq_norms: &'a TrackedBuffer,
     /// `query_side`: `(b, dim4)` `vec4`s; `ref_side`: `(refs, dim4)`, added to.
     pub(crate) out: &'a TrackedBuffer,
+    /// The chunk sums of a split product: at least 16 bytes; its size bounds the split
+    /// ([`partial_bytes`] for the largest call).
+    pub(crate) partial: &'a TrackedBuffer,
 }
 
 /// Which product.
@@ -101,9 +130,56 @@ pub(crate) enum Side {
     Ref,
 }
 
+/// Chunks of the summed index for a product with `tiles` output tiles summing over `summed`
+/// steps, within `partial` bytes of chunk sums for `out_vec4s` output `vec4`s: enough for
+/// [`SPLIT_TARGET`] workgroups, each chunk at least [`MIN_CHUNK`] steps; 1 when the tiles
+/// alone fill the GPU. Returns `(chunk, splits)`.
+pub(crate) fn split(tiles: u64, summed: u64, out_vec4s: u64, partial: u64) -> (u64, u64) {
+    let whole = (summed.max(1), 1);
+    if tiles * 2 >= SPLIT_TARGET || out_vec4s == 0 {
+        return whole;
+    }
+    let room = partial / (out_vec4s * 16);
+    chunks(
+        summed,
+        SPLIT_TARGET
+            .div_ceil(tiles)
+            .min(summed.div_ceil(MIN_CHUNK))
+            .min(room),
+    )
+}
+
+/// `summed` steps in at most `splits` chunks of a multiple of `TILE` steps: `(chunk,
+/// splits)`, `(summed, 1)` when not split.
+fn chunks(summed: u64, splits: u64) -> (u64, u64) {
+    if splits <= 1 {
+        return (summed.max(1), 1);
+    }
+    let chunk = summed.div_ceil(splits).next_multiple_of(TILE);
+    (chunk, summed.div_ceil(chunk))
+}
+
+/// Bytes of chunk sums the products of a block of `rows` anchors against `m` references of
+/// `dim4` `vec4`s may use: what [`split`] would take for either side, at most the size of the
+/// block's weights (so a split never more than doubles what the weights hold), at least 16.
+pub(crate) fn partial_bytes(rows: u64, m: u64, dim4: u64) -> u64 {
+    let side = |out_rows: u64, summed: u64| {
+        let tiles = out_rows.div_ceil(GROUP_ROWS) * dim4.div_ceil(GROUP_VEC4S);
+        let (_, splits) = split(tiles, summed, out_rows * dim4, u64::MAX);
+        if splits > 1 {
+            splits * out_rows * dim4 * 16
+        } else {
+            0
+        }
+    };
+    side(rows, m).max(side(m, rows)).min(4 * rows * m).max(16)
+}
+
 pub(crate) struct LossBackward {
     query: Pipeline,
     reference: Pipeline,
+    query_gather: Pipeline,
+    ref_gather: Pipeline,
 }
 
 impl Kernel for LossBackward {
@@ -111,6 +187,8 @@ impl Kernel for LossBackward {
         Ok(Self {
             query: Pipeline::new(gpu, &SPEC, "query_side")?,
             reference: Pipeline::new(gpu, &SPEC, "ref_side")?,
+            query_gather: Pipeline::new(gpu, &SPEC, "query_gather")?,
+            ref_gather: Pipeline::new(gpu, &SPEC, "ref_gather")?,
         })
     }
 }
@@ -132,21 +210,38 @@ impl LossBackward {
         [x, y, dim4.div_ceil(GROUP_VEC4S).max(1) as u32]
     }
 
+    /// Encodes `side`'s product of the block `shape = (rows, refs, dim4)`, uploading
+    /// `params` with the split it chose (then the gather after it).
     pub(crate) fn encode(
         &self,
         rec: &mut Recorder<'_>,
         side: Side,
         shape: (u64, u64, u64),
+        params: Params,
         b: &BackwardBuffers<'_>,
     ) -> Result<()> {
-        let groups = Self::workgroups(
-            side,
-            shape,
-            rec.gpu().limits.max_compute_workgroups_per_dimension,
-        );
-        let pipeline = match side {
-            Side::Query => &self.query,
-            Side::Ref => &self.reference,
+        let max_per_dim = rec.gpu().limits.max_compute_workgroups_per_dimension;
+        let mut groups = Self::workgroups(side, shape, max_per_dim);
+        let (rows, refs, dim4) = shape;
+        let (out_rows, summed) = match side {
+            Side::Query => (rows, refs),
+            Side::Ref => (refs, rows),
+        };
+        let tiles = u64::from(groups[0]) * u64::from(groups[1]) * u64::from(groups[2]);
+        let (_, wanted) = split(tiles, summed, out_rows * dim4, b.partial.size());
+        // The chunks go in z after the dimension's tiles: within the dispatch limit.
+        let most = u64::from(max_per_dim) / u64::from(groups[2]).max(1);
+        let (chunk, splits) = chunks(summed, wanted.min(most));
+        groups[2] *= splits as u32;
+        let params = Params {
+            chunk: chunk as u32,
+            splits: splits as u32,
+            ..params
+        };
+        rec.upload(b.params, 0, &[params])?;
+        let (product, gather) = match side {
+            Side::Query => (&self.query, &self.query_gather),
+            Side::Ref => (&self.reference, &self.ref_gather),
         };
         let buffers = [
             b.params,
@@ -156,7 +251,40 @@ impl LossBackward {
             b.refs,
             b.ref_sq_norms,
             b.out,
+            b.partial,
         ];
-        pipeline.dispatch(rec, &buffers, groups)
+        product.dispatch(rec, &buffers, groups)?;
+        if splits > 1 {
+            let (x, y) = grid_2d((out_rows * dim4).div_ceil(GATHER_GROUP), max_per_dim);
+            gather.dispatch(rec, &buffers, [x, y, 1])?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_split_fills_the_gpu_within_its_room_and_covers_every_step() {
+        // 4 tiles of 256 anchors summing over 4 096 references: split, chunks of whole stages
+        // that cover the summed index exactly once.
+        let (chunk, splits) = split(4, 4096, 256 * 32, u64::MAX);
+        assert!(splits > 1 && chunk % TILE == 0 && chunk >= MIN_CHUNK);
+        assert!(chunk * splits >= 4096 && chunk * (splits - 1) < 4096);
+        assert!(4 * splits <= SPLIT_TARGET);
+        // Tiles enough: no split. A short summed index: no split.
+        assert_eq!(split(SPLIT_TARGET, 4096, 256 * 32, u64::MAX).1, 1);
+        assert_eq!(split(4, MIN_CHUNK, 256 * 32, u64::MAX).1, 1);
+        // The room for chunk sums bounds the chunks.
+        let room = 3 * 256 * 32 * 16;
+        assert!(split(4, 4096, 256 * 32, room).1 <= 3);
+        assert_eq!(split(4, 4096, 256 * 32, room - 1).1, 2);
+        // What the call plans holds what it uses, and never more than the weights.
+        for (rows, m, dim4) in [(256, 4096, 32), (4096, 4096, 192), (7, 150, 35), (1, 1, 1)] {
+            let bytes = partial_bytes(rows, m, dim4);
+            assert!(bytes >= 16 && bytes <= (4 * rows * m).max(16));
+        }
     }
 }

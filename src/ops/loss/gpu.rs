@@ -116,6 +116,7 @@ fn footprint(
         2 * uniform_size::<loss_backward::Params>(),
         f32s(m + 2 * rows + rule.state().len()), // labels
         f32s(rows * m),                          // U
+        loss_backward::partial_bytes(rows as u64, m as u64, dim4 as u64),
         totals,
         g_q,
         totals, // their staging
@@ -426,6 +427,12 @@ fn blocks(
     let labels = make("loss_gpu::labels", f32s(state0 + rule.state().len()), input)?;
     let words = rule.words();
     let u = transfer::output(gpu, "loss_gpu::u", f32s(rows * m))?;
+    // The products' chunk sums, when few output tiles split the summed index.
+    let partial = transfer::output(
+        gpu,
+        "loss_gpu::partial",
+        loss_backward::partial_bytes(rows as u64, m as u64, dim4 as u64),
+    )?;
     // The triplet loss's columns by role and sums per block of a row.
     let triplet_buffers = match rule {
         Rule::Triplet { .. } => Some((
@@ -615,9 +622,9 @@ fn blocks(
                 metric,
                 normalize,
                 out_row0: a0 as u32,
-                _pad: [0; 2],
+                chunk: 0,
+                splits: 1,
             };
-            rec.upload(params, 0, &[p])?;
             let bb = BackwardBuffers {
                 params,
                 u: &u,
@@ -626,8 +633,9 @@ fn blocks(
                 refs: ref_rows,
                 ref_sq_norms: ref_norms,
                 out,
+                partial: &partial,
             };
-            backward.encode(&mut rec, side, shape, &bb)?;
+            backward.encode(&mut rec, side, shape, p, &bb)?;
         }
         report.add((n * m) as u64);
     }
