@@ -435,14 +435,14 @@ pack_hunt() {
 
 # Hunts side by side on one device, so that both test binaries get their runs in one lease:
 # HUNT_PARALLEL lists each hunt's stages, hunts separated by ";" (default "first churn
-# unit;integration"), tagged a, b, c, … in that order, each process at HUNT_THREADS threads
+# exit-off exit unit;integration"), tagged a, b, c, … in that order, each process at HUNT_THREADS threads
 # (two processes of 8 threads on a 16-core server). The other processes are load that a
 # user's machine may have too; a run's verdict is still its own process's.
 hunt_parallel() {
     local out=${OUT:-$PWD/gpu-report-out} stages pids=() tags=(a b c d e f) n=0
     mkdir -p "$out"
     prepare "$out" >/dev/null
-    IFS=';' read -r -a stages <<<"${HUNT_PARALLEL:-first churn unit;integration}"
+    IFS=';' read -r -a stages <<<"${HUNT_PARALLEL:-first churn exit-off exit unit;integration}"
     for s in "${stages[@]}"; do
         HUNT_TAG=${tags[$n]} HUNT_STAGES=$s hunt >/dev/null 2>&1 &
         pids+=($!)
