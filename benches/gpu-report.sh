@@ -519,9 +519,14 @@ hunt_once() {
         "${GDB[@]}" -q -batch -ex 'info threads' -ex 'thread apply all bt 40' "$bin" "$core" >"$dir/stacks-$n.txt" 2>&1 || true
         rm -f "$core"
     done
-    if grep -q '^test result: ok' "$dir/log" && [ "$rc" -eq 0 ]; then
+    local signalled=0
+    # Under gdb the status is gdb's: the signal is in its log.
+    if [ "$rc" -gt 128 ] || grep -q 'received signal SIG\|Program terminated with signal' "$dir/log"; then
+        signalled=1
+    fi
+    if grep -q '^test result: ok' "$dir/log" && [ "$signalled" = 0 ] && [ "$rc" -eq 0 ]; then
         echo pass
-    elif grep -q '^test result: ok' "$dir/log" && [ "$rc" -gt 128 ]; then
+    elif grep -q '^test result: ok' "$dir/log" && [ "$signalled" = 1 ]; then
         # Every test passed and the process then died of a signal: a fault at exit (on an
         # H200 the driver's threads ran on while the exit unloaded its libraries).
         echo crash-at-exit

@@ -129,10 +129,7 @@ pub(crate) fn enumerate(backends: Option<wgpu::Backends>, listing: Listing) -> E
         let _guard = crate::runtime::device::lifecycle_lock();
         let shared = SHARED.get_or_init(|| {
             quiet_device_select_layer();
-            let shared = instance(wgpu::Backends::all() - wgpu::Backends::GL);
-            // Destroyed by hand at exit after the devices that need it (NVIDIA's driver).
-            crate::runtime::device_pool::register_instance(&shared);
-            shared
+            instance(wgpu::Backends::all() - wgpu::Backends::GL)
         });
         adapters.extend(pollster::block_on(shared.enumerate_adapters(native)));
     }

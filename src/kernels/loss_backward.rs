@@ -66,6 +66,13 @@ const BINDINGS: &[(u32, Binding, u64)] = &[
     (7, Binding::ReadWrite, 16),
 ];
 
+/// The gathers' bindings: the uniform, the output and the chunk sums.
+const GATHER_BINDINGS: &[(u32, Binding, u64)] = &[
+    (0, Binding::Uniform, std::mem::size_of::<Params>() as u64),
+    (6, Binding::ReadWrite, 16),
+    (7, Binding::ReadWrite, 16),
+];
+
 pub(crate) const SPEC: Spec = Spec {
     kernel: WgslKernel {
         stem: "loss_backward",
@@ -89,13 +96,13 @@ pub(crate) const SPEC: Spec = Spec {
             name: "query_gather",
             workgroup_size: [GATHER_GROUP as u32, 1, 1],
             workgroup_bytes: 0,
-            bindings: BINDINGS,
+            bindings: GATHER_BINDINGS,
         },
         Entry {
             name: "ref_gather",
             workgroup_size: [GATHER_GROUP as u32, 1, 1],
             workgroup_bytes: 0,
-            bindings: BINDINGS,
+            bindings: GATHER_BINDINGS,
         },
     ],
     params: Layout {
@@ -144,7 +151,7 @@ pub(crate) fn split(tiles: u64, summed: u64, out_vec4s: u64, partial: u64) -> (u
         summed,
         SPLIT_TARGET
             .div_ceil(tiles)
-            .min(summed.div_ceil(MIN_CHUNK))
+            .min(summed / MIN_CHUNK)
             .min(room),
     )
 }
@@ -256,7 +263,7 @@ impl LossBackward {
         product.dispatch(rec, &buffers, groups)?;
         if splits > 1 {
             let (x, y) = grid_2d((out_rows * dim4).div_ceil(GATHER_GROUP), max_per_dim);
-            gather.dispatch(rec, &buffers, [x, y, 1])?;
+            gather.dispatch(rec, &[b.params, b.out, b.partial], [x, y, 1])?;
         }
         Ok(())
     }

@@ -22,19 +22,25 @@
 //! Python module, a thread that is never joined) keeps its device alive through the exit. On
 //! NVIDIA (580.159.04, H200) such a process died of SIGSEGV after `main` had returned in 3 of
 //! 9 runs of the integration tests: the exit ran `libEGL_nvidia`'s destructors while the
-//! driver's own threads ran on in `libnvidia-eglcore`. The driver needs every device and the
-//! instance destroyed before the exit reaches its libraries (gfx-rs/wgpu#8365; ncnn destroys
-//! them from `atexit` for this). wgpu destroys a device only when its last handle is dropped,
-//! which a held context never does, so the exit destroys those devices by hand through
-//! wgpu-hal (`vkDeviceWaitIdle`, `vkDestroyDevice`), then the shared instance, under the whole
-//! guard, which it keeps: a library call on another thread then waits instead of using a
-//! destroyed device. `WML_EXIT_TEARDOWN` says where: `auto` (the default: NVIDIA's Vulkan
-//! devices), `all` (every Vulkan device: the tests use it on lavapipe) or `off` (`stall`
-//! makes the destruction hang, for the tests). On the H200 that destruction itself once hung
+//! driver's own threads ran on in `libnvidia-eglcore`. The driver wants its devices destroyed
+//! before the exit reaches its libraries (gfx-rs/wgpu#8365; ncnn destroys them from `atexit`
+//! for this). wgpu destroys a device only when its last handle is dropped, which a held
+//! context never does, so the exit destroys those devices by hand through wgpu-hal
+//! (`vkDeviceWaitIdle`, `vkDestroyDevice`; their child objects go with them) under the whole
+//! guard, which it keeps: a submission or poll of the library on another thread then waits.
+//! Other calls (making, mapping or dropping a buffer) are not held off, so a program whose
+//! other threads still use the library while it exits, wgpu#8365's own trigger, is outside
+//! this guard. `WML_EXIT_TEARDOWN` says where: `auto` (the default: NVIDIA's Vulkan devices
+//! on Linux, where the fault was seen), `all` (every Vulkan device: the tests use it on
+//! lavapipe) or `off` (`stall` makes the destruction hang, for the tests); nowhere with
+//! `WML_DEVICE_LOCK=off`, which leaves nothing to hold other threads off. The shared
+//! instance is left alone: a buffer that outlives its context keeps a device alive unseen
+//! here. On the H200 that destruction itself once hung
 //! in `vkDestroyDevice` (other processes were using the GPU) and the exit, done waiting, went
 //! on into the crash; so with glibc, when it has not finished after 10 s, the process ends
 //! there with its exit status (`on_exit`, then `_exit`).
 
+use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex, Once, OnceLock};
 use std::time::Duration;
 
@@ -199,7 +205,11 @@ fn register_exit_handler() {
     extern "C" fn at_exit(status: std::ffi::c_int, _arg: *mut std::ffi::c_void) {
         if !destroy_at_exit() {
             if std::env::var_os("WML_EXIT_TEARDOWN_REPORT").is_some() {
-                eprintln!("wml exit: the destruction did not finish; ending with status {status}");
+                // Not `eprintln!`: a closed stderr must not panic inside a C callback.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "wml exit: the destruction did not finish; ending with status {status}"
+                );
             }
             // SAFETY: flushes every C stream (Rust's stdout was flushed before `exit`), then
             // ends the process; nothing of this process runs after it.
@@ -256,10 +266,13 @@ fn reaper() {
             None => std::mem::forget(all),
         }
     }
-    let (devices, instance) = live::destroy_all();
+    let devices = live::destroy_all();
     if std::env::var_os("WML_EXIT_TEARDOWN_REPORT").is_some() {
         // For the tests (a child process reports what its exit did); stderr is unbuffered.
-        eprintln!("wml exit: {devices} devices destroyed by hand, instance destroyed: {instance}");
+        let _ = writeln!(
+            std::io::stderr(),
+            "wml exit: {devices} devices destroyed by hand"
+        );
     }
     if let Ok(mut s) = state.lock() {
         s.1 = true;
@@ -297,7 +310,7 @@ fn torn_down_at_exit(info: &wgpu::AdapterInfo) -> bool {
         && match teardown() {
             Teardown::Off => false,
             Teardown::All | Teardown::Stall => true,
-            Teardown::Auto => info.vendor == NVIDIA,
+            Teardown::Auto => cfg!(target_os = "linux") && info.vendor == NVIDIA,
         }
 }
 
@@ -305,11 +318,7 @@ fn torn_down_at_exit(info: &wgpu::AdapterInfo) -> bool {
 /// process exits while it is still in use, the exit destroys it by hand where
 /// [`torn_down_at_exit`] says so (see the module docs).
 pub(crate) fn register_live(serial: u64, device: &wgpu::Device, info: &wgpu::AdapterInfo) {
-    if info.backend != wgpu::Backend::Vulkan || teardown() == Teardown::Off {
-        return;
-    }
-    let by_hand = torn_down_at_exit(info);
-    if live::register(serial, device, by_hand) && by_hand {
+    if guard_on() && torn_down_at_exit(info) && live::register(serial, device) {
         arm();
     }
 }
@@ -317,13 +326,6 @@ pub(crate) fn register_live(serial: u64, device: &wgpu::Device, info: &wgpu::Ada
 /// The device numbered `serial` is no longer in use (parked or destroyed).
 pub(crate) fn forget_live(serial: u64) {
     live::forget(serial);
-}
-
-/// Records the shared Vulkan instance, destroyed by hand after the devices at exit.
-pub(crate) fn register_instance(instance: &wgpu::Instance) {
-    if teardown() != Teardown::Off {
-        live::register_instance(instance);
-    }
 }
 
 /// The raw handles, on the targets where wgpu has a Vulkan backend.
@@ -338,14 +340,11 @@ mod live {
 
     use super::super::guard::try_lifecycle_lock;
 
-    /// The library's Vulkan devices in use, by serial: what `vkDestroyDevice` needs, and
-    /// whether the exit destroys it by hand.
-    static LIVE: Mutex<Vec<(u64, ash::Device, bool)>> = Mutex::new(Vec::new());
-    /// The shared instance, and whether any device to destroy by hand was recorded: it is
-    /// destroyed only then, and only when every device still in use was destroyed.
-    static INSTANCE: Mutex<(Option<ash::Instance>, bool)> = Mutex::new((None, false));
+    /// The library's devices in use that the exit destroys by hand, by serial: what
+    /// `vkDestroyDevice` needs.
+    static LIVE: Mutex<Vec<(u64, ash::Device)>> = Mutex::new(Vec::new());
 
-    pub(super) fn register(serial: u64, device: &wgpu::Device, by_hand: bool) -> bool {
+    pub(super) fn register(serial: u64, device: &wgpu::Device) -> bool {
         // SAFETY: only clones the dispatch table and handle; nothing is called through it
         // until the exit, when wgpu no longer runs.
         let Some(raw) = (unsafe { device.as_hal::<wgpu::hal::api::Vulkan>() })
@@ -356,10 +355,7 @@ mod live {
         let mut live = LIVE
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        live.push((serial, raw, by_hand));
-        if let Ok(mut instance) = INSTANCE.lock() {
-            instance.1 |= by_hand;
-        }
+        live.push((serial, raw));
         true
     }
 
@@ -367,65 +363,37 @@ mod live {
         let mut live = LIVE
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        live.retain(|(s, _, _)| *s != serial);
+        live.retain(|(s, _)| *s != serial);
     }
 
-    pub(super) fn register_instance(instance: &wgpu::Instance) {
-        // SAFETY: as above, a clone of the dispatch table and handle.
-        let Some(raw) = (unsafe { instance.as_hal::<wgpu::hal::api::Vulkan>() })
-            .map(|hal| hal.shared_instance().raw_instance().clone())
-        else {
-            return;
-        };
-        if let Ok(mut slot) = INSTANCE.lock() {
-            slot.0 = Some(raw);
-        }
-    }
-
-    /// At exit, on the reaper: every recorded device (then the instance) destroyed by hand,
-    /// under the whole guard, kept for good. Skipped when another thread holds the guard
-    /// (inside a driver call that the destruction must not race). Returns how many devices it
-    /// destroyed, and whether it destroyed the instance.
-    pub(super) fn destroy_all() -> (usize, bool) {
+    /// At exit, on the reaper: every recorded device destroyed by hand, under the whole
+    /// guard, kept for good. Skipped when another thread holds the guard (inside a driver call
+    /// that the destruction must not race). Returns how many devices it destroyed.
+    pub(super) fn destroy_all() -> usize {
         let devices = std::mem::take(
             &mut *LIVE
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
-        let Ok(mut instance) = INSTANCE.lock() else {
-            return (0, false);
-        };
-        if !instance.1 {
-            return (0, false);
+        if devices.is_empty() {
+            return 0;
         }
         let Some(guard) = try_lifecycle_lock() else {
-            return (0, false);
+            return 0;
         };
-        let (mut all, mut destroyed) = (true, 0);
-        for (_, device, by_hand) in &devices {
-            if !by_hand {
-                all = false;
-                continue;
-            }
-            // SAFETY: the process is exiting and this thread holds the whole guard, which
-            // every submission and poll of the library needs, for good: no library call runs
-            // on these devices again. Their child objects go with them (the driver frees a
+        for (_, device) in &devices {
+            // SAFETY: the process is exiting and this thread holds the whole guard for good
+            // (recorded only with the guard on): no submission or poll of the library runs on
+            // these devices again. Their child objects go with them (the driver frees a
             // device's memory with it); wgpu never drops its handles (a held context is never
             // dropped), so nothing destroys them twice.
             unsafe {
                 let _ = device.device_wait_idle();
                 device.destroy_device(None);
             }
-            destroyed += 1;
-        }
-        let raw = instance.0.take().filter(|_| all);
-        if let Some(raw) = &raw {
-            // SAFETY: every device of ours on it is destroyed, above or by the reaper (the
-            // parked ones); the shared instance is a static, never dropped by wgpu.
-            unsafe { raw.destroy_instance(None) };
         }
         std::mem::forget(guard);
-        (destroyed, raw.is_some())
+        devices.len()
     }
 }
 
@@ -437,12 +405,11 @@ mod live {
     target_os = "freebsd"
 )))]
 mod live {
-    pub(super) fn register(_serial: u64, _device: &wgpu::Device, _by_hand: bool) -> bool {
+    pub(super) fn register(_serial: u64, _device: &wgpu::Device) -> bool {
         false
     }
     pub(super) fn forget(_serial: u64) {}
-    pub(super) fn register_instance(_instance: &wgpu::Instance) {}
-    pub(super) fn destroy_all() -> (usize, bool) {
-        (0, false)
+    pub(super) fn destroy_all() -> usize {
+        0
     }
 }
