@@ -444,7 +444,8 @@ hunt_parallel() {
     prepare "$out" >/dev/null
     IFS=';' read -r -a stages <<<"${HUNT_PARALLEL:-first churn exit-off exit unit;integration}"
     for s in "${stages[@]}"; do
-        HUNT_TAG=${tags[$n]} HUNT_STAGES=$s hunt >/dev/null 2>&1 &
+        # Each hunt's own output kept: on an H200 one of three hunts left no file at all.
+        HUNT_TAG=${tags[$n]} HUNT_STAGES=$s hunt >"$out/hunt-${tags[$n]}.log" 2>&1 &
         pids+=($!)
         n=$((n + 1))
     done
