@@ -435,8 +435,8 @@ pack_hunt() {
 
 # Hunts side by side on one device, so that both test binaries get their runs in one lease:
 # HUNT_PARALLEL lists each hunt's stages, hunts separated by ";" (default "first churn
-# exit-off exit unit;integration"), tagged a, b, c, … in that order, each process at HUNT_THREADS threads
-# (two processes of 8 threads on a 16-core server). The other processes are load that a
+# exit-off exit unit;integration"), tagged a, b, c, … in that order, each process at
+# HUNT_THREADS threads (two processes of 8 threads on a 16-core server). The other processes are load that a
 # user's machine may have too; a run's verdict is still its own process's.
 hunt_parallel() {
     local out=${OUT:-$PWD/gpu-report-out} stages pids=() tags=(a b c d e f) n=0
@@ -535,7 +535,7 @@ hunt_once() {
         echo hang # a child process of the test
     elif grep -q 'failed (signal: ' "$dir/log"; then
         echo crash # a child process of the test
-    elif [ "$rc" -gt 128 ] || grep -q 'received signal SIG\|Program terminated with signal' "$dir/log"; then
+    elif [ "$signalled" = 1 ]; then
         if [ "$n" -gt 0 ]; then
             echo crash
         elif grep -q 'received signal SIG' "$dir/log"; then

@@ -137,23 +137,19 @@ pub(crate) enum Side {
     Ref,
 }
 
-/// Chunks of the summed index for a product with `tiles` output tiles summing over `summed`
-/// steps, within `partial` bytes of chunk sums for `out_vec4s` output `vec4`s: enough for
-/// [`SPLIT_TARGET`] workgroups, each chunk at least [`MIN_CHUNK`] steps; 1 when the tiles
-/// alone fill the GPU. Returns `(chunk, splits)`.
-pub(crate) fn split(tiles: u64, summed: u64, out_vec4s: u64, partial: u64) -> (u64, u64) {
-    let whole = (summed.max(1), 1);
+/// Chunks wanted of the summed index for a product with `tiles` output tiles summing over
+/// `summed` steps, within `partial` bytes of chunk sums for `out_vec4s` output `vec4`s:
+/// enough for [`SPLIT_TARGET`] workgroups, each chunk at least [`MIN_CHUNK`] steps; 1 when
+/// the tiles alone fill the GPU. [`chunks`] rounds them to whole stages.
+fn split(tiles: u64, summed: u64, out_vec4s: u64, partial: u64) -> u64 {
     if tiles * 2 >= SPLIT_TARGET || out_vec4s == 0 {
-        return whole;
+        return 1;
     }
-    let room = partial / (out_vec4s * 16);
-    chunks(
-        summed,
-        SPLIT_TARGET
-            .div_ceil(tiles)
-            .min(summed / MIN_CHUNK)
-            .min(room),
-    )
+    SPLIT_TARGET
+        .div_ceil(tiles)
+        .min(summed / MIN_CHUNK)
+        .min(partial / (out_vec4s * 16))
+        .max(1)
 }
 
 /// `summed` steps in at most `splits` chunks of a multiple of `TILE` steps: `(chunk,
@@ -172,7 +168,7 @@ fn chunks(summed: u64, splits: u64) -> (u64, u64) {
 pub(crate) fn partial_bytes(rows: u64, m: u64, dim4: u64) -> u64 {
     let side = |out_rows: u64, summed: u64| {
         let tiles = out_rows.div_ceil(GROUP_ROWS) * dim4.div_ceil(GROUP_VEC4S);
-        let (_, splits) = split(tiles, summed, out_rows * dim4, u64::MAX);
+        let (_, splits) = chunks(summed, split(tiles, summed, out_rows * dim4, u64::MAX));
         if splits > 1 {
             splits * out_rows * dim4 * 16
         } else {
@@ -235,7 +231,7 @@ impl LossBackward {
             Side::Ref => (refs, rows),
         };
         let tiles = u64::from(groups[0]) * u64::from(groups[1]) * u64::from(groups[2]);
-        let (_, wanted) = split(tiles, summed, out_rows * dim4, b.partial.size());
+        let wanted = split(tiles, summed, out_rows * dim4, b.partial.size());
         // The chunks go in z after the dimension's tiles: within the dispatch limit.
         let most = u64::from(max_per_dim) / u64::from(groups[2]).max(1);
         let (chunk, splits) = chunks(summed, wanted.min(most));
@@ -277,17 +273,22 @@ mod tests {
     fn a_split_fills_the_gpu_within_its_room_and_covers_every_step() {
         // 4 tiles of 256 anchors summing over 4 096 references: split, chunks of whole stages
         // that cover the summed index exactly once.
-        let (chunk, splits) = split(4, 4096, 256 * 32, u64::MAX);
+        let (chunk, splits) = chunks(4096, split(4, 4096, 256 * 32, u64::MAX));
         assert!(splits > 1 && chunk % TILE == 0 && chunk >= MIN_CHUNK);
         assert!(chunk * splits >= 4096 && chunk * (splits - 1) < 4096);
         assert!(4 * splits <= SPLIT_TARGET);
         // Tiles enough: no split. A short summed index: no split.
-        assert_eq!(split(SPLIT_TARGET, 4096, 256 * 32, u64::MAX).1, 1);
-        assert_eq!(split(4, MIN_CHUNK, 256 * 32, u64::MAX).1, 1);
-        // The room for chunk sums bounds the chunks.
+        assert_eq!(split(SPLIT_TARGET, 4096, 256 * 32, u64::MAX), 1);
+        assert_eq!(split(4, MIN_CHUNK, 256 * 32, u64::MAX), 1);
+        assert_eq!(chunks(4096, 1), (4096, 1));
+        // The room for chunk sums bounds the chunks, and rounding never adds one.
         let room = 3 * 256 * 32 * 16;
-        assert!(split(4, 4096, 256 * 32, room).1 <= 3);
-        assert_eq!(split(4, 4096, 256 * 32, room - 1).1, 2);
+        assert_eq!(split(4, 4096, 256 * 32, room), 3);
+        assert_eq!(split(4, 4096, 256 * 32, room - 1), 2);
+        for wanted in 2..=64 {
+            assert!(chunks(4096, wanted).1 <= wanted);
+            assert!(chunks(150, wanted).1 <= wanted);
+        }
         // What the call plans holds what it uses, and never more than the weights.
         for (rows, m, dim4) in [(256, 4096, 32), (4096, 4096, 192), (7, 150, 35), (1, 1, 1)] {
             let bytes = partial_bytes(rows, m, dim4);

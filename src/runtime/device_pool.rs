@@ -35,10 +35,10 @@
 //! lavapipe) or `off` (`stall` makes the destruction hang, for the tests); nowhere with
 //! `WML_DEVICE_LOCK=off`, which leaves nothing to hold other threads off. The shared
 //! instance is left alone: a buffer that outlives its context keeps a device alive unseen
-//! here. On the H200 that destruction itself once hung
-//! in `vkDestroyDevice` (other processes were using the GPU) and the exit, done waiting, went
-//! on into the crash; so with glibc, when it has not finished after 10 s, the process ends
-//! there with its exit status (`on_exit`, then `_exit`).
+//! here. On the H200 that destruction itself once hung in `vkDestroyDevice` (other processes
+//! were using the GPU) and the exit, done waiting, went on into the crash; so with glibc,
+//! when it has not finished after 10 s, the process ends there with its exit status
+//! (`on_exit`, then `_exit`).
 
 use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex, Once, OnceLock};
