@@ -21,7 +21,8 @@
 //! noisy views of `B/2` items) and `loss_mnrl` (sentence-transformers' MNRL, `B` anchors
 //! against their noisy positives), `--D` dimensions (default 768); `count` is the positive
 //! pairs. `--matryoshka 768,512,256,128,64` adds sentence-transformers' `MatryoshkaLoss`
-//! widths to either (one pass over every width).
+//! widths to either (one pass over every width); with `--ab`, the plain call and the
+//! Matryoshka call alternate in one process and an `AB` line gives their ratio.
 //! PML's pair losses with their gradient (`pair_loss`, each loss's defaults and default
 //! distance): `loss_pair_<contrastive|multi_similarity|supcon|circle|nca|generalized_lifted|
 //! margin|fast_ap|tcm|ranked_list|intra_pair_variance|lifted|histogram>`, the `B` queries against `M` references without
@@ -144,25 +145,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .collect::<Result<Vec<usize>, _>>()?,
             )),
         };
-        let (ntxent, mnrl) = (
-            InfoNceConfig {
-                matryoshka: matryoshka.clone(),
-                ..Default::default()
-            },
-            MnrlConfig {
-                matryoshka,
-                ..Default::default()
-            },
-        );
-        let run = || {
+        let call = |matryoshka: Option<Matryoshka>| {
             let out = if func == "loss_ntxent" {
                 let set = MiningSet::new(&views, &view_labels);
-                ntxent_loss(&ctx, &set, None, &ntxent)?
+                let cfg = InfoNceConfig {
+                    matryoshka,
+                    ..Default::default()
+                };
+                ntxent_loss(&ctx, &set, None, &cfg)?
             } else {
-                multiple_negatives_ranking_loss(&ctx, &anchors, &positives, &mnrl)?
+                let cfg = MnrlConfig {
+                    matryoshka,
+                    ..Default::default()
+                };
+                multiple_negatives_ranking_loss(&ctx, &anchors, &positives, &cfg)?
             };
             on_path(&ctx, out.path).map(|()| out.positive_pairs)
         };
+        if std::env::args().any(|a| a == "--ab") && matryoshka.is_some() {
+            return matryoshka_ab(reps, || call(None), || call(matryoshka.clone()));
+        }
+        let run = || call(matryoshka.clone());
         return measure(&ctx, (&func, b, m, c), (budget, reps, on_device), run);
     }
     if let Some(name) = func.strip_prefix("loss_pair_") {
@@ -283,6 +286,35 @@ fn on_path(ctx: &Context, path: ComputePath) -> Result<(), wgpu_metric_learning:
 }
 
 /// Times `run` `reps` times after a warm-up and prints the RESULT line.
+/// `--ab`: the plain call and the Matryoshka call in turn, `reps` pairs after a warm-up of
+/// each, in one process (so that a noisy machine slows both alike); prints one `AB` line
+/// with each one's median and least, and the median of the pairs' ratios.
+fn matryoshka_ab(
+    reps: usize,
+    plain: impl Fn() -> Result<u64, wgpu_metric_learning::Error>,
+    widths: impl Fn() -> Result<u64, wgpu_metric_learning::Error>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    plain()?;
+    widths()?;
+    let (mut p, mut w, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..reps {
+        let t = Instant::now();
+        plain()?;
+        p.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        widths()?;
+        w.push(t.elapsed().as_secs_f64());
+        ratios.push(w[w.len() - 1] / p[p.len() - 1]);
+    }
+    let ((pm, pl, _), (wm, wl, _)) = (summary(&mut p), summary(&mut w));
+    let (ratio, _, _) = summary(&mut ratios);
+    println!(
+        "AB {{\"plain_median_s\": {pm:.4}, \"plain_min_s\": {pl:.4}, \"matryoshka_median_s\": {wm:.4}, \"matryoshka_min_s\": {wl:.4}, \"ratio_of_mins\": {:.3}, \"median_pair_ratio\": {ratio:.3}}}",
+        wl / pl
+    );
+    Ok(())
+}
+
 fn measure(
     ctx: &Context,
     (func, b, m, c): (&str, usize, usize, u64),

@@ -16,7 +16,7 @@
 //! widest truncation get no gradient. The references' side is the same with `Cᵀ`, and
 //! `β_t(j) = Σ_i W_t s_t / |r_j|_t²` summed over every block.
 //!
-//! Per block row this holds `T + 1` rows of similarities (`T` distinct widths), blocks capped
+//! Per block row this holds `T` rows of similarities (`T` distinct widths), blocks capped
 //! at the driver's `BLOCK_BYTES`; everything else is `O((b + m) (d + T))`.
 //!
 //! Rounding: the radial terms `α q` and `β r` are subtracted after the products, so the
@@ -31,7 +31,7 @@ use ndarray::{s, Array2, Array3, ArrayView2, ArrayViewMut2, ArrayViewMut3, Axis}
 
 use super::backward::add_ref_side;
 use super::driver::{Job, Sizing, BLOCK_BYTES};
-use super::matryoshka_row::{anchor_row, RowInputs, RowScratch};
+use super::matryoshka_row::{anchor_row, find_positives, RowInputs, RowScratch};
 use crate::context::plan::Plan;
 use crate::context::Context;
 use crate::data::inputs::{Embeddings, Rows};
@@ -166,10 +166,11 @@ fn sizing(ctx: &Context, job: &Job<'_>, t: usize) -> Result<Sizing> {
     let read_back = 4 * d64 * (u64::from(resident_q) * b64 + u64::from(resident_r) * m64);
     let ref_side = u64::from(ref_role(job)) * m64 * (4 * d64 + 8 * t64);
     let base = read_back + 4 * d64 * b64 + 8 * t64 * (b64 + 3 * m64) + ref_side;
-    // Per thread: the row's logits and exponentials, positives and their weights, its `β`.
-    let scratch = m64 * (4 + 4 + 8 + 4 + 8 * t64) + 64;
-    // Per block row: `T + 1` rows of similarities, its `α` and losses.
-    let per_row = 4 * (t64 + 1) * m64 + 16 * t64;
+    // Per thread: the row's running product and exponentials, its positives and their
+    // weights, its `β`.
+    let scratch = m64 * (4 + 4 + 4 + 8 + 8 * t64) + 64;
+    // Per block row: `T` rows of similarities, its `α` and losses.
+    let per_row = 4 * t64 * m64 + 16 * t64;
     Sizing::within(ctx, job.op, (base, scratch, per_row), b, BLOCK_BYTES)
 }
 
@@ -267,7 +268,7 @@ pub(super) fn run(
     let mut beta = Array2::<f64>::zeros((tn, if ref_side { m } else { 0 }));
     let mut sums = vec![0.0f64; tn];
     let (threads, rows) = (sizing.threads, sizing.rows);
-    let mut block = Array3::<f32>::zeros((tn + 1, rows, m));
+    let mut block = Array3::<f32>::zeros((tn, rows, m));
     let mut scratches: Vec<RowScratch> = (0..threads).map(|_| RowScratch::new(m, tn)).collect();
     for c0 in (0..b).step_by(rows) {
         report.check()?;
@@ -350,8 +351,8 @@ pub(super) fn run(
     })
 }
 
-/// One thread's anchors `a0 ..`: `slab` `(T + 1, n, m)` takes their `V_t` rows (the last
-/// is the running product), then the suffix sums `C_k`; `g` `(n, d)` their gradient.
+/// One thread's anchors `a0 ..`: `slab` `(T, n, m)` takes each slice's product, then their
+/// suffix sums `C_k` row by row (while the row is in cache); `g` `(n, d)` their gradient.
 fn rows_pass(
     sh: &Shared<'_, '_>,
     a0: usize,
@@ -361,37 +362,47 @@ fn rows_pass(
     report: &Reporter<'_>,
 ) {
     let (tn, n, m) = slab.dim();
-    let tn = tn - 1;
     scratch.alpha.clear();
     scratch.alpha.resize(n * tn, 0.0);
     let q = sh.q.slice(s![a0..a0 + n, ..]);
+    // Each slice's own product `Q_k R_kᵀ`; a row's running sum of them is its `P_t`.
     for t in 0..tn {
         let cols = sh.trunc.slice(t);
-        let (mut v, mut prefix) = slab.multi_slice_mut((s![t, .., ..], s![tn, .., ..]));
-        let beta = if t == 0 { 0.0 } else { 1.0 };
         general_mat_mul(
             1.0,
             &q.slice(s![.., cols.clone()]),
             &sh.r.slice(s![.., cols]).t(),
-            beta,
-            &mut prefix,
+            0.0,
+            &mut slab.slice_mut(s![t, .., ..]),
         );
-        for i in 0..n {
-            if report.cancelled() {
-                return;
-            }
-            let row = (prefix.row(i), v.row_mut(i));
-            scratch.alpha[i * tn + t] = anchor_row(&sh.rows, a0 + i, t, row, scratch);
-        }
     }
-    // `C_k = Σ_{t ≥ k} V_t` and `α`'s suffix sums, then each slice's product.
-    for t in (0..tn.saturating_sub(1)).rev() {
-        let (mut low, high) = slab.multi_slice_mut((s![t, .., ..], s![t + 1, .., ..]));
-        low += &high;
-        for i in 0..n {
+    for i in 0..n {
+        if report.cancelled() {
+            return;
+        }
+        find_positives(&sh.rows, a0 + i, scratch);
+        for t in 0..tn {
+            let mut v = slab.slice_mut(s![t, i, ..]);
+            let own = v.as_slice().unwrap_or_default();
+            if t == 0 {
+                scratch.prefix.copy_from_slice(own);
+            } else {
+                scratch
+                    .prefix
+                    .iter_mut()
+                    .zip(own)
+                    .for_each(|(p, &x)| *p += x);
+            }
+            scratch.alpha[i * tn + t] = anchor_row(&sh.rows, a0 + i, t, v.view_mut(), scratch);
+        }
+        // `C_k = Σ_{t ≥ k} V_t` and `α`'s suffix sums.
+        for t in (0..tn.saturating_sub(1)).rev() {
+            let (mut low, high) = slab.multi_slice_mut((s![t, i, ..], s![t + 1, i, ..]));
+            low += &high;
             scratch.alpha[i * tn + t] += scratch.alpha[i * tn + t + 1];
         }
     }
+    // Each slice's gradient: `C_k R_k − α q_k`.
     for t in 0..tn {
         let cols = sh.trunc.slice(t);
         let mut g = g.slice_mut(s![.., cols.clone()]);
@@ -404,6 +415,10 @@ fn rows_pass(
             .enumerate()
         {
             let alpha = scratch.alpha[i * tn + t];
+            let (g, x) = (
+                g.as_slice_mut().unwrap_or_default(),
+                x.to_slice().unwrap_or_default(),
+            );
             for (g, &x) in g.iter_mut().zip(x) {
                 *g -= (alpha * f64::from(x)) as f32;
             }

@@ -27,8 +27,12 @@ pub(super) struct RowInputs<'a, 's> {
 
 /// One thread's working rows, kept from block to block.
 pub(super) struct RowScratch {
-    pub(super) z: Vec<f32>,
     pub(super) e: Vec<f32>,
+    /// The current row's positives' own weights.
+    pub(super) own: Vec<f64>,
+    /// The current row's running product `P_t` `(m,)`.
+    pub(super) prefix: Vec<f32>,
+    /// The current row's positives (the same at every width).
     pub(super) positives: Vec<u32>,
     /// `(T, m)` radial sums of the references, over this thread's anchors.
     pub(super) beta: Array2<f64>,
@@ -41,8 +45,9 @@ pub(super) struct RowScratch {
 impl RowScratch {
     pub(super) fn new(m: usize, t: usize) -> Self {
         Self {
-            z: vec![0.0f32; m],
             e: vec![0.0f32; m],
+            own: Vec::new(),
+            prefix: vec![0.0f32; m],
             positives: Vec::with_capacity(m),
             beta: Array2::zeros((t, m)),
             losses: vec![0.0; t],
@@ -51,50 +56,66 @@ impl RowScratch {
     }
 }
 
-/// Truncation `t` of anchor `a`: from its running product row, writes `V_t`'s row into
-/// `out`, adds its references' `β` and its loss to `scratch`, and returns its `α`.
+/// Finds anchor `a`'s positives (same label, not its own slot) into `scratch`, once for
+/// every width of its row.
+pub(super) fn find_positives(sh: &RowInputs<'_, '_>, a: usize, scratch: &mut RowScratch) {
+    let set = sh.set;
+    let (label, me) = (set.labels[a], set.self_slots[a]);
+    let positives = &mut scratch.positives;
+    positives.clear();
+    // A chunk is looked into only where it holds the label.
+    for (c, chunk) in set.ref_labels.chunks(8).enumerate() {
+        if chunk.iter().fold(false, |any, &l| any | (l == label)) {
+            for (j, &l) in (c * 8..).zip(chunk) {
+                if l == label && j as u32 != me {
+                    positives.push(j as u32);
+                }
+            }
+        }
+    }
+}
+
+/// Truncation `t` of anchor `a`, whose positives [`find_positives`] found: from its running
+/// product row `scratch.prefix`, writes `V_t`'s row into `out`, adds its references' `β` and
+/// its loss to `scratch`, and returns its `α`.
 pub(super) fn anchor_row(
     sh: &RowInputs<'_, '_>,
     a: usize,
     t: usize,
-    (prefix, mut out): (
-        ndarray::ArrayView1<'_, f32>,
-        ndarray::ArrayViewMut1<'_, f32>,
-    ),
+    mut out: ndarray::ArrayViewMut1<'_, f32>,
     scratch: &mut RowScratch,
 ) -> f64 {
     let set = sh.set;
-    let (label, me) = (set.labels[a], set.self_slots[a]);
     let inv_a = sh.inv_q[[t, a]];
     let ia = inv_a.abs();
     let scale = sh.scale[t];
-    let row = Row {
-        // A one-wide prefix of an unclamped anchor is ±1 once normalised: its pairs with
-        // unclamped references move nothing, exactly (the products would leave f32 rounding
-        // of terms of size `|W| / |q|`, module docs of `matryoshka`).
-        line: sh.ends[t] == 1 && inv_a > 0.0,
-        prefix: prefix.as_slice().unwrap_or_default(),
-        labels: &set.ref_labels,
-        ir_abs: sh.ir_abs.row(t).to_slice().unwrap_or_default(),
-        ir_sq: sh.ir_sq.row(t).to_slice().unwrap_or_default(),
-        label,
-        me,
-        dz: sh.dz,
-        ia,
-        scale,
-    };
     let RowScratch {
-        z,
         e,
+        own,
+        prefix,
         positives,
         beta,
         losses,
         ..
     } = scratch;
+    let row = Row {
+        // A one-wide prefix of an unclamped anchor is ±1 once normalised: its pairs with
+        // unclamped references move nothing, exactly (the products would leave f32 rounding
+        // of terms of size `|W| / |q|`, module docs of `matryoshka`).
+        line: sh.ends[t] == 1 && inv_a > 0.0,
+        prefix: prefix.as_slice(),
+        labels: &set.ref_labels,
+        ir_abs: sh.ir_abs.row(t).to_slice().unwrap_or_default(),
+        ir_sq: sh.ir_sq.row(t).to_slice().unwrap_or_default(),
+        label: set.labels[a],
+        dz: sh.dz,
+        ia,
+        scale,
+    };
     let out = out.as_slice_mut().unwrap_or_default();
     let mut beta = beta.row_mut(t);
     let beta = beta.as_slice_mut().unwrap_or_default();
-    let (loss, ws) = dispatch(&row, (out, beta), (z, e), positives);
+    let (loss, ws) = dispatch(&row, (out, beta), (e, own), positives);
     losses[t] += loss;
     if inv_a > 0.0 {
         ws * ia * ia
@@ -112,7 +133,6 @@ struct Row<'a> {
     ir_abs: &'a [f32],
     ir_sq: &'a [f64],
     label: u32,
-    me: u32,
     dz: f64,
     /// `1 / |q|_t`.
     ia: f64,
@@ -127,8 +147,8 @@ struct Row<'a> {
 fn dispatch(
     row: &Row<'_>,
     outs: (&mut [f32], &mut [f64]),
-    work: (&mut [f32], &mut [f32]),
-    positives: &mut Vec<u32>,
+    work: (&mut [f32], &mut Vec<f64>),
+    positives: &[u32],
 ) -> (f64, f64) {
     #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
     {
@@ -150,8 +170,8 @@ fn dispatch(
 fn row_avx512(
     row: &Row<'_>,
     outs: (&mut [f32], &mut [f64]),
-    work: (&mut [f32], &mut [f32]),
-    positives: &mut Vec<u32>,
+    work: (&mut [f32], &mut Vec<f64>),
+    positives: &[u32],
 ) -> (f64, f64) {
     row_kernel(row, outs, work, positives)
 }
@@ -161,8 +181,8 @@ fn row_avx512(
 fn row_avx2(
     row: &Row<'_>,
     outs: (&mut [f32], &mut [f64]),
-    work: (&mut [f32], &mut [f32]),
-    positives: &mut Vec<u32>,
+    work: (&mut [f32], &mut Vec<f64>),
+    positives: &[u32],
 ) -> (f64, f64) {
     row_kernel(row, outs, work, positives)
 }
@@ -170,34 +190,22 @@ fn row_avx2(
 /// The InfoNCE rule on one row (the module docs of the losses' `info_nce`), in f32 loops without
 /// branches that the compiler vectorises (sums in f64): `V`'s row into `out`, `β`'s terms
 /// added to `beta`; returns the row's loss and `Σ_j ω W s` (the caller's `α` before
-/// `1 / |q|²`). `z` and `e` are `(m,)` working rows.
+/// `1 / |q|²`). `e` `(m,)` and `own` are working rows.
 #[inline(always)]
 fn row_kernel(
     row: &Row<'_>,
     (out, beta): (&mut [f32], &mut [f64]),
-    (z, e): (&mut [f32], &mut [f32]),
-    positives: &mut Vec<u32>,
+    (e, own): (&mut [f32], &mut Vec<f64>),
+    positives: &[u32],
 ) -> (f64, f64) {
     let (dz, label) = (row.dz, row.label);
-    // The positives: same label, not the anchor's own slot; a chunk is looked into only
-    // where it holds the label.
-    positives.clear();
-    for (c, chunk) in row.labels.chunks(8).enumerate() {
-        if chunk.iter().fold(false, |any, &l| any | (l == label)) {
-            for (j, &l) in (c * 8..).zip(chunk) {
-                if l == label && j as u32 != row.me {
-                    positives.push(j as u32);
-                }
-            }
-        }
-    }
     if positives.is_empty() {
         out.fill(0.0);
         return (0.0, 0.0);
     }
     // The logits, and the negatives' `e^{z − top}`: against `dz` (cosines are at most 1, and
     // `e^{−2 dz}` stays above f32's least normal up to `SHIFT_BOUND`), or past it against
-    // the largest negative logit.
+    // the largest negative logit. The logits are taken again where needed, not kept.
     let c = (dz * row.ia) as f32;
     let logit = |p: f32, ir: f32| c * p * ir;
     let top = if dz <= SHIFT_BOUND {
@@ -209,12 +217,10 @@ fn row_kernel(
             top.max(logit(p, ir))
         })
     };
-    let rows = z.iter_mut().zip(e.iter_mut());
     let ins = row.prefix.iter().zip(row.ir_abs.iter().zip(row.labels));
-    for ((z, e), (&p, (&ir, &l))) in rows.zip(ins) {
-        *z = logit(p, ir);
+    for (e, (&p, (&ir, &l))) in e.iter_mut().zip(ins) {
         let k = if l != label { 1.0 } else { 0.0 };
-        *e = k * exp_bounded(*z - top);
+        *e = k * exp_bounded(logit(p, ir) - top);
     }
     let sum = lanes(e);
     if sum == 0.0 {
@@ -225,9 +231,10 @@ fn row_kernel(
     let log_sum = f64::from(top) + sum.ln();
     let (mut loss, mut on_negatives) = (0.0, 0.0);
     // Each positive's `∂ℓ/∂z_p` (its `e` is 0), added after the negatives'.
-    let mut own = Vec::with_capacity(positives.len());
+    own.clear();
     for &p in positives.iter() {
-        let zp = f64::from(z[p as usize]);
+        let p = p as usize;
+        let zp = f64::from(logit(row.prefix[p], row.ir_abs[p]));
         let (x, rest) = (sigmoid(zp - log_sum), sigmoid(log_sum - zp));
         let flat = x / (x + TINY);
         loss -= (x + TINY).ln();
@@ -235,30 +242,31 @@ fn row_kernel(
         on_negatives += flat * rest;
     }
     // A negative's `W = ∂L/∂s = dz · e^{z_n − L} Σ_P flat · rest`; then `V = ω W / (|q| |r|)`
-    // into `out`, and `ω W s` (`s = z / dz`) into `β` and, in place of `z`, `α`'s terms.
+    // into `out`, and `ω W s` (`s = z / dz`) into `β` and `α`'s lanes.
     // In f64: `sum` can be as small as `e^{−2 dz}`, and `k` past f32's range.
     let k = dz * on_negatives / sum;
     let (v_scale, s_scale) = ((row.scale * row.ia) as f32, (row.scale / dz) as f32);
     let line = row.line;
-    let weigh = |w: f32, z: &mut f32, ir: f32, ir2: f64, b: &mut f64| {
+    // `ω W s` replaces each column's `e` (read first), for `α`'s sum.
+    let weigh = |w: f32, p: f32, ir: f32, ir2: f64, b: &mut f64, e: &mut f32| {
         let w = if line && ir2 > 0.0 { 0.0 } else { w };
-        *z *= w * s_scale;
-        *b += f64::from(*z) * ir2;
+        let z = logit(p, ir) * (w * s_scale);
+        *b += f64::from(z) * ir2;
+        *e = z;
         v_scale * w * ir
     };
-    let outs = out.iter_mut().zip(z.iter_mut()).zip(beta.iter_mut());
-    let ins = e.iter().zip(row.ir_abs.iter().zip(row.ir_sq));
-    for (((o, z), b), (&e, (&ir, &ir2))) in outs.zip(ins) {
-        *o = weigh((k * f64::from(e)) as f32, z, ir, ir2, b);
+    let outs = out.iter_mut().zip(e.iter_mut()).zip(beta.iter_mut());
+    let ins = row.prefix.iter().zip(row.ir_abs.iter().zip(row.ir_sq));
+    for (((o, e), b), (&p, (&ir, &ir2))) in outs.zip(ins) {
+        *o = weigh((k * f64::from(*e)) as f32, p, ir, ir2, b, e);
     }
-    for (&p, w) in positives.iter().zip(own) {
+    // The positives, weighed as 0 above (their `e`), with their own weights.
+    for (&p, &w) in positives.iter().zip(own.iter()) {
         let p = p as usize;
-        // Its `e` was 0, so its `z` was made 0 above: taken again from the product row.
-        let mut zp = logit(row.prefix[p], row.ir_abs[p]);
-        out[p] = weigh(w as f32, &mut zp, row.ir_abs[p], row.ir_sq[p], &mut beta[p]);
-        z[p] = zp;
+        let (prefix, ir, ir2) = (row.prefix[p], row.ir_abs[p], row.ir_sq[p]);
+        out[p] = weigh(w as f32, prefix, ir, ir2, &mut beta[p], &mut e[p]);
     }
-    (loss, lanes(z))
+    (loss, lanes(e))
 }
 
 /// The sum of `x` in f64 over eight interleaved lanes, then across them: an order that
