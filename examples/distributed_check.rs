@@ -11,7 +11,8 @@
 //! it, bit for bit: kNN for every distance and self-exclusion, several query blocks per rank,
 //! `k` beyond one rank's references and ties across ranks; banks fed by random sequences of
 //! `enqueue_global`; PML's losses with class weights, sharded and replicated (within f32
-//! rounding: the sums run in another order); a failure injected on one rank, which every rank must report; a rank
+//! rounding: the sums run in another order); class-weight checkpoints saved on uneven shards
+//! and loaded on the even split; a failure injected on one rank, which every rank must report; a rank
 //! that arrives late, which the others must give up on after the timeout. Exits non-zero
 //! (a panic, which ends the job) on the first difference.
 
@@ -22,9 +23,10 @@ use wgpu_metric_learning::distributed::mpi::traits::*;
 use wgpu_metric_learning::distributed::{self, mpi, Group, GroupConfig};
 use wgpu_metric_learning::distributed::{ClassWeights, DistributedClassifierConfig, RankGradients};
 use wgpu_metric_learning::{
-    accuracy, classifier_loss, knn, AccuracyConfig, AccuracyK, AccuracyMetrics, BackendChoice,
-    BankConfig, CancelToken, ClassifierKind, ClassifierLossConfig, Context, ContextConfig,
-    Distance, DistanceConfig, Error, Hooks, KnnConfig, MemoryBank, MiningSet, SelfExclusion,
+    accuracy, classifier_loss, knn, weights_step, AccuracyConfig, AccuracyK, AccuracyMetrics,
+    BackendChoice, BankConfig, CancelToken, ClassifierKind, ClassifierLossConfig, Context,
+    ContextConfig, Distance, DistanceConfig, Error, Hooks, KnnConfig, MemoryBank, MiningSet,
+    OptimizerState, SelfExclusion, WeightOptimizer, WeightsShard,
 };
 
 /// xorshift64*: the same numbers on every rank for the same seed.
@@ -457,6 +459,102 @@ fn check_timeout(world: &impl Communicator) {
 /// batch and `W`: every kind, sharded and replicated `W`, both gradient scalings, uneven
 /// batches (empty ones, every row on one rank) and class shards, classes absent from the
 /// batch. f32 sums in another order: equal within 1e-6 of each array's largest value.
+/// Class weights trained a few steps on uneven shards, saved by the group, loaded back on
+/// the even split (re-sharded): equal, bit for bit, to one process training them all (the
+/// optimizer's update is element by element), its state included.
+fn check_checkpoint(group: &Group, ctx: &Context, case: u64) {
+    let (rank, size) = (group.rank(), group.size());
+    let mut rng = Rng::new(case);
+    let kinds = [
+        ClassifierKind::arc_face(),
+        ClassifierKind::sub_center_arc_face(),
+        ClassifierKind::proxy_anchor(),
+    ];
+    let kind = &kinds[rng.below(kinds.len())];
+    let opt = match rng.below(2) {
+        0 => WeightOptimizer::sgd(0.1, 0.9),
+        _ => WeightOptimizer::adamw(0.01),
+    };
+    let (classes, d, steps) = (
+        size + rng.below(30),
+        1 + rng.below(6),
+        1 + rng.below(3) as u64,
+    );
+    // An uneven split, at least one class each (rank 0's range can be larger).
+    let mut cuts: Vec<usize> = (1..size)
+        .map(|_| 1 + rng.below(classes - size + 1))
+        .collect();
+    cuts.sort_unstable();
+    let cut = |r: usize| match r {
+        0 => 0,
+        r if r == size => classes,
+        r => cuts[r - 1] + r - 1,
+    };
+    let shape = kind.weight_shape(classes, d);
+    let k = kind.centres_per_class();
+    let part = |x: &Array2<f32>, r: std::ops::Range<usize>| match kind.classes_on_rows() {
+        true => x.slice(s![r.start * k..r.end * k, ..]).to_owned(),
+        false => x.slice(s![.., r.start * k..r.end * k]).to_owned(),
+    };
+    let w0 = Array2::from_shape_fn(shape, |_| rng.float());
+    let grads: Vec<Array2<f32>> = (0..steps)
+        .map(|_| Array2::from_shape_fn(shape, |_| rng.float()))
+        .collect();
+    let train = |r: std::ops::Range<usize>| {
+        let (mut w, mut state) = (part(&w0, r.clone()), OptimizerState::new());
+        for g in &grads {
+            weights_step(
+                ctx,
+                w.view_mut(),
+                part(g, r.clone()).view(),
+                &mut state,
+                &opt,
+            )
+            .expect("step");
+        }
+        (w, state)
+    };
+    let mine = cut(rank)..cut(rank + 1);
+    let (w, state) = train(mine.clone());
+    // One directory for every rank: rank 0's process id names it.
+    let id = group
+        .all_gather("checkpoint dir", &[u64::from(std::process::id())])
+        .expect("gather")[0];
+    let dir = std::env::temp_dir().join(format!("wml-dist-ckpt-{id}-{case}"));
+    if rank == 0 {
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+    }
+    world_barrier(group);
+    let shard = WeightsShard {
+        kind,
+        classes,
+        first_class: mine.start,
+        weights: w.view(),
+        optimizer: &opt,
+        state: &state,
+    };
+    distributed::save_class_weights(group, &dir, &shard).expect("save");
+    let (range, loaded) = distributed::load_class_weights(group, ctx, &dir, kind).expect("load");
+    assert_eq!(range, classes * rank / size..classes * (rank + 1) / size);
+    let (expected, state) = train(range.clone());
+    assert_eq!(
+        loaded.weights, expected,
+        "case {case}: rank {rank}'s classes {range:?}"
+    );
+    assert_eq!(loaded.state.buffers(), state.buffers(), "case {case}");
+    assert_eq!((loaded.state.steps(), loaded.optimizer), (steps, opt));
+    world_barrier(group);
+    if rank == 0 {
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+/// Every rank has arrived (an all-gather as a barrier, bounded by the group's timeout).
+fn world_barrier(group: &Group) {
+    group.all_gather("barrier", &[0u8]).expect("barrier");
+}
+
 fn check_classifier(group: &Group, ctx: &Context, case: u64) {
     let (p, rank) = (group.size(), group.rank());
     let mut rng = Rng::new(case);
@@ -617,6 +715,9 @@ fn main() {
         for case in 0..36 {
             check_classifier(&group, &ctx, 3000 + case);
         }
+        for case in 0..6 {
+            check_checkpoint(&group, &ctx, 4000 + case);
+        }
         check_failure(&world, &group, &ctx);
     }
     // Most cases must compare values, not just errors alike (the data makes few invalid).
@@ -657,7 +758,8 @@ fn main() {
     if world.rank() == 0 {
         println!(
             "distributed checks passed on {} ranks (kNN, banks, accuracy: {scored} cases scored, \
-             the others failing alike; classifier losses; failures, timeout)",
+             the others failing alike; classifier losses; class-weight checkpoints re-sharded; \
+             failures, timeout)",
             world.size()
         );
     }

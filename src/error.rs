@@ -185,7 +185,7 @@ pub enum Error {
         /// The operation.
         op: &'static str,
     },
-    /// Reading or writing a file failed (a bank checkpoint).
+    /// Reading or writing a file failed (a checkpoint).
     #[error("{op}: {path:?}")]
     Io {
         /// The operation.
@@ -198,9 +198,7 @@ pub enum Error {
     },
     /// A file is not a whole checkpoint of the kind asked for: foreign, truncated, damaged,
     /// or of another shape or label type. Nothing was loaded.
-    #[error(
-        "{path:?} is not a usable bank checkpoint: its {what} should be {expected}, found {found}"
-    )]
+    #[error("{path:?} is not a usable checkpoint: its {what} should be {expected}, found {found}")]
     Checkpoint {
         /// The file.
         path: std::path::PathBuf,

@@ -36,6 +36,11 @@ pub use ops::accuracy::{
     accuracy, accuracy_plan, Accuracy, AccuracyConfig, AccuracyK, AccuracyMetric, AccuracyMetrics,
 };
 pub use ops::bank::{BankConfig, BankSnapshot, CheckpointLabel, Enqueued, MemoryBank, Saved};
+pub use ops::class_weights::{
+    export_weights_npy, load_weights, save_weights, save_weights_manifest, save_weights_shard,
+    weights_step, weights_step_plan, LoadedWeights, OptimizerState, ShardRecord, WeightOptimizer,
+    WeightsShard,
+};
 pub use ops::distance::{
     pairwise_distances, pairwise_distances_plan, PairwiseConfig, PairwiseDistances,
 };

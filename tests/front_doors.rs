@@ -66,6 +66,14 @@ const OPERATIONS: &[(&str, Option<&str>, Option<&str>)] = &[
         Some("classifier_loss_sharded_plan"),
         None,
     ),
+    // An element-wise update of host weights the caller holds (as the losses' gradients).
+    ("weights_step", Some("weights_step_plan"), None),
+    // Files: a row buffer beside what is saved, or what is loaded and returned.
+    ("save_weights", None, None),
+    ("save_weights_shard", None, None),
+    ("save_weights_manifest", None, None),
+    ("load_weights", None, None),
+    ("export_weights_npy", None, None),
     // Label statistics of two clusterings, O(n) on the host.
     ("normalized_mutual_info", None, None),
     ("adjusted_mutual_info", None, None),

@@ -5,4 +5,5 @@
 pub(crate) mod device_embeddings;
 pub(crate) mod device_output;
 pub(crate) mod device_rows;
+pub(crate) mod files;
 pub(crate) mod inputs;

@@ -40,6 +40,7 @@
 
 mod accuracy;
 mod bank;
+mod class_weights;
 mod classifier;
 mod knn;
 
@@ -56,6 +57,7 @@ use crate::error::{Error, Result};
 
 pub use accuracy::accuracy;
 pub use bank::enqueue_global;
+pub use class_weights::{load_class_weights, save_class_weights};
 pub use classifier::{classifier_loss, ClassWeights, DistributedClassifierConfig, RankGradients};
 pub use knn::knn;
 /// The MPI bindings this module is built on (rsmpi), for a matching `initialize` and

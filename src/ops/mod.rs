@@ -7,6 +7,7 @@
 
 pub(crate) mod accuracy;
 pub(crate) mod bank;
+pub(crate) mod class_weights;
 pub(crate) mod distance;
 pub(crate) mod kmeans;
 pub(crate) mod knn;

@@ -30,3 +30,4 @@ pub mod triplet_margin_loss;
 pub mod triplet_select;
 pub mod triplet_weights;
 pub mod vicreg_loss;
+pub mod weights_step;

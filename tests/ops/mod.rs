@@ -3,6 +3,7 @@
 mod accuracy;
 mod angular_loss;
 mod checkpoint;
+mod class_weights;
 mod classifier_loss;
 mod device_inputs;
 mod dynamic_soft_margin;

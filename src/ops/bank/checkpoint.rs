@@ -18,11 +18,12 @@
 //! checksum matches, so a truncated, extended or corrupted file is an error, never a bank.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
-use std::path::{Path, PathBuf};
+use std::io::{BufReader, Read};
+use std::path::Path;
 
 use ndarray::{Array2, ArrayView2};
 
+use crate::data::files::{io, write_atomic, Fnv, Sealed};
 use crate::error::{Error, Result};
 
 /// The first bytes of every checkpoint.
@@ -90,23 +91,6 @@ fn label_tag<L: CheckpointLabel>() -> [u8; 4] {
     tag
 }
 
-/// FNV-1a, 64 bits: enough to tell a damaged file from a whole one (not an authenticator).
-#[derive(Clone, Copy)]
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-
-    fn update(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-}
-
 /// What a checkpoint's header says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Header {
@@ -152,34 +136,6 @@ fn bad(path: &Path, what: &'static str, expected: impl ToString, found: impl ToS
     }
 }
 
-/// The error for a failed file operation.
-fn io<'p>(op: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> Error + 'p {
-    move |source| Error::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-/// The prefix of the temporary files saves to `path` write before renaming them over it:
-/// beside it, since a rename within one directory is atomic.
-pub(super) fn temporary_prefix(path: &Path) -> String {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    format!(".{name}.wml-partial-")
-}
-
-/// A temporary file of its own for one save (process id and a per-process counter), so that
-/// two saves to one path never write into one file; a save killed half-way leaves it behind.
-fn temporary_path(path: &Path) -> PathBuf {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let prefix = temporary_prefix(path);
-    path.with_file_name(format!("{prefix}{}-{n}", std::process::id()))
-}
-
 /// Writes a checkpoint of `header` with `labels` `(len,)` and `rows` `(len, dim)` to `path`
 /// atomically; returns the bytes written.
 pub(super) fn save<L: CheckpointLabel>(
@@ -189,80 +145,32 @@ pub(super) fn save<L: CheckpointLabel>(
     labels: &[L],
     rows: ArrayView2<'_, f32>,
 ) -> Result<u64> {
-    let tmp = temporary_path(path);
-    let written = write_file(op, &tmp, header, labels, rows).and_then(|bytes| {
-        std::fs::rename(&tmp, path).map_err(io(op, path))?;
-        sync_directory(op, path)?;
-        Ok(bytes)
-    });
-    if written.is_err() {
-        // Nothing half-written stays behind under either name.
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
-}
-
-fn write_file<L: CheckpointLabel>(
-    op: &'static str,
-    tmp: &Path,
-    header: &Header,
-    labels: &[L],
-    rows: ArrayView2<'_, f32>,
-) -> Result<u64> {
-    // A new file, never one already there (nor what a link there points to).
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(tmp)
-        .map_err(io(op, tmp))?;
-    let mut out = BufWriter::with_capacity(1 << 20, file);
-    let mut sum = Fnv::new();
-    let mut bytes = 0u64;
-    let mut put = |out: &mut BufWriter<File>, chunk: &[u8]| -> Result<()> {
-        sum.update(chunk);
-        bytes += chunk.len() as u64;
-        out.write_all(chunk).map_err(io(op, tmp))
-    };
-    put(&mut out, &header.encode::<L>())?;
-    let block_rows = ROWS_PER_BLOCK.min(header.len.max(1));
-    let mut block = Vec::with_capacity(block_rows * L::BYTES.max(4 * rows.ncols()));
-    for chunk in labels.chunks(ROWS_PER_BLOCK) {
-        block.clear();
-        for &l in chunk {
-            l.put(&mut block);
-        }
-        put(&mut out, &block)?;
-    }
-    for chunk in rows.axis_chunks_iter(ndarray::Axis(0), ROWS_PER_BLOCK) {
-        block.clear();
-        for v in chunk.iter() {
-            block.extend_from_slice(&v.to_le_bytes());
-        }
-        put(&mut out, &block)?;
-    }
-    let checksum = sum.0.to_le_bytes();
-    out.write_all(&checksum).map_err(io(op, tmp))?;
-    let file = out.into_inner().map_err(|e| io(op, tmp)(e.into_error()))?;
-    file.sync_all().map_err(io(op, tmp))?;
-    Ok(bytes + TRAILER)
-}
-
-/// Makes the rename durable: the directory entry is flushed too (POSIX; elsewhere the rename
-/// itself is what the platform offers).
-fn sync_directory(op: &'static str, path: &Path) -> Result<()> {
-    #[cfg(unix)]
-    {
-        let dir = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
+    write_atomic(op, path, |out| {
+        let mut sum = Fnv::new();
+        let mut put = |out: &mut Sealed<'_>, chunk: &[u8]| -> Result<()> {
+            sum.update(chunk);
+            out.put(chunk)
         };
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io(op, dir))?;
-    }
-    #[cfg(not(unix))]
-    let _ = (op, path);
-    Ok(())
+        put(out, &header.encode::<L>())?;
+        let block_rows = ROWS_PER_BLOCK.min(header.len.max(1));
+        let mut block = Vec::with_capacity(block_rows * L::BYTES.max(4 * rows.ncols()));
+        for chunk in labels.chunks(ROWS_PER_BLOCK) {
+            block.clear();
+            for &l in chunk {
+                l.put(&mut block);
+            }
+            put(out, &block)?;
+        }
+        for chunk in rows.axis_chunks_iter(ndarray::Axis(0), ROWS_PER_BLOCK) {
+            block.clear();
+            for v in chunk.iter() {
+                block.extend_from_slice(&v.to_le_bytes());
+            }
+            put(out, &block)?;
+        }
+        out.put(&sum.0.to_le_bytes())?;
+        Ok(out.bytes())
+    })
 }
 
 /// A checkpoint read back whole: its header, labels and rows.
@@ -447,6 +355,8 @@ fn parse_header<L: CheckpointLabel>(path: &Path, raw: &[u8; HEADER as usize]) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::files::temporary_prefix;
+    use std::path::PathBuf;
 
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("wml-ckpt-unit-{}", std::process::id()));

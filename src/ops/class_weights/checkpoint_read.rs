@@ -1,0 +1,422 @@
+//! Reading class-weight checkpoints (the format is in the module docs of `checkpoint`): the
+//! manifest, any range of classes from the shards that hold it, and the whole weights
+//! streamed into one `.npy`.
+
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::ops::Range;
+use std::path::Path;
+
+use ndarray::Array2;
+
+use super::checkpoint::{bad, Header, ShardRecord, HEADER, MANIFEST, MANIFEST_TITLE};
+use super::optimizer::{OptimizerState, WeightOptimizer};
+use crate::context::Context;
+use crate::data::files::{io, write_atomic, Fnv, Sealed};
+use crate::error::{Error, Result};
+use crate::ops::loss::ClassifierKind;
+use crate::runtime::memory::HostReservation;
+
+/// Class weights loaded by [`load_weights`], with their optimizer and its state.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct LoadedWeights {
+    /// The classes asked for, in PML's layout.
+    pub weights: Array2<f32>,
+    /// Classes over the whole checkpoint.
+    pub classes: usize,
+    /// The optimizer saved with them.
+    pub optimizer: WeightOptimizer,
+    /// Its state for these classes (its buffers cut as the weights are).
+    pub state: OptimizerState,
+}
+
+/// Reads the manifest of the checkpoint in `dir`: its classes and shards in class order.
+pub(super) fn read_manifest(op: &'static str, dir: &Path) -> Result<(usize, Vec<ShardRecord>)> {
+    let path = dir.join(MANIFEST);
+    let text = std::fs::read_to_string(&path).map_err(io(op, &path))?;
+    let broken = |line: &str| {
+        bad(
+            &path,
+            "manifest",
+            "the lines save_weights_manifest writes",
+            line.escape_debug(),
+        )
+    };
+    let mut lines = text.lines();
+    if lines.next() != Some(MANIFEST_TITLE) {
+        return Err(bad(
+            &path,
+            "title",
+            MANIFEST_TITLE,
+            text.lines().next().unwrap_or("").escape_debug(),
+        ));
+    }
+    let classes_line = lines.next().unwrap_or("");
+    let classes = classes_line
+        .strip_prefix("classes ")
+        .and_then(|c| c.parse::<usize>().ok())
+        .ok_or_else(|| broken(classes_line))?;
+    let mut shards = Vec::new();
+    let mut next = 0usize;
+    for line in lines {
+        let f: Vec<&str> = line.split(' ').collect();
+        let record = match f.as_slice() {
+            ["shard", first, n, file, bytes, sum] => (|| {
+                Some(ShardRecord {
+                    first_class: first.parse().ok()?,
+                    classes: n.parse().ok()?,
+                    file: (*file).to_string(),
+                    bytes: bytes.parse().ok()?,
+                    checksum: u64::from_str_radix(sum, 16).ok()?,
+                })
+            })(),
+            _ => None,
+        };
+        let record = record.ok_or_else(|| broken(line))?;
+        // Names only: a manifest cannot point outside its directory.
+        let plain = Path::new(&record.file)
+            .file_name()
+            .is_some_and(|f| *f == *record.file);
+        if record.first_class != next || !plain {
+            return Err(broken(line));
+        }
+        next = next
+            .checked_add(record.classes)
+            .ok_or_else(|| broken(line))?;
+        shards.push(record);
+    }
+    if next != classes {
+        return Err(bad(
+            &path,
+            "shards",
+            format!("{classes} classes covered"),
+            format!("{next}"),
+        ));
+    }
+    Ok((classes, shards))
+}
+
+/// The classes of the checkpoint in `dir`, from its manifest.
+#[cfg(feature = "mpi")]
+///
+/// # Errors
+/// As [`load_weights`] reading the manifest.
+pub(crate) fn checkpoint_classes(op: &'static str, dir: &Path) -> Result<usize> {
+    read_manifest(op, dir).map(|(classes, _)| classes)
+}
+
+/// Loads classes `range` of the checkpoint in `dir` (saved for `kind`), with the optimizer
+/// and its state cut to them: from whichever shards hold them, so a checkpoint saved by N
+/// processes loads on any number. Each shard read is checked whole (its size, header and
+/// checksum, against the manifest) before anything is returned. Cost: one pass over the shards
+/// that overlap `range`; memory: the weights and buffers returned (the buffers counted in
+/// `ctx` while the state lives) and a row of a shard.
+///
+/// # Errors
+/// [`Error::Io`]; [`Error::Checkpoint`] for a manifest or shard that is damaged, truncated,
+/// of another layout than `kind`'s, or disagrees with the others; [`Error::InvalidParameter`]
+/// for a range past the checkpoint's classes; [`Error::BudgetExceeded`].
+///
+/// # Example
+/// See [`save_weights_shard`](crate::save_weights_shard).
+pub fn load_weights(
+    ctx: &Context,
+    dir: &Path,
+    kind: &ClassifierKind,
+    range: Range<usize>,
+) -> Result<LoadedWeights> {
+    const OP: &str = "load_weights";
+    let (classes, shards) = read_manifest(OP, dir)?;
+    if range.start > range.end || range.end > classes {
+        return Err(Error::InvalidParameter {
+            op: OP,
+            what: "range",
+            value: format!("{range:?}"),
+            rule: "must lie within the checkpoint's classes",
+        });
+    }
+    let on_columns = !kind.classes_on_rows();
+    let centres = kind.centres_per_class().max(1);
+    let mut found: Option<Header> = None;
+    let mut arrays: Vec<Array2<f32>> = Vec::new();
+    // The shards overlapping `range`; an empty range still reads the first shard, for the
+    // optimizer and the dimension.
+    let overlapping: Vec<&ShardRecord> = shards
+        .iter()
+        .filter(|s| {
+            let end = s.first_class + s.classes;
+            (s.first_class < range.end && range.start < end)
+                || (range.is_empty() && s.first_class == 0)
+        })
+        .collect();
+    let mut values = Vec::new();
+    for record in overlapping {
+        let path = dir.join(&record.file);
+        let (mut shard, header) =
+            ShardReader::open(OP, &path, record, (classes, on_columns, centres))?;
+        // The first shard sets what every other must agree with, and sizes the output.
+        match found {
+            Some(seen) => {
+                let agree = (seen.d, seen.steps, seen.optimizer, seen.buffers)
+                    == (header.d, header.steps, header.optimizer, header.buffers);
+                if !agree {
+                    let expected = "those of the checkpoint's other shards";
+                    return Err(bad(&path, "settings", expected, format!("{header:?}")));
+                }
+            }
+            None => {
+                let along = (range.end - range.start) * centres;
+                let shape = if on_columns {
+                    (header.d, along)
+                } else {
+                    (along, header.d)
+                };
+                let bytes = 4 * (shape.0 as u64) * (shape.1 as u64) * (1 + header.buffers as u64);
+                // Checked before allocating (the weights are the caller's once returned; the
+                // buffers are counted again by the state that keeps them).
+                drop(HostReservation::new("class weights", bytes, ctx.tracker())?);
+                arrays = (0..=header.buffers).map(|_| Array2::zeros(shape)).collect();
+                found = Some(header);
+            }
+        }
+        // This shard's part of `range`, in centres, and where it lands.
+        // (Nothing for an empty range, whose one shard is read for its settings alone.)
+        let lo = range.start.max(record.first_class);
+        let hi = range.end.min(record.first_class + record.classes);
+        let from = match lo < hi {
+            true => (lo - record.first_class) * centres..(hi - record.first_class) * centres,
+            false => 0..0,
+        };
+        let to = lo.saturating_sub(range.start) * centres;
+        let rows = header.shape().0;
+        for out in arrays.iter_mut() {
+            for row in 0..rows {
+                shard.row(&mut values)?;
+                if on_columns {
+                    let dst = out.row_mut(row).into_iter().skip(to);
+                    dst.zip(&values[from.clone()]).for_each(|(o, v)| *o = *v);
+                } else if from.contains(&row) {
+                    let dst = out.row_mut(to + row - from.start).into_iter();
+                    dst.zip(&values).for_each(|(o, v)| *o = *v);
+                }
+            }
+        }
+        shard.finish()?;
+    }
+    let header = found.ok_or_else(|| bad(&dir.join(MANIFEST), "shards", "at least one", 0))?;
+    let weights = arrays.remove(0);
+    let state = match header.steps {
+        0 => OptimizerState::new(),
+        steps => OptimizerState::restored(ctx, steps, arrays)?,
+    };
+    Ok(LoadedWeights {
+        weights,
+        classes,
+        optimizer: header.optimizer,
+        state,
+    })
+}
+
+/// A shard file read row by row, its checksum taken as it goes: opened only when its size,
+/// header and layout agree with the manifest's record and the loss's layout.
+struct ShardReader<'p> {
+    op: &'static str,
+    path: &'p Path,
+    input: BufReader<File>,
+    sum: Fnv,
+    cols: usize,
+    raw: Vec<u8>,
+    expect: u64,
+}
+
+impl<'p> ShardReader<'p> {
+    fn open(
+        op: &'static str,
+        path: &'p Path,
+        record: &ShardRecord,
+        (classes, on_columns, centres): (usize, bool, usize),
+    ) -> Result<(Self, Header)> {
+        let file = File::open(path).map_err(io(op, path))?;
+        let size = file.metadata().map_err(io(op, path))?.len();
+        if size != record.bytes || size < HEADER as u64 + 8 {
+            let expected = format!("{} bytes, as the manifest records", record.bytes);
+            return Err(bad(path, "size", expected, format!("{size} bytes")));
+        }
+        let mut input = BufReader::with_capacity(1 << 20, file);
+        let mut raw = [0u8; HEADER];
+        input.read_exact(&mut raw).map_err(io(op, path))?;
+        let header = Header::decode(path, &raw)?;
+        let ours = (header.classes, header.first, header.n);
+        if ours != (classes, record.first_class, record.classes) {
+            let expected = format!(
+                "classes {}.. of {classes} (the manifest)",
+                record.first_class
+            );
+            let found = format!(
+                "{} classes from {} of {}",
+                header.n, header.first, header.classes
+            );
+            return Err(bad(path, "classes", expected, found));
+        }
+        if (header.on_columns, header.centres) != (on_columns, centres) {
+            let expected = format!(
+                "the loss's: {centres} centres per class on {}",
+                if on_columns { "columns" } else { "rows" }
+            );
+            let found = format!(
+                "{} centres per class on {}",
+                header.centres,
+                if header.on_columns { "columns" } else { "rows" }
+            );
+            return Err(bad(path, "layout", expected, found));
+        }
+        if header.file_bytes() != Some(size) {
+            return Err(bad(
+                path,
+                "size",
+                format!("{:?} bytes, as its header announces", header.file_bytes()),
+                size,
+            ));
+        }
+        let mut sum = Fnv::new();
+        sum.update(&raw);
+        let cols = header.shape().1;
+        let reader = Self {
+            op,
+            path,
+            input,
+            sum,
+            cols,
+            raw: vec![0; 4 * cols],
+            expect: record.checksum,
+        };
+        Ok((reader, header))
+    }
+
+    /// The next row of the file's arrays into `values`.
+    fn row(&mut self, values: &mut Vec<f32>) -> Result<()> {
+        self.input
+            .read_exact(&mut self.raw)
+            .map_err(io(self.op, self.path))?;
+        self.sum.update(&self.raw);
+        values.clear();
+        values.extend(
+            self.raw
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        );
+        debug_assert_eq!(values.len(), self.cols);
+        Ok(())
+    }
+
+    /// Every row read: the trailer must hold the checksum, as the manifest does.
+    fn finish(mut self) -> Result<()> {
+        let mut stored = [0u8; 8];
+        self.input
+            .read_exact(&mut stored)
+            .map_err(io(self.op, self.path))?;
+        let (stored, computed) = (u64::from_le_bytes(stored), self.sum.0);
+        if stored != computed || computed != self.expect {
+            let expected = format!(
+                "{computed:#018x} (computed) = {:#018x} (the manifest)",
+                self.expect
+            );
+            return Err(bad(
+                self.path,
+                "checksum",
+                expected,
+                format!("{stored:#018x} (the file is damaged)"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Streams the whole weights of the checkpoint in `dir` (saved for `kind`) into one `.npy` at
+/// `out`, in PML's layout (`(d, classes·K)` or `(classes·K, d)`, `<f4`), atomically, for
+/// inference; returns the bytes written. Every shard is checked whole as it is read; a
+/// damaged one leaves nothing at `out`. Cost: one pass over the weights; memory: a row of
+/// each shard.
+///
+/// # Errors
+/// As [`load_weights`]; [`Error::Io`] writing `out`.
+///
+/// # Example
+/// ```no_run
+/// use wgpu_metric_learning::{export_weights_npy, ClassifierKind};
+/// let bytes = export_weights_npy("ckpt".as_ref(), &ClassifierKind::arc_face(), "W.npy".as_ref())?;
+/// # Ok::<(), wgpu_metric_learning::Error>(())
+/// ```
+pub fn export_weights_npy(dir: &Path, kind: &ClassifierKind, out: &Path) -> Result<u64> {
+    const OP: &str = "export_weights_npy";
+    let (classes, shards) = read_manifest(OP, dir)?;
+    let on_columns = !kind.classes_on_rows();
+    let centres = kind.centres_per_class().max(1);
+    let paths: Vec<_> = shards.iter().map(|s| dir.join(&s.file)).collect();
+    let mut readers = Vec::with_capacity(shards.len());
+    let mut d = None;
+    for (record, path) in shards.iter().zip(&paths) {
+        let (reader, header) = ShardReader::open(OP, path, record, (classes, on_columns, centres))?;
+        if d.is_some_and(|d| d != header.d) {
+            return Err(bad(
+                path,
+                "d",
+                format!("{d:?}, as the other shards"),
+                header.d,
+            ));
+        }
+        d = Some(header.d);
+        readers.push((reader, header));
+    }
+    let d = d.unwrap_or(0);
+    let along = classes * centres;
+    let shape = if on_columns { (d, along) } else { (along, d) };
+    write_atomic(OP, out, |file| {
+        file.put(&npy_header(shape))?;
+        let mut values = Vec::new();
+        let put = |file: &mut Sealed<'_>, values: &[f32]| {
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            file.put(&bytes)
+        };
+        if on_columns {
+            // Row r of the whole is row r of every shard, in class order.
+            for _ in 0..d {
+                for (reader, _) in readers.iter_mut() {
+                    reader.row(&mut values)?;
+                    put(file, &values)?;
+                }
+            }
+        } else {
+            for (reader, header) in readers.iter_mut() {
+                for _ in 0..header.shape().0 {
+                    reader.row(&mut values)?;
+                    put(file, &values)?;
+                }
+            }
+        }
+        // The buffers follow the weights in each file: read through them for the checksums.
+        for (mut reader, header) in readers.drain(..) {
+            let (rows, _) = header.shape();
+            for _ in 0..rows * header.buffers {
+                reader.row(&mut values)?;
+            }
+            reader.finish()?;
+        }
+        Ok(file.bytes())
+    })
+}
+
+/// A `.npy` version 1.0 header for a C-order `<f4` array of `shape`, padded to 64 bytes.
+fn npy_header((rows, cols): (usize, usize)) -> Vec<u8> {
+    let dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
+    // Magic (6) + version (2) + length (2) + dict + padding + newline, a multiple of 64.
+    let unpadded = 10 + dict.len() + 1;
+    let len = dict.len() + 1 + (64 - unpadded % 64) % 64;
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(len as u16).to_le_bytes());
+    out.extend_from_slice(dict.as_bytes());
+    out.resize(10 + len - 1, b' ');
+    out.push(b'\n');
+    out
+}
