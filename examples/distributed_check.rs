@@ -455,10 +455,6 @@ fn check_timeout(world: &impl Communicator) {
     }
 }
 
-/// PML's losses with class weights over the ranks against one process on the concatenated
-/// batch and `W`: every kind, sharded and replicated `W`, both gradient scalings, uneven
-/// batches (empty ones, every row on one rank) and class shards, classes absent from the
-/// batch. f32 sums in another order: equal within 1e-6 of each array's largest value.
 /// Class weights trained a few steps on uneven shards, saved by the group, loaded back on
 /// the even split (re-sharded): equal, bit for bit, to one process training them all (the
 /// optimizer's update is element by element), its state included.
@@ -555,6 +551,10 @@ fn world_barrier(group: &Group) {
     group.all_gather("barrier", &[0u8]).expect("barrier");
 }
 
+/// PML's losses with class weights over the ranks against one process on the concatenated
+/// batch and `W`: every kind, sharded and replicated `W`, both gradient scalings, uneven
+/// batches (empty ones, every row on one rank) and class shards, classes absent from the
+/// batch. f32 sums in another order: equal within 1e-6 of each array's largest value.
 fn check_classifier(group: &Group, ctx: &Context, case: u64) {
     let (p, rank) = (group.size(), group.rank());
     let mut rng = Rng::new(case);

@@ -8,9 +8,10 @@ use std::path::Path;
 
 use super::Group;
 use crate::context::Context;
+use crate::data::files::Fnv;
 use crate::error::Result;
 use crate::ops::class_weights::{
-    checkpoint_classes, load_weights, save_weights_manifest, save_weights_shard, shard_file,
+    checkpoint_classes, load_weights, save_id, save_shard, save_weights_manifest, shard_file,
     LoadedWeights, ShardRecord, WeightsShard,
 };
 use crate::ops::loss::ClassifierKind;
@@ -21,7 +22,7 @@ use crate::ops::loss::ClassifierKind;
 /// class once, as [`crate::distributed::classifier_loss`]'s sharded weights do.
 ///
 /// # Errors
-/// As [`save_weights_shard`] and [`save_weights_manifest`] on the rank where it failed,
+/// As [`crate::save_weights_shard`] and [`save_weights_manifest`] on the rank where it failed,
 /// [`crate::Error::RankFailed`] on the others; [`crate::Error::InvalidParameter`] for ranks
 /// whose `classes` or steps differ.
 ///
@@ -41,23 +42,43 @@ use crate::ops::loss::ClassifierKind;
 pub fn save_class_weights(group: &Group, dir: &Path, shard: &WeightsShard<'_>) -> Result<()> {
     const OP: &str = "distributed save_class_weights";
     let steps = shard.state.steps();
-    group.same_everywhere(OP, &[("classes", shard.classes as u64), ("steps", steps)])?;
-    let record = group.agree(OP, save_weights_shard(dir, shard))?;
+    // The settings every shard must share: the loss's layout, the dimension, the optimizer.
+    let kind = shard.kind;
+    let d = match kind.classes_on_rows() {
+        true => shard.weights.ncols(),
+        false => shard.weights.nrows(),
+    };
+    let mut optimizer = Fnv::new();
+    optimizer.update(format!("{:?}", shard.optimizer).as_bytes());
+    group.same_everywhere(
+        OP,
+        &[
+            ("classes", shard.classes as u64),
+            ("steps", steps),
+            ("d", d as u64),
+            ("centres per class", kind.centres_per_class() as u64),
+            ("classes on rows", u64::from(kind.classes_on_rows())),
+            ("optimizer", optimizer.0),
+        ],
+    )?;
+    let id = save_id();
+    let record = group.agree(OP, save_shard(dir, shard, id))?;
     let mine = [
         record.first_class as u64,
         record.classes as u64,
         record.bytes,
         record.checksum,
+        id,
     ];
     let all = group.all_gather(OP, &mine)?;
     let written = match group.rank() {
         0 => {
             let records: Vec<ShardRecord> = all
-                .chunks_exact(4)
+                .chunks_exact(5)
                 .map(|c| {
                     let (first, n) = (c[0] as usize, c[1] as usize);
                     ShardRecord {
-                        file: shard_file(first, n, steps),
+                        file: shard_file(first, n, steps, c[4]),
                         first_class: first,
                         classes: n,
                         bytes: c[2],
@@ -103,7 +124,10 @@ pub fn load_class_weights(
     let classes = group.agree(OP, checkpoint_classes(OP, dir))?;
     group.same_everywhere(OP, &[("checkpoint classes", classes as u64)])?;
     let (rank, size) = (group.rank(), group.size());
-    let range = classes * rank / size..classes * (rank + 1) / size;
+    // In u128: `classes · size` fits whatever the classes.
+    let cut = |r: usize| (classes as u128 * r as u128 / size as u128) as usize;
+    let range = cut(rank)..cut(rank + 1);
     let loaded = group.agree(OP, load_weights(ctx, dir, kind, range.clone()))?;
     Ok((range, loaded))
 }
+

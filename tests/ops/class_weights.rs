@@ -508,3 +508,74 @@ fn damaged_or_mismatched_checkpoints_are_typed_errors() {
     ));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_damaged_header_is_a_typed_error() {
+    let (kind, classes, d) = (ClassifierKind::arc_face(), 8, 3);
+    let opt = WeightOptimizer::sgd(0.1, 0.9);
+    let ctx = Context::native_cpu(None);
+    // (offset, byte xor, what): the shard's classes, `d`, steps, optimizer code, padding.
+    for (at, flip, what) in [
+        (32usize, 1u8, "classes"),
+        (48, 0x40, "size"),
+        (56, 1, "checksum"),
+        (64, 4, "optimizer"),
+        (92, 1, "padding"),
+        (0, 1, "magic"),
+    ] {
+        let dir = scratch_dir("header");
+        save_trained(&dir, &kind, (classes, d), (&opt, 2), &[]);
+        let shard = std::fs::read_dir(&dir)
+            .expect("dir")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|e| e == "wmlc"))
+            .expect("shard");
+        let mut bytes = std::fs::read(&shard).expect("read");
+        bytes[at] ^= flip;
+        std::fs::write(&shard, &bytes).expect("write");
+        match load_weights(&ctx, &dir, &kind, 0..classes) {
+            Err(Error::Checkpoint { what: got, .. }) => assert_eq!(got, what, "byte {at}"),
+            other => panic!("byte {at}: {other:?}"),
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+#[test]
+fn a_save_never_writes_over_what_the_manifest_names() {
+    let (kind, classes, d) = (ClassifierKind::arc_face(), 6, 2);
+    let opt = WeightOptimizer::sgd(0.1, 0.0);
+    let dir = scratch_dir("no-overwrite");
+    let (w, state) = trained(&kind, (classes, d), 0..classes, (&opt, 1));
+    let shard = WeightsShard { kind: &kind, classes, first_class: 0, weights: w.view(), optimizer: &opt, state: &state };
+    save_weights(&dir, &shard).expect("save");
+    // The same step again with other weights, its manifest never written (a crash).
+    let other = w.mapv(|v| v + 1.0);
+    save_weights_shard(&dir, &WeightsShard { weights: other.view(), ..shard }).expect("shard");
+    let back = load_weights(&Context::native_cpu(None), &dir, &kind, 0..classes).expect("load");
+    assert_eq!(back.weights, w);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn saves_refuse_what_cannot_load() {
+    let (kind, classes, d) = (ClassifierKind::arc_face(), 6, 2);
+    let dir = scratch_dir("refused");
+    let sgd = WeightOptimizer::sgd(0.1, 0.9);
+    let (w, state) = trained(&kind, (classes, d), 0..classes, (&sgd, 1));
+    // A state of SGD's one buffer saved as AdamW's.
+    let adamw = WeightOptimizer::default();
+    let shard = WeightsShard { kind: &kind, classes, first_class: 0, weights: w.view(), optimizer: &adamw, state: &state };
+    let got = save_weights_shard(&dir, &shard);
+    assert!(matches!(got, Err(Error::InvalidParameter { what: "optimizer state", .. })), "{got:?}");
+    // No class, or a part of the classes through the one-process save.
+    let none = Array2::<f32>::zeros((d, 0));
+    let fresh = OptimizerState::new();
+    let empty = WeightsShard { weights: none.view(), optimizer: &sgd, state: &fresh, ..shard };
+    assert!(matches!(save_weights_shard(&dir, &empty), Err(Error::Shape { .. })));
+    let part = w.slice(s![.., ..3]).to_owned();
+    let partial = WeightsShard { weights: part.view(), optimizer: &sgd, state: &fresh, ..shard };
+    assert!(matches!(save_weights(&dir, &partial), Err(Error::Shape { .. })));
+    assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 0, "nothing written");
+    std::fs::remove_dir_all(&dir).ok();
+}

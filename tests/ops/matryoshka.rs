@@ -176,6 +176,28 @@ fn the_full_width_alone_is_the_plain_loss() {
     }
 }
 
+/// Rows of any layout (a column-major view) give the answer of the same rows in standard
+/// layout: every term of the gradient, the radial one included.
+#[test]
+fn inputs_of_any_layout_give_the_same_answer() {
+    let ctx = Context::native_cpu(None);
+    let (anchors, candidates) = (noise(24, 13, 5), noise(40, 13, 6));
+    let fortran = |x: &ndarray::Array2<f32>| x.t().as_standard_layout().to_owned();
+    let (fa, fc) = (fortran(&anchors), fortran(&candidates));
+    let cfg = MnrlConfig {
+        matryoshka: Some(Matryoshka::new([13, 5, 2])),
+        ..Default::default()
+    };
+    let standard =
+        multiple_negatives_ranking_loss(&ctx, &anchors, &candidates, &cfg).expect("standard");
+    let (va, vc) = (fa.t(), fc.t());
+    assert!(!va.is_standard_layout() && !vc.is_standard_layout());
+    let strided = multiple_negatives_ranking_loss(&ctx, va, vc, &cfg).expect("strided");
+    assert_eq!(strided.loss, standard.loss);
+    assert_eq!(strided.query_grad, standard.query_grad);
+    assert_eq!(strided.ref_grad, standard.ref_grad);
+}
+
 #[test]
 fn blocks_under_a_small_budget_give_the_whole_answer() {
     let (anchors, candidates) = (noise(96, 20, 5), noise(160, 20, 6));

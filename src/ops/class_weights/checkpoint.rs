@@ -20,9 +20,10 @@
 //!
 //! The manifest (`manifest.txt`) is text: a line `wgpu-metric-learning class weights 1`, a line
 //! `classes C`, then one line per shard in class order, `shard first n file bytes checksum`
-//! (the checksum in hex). Shard files carry their steps in their names, so saving again into
-//! the same directory writes new files and the manifest moves to them at once; the files it no
-//! longer names are left for the caller to remove.
+//! (the checksum in hex). Shard files carry their steps and a save id of their own in their
+//! names, so saving again into the same directory (at the same step too) writes new files and
+//! the manifest moves to them at once; the files it no longer names are left for the caller to
+//! remove. Every shard holds at least one class.
 
 use std::path::Path;
 
@@ -220,6 +221,11 @@ impl Header {
             optimizer,
             buffers: u32_at(68) as usize,
         };
+        let announced = (header.n.checked_mul(header.centres)).and_then(|_| header.file_bytes());
+        if header.n == 0 || header.centres == 0 || header.d == 0 || announced.is_none() {
+            let found = format!("{} classes of {} centres, d = {}", header.n, header.centres, header.d);
+            return Err(bad(path, "shape", "at least one class and d ≥ 1, within 64 bits", found));
+        }
         let kept = if header.steps == 0 {
             [0, optimizer.buffers()]
         } else {
@@ -257,7 +263,7 @@ pub(super) fn bad(
 }
 
 /// Saves one shard of class weights with its optimizer state into `dir` (which must exist),
-/// atomically, as `classes-<first>-<end>-step-<steps>.wmlc`; returns the record the manifest
+/// atomically, as `classes-<first>-<end>-step-<steps>-<save id>.wmlc`; returns the record the manifest
 /// needs. Every process of a class-sharded loss saves its own; then one writes the manifest
 /// from all the records ([`save_weights_manifest`]). Cost: one pass over the shard and its
 /// buffers; no memory beyond a write buffer.
@@ -280,9 +286,14 @@ pub(super) fn bad(
 /// # std::fs::remove_dir_all(&dir).ok(); Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn save_weights_shard(dir: &Path, shard: &WeightsShard<'_>) -> Result<ShardRecord> {
+    save_shard(dir, shard, save_id())
+}
+
+/// [`save_weights_shard`] with the save's id (`save_id`) given.
+pub(crate) fn save_shard(dir: &Path, shard: &WeightsShard<'_>, id: u64) -> Result<ShardRecord> {
     const OP: &str = "save_weights_shard";
     let header = shard_header(OP, shard)?;
-    let file = shard_file(header.first, header.n, header.steps);
+    let file = shard_file(header.first, header.n, header.steps, id);
     let path = dir.join(&file);
     let (bytes, checksum) = write_atomic(OP, &path, |out| {
         let mut sum = Fnv::new();
@@ -316,9 +327,25 @@ pub fn save_weights_shard(dir: &Path, shard: &WeightsShard<'_>) -> Result<ShardR
     })
 }
 
-/// The name of the shard file of classes `first .. first + n` after `steps`.
-pub(crate) fn shard_file(first: usize, n: usize, steps: u64) -> String {
-    format!("classes-{first}-{}-step-{steps}.wmlc", first + n)
+/// The name of the shard file of classes `first .. first + n` after `steps`, saved by save
+/// `id`: a new name for every save, so that a save never writes over a file the current
+/// manifest names (saving twice at one step included).
+pub(crate) fn shard_file(first: usize, n: usize, steps: u64, id: u64) -> String {
+    format!("classes-{first}-{}-step-{steps}-{id:016x}.wmlc", first + n)
+}
+
+/// A number of this save's own: the clock's nanoseconds, the process and a per-process count.
+pub(crate) fn save_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let count = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.as_nanos() as u64);
+    let mut id = Fnv::new();
+    for part in [nanos, u64::from(std::process::id()), count] {
+        id.update(&part.to_le_bytes());
+    }
+    id.0
 }
 
 /// The header of `shard`, checked.
@@ -337,12 +364,12 @@ fn shard_header(op: &'static str, shard: &WeightsShard<'_>) -> Result<Header> {
         .first_class
         .checked_add(n)
         .is_some_and(|end| end <= shard.classes);
-    if along % centres != 0 || !fits {
+    if along % centres != 0 || !fits || n == 0 || d == 0 {
         return Err(Error::Shape {
             op,
             what: "weights",
             expected: format!(
-                "whole classes of {centres} centres from class {} within {} classes, in {}",
+                "d ≥ 1 and at least one whole class of {centres} centres from class {} within {} classes, in {}",
                 shard.first_class,
                 shard.classes,
                 if on_columns { "columns" } else { "rows" }
@@ -361,6 +388,16 @@ fn shard_header(op: &'static str, shard: &WeightsShard<'_>) -> Result<Header> {
             what: "optimizer state",
             expected: format!("the weights' shape ({rows}, {cols})"),
             got: b.shape().to_vec(),
+        });
+    }
+    let (kept, steps) = (shard.state.buffers().len(), shard.state.steps());
+    let wanted = if steps == 0 { 0 } else { shard.optimizer.buffers() };
+    if kept != wanted {
+        return Err(Error::InvalidParameter {
+            op,
+            what: "optimizer state",
+            value: format!("{kept} buffers after {steps} steps"),
+            rule: "must be kept by the optimizer saved with it",
         });
     }
     Ok(Header {
@@ -392,19 +429,24 @@ pub fn save_weights_manifest(dir: &Path, classes: usize, records: &[ShardRecord]
     sorted.sort_by_key(|r| r.first_class);
     let mut next = 0;
     for r in &sorted {
-        if r.first_class != next || r.file.contains(char::is_whitespace) {
+        if r.first_class != next || r.classes == 0 || r.file.contains(char::is_whitespace) {
             return Err(Error::InvalidParameter {
                 op: OP,
                 what: "records",
                 value: format!(
                     "a shard of classes {}..{} after class {next}",
                     r.first_class,
-                    r.first_class + r.classes
+                    r.first_class.saturating_add(r.classes)
                 ),
-                rule: "must cover every class once, in files named without spaces",
+                rule: "must cover every class once, at least one each, in files named without spaces",
             });
         }
-        next += r.classes;
+        next = next.checked_add(r.classes).ok_or(Error::InvalidParameter {
+            op: OP,
+            what: "records",
+            value: format!("{} classes after class {next}", r.classes),
+            rule: "must add up to a number of classes",
+        })?;
     }
     if next != classes {
         return Err(Error::InvalidParameter {
@@ -433,6 +475,15 @@ pub fn save_weights_manifest(dir: &Path, classes: usize, records: &[ShardRecord]
 /// # Example
 /// See [`save_weights_shard`].
 pub fn save_weights(dir: &Path, weights: &WeightsShard<'_>) -> Result<()> {
+    let header = shard_header("save_weights", weights)?;
+    if (header.first, header.n) != (0, header.classes) {
+        return Err(Error::Shape {
+            op: "save_weights",
+            what: "weights",
+            expected: format!("every class, 0..{}", header.classes),
+            got: weights.weights.shape().to_vec(),
+        });
+    }
     let record = save_weights_shard(dir, weights)?;
     save_weights_manifest(dir, weights.classes, &[record])
 }

@@ -78,7 +78,7 @@ pub(super) fn read_manifest(op: &'static str, dir: &Path) -> Result<(usize, Vec<
         let plain = Path::new(&record.file)
             .file_name()
             .is_some_and(|f| *f == *record.file);
-        if record.first_class != next || !plain {
+        if record.first_class != next || record.classes == 0 || !plain {
             return Err(broken(line));
         }
         next = next
@@ -154,7 +154,7 @@ pub fn load_weights(
     for record in overlapping {
         let path = dir.join(&record.file);
         let (mut shard, header) =
-            ShardReader::open(OP, &path, record, (classes, on_columns, centres))?;
+            ShardReader::open(OP, &path, record, (classes, on_columns, centres), READ_BUFFER)?;
         // The first shard sets what every other must agree with, and sizes the output.
         match found {
             Some(seen) => {
@@ -166,13 +166,16 @@ pub fn load_weights(
                 }
             }
             None => {
-                let along = (range.end - range.start) * centres;
+                let along = (range.end - range.start).saturating_mul(centres);
                 let shape = if on_columns {
                     (header.d, along)
                 } else {
                     (along, header.d)
                 };
-                let bytes = 4 * (shape.0 as u64) * (shape.1 as u64) * (1 + header.buffers as u64);
+                let bytes = (shape.0 as u64)
+                    .checked_mul(shape.1 as u64)
+                    .and_then(|v| v.checked_mul(4 * (1 + header.buffers as u64)))
+                    .unwrap_or(u64::MAX);
                 // Checked before allocating (the weights are the caller's once returned; the
                 // buffers are counted again by the state that keeps them).
                 drop(HostReservation::new("class weights", bytes, ctx.tracker())?);
@@ -218,6 +221,12 @@ pub fn load_weights(
     })
 }
 
+/// The read buffer of a shard read alone.
+const READ_BUFFER: usize = 1 << 20;
+/// The read buffer of each shard of an export of classes on columns, which reads them all at
+/// once.
+const COLUMN_BUFFER: usize = 64 << 10;
+
 /// A shard file read row by row, its checksum taken as it goes: opened only when its size,
 /// header and layout agree with the manifest's record and the loss's layout.
 struct ShardReader<'p> {
@@ -236,6 +245,7 @@ impl<'p> ShardReader<'p> {
         path: &'p Path,
         record: &ShardRecord,
         (classes, on_columns, centres): (usize, bool, usize),
+        buffer: usize,
     ) -> Result<(Self, Header)> {
         let file = File::open(path).map_err(io(op, path))?;
         let size = file.metadata().map_err(io(op, path))?.len();
@@ -243,7 +253,7 @@ impl<'p> ShardReader<'p> {
             let expected = format!("{} bytes, as the manifest records", record.bytes);
             return Err(bad(path, "size", expected, format!("{size} bytes")));
         }
-        let mut input = BufReader::with_capacity(1 << 20, file);
+        let mut input = BufReader::with_capacity(buffer, file);
         let mut raw = [0u8; HEADER];
         input.read_exact(&mut raw).map_err(io(op, path))?;
         let header = Header::decode(path, &raw)?;
@@ -310,6 +320,16 @@ impl<'p> ShardReader<'p> {
         Ok(())
     }
 
+    /// Reads through the optimizer's buffers after the weights (for the checksum), then
+    /// [`ShardReader::finish`].
+    fn skip_buffers(mut self, header: &Header) -> Result<()> {
+        let mut values = Vec::new();
+        for _ in 0..header.shape().0 * header.buffers {
+            self.row(&mut values)?;
+        }
+        self.finish()
+    }
+
     /// Every row read: the trailer must hold the checksum, as the manifest does.
     fn finish(mut self) -> Result<()> {
         let mut stored = [0u8; 8];
@@ -336,8 +356,9 @@ impl<'p> ShardReader<'p> {
 /// Streams the whole weights of the checkpoint in `dir` (saved for `kind`) into one `.npy` at
 /// `out`, in PML's layout (`(d, classes·K)` or `(classes·K, d)`, `<f4`), atomically, for
 /// inference; returns the bytes written. Every shard is checked whole as it is read; a
-/// damaged one leaves nothing at `out`. Cost: one pass over the weights; memory: a row of
-/// each shard.
+/// damaged one leaves nothing at `out`. Cost: one pass over the weights; memory: a row and a
+/// read buffer (64 KiB each when classes are on columns, since every shard is then open at
+/// once: one file descriptor per shard).
 ///
 /// # Errors
 /// As [`load_weights`]; [`Error::Io`] writing `out`.
@@ -353,56 +374,59 @@ pub fn export_weights_npy(dir: &Path, kind: &ClassifierKind, out: &Path) -> Resu
     let (classes, shards) = read_manifest(OP, dir)?;
     let on_columns = !kind.classes_on_rows();
     let centres = kind.centres_per_class().max(1);
+    let layout = (classes, on_columns, centres);
     let paths: Vec<_> = shards.iter().map(|s| dir.join(&s.file)).collect();
-    let mut readers = Vec::with_capacity(shards.len());
-    let mut d = None;
-    for (record, path) in shards.iter().zip(&paths) {
-        let (reader, header) = ShardReader::open(OP, path, record, (classes, on_columns, centres))?;
-        if d.is_some_and(|d| d != header.d) {
-            return Err(bad(
-                path,
-                "d",
-                format!("{d:?}, as the other shards"),
-                header.d,
-            ));
-        }
-        d = Some(header.d);
-        readers.push((reader, header));
-    }
-    let d = d.unwrap_or(0);
-    let along = classes * centres;
+    let open = |i: usize, buffer: usize| ShardReader::open(OP, &paths[i], &shards[i], layout, buffer);
+    // Every shard's `d` must be the first's (checked as each is opened).
+    let same_d = |d: usize, i: usize, header: &Header| match header.d == d {
+        true => Ok(()),
+        false => Err(bad(&paths[i], "d", format!("{d}, as the first shard"), header.d)),
+    };
+    let first = open(0, READ_BUFFER)?;
+    let d = first.1.d;
+    let along = classes
+        .checked_mul(centres)
+        .ok_or_else(|| bad(&dir.join(MANIFEST), "classes", "a count within 64 bits", classes))?;
     let shape = if on_columns { (d, along) } else { (along, d) };
     write_atomic(OP, out, |file| {
         file.put(&npy_header(shape))?;
         let mut values = Vec::new();
-        let put = |file: &mut Sealed<'_>, values: &[f32]| {
+        let mut put = |file: &mut Sealed<'_>, reader: &mut ShardReader<'_>| {
+            reader.row(&mut values)?;
             let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
             file.put(&bytes)
         };
         if on_columns {
-            // Row r of the whole is row r of every shard, in class order.
+            // Row r of the whole is row r of every shard, in class order: every shard open at
+            // once, each with a small buffer.
+            let mut readers = vec![first];
+            for i in 1..shards.len() {
+                let (reader, header) = open(i, COLUMN_BUFFER)?;
+                same_d(d, i, &header)?;
+                readers.push((reader, header));
+            }
             for _ in 0..d {
                 for (reader, _) in readers.iter_mut() {
-                    reader.row(&mut values)?;
-                    put(file, &values)?;
+                    put(file, reader)?;
                 }
             }
+            readers.into_iter().try_for_each(|(r, h)| r.skip_buffers(&h))
         } else {
-            for (reader, header) in readers.iter_mut() {
+            // The whole is every shard's rows in class order: one shard open at a time.
+            let mut next = Some(first);
+            for i in 0..shards.len() {
+                let (mut reader, header) = match next.take() {
+                    Some(opened) => opened,
+                    None => open(i, READ_BUFFER)?,
+                };
+                same_d(d, i, &header)?;
                 for _ in 0..header.shape().0 {
-                    reader.row(&mut values)?;
-                    put(file, &values)?;
+                    put(file, &mut reader)?;
                 }
+                reader.skip_buffers(&header)?;
             }
-        }
-        // The buffers follow the weights in each file: read through them for the checksums.
-        for (mut reader, header) in readers.drain(..) {
-            let (rows, _) = header.shape();
-            for _ in 0..rows * header.buffers {
-                reader.row(&mut values)?;
-            }
-            reader.finish()?;
-        }
+            Ok(())
+        }?;
         Ok(file.bytes())
     })
 }

@@ -19,4 +19,7 @@ pub use checkpoint::{
 pub use checkpoint_read::{export_weights_npy, load_weights, LoadedWeights};
 pub use optimizer::{weights_step, weights_step_plan, OptimizerState, WeightOptimizer};
 #[cfg(feature = "mpi")]
-pub(crate) use {checkpoint::shard_file, checkpoint_read::checkpoint_classes};
+pub(crate) use {
+    checkpoint::{save_id, save_shard, shard_file},
+    checkpoint_read::checkpoint_classes,
+};

@@ -394,13 +394,15 @@ fn update(
             let (Some(v), Some(m)) = (bufs.pop(), bufs.pop()) else {
                 return;
             };
+            let (low, rest) = (toward < 0.5, (1.0 - f64::from(toward)) as f32);
             Zip::from(w).and(g).and(m).and(v).for_each(|w, &g, m, v| {
                 *w *= keep;
-                // torch's `lerp` (weight below 0.5): `m + weight·(g − m)`.
-                *m += toward * (g - *m);
+                // torch's `lerp`, in its two forms by the weight's side of 0.5.
+                *m = if low { *m + toward * (g - *m) } else { g - (g - *m) * rest };
                 *v = *v * beta2 + fresh * g * g;
                 let denom = v.sqrt() / root2 + eps;
-                *w -= step_size * (*m / denom);
+                // torch's `addcdiv`: `w + (value · m) / denom`.
+                *w += (-step_size * *m) / denom;
             });
         }
     }

@@ -415,13 +415,10 @@ fn rows_pass(
             .enumerate()
         {
             let alpha = scratch.alpha[i * tn + t];
-            let (g, x) = (
-                g.as_slice_mut().unwrap_or_default(),
-                x.to_slice().unwrap_or_default(),
-            );
-            for (g, &x) in g.iter_mut().zip(x) {
-                *g -= (alpha * f64::from(x)) as f32;
-            }
+            // Element by element: the caller's rows may have any layout.
+            ndarray::Zip::from(&mut g)
+                .and(&x)
+                .for_each(|g, &x| *g -= (alpha * f64::from(x)) as f32);
         }
     }
     report.add((n * m) as u64);
