@@ -130,4 +130,3 @@ pub fn load_class_weights(
     let loaded = group.agree(OP, load_weights(ctx, dir, kind, range.clone()))?;
     Ok((range, loaded))
 }
-

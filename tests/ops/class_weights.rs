@@ -396,20 +396,32 @@ fn the_whole_weights_export_as_one_npy() {
     }
 }
 
+/// One process's shard of every class of `w`.
+fn every_class<'a>(
+    kind: &'a ClassifierKind,
+    w: &'a Array2<f32>,
+    optimizer: &'a WeightOptimizer,
+    state: &'a OptimizerState,
+) -> WeightsShard<'a> {
+    let classes = w.len_of(ndarray::Axis(usize::from(!kind.classes_on_rows())));
+    let classes = classes / kind.centres_per_class();
+    WeightsShard {
+        kind,
+        classes,
+        first_class: 0,
+        weights: w.view(),
+        optimizer,
+        state,
+    }
+}
+
 #[test]
 fn one_process_saves_and_loads_every_class() {
     let (kind, classes, d) = (ClassifierKind::arc_face(), 9, 3);
     let opt = WeightOptimizer::sgd(0.5, 0.5);
     let dir = scratch_dir("whole");
     let (w, state) = trained(&kind, (classes, d), 0..classes, (&opt, 1));
-    let shard = WeightsShard {
-        kind: &kind,
-        classes,
-        first_class: 0,
-        weights: w.view(),
-        optimizer: &opt,
-        state: &state,
-    };
+    let shard = every_class(&kind, &w, &opt, &state);
     save_weights(&dir, &shard).expect("save");
     // Saving again after another step moves the manifest to the new files at once.
     let (w2, state2) = trained(&kind, (classes, d), 0..classes, (&opt, 2));
@@ -547,11 +559,18 @@ fn a_save_never_writes_over_what_the_manifest_names() {
     let opt = WeightOptimizer::sgd(0.1, 0.0);
     let dir = scratch_dir("no-overwrite");
     let (w, state) = trained(&kind, (classes, d), 0..classes, (&opt, 1));
-    let shard = WeightsShard { kind: &kind, classes, first_class: 0, weights: w.view(), optimizer: &opt, state: &state };
+    let shard = every_class(&kind, &w, &opt, &state);
     save_weights(&dir, &shard).expect("save");
     // The same step again with other weights, its manifest never written (a crash).
     let other = w.mapv(|v| v + 1.0);
-    save_weights_shard(&dir, &WeightsShard { weights: other.view(), ..shard }).expect("shard");
+    save_weights_shard(
+        &dir,
+        &WeightsShard {
+            weights: other.view(),
+            ..shard
+        },
+    )
+    .expect("shard");
     let back = load_weights(&Context::native_cpu(None), &dir, &kind, 0..classes).expect("load");
     assert_eq!(back.weights, w);
     std::fs::remove_dir_all(&dir).ok();
@@ -565,17 +584,41 @@ fn saves_refuse_what_cannot_load() {
     let (w, state) = trained(&kind, (classes, d), 0..classes, (&sgd, 1));
     // A state of SGD's one buffer saved as AdamW's.
     let adamw = WeightOptimizer::default();
-    let shard = WeightsShard { kind: &kind, classes, first_class: 0, weights: w.view(), optimizer: &adamw, state: &state };
+    let shard = every_class(&kind, &w, &adamw, &state);
     let got = save_weights_shard(&dir, &shard);
-    assert!(matches!(got, Err(Error::InvalidParameter { what: "optimizer state", .. })), "{got:?}");
+    assert!(
+        matches!(
+            got,
+            Err(Error::InvalidParameter {
+                what: "optimizer state",
+                ..
+            })
+        ),
+        "{got:?}"
+    );
     // No class, or a part of the classes through the one-process save.
-    let none = Array2::<f32>::zeros((d, 0));
     let fresh = OptimizerState::new();
-    let empty = WeightsShard { weights: none.view(), optimizer: &sgd, state: &fresh, ..shard };
-    assert!(matches!(save_weights_shard(&dir, &empty), Err(Error::Shape { .. })));
-    let part = w.slice(s![.., ..3]).to_owned();
-    let partial = WeightsShard { weights: part.view(), optimizer: &sgd, state: &fresh, ..shard };
-    assert!(matches!(save_weights(&dir, &partial), Err(Error::Shape { .. })));
-    assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 0, "nothing written");
+    let (none, part) = (
+        Array2::<f32>::zeros((d, 0)),
+        w.slice(s![.., ..3]).to_owned(),
+    );
+    for (weights, whole) in [(none.view(), false), (part.view(), true)] {
+        let refused = WeightsShard {
+            weights,
+            optimizer: &sgd,
+            state: &fresh,
+            ..shard
+        };
+        let got = match whole {
+            false => save_weights_shard(&dir, &refused).map(|_| ()),
+            true => save_weights(&dir, &refused),
+        };
+        assert!(matches!(got, Err(Error::Shape { .. })), "{got:?}");
+    }
+    assert_eq!(
+        std::fs::read_dir(&dir).expect("dir").count(),
+        0,
+        "nothing written"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

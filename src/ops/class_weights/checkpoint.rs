@@ -223,8 +223,16 @@ impl Header {
         };
         let announced = (header.n.checked_mul(header.centres)).and_then(|_| header.file_bytes());
         if header.n == 0 || header.centres == 0 || header.d == 0 || announced.is_none() {
-            let found = format!("{} classes of {} centres, d = {}", header.n, header.centres, header.d);
-            return Err(bad(path, "shape", "at least one class and d ≥ 1, within 64 bits", found));
+            let found = format!(
+                "{} classes of {} centres, d = {}",
+                header.n, header.centres, header.d
+            );
+            return Err(bad(
+                path,
+                "shape",
+                "at least one class and d ≥ 1, within 64 bits",
+                found,
+            ));
         }
         let kept = if header.steps == 0 {
             [0, optimizer.buffers()]
@@ -391,7 +399,11 @@ fn shard_header(op: &'static str, shard: &WeightsShard<'_>) -> Result<Header> {
         });
     }
     let (kept, steps) = (shard.state.buffers().len(), shard.state.steps());
-    let wanted = if steps == 0 { 0 } else { shard.optimizer.buffers() };
+    let wanted = if steps == 0 {
+        0
+    } else {
+        shard.optimizer.buffers()
+    };
     if kept != wanted {
         return Err(Error::InvalidParameter {
             op,
@@ -438,7 +450,8 @@ pub fn save_weights_manifest(dir: &Path, classes: usize, records: &[ShardRecord]
                     r.first_class,
                     r.first_class.saturating_add(r.classes)
                 ),
-                rule: "must cover every class once, at least one each, in files named without spaces",
+                rule:
+                    "must cover every class once, at least one each, in files named without spaces",
             });
         }
         next = next.checked_add(r.classes).ok_or(Error::InvalidParameter {

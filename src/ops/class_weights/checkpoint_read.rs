@@ -153,8 +153,13 @@ pub fn load_weights(
     let mut values = Vec::new();
     for record in overlapping {
         let path = dir.join(&record.file);
-        let (mut shard, header) =
-            ShardReader::open(OP, &path, record, (classes, on_columns, centres), READ_BUFFER)?;
+        let (mut shard, header) = ShardReader::open(
+            OP,
+            &path,
+            record,
+            (classes, on_columns, centres),
+            READ_BUFFER,
+        )?;
         // The first shard sets what every other must agree with, and sizes the output.
         match found {
             Some(seen) => {
@@ -376,17 +381,28 @@ pub fn export_weights_npy(dir: &Path, kind: &ClassifierKind, out: &Path) -> Resu
     let centres = kind.centres_per_class().max(1);
     let layout = (classes, on_columns, centres);
     let paths: Vec<_> = shards.iter().map(|s| dir.join(&s.file)).collect();
-    let open = |i: usize, buffer: usize| ShardReader::open(OP, &paths[i], &shards[i], layout, buffer);
+    let open =
+        |i: usize, buffer: usize| ShardReader::open(OP, &paths[i], &shards[i], layout, buffer);
     // Every shard's `d` must be the first's (checked as each is opened).
     let same_d = |d: usize, i: usize, header: &Header| match header.d == d {
         true => Ok(()),
-        false => Err(bad(&paths[i], "d", format!("{d}, as the first shard"), header.d)),
+        false => Err(bad(
+            &paths[i],
+            "d",
+            format!("{d}, as the first shard"),
+            header.d,
+        )),
     };
     let first = open(0, READ_BUFFER)?;
     let d = first.1.d;
-    let along = classes
-        .checked_mul(centres)
-        .ok_or_else(|| bad(&dir.join(MANIFEST), "classes", "a count within 64 bits", classes))?;
+    let along = classes.checked_mul(centres).ok_or_else(|| {
+        bad(
+            &dir.join(MANIFEST),
+            "classes",
+            "a count within 64 bits",
+            classes,
+        )
+    })?;
     let shape = if on_columns { (d, along) } else { (along, d) };
     write_atomic(OP, out, |file| {
         file.put(&npy_header(shape))?;
@@ -410,7 +426,9 @@ pub fn export_weights_npy(dir: &Path, kind: &ClassifierKind, out: &Path) -> Resu
                     put(file, reader)?;
                 }
             }
-            readers.into_iter().try_for_each(|(r, h)| r.skip_buffers(&h))
+            readers
+                .into_iter()
+                .try_for_each(|(r, h)| r.skip_buffers(&h))
         } else {
             // The whole is every shard's rows in class order: one shard open at a time.
             let mut next = Some(first);

@@ -398,7 +398,11 @@ fn update(
             Zip::from(w).and(g).and(m).and(v).for_each(|w, &g, m, v| {
                 *w *= keep;
                 // torch's `lerp`, in its two forms by the weight's side of 0.5.
-                *m = if low { *m + toward * (g - *m) } else { g - (g - *m) * rest };
+                *m = if low {
+                    *m + toward * (g - *m)
+                } else {
+                    g - (g - *m) * rest
+                };
                 *v = *v * beta2 + fresh * g * g;
                 let denom = v.sqrt() / root2 + eps;
                 // torch's `addcdiv`: `w + (value · m) / denom`.
