@@ -48,8 +48,12 @@ pub fn save_class_weights(group: &Group, dir: &Path, shard: &WeightsShard<'_>) -
         true => shard.weights.ncols(),
         false => shard.weights.nrows(),
     };
+    let (code, settings) = shard.optimizer.stored();
     let mut optimizer = Fnv::new();
-    optimizer.update(format!("{:?}", shard.optimizer).as_bytes());
+    optimizer.update(&code.to_le_bytes());
+    settings
+        .iter()
+        .for_each(|v| optimizer.update(&v.to_le_bytes()));
     group.same_everywhere(
         OP,
         &[

@@ -126,31 +126,7 @@ impl Header {
             out.extend_from_slice(&(v as u64).to_le_bytes());
         }
         out.extend_from_slice(&self.steps.to_le_bytes());
-        let (code, params) = match self.optimizer {
-            WeightOptimizer::Sgd {
-                lr,
-                momentum,
-                dampening,
-                weight_decay,
-                nesterov,
-            } => (
-                1u32,
-                [
-                    lr,
-                    momentum,
-                    dampening,
-                    weight_decay,
-                    f32::from(u8::from(nesterov)),
-                ],
-            ),
-            WeightOptimizer::AdamW {
-                lr,
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            } => (2, [lr, beta1, beta2, eps, weight_decay]),
-        };
+        let (code, params) = self.optimizer.stored();
         out.extend_from_slice(&code.to_le_bytes());
         out.extend_from_slice(&(self.buffers as u32).to_le_bytes());
         for p in params {
@@ -193,23 +169,8 @@ impl Header {
             other => return Err(bad(path, "class axis", "0 or 1", other)),
         };
         let p = [f32_at(72), f32_at(76), f32_at(80), f32_at(84), f32_at(88)];
-        let optimizer = match u32_at(64) {
-            1 => WeightOptimizer::Sgd {
-                lr: p[0],
-                momentum: p[1],
-                dampening: p[2],
-                weight_decay: p[3],
-                nesterov: p[4] != 0.0,
-            },
-            2 => WeightOptimizer::AdamW {
-                lr: p[0],
-                beta1: p[1],
-                beta2: p[2],
-                eps: p[3],
-                weight_decay: p[4],
-            },
-            other => return Err(bad(path, "optimizer", "1 (SGD) or 2 (AdamW)", other)),
-        };
+        let optimizer = WeightOptimizer::from_stored(u32_at(64), p)
+            .ok_or_else(|| bad(path, "optimizer", "1 (SGD) or 2 (AdamW)", u32_at(64)))?;
         let header = Self {
             on_columns,
             classes: size("classes", 16)?,

@@ -98,6 +98,52 @@ impl WeightOptimizer {
         }
     }
 
+    /// The settings as stored: a code (1 SGD, 2 AdamW) and five f32 (SGD: lr, momentum,
+    /// dampening, weight decay, Nesterov as 0 or 1; AdamW: lr, beta1, beta2, eps, weight
+    /// decay). [`WeightOptimizer::from_stored`] reads them back.
+    pub(crate) fn stored(&self) -> (u32, [f32; 5]) {
+        match *self {
+            Self::Sgd {
+                lr,
+                momentum,
+                dampening,
+                weight_decay,
+                nesterov,
+            } => {
+                let nesterov = f32::from(u8::from(nesterov));
+                (1, [lr, momentum, dampening, weight_decay, nesterov])
+            }
+            Self::AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => (2, [lr, beta1, beta2, eps, weight_decay]),
+        }
+    }
+
+    /// The optimizer of [`WeightOptimizer::stored`]'s form; `None` for an unknown code.
+    pub(crate) fn from_stored(code: u32, [a, b, c, d, e]: [f32; 5]) -> Option<Self> {
+        match code {
+            1 => Some(Self::Sgd {
+                lr: a,
+                momentum: b,
+                dampening: c,
+                weight_decay: d,
+                nesterov: e != 0.0,
+            }),
+            2 => Some(Self::AdamW {
+                lr: a,
+                beta1: b,
+                beta2: c,
+                eps: d,
+                weight_decay: e,
+            }),
+            _ => None,
+        }
+    }
+
     /// torch's checks of the settings.
     fn check(&self) -> Result<()> {
         let bad = |what, value: f32, rule| {
