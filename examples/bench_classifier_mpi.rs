@@ -4,12 +4,14 @@
 //! rank's peak RSS. With `--optimizer sgd|adamw`, each rank then takes one optimizer step on
 //! its shard (`weights_step`: SGD with momentum 0.9, or AdamW, both lr 0.01); with
 //! `--checkpoint DIR`, the group then saves the shards and their state there
-//! (`distributed::save_class_weights`) and loads them back on the even split.
+//! (`distributed::save_class_weights`) and loads them back on the even split. With
+//! `--sample-rate R < 1`, the softmax runs over PartialFC's sample (`ClassSampling`).
 //!
 //! ```sh
 //! cargo build --release --features mpi --example bench_classifier_mpi
 //! mpirun -np 3 target/release/examples/bench_classifier_mpi [--B 512] [--D 128] [--C 10000000]
-//!     [--kind arcface] [--optimizer sgd|adamw] [--checkpoint DIR] [--budget-mib 1024]
+//!     [--kind arcface] [--sample-rate 1] [--optimizer sgd|adamw] [--checkpoint DIR]
+//!     [--budget-mib 1024]
 //! ```
 
 mod support;
@@ -22,8 +24,8 @@ use wgpu_metric_learning::distributed::{
     self, mpi, DistributedClassifierConfig, Group, GroupConfig,
 };
 use wgpu_metric_learning::{
-    weights_step, ClassifierKind, ClassifierLossConfig, ClassifierOptions, Context, OptimizerState,
-    WeightOptimizer, WeightsShard,
+    weights_step, ClassSampling, ClassifierKind, ClassifierLossConfig, ClassifierOptions, Context,
+    OptimizerState, WeightOptimizer, WeightsShard,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -53,6 +55,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cfg = DistributedClassifierConfig {
         loss: ClassifierLossConfig {
             kind,
+            sampling: ClassSampling {
+                rate: flag("--sample-rate", "1").parse()?,
+                seed: 0,
+            },
             ..Default::default()
         },
         ..Default::default()
@@ -104,8 +110,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let rss: Vec<String> = rss.iter().map(|m| format!("{m:.0}")).collect();
         println!(
             "{{\"kind\": \"{name}\", \"ranks\": {size}, \"B\": {b}, \"D\": {d}, \"C\": {c}, \
-             \"loss\": {}, \"seconds\": {seconds:.3}{extra}, \"peak_rss_mib\": [{}]}}",
+             \"loss\": {}, \"classes_used\": {}, \"seconds\": {seconds:.3}{extra}, \
+             \"peak_rss_mib\": [{}]}}",
             out.loss,
+            out.classes_used,
             rss.join(", ")
         );
     }

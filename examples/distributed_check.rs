@@ -24,9 +24,9 @@ use wgpu_metric_learning::distributed::{self, mpi, Group, GroupConfig};
 use wgpu_metric_learning::distributed::{ClassWeights, DistributedClassifierConfig, RankGradients};
 use wgpu_metric_learning::{
     accuracy, classifier_loss, knn, weights_step, AccuracyConfig, AccuracyK, AccuracyMetrics,
-    BackendChoice, BankConfig, CancelToken, ClassifierKind, ClassifierLossConfig, Context,
-    ContextConfig, Distance, DistanceConfig, Error, Hooks, KnnConfig, MemoryBank, MiningSet,
-    OptimizerState, SelfExclusion, WeightOptimizer, WeightsShard,
+    BackendChoice, BankConfig, CancelToken, ClassSampling, ClassifierKind, ClassifierLossConfig,
+    Context, ContextConfig, Distance, DistanceConfig, Error, Hooks, KnnConfig, MemoryBank,
+    MiningSet, OptimizerState, SelfExclusion, WeightOptimizer, WeightsShard,
 };
 
 /// xorshift64*: the same numbers on every rank for the same seed.
@@ -554,7 +554,8 @@ fn world_barrier(group: &Group) {
 /// PML's losses with class weights over the ranks against one process on the concatenated
 /// batch and `W`: every kind, sharded and replicated `W`, both gradient scalings, uneven
 /// batches (empty ones, every row on one rank) and class shards, classes absent from the
-/// batch. f32 sums in another order: equal within 1e-6 of each array's largest value.
+/// batch, PartialFC's sampling (odd cases) and the replicas' checksum. f32 sums in another
+/// order: equal within 1e-6 of each array's largest value.
 fn check_classifier(group: &Group, ctx: &Context, case: u64) {
     let (p, rank) = (group.size(), group.rank());
     let mut rng = Rng::new(case);
@@ -609,8 +610,18 @@ fn check_classifier(group: &Group, ctx: &Context, case: u64) {
     } else {
         RankGradients::Summed
     };
+    // The draw depends on the seed and the class only: the same classes as one process.
+    let sampling = if case % 2 == 1 && !matches!(kind, ClassifierKind::ProxyAnchor { .. }) {
+        ClassSampling {
+            rate: 0.4,
+            seed: case,
+        }
+    } else {
+        ClassSampling::default()
+    };
     let loss = ClassifierLossConfig {
         kind,
+        sampling,
         ..Default::default()
     };
     let single = classifier_loss(ctx, x.view(), &labels, w.view(), &loss).expect("one process");
@@ -626,6 +637,7 @@ fn check_classifier(group: &Group, ctx: &Context, case: u64) {
         loss,
         weights,
         gradients,
+        check_replicas: true,
     };
     let out = distributed::classifier_loss(
         group,
@@ -636,7 +648,12 @@ fn check_classifier(group: &Group, ctx: &Context, case: u64) {
         &cfg,
     )
     .unwrap_or_else(|e| panic!("case {case} ({kind:?}, {weights:?}): {e}"));
-    let what = format!("case {case}, {kind:?}, {weights:?}, {gradients:?}, rank {rank}");
+    let what =
+        format!("case {case}, {kind:?}, {weights:?}, {gradients:?}, {sampling:?}, rank {rank}");
+    assert_eq!(
+        out.classes_used, single.classes_used,
+        "{what}: classes used"
+    );
     let close = |a: f32, b: f32, scale: f32| (a - b).abs() <= 1e-6 * scale.max(1e-3);
     assert!(
         close(out.loss, single.loss, single.loss.abs()),
@@ -681,6 +698,35 @@ fn check_classifier(group: &Group, ctx: &Context, case: u64) {
     }
 }
 
+/// Replicated weights that differ on one rank fail every rank with the checksum's error, and
+/// pass when `check_replicas` is off (the fault it guards against: nothing else notices).
+fn check_replicas(group: &Group, ctx: &Context) {
+    let (rank, last) = (group.rank(), group.size() - 1);
+    let x = Array2::from_shape_fn((2, 4), |(i, j)| (i + 2 * j) as f32 - 2.5);
+    let mut w = Array2::from_shape_fn((4, 6), |(i, j)| ((i * 6 + j) % 5) as f32 - 2.0);
+    if rank == last {
+        w[[3, 5]] += 1e-3;
+    }
+    let mut cfg = DistributedClassifierConfig {
+        weights: ClassWeights::Replicated,
+        check_replicas: true,
+        ..Default::default()
+    };
+    match distributed::classifier_loss(group, ctx, x.view(), &[0, 5], w.view(), &cfg) {
+        Err(Error::InvalidParameter { what, value, .. }) => {
+            assert_eq!(what, "replicated weights' checksum", "rank {rank}");
+            assert!(
+                value.contains(&format!("rank {last}")) || rank == last,
+                "{value}"
+            );
+        }
+        other => panic!("rank {rank}: replicas that differ gave {other:?}"),
+    }
+    cfg.check_replicas = false;
+    distributed::classifier_loss(group, ctx, x.view(), &[0, 5], w.view(), &cfg)
+        .expect("unchecked replicas run");
+}
+
 fn main() {
     let (universe, threading) =
         mpi::initialize_with_threading(mpi::Threading::Funneled).expect("MPI initialises once");
@@ -718,6 +764,7 @@ fn main() {
         for case in 0..6 {
             check_checkpoint(&group, &ctx, 4000 + case);
         }
+        check_replicas(&group, &ctx);
         check_failure(&world, &group, &ctx);
     }
     // Most cases must compare values, not just errors alike (the data makes few invalid).
@@ -758,8 +805,8 @@ fn main() {
     if world.rank() == 0 {
         println!(
             "distributed checks passed on {} ranks (kNN, banks, accuracy: {scored} cases scored, \
-             the others failing alike; classifier losses; class-weight checkpoints re-sharded; \
-             failures, timeout)",
+             the others failing alike; classifier losses, sampled too, and replicas' checksums; \
+             class-weight checkpoints re-sharded; failures, timeout)",
             world.size()
         );
     }

@@ -1216,7 +1216,9 @@ fn vicreg_prints_its_terms_and_writes_both_gradients() {
 
 #[test]
 fn classifier_losses_print_their_loss_and_write_both_gradients() {
-    use wgpu_metric_learning::{classifier_loss, ClassifierKind, ClassifierLossConfig, MarginGrad};
+    use wgpu_metric_learning::{
+        classifier_loss, ClassSampling, ClassifierKind, ClassifierLossConfig, MarginGrad,
+    };
     let d = dir("classifier");
     let (x, labels) = clustered();
     let p = |n: &str| d.join(n);
@@ -1359,4 +1361,40 @@ fn classifier_losses_print_their_loss_and_write_both_gradients() {
     bad.extend(["--weights", arg(&nf), "--backend", "cpu"]);
     fails_with(&wml(&bad), &["labels", "2 classes"]);
     assert!(!g.exists(), "no gradient file after a failure");
+    // PartialFC's sampling: the library's answer over its sample, and its refusals.
+    let kind = ClassifierKind::cos_face();
+    let (r, c) = kind.weight_shape(40, 5);
+    let w = Array2::from_shape_fn((r, c), |(i, j)| ((i * 5 + j * 3) % 7) as f32 / 7.0 - 0.4);
+    write_npy(p("w40.npy"), &w).expect("write");
+    let wf = p("w40.npy");
+    let mut sampled = base.to_vec();
+    sampled.extend(["--weights", arg(&wf), "--backend", "cpu"]);
+    sampled.extend(["--sample-rate", "0.2", "--seed", "4"]);
+    let out = ok(&wml(&sampled));
+    let cfg = ClassifierLossConfig {
+        kind,
+        sampling: ClassSampling { rate: 0.2, seed: 4 },
+        ..Default::default()
+    };
+    let labels = labels.as_slice().expect("labels");
+    let want = classifier_loss(&Context::native_cpu(None), x.view(), labels, w.view(), &cfg)
+        .expect("sampled loss");
+    assert!(want.classes_used < 40, "{}", want.classes_used);
+    assert_eq!(json_field(&out, "loss"), f64::from(want.loss), "{out}");
+    assert_eq!(json_field(&out, "classes_used"), want.classes_used as f64);
+    let got: Array2<f32> = read_npy(&g).expect("grad");
+    assert_eq!(got, want.grad);
+    let mut bad = base.to_vec();
+    bad.extend(["--weights", arg(&wf), "--seed", "4", "--backend", "cpu"]);
+    fails_with(&wml(&bad), &["--seed needs --sample-rate"]);
+    let mut bad = base.to_vec();
+    bad.extend([
+        "--weights",
+        arg(&wf),
+        "--sample-rate",
+        "1.5",
+        "--backend",
+        "cpu",
+    ]);
+    fails_with(&wml(&bad), &["sampling.rate"]);
 }

@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use wgpu_metric_learning as wml;
 use wml::{
-    ClassShard, ClassifierKind, ClassifierLossConfig, ClassifierOptions, MarginGrad,
+    ClassSampling, ClassShard, ClassifierKind, ClassifierLossConfig, ClassifierOptions, MarginGrad,
     ShardCollectives,
 };
 
@@ -14,10 +14,11 @@ use crate::call::run;
 use crate::context::PyContext;
 
 /// PML's classifier loss `kind` (`"arcface"`, `"cosface"`, …) with its gradients: `(loss,
-/// count, grad (b, d), weight_grad (the weights' shape))`; every option `None` is PML's
-/// default, and one the loss does not take is a `ValueError`.
+/// count, grad (b, d), weight_grad (the weights' shape), classes_used)`; every option `None`
+/// is PML's default, and one the loss does not take is a `ValueError`. `sample_rate` and
+/// `seed`: PartialFC's sampling of the classes (`ClassSampling`).
 #[pyfunction]
-#[pyo3(signature = (ctx, embeddings, labels, weights, kind, *, margin = None, scale = None, margin_grad = None, centres = None, temperature = None, softmax_scale = None, la = None, gamma = None, alpha = None))]
+#[pyo3(signature = (ctx, embeddings, labels, weights, kind, *, margin = None, scale = None, margin_grad = None, centres = None, temperature = None, softmax_scale = None, la = None, gamma = None, alpha = None, sample_rate = None, seed = None))]
 #[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
 pub(crate) fn classifier_loss<'py>(
     py: Python<'py>,
@@ -35,12 +36,18 @@ pub(crate) fn classifier_loss<'py>(
     la: Option<f32>,
     gamma: Option<f32>,
     alpha: Option<f32>,
+    sample_rate: Option<f32>,
+    seed: Option<u64>,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let kind = kind_of(
         kind,
         (margin, scale, margin_grad, centres),
         [temperature, softmax_scale, la, gamma, alpha],
     )?;
+    let sampling = ClassSampling {
+        rate: sample_rate.unwrap_or(1.0),
+        seed: seed.unwrap_or(0),
+    };
     let (x, w) = (embeddings.as_array(), weights.as_array());
     let labels = labels.as_array();
     let labels = labels
@@ -48,7 +55,11 @@ pub(crate) fn classifier_loss<'py>(
         .map_or_else(|| labels.to_vec(), <[i64]>::to_vec);
     let inner = &ctx.inner;
     let out = run(py, move |hooks| {
-        let cfg = ClassifierLossConfig { kind, hooks };
+        let cfg = ClassifierLossConfig {
+            kind,
+            sampling,
+            hooks,
+        };
         wml::classifier_loss(inner, x, &labels, w, &cfg)
     })?;
     PyTuple::new(
@@ -58,8 +69,36 @@ pub(crate) fn classifier_loss<'py>(
             out.count.into_pyobject(py)?.into_any(),
             out.grad.into_pyarray(py).into_any(),
             out.weight_grad.into_pyarray(py).into_any(),
+            out.classes_used.into_pyobject(py)?.into_any(),
         ],
     )
+}
+
+/// The classes PartialFC's sampling runs over among `classes` (numbered from `first_class`)
+/// for `labels`: `ClassSampling { rate, seed }.sample(..)`, as int64 indices.
+#[pyfunction]
+#[pyo3(signature = (classes, labels, rate, seed, first_class = 0))]
+pub(crate) fn sampled_classes<'py>(
+    py: Python<'py>,
+    classes: usize,
+    labels: PyReadonlyArray1<'py, i64>,
+    rate: f32,
+    seed: u64,
+    first_class: usize,
+) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    if !(rate > 0.0 && rate <= 1.0) {
+        return Err(PyValueError::new_err(format!(
+            "rate must be in (0, 1], got {rate}"
+        )));
+    }
+    let labels: Vec<usize> = labels
+        .as_array()
+        .iter()
+        .filter_map(|&y| usize::try_from(y).ok())
+        .collect();
+    let kept = ClassSampling { rate, seed }.sample(first_class..first_class + classes, &labels);
+    let kept: Vec<i64> = kept.into_iter().map(|c| c as i64).collect();
+    Ok(kept.into_pyarray(py))
 }
 
 /// The margin losses' options: `margin`, `scale`, `margin_grad`, `centres`.
@@ -150,9 +189,9 @@ impl ShardCollectives for PyCollectives {
 /// `embeddings` holds every process's rows in rank order (`rows_of` each), `weights` this
 /// process's classes from `first_class` (of `classes`), and `collectives` moves the exchanges
 /// (an object with `rank`, `size`, `all_gather` and `reduce_scatter`). Returns `(loss,
-/// count, grad (this process's rows), weight_grad (its classes))`.
+/// count, grad (this process's rows), weight_grad (its classes), classes_used)`.
 #[pyfunction]
-#[pyo3(signature = (ctx, embeddings, labels, weights, kind, first_class, classes, rows_of, collectives, *, margin = None, scale = None, margin_grad = None, centres = None, temperature = None, softmax_scale = None, la = None, gamma = None, alpha = None))]
+#[pyo3(signature = (ctx, embeddings, labels, weights, kind, first_class, classes, rows_of, collectives, *, margin = None, scale = None, margin_grad = None, centres = None, temperature = None, softmax_scale = None, la = None, gamma = None, alpha = None, sample_rate = None, seed = None))]
 #[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
 pub(crate) fn classifier_loss_sharded<'py>(
     py: Python<'py>,
@@ -174,12 +213,18 @@ pub(crate) fn classifier_loss_sharded<'py>(
     la: Option<f32>,
     gamma: Option<f32>,
     alpha: Option<f32>,
+    sample_rate: Option<f32>,
+    seed: Option<u64>,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let kind = kind_of(
         kind,
         (margin, scale, margin_grad, centres),
         [temperature, softmax_scale, la, gamma, alpha],
     )?;
+    let sampling = ClassSampling {
+        rate: sample_rate.unwrap_or(1.0),
+        seed: seed.unwrap_or(0),
+    };
     let rank: usize = collectives.getattr(py, "rank")?.extract(py)?;
     let size: usize = collectives.getattr(py, "size")?.extract(py)?;
     let engine = PyCollectives {
@@ -196,7 +241,11 @@ pub(crate) fn classifier_loss_sharded<'py>(
     let labels = labels.as_array().to_vec();
     let inner = &ctx.inner;
     let out = run(py, move |hooks| {
-        let cfg = ClassifierLossConfig { kind, hooks };
+        let cfg = ClassifierLossConfig {
+            kind,
+            sampling,
+            hooks,
+        };
         wml::classifier_loss_sharded(inner, x, &labels, w, &cfg, &shard, &engine)
     })?;
     PyTuple::new(
@@ -206,6 +255,7 @@ pub(crate) fn classifier_loss_sharded<'py>(
             out.count.into_pyobject(py)?.into_any(),
             out.grad.into_pyarray(py).into_any(),
             out.weight_grad.into_pyarray(py).into_any(),
+            out.classes_used.into_pyobject(py)?.into_any(),
         ],
     )
 }

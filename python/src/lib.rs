@@ -53,6 +53,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(knn, m)?)?;
     m.add_function(wrap_pyfunction!(classifier::classifier_loss, m)?)?;
     m.add_function(wrap_pyfunction!(classifier::classifier_loss_sharded, m)?)?;
+    m.add_function(wrap_pyfunction!(classifier::sampled_classes, m)?)?;
     m.add_function(wrap_pyfunction!(mine_triplets, m)?)?;
     m.add_function(wrap_pyfunction!(count_triplets, m)?)?;
     m.add_function(wrap_pyfunction!(all_pairs, m)?)?;

@@ -201,3 +201,78 @@ def test_numpy_function():
         wml.classifier_loss(ctx, x.numpy(), labels.numpy(), w, "arcface", margin_grad="x")
     with pytest.raises(ValueError, match="loss"):
         wml.classifier_loss(ctx, x.numpy(), labels.numpy(), w, "no_such_loss")
+
+
+@pytest.mark.parametrize(
+    "name,kw,attr",
+    [
+        ("ArcFaceLoss", {}, "W"),
+        ("SubCenterArcFaceLoss", {"sub_centers": 2}, "W"),
+        ("CosFaceLoss", {}, "W"),
+        ("ProxyNCALoss", {}, "proxies"),
+        ("SoftTripleLoss", {"centers_per_class": 2}, "fc"),
+    ],
+)
+def test_sampling_is_pml_over_the_classes_it_keeps(name, kw, attr):
+    """PartialFC's sampling: PML's loss over the kept classes (every class with a row, and
+    those drawn), its weights' gradient on them and 0 elsewhere; a new draw every call."""
+    classes, d, b = 300, 12, 20
+    torch.manual_seed(11)
+    ours, _ = pair(name, kw, classes, d)
+    sampled = getattr(drop, name)(
+        backend="cpu", num_classes=classes, embedding_size=d, sample_rate=0.1, seed=5, **kw
+    )
+    sampled.load_state_dict(ours.state_dict())
+    per = kw.get("sub_centers", kw.get("centers_per_class", 1))
+    on_rows = attr == "proxies"
+    x = torch.randn(b, d) * 2
+    labels = torch.randint(0, classes, (b,))
+    draws = []
+    for call in range(2):
+        kept = _native.sampled_classes(classes, labels.numpy(), 0.1, 5 + call)
+        draws.append(tuple(kept))
+        assert set(labels.tolist()) <= set(kept.tolist())
+        assert len(kept) < classes // 3
+        centres = torch.tensor([c * per + t for c in kept.tolist() for t in range(per)])
+        w = getattr(ours, attr).detach()
+        part = w[centres] if on_rows else w[:, centres]
+        theirs = getattr(losses, name)(num_classes=len(kept), embedding_size=d, **kw)
+        getattr(theirs, attr).data.copy_(part)
+        relabel = torch.searchsorted(torch.from_numpy(kept), labels)
+        value, gx, gw = run(sampled, x, labels, attr)
+        v2, gx2, gw2 = run(theirs, x, relabel, attr)
+        whole = torch.zeros_like(w)
+        if on_rows:
+            whole[centres] = gw2
+        else:
+            whole[:, centres] = gw2
+        assert_same((value, gx, gw), (v2, gx2, whole), f"{name} call {call}")
+    assert draws[0] != draws[1], "a new draw each call"
+
+
+def test_sampling_refusals():
+    with pytest.raises(ValueError, match="sample_rate must be in"):
+        drop.ArcFaceLoss(num_classes=3, embedding_size=2, sample_rate=0)
+    with pytest.raises(ValueError, match="ProxyAnchorLoss"):
+        drop.ProxyAnchorLoss(num_classes=3, embedding_size=2, sample_rate=0.5)
+    with pytest.raises(ValueError, match="check_every"):
+        drop.ArcFaceLoss(num_classes=3, embedding_size=2, check_every=5)
+    # What only PML's code runs cannot sample: an error, not a silent full softmax.
+    loss = drop.ArcFaceLoss(num_classes=3, embedding_size=2, sample_rate=0.5)
+    with pytest.raises(ValueError, match="sample_rate runs only on the library's path"):
+        loss(torch.randn(4, 2, dtype=torch.float16), torch.tensor([0, 1, 2, 0]))
+
+
+def test_numpy_function_samples():
+    ctx = wml.Context("cpu")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 500)).astype(np.float32)
+    labels = rng.integers(0, 500, 16)
+    out = wml.classifier_loss(ctx, x, labels, w, "cosface", sample_rate=0.05, seed=9)
+    kept = wml.sampled_classes(500, labels, 0.05, 9)
+    assert out.classes_used == len(kept) and set(labels.tolist()) <= set(kept.tolist())
+    touched = np.flatnonzero(np.abs(out.weight_grad).sum(axis=0))
+    assert set(touched.tolist()) <= set(kept.tolist())
+    full = wml.classifier_loss(ctx, x, labels, w, "cosface")
+    assert full.classes_used == 500 and full.loss != out.loss

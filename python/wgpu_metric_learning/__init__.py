@@ -110,6 +110,7 @@ __all__ = [
     "angular_loss",
     "vicreg_loss",
     "classifier_loss",
+    "sampled_classes",
     "snr_contrastive_loss",
     "dynamic_soft_margin_loss",
 ]
@@ -160,13 +161,15 @@ class VicReg(NamedTuple):
 
 
 class Classifier(NamedTuple):
-    """The result of :func:`classifier_loss`: the mean loss, the rows in it, and the gradients
-    for the embeddings ``(b, d)`` and for the weights (in their layout)."""
+    """The result of :func:`classifier_loss`: the mean loss, the rows in it, the gradients
+    for the embeddings ``(b, d)`` and for the weights (in their layout, 0 on the classes a
+    sampling left out), and the classes the softmax ran over."""
 
     loss: float
     count: int
     grad: np.ndarray
     weight_grad: np.ndarray
+    classes_used: int
 
 
 class Loss(NamedTuple):
@@ -1428,6 +1431,8 @@ def classifier_loss(
     la: Optional[float] = None,
     gamma: Optional[float] = None,
     alpha: Optional[float] = None,
+    sample_rate: Optional[float] = None,
+    seed: Optional[int] = None,
 ) -> Classifier:
     """PML's loss with class weights ``kind`` (``"arcface"``, ``"sub_center_arcface"``,
     ``"cosface"``, ``"large_margin_softmax"``, ``"sphereface"``, ``"normalized_softmax"``,
@@ -1437,11 +1442,25 @@ def classifier_loss(
     classes (never a ``(b, classes)`` matrix). Each option ``None`` is PML's default;
     ``centres`` is ``sub_centers`` or ``centers_per_class``; ``margin`` is in degrees for
     ArcFace; ``margin_grad`` ``"pml"`` (through ``acos``) or ``"straight_through"``
-    (insightface's). ProxyAnchor's ``count`` is the classes with a row in the batch. An option
-    the loss does not take raises ``ValueError``."""
+    (insightface's). ProxyAnchor's ``count`` is the classes with a row in the batch.
+    ``sample_rate`` and ``seed``: PartialFC's sampling, the softmax over the classes with a row
+    and each other class with probability ``sample_rate``, drawn from ``seed`` and the class
+    index (:func:`sampled_classes` lists them; not for ProxyAnchor). An option the loss does
+    not take raises ``ValueError``."""
     return Classifier(*_native.classifier_loss(
         ctx, _matrix(embeddings, "embeddings"), _labels(labels, "labels"),
         _matrix(weights, "weights"), kind, margin=margin, scale=scale, margin_grad=margin_grad,
         centres=centres, temperature=temperature, softmax_scale=softmax_scale, la=la,
-        gamma=gamma, alpha=alpha,
+        gamma=gamma, alpha=alpha, sample_rate=sample_rate, seed=seed,
     ))
+
+
+def sampled_classes(
+    classes: int, labels: Any, sample_rate: float, seed: int, first_class: int = 0
+) -> np.ndarray:
+    """The classes that :func:`classifier_loss` with ``sample_rate`` and ``seed`` runs over
+    among ``classes`` classes from ``first_class`` (a shard's range), for a batch with
+    ``labels``: every class with a row, and those drawn, in order (int64)."""
+    return _native.sampled_classes(
+        int(classes), _labels(labels, "labels"), float(sample_rate), int(seed), int(first_class)
+    )

@@ -61,6 +61,7 @@ __all__ = [
     "vicreg_loss",
     "classifier_loss",
     "classifier_loss_sharded",
+    "sampled_classes",
     "snr_contrastive_loss",
     "dynamic_soft_margin_loss",
 ]
@@ -657,7 +658,9 @@ def classifier_loss(
     la: Optional[float] = None,
     gamma: Optional[float] = None,
     alpha: Optional[float] = None,
-) -> Tuple[float, int, _F32, _F32]: ...
+    sample_rate: Optional[float] = None,
+    seed: Optional[int] = None,
+) -> Tuple[float, int, _F32, _F32, int]: ...
 def classifier_loss_sharded(
     ctx: Context,
     embeddings: _F32,
@@ -678,7 +681,12 @@ def classifier_loss_sharded(
     la: Optional[float] = None,
     gamma: Optional[float] = None,
     alpha: Optional[float] = None,
-) -> Tuple[float, int, _F32, _F32]: ...
+    sample_rate: Optional[float] = None,
+    seed: Optional[int] = None,
+) -> Tuple[float, int, _F32, _F32, int]: ...
+def sampled_classes(
+    classes: int, labels: _I64, rate: float, seed: int, first_class: int = 0
+) -> npt.NDArray[np.int64]: ...
 def vicreg_loss(
     ctx: Context,
     embeddings: _F32,

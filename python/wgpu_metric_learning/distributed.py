@@ -13,6 +13,7 @@ the single process's on the concatenated batch, on every rank.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -66,6 +67,22 @@ class TorchCollectives:
         every = self.all_gather(padded.ravel()).reshape(self.size, most, width)
         whole = np.concatenate([every[r, :counts[r]] for r in range(self.size)])
         return whole, [int(c) for c in counts]
+
+
+def check_replicas(weights: torch.Tensor, group: Optional[Any] = None) -> None:
+    """Raises ``RuntimeError`` on every rank when the ranks' ``weights`` differ: a 48-bit
+    checksum of their bytes (exact in the float64 the exchange carries) compared over the
+    group, naming a rank that differs."""
+    data = weights.detach().cpu().contiguous().numpy().tobytes()
+    mine = int.from_bytes(hashlib.blake2b(data, digest_size=6).digest(), "little")
+    engine = TorchCollectives(group)
+    every = engine.all_gather(np.array([float(mine)], np.float64)).astype(np.int64)
+    for rank, theirs in enumerate(every):
+        if int(theirs) != mine:
+            raise RuntimeError(
+                f"replicated weights differ between ranks: checksum {mine:012x} on rank "
+                f"{engine.rank}, {int(theirs):012x} on rank {rank}"
+            )
 
 
 def shard_of(classes: int, rank: int, size: int) -> Tuple[int, int]:

@@ -52,9 +52,10 @@ Example::
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -1933,7 +1934,21 @@ class _ClassifierLoss(_LibraryLoss):
     ``(batch, classes)`` logit matrix. The weights stay PML's parameter, in PML's layout, so
     ``SGD(loss_func.parameters())`` keeps working. PML's code runs instead without labels,
     with an ``indices_tuple`` (miner weights), ``ref_emb``, another reducer, distance or dtype
-    (float16), a regularizer, or an empty batch."""
+    (float16), a regularizer, or an empty batch.
+
+    ``sample_rate`` (PartialFC's, insightface's ``sample_rate``; default 1, every class): the
+    softmax runs over the classes with a row in the batch and each other class with this
+    probability, drawn from ``seed`` plus the number of calls so far (a new draw each step,
+    the same on every rank) and the class's index only, so a sharded run equals one process.
+    The weights' gradient is 0 on the classes left out. Not for ProxyAnchorLoss, and only on
+    the library's path (what PML's code would run instead raises).
+
+    ``distributed="replicated"`` broadcasts rank 0's weights at the first call; with
+    ``check_every=k`` every ``k``-th call also compares a checksum of every rank's weights and
+    raises on every rank when they differ. A ``distributed="sharded"`` loss refuses to be
+    wrapped in ``DistributedDataParallel`` (which would broadcast rank 0's classes over every
+    rank's and average the gradients of different classes), directly or inside a wrapped model,
+    unless its weights are in DDP's parameters to ignore."""
 
     _default_reducer = pml_reducers.MeanReducer
     _kind = ""
@@ -1949,11 +1964,28 @@ class _ClassifierLoss(_LibraryLoss):
         context: Optional[Context] = None,
         distributed: Optional[str] = None,
         process_group: Any = None,
+        sample_rate: float = 1.0,
+        seed: int = 0,
+        check_every: int = 0,
         **kwargs: Any,
     ) -> None:
         if distributed not in (None, "replicated", "sharded"):
             raise ValueError(
                 f"distributed must be None, 'replicated' or 'sharded', got {distributed!r}"
+            )
+        if not 0.0 < float(sample_rate) <= 1.0:
+            raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+        if float(sample_rate) < 1.0 and self._kind == "proxy_anchor":
+            raise ValueError(
+                "sample_rate is PartialFC's sampling for the softmax losses: ProxyAnchorLoss's "
+                "terms are per class, over every class"
+            )
+        if not 0 <= int(seed) < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), got {seed!r}")
+        if int(check_every) < 0 or (check_every and distributed != "replicated"):
+            raise ValueError(
+                "check_every compares replicated weights: a count of calls >= 0, with "
+                f"distributed='replicated' (got {check_every!r} with {distributed!r})"
             )
         super().__init__(*args, **kwargs)
         self._set_context(context, backend, budget)
@@ -1962,19 +1994,74 @@ class _ClassifierLoss(_LibraryLoss):
         self.distributed = distributed
         self.process_group = process_group
         self._broadcast = False
+        self.sample_rate = float(sample_rate)
+        self.seed = int(seed)
+        self.check_every = int(check_every)
+        self._calls = 0
 
     def _options(self) -> Dict[str, Any]:
         raise NotImplementedError
 
+    def _sampling(self) -> Dict[str, Any]:
+        """This call's sampling options (a new seed every call), counting the call."""
+        calls, self._calls = self._calls, self._calls + 1
+        if self.sample_rate >= 1.0:
+            return {}
+        return dict(sample_rate=self.sample_rate, seed=(self.seed + calls) % 2**64)
+
+    # DistributedDataParallel reads this attribute of the module it wraps (a list of the
+    # names it leaves alone): a sharded loss refuses a wrap that would take its shard.
+    @property
+    def _ddp_params_and_buffers_to_ignore(self) -> List[str]:
+        ignored = list(self.__dict__.get("_wml_ddp_ignored", ()))
+        if getattr(self, "distributed", None) == "sharded" and self._weights not in ignored:
+            raise RuntimeError(self._ddp_refusal(self._weights))
+        return ignored
+
+    @_ddp_params_and_buffers_to_ignore.setter
+    def _ddp_params_and_buffers_to_ignore(self, names: Any) -> None:
+        self.__dict__["_wml_ddp_ignored"] = list(names)
+
+    def _ddp_refusal(self, name: str) -> str:
+        return (
+            f"{type(self).__name__}(distributed='sharded') holds this rank's classes in "
+            f"{name!r}: DistributedDataParallel would broadcast rank 0's classes over every "
+            "rank's and average the gradients of different classes. Keep the loss out of DDP "
+            "(the library already moves what crosses the ranks), or list its weights in DDP's "
+            "parameters to ignore (DistributedDataParallel."
+            "_set_params_and_buffers_to_ignore_for_model) before wrapping."
+        )
+
+    def _refuse_enclosing_ddp(self, weights: torch.Tensor) -> None:
+        """Raises when a DistributedDataParallel up the call stack synchronises ``weights``
+        (the loss inside a wrapped model: DDP reads only the outer module's ignore list)."""
+        ddp = torch.nn.parallel.DistributedDataParallel
+        frame = sys._getframe(1)
+        while frame is not None:
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, ddp):
+                ignored = getattr(owner, "parameters_to_ignore", set())
+                for name, p in owner.module.named_parameters():
+                    if p is weights and name not in ignored:
+                        raise RuntimeError(
+                            self._ddp_refusal(name) + " Its wrap has already copied rank 0's "
+                            "shard over this rank's: reload the weights."
+                        )
+            frame = frame.f_back
+
     def _distributed_forward(self, embeddings, labels, weights):
         from . import distributed as _dist
 
+        if self.distributed == "sharded":
+            self._refuse_enclosing_ddp(weights)
         if self.distributed == "replicated" and not self._broadcast:
             # The same W on every rank from the start: rank 0's.
             src = torch.distributed.get_global_rank(self.process_group, 0) if self.process_group else 0
             torch.distributed.broadcast(weights.data, src=src, group=self.process_group)
             self._broadcast = True
-        options = self._options()
+        elif self.check_every and self._calls % self.check_every == 0:
+            _dist.check_replicas(weights, self.process_group)
+        options = dict(self._options(), **self._sampling())
         out = _dist.sharded_call(
             self.context, _emb(embeddings, "embeddings"), _lab(labels, "labels"),
             _emb(weights, self._weights), self._kind, self.distributed,
@@ -2003,6 +2090,12 @@ class _ClassifierLoss(_LibraryLoss):
             or embeddings.dtype not in (torch.float32, torch.float64)
             or not self._library_can()
         ):
+            if self.sample_rate < 1.0:
+                raise ValueError(
+                    "sample_rate runs only on the library's path: labels, no indices_tuple or "
+                    "ref_emb, 2-d float32/float64 embeddings, the default reducer and distance, "
+                    "no regularizer"
+                )
             if self.distributed is not None:
                 # PML's code would give each rank its own W gradient: the very fault.
                 raise ValueError(
@@ -2019,7 +2112,7 @@ class _ClassifierLoss(_LibraryLoss):
             return self._distributed_forward(embeddings, labels, weights)
         out = _native.classifier_loss(
             self.context, _emb(embeddings, "embeddings"), _lab(labels, "labels"),
-            _emb(weights, self._weights), self._kind, **self._options(),
+            _emb(weights, self._weights), self._kind, **self._options(), **self._sampling(),
         )
         return _loss_tensor(out[0], [(embeddings, out[2]), (weights, out[3])])
 

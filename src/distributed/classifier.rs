@@ -11,6 +11,9 @@
 //! With [`ClassWeights::Replicated`], every rank holds the whole of `W` and computes the
 //! classes of an even split; the weight gradient is then gathered, so that every rank holds
 //! all of it, identical everywhere (each class's gradient is computed once, by its rank).
+//! [`DistributedClassifierConfig::check_replicas`] compares a checksum of every rank's `W`
+//! first, so that replicas that drifted apart (a rank that skipped a step, a different
+//! initialisation) fail every rank, naming one that differs, instead of training on.
 
 use std::ops::Range;
 
@@ -68,6 +71,10 @@ pub struct DistributedClassifierConfig {
     pub weights: ClassWeights,
     /// The scaling of the rows' gradient. Default: averaged (DDP's convention).
     pub gradients: RankGradients,
+    /// With replicated weights: compare a checksum of every rank's `W` (its bits, one pass)
+    /// before the loss, and fail on every rank if they differ. Set it every `k` steps to
+    /// catch replicas that drift apart. Ignored when sharded. Default: false.
+    pub check_replicas: bool,
 }
 
 /// PML's loss `cfg.loss.kind` over every rank's rows (collective): this rank's `embeddings`
@@ -83,8 +90,9 @@ pub struct DistributedClassifierConfig {
 /// # Errors
 /// On every rank when any rank's part fails (the others get [`Error::RankFailed`]): as
 /// [`crate::classifier_loss`] on that rank's part; [`Error::InvalidParameter`] when the loss,
-/// the modes or `d` differ between ranks, or replicated weights differ in shape or number
-/// fewer classes than ranks; [`Error::Cancelled`]; [`Error::Timeout`].
+/// the modes, the sampling or `d` differ between ranks, or replicated weights differ in shape,
+/// number fewer classes than ranks or (with `check_replicas`) in value; [`Error::Cancelled`];
+/// [`Error::Timeout`].
 ///
 /// # Example
 /// See the [module example](super) for the group; then
@@ -123,6 +131,7 @@ pub fn classifier_loss(
         OP,
         &[
             ("loss", fingerprint(&kind)),
+            ("sampling", fingerprint(&cfg.loss.sampling)),
             ("weights and gradients modes", modes),
             ("d", d as u64),
         ],
@@ -136,6 +145,10 @@ pub fn classifier_loss(
         .map(|&n| n as usize)
         .collect();
     let (first, classes, mine) = class_range(group, cfg.weights, &centres_of, per)?;
+    if cfg.weights == ClassWeights::Replicated && cfg.check_replicas {
+        let sum = checksum(weights);
+        group.same_everywhere(OP, &[("replicated weights' checksum", sum)])?;
+    }
     let weights = match (cfg.weights, on_rows) {
         (ClassWeights::Sharded, _) => weights,
         (ClassWeights::Replicated, true) => weights.slice_move(s![mine.clone(), ..]),
@@ -196,6 +209,13 @@ fn class_range(
             Ok((c0, classes, c0 * per..c1 * per))
         }
     }
+}
+
+/// A checksum of `w`'s values, bit for bit in logical order (FNV-1a over 32-bit words).
+fn checksum(w: ArrayView2<'_, f32>) -> u64 {
+    w.iter().fold(0xcbf2_9ce4_8422_2325, |h, v| {
+        (h ^ u64::from(v.to_bits())).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// Every rank's rows `(Σ b_r, d)` (embeddings, or a weight gradient's classes), in rank order.

@@ -2,9 +2,9 @@
 //! f64, with the whole `(b, classes)` logit matrix and the gradient by the chain rule, entry by
 //! entry.
 
-use ndarray::{Array1, Array2, ArrayView2};
+use ndarray::{Array1, Array2, ArrayView2, Axis};
 
-use crate::{ClassifierKind, MarginGrad};
+use crate::{ClassSampling, ClassifierKind, MarginGrad};
 
 /// The reference's loss, the rows in its mean, and both gradients (the weights' in their
 /// layout).
@@ -39,6 +39,62 @@ pub fn classifier_loss(
 ) -> ReferenceClassifierLoss {
     let (x, w) = (x.mapv(f64::from), weights.mapv(f64::from));
     classifier_loss_f64(x.view(), labels, w.view(), kind)
+}
+
+/// [`classifier_loss`] over PartialFC's sample (`crate::ClassSampling`): the classes with a
+/// row in `labels` and those `sampling` draws, their centres selected, the labels renumbered,
+/// the weights' gradient 0 on every other class. With no class kept (no rows and none drawn)
+/// the loss and its gradients are 0.
+///
+/// # Example
+/// ```
+/// use ndarray::array;
+/// use wgpu_metric_learning::{reference::classifier_loss::classifier_loss_sampled, ClassSampling, ClassifierKind};
+/// let kind = ClassifierKind::NormalizedSoftmax { temperature: 1.0 };
+/// let w = array![[1.0f32, 0.0, 0.5], [0.0, 1.0, 0.5]];
+/// let out = classifier_loss_sampled(array![[1.0f32, 0.0]].view(), &[0], w.view(), &kind, &ClassSampling { rate: 1e-9, seed: 0 });
+/// // Class 0 alone (nothing drawn at that rate): the loss is 0, no gradient on the others.
+/// assert!(out.loss.abs() < 1e-12 && out.weight_grad.column(1).iter().all(|&g| g == 0.0));
+/// ```
+pub fn classifier_loss_sampled(
+    x: ArrayView2<'_, f32>,
+    labels: &[usize],
+    weights: ArrayView2<'_, f32>,
+    kind: &ClassifierKind,
+    sampling: &ClassSampling,
+) -> ReferenceClassifierLoss {
+    let per = kind.centres_per_class();
+    let axis = if kind.classes_on_rows() {
+        Axis(0)
+    } else {
+        Axis(1)
+    };
+    let classes = weights.len_of(axis) / per;
+    let kept: Vec<usize> = (0..classes)
+        .filter(|&j| labels.contains(&j) || sampling.draws(j as u64))
+        .collect();
+    let mut weight_grad = Array2::zeros(weights.dim());
+    if kept.is_empty() {
+        return ReferenceClassifierLoss {
+            loss: 0.0,
+            count: 0,
+            grad: Array2::zeros(x.dim()),
+            weight_grad,
+        };
+    }
+    let centres: Vec<usize> = kept.iter().flat_map(|&j| j * per..(j + 1) * per).collect();
+    let part = weights.select(axis, &centres);
+    let renumbered: Vec<usize> = labels
+        .iter()
+        .map(|y| kept.iter().position(|j| j == y).unwrap_or(0))
+        .collect();
+    let out = classifier_loss(x, &renumbered, part.view(), kind);
+    for (k, &c) in centres.iter().enumerate() {
+        weight_grad
+            .index_axis_mut(axis, c)
+            .assign(&out.weight_grad.index_axis(axis, k));
+    }
+    ReferenceClassifierLoss { weight_grad, ..out }
 }
 
 /// [`classifier_loss`] of f64 inputs (for finite differences).

@@ -8,11 +8,11 @@ use crate::ops::ntxent_loss::noise;
 use ndarray::Array2;
 use proptest::prelude::*;
 use wgpu_metric_learning::reference::classifier_loss::{
-    classifier_loss as reference, classifier_loss_f64,
+    classifier_loss as reference, classifier_loss_f64, classifier_loss_sampled,
 };
 use wgpu_metric_learning::{
-    classifier_loss, classifier_loss_plan, ClassifierKind, ClassifierLossConfig, Context, Error,
-    MarginGrad,
+    classifier_loss, classifier_loss_plan, ClassSampling, ClassifierKind, ClassifierLossConfig,
+    Context, Error, MarginGrad,
 };
 
 fn config(kind: ClassifierKind) -> ClassifierLossConfig {
@@ -145,6 +145,133 @@ proptest! {
             check_against_reference(&Context::native_cpu(None), &x, &labels, &w, kind, &format!("b {b} d {d} classes {classes}"));
         }
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// PartialFC's sampling against the reference over the same classes (selected there by
+    /// `ClassSampling::draws` and the labels): every kind but ProxyAnchor, rates from nearly
+    /// nothing to every class, empty batches included.
+    #[test]
+    fn sampling_matches_the_reference(
+        b in 0usize..10,
+        d in 3usize..8,
+        classes in 1usize..40,
+        per in 1usize..3,
+        seed in any::<u64>(),
+        rate in 0.01f32..1.0,
+        u in 0.0f32..1.0,
+    ) {
+        let ctx = Context::native_cpu(None);
+        let x = noise(b, d, seed) * 3.0;
+        let labels = labels_for(b, classes, seed);
+        let sampling = ClassSampling { rate, seed: seed.rotate_left(7) };
+        for kind in kinds(u, per) {
+            let w = weights_for(&kind, classes, d, seed ^ 0x5eed);
+            let cfg = ClassifierLossConfig { kind, sampling, ..Default::default() };
+            let got = classifier_loss(&ctx, x.view(), &as_i64(&labels), w.view(), &cfg).expect("sampled loss");
+            let want = classifier_loss_sampled(x.view(), &labels, w.view(), &kind, &sampling);
+            let what = format!("b {b} d {d} classes {classes} rate {rate} {kind:?}");
+            let kept = (0..classes).filter(|&j| labels.contains(&j) || sampling.draws(j as u64)).count();
+            prop_assert_eq!(got.classes_used, kept, "{}: classes used", what);
+            prop_assert_eq!(got.count, want.count, "{}: count", what);
+            let tol = 2e-4 * want.loss.abs().max(1.0);
+            prop_assert!((f64::from(got.loss) - want.loss).abs() <= tol, "{}: loss {} vs {}", what, got.loss, want.loss);
+            assert_close(&got.grad, &want.grad, 2e-4, &format!("{what}: grad"));
+            assert_close(&got.weight_grad, &want.weight_grad, 2e-4, &format!("{what}: weight grad"));
+        }
+    }
+}
+
+/// A rate of 1 is no sampling at all, bit for bit; a tiny rate keeps exactly the classes with
+/// a row, and their gradient only; the plan shrinks with the sample.
+#[test]
+fn sampling_keeps_the_positives_and_only_them_at_a_tiny_rate() {
+    let ctx = Context::native_cpu(None);
+    let (b, d, classes) = (6, 5, 3000);
+    let x = noise(b, d, 4);
+    let labels: Vec<usize> = vec![7, 7, 1200, 2999, 0, 1200];
+    let w = weights_for(&ClassifierKind::arc_face(), classes, d, 9);
+    let full = classifier_loss(
+        &ctx,
+        x.view(),
+        &as_i64(&labels),
+        w.view(),
+        &config(ClassifierKind::arc_face()),
+    )
+    .expect("full");
+    let every = ClassifierLossConfig {
+        sampling: ClassSampling { rate: 1.0, seed: 5 },
+        ..Default::default()
+    };
+    let same = classifier_loss(&ctx, x.view(), &as_i64(&labels), w.view(), &every).expect("rate 1");
+    assert_eq!((same.loss, same.classes_used), (full.loss, classes));
+    assert_eq!(same.weight_grad, full.weight_grad);
+    let tiny = ClassifierLossConfig {
+        sampling: ClassSampling {
+            rate: 1e-7,
+            seed: 5,
+        },
+        ..Default::default()
+    };
+    let out =
+        classifier_loss(&ctx, x.view(), &as_i64(&labels), w.view(), &tiny).expect("tiny rate");
+    assert_eq!(out.classes_used, 4);
+    for c in 0..classes {
+        let touched = out.weight_grad.column(c).iter().any(|&g| g != 0.0);
+        assert_eq!(touched, labels.contains(&c), "class {c}");
+    }
+    // No row and nothing drawn: no class at all, and nothing to lose.
+    let none = Array2::<f32>::zeros((0, d));
+    let out = classifier_loss(&ctx, none.view(), &[], w.view(), &tiny).expect("empty batch");
+    assert_eq!((out.loss, out.classes_used), (0.0, 0));
+    assert!(out.weight_grad.iter().all(|&g| g == 0.0));
+    let plan = |cfg: &ClassifierLossConfig| {
+        classifier_loss_plan(&ctx, x.view(), &as_i64(&labels), w.view(), cfg).expect("plan")
+    };
+    assert!(plan(&every).chunks > 1);
+    assert_eq!(plan(&tiny).chunks, 1);
+}
+
+#[test]
+fn sampling_refuses_what_it_cannot_do() {
+    let ctx = Context::native_cpu(None);
+    let x = noise(3, 4, 1);
+    let w = noise(4, 5, 2);
+    for rate in [0.0, -0.5, 1.5, f32::NAN, f32::INFINITY] {
+        let cfg = ClassifierLossConfig {
+            sampling: ClassSampling { rate, seed: 0 },
+            ..Default::default()
+        };
+        let err = classifier_loss(&ctx, x.view(), &[0, 1, 2], w.view(), &cfg).expect_err("rate");
+        assert!(
+            matches!(
+                err,
+                Error::InvalidParameter {
+                    what: "sampling.rate",
+                    ..
+                }
+            ),
+            "rate {rate}: {err}"
+        );
+    }
+    let anchor = ClassifierLossConfig {
+        kind: ClassifierKind::proxy_anchor(),
+        sampling: ClassSampling { rate: 0.5, seed: 0 },
+        ..Default::default()
+    };
+    let err = classifier_loss(&ctx, x.view(), &[0, 1, 2], w.t(), &anchor).expect_err("anchor");
+    assert!(
+        matches!(
+            err,
+            Error::InvalidParameter {
+                what: "sampling.rate",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 /// The reference's hand-written gradients against central finite differences of its loss, for

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use wgpu_metric_learning::{
-    classifier_loss, ClassifierKind, ClassifierLossConfig, ClassifierOptions, Error, Hooks,
-    MarginGrad,
+    classifier_loss, ClassSampling, ClassifierKind, ClassifierLossConfig, ClassifierOptions, Error,
+    Hooks, MarginGrad,
 };
 
 use crate::commands::{context, given, json_number, timed};
@@ -68,6 +68,13 @@ pub(crate) struct ClassifierArgs {
     /// proxy-anchor: default 32 (its --margin: default 0.1).
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) alpha: Option<f32>,
+    /// PartialFC's sampling: each class without a row in the batch takes part with this
+    /// probability, in (0, 1]. Default 1 (every class). Not for proxy-anchor.
+    #[arg(long)]
+    pub(crate) sample_rate: Option<f32>,
+    /// The sampling's seed (the same seed draws the same classes). Default 0.
+    #[arg(long)]
+    pub(crate) seed: Option<u64>,
     /// Output (b, d) float32 array: the gradient with respect to --embeddings.
     #[arg(long)]
     pub(crate) grad_out: PathBuf,
@@ -119,20 +126,33 @@ pub(crate) fn kind(name: &str, a: &ClassifierArgs) -> Result<ClassifierKind, Str
     })
 }
 
+/// `--sample-rate` and `--seed` (a seed without a rate is an error: it would change nothing).
+pub(crate) fn sampling(a: &ClassifierArgs) -> Result<ClassSampling, String> {
+    match (a.sample_rate, a.seed) {
+        (None, Some(_)) => Err("--seed needs --sample-rate".into()),
+        (rate, seed) => Ok(ClassSampling {
+            rate: rate.unwrap_or(1.0),
+            seed: seed.unwrap_or(0),
+        }),
+    }
+}
+
 /// Runs the loss `name` (`arcface`, `cosface`, …: the subcommand's name): writes the
-/// gradients, prints `{"loss", "count"}`.
+/// gradients, prints `{"loss", "count", "classes_used"}`.
 pub(crate) fn run(name: &'static str, a: &ClassifierArgs, hooks: &Hooks) -> Result<(), Failure> {
     #[cfg(feature = "mpi")]
     if a.distributed.distributed {
         return crate::distributed::classifier(name, a, hooks);
     }
     let kind = kind(name, a)?;
+    let sampling = sampling(a)?;
     let x = npy::read_embeddings(&a.embeddings)?;
     let labels = npy::read_labels(&a.labels)?;
     let w = npy::read_embeddings(&a.weights)?;
     let labels = labels.to_vec();
     let cfg = ClassifierLossConfig {
         kind,
+        sampling,
         hooks: hooks.clone(),
     };
     let ctx = context(&a.common)?;
@@ -149,15 +169,16 @@ pub(crate) fn run(name: &'static str, a: &ClassifierArgs, hooks: &Hooks) -> Resu
     if let Some(path) = &a.weight_grad_out {
         npy::write(path, &out.weight_grad)?;
     }
-    print_loss(out.loss, out.count);
+    print_loss(out.loss, out.count, out.classes_used);
     Ok(())
 }
 
-/// Prints `{"loss", "count"}`.
-pub(crate) fn print_loss(loss: f32, count: usize) {
+/// Prints `{"loss", "count", "classes_used"}`.
+pub(crate) fn print_loss(loss: f32, count: usize, classes_used: usize) {
     println!(
-        "{{\"loss\": {}, \"count\": {}}}",
+        "{{\"loss\": {}, \"count\": {}, \"classes_used\": {}}}",
         json_number(f64::from(loss)),
-        count
+        count,
+        classes_used
     );
 }

@@ -245,6 +245,7 @@ fn classifier_rank(
     group: &Group,
 ) -> Result<(), Failure> {
     let kind = crate::classifier::kind(name, a)?;
+    let sampling = crate::classifier::sampling(a)?;
     let (per, on_rows) = (kind.centres_per_class(), kind.classes_on_rows());
     let read = (|| {
         let (n, x) = embedding_rows(&a.embeddings, group)?;
@@ -271,10 +272,12 @@ fn classifier_rank(
     let cfg = DistributedClassifierConfig {
         loss: ClassifierLossConfig {
             kind,
+            sampling,
             hooks: hooks.clone(),
         },
         weights: ClassWeights::Sharded,
         gradients: RankGradients::Summed,
+        check_replicas: false,
     };
     let files = given(&[
         ("embeddings", Some(a.embeddings.as_path())),
@@ -320,7 +323,7 @@ fn classifier_rank(
                 let w = if on_rows { w } else { w.reversed_axes() };
                 npy::write(path, &w.as_standard_layout())?;
             }
-            crate::classifier::print_loss(out.loss, out.count);
+            crate::classifier::print_loss(out.loss, out.count, out.classes_used);
             Ok(())
         })(),
         _ => Ok(()),

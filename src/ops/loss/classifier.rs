@@ -24,12 +24,16 @@
 //! PML's is infinite, `sin θ` is held at its value for the f32 cosine next to 1
 //! ([`MarginGrad::Pml`](crate::MarginGrad::Pml)); insightface's passes the gradient straight through
 //! ([`MarginGrad::StraightThrough`](crate::MarginGrad::StraightThrough)).
+//!
+//! With [`ClassSampling`] (PartialFC's `sample_rate`), the softmax losses run over the classes
+//! with a row and a seeded random share of the others ([`classifier_sample`]).
 
 use ndarray::{Array2, ArrayView2};
 
 use super::classifier_anchor;
 use super::classifier_params::{ClassifierKind, Rule};
 use super::classifier_pass::{self, Inputs, Tiling};
+use super::classifier_sample::{self, ClassSampling, Renumbered};
 use super::classifier_shards::{ClassShard, Exchange, ShardCollectives, Shards, Whole};
 use super::driver::fits;
 use crate::context::plan::Plan;
@@ -58,6 +62,8 @@ const TILE_CENTRES: usize = 2048;
 pub struct ClassifierLossConfig {
     /// The loss and its parameters.
     pub kind: ClassifierKind,
+    /// PartialFC's sampling of the classes (not for ProxyAnchor). Default: every class.
+    pub sampling: ClassSampling,
     /// Cancellation (checked between tiles). Default: none.
     pub hooks: Hooks,
 }
@@ -66,6 +72,7 @@ impl Default for ClassifierLossConfig {
     fn default() -> Self {
         Self {
             kind: ClassifierKind::arc_face(),
+            sampling: ClassSampling::default(),
             hooks: Hooks::default(),
         }
     }
@@ -85,8 +92,11 @@ pub struct ClassifierLoss {
     pub count: usize,
     /// `∂loss/∂embeddings` `(b, d)`.
     pub grad: Array2<f32>,
-    /// `∂loss/∂weights`, in the weights' layout.
+    /// `∂loss/∂weights`, in the weights' layout (0 on the classes a sampling left out).
     pub weight_grad: Array2<f32>,
+    /// The classes the loss ran over, on every process: all of them, or those of the sample
+    /// ([`ClassifierLossConfig::sampling`]).
+    pub classes_used: usize,
     /// Where it ran: the native path on every context.
     pub path: ComputePath,
 }
@@ -212,7 +222,11 @@ fn plan_of(ctx: &Context, call: &Call) -> Result<Plan> {
         path: ComputePath::NativeCpu,
         rows: call.b,
         cols: tiling.cols,
-        chunks: call.centres.div_ceil(tiling.cols),
+        chunks: call
+            .kept
+            .as_ref()
+            .map_or(call.centres, |k| k.len() * call.rule.centres.per_class())
+            .div_ceil(tiling.cols),
         bytes,
         min_bytes,
     })
@@ -253,7 +267,22 @@ fn classifier_shard(
     shards: &dyn Shards,
 ) -> Result<ClassifierLoss> {
     let call = check(embeddings, labels, weights, cfg, shards)?;
-    let (tiling, bytes, _) = sizing(ctx, &call)?;
+    if call.kept.is_some() {
+        return sampled(ctx, embeddings, weights, cfg, shards, &call);
+    }
+    run_shard(ctx, embeddings, weights, cfg, shards, &call)
+}
+
+/// [`classifier_shard`] of a checked call (every class of `weights` in the softmax).
+fn run_shard(
+    ctx: &Context,
+    embeddings: ArrayView2<'_, f32>,
+    weights: ArrayView2<'_, f32>,
+    cfg: &ClassifierLossConfig,
+    shards: &dyn Shards,
+    call: &Call,
+) -> Result<ClassifierLoss> {
+    let (tiling, bytes, _) = sizing(ctx, call)?;
     cfg.hooks.check(OP)?;
     let _held = HostReservation::new("classifier loss working memory", bytes, ctx.tracker())?;
     let w = if call.on_rows { weights.t() } else { weights };
@@ -276,7 +305,61 @@ fn classifier_shard(
         count: out.count,
         grad: out.grad,
         weight_grad: out.weight_grad,
+        classes_used: shards
+            .classes(call.centres / call.rule.centres.per_class())
+            .1,
         path: ComputePath::NativeCpu,
+    })
+}
+
+/// [`classifier_shard`] over the classes `call.kept` of the shard: their centres gathered,
+/// the classes renumbered over every shard's sample, the gradient scattered back.
+fn sampled(
+    ctx: &Context,
+    embeddings: ArrayView2<'_, f32>,
+    weights: ArrayView2<'_, f32>,
+    cfg: &ClassifierLossConfig,
+    shards: &dyn Shards,
+    call: &Call,
+) -> Result<ClassifierLoss> {
+    let kept = call.kept.as_deref().unwrap_or_default();
+    let per = call.rule.centres.per_class();
+    let local = call.centres / per;
+    sizing(ctx, call)?;
+    let _held = HostReservation::new(
+        "classifier loss sampled classes",
+        sample_bytes(call),
+        ctx.tracker(),
+    )?;
+    let (first, _) = shards.classes(local);
+    let (first_kept, total) = shards.offsets(kept.len())?;
+    let compact = classifier_sample::gather(weights, kept, per, call.on_rows)?;
+    // Checked already: the labels, renumbered, are in range; a shard may keep no class
+    // (its passes then add nothing, and it takes part in the exchanges all the same).
+    let part = Call {
+        centres: kept.len() * per,
+        labels: classifier_sample::renumber(&call.labels, (first, local), kept, first_kept),
+        kept: None,
+        ..*call
+    };
+    let renumbered = Renumbered {
+        inner: shards,
+        first: first_kept,
+        classes: total,
+    };
+    let mut out = run_shard(ctx, embeddings, compact.view(), cfg, &renumbered, &part)?;
+    drop(compact);
+    out.weight_grad =
+        classifier_sample::scatter(&out.weight_grad, kept, per, call.on_rows, weights.dim())?;
+    Ok(out)
+}
+
+/// The bytes a sampled call holds besides its passes': the kept classes' list, their
+/// centres' copy and its gradient.
+fn sample_bytes(call: &Call) -> u64 {
+    call.kept.as_ref().map_or(0, |kept| {
+        let centres = (kept.len() * call.rule.centres.per_class()) as u64;
+        kept.len() as u64 * 8 + 2 * centres * call.d as u64 * 4
     })
 }
 
@@ -313,6 +396,8 @@ struct Call {
     on_rows: bool,
     rule: Rule,
     labels: Vec<usize>,
+    /// The shard's classes in a sampled softmax (`None`: every class).
+    kept: Option<Vec<usize>>,
 }
 
 fn check(
@@ -323,6 +408,7 @@ fn check(
     shards: &dyn Shards,
 ) -> Result<Call> {
     check_kind(&cfg.kind)?;
+    classifier_sample::check(&cfg.sampling, &cfg.kind, OP)?;
     validate::embeddings(OP, "embeddings", embeddings)?;
     validate::finite(OP, "weights", weights)?;
     let (b, d) = embeddings.dim();
@@ -379,6 +465,10 @@ fn check(
             }),
         })
         .collect::<Result<Vec<_>>>()?;
+    let kept = cfg
+        .sampling
+        .is_active()
+        .then(|| classifier_sample::draw(&cfg.sampling, first, centres / per, &labels));
     Ok(Call {
         kind: cfg.kind,
         b,
@@ -387,6 +477,7 @@ fn check(
         on_rows,
         rule: Rule::of(&cfg.kind),
         labels,
+        kept,
     })
 }
 
@@ -465,8 +556,11 @@ fn check_kind(kind: &ClassifierKind) -> Result<()> {
 /// The tiling, its bytes, and the bytes of the smallest plan (one class per tile, nothing
 /// kept).
 fn sizing(ctx: &Context, call: &Call) -> Result<(Tiling, u64, u64)> {
-    let (b, d, centres) = (call.b as u64, call.d as u64, call.centres as u64);
     let per = call.rule.centres.per_class();
+    // A sampled call's passes run over its sample's centres, beside their copy.
+    let used = call.kept.as_ref().map_or(call.centres, |k| k.len() * per);
+    let extra = sample_bytes(call);
+    let (b, d, centres) = (call.b as u64, call.d as u64, used as u64);
     let row_state = 64 + 8;
     let fixed = b * d * 4 + b * row_state;
     let workers = threads() as u64;
@@ -474,11 +568,11 @@ fn sizing(ctx: &Context, call: &Call) -> Result<(Tiling, u64, u64)> {
         let products = if keep { b * centres * 4 } else { b * cols * 4 };
         let through = if call.rule.col_norm { b * cols * 4 } else { 0 };
         // The tile's norms and their inverses, each worker's row of logits and exponentials.
-        fixed + cols * 12 + products + through + workers * cols * 8
+        extra + fixed + cols * 12 + products + through + workers * cols * 8
     };
     let min_bytes = tile(per as u64, false);
     let available = ctx.tracker().available();
-    let mut cols = (TILE_CENTRES.min(call.centres) / per).max(1) * per;
+    let mut cols = (TILE_CENTRES.min(used) / per).max(1) * per;
     // ProxyAnchor's tiles are complete in one pass: nothing to keep.
     let one_pass = matches!(call.kind, ClassifierKind::ProxyAnchor { .. });
     let keep = !one_pass && b <= d && tile(cols as u64, true) <= available;

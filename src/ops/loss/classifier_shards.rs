@@ -54,6 +54,13 @@ pub(crate) trait Shards {
     /// # Errors
     /// As [`Shards::combine_rows`].
     fn sum(&self, v: f64) -> Result<f64>;
+
+    /// Given this shard's `count` of something (its sampled classes), the sum of the earlier
+    /// shards' counts and the sum of all.
+    ///
+    /// # Errors
+    /// As [`Shards::combine_rows`].
+    fn offsets(&self, count: usize) -> Result<(usize, usize)>;
 }
 
 /// One process, every class: nothing to exchange. Its classes are numbered from 0, or as the
@@ -80,6 +87,10 @@ impl Shards for Whole {
 
     fn sum(&self, v: f64) -> Result<f64> {
         Ok(v)
+    }
+
+    fn offsets(&self, count: usize) -> Result<(usize, usize)> {
+        Ok((0, count))
     }
 }
 
@@ -258,6 +269,23 @@ impl Shards for Exchange<'_> {
 
     fn sum(&self, v: f64) -> Result<f64> {
         Ok(self.engine.all_gather(&[v])?.iter().sum())
+    }
+
+    fn offsets(&self, count: usize) -> Result<(usize, usize)> {
+        // Counts of classes: exact in f64 (below 2^53).
+        let all = self.engine.all_gather(&[count as f64])?;
+        let rank = self.engine.rank();
+        if all.len() != self.engine.size() || rank >= all.len() {
+            return Err(Error::Shape {
+                op: self.op,
+                what: "counts gathered from every process",
+                expected: format!("{} values", self.engine.size()),
+                got: vec![all.len()],
+            });
+        }
+        let before: f64 = all[..rank].iter().sum();
+        let total: f64 = all.iter().sum();
+        Ok((before as usize, total as usize))
     }
 }
 

@@ -13,6 +13,7 @@ mod classifier;
 mod classifier_anchor;
 mod classifier_params;
 mod classifier_pass;
+mod classifier_sample;
 mod classifier_shards;
 mod dense_row;
 mod driver;
@@ -37,6 +38,7 @@ pub use classifier::{
     ClassifierLoss, ClassifierLossConfig,
 };
 pub use classifier_params::{ClassifierKind, ClassifierOptions, MarginGrad};
+pub use classifier_sample::ClassSampling;
 pub use classifier_shards::{ClassShard, ShardCollectives};
 pub use dynamic_soft_margin::{
     dynamic_soft_margin_loss, dynamic_soft_margin_loss_plan, DynamicSoftMarginConfig,
