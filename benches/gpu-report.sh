@@ -28,7 +28,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BENCHES=(bench_report bench_knn bench_mining bench_bank bench_gemm)
+BENCHES=(bench_report bench_knn bench_mining bench_bank bench_gemm bench_classifier)
 LIMIT_MIB=56
 
 build() {
@@ -206,6 +206,7 @@ run() {
     pml_cuda --Q $q --N $n --reps $reps --mining "${pml_cases[@]}" --loss "${loss_cases[@]}" \
         --infonce "$infonce_b,768" | tee "$out/pml.jsonl" || true
     pair_losses "$out" $reps "$quick"
+    classifier_losses "$out" $reps "$quick"
     python3 benches/gpu_report.py "$out" >"$out/report.md"
     cat "$out/report.md"
 }
@@ -280,11 +281,30 @@ pair_losses() {
     pml_cuda --Q 0 --N 0 --k "" --reps "$reps" --pair "${pml[@]}" | tee -a "$out/pml.jsonl" || true
 }
 
+# PML's losses with class weights that run on the device (ArcFace, CosFace, NormalizedSoftmax,
+# ProxyNCA), forward and both gradients at the issue's shape (B = 512, D = 512, C = 100 000),
+# on the adapter and natively, and PML on CUDA beside them (appended to $OUT/results.jsonl and
+# $OUT/pml.jsonl).
+classifier_losses() {
+    local out=$1 reps=$2 quick=${3:-}
+    local b=512 d=512 c=100000 pml=()
+    if [ "$quick" = --quick ]; then b=64 d=64 c=2000; fi
+    for kind in arcface cosface normalized_softmax proxy_nca; do
+        for path in wgpu cpu; do
+            .devbin/bench_classifier --path $path --kind $kind --B $b --D $d --C $c \
+                --reps "$reps" --budget-mib 4096 | tee -a "$out/results.jsonl"
+        done
+        pml+=("$kind,$b,$d,$c")
+    done
+    pml_cuda --Q 0 --N 0 --k "" --reps "$reps" --classifier "${pml[@]}" | tee -a "$out/pml.jsonl" || true
+}
+
 pairs() {
     local out=${OUT:-$PWD/gpu-report-out}
     mkdir -p "$out"
     prepare "$out"
     pair_losses "$out" 3 "${1:-}"
+    classifier_losses "$out" 3 "${1:-}"
     python3 benches/gpu_report.py "$out" >"$out/report.md" || true
     cat "$out/report.md"
 }

@@ -113,6 +113,8 @@ def main():
             key = ("knn", r.get("k"))
         elif r["func"] in infonce:
             key = (r["func"], r.get("B"))
+        elif r["func"].startswith("classifier_"):
+            key = (r["func"], r.get("B"), r.get("D"), r.get("C"))
         else:
             key = (r["func"], r.get("B"), r.get("M"), r.get("C"))
         by_case[key] = r
@@ -131,6 +133,12 @@ def main():
             if r.get("path") == "cpu":
                 case += ", native path"
             key = (r["func"], r["B"])
+            gflops = None
+        elif r["func"].startswith("classifier_"):
+            case = f"{r['func']} B={r['B']} D={r['D']} C={r['C']}, both gradients"
+            if r.get("path") == "cpu":
+                case += ", native path"
+            key = (r["func"], r["B"], r["D"], r["C"])
             gflops = None
         else:
             what = "triplets"

@@ -19,6 +19,10 @@ so the ratios are conservative for us). Prints one JSON line per case:
                   PML's pair loss <name> (bench_mining's names) with its defaults, forward and
                   backward: B normalised queries against M references, or among themselves
                   (M = 0); labels uniform over C classes
+  classifier_<kind>
+                  PML's ArcFaceLoss, CosFaceLoss, NormalizedSoftmaxLoss or ProxyNCALoss
+                  (num_classes=C, embedding_size=D) with its defaults, forward and backward
+                  (the embeddings' and the weights' gradients): B random rows, labels uniform
   loss_triplet_<type>
                   TripletMarginLoss()(emb, labels, miner(...), ref, ref_labels).backward() with
                   emb requiring grad: every valid triplet (type all) or TripletMarginMiner(0.2,
@@ -64,6 +68,8 @@ def main():
                    help="Q,N,D: torch's fp32 q @ r.T on CUDA (cuBLAS, TF32 off), the GEMM reference")
     p.add_argument("--pair", nargs="*", default=[],
                    help="name,B,M,C: PML's pair loss with its backward (M = 0: in-batch)")
+    p.add_argument("--classifier", nargs="*", default=[],
+                   help="kind,B,D,C: PML's loss with class weights with its backward")
     p.add_argument("--reps", type=int, default=5)
     a = p.parse_args()
     try:
@@ -194,6 +200,32 @@ def main():
         print(json.dumps({**row, "loss": float(out[0]), "median_s": secs,
                           "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20}), flush=True)
 
+    for case in a.classifier:
+        kind, b, d_in, c = case.split(",")
+        b, d_in, c = int(b), int(d_in), int(c)
+        loss_fn = getattr(losses, CLASSIFIER_LOSSES[kind])(num_classes=c, embedding_size=d_in).to(dev)
+        emb = torch.randn(b, d_in, device=dev, generator=g)
+        labels = torch.randint(0, c, (b,), device=dev, generator=g)
+
+        def step():
+            x = emb.clone().requires_grad_(True)
+            loss_fn.zero_grad(set_to_none=True)
+            loss = loss_fn(x, labels)
+            loss.backward()
+            return loss.detach(), x.grad
+
+        row = {"impl": "pml-cuda", "device": name, "func": f"classifier_{kind}", "B": b, "D": d_in,
+               "C": c}
+        try:
+            torch.cuda.reset_peak_memory_stats()
+            secs, out = timed(step, a.reps)
+        except Exception as e:  # out of memory
+            print(json.dumps({**row, "error": f"{type(e).__name__}: {str(e)[:120]}"}), flush=True)
+            torch.cuda.empty_cache()
+            continue
+        print(json.dumps({**row, "loss": float(out[0]), "median_s": secs,
+                          "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20}), flush=True)
+
     for case in a.infonce:
         b, d_in = (int(v) for v in case.split(","))
         items = torch.randn(b // 2, d_in, device=dev, generator=g)
@@ -218,6 +250,15 @@ def main():
             print(json.dumps({"impl": "torch-cuda", "device": name, "func": func, "B": b, "D": d_in,
                               "loss": float(out[0]), "median_s": secs,
                               "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20}), flush=True)
+
+
+# bench_classifier's kinds and PML's classes.
+CLASSIFIER_LOSSES = {
+    "arcface": "ArcFaceLoss",
+    "cosface": "CosFaceLoss",
+    "normalized_softmax": "NormalizedSoftmaxLoss",
+    "proxy_nca": "ProxyNCALoss",
+}
 
 
 # bench_mining's pair-loss names and PML's classes.

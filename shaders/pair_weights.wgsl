@@ -26,7 +26,13 @@
 //   RANKED_LIST (p0 the positives' boundary alpha - margin, p1 the negatives' alpha, p2 T_p,
 //   p3 T_n, p4 imbalance), INTRA_PAIR_VARIANCE (`edges` the pass: 0 sums the distances, 1
 //   the hinges, 2 the squares and the weights; per group (P: p0, p1, p4, p6; N: p2, p3, p5,
-//   p7) the hinge's slope a and offset b mu, 2 / |group| and b times the hinges' mean).
+//   p7) the hinge's slope a and offset b mu, 2 / |group| and b times the hinges' mean),
+//   SOFTMAX (the losses with class weights, src/ops/loss/classifier_device.rs: one reference
+//   per class, the anchor's class its one positive; logits p0 psi(c) on the positive, p0 c
+//   elsewhere, a cross entropy that drops no anchor; psi: p5 0 shifts by p1 (CosFace), p5 1
+//   is ArcFace's with p2 the margin m in radians, p3 the least f32 cosine the native path
+//   takes as theta <= pi - m (about -cos m; taken from there up),
+//   p4 1 for PML's slope through acos, 0 for insightface's straight one, p6 cos m, p7 sin m).
 // Contrastive and TCM divide by counts over every anchor: a first pass with `forward` set
 // counts them (U untouched), the second takes the weights already divided. Lifted's first
 // pass gives each row its log S, Histogram's its histograms; their second passes read them
@@ -103,6 +109,7 @@ const PAIR_LIFTED: u32 = 9u;
 const PAIR_HISTOGRAM: u32 = 10u;
 const PAIR_RANKED_LIST: u32 = 11u;
 const PAIR_INTRA_PAIR_VARIANCE: u32 = 12u;
+const PAIR_SOFTMAX: u32 = 13u;
 // FastAP's most bins (pair_weights::MAX_EDGES).
 const MAX_EDGES: u32 = 256u;
 
@@ -111,6 +118,34 @@ const LOWEST: f32 = -3.40282347e38;
 // ln 2^-150, half f32's smallest subnormal: a probability at or below e^this rounds to 0 in
 // f32 (the native path's test), whether or not the device keeps subnormals.
 const LOG_ZERO: f32 = -103.972;
+// ArcFace's floor of sin(theta) in PML's slope sin(theta + m) / sin(theta): its value at the
+// f32 cosine next to 1 (src/ops/loss/classifier_params.rs, SIN_FLOOR).
+const SIN_FLOOR: f32 = 3.4526696e-4;
+
+// SOFTMAX's target margin at the cosine c: (psi(c), dpsi/dc), as the native path's `margin`.
+// ArcFace's cos(theta + m) and sin(theta + m) by their sums, without acos: WGSL leaves acos's
+// accuracy to the vendor (1e-4 off on lavapipe), where products and sqrt keep f32's.
+fn target_margin(c: f32) -> vec2<f32> {
+    if (params.p5 == 0.0) {
+        return vec2<f32>(c - params.p1, 1.0);
+    }
+    let m = params.p2;
+    let cos_m = params.p6;
+    let sin_m = params.p7;
+    // PML: theta = acos(clamp(c, -1, 1)), whose gradient vanishes past +-1.
+    let inside = abs(c) <= 1.0;
+    let k = clamp(c, -1.0, 1.0);
+    // (1 - k)(1 + k): 1 - k^2 loses sin(theta)'s digits near k = 1.
+    let sin_t = sqrt(max((1.0 - k) * (1.0 + k), 0.0));
+    if (k >= params.p3) {
+        var slope = 1.0;
+        if (params.p4 != 0.0) {
+            slope = select(0.0, (sin_t * cos_m + k * sin_m) / max(sin_t, SIN_FLOOR), inside);
+        }
+        return vec2<f32>(k * cos_m - sin_t * sin_m, slope);
+    }
+    return vec2<f32>(k - m * sin_m, select(0.0, 1.0, inside || params.p4 == 0.0));
+}
 
 // The anchor (its row among the call's queries) and the column an invocation is at: what
 // Lifted's and Histogram's state is indexed by (the references are the queries there).
@@ -265,6 +300,9 @@ fn logit(r: u32, d: f32) -> f32 {
         case PAIR_NCA: {
             return -first() * params.p0 * d;
         }
+        case PAIR_SOFTMAX: {
+            return params.p0 * select(d, target_margin(d).x, positive);
+        }
         case PAIR_GENERALIZED_LIFTED: {
             return select(margin_of(params.p1, d), margin_of(d, params.p0), positive);
         }
@@ -393,7 +431,7 @@ fn part(r: u32, d: f32, top: vec4<f32>) -> Part {
                 p.c = select(vec4<u32>(0u, 1u, 0u, 0u), vec4<u32>(1u, 0u, 0u, 0u), positive);
             }
         }
-        case PAIR_NCA: {
+        case PAIR_NCA, PAIR_SOFTMAX: {
             // Every column's share under the row's top, the positives' under theirs (so that
             // they keep their digits however far below the negatives they are).
             p.s.x = exp(x - max(top.x, top.y));
@@ -623,14 +661,14 @@ fn factors(top: vec4<f32>, s: vec4<f32>, np: u32, nn: u32) -> vec4<f32> {
             let loss = (1.0 - params.p4) * part_p + params.p4 * part_n;
             return vec4<f32>(part_p, part_n, 1.0, loss);
         }
-        case PAIR_NCA: {
+        case PAIR_NCA, PAIR_SOFTMAX: {
             if (np == 0u) {
                 return vec4<f32>(0.0);
             }
-            // log of the positives' share of the softmax; PML drops the anchor where it is 0
-            // in f32.
+            // log of the positives' share of the softmax; PML's NCA drops the anchor where it
+            // is 0 in f32 (a cross entropy keeps it).
             let log_share = top.x + log(s.y) - (max(top.x, top.y) + log(s.x));
-            if (log_share > LOG_ZERO) {
+            if (log_share > LOG_ZERO || params.rule == PAIR_SOFTMAX) {
                 let dz = -first() * params.p0;
                 return vec4<f32>(dz / s.x, dz / s.y, 1.0, -log_share);
             }
@@ -695,6 +733,15 @@ fn weight(r: u32, d: f32, n: Anchor) -> f32 {
         case PAIR_NCA: {
             let all = exp(x - max(top.x, top.y)) * f.x;
             return select(all, all - exp(x - top.x) * f.y, positive);
+        }
+        case PAIR_SOFTMAX: {
+            // The cross entropy's p - y, times the logit's slope (dz/dc: p0, and psi' on the
+            // target).
+            let all = exp(x - max(top.x, top.y)) * f.x;
+            if (positive) {
+                return (all - exp(x - top.x) * f.y) * target_margin(d).y;
+            }
+            return all;
         }
         case PAIR_LIFTED: {
             if (positive) {

@@ -6,14 +6,15 @@ use crate::common;
 
 use ndarray::{Array1, Array2};
 use wgpu_metric_learning::{
-    accuracy, accuracy_plan, kmeans, kmeans_plan, knn, knn_plan, mine, mine_plan, mine_triplets,
-    mine_triplets_plan, multiple_negatives_ranking_loss, multiple_negatives_ranking_loss_plan,
-    ntxent_loss, ntxent_loss_plan, pair_loss, pair_loss_plan, pair_margin_pairs,
-    pairwise_distances, pairwise_distances_plan, triplet_margin_loss, triplet_margin_loss_plan,
-    AccuracyConfig, AccuracyK, BackendChoice, ComputePath, Context, ContextConfig, Contrastive,
-    Error, Histogram, InfoNceConfig, KmeansConfig, KnnConfig, LiftedStructure, MiningSet,
-    MnrlConfig, PairLossConfig, PairMarginConfig, Plan, Result, SupCon, TripletConfig,
-    TripletLossConfig, TripletType, Tuning, TupletMargin,
+    accuracy, accuracy_plan, classifier_loss, classifier_loss_plan, kmeans, kmeans_plan, knn,
+    knn_plan, mine, mine_plan, mine_triplets, mine_triplets_plan, multiple_negatives_ranking_loss,
+    multiple_negatives_ranking_loss_plan, ntxent_loss, ntxent_loss_plan, pair_loss, pair_loss_plan,
+    pair_margin_pairs, pairwise_distances, pairwise_distances_plan, triplet_margin_loss,
+    triplet_margin_loss_plan, AccuracyConfig, AccuracyK, BackendChoice, ClassifierKind,
+    ClassifierLossConfig, ComputePath, Context, ContextConfig, Contrastive, Error, Histogram,
+    InfoNceConfig, KmeansConfig, KnnConfig, LiftedStructure, MiningSet, MnrlConfig, PairLossConfig,
+    PairMarginConfig, Plan, Result, SupCon, TripletConfig, TripletLossConfig, TripletType, Tuning,
+    TupletMargin,
 };
 
 fn data(rows: usize, d: usize, classes: usize) -> (Array2<f32>, Array1<u32>) {
@@ -283,6 +284,34 @@ fn pair_losses<'a>(
         |ctx| pair_loss_plan(ctx, set, Some(refs), &supcon),
         |ctx| pair_loss(ctx, set, Some(refs), &supcon),
     );
+    // The losses with class weights: ArcFace and ProxyNCA have a device path, SoftTriple not;
+    // every row's class among 9.
+    let labels: Vec<i64> = set.labels.iter().map(|&y| i64::from(y) % 9).collect();
+    // The batch's rows, as the caller made them.
+    let (x, _) = data(90, 12, 6);
+    for kind in [
+        ClassifierKind::arc_face(),
+        ClassifierKind::proxy_nca(),
+        ClassifierKind::soft_triple(),
+    ] {
+        let (rows, cols) = kind.weight_shape(9, x.ncols());
+        let w = Array2::from_shape_fn((rows, cols), |(i, j)| ((i * 7 + j * 3) % 11) as f32 - 5.0);
+        let cfg = ClassifierLossConfig {
+            kind,
+            ..Default::default()
+        };
+        let want = match kind {
+            ClassifierKind::SoftTriple { .. } => ComputePath::NativeCpu,
+            _ => path,
+        };
+        check(
+            &format!("classifier_loss ({kind:?})"),
+            want,
+            budget,
+            |ctx| classifier_loss_plan(ctx, x.view(), &labels, w.view(), &cfg),
+            |ctx| classifier_loss(ctx, x.view(), &labels, w.view(), &cfg),
+        );
+    }
     let lifted = PairLossConfig::<LiftedStructure>::default();
     check(
         "pair_loss (lifted structure)",

@@ -1941,14 +1941,18 @@ class _ClassifierLoss(_LibraryLoss):
     probability, drawn from ``seed`` plus the number of calls so far (a new draw each step,
     the same on every rank) and the class's index only, so a sharded run equals one process.
     The weights' gradient is 0 on the classes left out. Not for ProxyAnchorLoss, and only on
-    the library's path (what PML's code would run instead raises).
+    the library's path (what PML's code would run instead raises). The count of calls is not
+    in the ``state_dict`` (which stays PML's): after a resume, give ``seed`` anew.
 
     ``distributed="replicated"`` broadcasts rank 0's weights at the first call; with
     ``check_every=k`` every ``k``-th call also compares a checksum of every rank's weights and
-    raises on every rank when they differ. A ``distributed="sharded"`` loss refuses to be
-    wrapped in ``DistributedDataParallel`` (which would broadcast rank 0's classes over every
-    rank's and average the gradients of different classes), directly or inside a wrapped model,
-    unless its weights are in DDP's parameters to ignore."""
+    raises on every rank when they differ (every rank calls the loss at every step, so they
+    count calls alike). A ``distributed="sharded"`` loss refuses to be wrapped in
+    ``DistributedDataParallel`` (which would broadcast rank 0's classes over every rank's and
+    average the gradients of different classes): at the wrap when the loss itself is wrapped,
+    at its first call through a wrapped model's ``forward`` when it is inside one, unless its
+    weights are in DDP's parameters to ignore. A loss inside a wrapped model but called
+    outside the wrapper's ``forward`` is not seen."""
 
     _default_reducer = pml_reducers.MeanReducer
     _kind = ""
@@ -1973,8 +1977,12 @@ class _ClassifierLoss(_LibraryLoss):
             raise ValueError(
                 f"distributed must be None, 'replicated' or 'sharded', got {distributed!r}"
             )
-        if not 0.0 < float(sample_rate) <= 1.0:
-            raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+        # The library takes it in float32: what rounds to 0, or to 1 from below, is refused.
+        rate32 = float(np.float32(sample_rate))
+        if not (0.0 < rate32 <= 1.0 and (rate32 < 1.0) == (float(sample_rate) < 1.0)):
+            raise ValueError(
+                f"sample_rate must be in (0, 1] in float32 (1 only as 1), got {sample_rate!r}"
+            )
         if float(sample_rate) < 1.0 and self._kind == "proxy_anchor":
             raise ValueError(
                 "sample_rate is PartialFC's sampling for the softmax losses: ProxyAnchorLoss's "
@@ -2036,9 +2044,11 @@ class _ClassifierLoss(_LibraryLoss):
         """Raises when a DistributedDataParallel up the call stack synchronises ``weights``
         (the loss inside a wrapped model: DDP reads only the outer module's ignore list)."""
         ddp = torch.nn.parallel.DistributedDataParallel
+        forward = ddp.forward.__code__
         frame = sys._getframe(1)
         while frame is not None:
-            owner = frame.f_locals.get("self")
+            # Only DDP's own forward's locals are read (reading every frame's copies them).
+            owner = frame.f_locals.get("self") if frame.f_code is forward else None
             if isinstance(owner, ddp):
                 ignored = getattr(owner, "parameters_to_ignore", set())
                 for name, p in owner.module.named_parameters():

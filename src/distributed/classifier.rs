@@ -126,13 +126,15 @@ pub fn classifier_loss(
         cfg.loss.hooks.check(OP)
     })();
     group.agree(OP, local)?;
-    let modes = (cfg.weights as u64) << 1 | cfg.gradients as u64;
+    // Every mode decides which collectives run: the same everywhere, or none runs.
+    let modes =
+        u64::from(cfg.check_replicas) << 2 | (cfg.weights as u64) << 1 | cfg.gradients as u64;
     group.same_everywhere(
         OP,
         &[
             ("loss", fingerprint(&kind)),
             ("sampling", fingerprint(&cfg.loss.sampling)),
-            ("weights and gradients modes", modes),
+            ("weights, gradients and check_replicas modes", modes),
             ("d", d as u64),
         ],
     )?;

@@ -39,6 +39,8 @@ pub(crate) mod code {
     pub(crate) const HISTOGRAM: u32 = 10;
     pub(crate) const RANKED_LIST: u32 = 11;
     pub(crate) const INTRA_PAIR_VARIANCE: u32 = 12;
+    /// The losses with class weights' cross entropy (`ops::loss::classifier_device`).
+    pub(crate) const SOFTMAX: u32 = 13;
 }
 
 /// The kernel's uniform block, laid out as `Params` in the shader.
@@ -117,6 +119,7 @@ pub(crate) const SPEC: Spec = Spec {
         ("PAIR_HISTOGRAM", code::HISTOGRAM),
         ("PAIR_RANKED_LIST", code::RANKED_LIST),
         ("PAIR_INTRA_PAIR_VARIANCE", code::INTRA_PAIR_VARIANCE),
+        ("PAIR_SOFTMAX", code::SOFTMAX),
         ("MAX_EDGES", MAX_EDGES),
     ],
 };

@@ -11,8 +11,8 @@ use wgpu_metric_learning::reference::classifier_loss::{
     classifier_loss as reference, classifier_loss_f64, classifier_loss_sampled,
 };
 use wgpu_metric_learning::{
-    classifier_loss, classifier_loss_plan, ClassSampling, ClassifierKind, ClassifierLossConfig,
-    Context, Error, MarginGrad,
+    classifier_loss, classifier_loss_plan, ClassSampling, ClassifierKind, ClassifierLoss,
+    ClassifierLossConfig, ComputePath, Context, Error, MarginGrad,
 };
 
 fn config(kind: ClassifierKind) -> ClassifierLossConfig {
@@ -90,7 +90,7 @@ fn check_against_reference(
     w: &Array2<f32>,
     kind: ClassifierKind,
     what: &str,
-) {
+) -> ClassifierLoss {
     let got =
         classifier_loss(ctx, x.view(), &as_i64(labels), w.view(), &config(kind)).expect("loss");
     let want = reference(x.view(), labels, w.view(), &kind);
@@ -110,6 +110,18 @@ fn check_against_reference(
         2e-4,
         &format!("{what}: weight grad"),
     );
+    got
+}
+
+/// The kinds with a device path (`classifier_device`): the others run natively everywhere.
+fn on_device(kind: &ClassifierKind) -> bool {
+    matches!(
+        kind,
+        ClassifierKind::ArcFace { .. }
+            | ClassifierKind::CosFace { .. }
+            | ClassifierKind::NormalizedSoftmax { .. }
+            | ClassifierKind::ProxyNca { .. }
+    )
 }
 
 proptest! {
@@ -144,6 +156,66 @@ proptest! {
             let w = weights_for(&kind, classes, d, seed ^ 0x5eed);
             check_against_reference(&Context::native_cpu(None), &x, &labels, &w, kind, &format!("b {b} d {d} classes {classes}"));
         }
+    }
+
+    /// On a wgpu context: ArcFace, CosFace, NormalizedSoftmax and ProxyNCA on the device
+    /// (`path` says so), the others natively, all against the reference.
+    #[test]
+    fn a_gpu_context_matches_the_reference(
+        b in 0usize..12,
+        d in 3usize..9,
+        classes in 1usize..40,
+        seed in any::<u64>(),
+        u in 0.0f32..1.0,
+    ) {
+        let Some(ctx) = crate::common::shared_gpu() else { return Ok(()); };
+        let x = noise(b, d, seed) * 3.0;
+        let labels = labels_for(b, classes, seed);
+        for kind in kinds(u, 2) {
+            let w = weights_for(&kind, classes, d, seed ^ 0x5eed);
+            let what = format!("gpu b {b} d {d} classes {classes}");
+            let got = check_against_reference(ctx, &x, &labels, &w, kind, &what);
+            let want = if on_device(&kind) { ComputePath::Wgpu } else { ComputePath::NativeCpu };
+            prop_assert_eq!(got.path, want, "{} {:?}", what, kind);
+        }
+    }
+}
+
+/// Many classes and rows on the device, in blocks under a small budget, and a sampled call
+/// there: the reference's answers.
+#[test]
+fn the_device_path_runs_in_blocks_and_samples() {
+    let Some(ctx) = crate::common::gpu_context(Some(8 << 20)) else {
+        return;
+    };
+    let (b, d, classes) = (300, 24, 2500);
+    let x = noise(b, d, 21) * 2.0;
+    let labels = labels_for(b, classes, 5);
+    for kind in [ClassifierKind::arc_face(), ClassifierKind::proxy_nca()] {
+        let w = weights_for(&kind, classes, d, 8);
+        let got = check_against_reference(&ctx, &x, &labels, &w, kind, "blocks");
+        assert_eq!(got.path, ComputePath::Wgpu, "{kind:?}");
+        let sampling = ClassSampling {
+            rate: 0.05,
+            seed: 3,
+        };
+        let cfg = ClassifierLossConfig {
+            kind,
+            sampling,
+            ..Default::default()
+        };
+        let got =
+            classifier_loss(&ctx, x.view(), &as_i64(&labels), w.view(), &cfg).expect("sampled");
+        let want = classifier_loss_sampled(x.view(), &labels, w.view(), &kind, &sampling);
+        assert_eq!(got.path, ComputePath::Wgpu);
+        assert!((f64::from(got.loss) - want.loss).abs() <= 2e-4 * want.loss.abs().max(1.0));
+        assert_close(&got.grad, &want.grad, 2e-4, "sampled grad");
+        assert_close(
+            &got.weight_grad,
+            &want.weight_grad,
+            2e-4,
+            "sampled weight grad",
+        );
     }
 }
 
@@ -364,26 +436,23 @@ fn arcface_edges() {
     let x = ndarray::array![[2.0f32, 0.0], [-1.0, 0.01], [0.0, 3.0]];
     let w = ndarray::array![[1.0f32, 0.0, 0.5], [0.0, 1.0, 0.5]];
     let labels = [0usize, 0, 1];
-    for margin_grad in [MarginGrad::Pml, MarginGrad::StraightThrough] {
-        let kind = ClassifierKind::ArcFace {
-            margin: 28.6,
-            scale: 64.0,
-            margin_grad,
-        };
-        check_against_reference(&Context::native_cpu(None), &x, &labels, &w, kind, "edges");
-        let got = classifier_loss(
-            &Context::native_cpu(None),
-            x.view(),
-            &[0, 0, 1],
-            w.view(),
-            &config(kind),
-        )
-        .expect("loss");
-        assert!(got
-            .grad
-            .iter()
-            .chain(&got.weight_grad)
-            .all(|v| v.is_finite()));
+    let native = Context::native_cpu(None);
+    // The device path too (its cosine of row 0 and class 0 is exactly 1 as well).
+    let contexts = std::iter::once(&native).chain(crate::common::shared_gpu());
+    for ctx in contexts {
+        for margin_grad in [MarginGrad::Pml, MarginGrad::StraightThrough] {
+            let kind = ClassifierKind::ArcFace {
+                margin: 28.6,
+                scale: 64.0,
+                margin_grad,
+            };
+            let got = check_against_reference(ctx, &x, &labels, &w, kind, "edges");
+            assert!(got
+                .grad
+                .iter()
+                .chain(&got.weight_grad)
+                .all(|v| v.is_finite()));
+        }
     }
 }
 
@@ -559,5 +628,148 @@ fn kinds_from_names_and_options() {
             matches!(err, Error::InvalidParameter { .. }),
             "{name}: {err}"
         );
+    }
+}
+
+/// A process group of threads: each collective writes its part, waits for the others, reads.
+struct Threads {
+    rank: usize,
+    size: usize,
+    slots: std::sync::Arc<(std::sync::Mutex<Vec<Vec<f64>>>, std::sync::Barrier)>,
+}
+
+impl Threads {
+    fn exchange(&self, values: Vec<f64>) -> Vec<Vec<f64>> {
+        let (slots, barrier) = &*self.slots;
+        slots.lock().expect("slots")[self.rank] = values;
+        barrier.wait();
+        let all = slots.lock().expect("slots").clone();
+        barrier.wait();
+        all
+    }
+}
+
+impl wgpu_metric_learning::ShardCollectives for Threads {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn all_gather(&self, values: &[f64]) -> wgpu_metric_learning::Result<Vec<f64>> {
+        Ok(self.exchange(values.to_vec()).concat())
+    }
+    fn reduce_scatter(
+        &self,
+        send: Vec<f64>,
+        block: usize,
+    ) -> wgpu_metric_learning::Result<Vec<f64>> {
+        let all = self.exchange(send);
+        let mine = self.rank * block..(self.rank + 1) * block;
+        Ok(mine.map(|i| all.iter().map(|v| v[i]).sum()).collect())
+    }
+}
+
+/// Class shards out of rank order (rank 0 holds the last classes), sampled: each process's
+/// rows' gradient, its classes' gradient and the loss are one process's; a process whose
+/// sampling differs fails every process alike.
+#[test]
+fn sampled_shards_in_any_order_equal_one_process() {
+    use wgpu_metric_learning::{classifier_loss_sharded, ClassShard};
+    let (d, classes) = (6, 30);
+    let ranges = [20..30, 0..12, 12..20];
+    let rows_of = vec![4, 0, 7];
+    let b: usize = rows_of.iter().sum();
+    let x = noise(b, d, 17) * 2.0;
+    let labels = labels_for(b, classes, 3);
+    let kind = ClassifierKind::cos_face();
+    let w = weights_for(&kind, classes, d, 4);
+    let sampling = ClassSampling { rate: 0.3, seed: 9 };
+    let cfg = ClassifierLossConfig {
+        kind,
+        sampling,
+        ..Default::default()
+    };
+    let ctx = Context::native_cpu(None);
+    let single = classifier_loss(&ctx, x.view(), &as_i64(&labels), w.view(), &cfg).expect("one");
+    let run = |seeds: [u64; 3]| {
+        let slots = std::sync::Arc::new((
+            std::sync::Mutex::new(vec![Vec::new(); 3]),
+            std::sync::Barrier::new(3),
+        ));
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..3)
+                .map(|rank| {
+                    let (slots, ranges, rows_of) = (slots.clone(), ranges.clone(), rows_of.clone());
+                    let (x, labels, w, ctx) = (&x, &labels, &w, &ctx);
+                    scope.spawn(move || {
+                        let engine = Threads {
+                            rank,
+                            size: 3,
+                            slots,
+                        };
+                        let shard = ClassShard {
+                            first_class: ranges[rank].start,
+                            classes,
+                            rows_of,
+                        };
+                        let cfg = ClassifierLossConfig {
+                            kind,
+                            sampling: ClassSampling {
+                                seed: seeds[rank],
+                                ..sampling
+                            },
+                            ..Default::default()
+                        };
+                        let mine = w.slice(ndarray::s![.., ranges[rank].clone()]);
+                        classifier_loss_sharded(
+                            ctx,
+                            x.view(),
+                            &as_i64(labels),
+                            mine,
+                            &cfg,
+                            &shard,
+                            &engine,
+                        )
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("thread"))
+                .collect::<Vec<_>>()
+        })
+    };
+    let outs = run([9, 9, 9]);
+    let mut row = 0;
+    for (rank, out) in outs.into_iter().enumerate() {
+        let out = out.expect("sharded");
+        assert!(
+            (out.loss - single.loss).abs() <= 1e-5 * single.loss.abs().max(1.0),
+            "rank {rank}"
+        );
+        assert_eq!(out.classes_used, single.classes_used);
+        let rows = row..row + rows_of[rank];
+        row = rows.end;
+        let want = single.grad.slice(ndarray::s![rows, ..]).mapv(f64::from);
+        assert_close(&out.grad, &want, 1e-5, &format!("rank {rank} grad"));
+        let want = single
+            .weight_grad
+            .slice(ndarray::s![.., ranges[rank].clone()])
+            .mapv(f64::from);
+        assert_close(
+            &out.weight_grad,
+            &want,
+            1e-5,
+            &format!("rank {rank} weight grad"),
+        );
+    }
+    for (rank, out) in run([9, 9, 10]).into_iter().enumerate() {
+        match out {
+            Err(Error::InvalidParameter {
+                what: "sampling", ..
+            }) => {}
+            other => panic!("rank {rank}: a sampling that differs gave {other:?}"),
+        }
     }
 }

@@ -27,15 +27,19 @@
 //!
 //! With [`ClassSampling`] (PartialFC's `sample_rate`), the softmax losses run over the classes
 //! with a row and a seeded random share of the others ([`classifier_sample`]).
+//!
+//! On a wgpu context, ArcFace, CosFace, NormalizedSoftmax and ProxyNCA run on the device
+//! ([`classifier_device`]: the centres as the pair losses' references, one per class), the
+//! others and the class-sharded calls natively.
 
 use ndarray::{Array2, ArrayView2};
 
-use super::classifier_anchor;
 use super::classifier_params::{ClassifierKind, Rule};
 use super::classifier_pass::{self, Inputs, Tiling};
 use super::classifier_sample::{self, ClassSampling, Renumbered};
 use super::classifier_shards::{ClassShard, Exchange, ShardCollectives, Shards, Whole};
 use super::driver::fits;
+use super::{classifier_anchor, classifier_device};
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::error::{Error, Result};
@@ -92,12 +96,14 @@ pub struct ClassifierLoss {
     pub count: usize,
     /// `∂loss/∂embeddings` `(b, d)`.
     pub grad: Array2<f32>,
-    /// `∂loss/∂weights`, in the weights' layout (0 on the classes a sampling left out).
+    /// `∂loss/∂weights`, in the weights' layout (0 on the classes a sampling left out; on the
+    /// device path, column-major where its standard-layout copy did not fit the budget).
     pub weight_grad: Array2<f32>,
     /// The classes the loss ran over, on every process: all of them, or those of the sample
     /// ([`ClassifierLossConfig::sampling`]).
     pub classes_used: usize,
-    /// Where it ran: the native path on every context.
+    /// Where it ran: the device for ArcFace, CosFace, NormalizedSoftmax and ProxyNCA on a
+    /// wgpu context (one process, a call the device loop takes), else the native path.
     pub path: ComputePath,
 }
 
@@ -178,6 +184,7 @@ pub fn classifier_loss_sharded(
         .and_then(|call| sizing(ctx, &call))
         .and_then(|_| cfg.hooks.check(OP));
     collectives.agree(OP, local)?;
+    same_sampling(&cfg.sampling, collectives)?;
     // Cancellation only where every process agrees on it (a process stopping alone would
     // leave the others waiting in an exchange).
     let quiet = ClassifierLossConfig {
@@ -185,6 +192,27 @@ pub fn classifier_loss_sharded(
         ..cfg.clone()
     };
     classifier_shard(ctx, embeddings, labels, weights, &quiet, &exchange)
+}
+
+/// Every process's sampling, compared: a process that samples where another does not would
+/// run other exchanges. The same error on every process where any differs.
+fn same_sampling(sampling: &ClassSampling, collectives: &dyn ShardCollectives) -> Result<()> {
+    let seed = sampling.seed;
+    let mine = [
+        f64::from(sampling.rate),
+        (seed >> 32) as f64,
+        (seed & 0xffff_ffff) as f64,
+    ];
+    let all = collectives.all_gather(&mine)?;
+    match all.chunks(3).position(|theirs| theirs != mine) {
+        None => Ok(()),
+        Some(rank) => Err(Error::InvalidParameter {
+            op: OP,
+            what: "sampling",
+            value: format!("{sampling:?} on this process, another on process {rank}"),
+            rule: "the same on every process",
+        }),
+    }
 }
 
 /// The [`Plan`] of [`classifier_loss_sharded`] on this process (no exchange).
@@ -215,7 +243,43 @@ pub fn classifier_loss_sharded_plan(
     plan_of(ctx, &check(embeddings, labels, weights, cfg, &numbered)?)
 }
 
-/// The plan of a checked call.
+/// The plan of a checked call on one process: the device's where the call runs there (its
+/// loss has a device path, on a wgpu context, and the device loop takes it), else the native
+/// path's. The least budget is the lesser of the two: below the device's, the call runs
+/// natively.
+fn plan_one(
+    ctx: &Context,
+    call: &Call,
+    embeddings: ArrayView2<'_, f32>,
+    weights: ArrayView2<'_, f32>,
+) -> Result<Plan> {
+    if let Some(gpu) = ctx.gpu() {
+        let w = if call.on_rows { weights.t() } else { weights };
+        let per = call.rule.centres.per_class();
+        // A sample's plan is its copy's: any columns of its shape plan alike.
+        let (w, labels) = match &call.kept {
+            Some(kept) => (
+                w.slice_move(ndarray::s![.., ..kept.len() * per]),
+                classifier_sample::renumber(&call.labels, (0, call.centres / per), kept, 0),
+            ),
+            None => (w, call.labels.clone()),
+        };
+        let rows = (embeddings, &labels[..]);
+        if let Some(mut plan) = classifier_device::plan((ctx, gpu), rows, w, &call.kind)? {
+            // The sample's copy, and the centres' gradient transposed into the layout.
+            let transposed = if call.on_rows { 0 } else { 4 * w.len() as u64 };
+            plan.bytes += sample_bytes(call) + transposed;
+            plan.min_bytes += sample_bytes(call);
+            if let Ok(native) = plan_of(ctx, call) {
+                plan.min_bytes = plan.min_bytes.min(native.min_bytes);
+            }
+            return Ok(plan);
+        }
+    }
+    plan_of(ctx, call)
+}
+
+/// The native plan of a checked call.
 fn plan_of(ctx: &Context, call: &Call) -> Result<Plan> {
     let (tiling, bytes, min_bytes) = sizing(ctx, call)?;
     Ok(Plan {
@@ -282,10 +346,24 @@ fn run_shard(
     shards: &dyn Shards,
     call: &Call,
 ) -> Result<ClassifierLoss> {
+    let w = if call.on_rows { weights.t() } else { weights };
+    if let (Some(gpu), true) = (ctx.gpu(), shards.alone()) {
+        let rows = (embeddings, &call.labels[..]);
+        if let Some(found) = classifier_device::run((ctx, gpu), rows, w, &cfg.kind, &cfg.hooks)? {
+            let (loss, count, grad, centres) = found;
+            return Ok(ClassifierLoss {
+                loss: loss as f32,
+                count,
+                grad,
+                weight_grad: in_layout(ctx, centres, call.on_rows),
+                classes_used: call.centres / call.rule.centres.per_class(),
+                path: ComputePath::Wgpu,
+            });
+        }
+    }
     let (tiling, bytes, _) = sizing(ctx, call)?;
     cfg.hooks.check(OP)?;
     let _held = HostReservation::new("classifier loss working memory", bytes, ctx.tracker())?;
-    let w = if call.on_rows { weights.t() } else { weights };
     let inputs = Inputs {
         x: embeddings,
         labels: &call.labels,
@@ -312,6 +390,20 @@ fn run_shard(
     })
 }
 
+/// The device's centres' gradient `(centres, d)` in the weights' layout: as it is where the
+/// classes are rows, else transposed into a standard-layout copy, counted while both exist
+/// (where the copy does not fit, the transposed view's column-major array).
+fn in_layout(ctx: &Context, centres: Array2<f32>, on_rows: bool) -> Array2<f32> {
+    if on_rows {
+        return centres;
+    }
+    let bytes = 4 * centres.len() as u64;
+    match HostReservation::new("classifier loss weight_grad", bytes, ctx.tracker()) {
+        Ok(_held) => centres.reversed_axes().as_standard_layout().into_owned(),
+        Err(_) => centres.reversed_axes(),
+    }
+}
+
 /// [`classifier_shard`] over the classes `call.kept` of the shard: their centres gathered,
 /// the classes renumbered over every shard's sample, the gradient scattered back.
 fn sampled(
@@ -332,7 +424,7 @@ fn sampled(
         ctx.tracker(),
     )?;
     let (first, _) = shards.classes(local);
-    let (first_kept, total) = shards.offsets(kept.len())?;
+    let (first_kept, total) = shards.offsets(first, kept.len())?;
     let compact = classifier_sample::gather(weights, kept, per, call.on_rows)?;
     // Checked already: the labels, renumbered, are in range; a shard may keep no class
     // (its passes then add nothing, and it takes part in the exchanges all the same).
@@ -384,7 +476,8 @@ pub fn classifier_loss_plan(
     weights: ArrayView2<'_, f32>,
     cfg: &ClassifierLossConfig,
 ) -> Result<Plan> {
-    plan_of(ctx, &check(embeddings, labels, weights, cfg, &Whole(None))?)
+    let call = check(embeddings, labels, weights, cfg, &Whole(None))?;
+    plan_one(ctx, &call, embeddings, weights)
 }
 
 /// A checked call.

@@ -152,10 +152,10 @@ pub(super) fn draw(
     kept
 }
 
-/// The labels over the shards' samples: a class of this shard's its place after the earlier
-/// shards' samples (`first_kept`); another shard's a class outside this shard's range (its
-/// place is its own shard's business: its shard keeps it, so the earlier shards' samples
-/// are not empty when it is below, nor the later ones' when it is above).
+/// The labels over the shards' samples: a class of this shard's its place after the samples
+/// of the shards of lower classes (`first_kept`); another shard's a class outside this
+/// shard's range (its place is its own shard's business: its shard keeps it, so the samples
+/// below this shard's are not empty when it is below, nor those above when it is above).
 pub(super) fn renumber(
     labels: &[usize],
     (first, local): (usize, usize),
@@ -266,8 +266,12 @@ impl Shards for Renumbered<'_> {
         self.inner.sum(v)
     }
 
-    fn offsets(&self, count: usize) -> Result<(usize, usize)> {
-        self.inner.offsets(count)
+    fn offsets(&self, first: usize, count: usize) -> Result<(usize, usize)> {
+        self.inner.offsets(first, count)
+    }
+
+    fn alone(&self) -> bool {
+        self.inner.alone()
     }
 }
 

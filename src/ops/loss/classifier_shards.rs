@@ -55,12 +55,15 @@ pub(crate) trait Shards {
     /// As [`Shards::combine_rows`].
     fn sum(&self, v: f64) -> Result<f64>;
 
-    /// Given this shard's `count` of something (its sampled classes), the sum of the earlier
-    /// shards' counts and the sum of all.
+    /// Given this shard's first class and its `count` of something (its sampled classes), the
+    /// sum of the counts of the shards whose classes come before its own, and the sum of all.
     ///
     /// # Errors
     /// As [`Shards::combine_rows`].
-    fn offsets(&self, count: usize) -> Result<(usize, usize)>;
+    fn offsets(&self, first: usize, count: usize) -> Result<(usize, usize)>;
+
+    /// Whether this is the only shard: one process, every class (the device path's calls).
+    fn alone(&self) -> bool;
 }
 
 /// One process, every class: nothing to exchange. Its classes are numbered from 0, or as the
@@ -89,8 +92,12 @@ impl Shards for Whole {
         Ok(v)
     }
 
-    fn offsets(&self, count: usize) -> Result<(usize, usize)> {
+    fn offsets(&self, _first: usize, count: usize) -> Result<(usize, usize)> {
         Ok((0, count))
+    }
+
+    fn alone(&self) -> bool {
+        self.0.is_none()
     }
 }
 
@@ -271,21 +278,30 @@ impl Shards for Exchange<'_> {
         Ok(self.engine.all_gather(&[v])?.iter().sum())
     }
 
-    fn offsets(&self, count: usize) -> Result<(usize, usize)> {
-        // Counts of classes: exact in f64 (below 2^53).
-        let all = self.engine.all_gather(&[count as f64])?;
-        let rank = self.engine.rank();
-        if all.len() != self.engine.size() || rank >= all.len() {
+    fn offsets(&self, first: usize, count: usize) -> Result<(usize, usize)> {
+        // Class indices and counts: exact in f64 (below 2^53). The shards' classes are
+        // ordered by their first class, whatever their ranks.
+        let all = self.engine.all_gather(&[first as f64, count as f64])?;
+        if all.len() != 2 * self.engine.size() {
             return Err(Error::Shape {
                 op: self.op,
-                what: "counts gathered from every process",
-                expected: format!("{} values", self.engine.size()),
+                what: "first classes and counts gathered from every process",
+                expected: format!("{} values", 2 * self.engine.size()),
                 got: vec![all.len()],
             });
         }
-        let before: f64 = all[..rank].iter().sum();
-        let total: f64 = all.iter().sum();
+        let shards = all.chunks_exact(2);
+        let before: f64 = shards
+            .clone()
+            .filter(|s| s[0] < first as f64)
+            .map(|s| s[1])
+            .sum();
+        let total: f64 = shards.map(|s| s[1]).sum();
         Ok((before as usize, total as usize))
+    }
+
+    fn alone(&self) -> bool {
+        false
     }
 }
 

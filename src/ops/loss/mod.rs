@@ -11,6 +11,7 @@ mod angular;
 mod backward;
 mod classifier;
 mod classifier_anchor;
+mod classifier_device;
 mod classifier_params;
 mod classifier_pass;
 mod classifier_sample;

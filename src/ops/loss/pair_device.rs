@@ -112,21 +112,21 @@ pub(super) fn rule(kind: Kind, job: &Job<'_>) -> Option<PairRule> {
 }
 
 /// `head` followed by zeros: a rule's parameters as the kernel takes them.
-fn pad(head: &[f32]) -> [f32; 8] {
+pub(super) fn pad(head: &[f32]) -> [f32; 8] {
     let mut all = [0.0; 8];
     all[..head.len()].copy_from_slice(head);
     all
 }
 
 /// One anchor's words: three f32, four counts.
-struct Words {
-    floats: [f64; 3],
-    counts: [u64; 4],
+pub(super) struct Words {
+    pub(super) floats: [f64; 3],
+    pub(super) counts: [u64; 4],
 }
 
 /// Every anchor's [`Words`] (of `stride` words each); an error where an anchor's eighth word
 /// is not the zero the kernel writes (the sentinel: an anchor it never reached).
-fn words(op: &'static str, raw: &Raw, stride: usize) -> Result<Vec<Words>> {
+pub(super) fn words(op: &'static str, raw: &Raw, stride: usize) -> Result<Vec<Words>> {
     raw.words
         .chunks_exact(stride)
         .map(|w| match w[7] {
