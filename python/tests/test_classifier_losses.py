@@ -276,3 +276,25 @@ def test_numpy_function_samples():
     assert set(touched.tolist()) <= set(kept.tolist())
     full = wml.classifier_loss(ctx, x, labels, w, "cosface")
     assert full.classes_used == 500 and full.loss != out.loss
+
+
+@pytest.mark.parametrize(
+    "name,kw,attr",
+    [
+        ("ArcFaceLoss", {}, "W"),
+        ("CosFaceLoss", {}, "W"),
+        ("NormalizedSoftmaxLoss", {}, "W"),
+        ("ProxyNCALoss", {}, "proxies"),
+    ],
+)
+def test_the_device_path_equals_pml(name, kw, attr, ctx):
+    """On each backend (the wgpu one runs these four on the device): PML's values and both
+    gradients."""
+    classes, d, b = 40, 16, 48
+    torch.manual_seed(5)
+    theirs = getattr(losses, name)(num_classes=classes, embedding_size=d, **kw)
+    ours = getattr(drop, name)(num_classes=classes, embedding_size=d, context=ctx, **kw)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(b, d) * 2
+    labels = torch.randint(0, classes, (b,))
+    assert_same(run(ours, x, labels, attr), run(theirs, x, labels, attr), f"{name} on {ctx.path}")
