@@ -105,15 +105,15 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name, mode, size", CASES)
-def test_distributed_drop_ins_match_one_process(name, mode, size):
+def _spawn(worker, size, *args):
+    """``worker(rank, size, init, *args, results)`` in ``size`` processes of one gloo group:
+    what each put in ``results``, in rank order; every process must exit cleanly."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init = "file://" + os.path.join(tmp, "store")
         procs = [
-            ctx.Process(target=_worker, args=(r, size, init, name, mode, results))
-            for r in range(size)
+            ctx.Process(target=worker, args=(r, size, init, *args, results)) for r in range(size)
         ]
         for p in procs:
             p.start()
@@ -121,6 +121,12 @@ def test_distributed_drop_ins_match_one_process(name, mode, size):
         for p in procs:
             p.join(timeout=60)
             assert p.exitcode == 0
+    return got
+
+
+@pytest.mark.parametrize("name, mode, size", CASES)
+def test_distributed_drop_ins_match_one_process(name, mode, size):
+    got = _spawn(_worker, size, name, mode)
     for rank, value_ok, grad_ok, weight_ok in got:
         assert value_ok, f"rank {rank}: loss differs"
         assert grad_ok, f"rank {rank}: embeddings' gradient differs"
@@ -197,21 +203,7 @@ def _guard_worker(rank, size, init, results):
 
 
 def test_sharded_weights_refuse_ddp_and_replicas_are_checked():
-    size = 2
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        init = "file://" + os.path.join(tmp, "store")
-        procs = [
-            ctx.Process(target=_guard_worker, args=(r, size, init, results)) for r in range(size)
-        ]
-        for p in procs:
-            p.start()
-        got = sorted(results.get(timeout=120) for _ in range(size))
-        for p in procs:
-            p.join(timeout=60)
-            assert p.exitcode == 0
-    for rank, out in got:
+    for rank, out in _spawn(_guard_worker, 2):
         assert "DistributedDataParallel would broadcast" in out["direct"], (rank, out["direct"])
         assert "already copied rank 0's shard" in out["nested"], (rank, out["nested"])
         assert out["ignored"] is True, rank

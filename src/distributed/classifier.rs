@@ -21,6 +21,7 @@ use ndarray::{s, Array2, ArrayView2};
 
 use super::{fingerprint, Group};
 use crate::context::Context;
+use crate::data::files::Fnv;
 use crate::error::{Error, Result};
 use crate::ops::loss::{
     classifier_loss_sharded, ClassShard, ClassifierLoss, ClassifierLossConfig, ShardCollectives,
@@ -133,7 +134,6 @@ pub fn classifier_loss(
         OP,
         &[
             ("loss", fingerprint(&kind)),
-            ("sampling", fingerprint(&cfg.loss.sampling)),
             ("weights, gradients and check_replicas modes", modes),
             ("d", d as u64),
         ],
@@ -215,9 +215,9 @@ fn class_range(
 
 /// A checksum of `w`'s values, bit for bit in logical order (FNV-1a over 32-bit words).
 fn checksum(w: ArrayView2<'_, f32>) -> u64 {
-    w.iter().fold(0xcbf2_9ce4_8422_2325, |h, v| {
-        (h ^ u64::from(v.to_bits())).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    let mut sum = Fnv::new();
+    w.iter().for_each(|v| sum.word(v.to_bits()));
+    sum.0
 }
 
 /// Every rank's rows `(Σ b_r, d)` (embeddings, or a weight gradient's classes), in rank order.

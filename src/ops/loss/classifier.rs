@@ -347,6 +347,9 @@ fn run_shard(
     call: &Call,
 ) -> Result<ClassifierLoss> {
     let w = if call.on_rows { weights.t() } else { weights };
+    let classes_used = shards
+        .classes(call.centres / call.rule.centres.per_class())
+        .1;
     if let (Some(gpu), true) = (ctx.gpu(), shards.alone()) {
         let rows = (embeddings, &call.labels[..]);
         if let Some(found) = classifier_device::run((ctx, gpu), rows, w, &cfg.kind, &cfg.hooks)? {
@@ -356,7 +359,7 @@ fn run_shard(
                 count,
                 grad,
                 weight_grad: in_layout(ctx, centres, call.on_rows),
-                classes_used: call.centres / call.rule.centres.per_class(),
+                classes_used,
                 path: ComputePath::Wgpu,
             });
         }
@@ -383,9 +386,7 @@ fn run_shard(
         count: out.count,
         grad: out.grad,
         weight_grad: out.weight_grad,
-        classes_used: shards
-            .classes(call.centres / call.rule.centres.per_class())
-            .1,
+        classes_used,
         path: ComputePath::NativeCpu,
     })
 }

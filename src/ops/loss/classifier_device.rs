@@ -14,9 +14,9 @@
 
 use ndarray::{Array1, Array2, ArrayView2};
 
-use super::driver::{Job, Totals};
+use super::driver::Job;
 use super::gpu::{self, PairRule, Rule};
-use super::pair_device::{pad, words};
+use super::pair_device::{mean_of, pad};
 use crate::context::plan::{DeviceCaps, Plan};
 use crate::context::Context;
 use crate::data::device_rows::max_page_rows;
@@ -117,19 +117,9 @@ pub(super) fn run(
         let Some(raw) = gpu::run_raw(ctx, gpu, job, &Rule::Pair(rule))? else {
             return Ok(None);
         };
-        let mut totals = Totals::default();
-        for row in words(OP, &raw, WORDS)? {
-            totals.loss += row.floats[0];
-            totals.count += row.counts[0];
-        }
-        let share = if totals.count == 0 {
-            0.0
-        } else {
-            1.0 / totals.count as f32
-        };
-        let loss = f64::from(totals.mean());
-        let count = totals.count as usize;
-        let out = gpu::finish(ctx, job, raw, totals, share)?;
+        // The mean over the rows the rule keeps (every row but ProxyNCA's that underflow).
+        let (loss, _, out) = mean_of(ctx, job, raw)?;
+        let count = out.totals.count as usize;
         let ref_grad = out.ref_grad.unwrap_or_else(|| Array2::zeros((centres, d)));
         Ok(Some((loss, count, out.query_grad, ref_grad)))
     };

@@ -119,14 +119,14 @@ pub(super) fn pad(head: &[f32]) -> [f32; 8] {
 }
 
 /// One anchor's words: three f32, four counts.
-pub(super) struct Words {
-    pub(super) floats: [f64; 3],
-    pub(super) counts: [u64; 4],
+struct Words {
+    floats: [f64; 3],
+    counts: [u64; 4],
 }
 
 /// Every anchor's [`Words`] (of `stride` words each); an error where an anchor's eighth word
 /// is not the zero the kernel writes (the sentinel: an anchor it never reached).
-pub(super) fn words(op: &'static str, raw: &Raw, stride: usize) -> Result<Vec<Words>> {
+fn words(op: &'static str, raw: &Raw, stride: usize) -> Result<Vec<Words>> {
     raw.words
         .chunks_exact(stride)
         .map(|w| match w[7] {
@@ -153,7 +153,7 @@ fn share(count: u64) -> f64 {
 
 /// The mean of the anchors' losses (word 0) over what they count (count 0), the gradients
 /// divided by it: the rules whose reducer is a mean over anchors or pairs.
-fn mean_of(ctx: &Context, job: &Job<'_>, raw: Raw) -> Result<Found> {
+pub(super) fn mean_of(ctx: &Context, job: &Job<'_>, raw: Raw) -> Result<Found> {
     let mut t = Totals::default();
     for w in words(job.op, &raw, WORDS)? {
         t.loss += w.floats[0];
