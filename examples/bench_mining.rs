@@ -25,7 +25,8 @@
 //! Matryoshka call alternate in one process and an `AB` line gives their ratio.
 //! PML's pair losses with their gradient (`pair_loss`, each loss's defaults and default
 //! distance): `loss_pair_<contrastive|multi_similarity|supcon|circle|nca|generalized_lifted|
-//! margin|fast_ap|tcm|ranked_list|intra_pair_variance|lifted|histogram>`, the `B` queries against `M` references without
+//! margin|fast_ap|tcm|ranked_list|intra_pair_variance|lifted|histogram|snr_contrastive|
+//! tuplet_margin|n_pairs|instance>`, the `B` queries against `M` references without
 //! their gradient, or among themselves with `--M 0` (Lifted and Histogram run on the device
 //! only so; PML's FastAP and Histogram take no references); `count` is the reducers' divisors.
 //! `--kernel-timing`: every kernel timed by timestamps, its GPU seconds per operation in
@@ -47,10 +48,11 @@ use wgpu_metric_learning::{
     multiple_negatives_ranking_loss, ntxent_loss, pair_loss, pair_margin_pairs,
     triplet_margin_loss, AllPairsConfig, BackendChoice, BatchEasyHardConfig, Circle, ComputePath,
     Context, ContextConfig, Contrastive, CountMethod, FastAp, GeneralizedLifted, Histogram,
-    InfoNceConfig, IntraPairVariance, LiftedStructure, Margin, Matryoshka, MiningSet, MnrlConfig,
-    MultiSimilarity, MultiSimilarityConfig, Nca, PairLoss, PairLossConfig, PairLossRule,
-    PairMarginConfig, Pairs, PairsOnDevice, RankedList, SupCon, ThresholdConsistentMargin,
-    TripletConfig, TripletLossConfig, TripletRule, TripletType,
+    InfoNceConfig, Instance, IntraPairVariance, LiftedStructure, Margin, Matryoshka, MiningSet,
+    MnrlConfig, MultiSimilarity, MultiSimilarityConfig, NPairs, Nca, PairLoss, PairLossConfig,
+    PairLossRule, PairMarginConfig, Pairs, PairsOnDevice, RankedList, SnrContrastive, SupCon,
+    ThresholdConsistentMargin, TripletConfig, TripletLossConfig, TripletRule, TripletType,
+    TupletMargin,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -264,6 +266,10 @@ fn pair_case(
         "histogram" => with::<Histogram>(ctx, sides),
         "ranked_list" => with::<RankedList>(ctx, sides),
         "intra_pair_variance" => with::<IntraPairVariance>(ctx, sides),
+        "snr_contrastive" => with::<SnrContrastive>(ctx, sides),
+        "tuplet_margin" => with::<TupletMargin>(ctx, sides),
+        "n_pairs" => with::<NPairs>(ctx, sides),
+        "instance" => with::<Instance>(ctx, sides),
         other => Err(wgpu_metric_learning::Error::InvalidParameter {
             op: "bench_mining",
             what: "--func",

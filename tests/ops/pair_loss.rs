@@ -805,3 +805,76 @@ fn bad_parameters_are_typed_errors() {
         "Circle on a distance"
     );
 }
+
+/// NCA keeps an anchor whose positive lies so far below its nearest neighbour that its
+/// probability is a float32 subnormal (as PML does), with the exact loss, and drops one whose
+/// probability underflows to 0. The library's vectorised exponentials stop at `e^{−87}`;
+/// these anchors are past it.
+#[test]
+fn nca_keeps_subnormal_probabilities_and_drops_zero_ones() {
+    // Two classes on opposite sides of the circle: each row's positive is at squared
+    // distance 4 (the farthest), a negative of the other class at nearly 0.
+    let x = array![[1.0f32, 0.0], [-1.0, 0.0], [1.0, 0.05], [-1.0, 0.05]];
+    let labels = array![0u32, 0, 1, 1];
+    let distance = DistanceConfig {
+        distance: Distance::SquaredEuclidean,
+        normalize: true,
+    };
+    let rows = x.mapv(f64::from);
+    let hat = |i: usize| {
+        let r = rows.row(i);
+        &r / r.dot(&r).sqrt()
+    };
+    let d = |i: usize, j: usize| {
+        let diff = hat(i) - hat(j);
+        diff.dot(&diff)
+    };
+    for (scale, kept) in [(24.0f32, 4usize), (30.0, 0)] {
+        let cfg = PairLossConfig {
+            rule: Nca {
+                softmax_scale: scale,
+            },
+            distance,
+            ..Default::default()
+        };
+        let got = pair_loss(
+            &Context::native_cpu(None),
+            &MiningSet::new(&x, &labels),
+            None,
+            &cfg,
+        )
+        .expect("loss");
+        // PML in f64: `−log Σ_P softmax`, kept where the probability is not 0 in f32.
+        let lse = |v: Vec<f64>| {
+            let top = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            top + v.iter().map(|z| (z - top).exp()).sum::<f64>().ln()
+        };
+        let losses: Vec<f64> = (0..4)
+            .filter_map(|a| {
+                let others = (0..4).filter(|&j| j != a);
+                let all = lse(others
+                    .clone()
+                    .map(|j| -f64::from(scale) * d(a, j))
+                    .collect());
+                let same = others.filter(|&j| labels[j] == labels[a]);
+                let own = lse(same.map(|j| -f64::from(scale) * d(a, j)).collect());
+                ((own - all).exp() as f32 != 0.0).then_some(all - own)
+            })
+            .collect();
+        assert_eq!(
+            (got.nonzero as usize, losses.len()),
+            (kept, kept),
+            "scale {scale}"
+        );
+        let want = match kept {
+            0 => 0.0,
+            n => losses.iter().sum::<f64>() / n as f64,
+        };
+        assert!(
+            (f64::from(got.loss) - want).abs() <= 1e-5 * want.max(1.0),
+            "scale {scale}: {} vs {want}",
+            got.loss
+        );
+        assert!(got.query_grad.iter().all(|g| g.is_finite()));
+    }
+}

@@ -384,7 +384,7 @@ fn small_budgets_split_into_blocks_with_the_same_answer() {
     // Room for the fixed part and a few rows of distances only.
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get()) as u64;
     let base = 4 * 8 * (2 * 40 + 2 * 300);
-    let fixed = base + threads * 300 * 44;
+    let fixed = base + threads * 300 * 48;
     // Per block row: its distances (4 bytes) and its possible near pairs (16) per reference.
     let budget = fixed + 3 * 20 * 300;
     let ctx = Context::native_cpu(Some(budget));
@@ -411,7 +411,7 @@ fn small_budgets_split_into_blocks_with_the_same_answer() {
     ));
     // The least is one thread's scratch and one block row, whatever the cores: it runs there
     // (on one thread) with the same answer, and one byte less is refused, naming it.
-    let least = base + (300 * 44 + 16) + 20 * 300;
+    let least = base + (300 * 48 + 16) + 20 * 300;
     let one = triplet_margin_loss(
         &Context::native_cpu(Some(least)),
         &queries,

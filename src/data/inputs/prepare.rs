@@ -474,6 +474,20 @@ impl<'a> Labelled<'a> {
         }
     }
 
+    /// The references labelled `label` and those labelled otherwise, ascending, into the given
+    /// vectors (cleared first): an anchor's lists before its own slot is left out, which
+    /// anchors of one label share.
+    pub(crate) fn label_lists(&self, label: u32, same: &mut Vec<u32>, others: &mut Vec<u32>) {
+        same.clear();
+        others.clear();
+        for (r, &other) in self.ref_labels.iter().enumerate() {
+            match other == label {
+                true => same.push(r as u32),
+                false => others.push(r as u32),
+            }
+        }
+    }
+
     /// Anchor `a`'s ascending positive references (same label, not its own slot) and negative
     /// references (other label), into the given vectors (cleared first, reused by callers).
     /// The host twin of `shaders/triplet_lists.wgsl`, shared by the native path and the miners.

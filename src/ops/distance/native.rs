@@ -27,6 +27,7 @@ use ndarray::{s, Array2, ArrayView2, ArrayViewMut2, Axis};
 use crate::error::Result;
 use crate::hooks::Reporter;
 use crate::metric::{Distance, DistanceConfig};
+use crate::runtime::simd::widest;
 
 /// Query rows per GEMM block of [`pairwise_distances`]: between two blocks a thread checks for
 /// cancellation and reports its progress.
@@ -279,9 +280,35 @@ fn epilogue(
     }
     ndarray::linalg::general_mat_mul(1.0, &queries, &refs.t(), 0.0, &mut out);
     for ((mut row, &iq), &q2) in out.rows_mut().into_iter().zip(q.0).zip(q.1) {
-        let refs = r.0.iter().zip(r.1);
-        for (d, (&ir, &r2)) in row.iter_mut().zip(refs) {
-            *d = finish(distance, q2, r2, *d * iq * ir);
+        match row.as_slice_mut() {
+            Some(row) => finish_row(row, (iq, q2), r.0, r.1, distance),
+            None => {
+                let refs = r.0.iter().zip(r.1);
+                for (d, (&ir, &r2)) in row.iter_mut().zip(refs) {
+                    *d = finish(distance, q2, r2, *d * iq * ir);
+                }
+            }
+        }
+    }
+}
+
+widest! {
+    /// [`finish`] over one contiguous row of dot products, query factors `(iq, q2)`, the
+    /// references' `scale` and `sq`: one loop per distance, so that each vectorises (the
+    /// square root above all).
+    fn finish_row(row: &mut [f32], q: (f32, f32), scale: &[f32], sq: &[f32], distance: Distance) {
+        let (iq, q2) = q;
+        let pairs = row.iter_mut().zip(scale.iter().zip(sq));
+        match distance {
+            Distance::Euclidean => pairs.for_each(|(d, (&ir, &r2))| {
+                *d = finish(Distance::Euclidean, q2, r2, *d * iq * ir);
+            }),
+            Distance::SquaredEuclidean => pairs.for_each(|(d, (&ir, &r2))| {
+                *d = finish(Distance::SquaredEuclidean, q2, r2, *d * iq * ir);
+            }),
+            Distance::Cosine | Distance::DotProduct => {
+                pairs.for_each(|(d, (&ir, _))| *d = *d * iq * ir);
+            }
         }
     }
 }

@@ -1,221 +1,29 @@
 //! The one loop every loss runs: anchors in blocks under the budget; per block the distance
 //! rows (as the miners compute them), each turned by the loss into its row of weights
-//! `W = ∂L/∂D` in place, then the block's two gradient products ([`super::backward`]).
+//! `W = ∂L/∂D` in place, then the block's two gradient products ([`super::backward`]); the
+//! threads' part of a block is [`super::block`].
+//!
+//! Two shortcuts where every anchor fits one block: a loss whose rule needs a forward pass
+//! first (Contrastive's divisors) runs both passes on one computation of the distances
+//! ([`run_after`]), and rows that are their own references take both sides of the gradient
+//! in one product, `(U + Uᵀ) x̂` ([`add_both_sides`]).
 
-use ndarray::{s, Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis};
+use ndarray::{s, Array2, ArrayView2};
 
-use super::backward::{
-    add_ref_side, pair_weight, query_side, ref_side_into, through_normalization,
-};
+use super::backward::{add_both_sides, add_ref_side, through_normalization};
+use super::block::{Fresh, Pass};
+use super::scratch::{AnchorRule, RefPairs, Scratch, Shared, Totals, NEAR_PAIR_BYTES};
 use super::{hat, host_refs, host_rows};
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::data::inputs::{self, Embeddings, Labelled, Rows};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Reporter};
-use crate::metric::{Distance, DistanceConfig};
+use crate::metric::DistanceConfig;
 use crate::ops::distance::native::normalized;
-use crate::ops::distance::native::{distances_into, is_direct, read_config, Norms};
+use crate::ops::distance::native::{is_direct, read_config, Norms};
 use crate::runtime::memory::HostReservation;
 use crate::runtime::pool::{threads, workers_within};
-
-/// Sums over the anchors seen so far.
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct Totals {
-    /// The sum of the losses that the mean is over.
-    pub(super) loss: f64,
-    /// The mean's divisor: the losses it averages (positive triplet losses, positive pairs).
-    pub(super) count: u64,
-    /// What the loss ran over (triplets, pairs), for the caller's information.
-    pub(super) items: u64,
-    /// A rule's own sum beside the loss (MarginLoss: `∂L/∂β` before the mean's division).
-    pub(super) aux: f64,
-}
-
-impl Totals {
-    pub(super) fn add(&mut self, other: Totals) {
-        self.loss += other.loss;
-        self.count += other.count;
-        self.items += other.items;
-        self.aux += other.aux;
-    }
-
-    /// The mean; 0 over nothing.
-    pub(super) fn mean(&self) -> f32 {
-        if self.count == 0 {
-            0.0
-        } else {
-            (self.loss / self.count as f64) as f32
-        }
-    }
-}
-
-/// One thread's per-anchor scratch, reused from anchor to anchor; each loss uses what it needs.
-pub(super) struct Scratch {
-    pub(super) positives: Vec<u32>,
-    pub(super) negatives: Vec<u32>,
-    /// Negatives as (value, reference).
-    pub(super) order: Vec<(f32, u32)>,
-    pub(super) sorted: Vec<f32>,
-    pub(super) prefix: Vec<f64>,
-    pub(super) runs: Vec<i64>,
-    /// `∂L/∂D` over the anchor's row (before the mean's division), which the loss fills.
-    pub(super) weights: Vec<f64>,
-    /// Pairs of references, for a rule that scores them too ([`Job::ref_pairs`]).
-    pub(super) pairs: Option<RefPairs>,
-}
-
-impl Scratch {
-    /// Bytes for `m` references.
-    pub(super) fn bytes(m: u64) -> u64 {
-        // `prefix` and `runs` hold `m + 1`.
-        m * (4 + 4 + 8 + 4 + 8 + 8 + 8) + 16
-    }
-
-    fn new(m: usize, pairs: Option<RefPairs>) -> Self {
-        Self {
-            pairs,
-            positives: Vec::with_capacity(m),
-            negatives: Vec::with_capacity(m),
-            order: Vec::with_capacity(m),
-            sorted: Vec::with_capacity(m),
-            prefix: Vec::with_capacity(m + 1),
-            runs: Vec::with_capacity(m + 1),
-            weights: vec![0.0; m],
-        }
-    }
-}
-
-/// A loss's rule for one anchor: from its index and distance row `(m,)`, fill
-/// [`Scratch::weights`] (zeroed before) and return its sums; the rows are there for
-/// [`RefPairs`].
-pub(super) type AnchorRule<'r> =
-    dyn Fn(usize, ArrayView1<'_, f32>, &mut Scratch, &Shared<'_>) -> Totals + Sync + 'r;
-
-/// References a [`RefPairs`] scores at once against every reference.
-pub(super) const PAIR_ROWS: usize = 32;
-
-/// One thread's scratch for a rule that also scores pairs of references (the triplet loss's
-/// swap, `d(r_p, r_n)`): the distances from up to [`PAIR_ROWS`] references to every
-/// reference (computed as the anchors' rows are), the rule's weights `∂L/∂D` for them, and the
-/// thread's gradient with respect to the normalised references from those pairs.
-pub(super) struct RefPairs {
-    /// The loaded references.
-    rows: Vec<u32>,
-    /// `(PAIR_ROWS, dim)` rows as the distances read them (normalised where they normalise).
-    raw: Array2<f32>,
-    /// `(PAIR_ROWS, m)` distances, then `U`.
-    distances: Array2<f32>,
-    /// With the gradient only: the rows normalised and their own gradient `(PAIR_ROWS, dim)`,
-    /// and the `PAIR_ROWS · m` weights `∂L/∂D` (without, empty: nothing to take back).
-    hat: Array2<f32>,
-    own: Array2<f32>,
-    weights: Vec<f64>,
-    /// `(m, dim)`, when a gradient goes to the references.
-    grad: Option<Array2<f32>>,
-    near: Vec<NearPair>,
-}
-
-impl RefPairs {
-    /// Bytes for `m` references of `dim` floats, with the gradient when `grad`.
-    fn bytes(m: u64, dim: u64, grad: bool) -> u64 {
-        let rows = PAIR_ROWS as u64;
-        let gradient = 2 * rows * dim * 4 + rows * m * (8 + NEAR_PAIR_BYTES) + m * dim * 4;
-        rows * 4 + rows * dim * 4 + rows * m * 4 + if grad { gradient } else { 0 }
-    }
-
-    fn new(m: usize, dim: usize, grad: bool) -> Self {
-        let with_grad = if grad { PAIR_ROWS } else { 0 };
-        Self {
-            rows: Vec::with_capacity(PAIR_ROWS),
-            raw: Array2::zeros((PAIR_ROWS, dim)),
-            distances: Array2::zeros((PAIR_ROWS, m)),
-            hat: Array2::zeros((with_grad, dim)),
-            own: Array2::zeros((with_grad, dim)),
-            weights: vec![0.0; with_grad * m],
-            grad: grad.then(|| Array2::zeros((m, dim))),
-            near: Vec::new(),
-        }
-    }
-
-    /// Loads `rows` (at most [`PAIR_ROWS`] references): their distances to every reference,
-    /// with zero weights.
-    pub(super) fn load(&mut self, shared: &Shared<'_>, rows: &[u32]) {
-        let (k, m) = (rows.len(), shared.r_hat.nrows());
-        self.rows.clear();
-        self.rows.extend_from_slice(rows);
-        for (mut raw, &j) in self.raw.rows_mut().into_iter().zip(rows) {
-            raw.assign(&shared.r_hat.row(j as usize));
-        }
-        distances_into(
-            self.raw.slice(s![..k, ..]),
-            shared.r_hat,
-            shared.r_norms,
-            &shared.distance,
-            self.distances.slice_mut(s![..k, ..]),
-        );
-        if let Some(weights) = self.weights.get_mut(..k * m) {
-            weights.fill(0.0);
-        }
-    }
-
-    /// `D(r_{rows[i]}, r_j)` of the loaded rows.
-    pub(super) fn distance(&self, i: usize, j: usize) -> f32 {
-        self.distances[[i, j]]
-    }
-
-    /// Adds `w` to `∂L/∂D(r_{rows[i]}, r_j)` (nothing without the gradient).
-    pub(super) fn add_weight(&mut self, i: usize, j: usize, w: f64) {
-        let m = self.distances.ncols();
-        if let Some(weight) = self.weights.get_mut(i * m + j) {
-            *weight += w;
-        }
-    }
-
-    /// Takes the loaded rows' weights through the distance into the thread's gradient (as
-    /// the anchors' rows are: [`weights_to_u`], then both sides' products); nothing when no
-    /// gradient goes to the references or every weight is 0.
-    pub(super) fn flush(&mut self, shared: &Shared<'_>) {
-        let (k, m) = (self.rows.len(), shared.r_hat.nrows());
-        let Some(grad) = self.grad.as_mut() else {
-            return;
-        };
-        if self.weights[..k * m].iter().all(|&w| w == 0.0) {
-            return;
-        }
-        for (i, &p) in self.rows.iter().enumerate() {
-            let p = p as usize;
-            self.hat.row_mut(i).assign(&shared.r_hat.row(p));
-            let weights = &self.weights[i * m..(i + 1) * m];
-            let x = (p, shared.r_hat.row(p), shared.r_norms.sq[p]);
-            let near = (&mut self.near, k * m);
-            weights_to_u(shared, x, self.distances.row_mut(i), weights, near);
-        }
-        let distance = shared.distance.distance;
-        let (u, hat) = (
-            self.distances.slice(s![..k, ..]),
-            self.hat.slice(s![..k, ..]),
-        );
-        ref_side_into(distance, u, hat, shared.r_hat, grad.view_mut());
-        query_side(
-            distance,
-            u,
-            hat,
-            shared.r_hat,
-            self.own.slice_mut(s![..k, ..]),
-        );
-        for (own, &p) in self.own.rows().into_iter().zip(&self.rows) {
-            let mut g = grad.row_mut(p as usize);
-            g += &own;
-        }
-        for &(p, j, w) in &self.near {
-            let diff = &shared.r_hat.row(p) - &shared.r_hat.row(j as usize);
-            grad.row_mut(p).scaled_add(w, &diff);
-            grad.row_mut(j as usize).scaled_add(-w, &diff);
-        }
-        self.near.clear();
-    }
-}
 
 /// What a loss call asks of the loop.
 pub(super) struct Job<'a> {
@@ -309,33 +117,6 @@ pub(super) struct Output {
     pub(super) totals: Totals,
     pub(super) query_grad: Array2<f32>,
     pub(super) ref_grad: Option<Array2<f32>>,
-}
-
-/// Below this share of `|q̂|² + |r̂|²`, a squared Euclidean distance computed as
-/// `|q̂|² + |r̂|² − 2 q̂·r̂` has lost most of its digits to cancellation (identical rows give
-/// ~3e-4, not 0). Its pair's gradient `w (q̂ − r̂) / D` is then taken from the difference
-/// itself, outside the matrix products, so that near-duplicates get the exact derivative (as
-/// torch's `cdist` backward gives for small inputs; its matrix-product form, used past 25
-/// rows, is as noisy there as the distance).
-pub(super) const NEAR: f32 = 1e-3;
-
-/// A pair whose gradient is taken directly: anchor, reference, and `w / |q̂ − r̂|`.
-type NearPair = (usize, u32, f32);
-
-/// Bytes of one [`NearPair`], counted per possible pair of a block (collapsed embeddings
-/// make every pair near).
-const NEAR_PAIR_BYTES: u64 = std::mem::size_of::<NearPair>() as u64;
-
-/// The rows every block reads, normalised as torch normalises them where the distance
-/// normalises ([`crate::ops::distance::native`]), and their norms.
-pub(super) struct Shared<'a> {
-    distance: DistanceConfig,
-    /// [`Job::snr`]: each query row's distances divided by its squared norm.
-    snr: bool,
-    q_hat: ArrayView2<'a, f32>,
-    r_hat: ArrayView2<'a, f32>,
-    q_norms: &'a Norms,
-    r_norms: &'a Norms,
 }
 
 /// The most a block's per-anchor rows take in the InfoNCE pass of
@@ -474,6 +255,21 @@ pub(super) fn run_as(
     rule: &AnchorRule<'_>,
     mode: Mode,
 ) -> Result<Output> {
+    let then = |_: Totals| -> Box<AnchorRule<'_>> { Box::new(|a, d, s, sh| rule(a, d, s, sh)) };
+    Ok(run_after(ctx, job, None, &then, mode)?.1)
+}
+
+/// The rule `then` makes from the sums of a forward pass of `first` (its sums only, no
+/// gradient), run as [`run_as`] runs a rule; returns the first pass's sums too. When every
+/// anchor fits one block, both passes read one computation of the distances: the forward
+/// pass then costs its rule alone. Without `first`, `then` gets zero sums.
+pub(super) fn run_after<'r>(
+    ctx: &Context,
+    job: &Job<'_>,
+    first: Option<&AnchorRule<'_>>,
+    then: &dyn Fn(Totals) -> Box<AnchorRule<'r>>,
+    mode: Mode,
+) -> Result<(Totals, Output)> {
     let (queries, refs) = job.sides()?;
     let ((b, d), m) = (queries.dim(), refs.dim().0);
     let report = Reporter::new(job.hooks, job.op, b as u64 * m as u64);
@@ -512,63 +308,93 @@ pub(super) fn run_as(
         r_hat,
         q_norms: &q_norms,
         r_norms: &r_norms,
+        labels: &job.set.labels,
     };
     let mut g_q = Array2::<f32>::zeros((b, d));
     let mut g_r = ref_role.then(|| Array2::<f32>::zeros((m, d)));
-    let mut totals = Totals::default();
     let mut block = Array2::<f32>::zeros((rows, m));
     // Each thread's scratch, kept from block to block; the gradient its reference pairs
     // gather is added to the references' once, after the last block.
     let mut scratches: Vec<Scratch> = (0..threads)
         .map(|_| Scratch::new(m, job.ref_pairs.then(|| RefPairs::new(m, d, ref_role))))
         .collect();
+    // A forward pass over blocks of its own, unless one block holds every anchor. One
+    // block of rows that are their own references (and `n × n`, hence square) takes both
+    // sides of the gradient in one product ([`add_both_sides`]).
+    let one_block = rows >= b;
+    let both = one_block && job.refs_are_queries && m == b;
+    let mut pass = Pass {
+        shared: &shared,
+        report: &report,
+        threads,
+        scratches: &mut scratches,
+        both,
+    };
+    let mut counted = Totals::default();
+    let mut second = None;
+    if let (Some(first), false) = (first, one_block) {
+        for c0 in (0..b).step_by(rows) {
+            report.check()?;
+            let c1 = (c0 + rows).min(b);
+            let u = block.slice_mut(s![..c1 - c0, ..]);
+            let g = g_q.slice_mut(s![c0..c1, ..]);
+            counted.add(pass.block(first, Fresh::Distances, c0, (u, g)).0);
+        }
+        report.check()?;
+        second = Some(then(counted));
+    }
+    let mut totals = Totals::default();
     for c0 in (0..b).step_by(rows) {
         report.check()?;
         let c1 = (c0 + rows).min(b);
         let mut u = block.slice_mut(s![..c1 - c0, ..]);
-        let per = (c1 - c0).div_ceil(threads).max(1);
-        let mut g_block = g_q.slice_mut(s![c0..c1, ..]);
-        let (parts, near) = std::thread::scope(|scope| {
-            let workers: Vec<_> = u
-                .axis_chunks_iter_mut(Axis(0), per)
-                .zip(g_block.axis_chunks_iter_mut(Axis(0), per))
-                .zip(scratches.iter_mut())
-                .enumerate()
-                .map(|(t, ((u, g), scratch))| {
-                    let (shared, report) = (&shared, &report);
-                    scope.spawn(move || {
-                        let forward = mode == Mode::Forward;
-                        let a0 = c0 + t * per;
-                        block_weights(shared, (rule, forward), a0, (u, g), scratch, report)
-                    })
-                })
-                .collect();
-            let mut parts = (Totals::default(), Vec::new());
-            for w in workers {
-                match w.join() {
-                    Ok((t, near)) => {
-                        parts.0.add(t);
-                        // Kept per thread: no second copy of the pairs.
-                        parts.1.push(near);
-                    }
-                    Err(panic) => std::panic::resume_unwind(panic),
+        let mut g = g_q.slice_mut(s![c0..c1, ..]);
+        let fresh = match mode {
+            Mode::Forward => Fresh::Distances,
+            _ => Fresh::Gradient,
+        };
+        let (parts, near) = match (second.as_ref(), first) {
+            (Some(rule), _) => pass.block(rule.as_ref(), fresh, c0, (u, g)),
+            // The first block makes the rule; with one block and a forward pass, that pass
+            // runs here and the rule reuses its distances.
+            (None, first) => {
+                let mut fresh = fresh;
+                if let Some(first) = first {
+                    let view = (u.view_mut(), g.view_mut());
+                    counted = pass.block(first, Fresh::Distances, c0, view).0;
+                    report.check()?;
+                    fresh = match mode {
+                        Mode::Forward => Fresh::Forward,
+                        _ => Fresh::Reused,
+                    };
                 }
+                let rule = second.insert(then(counted));
+                pass.block(rule.as_ref(), fresh, c0, (u, g))
             }
-            parts
-        });
+        };
         totals.add(parts);
         report.check()?;
         if mode == Mode::Forward {
             continue;
         }
         if let Some(g_r) = g_r.as_mut() {
-            add_ref_side(
-                distance.distance,
-                block.slice(s![..c1 - c0, ..]),
-                q_hat.slice(s![c0..c1, ..]),
-                r_hat,
-                g_r.view_mut(),
-            );
+            if both {
+                // The rows are their own references: both sides at once, after the block.
+                add_both_sides(
+                    distance.distance,
+                    block.slice_mut(s![..b, ..b]),
+                    q_hat.view(),
+                    g_q.view_mut(),
+                );
+            } else {
+                add_ref_side(
+                    distance.distance,
+                    block.slice(s![..c1 - c0, ..]),
+                    q_hat.slice(s![c0..c1, ..]),
+                    r_hat,
+                    g_r.view_mut(),
+                );
+            }
             for &(a, j, w) in near.iter().flatten() {
                 let j = j as usize;
                 let mut g = g_r.row_mut(j);
@@ -590,7 +416,8 @@ pub(super) fn run_as(
         (Mode::Mean, count) => (1.0 / count as f64) as f32,
         (Mode::Sum, _) => 1.0,
     };
-    Ok(finish_scaled(job, totals, (g_q, g_r), (q, r), factor))
+    let out = finish_scaled(job, totals, (g_q, g_r), (q, r), factor);
+    Ok((counted, out))
 }
 
 /// The gradients multiplied by `factor` (the mean's division, or the rule's own) and the
@@ -636,112 +463,5 @@ pub(super) fn finish_scaled(
         totals,
         query_grad: g_q,
         ref_grad,
-    }
-}
-
-/// One thread's anchors `a0 ..` of a block: their distance rows into `u` (from the rows as
-/// [`Shared`] holds them and the references' norms), each turned into `U` by the loss's rule
-/// and [`weights_to_u`], then the anchors' gradient rows `g`; returns the sums and
-/// the near pairs, whose query side is already in `g` (reference pairs the rule scored gather
-/// their gradient in the thread's `scratch`). `forward`: only the sums.
-fn block_weights(
-    shared: &Shared<'_>,
-    (rule, forward): (&AnchorRule<'_>, bool),
-    a0: usize,
-    (mut u, mut g): (ArrayViewMut2<'_, f32>, ArrayViewMut2<'_, f32>),
-    scratch: &mut Scratch,
-    report: &Reporter<'_>,
-) -> (Totals, Vec<NearPair>) {
-    let n = u.nrows();
-    let mut totals = Totals::default();
-    let mut near = Vec::new();
-    let q = shared.q_hat.slice(s![a0..a0 + n, ..]);
-    distances_into(
-        q,
-        shared.r_hat,
-        shared.r_norms,
-        &shared.distance,
-        u.view_mut(),
-    );
-    let m = u.ncols();
-    // SNR: `D = s |u_q − u_r|²` with `s = 1 / |u_q|²`; each row's `−2 s Σ_j W D` multiplies
-    // its own row in the query's gradient (the derivative through `s`).
-    let mut through_scale = vec![0.0f64; if shared.snr { n } else { 0 }];
-    for (i, mut row) in u.rows_mut().into_iter().enumerate() {
-        if report.cancelled() {
-            return (totals, near);
-        }
-        let scale = shared
-            .snr
-            .then(|| 1.0 / f64::from(shared.q_norms.sq[a0 + i]));
-        if let Some(s) = scale {
-            row.mapv_inplace(|d| (f64::from(d) * s) as f32);
-        }
-        scratch.weights.fill(0.0);
-        totals.add(rule(a0 + i, row.view(), scratch, shared));
-        if forward {
-            // A first pass reports no progress: the call's total is the second pass's.
-            continue;
-        }
-        if let Some(s) = scale {
-            let wd: f64 = scratch
-                .weights
-                .iter()
-                .zip(&row)
-                .map(|(w, &d)| w * f64::from(d))
-                .sum();
-            through_scale[i] = -2.0 * s * wd;
-            scratch.weights.iter_mut().for_each(|w| *w *= s);
-        }
-        let x = (a0 + i, shared.q_hat.row(a0 + i), shared.q_norms.sq[a0 + i]);
-        weights_to_u(shared, x, row, &scratch.weights, (&mut near, n * m));
-        report.add(m as u64);
-    }
-    if forward {
-        return (totals, near);
-    }
-    let q_hat = shared.q_hat.slice(s![a0..a0 + n, ..]);
-    let distance = shared.distance.distance;
-    query_side(distance, u.view(), q_hat, shared.r_hat, g.view_mut());
-    for (i, &c) in through_scale.iter().enumerate() {
-        g.row_mut(i).scaled_add(c as f32, &q_hat.row(i));
-    }
-    for &(a, j, w) in &near {
-        let mut row = g.row_mut(a - a0);
-        row.scaled_add(w, &shared.q_hat.row(a));
-        row.scaled_add(-w, &shared.r_hat.row(j as usize));
-    }
-    (totals, near)
-}
-
-/// The weights of row `a` (an anchor, or a reference of [`RefPairs`]), whose normalised row
-/// is `x_hat` and squared norm `x2`, turned into `U` ([`pair_weight`]) in place of its
-/// distances `row`; Euclidean pairs closer than [`NEAR`] go to `near` instead (their `U` is 0),
-/// a list of at most `most` pairs, the worst case the budget counts.
-fn weights_to_u(
-    shared: &Shared<'_>,
-    (a, x_hat, x2): (usize, ArrayView1<'_, f32>, f32),
-    mut row: ArrayViewMut1<'_, f32>,
-    weights: &[f64],
-    (near, most): (&mut Vec<NearPair>, usize),
-) {
-    let distance = shared.distance.distance;
-    let euclidean = distance == Distance::Euclidean;
-    for (j, (d, &w)) in row.iter_mut().zip(weights).enumerate() {
-        if euclidean && w != 0.0 && *d * *d < NEAR * (x2 + shared.r_norms.sq[j]) {
-            let diff = &x_hat - &shared.r_hat.row(j);
-            let exact = diff.dot(&diff).sqrt();
-            if exact > 0.0 {
-                if near.len() == near.capacity() {
-                    // Doubling, but never past the worst case the budget counts.
-                    let room = most.saturating_sub(near.len()).max(1);
-                    near.reserve_exact(near.capacity().max(16).min(room));
-                }
-                near.push((a, j as u32, (w / exact as f64) as f32));
-            }
-            *d = 0.0;
-        } else {
-            *d = pair_weight(distance, w, *d);
-        }
     }
 }

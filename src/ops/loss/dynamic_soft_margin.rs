@@ -27,9 +27,10 @@ use std::sync::Mutex;
 
 use ndarray::ArrayView1;
 
-use super::driver::{self, Job, Mode, Scratch, Shared, Totals};
+use super::driver::{self, Job, Mode};
 use super::pair_call::{self, has_triplet, no_loss, PairLoss, PairLossConfig};
 use super::pair_params::DynamicSoftMargin;
+use super::scratch::{Scratch, Shared, Totals};
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::data::inputs::{Imports, MiningSet};
@@ -186,7 +187,7 @@ fn passes(
 ) -> Result<(f64, u64, Vec<f32>, driver::Output)> {
     let total = Mutex::new(Bins::new(geo.bins + 1));
     let pass1 = |a: usize, d: ArrayView1<'_, f32>, s: &mut Scratch, _: &Shared<'_>| {
-        job.set.lists_of(a, &mut s.positives, &mut s.negatives);
+        s.lists(job.set, a);
         if s.positives.is_empty() || s.negatives.is_empty() {
             return Totals::default();
         }
@@ -264,7 +265,7 @@ fn passes(
         .map(|k| (cdf[k] - m * bins.x[k] / (h * geo.delta)) / triplets)
         .collect();
     let pass2 = |a: usize, d: ArrayView1<'_, f32>, s: &mut Scratch, _: &Shared<'_>| {
-        job.set.lists_of(a, &mut s.positives, &mut s.negatives);
+        s.lists(job.set, a);
         if s.positives.is_empty() || s.negatives.is_empty() {
             return Totals::default();
         }

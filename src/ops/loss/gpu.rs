@@ -11,7 +11,8 @@
 
 use ndarray::Array2;
 
-use super::driver::{self, Job, Output, Totals, NEAR};
+use super::driver::{self, Job, Output};
+use super::scratch::{Totals, NEAR};
 use super::{host_refs, host_rows};
 use crate::context::oom_retry;
 use crate::context::plan::{plan_rows, DeviceCaps, Footprint, Plan};

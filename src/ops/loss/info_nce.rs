@@ -24,9 +24,10 @@ use std::hash::Hash;
 
 use ndarray::{Array1, Array2, ArrayView1};
 
-use super::driver::{self, Job, Scratch, Shared, Totals};
+use super::driver::{self, Job};
 use super::gpu;
 use super::matryoshka::{self, Matryoshka, Truncations};
+use super::scratch::{Scratch, Shared, Totals};
 use super::{sigmoid, TINY};
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
@@ -523,7 +524,7 @@ fn run(
     }
     let set = job.set;
     let anchor = |a: usize, row: ArrayView1<'_, f32>, s: &mut Scratch, _: &Shared<'_>| {
-        set.lists_of(a, &mut s.positives, &mut s.negatives);
+        s.lists(set, a);
         if s.positives.is_empty() {
             return Totals::default();
         }

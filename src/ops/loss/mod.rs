@@ -9,6 +9,7 @@
 
 mod angular;
 mod backward;
+mod block;
 mod classifier;
 mod classifier_anchor;
 mod classifier_device;
@@ -31,6 +32,7 @@ mod pair_global_linear;
 mod pair_params;
 mod pair_rules;
 mod plan;
+mod scratch;
 mod triplet;
 mod vicreg;
 

@@ -39,18 +39,19 @@ use std::hash::Hash;
 
 use ndarray::{Array1, Array2, ArrayView1, Axis};
 
-use super::driver::{self, Job, Mode, Scratch, Shared};
+use super::driver::{self, Job, Mode};
 use super::gpu::Rule;
 use super::info_nce::pair_counts;
 use super::pair_call::{has_triplet, job, no_loss, refuse_refs, PairLoss, PairLossConfig, SCRATCH};
 use super::pair_global::{self, is_global, state_bytes, STATE};
 use super::pair_params::{Kind, PairLossRule, PnpVariant};
 use super::pair_rules::{anchor, Row};
+use super::scratch::{AnchorRule, Scratch, Shared, Totals};
 use super::{angular, dynamic_soft_margin, pair_device, pair_global_linear};
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::data::device_rows::Rows;
-use crate::data::inputs::{Imports, MiningSet, SelfExclusion};
+use crate::data::inputs::{Imports, MiningSet, SelfExclusion, NO_SLOT};
 use crate::error::{Error, Result};
 use crate::metric::Distance;
 use crate::runtime::memory::HostReservation;
@@ -333,13 +334,14 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind, ranks: &[u32]) -> Result<PairLo
     let (columns, targets) = (&columns, &targets);
     let rule = |divisors: (u64, u64)| {
         move |a: usize, d: ArrayView1<'_, f32>, s: &mut Scratch, _: &Shared<'_>| {
-            set.lists_of(a, &mut s.positives, &mut s.negatives);
+            s.lists(set, a);
             let row = Row {
                 d,
                 similarity,
                 divisors,
                 histogram_max,
                 own: refs_are_queries.then_some(a as u32),
+                skip: Some(set.self_slots[a]).filter(|&j| j != NO_SLOT),
                 pairs: targets
                     .get(a)
                     .copied()
@@ -356,9 +358,9 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind, ranks: &[u32]) -> Result<PairLo
             Ok((loss, None, out))
         }
         Kind::Contrastive(_) | Kind::SnrContrastive(_) => {
-            let counted = driver::run_as(ctx, job, &rule((0, 0)), Mode::Forward)?.totals;
-            let divisors = (counted.count, counted.items);
-            let mut out = driver::run_as(ctx, job, &rule(divisors), Mode::Sum)?;
+            // The counting pass, then the weights divided by its counts.
+            let then = |t: Totals| -> Box<AnchorRule<'_>> { Box::new(rule((t.count, t.items))) };
+            let (_, mut out) = driver::run_after(ctx, job, Some(&rule((0, 0))), &then, Mode::Sum)?;
             out.totals.count += out.totals.items;
             Ok((out.totals.loss, None, out))
         }

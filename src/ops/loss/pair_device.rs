@@ -12,10 +12,11 @@
 //! call the device loop does not take (references past one page, buffers past the budget)
 //! runs natively.
 
-use super::driver::{Job, Output, Totals};
+use super::driver::{Job, Output};
 use super::gpu::{self, PairRule, Raw, Rule};
 use super::pair_global::{variance_gaps, with_positive};
 use super::pair_params::{IntraPairVariance, Kind};
+use super::scratch::Totals;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::pair_weights::{code, MAX_EDGES, WORDS};

@@ -35,12 +35,13 @@ use std::sync::Mutex;
 
 use ndarray::ArrayView1;
 
-use super::driver::{self, Job, Mode, Output, Scratch, Shared, Totals};
+use super::driver::{self, Job, Mode, Output};
 use super::pair_global_linear;
 use super::pair_params::{
     Histogram, IntraPairVariance, Kind, LiftedStructure, ThresholdConsistentMargin,
 };
 use super::pair_rules::{exps, margin};
+use super::scratch::{Scratch, Shared, Totals};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::runtime::memory::HostReservation;
@@ -125,7 +126,7 @@ impl SharedF64s {
 macro_rules! with_lists {
     ($job:expr, |$a:pat_param, $d:ident, $s:ident| $body:expr) => {
         |a: usize, $d: ArrayView1<'_, f32>, $s: &mut Scratch, _: &Shared<'_>| -> Totals {
-            $job.set.lists_of(a, &mut $s.positives, &mut $s.negatives);
+            $s.lists($job.set, a);
             let $a = a;
             $body
         }

@@ -16,10 +16,11 @@ use std::sync::Mutex;
 use ndarray::{Array2, ArrayView1, ArrayView2};
 
 use super::backward::through_normalization;
-use super::driver::{self, Job, Mode, Output, Scratch, Shared, Totals};
+use super::driver::{self, Job, Mode, Output};
 use super::hat;
 use super::info_nce::pair_counts;
 use super::pair_params::IntraPairVariance;
+use super::scratch::{Scratch, Shared, Totals};
 use crate::context::Context;
 use crate::data::inputs::NO_SLOT;
 use crate::error::{Error, Result};
@@ -119,7 +120,7 @@ pub(super) fn intra_pair_variance(
     let hinges = Mutex::new((0.0f64, 0.0f64));
     let (kp, kn) = (2.0 / np.max(1) as f64, 2.0 / nn.max(1) as f64);
     let pass = |a: usize, dist: ArrayView1<'_, f32>, s: &mut Scratch, _: &Shared<'_>| {
-        set.lists_of(a, &mut s.positives, &mut s.negatives);
+        s.lists(set, a);
         let (mut loss, mut sums) = (0.0, (0.0, 0.0));
         for &j in &s.positives {
             let r = relu(0, dist[j as usize]);

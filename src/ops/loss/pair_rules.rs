@@ -51,11 +51,11 @@
 
 use ndarray::ArrayView1;
 
-use super::driver::{Scratch, Totals};
 use super::pair_params::{
     Circle, Contrastive, FastAp, GeneralizedLifted, Kind, Margin, MultiSimilarity, Nca, Pnp,
     PnpVariant, RankedList, SupCon, TupletMargin,
 };
+use super::scratch::{Scratch, Totals};
 use super::{dense_row, sigmoid};
 
 /// `margin(x, y)` as PML's distance takes it: `x − y` for distances, `y − x` for similarities.
@@ -119,6 +119,9 @@ pub(super) struct Row<'a> {
     /// The anchor's own column (PNP counts the anchor among its positives), when the
     /// references are the queries.
     pub(super) own: Option<u32>,
+    /// The anchor's own slot, left out of its positives and negatives, when it has one
+    /// (SupCon's and NCA's dense rows leave it out of their softmax).
+    pub(super) skip: Option<u32>,
     /// The cross entropy's columns and the anchor's target column: NPairs' every label's
     /// second row, and the anchor's own second row when it is its label's first one;
     /// Instance's every column, and its label's rank.
@@ -232,17 +235,57 @@ fn supcon(c: SupCon, row: &Row<'_>, s: &mut Scratch) -> Totals {
         return Totals::default();
     }
     let dz = -row.first() / f64::from(c.temperature);
+    let Some((lse, sum, z)) = dense_softmax(row, dz as f32, s) else {
+        return supcon_lists(c, row, s);
+    };
+    let k = s.positives.len() as f64;
+    let loss = lse - s.positives.iter().map(|&p| z(p)).sum::<f64>() / k;
+    if !supcon_kept(c, row, (loss, lse, sum), s) {
+        return Totals::default();
+    }
+    // ∂ℓ/∂z_j = softmax_j − [j ∈ P] / |P|.
+    dense_row::scaled(&s.sorted, dz / sum, &mut s.weights);
+    for p in &s.positives {
+        s.weights[*p as usize] -= dz / k;
+    }
+    one(loss, s)
+}
+
+/// The row's softmax over every column but the anchor's own ([`dense_row::softmax`], into
+/// `s.sorted`) of the logits `dz · D`: `(log Σ e^z, Σ e^{z − top}, z)` with `z(j)` the logit
+/// in the arithmetic the softmax used. `None` for a row not contiguous in memory.
+fn dense_softmax<'a>(
+    row: &Row<'a>,
+    dz: f32,
+    s: &mut Scratch,
+) -> Option<(f64, f64, impl Fn(u32) -> f64 + 'a)> {
+    let d = row.d.to_slice()?;
+    s.sorted.resize(d.len(), 0.0);
+    let skip = row.skip.map_or(usize::MAX, |j| j as usize);
+    let (top, sum) = dense_row::softmax(d, dz, skip, &mut s.sorted);
+    let z = move |j: u32| f64::from(dz * d[j as usize]);
+    Some((f64::from(top) + sum.ln(), sum, z))
+}
+
+/// Whether PML's reducer keeps SupCon's anchor with this `loss` (`lse` and `sum` its
+/// softmax's): a loss within rounding of 0 is decided in PML's float32 arithmetic.
+fn supcon_kept(c: SupCon, row: &Row<'_>, (loss, lse, sum): (f64, f64, f64), s: &Scratch) -> bool {
+    let near_zero = loss.abs() < 1e-3 * (1.0 + (lse - sum.ln()).abs());
+    match near_zero {
+        true => supcon_f32(row, c.temperature, (&s.positives, &s.negatives)) > 0.0,
+        false => positive(loss),
+    }
+}
+
+/// [`supcon`] over the anchor's lists, for a row not contiguous in memory.
+fn supcon_lists(c: SupCon, row: &Row<'_>, s: &mut Scratch) -> Totals {
+    let dz = -row.first() / f64::from(c.temperature);
     let z = |j: u32| dz * row.at(j);
     let all = s.positives.iter().chain(&s.negatives).copied();
     let (lse, sum) = exps(all, z, false, &mut s.weights);
     let k = s.positives.len() as f64;
     let loss = lse - s.positives.iter().map(|&p| z(p)).sum::<f64>() / k;
-    // A loss within rounding of 0: PML's float32 arithmetic decides whether it counts.
-    let near_zero = loss.abs() < 1e-3 * (1.0 + (lse - sum.ln()).abs());
-    let kept = match near_zero {
-        true => supcon_f32(row, c.temperature, (&s.positives, &s.negatives)) > 0.0,
-        false => positive(loss),
-    };
+    let kept = supcon_kept(c, row, (loss, lse, sum), s);
     // ∂ℓ/∂z_j = softmax_j − [j ∈ P] / |P|; nothing where the reducer drops the anchor.
     let on = if kept { dz / sum } else { 0.0 };
     scale_weights(&s.positives, on, &mut s.weights);
@@ -312,6 +355,41 @@ fn nca(c: Nca, row: &Row<'_>, s: &mut Scratch) -> Totals {
     if s.positives.is_empty() {
         return Totals::default();
     }
+    let dz = -row.first() * f64::from(c.softmax_scale);
+    let Some((lse, sum, z)) = dense_softmax(row, dz as f32, s) else {
+        return nca_lists(c, row, s);
+    };
+    // The positives' share of the softmax. The dense row's exponentials stop at `e^{−87}`:
+    // where the positives are that far below the row's largest logit, their own exponentials
+    // are taken exactly (in f64) instead, so that PML's f32 zero is decided on them.
+    let top = lse - sum.ln();
+    let mut own: f64 = s
+        .positives
+        .iter()
+        .map(|&p| f64::from(s.sorted[p as usize]))
+        .sum();
+    let exact = own < 1e-20;
+    if exact {
+        own = s.positives.iter().map(|&p| (z(p) - top).exp()).sum();
+    }
+    // PML keeps the anchor where its f32 probability is not 0.
+    if (own / sum) as f32 == 0.0 {
+        return Totals::default();
+    }
+    // ∂ℓ/∂z_j = softmax_j − [j ∈ P] e_j / Σ_P e.
+    dense_row::scaled(&s.sorted, dz / sum, &mut s.weights);
+    for &p in &s.positives {
+        let e = match exact {
+            true => (z(p) - top).exp(),
+            false => f64::from(s.sorted[p as usize]),
+        };
+        s.weights[p as usize] = e * (dz / sum - dz / own);
+    }
+    one(sum.ln() - own.ln(), s)
+}
+
+/// [`nca`] over the anchor's lists, for a row not contiguous in memory.
+fn nca_lists(c: Nca, row: &Row<'_>, s: &mut Scratch) -> Totals {
     let dz = -row.first() * f64::from(c.softmax_scale);
     let z = |j: u32| dz * row.at(j);
     let all = s.positives.iter().chain(&s.negatives).copied();

@@ -10,7 +10,7 @@
 //! (softplus) loss has no such shortcut: each kept triplet is evaluated, still with no memory
 //! beyond the anchor's row. Nor has PML's swap, whose negative distance `min(d(a, n),
 //! d(r_p, r_n))` depends on the positive: the anchor's positives are taken 32 at a time with
-//! their distances to every reference ([`driver::RefPairs`]), whose weights go back to the
+//! their distances to every reference ([`super::scratch::RefPairs`]), whose weights go back to the
 //! references through the same two products as the anchors'.
 //!
 //! Triplets are PML's (`label[a] = label[p] ≠ label[n]`, `p` not the anchor itself per the
@@ -28,8 +28,9 @@ use std::hash::Hash;
 
 use ndarray::{Array2, ArrayView1};
 
-use super::driver::{self, Job, Scratch, Shared, Totals, PAIR_ROWS};
+use super::driver::{self, Job};
 use super::gpu;
+use super::scratch::{Scratch, Shared, Totals, PAIR_ROWS};
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::data::inputs::{self, Imports, Labelled, MiningSet, SelfExclusion};
@@ -348,7 +349,7 @@ impl Rule<'_> {
         shared: &Shared<'_>,
     ) -> Totals {
         let similarity = self.similarity;
-        self.set.lists_of(a, &mut s.positives, &mut s.negatives);
+        s.lists(self.set, a);
         s.order.clear();
         s.order
             .extend(s.negatives.iter().map(|&n| (row[n as usize], n)));
