@@ -12,9 +12,9 @@ use wgpu_metric_learning::{
     pair_margin_pairs, pairwise_distances, pairwise_distances_plan, triplet_margin_loss,
     triplet_margin_loss_plan, AccuracyConfig, AccuracyK, BackendChoice, ClassifierKind,
     ClassifierLossConfig, ComputePath, Context, ContextConfig, Contrastive, Error, Histogram,
-    InfoNceConfig, KmeansConfig, KnnConfig, LiftedStructure, MiningSet, MnrlConfig, PairLossConfig,
-    PairMarginConfig, Plan, Result, SupCon, TripletConfig, TripletLossConfig, TripletType, Tuning,
-    TupletMargin,
+    InfoNceConfig, Instance, KmeansConfig, KnnConfig, LiftedStructure, MiningSet, MnrlConfig,
+    PairLossConfig, PairMarginConfig, Plan, Result, SupCon, TripletConfig, TripletLossConfig,
+    TripletType, Tuning, TupletMargin,
 };
 
 fn data(rows: usize, d: usize, classes: usize) -> (Array2<f32>, Array1<u32>) {
@@ -283,6 +283,15 @@ fn pair_losses<'a>(
         budget,
         |ctx| pair_loss_plan(ctx, set, Some(refs), &supcon),
         |ctx| pair_loss(ctx, set, Some(refs), &supcon),
+    );
+    // InstanceLoss runs its relabelled batch through the device's `SOFTMAX` rule.
+    let instance = PairLossConfig::<Instance>::default();
+    check(
+        "pair_loss (instance)",
+        path,
+        budget,
+        |ctx| pair_loss_plan(ctx, set, None, &instance),
+        |ctx| pair_loss(ctx, set, None, &instance),
     );
     // The losses with class weights: ArcFace and ProxyNCA have a device path, SoftTriple not;
     // every row's class among 9.

@@ -1,6 +1,7 @@
 //! `pair_loss` with PML's InstanceLoss against its written-out reference (the `(b, b)` matrix,
 //! torch's label ranks), finite differences, the budget and its typed errors.
 
+use crate::common;
 use crate::ops::ntxent_loss::noise;
 
 use ndarray::{Array1, Array2};
@@ -61,12 +62,17 @@ proptest! {
             .map(|i| ((i.wrapping_mul(seed | 1) >> 3) as i64 % classes) * spread)
             .collect();
         let y = Array1::from(labels.clone());
-        let got = pair_loss(&Context::native_cpu(None), &MiningSet::new(&x, &y), None, &config(gamma))
-            .expect("loss");
-        if b == 0 {
-            prop_assert_eq!(got.loss, 0.0);
-        } else {
-            assert_matches(&got, &x, &labels, gamma);
+        let set = MiningSet::new(&x, &y);
+        let native = Context::native_cpu(None);
+        // On a wgpu context the batch runs on the device (`SOFTMAX` on relabelled sides).
+        for ctx in std::iter::once(&native).chain(common::shared_gpu()) {
+            let got = pair_loss(ctx, &set, None, &config(gamma)).expect("loss");
+            if b == 0 {
+                prop_assert_eq!(got.loss, 0.0);
+            } else {
+                prop_assert_eq!(got.path, ctx.path());
+                assert_matches(&got, &x, &labels, gamma);
+            }
         }
     }
 }

@@ -295,7 +295,9 @@ pub(crate) fn on_device(p: &Problem) -> bool {
         PairLossRef::LiftedStructure(_) | PairLossRef::Histogram(_)
     );
     let m = p.refs.as_ref().map_or(p.labels.len(), |(l, _)| l.len());
-    m > 0 && (symmetric && p.refs.is_none() || ruled(p.rule))
+    // NPairs' gathered pairs run through the classifier losses' rule, on similarities.
+    let n_pairs = matches!(p.rule, PairLossRef::NPairs(_)) && p.distance.distance.is_similarity();
+    m > 0 && (symmetric && p.refs.is_none() || ruled(p.rule) || n_pairs)
 }
 
 /// The rules with a device path for any references.

@@ -37,6 +37,7 @@ use crate::hooks::Reporter;
 use crate::ops::distance::native::normalized;
 use crate::runtime::memory::HostReservation;
 use crate::runtime::pool::{par_mul, threads};
+use crate::runtime::simd::widest;
 use crate::runtime::transfer;
 
 /// The label of a call's working memory.
@@ -398,33 +399,11 @@ struct PairRow<'a> {
     dot: f32,
 }
 
-/// [`pair_kernel`] compiled for the widest vectors this CPU has (the same arithmetic on each).
-fn dispatch(row: &PairRow<'_>, e: &mut [f32]) -> (f64, (f64, f64)) {
-    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") {
-            // SAFETY: the CPU (and the OS, which std's detection checks) supports AVX-512F.
-            return unsafe { pair_avx512(row, e) };
-        }
-        if has!("avx2") && has!("fma") {
-            // SAFETY: the CPU supports AVX2 and FMA.
-            return unsafe { pair_avx2(row, e) };
-        }
+widest! {
+    /// [`pair_kernel`] compiled for the widest vectors this CPU has (the same arithmetic on each).
+    fn dispatch(row: &PairRow<'_>, e: &mut [f32]) -> (f64, (f64, f64)) {
+        pair_kernel(row, e)
     }
-    pair_kernel(row, e)
-}
-
-#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-#[target_feature(enable = "avx512f,fma")]
-fn pair_avx512(row: &PairRow<'_>, e: &mut [f32]) -> (f64, (f64, f64)) {
-    pair_kernel(row, e)
-}
-
-#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-#[target_feature(enable = "avx2,fma")]
-fn pair_avx2(row: &PairRow<'_>, e: &mut [f32]) -> (f64, (f64, f64)) {
-    pair_kernel(row, e)
 }
 
 /// One pair: its loss `log(1 + Σ_N e^{f})`, and `(sum, Σ_N e^{f − top} / sum)` with `e`

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::hooks::Hooks;
 use crate::runtime::host_alloc::zeroed_f32;
 use crate::runtime::pool::{par_mul, threads};
+use crate::runtime::simd::widest;
 
 /// PML's `F.normalize` floor on a norm.
 pub(super) const NORM_EPS: f64 = 1e-12;
@@ -264,34 +265,12 @@ pub(super) fn normalise_rows(inp: &Inputs<'_>) -> (Array2<f32>, Vec<Row>) {
     (xhat, rows)
 }
 
-/// `Σ_r a[r, k] b[r, k]` per column `k` of `(d, n)` views of one layout, in f64, in the
-/// order their memory runs (the weights are `(d, classes)` or, for proxies, its transpose).
-fn col_sums(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>) -> Vec<f64> {
-    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") {
-            // SAFETY: the CPU (and the OS, which std's detection checks) supports AVX-512F.
-            return unsafe { col_sums_avx512(a, b) };
-        }
-        if has!("avx2") && has!("fma") {
-            // SAFETY: the CPU supports AVX2 and FMA.
-            return unsafe { col_sums_avx2(a, b) };
-        }
+widest! {
+    /// `Σ_r a[r, k] b[r, k]` per column `k` of `(d, n)` views of one layout, in f64, in the
+    /// order their memory runs (the weights are `(d, classes)` or, for proxies, its transpose).
+    fn col_sums(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>) -> Vec<f64> {
+        col_sums_plain(a, b)
     }
-    col_sums_plain(a, b)
-}
-
-#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-#[target_feature(enable = "avx512f,fma")]
-fn col_sums_avx512(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>) -> Vec<f64> {
-    col_sums_plain(a, b)
-}
-
-#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-#[target_feature(enable = "avx2,fma")]
-fn col_sums_avx2(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>) -> Vec<f64> {
-    col_sums_plain(a, b)
 }
 
 #[inline(always)]
@@ -695,33 +674,11 @@ fn max(z: &[f32]) -> f32 {
     top.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
 }
 
-/// `e = exp(z − shift)` (arguments at most 1), compiled for the widest vectors the CPU has.
-fn exp_shifted(z: &[f32], shift: f32, e: &mut [f32]) {
-    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") {
-            // SAFETY: the CPU (and the OS, which std's detection checks) supports AVX-512F.
-            return unsafe { exp_avx512(z, shift, e) };
-        }
-        if has!("avx2") && has!("fma") {
-            // SAFETY: the CPU supports AVX2 and FMA.
-            return unsafe { exp_avx2(z, shift, e) };
-        }
+widest! {
+    /// `e = exp(z − shift)` (arguments at most 1), compiled for the widest vectors the CPU has.
+    fn exp_shifted(z: &[f32], shift: f32, e: &mut [f32]) {
+        exp_plain(z, shift, e);
     }
-    exp_plain(z, shift, e);
-}
-
-#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-#[target_feature(enable = "avx512f,fma")]
-fn exp_avx512(z: &[f32], shift: f32, e: &mut [f32]) {
-    exp_plain(z, shift, e);
-}
-
-#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-#[target_feature(enable = "avx2,fma")]
-fn exp_avx2(z: &[f32], shift: f32, e: &mut [f32]) {
-    exp_plain(z, shift, e);
 }
 
 #[inline(always)]

@@ -7,40 +7,13 @@
 use super::matryoshka_row::{exp_bounded, lanes};
 use crate::runtime::simd::widest;
 
-/// The cross entropy of the logits `scale · d` `(m,)` with target column `target`: returns
-/// the loss and writes `∂loss/∂d` to `weights` (`scale (softmax − [j = target])`), using `e`
-/// `(m,)` as working space.
-pub(super) fn cross_entropy(
-    d: &[f32],
-    (scale, target): (f32, usize),
-    weights: &mut [f64],
-    e: &mut [f32],
-) -> f64 {
-    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") {
-            // SAFETY: the CPU (and the OS, which std's detection checks) supports AVX-512F.
-            return unsafe { row_avx512(d, (scale, target), weights, e) };
-        }
-        if has!("avx2") && has!("fma") {
-            // SAFETY: the CPU supports AVX2 and FMA.
-            return unsafe { row_avx2(d, (scale, target), weights, e) };
-        }
+widest! {
+    /// The cross entropy of the logits `scale · d` `(m,)` with target column `target`
+    /// (`st`): returns the loss and writes `∂loss/∂d` to `weights` (`scale (softmax −
+    /// [j = target])`), using `e` `(m,)` as working space.
+    pub(super) fn cross_entropy(d: &[f32], st: (f32, usize), weights: &mut [f64], e: &mut [f32]) -> f64 {
+        row(d, st, weights, e)
     }
-    row(d, (scale, target), weights, e)
-}
-
-#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-#[target_feature(enable = "avx512f,fma")]
-fn row_avx512(d: &[f32], st: (f32, usize), weights: &mut [f64], e: &mut [f32]) -> f64 {
-    row(d, st, weights, e)
-}
-
-#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-#[target_feature(enable = "avx2,fma")]
-fn row_avx2(d: &[f32], st: (f32, usize), weights: &mut [f64], e: &mut [f32]) -> f64 {
-    row(d, st, weights, e)
 }
 
 #[inline(always)]

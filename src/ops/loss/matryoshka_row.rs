@@ -9,6 +9,7 @@ use ndarray::{Array2, ArrayView2};
 
 use super::{sigmoid, TINY};
 use crate::data::inputs::Labelled;
+use crate::runtime::simd::widest;
 
 /// What every thread's rows read.
 pub(super) struct RowInputs<'a, 's> {
@@ -142,49 +143,12 @@ struct Row<'a> {
     line: bool,
 }
 
-/// [`row_kernel`] compiled for the widest vectors this CPU has (the same arithmetic, and so
-/// the same bits, on every one: no reduction's order depends on the vector width).
-fn dispatch(
-    row: &Row<'_>,
-    outs: (&mut [f32], &mut [f64]),
-    work: (&mut [f32], &mut Vec<f64>),
-    positives: &[u32],
-) -> (f64, f64) {
-    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") {
-            // SAFETY: the CPU (and the OS, which std's detection checks) supports AVX-512F.
-            return unsafe { row_avx512(row, outs, work, positives) };
-        }
-        if has!("avx2") && has!("fma") {
-            // SAFETY: the CPU supports AVX2 and FMA.
-            return unsafe { row_avx2(row, outs, work, positives) };
-        }
+widest! {
+    /// [`row_kernel`] compiled for the widest vectors this CPU has (the same arithmetic, and so
+    /// the same bits, on every one: no reduction's order depends on the vector width).
+    fn dispatch(row: &Row<'_>, outs: (&mut [f32], &mut [f64]), work: (&mut [f32], &mut Vec<f64>), positives: &[u32]) -> (f64, f64) {
+        row_kernel(row, outs, work, positives)
     }
-    row_kernel(row, outs, work, positives)
-}
-
-#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-#[target_feature(enable = "avx512f,fma")]
-fn row_avx512(
-    row: &Row<'_>,
-    outs: (&mut [f32], &mut [f64]),
-    work: (&mut [f32], &mut Vec<f64>),
-    positives: &[u32],
-) -> (f64, f64) {
-    row_kernel(row, outs, work, positives)
-}
-
-#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-#[target_feature(enable = "avx2,fma")]
-fn row_avx2(
-    row: &Row<'_>,
-    outs: (&mut [f32], &mut [f64]),
-    work: (&mut [f32], &mut Vec<f64>),
-    positives: &[u32],
-) -> (f64, f64) {
-    row_kernel(row, outs, work, positives)
 }
 
 /// The InfoNCE rule on one row (the module docs of the losses' `info_nce`), in f32 loops without

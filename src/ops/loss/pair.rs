@@ -31,7 +31,8 @@
 //!
 //! On a wgpu context Contrastive, MultiSimilarity, SupCon, Circle, NCA, GeneralizedLifted,
 //! Margin, FastAP, ThresholdConsistentMargin, RankedList and IntraPairVariance run on the
-//! device, and LiftedStructure and Histogram with the queries as references
+//! device, LiftedStructure and Histogram with the queries as references, and NPairs and
+//! Instance on similarities
 //! ([`super::pair_device`]: one kernel skeleton, `pair_weights`, with each rule's pieces);
 //! the others run natively there (device-resident rows read back, once per pass).
 
@@ -94,14 +95,13 @@ pub fn pair_loss<L: Hash + Ord + Copy, R: PairLossRule>(
             Kind::NPairs(_) => n_pairs(ctx, job, cfg),
             Kind::Instance(_) => {
                 // The ranks, and while they are made a sorted copy of the labels: held in
-                // the budget beside what the run holds (its plan counts both).
+                // the budget; the run then holds the ranks in its state (`state_bytes`).
                 let b = queries.labels.len() as u64;
                 let sorting = (4 + std::mem::size_of::<L>() as u64) * b;
                 let ranks = {
                     let _sorting = HostReservation::new(STATE, sorting, ctx.tracker())?;
                     ranks(queries)
                 };
-                let _ranks = HostReservation::new(STATE, 4 * b, ctx.tracker())?;
                 run(ctx, job, cfg.rule.kind(), &ranks)
             }
             Kind::Angular(c) => angular::run(ctx, job, c),
@@ -164,6 +164,16 @@ pub fn pair_loss_plan<L: Hash + Ord + Copy, R: PairLossRule>(
             _ => state_bytes(kind, job.set.labels.len()),
         };
         let _held = HostReservation::new(STATE, state, ctx.tracker())?;
+        if let (Kind::Instance(c), Some(gpu)) = (kind, ctx.gpu()) {
+            let b = job.set.labels.len();
+            let native = driver::Sizing::new(ctx, job).map(|s| s.plan(b, b));
+            if let Some(mut plan) = pair_device::instance_plan((ctx, gpu), job, c.gamma)? {
+                if let Ok(native) = &native {
+                    plan.min_bytes = plan.min_bytes.min(native.min_bytes);
+                }
+                return Ok(plan.with_imports((state, 0)));
+            }
+        }
         let device = pair_device::rule(kind, job).map(Rule::Pair);
         Ok(super::plan::plan(ctx, job, device.as_ref())?.with_imports((state, 0)))
     })?;
@@ -389,9 +399,12 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind, ranks: &[u32]) -> Result<PairLo
     };
     // On the device where the rule has a device path and the call fits it, else natively.
     let (out, mut transfers) = transfer::measure(|| {
-        let on_device = match ctx.gpu() {
-            Some(gpu) => pair_device::run(ctx, gpu, job, kind)?,
-            None => None,
+        let on_device = match (ctx.gpu(), kind) {
+            (Some(gpu), Kind::Instance(c)) => {
+                pair_device::instance((ctx, gpu), job, ranks, c.gamma)?
+            }
+            (Some(gpu), _) => pair_device::run(ctx, gpu, job, kind)?,
+            (None, _) => None,
         };
         match on_device {
             Some(found) => Ok((found, ComputePath::Wgpu)),

@@ -1,7 +1,8 @@
 //! The device path of the pair losses ([`super::pair`]): the rules `pair_weights` runs
 //! (Contrastive, MultiSimilarity, SupCon, Circle, NCA, GeneralizedLifted, Margin, FastAP,
 //! ThresholdConsistentMargin, RankedList and IntraPairVariance; LiftedStructure and Histogram
-//! with the queries as references), each call through the losses' device loop ([`super::gpu`]:
+//! with the queries as references; NPairs' gathered pairs and InstanceLoss's relabelled
+//! batch through the classifier losses' `SOFTMAX` rule), each call through the losses' device loop ([`super::gpu`]:
 //! distance tiles, the weights kernel, the two gradient products, one submission per pass),
 //! and the anchors' words combined on the host into PML's reducers, in f64.
 //!
@@ -12,16 +13,22 @@
 //! call the device loop does not take (references past one page, buffers past the budget)
 //! runs natively.
 
+use ndarray::Array1;
+
 use super::driver::{Job, Output};
 use super::gpu::{self, PairRule, Raw, Rule};
 use super::pair_global::{variance_gaps, with_positive};
 use super::pair_params::{IntraPairVariance, Kind};
 use super::scratch::Totals;
+use crate::context::plan::Plan;
 use crate::context::Context;
+use crate::data::device_rows::Rows;
+use crate::data::inputs::{self, Imports, MiningSet, SelfExclusion};
 use crate::error::{Error, Result};
 use crate::kernels::pair_weights::{code, MAX_EDGES, WORDS};
 use crate::metric::Distance;
 use crate::runtime::device::GpuDevice;
+use crate::runtime::memory::HostReservation;
 
 /// The loss, `∂loss/∂β` (Margin with a learnt β) and the gradients: what [`super::pair`]'s
 /// native arms give.
@@ -34,6 +41,7 @@ pub(super) fn rule(kind: Kind, job: &Job<'_>) -> Option<PairRule> {
     if job.snr.is_some() || job.ref_pairs {
         return None;
     }
+    let similarity = job.distance.distance.is_similarity();
     let (code, params, edges) = match kind {
         Kind::Contrastive(c) => (code::CONTRASTIVE, pad(&[c.pos_margin, c.neg_margin]), 0),
         Kind::MultiSimilarity(c) => (code::MULTI_SIMILARITY, pad(&[c.alpha, c.beta, c.base]), 0),
@@ -77,6 +85,13 @@ pub(super) fn rule(kind: Kind, job: &Job<'_>) -> Option<PairRule> {
             )
         }
         Kind::IntraPairVariance(_) => (code::INTRA_PAIR_VARIANCE, pad(&[]), 0),
+        // NPairs' gathered pairs (each first row against every second row, or against
+        // references one per label): an anchor's one positive is its target column, the
+        // classifier losses' cross entropy without a margin. Its logits are `scale · s`:
+        // similarities only.
+        Kind::NPairs(_) if similarity && !job.refs_are_queries && distinct(&job.set.ref_labels) => {
+            (code::SOFTMAX, pad(&[1.0]), 0)
+        }
         Kind::Histogram(c) if job.refs_are_queries && c.n_bins < MAX_EDGES => {
             let delta = (2.0 / f64::from(c.n_bins)) as f32;
             (code::HISTOGRAM, pad(&[delta]), c.n_bins + 1)
@@ -110,6 +125,122 @@ pub(super) fn rule(kind: Kind, job: &Job<'_>) -> Option<PairRule> {
         state,
         stride,
     })
+}
+
+/// Whether no two of `labels` (dense ids) are equal.
+fn distinct(labels: &[u32]) -> bool {
+    let mut seen = vec![false; labels.iter().max().map_or(0, |&l| l as usize + 1)];
+    labels
+        .iter()
+        .all(|&l| !std::mem::replace(&mut seen[l as usize], true))
+}
+
+/// InstanceLoss on `gpu`: [`instance_job`]'s relabelled batch through the `SOFTMAX` rule,
+/// the two roles' gradients added. `None` where the native path runs.
+///
+/// # Errors
+/// As [`gpu::run_raw`].
+pub(super) fn instance(
+    (ctx, gpu): (&Context, &GpuDevice),
+    job: &Job<'_>,
+    ranks: &[u32],
+    gamma: f32,
+) -> Result<Option<Found>> {
+    instance_job(ctx, job, (ranks, gamma), Imports::call(), |sub, rule| {
+        let Some(raw) = gpu::run_raw(ctx, gpu, sub, &Rule::Pair(rule))? else {
+            return Ok(None);
+        };
+        let (loss, beta_grad, mut out) = mean_of(ctx, sub, raw)?;
+        if let Some(g) = out.ref_grad.take() {
+            out.query_grad += &g;
+        }
+        Ok(Some((loss, beta_grad, out)))
+    })
+}
+
+/// The device plan of [`instance`], or `None` where the native path would run.
+///
+/// # Errors
+/// As [`gpu::plan`].
+pub(super) fn instance_plan(
+    (ctx, gpu): (&Context, &GpuDevice),
+    job: &Job<'_>,
+    gamma: f32,
+) -> Result<Option<Plan>> {
+    // The plan's sizes do not depend on the labels' values.
+    let ranks = vec![0; job.set.labels.len()];
+    let labels = 8 * ranks.len() as u64;
+    instance_job(ctx, job, (&ranks, gamma), Imports::plan(), |sub, rule| {
+        // The relabelled sides' labels are held beside the device loop.
+        Ok(
+            gpu::plan(ctx, gpu, sub, &Rule::Pair(rule))?.map(|mut plan| {
+                plan.bytes += labels;
+                plan.min_bytes += labels;
+                plan
+            }),
+        )
+    })
+}
+
+/// InstanceLoss's batch as the pair losses' device loop takes it, handed to `f` with the
+/// `SOFTMAX` rule (scale `γ`, no margin): the rows against themselves, each row labelled by
+/// its label's rank and each column by its index, so that a row's one positive is its target
+/// column and every column (its own too) is a logit, as PML's `(b, b)` cross entropy has it.
+/// `None` for device-resident rows or a distance that is not a similarity.
+fn instance_job<T>(
+    ctx: &Context,
+    job: &Job<'_>,
+    (ranks, gamma): (&[u32], f32),
+    mut imports: Imports,
+    f: impl FnOnce(&Job<'_>, PairRule) -> Result<Option<T>>,
+) -> Result<Option<T>> {
+    let (Some(Rows::Host(x)), true) = (
+        job.set.queries.as_ref(),
+        job.distance.distance.is_similarity(),
+    ) else {
+        return Ok(None);
+    };
+    let b = x.nrows();
+    let Ok(_labels) = HostReservation::new(job.label, 8 * b as u64, ctx.tracker()) else {
+        return Ok(None);
+    };
+    let rows = Array1::from(ranks.to_vec());
+    let columns: Array1<u32> = (0..b as u32).collect();
+    let (queries, refs) = (
+        MiningSet::new(*x, rows.view()),
+        MiningSet::new(*x, columns.view()),
+    );
+    let none = &SelfExclusion::None;
+    let set = inputs::prepare(
+        job.op,
+        ctx,
+        &queries,
+        Some(&refs),
+        none,
+        true,
+        |_| Ok(true),
+        &mut imports,
+    )?;
+    let sub = Job {
+        op: job.op,
+        label: job.label,
+        set: &set,
+        refs_are_queries: false,
+        distance: job.distance,
+        ref_grad: true,
+        ref_pairs: false,
+        snr: None,
+        hooks: job.hooks,
+    };
+    let rule = PairRule {
+        code: code::SOFTMAX,
+        params: pad(&[gamma]),
+        edges: 0,
+        forward: false,
+        state: Vec::new(),
+        stride: WORDS,
+    };
+    f(&sub, rule)
 }
 
 /// `head` followed by zeros: a rule's parameters as the kernel takes them.
