@@ -276,6 +276,8 @@ PAIR_LOSSES = {
     "histogram": "HistogramLoss",
     "ranked_list": "RankedListLoss",
     "intra_pair_variance": "IntraPairVarianceLoss",
+    "n_pairs": "NPairsLoss",
+    "instance": "InstanceLoss",
 }
 
 

@@ -26,7 +26,7 @@ macro_rules! widest {
                     plain($($arg),*)
                 }
                 use std::arch::is_x86_feature_detected as has;
-                if has!("avx512f") {
+                if has!("avx512f") && has!("fma") {
                     // SAFETY: the CPU (and the OS, which std's detection checks) supports
                     // AVX-512F and FMA.
                     return unsafe { avx512($($arg),*) };

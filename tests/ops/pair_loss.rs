@@ -295,9 +295,7 @@ pub(crate) fn on_device(p: &Problem) -> bool {
         PairLossRef::LiftedStructure(_) | PairLossRef::Histogram(_)
     );
     let m = p.refs.as_ref().map_or(p.labels.len(), |(l, _)| l.len());
-    // NPairs' gathered pairs run through the classifier losses' rule, on similarities.
-    let n_pairs = matches!(p.rule, PairLossRef::NPairs(_)) && p.distance.distance.is_similarity();
-    m > 0 && (symmetric && p.refs.is_none() || ruled(p.rule) || n_pairs)
+    m > 0 && (symmetric && p.refs.is_none() || ruled(p.rule))
 }
 
 /// The rules with a device path for any references.
@@ -878,5 +876,81 @@ fn nca_keeps_subnormal_probabilities_and_drops_zero_ones() {
             got.loss
         );
         assert!(got.query_grad.iter().all(|g| g.is_finite()));
+    }
+}
+
+/// With given references and an anchor's own slot among them, the slot leaves the anchor's
+/// positives only where it holds the anchor's label; a slot of another label stays a
+/// negative (in SupCon's and NCA's dense softmax rows as in their lists), on every path.
+#[test]
+fn an_own_slot_of_another_label_stays_a_negative() {
+    use wgpu_metric_learning::reference::triplet_lists::triplet_lists;
+    use wgpu_metric_learning::{pairwise_distances, PairwiseConfig, SelfExclusion};
+    let x = crate::ops::ntxent_loss::noise(6, 5, 11);
+    let r = crate::ops::ntxent_loss::noise(9, 5, 12);
+    let labels = array![0u32, 1, 2, 0, 1, 2];
+    let ref_labels = array![0u32, 2, 2, 1, 1, 0, 2, 0, 1];
+    // Queries 0 and 4 sit at slots of their label, the others at slots of another.
+    let slots = vec![0u32, 2, 1, 8, 3, 5];
+    let lists = triplet_lists(
+        labels.as_slice().expect("contiguous"),
+        ref_labels.as_slice().expect("contiguous"),
+        &slots,
+    );
+    let (set, refs) = (MiningSet::new(&x, &labels), MiningSet::new(&r, &ref_labels));
+    let native = Context::native_cpu(None);
+    for rule in [
+        PairLossRef::SupCon(SupCon::default()),
+        PairLossRef::Nca(Nca::default()),
+    ] {
+        let distance = match rule {
+            PairLossRef::SupCon(_) => COSINE,
+            _ => DistanceConfig::default(),
+        };
+        for ctx in std::iter::once(&native).chain(common::shared_gpu()) {
+            fn call<R: wgpu_metric_learning::PairLossRule>(
+                ctx: &Context,
+                rule: R,
+                (distance, slots): (DistanceConfig, &[u32]),
+                (set, refs): (&MiningSet<'_, u32>, &MiningSet<'_, u32>),
+            ) -> Result<PairLoss, Error> {
+                let cfg = PairLossConfig {
+                    rule,
+                    distance,
+                    self_exclusion: SelfExclusion::QuerySlots(slots.to_vec()),
+                    ..Default::default()
+                };
+                pair_loss(ctx, set, Some(refs), &cfg)
+            }
+            let how = (distance, slots.as_slice());
+            let got = match rule {
+                PairLossRef::SupCon(c) => call(ctx, c, how, (&set, &refs)),
+                PairLossRef::Nca(c) => call(ctx, c, how, (&set, &refs)),
+                _ => unreachable!("two rules"),
+            }
+            .expect("loss");
+            let pw = PairwiseConfig {
+                distance,
+                ..Default::default()
+            };
+            let d = pairwise_distances(ctx, &x, &r, &pw)
+                .expect("distances")
+                .values;
+            let want = reference(x.view(), r.view(), d.view(), &lists, rule, distance);
+            assert!(
+                (f64::from(got.loss) - want.loss).abs() <= 1e-5 * want.loss.abs().max(1.0),
+                "{rule:?} on {:?}: {} vs {}",
+                ctx.path(),
+                got.loss,
+                want.loss
+            );
+            let top = want.query_grad.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+            for (g, w) in got.query_grad.iter().zip(&want.query_grad) {
+                assert!(
+                    (f64::from(*g) - w).abs() <= 2e-4 * top,
+                    "{rule:?}: {g} vs {w}"
+                );
+            }
+        }
     }
 }

@@ -116,6 +116,7 @@ pub(super) fn add_both_sides(
 /// (with `n` a power of two, every one of them in one cache set).
 fn symmetrize(mut u: ArrayViewMut2<'_, f32>) {
     const TILE: usize = 32;
+    debug_assert_eq!(u.nrows(), u.ncols(), "a square block");
     let n = u.nrows().min(u.ncols());
     let Some(data) = u.as_slice_mut() else {
         let t = u.t().to_owned();

@@ -135,9 +135,8 @@ fn block_weights(
     if let Some(labels) = shared.labels.get(a0..a0 + n) {
         order.sort_by_key(|&i| labels[i]);
     }
-    let mut rows: Vec<_> = u.rows_mut().into_iter().collect();
     for i in order {
-        let row = rows[i].view_mut();
+        let row = u.row_mut(i);
         if report.cancelled() {
             return (totals, near);
         }

@@ -162,7 +162,9 @@ impl Sizing {
             .ref_pairs
             .then(|| RefPairs::bytes(m as u64, d as u64, ref_role));
         let scratch = Scratch::bytes(m as u64) + pairs.unwrap_or(0);
-        let per_row = (4 + NEAR_PAIR_BYTES) * m as u64;
+        // Per block row: its distances, its possible near pairs, its place in its thread's
+        // order by label and (SNR) its scale's derivative.
+        let per_row = (4 + NEAR_PAIR_BYTES) * m as u64 + 16;
         Self::within(ctx, op, (base, scratch, per_row), b, u64::MAX)
     }
 

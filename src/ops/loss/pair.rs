@@ -10,9 +10,11 @@
 //! products with the embeddings. A loss whose weights need a whole-batch quantity
 //! (Contrastive's divisors, Lifted's per-row sums, Histogram's histograms, a mean) gathers
 //! it in forward passes first (distances only, no gradient): one more distance product for
-//! Contrastive, TCM, Histogram and Lifted (two for Lifted against references), two for
+//! Contrastive (none where every anchor fits one block: its two passes then share the
+//! distances), TCM, Histogram and Lifted (two for Lifted against references), two for
 //! IntraPairVariance. NPairs' plan is the whole batch's, though a call on host rows gathers
-//! its `2 k` rows and runs the `(k, k)` problem only.
+//! its `2 k` rows and runs the `(k, k)` problem only, natively: `k` is the batch's labels
+//! (tens to thousands), whose product a device's round trip would only slow down.
 //!
 //! As PML's `GenericPairLoss`es, Contrastive, MultiSimilarity, SupCon, Circle,
 //! GeneralizedLifted, Lifted, TupletMargin and IntraPairVariance return 0 with no gradient
@@ -31,8 +33,8 @@
 //!
 //! On a wgpu context Contrastive, MultiSimilarity, SupCon, Circle, NCA, GeneralizedLifted,
 //! Margin, FastAP, ThresholdConsistentMargin, RankedList and IntraPairVariance run on the
-//! device, LiftedStructure and Histogram with the queries as references, and NPairs and
-//! Instance on similarities
+//! device, LiftedStructure and Histogram with the queries as references, and Instance on
+//! similarities (its batch relabelled, through the classifier losses' `SOFTMAX` rule)
 //! ([`super::pair_device`]: one kernel skeleton, `pair_weights`, with each rule's pieces);
 //! the others run natively there (device-resident rows read back, once per pass).
 
@@ -52,7 +54,7 @@ use super::{angular, dynamic_soft_margin, pair_device, pair_global_linear};
 use crate::context::plan::Plan;
 use crate::context::{ComputePath, Context};
 use crate::data::device_rows::Rows;
-use crate::data::inputs::{Imports, MiningSet, SelfExclusion, NO_SLOT};
+use crate::data::inputs::{Imports, Labelled, MiningSet, SelfExclusion, NO_SLOT};
 use crate::error::{Error, Result};
 use crate::metric::Distance;
 use crate::runtime::memory::HostReservation;
@@ -310,6 +312,14 @@ fn n_pairs<R: PairLossRule>(
     })
 }
 
+/// Anchor `a`'s own reference slot where it is one of its label's (a slot of another label
+/// stays a negative, as in its lists).
+fn own_slot(set: &Labelled<'_>, a: usize) -> Option<u32> {
+    let slot = set.self_slots[a];
+    let same = slot != NO_SLOT && set.ref_labels.get(slot as usize) == Some(&set.labels[a]);
+    same.then_some(slot)
+}
+
 /// Runs the loss: zeros where PML returns none, else the driver (twice for Contrastive);
 /// `ranks` are Instance's target columns per query ([`ranks`]), empty for the others.
 fn run(ctx: &Context, job: &Job<'_>, kind: Kind, ranks: &[u32]) -> Result<PairLoss> {
@@ -351,7 +361,7 @@ fn run(ctx: &Context, job: &Job<'_>, kind: Kind, ranks: &[u32]) -> Result<PairLo
                 divisors,
                 histogram_max,
                 own: refs_are_queries.then_some(a as u32),
-                skip: Some(set.self_slots[a]).filter(|&j| j != NO_SLOT),
+                skip: own_slot(set, a),
                 pairs: targets
                     .get(a)
                     .copied()

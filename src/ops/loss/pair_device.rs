@@ -1,8 +1,8 @@
 //! The device path of the pair losses ([`super::pair`]): the rules `pair_weights` runs
 //! (Contrastive, MultiSimilarity, SupCon, Circle, NCA, GeneralizedLifted, Margin, FastAP,
 //! ThresholdConsistentMargin, RankedList and IntraPairVariance; LiftedStructure and Histogram
-//! with the queries as references; NPairs' gathered pairs and InstanceLoss's relabelled
-//! batch through the classifier losses' `SOFTMAX` rule), each call through the losses' device loop ([`super::gpu`]:
+//! with the queries as references; InstanceLoss's relabelled batch through the classifier
+//! losses' `SOFTMAX` rule), each call through the losses' device loop ([`super::gpu`]:
 //! distance tiles, the weights kernel, the two gradient products, one submission per pass),
 //! and the anchors' words combined on the host into PML's reducers, in f64.
 //!
@@ -41,7 +41,6 @@ pub(super) fn rule(kind: Kind, job: &Job<'_>) -> Option<PairRule> {
     if job.snr.is_some() || job.ref_pairs {
         return None;
     }
-    let similarity = job.distance.distance.is_similarity();
     let (code, params, edges) = match kind {
         Kind::Contrastive(c) => (code::CONTRASTIVE, pad(&[c.pos_margin, c.neg_margin]), 0),
         Kind::MultiSimilarity(c) => (code::MULTI_SIMILARITY, pad(&[c.alpha, c.beta, c.base]), 0),
@@ -85,13 +84,6 @@ pub(super) fn rule(kind: Kind, job: &Job<'_>) -> Option<PairRule> {
             )
         }
         Kind::IntraPairVariance(_) => (code::INTRA_PAIR_VARIANCE, pad(&[]), 0),
-        // NPairs' gathered pairs (each first row against every second row, or against
-        // references one per label): an anchor's one positive is its target column, the
-        // classifier losses' cross entropy without a margin. Its logits are `scale · s`:
-        // similarities only.
-        Kind::NPairs(_) if similarity && !job.refs_are_queries && distinct(&job.set.ref_labels) => {
-            (code::SOFTMAX, pad(&[1.0]), 0)
-        }
         Kind::Histogram(c) if job.refs_are_queries && c.n_bins < MAX_EDGES => {
             let delta = (2.0 / f64::from(c.n_bins)) as f32;
             (code::HISTOGRAM, pad(&[delta]), c.n_bins + 1)
@@ -125,14 +117,6 @@ pub(super) fn rule(kind: Kind, job: &Job<'_>) -> Option<PairRule> {
         state,
         stride,
     })
-}
-
-/// Whether no two of `labels` (dense ids) are equal.
-fn distinct(labels: &[u32]) -> bool {
-    let mut seen = vec![false; labels.iter().max().map_or(0, |&l| l as usize + 1)];
-    labels
-        .iter()
-        .all(|&l| !std::mem::replace(&mut seen[l as usize], true))
 }
 
 /// InstanceLoss on `gpu`: [`instance_job`]'s relabelled batch through the `SOFTMAX` rule,

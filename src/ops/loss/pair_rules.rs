@@ -119,8 +119,8 @@ pub(super) struct Row<'a> {
     /// The anchor's own column (PNP counts the anchor among its positives), when the
     /// references are the queries.
     pub(super) own: Option<u32>,
-    /// The anchor's own slot, left out of its positives and negatives, when it has one
-    /// (SupCon's and NCA's dense rows leave it out of their softmax).
+    /// The anchor's own slot when it is one of its label's: left out of its positives, and
+    /// so of SupCon's and NCA's dense rows (a slot of another label stays a negative).
     pub(super) skip: Option<u32>,
     /// The cross entropy's columns and the anchor's target column: NPairs' every label's
     /// second row, and the anchor's own second row when it is its label's first one;
