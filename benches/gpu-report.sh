@@ -257,8 +257,8 @@ pml_cuda() {
 
 # PML's pair losses with their gradient on the adapter (pair_weights), on the native path and
 # in PML on CUDA (appended to $OUT/results.jsonl and $OUT/pml.jsonl): B = 256 against M =
-# 4 096 references, and Lifted, Histogram (on the device only in-batch), NPairs and Instance
-# (PML refuses their references) over 4 096 rows.
+# 4 096 references, and Lifted, Histogram (on the device only in-batch) and Instance (PML
+# refuses its references) over 4 096 rows.
 # Each wgpu case also once with every kernel's time (`--kernel-timing`). Called by `run`, or
 # alone as `pairs` (about a minute on an H100).
 pair_losses() {
@@ -268,7 +268,7 @@ pair_losses() {
     local b=256 m=4096 batch=4096 cases=() pml=()
     if [ "$quick" = --quick ]; then b=64 m=512 batch=256; fi
     for nm in "${names[@]}"; do cases+=("$nm $b $m"); done
-    cases+=("lifted $batch 0" "histogram $batch 0" "n_pairs $batch 0" "instance $batch 0")
+    cases+=("lifted $batch 0" "histogram $batch 0" "instance $batch 0")
     for c in "${cases[@]}"; do
         read -r nm cb cm <<<"$c"
         for path in wgpu cpu; do
