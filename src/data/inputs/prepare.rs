@@ -492,16 +492,9 @@ impl<'a> Labelled<'a> {
     /// references (other label), into the given vectors (cleared first, reused by callers).
     /// The host twin of `shaders/triplet_lists.wgsl`, shared by the native path and the miners.
     pub(crate) fn lists_of(&self, a: usize, positives: &mut Vec<u32>, negatives: &mut Vec<u32>) {
-        let (label, me) = (self.labels[a], self.self_slots[a]);
-        positives.clear();
-        negatives.clear();
-        for (r, &other) in self.ref_labels.iter().enumerate() {
-            if other != label {
-                negatives.push(r as u32);
-            } else if r as u32 != me {
-                positives.push(r as u32);
-            }
-        }
+        let me = self.self_slots[a];
+        self.label_lists(self.labels[a], positives, negatives);
+        positives.retain(|&r| r != me);
     }
 }
 

@@ -11,7 +11,7 @@ use ndarray::{s, Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2, A
 
 use super::classifier_params::{Centres, Rule};
 use super::classifier_shards::{RowPart, Shards};
-use super::matryoshka_row::{exp_bounded, lanes};
+use super::matryoshka_row::{exp_bounded, lanes, lanes_max};
 use crate::error::{Error, Result};
 use crate::hooks::Hooks;
 use crate::runtime::host_alloc::zeroed_f32;
@@ -465,7 +465,7 @@ fn fold_rows(
                 row.target = f64::from(z[j]);
             }
         });
-        let top = max(&z).max(row.max);
+        let top = lanes_max(&z).max(row.max);
         exp_shifted(&z, top, &mut e);
         row.sum = row.sum * f64::from(exp_bounded(row.max - top)) + lanes(&e);
         row.max = top;
@@ -657,21 +657,6 @@ pub(super) fn finish_rows(inp: &Inputs<'_>, rows: &[Row], mut gx: ArrayViewMut2<
     }
     let through = inp.rule.row_norm.then_some(&through[..]);
     finish_tile(inp.x.t(), (&norms, through), gx.reversed_axes());
-}
-
-/// The largest of `z`, over 16 lanes.
-fn max(z: &[f32]) -> f32 {
-    let mut top = [f32::NEG_INFINITY; 16];
-    let mut chunks = z.chunks_exact(16);
-    for c in &mut chunks {
-        for (t, &v) in top.iter_mut().zip(c) {
-            *t = if v > *t { v } else { *t };
-        }
-    }
-    for &v in chunks.remainder() {
-        top[0] = if v > top[0] { v } else { top[0] };
-    }
-    top.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
 }
 
 widest! {

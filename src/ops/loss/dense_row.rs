@@ -4,7 +4,7 @@
 //! on every CPU): the cross entropy of InstanceLoss (every column a logit), and the
 //! softmax of SupCon's and NCA's rules (every column but the anchor's own).
 
-use super::matryoshka_row::{exp_bounded, lanes};
+use super::matryoshka_row::{exp_bounded, lanes, lanes_max};
 use crate::runtime::simd::widest;
 
 widest! {
@@ -58,19 +58,7 @@ widest! {
         if let Some(own) = e.get_mut(skip) {
             *own = f32::NEG_INFINITY;
         }
-        let mut top = [f32::NEG_INFINITY; 16];
-        let mut chunks = e.chunks_exact(16);
-        for c in &mut chunks {
-            for (t, &z) in top.iter_mut().zip(c) {
-                *t = if z > *t { z } else { *t };
-            }
-        }
-        for &z in chunks.remainder() {
-            top[0] = if z > top[0] { z } else { top[0] };
-        }
-        let top = top
-            .iter()
-            .fold(f32::NEG_INFINITY, |t, &v| if v > t { v } else { t });
+        let top = lanes_max(e);
         if top == f32::NEG_INFINITY {
             e.fill(0.0);
             return (top, 0.0);

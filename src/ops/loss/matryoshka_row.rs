@@ -250,6 +250,22 @@ pub(super) fn lanes(x: &[f32]) -> f64 {
     acc.into_iter().fold(0.0, |a, b| a + b)
 }
 
+/// The largest of `x` over 16 lanes (NaNs never win), in a loop the compiler vectorises.
+#[inline(always)]
+pub(super) fn lanes_max(x: &[f32]) -> f32 {
+    let mut top = [f32::NEG_INFINITY; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for (t, &v) in top.iter_mut().zip(c) {
+            *t = if v > *t { v } else { *t };
+        }
+    }
+    for &v in chunks.remainder() {
+        top[0] = if v > top[0] { v } else { top[0] };
+    }
+    top.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+}
+
 /// Up to this logit slope, a row's exponentials are taken against `dz` itself (`e^{−2 dz}`
 /// stays above f32's least normal), past it against its largest negative logit (found in a
 /// pass of its own).
