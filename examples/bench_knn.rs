@@ -14,7 +14,8 @@
 //! the pipelines), `--budget-mib` (default: the context's), `--output host|device` (`knn` only;
 //! `device`: `knn_on_device`, the lists read back after the timing).
 //! `--kernel auto|fused|blocks` (the native path's kNN kernel for `k ≤ 128`, default auto:
-//! `ContextConfig::native_knn_kernel`). `--kernel-timing`: every kernel timed by timestamps, its GPU seconds per operation in
+//! `ContextConfig::native_knn_kernel`; the line's `isa` names the vectors, which
+//! `WML_NATIVE_ISA=avx2|baseline` caps). `--kernel-timing`: every kernel timed by timestamps, its GPU seconds per operation in
 //! the line's `kernels`.
 
 mod support;
@@ -166,10 +167,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (median, min, max) = summary(&mut times);
     let mem = ctx.memory();
     println!(
-        "RESULT {{\"impl\": \"wml\", \"path\": \"{path}\", \"device\": \"{}\", \"driver\": \"{}\", \"func\": \"{func}\", \"kernel\": \"{}\", {extra}, {moved}, \"median_s\": {median:.4}, \"min_s\": {min:.4}, \"max_s\": {max:.4}, \"peak_device_mib\": {:.1}, \"budget_mib\": {}, \"peak_rss_mb\": {:.1}}}",
+        "RESULT {{\"impl\": \"wml\", \"path\": \"{path}\", \"device\": \"{}\", \"driver\": \"{}\", \"func\": \"{func}\", \"kernel\": \"{}\", \"isa\": \"{}\", {extra}, {moved}, \"median_s\": {median:.4}, \"min_s\": {min:.4}, \"max_s\": {max:.4}, \"peak_device_mib\": {:.1}, \"budget_mib\": {}, \"peak_rss_mb\": {:.1}}}",
         ctx.device_name(),
         driver.trim().replace('"', "'"),
         flag("--kernel", "auto"),
+        wgpu_metric_learning::native_isa(),
         mem.peak_bytes as f64 / (1 << 20) as f64,
         mem.budget_bytes >> 20,
         peak_rss_mib()

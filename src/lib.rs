@@ -74,3 +74,4 @@ pub use ops::triplets::{
     Triplets, TripletsOnDevice,
 };
 pub use runtime::memory::{HostTimes, KernelTime, KernelTimes, MemoryStats, Transfers};
+pub use runtime::simd::native_isa;

@@ -1398,3 +1398,95 @@ fn classifier_losses_print_their_loss_and_write_both_gradients() {
     ]);
     fails_with(&wml(&bad), &["sampling.rate"]);
 }
+
+/// `WML_NATIVE_ISA` caps the native loops' vectors (AVX-512, AVX2, the baseline): every copy
+/// gives the same bits, in the kNN's fused tiles, the distance epilogue, the pair losses'
+/// rows and softmax, Matryoshka's rows and the classifier losses' passes. On a CPU with fewer
+/// sets, the caps above it run what it has.
+#[test]
+fn every_instruction_set_gives_the_same_bits() {
+    let d = dir("isa");
+    let p = |n: &str| d.join(n);
+    // Sizes off every vector width, so that the main loops and their tails both run.
+    let x = Array2::from_shape_fn((203, 37), |(i, j)| {
+        ((i * 131 + j * 71) % 97) as f32 / 48.0 - 1.0 + (i % 5) as f32 * 0.01
+    });
+    let y = Array1::from_shape_fn(203, |i| (i % 7) as i64);
+    let w = Array2::from_shape_fn((37, 7), |(i, j)| ((i * 5 + j * 3) % 11) as f32 / 11.0 - 0.4);
+    write_npy(p("x.npy"), &x).expect("write");
+    write_npy(p("y.npy"), &y).expect("write");
+    write_npy(p("w.npy"), &w).expect("write");
+    let (xf, yf, wf) = (p("x.npy"), p("y.npy"), p("w.npy"));
+    let (i, s, g, wg) = (p("i.npy"), p("s.npy"), p("g.npy"), p("wg.npy"));
+    #[rustfmt::skip]
+    let runs: [(Vec<&str>, Vec<&Path>); 5] = [
+        (vec!["knn", "--queries", arg(&xf), "-k", "10", "--distance", "cosine",
+              "--out-indices", arg(&i), "--out-scores", arg(&s)], vec![&i, &s]),
+        (vec!["loss", "contrastive", "--embeddings", arg(&xf), "--labels", arg(&yf),
+              "--grad-out", arg(&g)], vec![&g]),
+        (vec!["loss", "supcon", "--embeddings", arg(&xf), "--labels", arg(&yf),
+              "--grad-out", arg(&g)], vec![&g]),
+        (vec!["loss", "mnrl", "--anchors", arg(&xf), "--candidates", arg(&xf),
+              "--matryoshka-dims", "37,20,3", "--grad-out", arg(&g)], vec![&g]),
+        (vec!["loss", "arcface", "--embeddings", arg(&xf), "--labels", arg(&yf),
+              "--weights", arg(&wf), "--grad-out", arg(&g), "--weight-grad-out", arg(&wg)],
+         vec![&g, &wg]),
+    ];
+    for (args, files) in runs {
+        let mut first: Option<(String, Vec<Vec<u8>>)> = None;
+        for cap in ["", "avx512", "avx2", "baseline"] {
+            let out = Command::new(env!("CARGO_BIN_EXE_wml"))
+                .args(&args)
+                .args(["--backend", "cpu"])
+                .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+                .env("WML_NATIVE_ISA", cap)
+                // The fused kNN kernel is the small search's own choice; no timing.
+                .env("WML_TUNE_CACHE", p("tune.tsv"))
+                .output()
+                .expect("run wml");
+            let stdout = ok(&out);
+            let bytes: Vec<Vec<u8>> = files
+                .iter()
+                .map(|f| std::fs::read(f).expect("output"))
+                .collect();
+            match &first {
+                None => first = Some((stdout, bytes)),
+                Some((want_out, want_bytes)) => {
+                    assert_eq!(&stdout, want_out, "{} under {cap}", args[..2].join(" "));
+                    assert!(&bytes == want_bytes, "{} under {cap}", args[..2].join(" "));
+                }
+            }
+        }
+    }
+    // An unknown set is named on stderr and ignored.
+    let out = Command::new(env!("CARGO_BIN_EXE_wml"))
+        .args(["knn", "--queries", arg(&xf), "-k", "2", "--backend", "cpu"])
+        .args(["--out-indices", arg(&i), "--out-scores", arg(&s)])
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .env("WML_NATIVE_ISA", "sse9")
+        .output()
+        .expect("run wml");
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("WML_NATIVE_ISA=\"sse9\""), "{err}");
+    // `--stats` names the set in use: the baseline is under every CPU's.
+    let out = Command::new(env!("CARGO_BIN_EXE_wml"))
+        .args([
+            "knn",
+            "--queries",
+            arg(&xf),
+            "-k",
+            "2",
+            "--backend",
+            "cpu",
+            "--stats",
+        ])
+        .args(["--out-indices", arg(&i), "--out-scores", arg(&s)])
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .env("WML_NATIVE_ISA", "Baseline")
+        .output()
+        .expect("run wml");
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("\"native_isa\": \"baseline\""), "{err}");
+}

@@ -116,7 +116,7 @@ pub(crate) fn timed<T>(
             ),
         };
         eprintln!(
-            "{{\"op\": \"{name}\", \"seconds\": {seconds:.6}, \"peak_device_bytes\": {}, \"budget_bytes\": {}, \"host_waits\": {}, \"submissions\": {}, \"bytes_up\": {}, \"bytes_down\": {}, \"host\": {{\"upload_seconds\": {:.6}, \"wait_seconds\": {:.6}, \"readback_seconds\": {:.6}, \"tune_seconds\": {:.6}, \"submit_seconds\": {:.6}}}, {kernels}, \"adapter\": {}, \"path\": \"{path}\"}}",
+            "{{\"op\": \"{name}\", \"seconds\": {seconds:.6}, \"peak_device_bytes\": {}, \"budget_bytes\": {}, \"host_waits\": {}, \"submissions\": {}, \"bytes_up\": {}, \"bytes_down\": {}, \"host\": {{\"upload_seconds\": {:.6}, \"wait_seconds\": {:.6}, \"readback_seconds\": {:.6}, \"tune_seconds\": {:.6}, \"submit_seconds\": {:.6}}}, {kernels}, \"adapter\": {}, \"path\": \"{path}\", \"native_isa\": \"{}\"}}",
             mem.peak_bytes,
             mem.budget_bytes,
             t.host_waits,
@@ -128,7 +128,8 @@ pub(crate) fn timed<T>(
             h.seconds(h.readback_ns),
             h.seconds(h.tune_ns),
             h.seconds(h.submit_ns),
-            json_string(&ctx.device_name())
+            json_string(&ctx.device_name()),
+            wgpu_metric_learning::native_isa()
         );
     }
     Ok(out)

@@ -106,7 +106,8 @@ struct Common {
     budget: Option<u64>,
     /// Print one JSON line on stderr: the operation's own seconds (no process start or file
     /// I/O), peak device bytes, the budget, the host's blocking waits for the device, its
-    /// submissions, the bytes moved each way, the adapter and the path that ran.
+    /// submissions, the bytes moved each way, the adapter, the path that ran
+    /// and the native loops' vector set (`native_isa`).
     #[arg(long)]
     stats: bool,
     /// Print the operation's progress on stderr, one line per whole percent:

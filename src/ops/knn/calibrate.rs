@@ -190,8 +190,10 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
-/// The instruction sets the native kernels choose between on this CPU.
+/// The instruction sets the native kernels choose between on this CPU, and the one they use
+/// (`WML_NATIVE_ISA` may cap it: the timings differ).
 fn instruction_sets() -> String {
+    let using = crate::runtime::simd::isa().name();
     #[cfg(target_arch = "x86_64")]
     {
         let mut sets = vec!["x86_64"];
@@ -204,11 +206,11 @@ fn instruction_sets() -> String {
         if std::arch::is_x86_feature_detected!("fma") {
             sets.push("fma");
         }
-        sets.join(" ")
+        format!("{} using {using}", sets.join(" "))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        std::env::consts::ARCH.to_string()
+        format!("{} using {using}", std::env::consts::ARCH)
     }
 }
 

@@ -161,18 +161,23 @@ fn dispatch(
 ) -> Vec<[u32; 2]> {
     #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
     {
-        use std::arch::is_x86_feature_detected as has;
-        // As matrixmultiply picks its kernels, so that both paths fuse the same multiply-adds.
-        if has!("avx512f") {
-            // SAFETY: the CPU (and the OS, which std's detection checks) supports AVX-512F,
-            // which implies FMA in Rust's target features as on every such CPU.
-            return unsafe { block_avx512(block, scratch, k, oriented) };
+        use crate::runtime::simd::{detected, isa, Isa};
+        // As matrixmultiply picks its kernels (with FMA from AVX2 on), so that both paths
+        // fuse the same multiply-adds.
+        match isa() {
+            // SAFETY: `isa` names AVX-512F + FMA only where the CPU (and the OS, which std's
+            // detection checks) supports them.
+            Isa::Avx512 => unsafe { block_avx512(block, scratch, k, oriented) },
+            // SAFETY: as above, AVX2 + FMA.
+            Isa::Avx2 => unsafe { block_avx2(block, scratch, k, oriented) },
+            // Capped below a CPU whose matrixmultiply fuses (`WML_NATIVE_ISA`): fused
+            // multiply-adds on 128-bit vectors keep the general path's bits.
+            // SAFETY: `detected` says the CPU has AVX2 and FMA.
+            Isa::Baseline if detected() >= Isa::Avx2 => unsafe {
+                block_fma(block, scratch, k, oriented)
+            },
+            Isa::Baseline => select::<6, 8, false>(block, scratch, k, oriented),
         }
-        if has!("avx2") && has!("fma") {
-            // SAFETY: the CPU supports AVX2 and FMA.
-            return unsafe { block_avx2(block, scratch, k, oriented) };
-        }
-        select::<6, 8, false>(block, scratch, k, oriented)
     }
     // NEON and its fused multiply-add are part of the AArch64 baseline.
     #[cfg(target_arch = "aarch64")]
@@ -205,6 +210,17 @@ fn block_avx2(
     oriented: impl Oriented,
 ) -> Vec<[u32; 2]> {
     select::<6, 16, true>(block, scratch, k, oriented)
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+#[target_feature(enable = "fma")]
+fn block_fma(
+    block: &Block<'_>,
+    scratch: &mut Scratch,
+    k: usize,
+    oriented: impl Oriented,
+) -> Vec<[u32; 2]> {
+    select::<6, 8, true>(block, scratch, k, oriented)
 }
 
 /// The block with tiles of `R` rows × `W` references, selected by lanes (`k = 1`) or by
