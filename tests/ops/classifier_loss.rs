@@ -827,3 +827,163 @@ fn a_target_cosine_near_one_is_held_to_its_conditioning() {
     let off = (f64::from(got.grad[[0, 0]]) - want.grad[[0, 0]]).abs() / want.grad[[0, 0]].abs();
     assert!(off < rel, "{off} within {rel}");
 }
+
+/// Threads as processes, each wait bounded: a process left waiting panics (and fails the
+/// test) instead of hanging it. `after(n)` runs on the caller after its `n`-th exchange.
+struct Bounded<'a> {
+    rank: usize,
+    size: usize,
+    state: std::sync::Arc<(std::sync::Mutex<Round>, std::sync::Condvar)>,
+    calls: std::cell::Cell<usize>,
+    after: &'a dyn Fn(usize),
+}
+
+#[derive(Default)]
+struct Round {
+    slots: Vec<Vec<f64>>,
+    arrived: usize,
+    generation: u64,
+    results: Vec<Vec<f64>>,
+}
+
+impl Bounded<'_> {
+    fn exchange(&self, values: Vec<f64>) -> Vec<Vec<f64>> {
+        let (lock, cv) = &*self.state;
+        let mut round = lock.lock().expect("round");
+        if round.slots.len() < self.size {
+            round.slots.resize(self.size, Vec::new());
+        }
+        let generation = round.generation;
+        round.slots[self.rank] = values;
+        round.arrived += 1;
+        if round.arrived == self.size {
+            round.results = std::mem::take(&mut round.slots);
+            round.arrived = 0;
+            round.generation += 1;
+            cv.notify_all();
+        } else {
+            let limit = std::time::Duration::from_secs(20);
+            let (r, waited) = cv
+                .wait_timeout_while(round, limit, |r| r.generation == generation)
+                .expect("round");
+            assert!(!waited.timed_out(), "rank {} waits for a rank", self.rank);
+            round = r;
+        }
+        let all = round.results.clone();
+        drop(round);
+        self.calls.set(self.calls.get() + 1);
+        (self.after)(self.calls.get());
+        all
+    }
+}
+
+impl wgpu_metric_learning::ShardCollectives for Bounded<'_> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn all_gather(&self, values: &[f64]) -> wgpu_metric_learning::Result<Vec<f64>> {
+        Ok(self.exchange(values.to_vec()).concat())
+    }
+    fn reduce_scatter(
+        &self,
+        send: Vec<f64>,
+        block: usize,
+    ) -> wgpu_metric_learning::Result<Vec<f64>> {
+        let all = self.exchange(send);
+        let mine = self.rank * block..(self.rank + 1) * block;
+        Ok(mine.map(|i| all.iter().map(|v| v[i]).sum()).collect())
+    }
+}
+
+/// A process that fails on its own after the call's agreement (here its budget taken by a
+/// memory bank another thread made, as a trainer's data thread might) returns its error, and
+/// the others return `RankFailed` naming it: nobody waits for it, sampled or not.
+#[test]
+fn a_process_failing_after_the_agreement_leaves_nobody_waiting() {
+    use wgpu_metric_learning::{classifier_loss_sharded, BankConfig, ClassShard, MemoryBank};
+    let (d, classes) = (6, 30);
+    let ranges = [0..10, 10..20, 20..30];
+    let rows_of = vec![3, 4, 5];
+    let b: usize = rows_of.iter().sum();
+    let x = noise(b, d, 5);
+    let labels = labels_for(b, classes, 8);
+    let kind = ClassifierKind::arc_face();
+    let w = weights_for(&kind, classes, d, 6);
+    for sampling in [
+        ClassSampling::default(),
+        ClassSampling { rate: 0.5, seed: 2 },
+    ] {
+        let state = std::sync::Arc::new((
+            std::sync::Mutex::new(Round::default()),
+            std::sync::Condvar::new(),
+        ));
+        let budget = 1u64 << 20;
+        let outs: Vec<_> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..3)
+                .map(|rank| {
+                    let (state, ranges, rows_of) = (state.clone(), ranges.clone(), rows_of.clone());
+                    let (x, labels, w) = (&x, &labels, &w);
+                    scope.spawn(move || {
+                        let ctx = Context::native_cpu(Some(budget));
+                        let bank = std::sync::Mutex::new(None);
+                        // Rank 1's free budget goes, all but 4 bytes, once the agreement and the
+                        // sampling's check are over (its 2nd exchange).
+                        let after = |n: usize| {
+                            if rank == 1 && n == 2 {
+                                let free = budget - ctx.memory().current_bytes;
+                                let rows = (free / 4 - 1) as usize;
+                                let cfg = BankConfig::new(rows, 1);
+                                let held = MemoryBank::<u32>::new(&ctx, &cfg).expect("bank");
+                                *bank.lock().expect("bank") = Some(held);
+                            }
+                        };
+                        let engine = Bounded {
+                            rank,
+                            size: 3,
+                            state,
+                            calls: std::cell::Cell::new(0),
+                            after: &after,
+                        };
+                        let shard = ClassShard {
+                            first_class: ranges[rank].start,
+                            classes,
+                            rows_of,
+                        };
+                        let cfg = ClassifierLossConfig {
+                            kind,
+                            sampling,
+                            ..Default::default()
+                        };
+                        let mine = w.slice(ndarray::s![.., ranges[rank].clone()]);
+                        let out = classifier_loss_sharded(
+                            &ctx,
+                            x.view(),
+                            &as_i64(labels),
+                            mine,
+                            &cfg,
+                            &shard,
+                            &engine,
+                        );
+                        (out, engine.calls.get())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("no rank waits"))
+                .collect()
+        });
+        for (rank, (out, calls)) in outs.into_iter().enumerate() {
+            match (rank, out) {
+                (1, Err(Error::OverBudget { .. })) => {}
+                (0 | 2, Err(Error::RankFailed { rank: 1, .. })) => {}
+                (rank, other) => panic!("{sampling:?}: rank {rank} gave {other:?}"),
+            }
+            // The agreement, the sampling's check, and the one where rank 1 tells its error.
+            assert_eq!(calls, 3, "rank {rank}: exchanges");
+        }
+    }
+}

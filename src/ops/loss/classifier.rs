@@ -148,7 +148,9 @@ pub fn classifier_loss(
 /// # Errors
 /// As [`classifier_loss`]; [`Error::Shape`] for `rows_of` that are not one per process or do
 /// not add up to the rows, or weights past `shard.classes`; the engine's errors. A part that
-/// fails before the exchanges fails every process ([`Error::RankFailed`] elsewhere).
+/// fails, before the exchanges or between them, fails every process: its own error there,
+/// [`Error::RankFailed`] naming it elsewhere, with no process left waiting (every exchange
+/// opens with an agreement, and the call ends with one).
 ///
 /// # Example
 /// ```
@@ -173,12 +175,7 @@ pub fn classifier_loss_sharded(
     shard: &ClassShard,
     collectives: &dyn ShardCollectives,
 ) -> Result<ClassifierLoss> {
-    let exchange = Exchange {
-        op: OP,
-        shard,
-        engine: collectives,
-        hooks: &cfg.hooks,
-    };
+    let exchange = Exchange::new(OP, shard, collectives, &cfg.hooks);
     let local = check_shard(embeddings, shard, collectives.rank(), collectives.size())
         .and_then(|()| check(embeddings, labels, weights, cfg, &exchange))
         .and_then(|call| sizing(ctx, &call))
@@ -191,7 +188,8 @@ pub fn classifier_loss_sharded(
         hooks: Hooks::default(),
         ..cfg.clone()
     };
-    classifier_shard(ctx, embeddings, labels, weights, &quiet, &exchange)
+    let out = classifier_shard(ctx, embeddings, labels, weights, &quiet, &exchange);
+    exchange.settle(out)
 }
 
 /// Every process's sampling, compared: a process that samples where another does not would

@@ -9,6 +9,7 @@
 //! the logit has the row's norm, its `Σ ∂L/∂z · z`) are summed over the shards and each
 //! process keeps its own rows. A shard's class weights' gradient is complete on that shard.
 
+use std::cell::Cell;
 use std::ops::Range;
 
 use ndarray::Array2;
@@ -184,11 +185,75 @@ pub struct ClassShard {
 /// The exchanges of [`Shards`] on an engine's collectives: the rows' states gathered and
 /// combined in rank order, the rows' gradients reduced and scattered (in f64, each process's
 /// rows padded to the longest's), the cancellation agreed between the passes.
+///
+/// No process is left waiting when another fails on its own after the call's agreement (a
+/// reservation raced by another thread, a failed allocation): every exchange opens with an
+/// agreement, and [`Exchange::settle`] ends the call with one more. A process that fails
+/// takes part in the next agreement with its error and returns, so the others meet it there
+/// and return [`Error::RankFailed`] naming it, instead of waiting in an exchange it never
+/// joins.
 pub(crate) struct Exchange<'a> {
-    pub(crate) op: &'static str,
-    pub(crate) shard: &'a ClassShard,
-    pub(crate) engine: &'a dyn ShardCollectives,
-    pub(crate) hooks: &'a Hooks,
+    op: &'static str,
+    shard: &'a ClassShard,
+    engine: &'a dyn ShardCollectives,
+    hooks: &'a Hooks,
+    /// An agreement or an exchange failed: every process knows already (or the engine is
+    /// broken), and none waits for another agreement.
+    settled: Cell<bool>,
+}
+
+impl<'a> Exchange<'a> {
+    pub(crate) fn new(
+        op: &'static str,
+        shard: &'a ClassShard,
+        engine: &'a dyn ShardCollectives,
+        hooks: &'a Hooks,
+    ) -> Self {
+        Self {
+            op,
+            shard,
+            engine,
+            hooks,
+            settled: Cell::new(false),
+        }
+    }
+
+    /// `out`, the result of the call's local work and exchanges, made collective: `Ok` on
+    /// every process, or `Err` on every process (this one's own error where it failed,
+    /// [`Error::RankFailed`] naming it elsewhere).
+    ///
+    /// # Errors
+    /// `out`'s, or another process's as above, or the engine's.
+    pub(crate) fn settle<T>(&self, out: Result<T>) -> Result<T> {
+        if self.settled.get() {
+            return out;
+        }
+        match out {
+            Ok(v) => self.agree(Ok(())).map(|()| v),
+            Err(e) => match self.agree(Err(e)) {
+                Err(e) => Err(e),
+                // An engine whose `agree` dropped this process's error.
+                Ok(()) => Err(Error::RankFailed {
+                    op: self.op,
+                    rank: self.engine.rank(),
+                    message: "its part failed".into(),
+                }),
+            },
+        }
+    }
+
+    /// The engine's agreement on `local`, remembered when it fails.
+    fn agree(&self, local: Result<()>) -> Result<()> {
+        self.settled_on(self.engine.agree(self.op, local))
+    }
+
+    /// `out` of an exchange, remembered when it fails.
+    fn settled_on<T>(&self, out: Result<T>) -> Result<T> {
+        if out.is_err() {
+            self.settled.set(true);
+        }
+        out
+    }
 }
 
 impl Shards for Exchange<'_> {
@@ -198,12 +263,12 @@ impl Shards for Exchange<'_> {
 
     fn combine_rows(&self, parts: &mut [RowPart]) -> Result<()> {
         // Cancelled between the passes on every process alike.
-        self.engine.agree(self.op, self.hooks.check(self.op))?;
+        self.agree(self.hooks.check(self.op))?;
         let mine: Vec<f64> = parts
             .iter()
             .flat_map(|p| [f64::from(p.max), p.sum, p.target])
             .collect();
-        let all = self.engine.all_gather(&mine)?;
+        let all = self.settled_on(self.engine.all_gather(&mine))?;
         let b = parts.len();
         if all.len() != b * 3 * self.engine.size() {
             return Err(Error::Shape {
@@ -232,6 +297,7 @@ impl Shards for Exchange<'_> {
         gx: Array2<f32>,
         through: Vec<f64>,
     ) -> Result<(Range<usize>, Array2<f32>, Vec<f64>)> {
+        self.agree(Ok(()))?;
         let d = gx.ncols();
         let rows_of = &self.shard.rows_of;
         let most = rows_of.iter().copied().max().unwrap_or(0);
@@ -250,7 +316,7 @@ impl Shards for Exchange<'_> {
             }
             at += n;
         }
-        let recv = self.engine.reduce_scatter(send, block)?;
+        let recv = self.settled_on(self.engine.reduce_scatter(send, block))?;
         let rank = self.engine.rank();
         let n = rows_of[rank];
         if recv.len() < n * (d + 1) {
@@ -275,13 +341,15 @@ impl Shards for Exchange<'_> {
     }
 
     fn sum(&self, v: f64) -> Result<f64> {
-        Ok(self.engine.all_gather(&[v])?.iter().sum())
+        self.agree(Ok(()))?;
+        Ok(self.settled_on(self.engine.all_gather(&[v]))?.iter().sum())
     }
 
     fn offsets(&self, first: usize, count: usize) -> Result<(usize, usize)> {
         // Class indices and counts: exact in f64 (below 2^53). The shards' classes are
         // ordered by their first class, whatever their ranks.
-        let all = self.engine.all_gather(&[first as f64, count as f64])?;
+        self.agree(Ok(()))?;
+        let all = self.settled_on(self.engine.all_gather(&[first as f64, count as f64]))?;
         if all.len() != 2 * self.engine.size() {
             return Err(Error::Shape {
                 op: self.op,
