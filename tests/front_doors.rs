@@ -93,8 +93,9 @@ const MINER_ALIASES: &[&str] = &[
     "uniform_histogram_pairs",
 ];
 
-/// Not operations: the adapter list and the shipped GEMM kernels' sources.
-const NOT_OPERATIONS: &[&str] = &["list_adapters", "gemm_kernels"];
+/// Not operations: the adapter list, the shipped GEMM kernels' sources and the native loops'
+/// vector set.
+const NOT_OPERATIONS: &[&str] = &["list_adapters", "gemm_kernels", "native_isa"];
 
 /// The lowercase names `src/lib.rs` re-exports (its functions).
 fn exported_functions() -> BTreeSet<String> {

@@ -148,9 +148,7 @@ pub fn classifier_loss(
 /// # Errors
 /// As [`classifier_loss`]; [`Error::Shape`] for `rows_of` that are not one per process or do
 /// not add up to the rows, or weights past `shard.classes`; the engine's errors. A part that
-/// fails, before the exchanges or between them, fails every process: its own error there,
-/// [`Error::RankFailed`] naming it elsewhere, with no process left waiting (every exchange
-/// opens with an agreement, and the call ends with one).
+/// fails, even between exchanges, fails every process at once ([`Error::RankFailed`] elsewhere).
 ///
 /// # Example
 /// ```
