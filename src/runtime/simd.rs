@@ -45,7 +45,8 @@ impl Isa {
 /// environment variable `WML_NATIVE_ISA` (read once per process; an unknown value is named on
 /// stderr and ignored). Every choice gives the same bits: the cap exists to time or test the
 /// narrower loops on a wider CPU. matrixmultiply's GEMMs, under the general paths, choose
-/// their own kernels.
+/// their own kernels; so that the kNN kernel's sums stay theirs, its `baseline` copy keeps
+/// fused multiply-adds on a CPU that has them.
 ///
 /// # Example
 /// ```
@@ -60,7 +61,8 @@ pub(crate) fn detected() -> Isa {
     #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
     {
         use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") && has!("fma") {
+        // Every AVX-512 CPU has AVX2 and FMA; a virtual CPU that hides either gets less.
+        if has!("avx512f") && has!("avx2") && has!("fma") {
             return Isa::Avx512;
         }
         if has!("avx2") && has!("fma") {
@@ -81,7 +83,10 @@ pub(crate) fn isa() -> Isa {
             Ok(cap) if !cap.trim().is_empty() => match Isa::parse(&cap) {
                 Some(cap) => found.min(cap),
                 None => {
-                    eprintln!(
+                    use std::io::Write;
+                    // Not `eprintln!`: a closed stderr must not panic inside a kernel.
+                    let _ = writeln!(
+                        std::io::stderr(),
                         "wgpu-metric-learning: WML_NATIVE_ISA={cap:?} is not one of avx512, \
                          avx2, baseline: ignored"
                     );

@@ -76,7 +76,9 @@ fn weights_for(kind: &ClassifierKind, classes: usize, d: usize, seed: u64) -> Ar
 /// The relative tolerance of an f32 answer against the f64 reference: 2·10⁻⁴, widened where
 /// PML's ArcFace gradient goes through `acos`. There `sin(θ + m) / sin θ` magnifies the f32
 /// cosine's rounding (about ε) by `1 / (1 − c²)` (the row's label columns): a cosine within
-/// 10⁻⁴ of ±1 costs 6·10⁻⁴ relative, in PML's float32 as in ours.
+/// 10⁻⁴ of ±1 costs 6·10⁻⁴ relative, in PML's float32 as in ours. Within ~10⁻⁶ of ±1 the
+/// check says little (a random draw lands there about once in 10⁵ runs); `arcface_edges`
+/// holds `|c| = 1` itself.
 fn tolerance(x: &Array2<f32>, labels: &[usize], w: &Array2<f32>, kind: &ClassifierKind) -> f64 {
     let per = match *kind {
         ClassifierKind::ArcFace {
@@ -809,9 +811,9 @@ fn sampled_shards_in_any_order_equal_one_process() {
     }
 }
 
-/// The case CI drew (a target cosine of 0.99992 with PML's ArcFace gradient): the f32 answer
-/// is 6·10⁻⁴ off the f64 reference there, within `tolerance`'s conditioning, not within the
-/// flat 2·10⁻⁴.
+/// The case CI drew in `sampling_matches_the_reference` (a target cosine of 0.99992 with
+/// PML's ArcFace gradient): the f32 gradient is 6·10⁻⁴ of its largest element off the f64
+/// reference, past the flat 2·10⁻⁴ and within `tolerance`'s conditioning.
 #[test]
 fn a_target_cosine_near_one_is_held_to_its_conditioning() {
     let seed = 5_762_281_888_823_141_595u64;
@@ -820,12 +822,27 @@ fn a_target_cosine_near_one_is_held_to_its_conditioning() {
     let labels = labels_for(1, classes, seed);
     let kind = kinds(0.472_399_6, 1)[0];
     let w = weights_for(&kind, classes, d, seed ^ 0x5eed);
+    let sampling = ClassSampling {
+        rate: 0.460_760_3,
+        seed: seed.rotate_left(7),
+    };
+    let cfg = ClassifierLossConfig {
+        kind,
+        sampling,
+        ..Default::default()
+    };
+    let ctx = Context::native_cpu(None);
+    let got = classifier_loss(&ctx, x.view(), &as_i64(&labels), w.view(), &cfg).expect("loss");
+    let want = classifier_loss_sampled(x.view(), &labels, w.view(), &kind, &sampling);
+    let scale = want.grad.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+    let off = got
+        .grad
+        .iter()
+        .zip(&want.grad)
+        .map(|(&g, &w)| (f64::from(g) - w).abs() / scale)
+        .fold(0.0, f64::max);
     let rel = tolerance(&x, &labels, &w, &kind);
-    assert!(rel > 1e-3, "the cosine near 1 widens the tolerance: {rel}");
-    let got = check_against_reference(&Context::native_cpu(None), &x, &labels, &w, kind, "near 1");
-    let want = reference(x.view(), &labels, w.view(), &kind);
-    let off = (f64::from(got.grad[[0, 0]]) - want.grad[[0, 0]]).abs() / want.grad[[0, 0]].abs();
-    assert!(off < rel, "{off} within {rel}");
+    assert!(off > 2e-4 && off < rel, "{off} past 2e-4, within {rel}");
 }
 
 /// Threads as processes, each wait bounded: a process left waiting panics (and fails the

@@ -170,8 +170,9 @@ fn dispatch(
             Isa::Avx512 => unsafe { block_avx512(block, scratch, k, oriented) },
             // SAFETY: as above, AVX2 + FMA.
             Isa::Avx2 => unsafe { block_avx2(block, scratch, k, oriented) },
-            // Capped below a CPU whose matrixmultiply fuses (`WML_NATIVE_ISA`): fused
-            // multiply-adds on 128-bit vectors keep the general path's bits.
+            // Capped below a CPU whose matrixmultiply fuses (`WML_NATIVE_ISA`): the baseline
+            // tile with fused multiply-adds (in the vectors the `fma` feature brings) keeps
+            // the general path's bits.
             // SAFETY: `detected` says the CPU has AVX2 and FMA.
             Isa::Baseline if detected() >= Isa::Avx2 => unsafe {
                 block_fma(block, scratch, k, oriented)

@@ -191,7 +191,8 @@ pub struct ClassShard {
 /// agreement, and [`Exchange::settle`] ends the call with one more. A process that fails
 /// takes part in the next agreement with its error and returns, so the others meet it there
 /// and return [`Error::RankFailed`] naming it, instead of waiting in an exchange it never
-/// joins.
+/// joins. An exchange that fails on one process only (its engine's own error) is the
+/// engine's to end: the others wait for its timeout.
 pub(crate) struct Exchange<'a> {
     op: &'static str,
     shard: &'a ClassShard,
