@@ -1432,19 +1432,22 @@ fn every_instruction_set_gives_the_same_bits() {
               "--weights", arg(&wf), "--grad-out", arg(&g), "--weight-grad-out", arg(&wg)],
          vec![&g, &wg]),
     ];
+    // `wml args --backend cpu` under `WML_NATIVE_ISA=cap`.
+    let under = |cap: &str, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_wml"))
+            .args(args)
+            .args(["--backend", "cpu"])
+            .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+            .env("WML_NATIVE_ISA", cap)
+            // The fused kNN kernel is the small search's own choice; no timing.
+            .env("WML_TUNE_CACHE", p("tune.tsv"))
+            .output()
+            .expect("run wml")
+    };
     for (args, files) in runs {
         let mut first: Option<(String, Vec<Vec<u8>>)> = None;
         for cap in ["", "avx512", "avx2", "baseline"] {
-            let out = Command::new(env!("CARGO_BIN_EXE_wml"))
-                .args(&args)
-                .args(["--backend", "cpu"])
-                .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-                .env("WML_NATIVE_ISA", cap)
-                // The fused kNN kernel is the small search's own choice; no timing.
-                .env("WML_TUNE_CACHE", p("tune.tsv"))
-                .output()
-                .expect("run wml");
-            let stdout = ok(&out);
+            let stdout = ok(&under(cap, &args));
             let bytes: Vec<Vec<u8>> = files
                 .iter()
                 .map(|f| std::fs::read(f).expect("output"))
@@ -1458,34 +1461,15 @@ fn every_instruction_set_gives_the_same_bits() {
             }
         }
     }
-    // An unknown set is named on stderr and ignored.
-    let out = Command::new(env!("CARGO_BIN_EXE_wml"))
-        .args(["knn", "--queries", arg(&xf), "-k", "2", "--backend", "cpu"])
-        .args(["--out-indices", arg(&i), "--out-scores", arg(&s)])
-        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-        .env("WML_NATIVE_ISA", "sse9")
-        .output()
-        .expect("run wml");
+    // An unknown set is named on stderr and ignored; `--stats` names the set in use (the
+    // baseline is under every CPU's).
+    let small = ["knn", "--queries", arg(&xf), "-k", "2"];
+    let outs = ["--out-indices", arg(&i), "--out-scores", arg(&s)];
+    let out = under("sse9", &[&small[..], &outs[..]].concat());
     ok(&out);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("WML_NATIVE_ISA=\"sse9\""), "{err}");
-    // `--stats` names the set in use: the baseline is under every CPU's.
-    let out = Command::new(env!("CARGO_BIN_EXE_wml"))
-        .args([
-            "knn",
-            "--queries",
-            arg(&xf),
-            "-k",
-            "2",
-            "--backend",
-            "cpu",
-            "--stats",
-        ])
-        .args(["--out-indices", arg(&i), "--out-scores", arg(&s)])
-        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-        .env("WML_NATIVE_ISA", "Baseline")
-        .output()
-        .expect("run wml");
+    let out = under("Baseline", &[&small[..], &outs[..], &["--stats"]].concat());
     ok(&out);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("\"native_isa\": \"baseline\""), "{err}");

@@ -668,45 +668,6 @@ fn kinds_from_names_and_options() {
     }
 }
 
-/// A process group of threads: each collective writes its part, waits for the others, reads.
-struct Threads {
-    rank: usize,
-    size: usize,
-    slots: std::sync::Arc<(std::sync::Mutex<Vec<Vec<f64>>>, std::sync::Barrier)>,
-}
-
-impl Threads {
-    fn exchange(&self, values: Vec<f64>) -> Vec<Vec<f64>> {
-        let (slots, barrier) = &*self.slots;
-        slots.lock().expect("slots")[self.rank] = values;
-        barrier.wait();
-        let all = slots.lock().expect("slots").clone();
-        barrier.wait();
-        all
-    }
-}
-
-impl wgpu_metric_learning::ShardCollectives for Threads {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn size(&self) -> usize {
-        self.size
-    }
-    fn all_gather(&self, values: &[f64]) -> wgpu_metric_learning::Result<Vec<f64>> {
-        Ok(self.exchange(values.to_vec()).concat())
-    }
-    fn reduce_scatter(
-        &self,
-        send: Vec<f64>,
-        block: usize,
-    ) -> wgpu_metric_learning::Result<Vec<f64>> {
-        let all = self.exchange(send);
-        let mine = self.rank * block..(self.rank + 1) * block;
-        Ok(mine.map(|i| all.iter().map(|v| v[i]).sum()).collect())
-    }
-}
-
 /// Class shards out of rank order (rank 0 holds the last classes), sampled: each process's
 /// rows' gradient, its classes' gradient and the loss are one process's; a process whose
 /// sampling differs fails every process alike.
@@ -730,21 +691,14 @@ fn sampled_shards_in_any_order_equal_one_process() {
     let ctx = Context::native_cpu(None);
     let single = classifier_loss(&ctx, x.view(), &as_i64(&labels), w.view(), &cfg).expect("one");
     let run = |seeds: [u64; 3]| {
-        let slots = std::sync::Arc::new((
-            std::sync::Mutex::new(vec![Vec::new(); 3]),
-            std::sync::Barrier::new(3),
-        ));
+        let state = Bounded::state();
         std::thread::scope(|scope| {
             let handles: Vec<_> = (0..3)
                 .map(|rank| {
-                    let (slots, ranges, rows_of) = (slots.clone(), ranges.clone(), rows_of.clone());
+                    let (state, ranges, rows_of) = (state.clone(), ranges.clone(), rows_of.clone());
                     let (x, labels, w, ctx) = (&x, &labels, &w, &ctx);
                     scope.spawn(move || {
-                        let engine = Threads {
-                            rank,
-                            size: 3,
-                            slots,
-                        };
+                        let engine = Bounded::new(rank, 3, state, &|_| {});
                         let shard = ClassShard {
                             first_class: ranges[rank].start,
                             classes,
@@ -845,12 +799,13 @@ fn a_target_cosine_near_one_is_held_to_its_conditioning() {
     assert!(off > 2e-4 && off < rel, "{off} past 2e-4, within {rel}");
 }
 
-/// Threads as processes, each wait bounded: a process left waiting panics (and fails the
-/// test) instead of hanging it. `after(n)` runs on the caller after its `n`-th exchange.
+/// A process group of threads: each collective writes its part, waits for the others (at most
+/// 20 s: a process left waiting panics and fails the test instead of hanging it), reads.
+/// `after(n)` runs on the caller after its `n`-th exchange.
 struct Bounded<'a> {
     rank: usize,
     size: usize,
-    state: std::sync::Arc<(std::sync::Mutex<Round>, std::sync::Condvar)>,
+    state: Shared,
     calls: std::cell::Cell<usize>,
     after: &'a dyn Fn(usize),
 }
@@ -863,7 +818,25 @@ struct Round {
     results: Vec<Vec<f64>>,
 }
 
-impl Bounded<'_> {
+type Shared = std::sync::Arc<(std::sync::Mutex<Round>, std::sync::Condvar)>;
+
+impl<'a> Bounded<'a> {
+    /// What a group's engines share.
+    fn state() -> Shared {
+        std::sync::Arc::new(Default::default())
+    }
+
+    fn new(rank: usize, size: usize, state: Shared, after: &'a dyn Fn(usize)) -> Self {
+        let calls = std::cell::Cell::new(0);
+        Self {
+            rank,
+            size,
+            state,
+            calls,
+            after,
+        }
+    }
+
     fn exchange(&self, values: Vec<f64>) -> Vec<Vec<f64>> {
         let (lock, cv) = &*self.state;
         let mut round = lock.lock().expect("round");
@@ -933,10 +906,7 @@ fn a_process_failing_after_the_agreement_leaves_nobody_waiting() {
         ClassSampling::default(),
         ClassSampling { rate: 0.5, seed: 2 },
     ] {
-        let state = std::sync::Arc::new((
-            std::sync::Mutex::new(Round::default()),
-            std::sync::Condvar::new(),
-        ));
+        let state = Bounded::state();
         let budget = 1u64 << 20;
         let outs: Vec<_> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..3)
@@ -957,13 +927,7 @@ fn a_process_failing_after_the_agreement_leaves_nobody_waiting() {
                                 *bank.lock().expect("bank") = Some(held);
                             }
                         };
-                        let engine = Bounded {
-                            rank,
-                            size: 3,
-                            state,
-                            calls: std::cell::Cell::new(0),
-                            after: &after,
-                        };
+                        let engine = Bounded::new(rank, 3, state, &after);
                         let shard = ClassShard {
                             first_class: ranges[rank].start,
                             classes,
