@@ -127,10 +127,11 @@ pub struct ContextConfig {
 /// Every choice gives the same neighbours and the same bits of their scores.
 ///
 /// Measured (BENCHMARKS.md): which is faster depends on the CPU kind and `k` (the fused
-/// kernel 1.2–2.1× GEMM blocks on an AVX-512 Xeon; GEMM blocks 1.25× the fused kernel on an
-/// AVX2-only EPYC and 1.07–1.11× on a Zen 4), so [`NativeKnnKernel::Auto`] times both on the
-/// running CPU the first time a shape bucket is met (with [`Tuning::Cached`] or
-/// [`Tuning::Eager`]; about 0.1–1 s, then kept in the tuning cache) and runs the faster.
+/// kernel 1.2–2.1× GEMM blocks on an AVX-512 Xeon and 1.1–1.2× on an AVX2-only EPYC, where
+/// the blocks won before its epilogue was vectorised; the blocks 1.07–1.11× on a Zen 4), so
+/// [`NativeKnnKernel::Auto`] times both on the running CPU the first time a shape bucket is
+/// met (with [`Tuning::Cached`] or [`Tuning::Eager`]; about 3 s, then kept in the tuning
+/// cache) and runs the faster.
 ///
 /// # Example
 /// ```
@@ -145,9 +146,10 @@ pub struct ContextConfig {
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum NativeKnnKernel {
-    /// The kernel measured faster on this CPU for the search's `k` and `d` (with
-    /// [`Tuning::Off`], or for searches under 10⁹ flops, the fused kernel), with whole blocks
-    /// where its scratch fits; else GEMM blocks; else the fused kernel on fewer rows.
+    /// The kernel measured faster on this CPU for the search's `k` and `d` (the blocks only
+    /// when more than 5 % faster; with [`Tuning::Off`], or for searches under 10⁹ flops, the
+    /// fused kernel), with whole blocks where its scratch fits; else GEMM blocks; else the
+    /// fused kernel on fewer rows.
     #[default]
     Auto,
     /// The fused kernel, on fewer rows before GEMM blocks where whole blocks do not fit.

@@ -161,7 +161,7 @@ pub fn knn<'q, 'r>(
 /// ranges, whether the references stay resident, and the memory that holds, planned for the
 /// budget available now. Nothing of this search runs; on the native path, the first plan
 /// or call of a `(k, d)` bucket on a CPU may time its two kernels once on synthetic rows
-/// (about half a second, then cached: see [`crate::NativeKnnKernel`]), so that the plan
+/// (about 3 s on 2 cores, then cached: see [`crate::NativeKnnKernel`]), so that the plan
 /// names the kernel the call will run.
 ///
 /// # Errors

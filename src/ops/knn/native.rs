@@ -418,7 +418,7 @@ pub(crate) fn search(
         plan.threads,
         q_blocks * shards,
         || match plan.fused {
-            true => Scratch::Fused(native_fused::Scratch::new(queries.ncols(), n)),
+            true => Scratch::Fused(native_fused::Scratch::new(queries.ncols(), n, qb)),
             false => Scratch::Tile(Tile::new((qb, nb), queries.ncols(), normalizes)),
         },
         |item, scratch| {
@@ -560,5 +560,28 @@ mod tests {
             matches!(refused, Err(Error::OverBudget { required, .. }) if required == one),
             "{refused:?}"
         );
+    }
+
+    /// The calibration's timed search runs whole blocks on every thread and no shards, in
+    /// both kernels: a sharded fused search restarts its rows' bounds in each shard and would
+    /// time slower than the searches of many queries it stands for.
+    #[test]
+    fn the_calibrations_search_is_not_sharded() {
+        use crate::context::{BackendChoice, ContextConfig};
+        for kernel in [NativeKnnKernel::Fused, NativeKnnKernel::Blocks] {
+            let ctx = Context::new(&ContextConfig {
+                backend: BackendChoice::NativeCpu,
+                native_knn_kernel: kernel,
+                ..Default::default()
+            })
+            .expect("native context");
+            for (threads, d) in [(1, 128), (2, 128), (2, 8), (4, 512), (8, 128)] {
+                let (q, n) = calibrate::timed_shape(d, threads);
+                let plan = plan_with(threads, &ctx, (q, n, d), (10, true, false)).expect("fits");
+                let what = format!("{kernel:?}, {threads} threads, d {d}");
+                assert_eq!(plan.shards, 1, "{what}");
+                assert_eq!(plan.fused, kernel == NativeKnnKernel::Fused, "{what}");
+            }
+        }
     }
 }

@@ -1,12 +1,17 @@
 //! The native fused search for small `k` (`k ≤` [`MAX_K`]: k-means' assignment step at
 //! `k = 1`, kNN evaluation's usual `k`): the dot products of a few query rows against a panel
 //! of references accumulate in registers, and each finished micro-tile is selected from at
-//! once. At `k = 1` each lane keeps its own best `(key, index)`, reduced per row at the end of
-//! a chunk; above, a row of a tile whose scores all miss its bound costs one compare, and the
-//! rest goes to the general path's candidate lists. Unlike the general path (a GEMM into a
+//! once. Each row has a bound (its best score at `k = 1`, its candidate list's worst kept
+//! one above), and a tile none of whose scores reaches its rows' bounds, the common case,
+//! costs a compare and an or per vector and one branch; the rows of the others go to their
+//! best or to the general path's candidate lists. Unlike the general path (a GEMM into a
 //! cache-sized block, then a selection pass over it), no dot product is written to memory,
-//! and each chunk of references is packed once per block of queries rather than once per
-//! GEMM call.
+//! each chunk of references is packed once per block of queries rather than once per GEMM
+//! call, and the block's query rows are divided and transposed once per block.
+//!
+//! The tile's epilogue is written as plain loops over copied arrays: the compiler turned
+//! `array::from_fn` there, and factors read through references, into a call per row and
+//! scalar code, which cost a fifth of the search on an AVX2 EPYC (BENCHMARKS.md, issue 40).
 //!
 //! The answer is the general path's, bit for bit: each dot product is summed as its GEMM
 //! (matrixmultiply) sums it, one chain of multiply-adds per 256 dimensions (fused where
@@ -19,7 +24,7 @@ use std::ops::Range;
 
 use ndarray::ArrayView2;
 
-use super::candidates::{admitted, shrink, Candidates};
+use super::candidates::{admits, shrink, Candidates};
 use crate::hooks::Reporter;
 use crate::kernels::knn_select::EMPTY_INDEX;
 use crate::metric::Distance;
@@ -42,8 +47,8 @@ const MAX_WIDTH: usize = 32;
 /// streams through it.
 const CHUNK_BYTES: usize = 256 * 1024;
 /// Query rows per block: every chunk of references is packed once per block, so blocks are
-/// long enough for packing to cost ~2 % of the multiply-adds; a row's state is 8 bytes at
-/// `k = 1`, its candidate list above.
+/// long enough for packing to cost ~2 % of the multiply-adds; a row's state is 12 bytes at
+/// `k = 1` (its best and bound), its candidate list above; its transposed row is `4·d`.
 pub(super) const QUERY_BLOCK: usize = 2048;
 
 /// References per packed chunk at dimension `d` among `n`: [`CHUNK_BYTES`] of them (at least
@@ -54,14 +59,14 @@ pub(super) fn chunk_refs(n: usize, d: usize) -> usize {
 }
 
 /// Bytes of scratch one thread holds for query blocks of `rows` rows against `n` references
-/// of dimension `d`, and `k`: the packed chunk and its references' two factors, one
-/// transposed group of query rows, each row's best (at `k = 1`) or candidate list, and the
-/// block's answer.
+/// of dimension `d`, and `k`: the packed chunk and its references' two factors, the block's
+/// query rows transposed by groups, each row's best and bound (at `k = 1`) or candidate list,
+/// and the block's answer.
 pub(super) fn scratch_bytes(rows: usize, (n, d): (usize, usize), k: usize) -> u64 {
     let c = chunk_refs(n, d) as u64;
-    let packed = 4 * (c * d as u64 + 2 * c + (MAX_ROWS * d) as u64);
+    let packed = 4 * (c * d as u64 + 2 * c + grouped_len(rows, d) as u64);
     let per_row = match k {
-        1 => 8,
+        1 => 12,
         k => 8 * Candidates::capacity(k) as u64 + std::mem::size_of::<Candidates>() as u64,
     };
     packed + rows as u64 * (per_row + 8 * k as u64)
@@ -90,23 +95,31 @@ fn unsigned_key(key: i32) -> u32 {
     (key as u32) ^ 0x8000_0000
 }
 
+/// Floats of a block of `rows` query rows of dimension `d` transposed by groups: whole groups
+/// of every kernel's `R` (each divides [`MAX_ROWS`]).
+fn grouped_len(rows: usize, d: usize) -> usize {
+    rows.next_multiple_of(MAX_ROWS) * d
+}
+
 /// One thread's buffers, reused across its blocks.
 pub(super) struct Scratch {
     packed: Vec<f32>,
     ref_scale: Vec<f32>,
     ref_sq: Vec<f32>,
-    group: Vec<f32>,
+    /// The block's query rows, divided by their norms and transposed once per block by
+    /// groups of `R` (`[group][t][r]`), rather than once per chunk of references.
+    grouped: Vec<f32>,
 }
 
 impl Scratch {
-    /// For references `(n, d)`.
-    pub(super) fn new(d: usize, n: usize) -> Self {
+    /// For query blocks of at most `rows` rows against references `(n, d)`.
+    pub(super) fn new(d: usize, n: usize, rows: usize) -> Self {
         let c = chunk_refs(n, d);
         Self {
             packed: vec![0.0; c * d],
             ref_scale: vec![0.0; c],
             ref_sq: vec![0.0; c],
-            group: vec![0.0; MAX_ROWS * d],
+            grouped: vec![0.0; grouped_len(rows, d)],
         }
     }
 }
@@ -224,8 +237,8 @@ fn block_fma(
     select::<6, 8, true>(block, scratch, k, oriented)
 }
 
-/// The block with tiles of `R` rows × `W` references, selected by lanes (`k = 1`) or by
-/// candidate lists.
+/// The block with tiles of `R` rows × `W` references, selected into each row's best
+/// (`k = 1`) or candidate list.
 #[inline(always)]
 fn select<const R: usize, const W: usize, const FMA: bool>(
     block: &Block<'_>,
@@ -235,7 +248,7 @@ fn select<const R: usize, const W: usize, const FMA: bool>(
 ) -> Vec<[u32; 2]> {
     let rows = block.rows.len();
     match k {
-        1 => run_block::<R, W, FMA, _>(block, scratch, oriented, Top1::<R, W>::new(rows)),
+        1 => run_block::<R, W, FMA, _>(block, scratch, oriented, Top1::new(rows)),
         k => run_block::<R, W, FMA, _>(block, scratch, oriented, TopK::new(rows, k)),
     }
 }
@@ -247,72 +260,54 @@ trait Select<const R: usize, const W: usize> {
     /// One tile: `scores[r][j]` is row `g0 + r`'s oriented score of reference `base + j`,
     /// which counts if `j < valid` and it is not the row's `skip`.
     fn tile(&mut self, scores: &[[f32; W]; R], base: u32, valid: u32, skip: &[u32; R]);
-    /// After the group has met every panel of the chunk.
-    fn finish(&mut self);
     /// `k` `(key, index)` pairs per row, padded.
     fn pairs(self) -> Vec<[u32; 2]>;
 }
 
-/// `k = 1`: each lane of a group's tile keeps its own best, starting from the row's, reduced
-/// to the row's at the end of the chunk. References reach a lane in index order, so a
-/// strictly smaller key wins, and an equal key only beats the empty best.
-struct Top1<const R: usize, const W: usize> {
+/// `k = 1`: each row's best `(key, index)` and the oriented score it was kept with, as a
+/// bound that a tile must reach before its lanes are looked at (as [`TopK`]'s lists). Tiles
+/// arrive in index order, so an equal key only wins by a lower index, which it has only
+/// against the empty best.
+struct Top1 {
     best: Vec<Best>,
-    keys: [[i32; W]; R],
-    indices: [[u32; W]; R],
+    bounds: Vec<f32>,
     group: Range<usize>,
 }
 
-impl<const R: usize, const W: usize> Top1<R, W> {
+impl Top1 {
     fn new(rows: usize) -> Self {
         Self {
             best: vec![NONE; rows],
-            keys: [[NONE.0; W]; R],
-            indices: [[NONE.1; W]; R],
+            bounds: vec![f32::INFINITY; rows],
             group: 0..0,
         }
     }
 }
 
-impl<const R: usize, const W: usize> Select<R, W> for Top1<R, W> {
+impl<const R: usize, const W: usize> Select<R, W> for Top1 {
     #[inline(always)]
     fn start(&mut self, g0: usize, len: usize) {
         self.group = g0..g0 + len;
-        for r in 0..R {
-            let best = self.best.get(g0 + r).filter(|_| r < len).copied();
-            let (key, index) = best.unwrap_or(NONE);
-            (self.keys[r], self.indices[r]) = ([key; W], [index; W]);
-        }
     }
 
     #[inline(always)]
-    #[allow(
-        clippy::needless_range_loop,
-        reason = "four arrays indexed alike: plain indices compile to vector code"
-    )]
     fn tile(&mut self, scores: &[[f32; W]; R], base: u32, valid: u32, skip: &[u32; R]) {
-        for r in 0..R {
-            for j in 0..W {
-                // Padding lanes are masked by position: their index may not exist.
-                let index = base.wrapping_add(j as u32);
-                let key = signed_key(scores[r][j]);
-                let (k, i) = (self.keys[r][j], self.indices[r][j]);
-                let wins = (key < k) | ((key == k) & (index < i));
-                let take = wins & ((j as u32) < valid) & (index != skip[r]);
-                self.keys[r][j] = if take { key } else { k };
-                self.indices[r][j] = if take { index } else { i };
-            }
-        }
-    }
-
-    #[inline(always)]
-    fn finish(&mut self) {
-        let (keys, indices) = (&self.keys, &self.indices);
-        for (r, best) in self.best[self.group.clone()].iter_mut().enumerate() {
-            for j in 0..W {
-                *best = (*best).min((keys[r][j], indices[r][j]));
-            }
-        }
+        let (g0, len) = (self.group.start, self.group.len());
+        let bounds: [f32; R] = std::array::from_fn(|r| self.bounds.get(g0 + r).map_or(0.0, |b| *b));
+        visit_admitted(
+            scores,
+            &bounds[..len],
+            (base, valid, skip),
+            |r, index, o| {
+                let candidate = (signed_key(o), index);
+                if candidate < self.best[g0 + r] {
+                    self.best[g0 + r] = candidate;
+                    // A NaN best (its key orders it where its bits put it) leaves every score
+                    // admissible, for the keys to decide.
+                    self.bounds[g0 + r] = if o.is_nan() { f32::INFINITY } else { o };
+                }
+            },
+        );
     }
 
     fn pairs(self) -> Vec<[u32; 2]> {
@@ -321,8 +316,77 @@ impl<const R: usize, const W: usize> Select<R, W> for Top1<R, W> {
     }
 }
 
-/// `k > 1`: the general path's candidate list per row, fed from the tiles. A row's tile
-/// where no score reaches the list's bound costs one compare of `W` lanes.
+/// Calls `offer(r, index, score)` for each lane of a tile whose row's bound admits it (rows
+/// as many as `bounds` has, at most `R`), that counts (`j < valid`) and is not the row's
+/// `skip`, by row then index. The common tile, which admits nothing, costs one test
+/// ([`any_admitted`]); the others visit only their admitted lanes ([`admitted_rows`]).
+#[inline(always)]
+fn visit_admitted<const R: usize, const W: usize>(
+    scores: &[[f32; W]; R],
+    bounds: &[f32],
+    (base, valid, skip): (u32, u32, &[u32; R]),
+    mut offer: impl FnMut(usize, u32, f32),
+) {
+    if !any_admitted(scores, bounds) {
+        return;
+    }
+    let (lanes, mut rows) = admitted_rows(scores, bounds);
+    while rows != 0 {
+        let r = rows.trailing_zeros() as usize;
+        rows &= rows - 1;
+        let mut hits = lanes[r];
+        while hits != 0 {
+            let j = hits.trailing_zeros();
+            hits &= hits - 1;
+            let index = base.wrapping_add(j);
+            if j < valid && index != skip[r] {
+                offer(r, index, scores[r][j as usize]);
+            }
+        }
+    }
+}
+
+/// The lanes of each of a tile's rows that its bound admits (bit `j` of word `r`; rows as
+/// many as `bounds` has, at most `R`), and the rows with any (bit `r`), computed with no
+/// branch: a visit of the set bits alone then costs no mispredicted branch per row, where
+/// many tiles admit something (early in a search, or at large `k`).
+#[inline(always)]
+fn admitted_rows<const R: usize, const W: usize>(
+    scores: &[[f32; W]; R],
+    bounds: &[f32],
+) -> ([u64; R], u32) {
+    const {
+        assert!(
+            W <= 64 && R <= 32,
+            "a row's lanes are a u64, the rows a u32"
+        )
+    };
+    let mut lanes = [0u64; R];
+    let mut rows = 0u32;
+    for (r, (scores, &bound)) in scores.iter().zip(bounds).enumerate() {
+        let each = |m: u64, (j, &o): (usize, &f32)| m | (u64::from(admits(o, bound)) << j);
+        lanes[r] = scores.iter().enumerate().fold(0, each);
+        rows |= u32::from(lanes[r] != 0) << r;
+    }
+    (lanes, rows)
+}
+
+/// Whether any score of a tile's rows (as many as `bounds` has, at most `R`) is admitted by
+/// its row's bound ([`admits`]): a compare and an or per vector of lanes and a single test,
+/// so that the common tile, which admits nothing, costs no branch per row.
+#[inline(always)]
+fn any_admitted<const R: usize, const W: usize>(scores: &[[f32; W]; R], bounds: &[f32]) -> bool {
+    let mut lanes = [0u32; W];
+    for (scores, &bound) in scores.iter().zip(bounds) {
+        for j in 0..W {
+            lanes[j] |= u32::from(admits(scores[j], bound));
+        }
+    }
+    lanes.iter().fold(0, |any, &lane| any | lane) != 0
+}
+
+/// `k > 1`: the general path's candidate list per row, fed from the tiles that reach a
+/// row's bound ([`any_admitted`]).
 struct TopK {
     lists: Vec<Candidates>,
     k: usize,
@@ -347,26 +411,24 @@ impl<const R: usize, const W: usize> Select<R, W> for TopK {
 
     #[inline(always)]
     fn tile(&mut self, scores: &[[f32; W]; R], base: u32, valid: u32, skip: &[u32; R]) {
-        let k = self.k;
-        let rows = self.lists[self.group.clone()].iter_mut();
-        for ((list, scores), &skip) in rows.zip(scores).zip(skip) {
-            // Most tiles admit nothing and cost one compare of W ≤ 32 lanes.
-            let mut hits = admitted(scores, list.bound);
-            while hits != 0 {
-                let j = hits.trailing_zeros();
-                hits &= hits - 1;
-                let index = base.wrapping_add(j);
+        let (k, g0) = (self.k, self.group.start);
+        let lists = &self.lists[self.group.clone()];
+        // Rows past the group's (a last group of fewer) are not compared.
+        let bounds: [f32; R] = std::array::from_fn(|r| lists.get(r).map_or(0.0, |l| l.bound));
+        let rows = lists.len();
+        visit_admitted(
+            scores,
+            &bounds[..rows],
+            (base, valid, skip),
+            |r, index, o| {
                 // `offer` tests the bound again, as a shrink may have tightened it.
-                let o = scores[j as usize];
-                if j < valid && index != skip && list.admits(o) {
+                let list = &mut self.lists[g0 + r];
+                if list.admits(o) {
                     list.offer(o, index, k);
                 }
-            }
-        }
+            },
+        );
     }
-
-    #[inline(always)]
-    fn finish(&mut self) {}
 
     fn pairs(self) -> Vec<[u32; 2]> {
         let mut pairs = Vec::with_capacity(self.lists.len() * self.k);
@@ -394,6 +456,22 @@ fn run_block<const R: usize, const W: usize, const FMA: bool, S: Select<R, W>>(
     let (q_norms, r_norms) = block.norms;
     let rows = block.rows.clone();
     let chunk = scratch.ref_scale.len();
+    let groups = rows.len().div_ceil(R);
+    // A last group of fewer rows repeats its last row; `select` drops those.
+    let row = |g: usize, r: usize| rows.start + (g * R + r).min(rows.len() - 1);
+    let grouped = &mut scratch.grouped[..groups * R * d];
+    for (g, group) in grouped.chunks_exact_mut(R * d).enumerate() {
+        let (columns, _) = group.as_chunks_mut::<R>();
+        for r in 0..R {
+            // Each row divided by its norm as it is read ([`Norms::dividing`]; nothing to
+            // divide by without divisors), as the general path reads it.
+            let div = q_norms.div.get(row(g, r)).copied();
+            for (column, &x) in columns.iter_mut().zip(queries.row(row(g, r))) {
+                column[r] = div.map_or(x, |by| x / by);
+            }
+        }
+    }
+    let grouped = &scratch.grouped[..groups * R * d];
     for c0 in block.shard.clone().step_by(chunk) {
         // The caller turns a cancelled search into an error and drops this block's answer.
         if block.report.cancelled() {
@@ -421,35 +499,27 @@ fn run_block<const R: usize, const W: usize, const FMA: bool, S: Select<R, W>>(
         let packed = &scratch.packed[..panels * W * d];
         let (ref_scale, _) = scratch.ref_scale[..panels * W].as_chunks::<W>();
         let (ref_sq, _) = scratch.ref_sq[..panels * W].as_chunks::<W>();
-        let group = &mut scratch.group[..R * d];
-        for g0 in (0..rows.len()).step_by(R) {
-            // A last group of fewer rows repeats its last row; `select` drops those.
-            let len = R.min(rows.len() - g0);
-            let row = |r: usize| rows.start + g0 + r.min(len - 1);
-            // Each row divided by its norm as it is read ([`Norms::dividing`]; 1 when not
-            // normalising, and nothing to divide by without divisors).
-            let div: [Option<f32>; R] = std::array::from_fn(|r| q_norms.div.get(row(r)).copied());
-            for (t, col) in group.chunks_exact_mut(R).enumerate() {
-                for (r, v) in col.iter_mut().enumerate() {
-                    let x = queries[[row(r), t]];
-                    *v = div[r].map_or(x, |by| x / by);
-                }
-            }
+        for (g, group) in grouped.chunks_exact(R * d).enumerate() {
+            let (g0, len) = (g * R, R.min(rows.len() - g * R));
             let (columns, _) = group.as_chunks::<R>();
-            let qs: [f32; R] = std::array::from_fn(|r| q_norms.scale[row(r)]);
-            let qq: [f32; R] = std::array::from_fn(|r| q_norms.sq[row(r)]);
-            let skip: [u32; R] = std::array::from_fn(|r| block.excluded[row(r)]);
+            let qs: [f32; R] = std::array::from_fn(|r| q_norms.scale[row(g, r)]);
+            let qq: [f32; R] = std::array::from_fn(|r| q_norms.sq[row(g, r)]);
+            let skip: [u32; R] = std::array::from_fn(|r| block.excluded[row(g, r)]);
             select.start(g0, len);
             let panels = packed.chunks_exact(d * W).zip(ref_scale).zip(ref_sq);
             for (p, ((panel, rs), rq)) in panels.enumerate() {
-                let acc = dot_tile::<R, W, FMA>(panel, columns);
-                let scores: [[f32; W]; R] = std::array::from_fn(|r| {
-                    std::array::from_fn(|j| oriented(acc[r][j], qs[r], qq[r], rs[j], rq[j]))
-                });
+                let mut scores = dot_tile::<R, W, FMA>(panel, columns);
+                // Plain loops over copies: `array::from_fn` here compiled to a call per row
+                // and, with the factors read through references, to scalar code.
+                let (rs, rq) = (*rs, *rq);
+                for r in 0..R {
+                    for j in 0..W {
+                        scores[r][j] = oriented(scores[r][j], qs[r], qq[r], rs[j], rq[j]);
+                    }
+                }
                 let valid = (cols - p * W).min(W) as u32;
                 select.tile(&scores, (c0 + p * W) as u32, valid, &skip);
             }
-            select.finish();
         }
         block.report.add((rows.len() * cols) as u64);
     }
@@ -527,13 +597,20 @@ fn pack<const W: usize>(
             panel.iter_mut().for_each(|lanes| lanes[cols..].fill(0.0));
         }
         for j in 0..cols {
-            let by = div.get(p * W + j).copied();
             for (lanes, &v) in panel.iter_mut().zip(refs.row(start + j)) {
                 if let Some(lane) = lanes.get_mut(j) {
-                    *lane = match by {
-                        Some(by) => v / by,
-                        None => v,
-                    };
+                    *lane = v;
+                }
+            }
+        }
+        // Then each component of the panel's references divided by their divisors at once,
+        // a vector division per `W` lanes (the same quotients as one at a time); padding
+        // lanes divide zero by one.
+        if let Some(div) = div.get(p * W..p * W + cols) {
+            let by: [f32; W] = std::array::from_fn(|j| div.get(j).copied().unwrap_or(1.0));
+            for lanes in panel.iter_mut() {
+                for j in 0..W {
+                    lanes[j] /= by[j];
                 }
             }
         }
@@ -633,7 +710,7 @@ mod tests {
         let oriented = |d: f32, qs: f32, qq: f32, rs: f32, rq: f32| {
             finish(Distance::SquaredEuclidean, qq, rq, d * qs * rs)
         };
-        let mut scratch = Scratch::new(d, n);
+        let mut scratch = Scratch::new(d, n, q);
         for k in [1, 5, shard.len()] {
             let want = truth(k);
             let s = &mut scratch;
@@ -666,10 +743,11 @@ mod tests {
     #[test]
     fn scratch_bytes_are_the_allocations() {
         for (n, d) in [(10, 3), (1000, 128), (100_000, 128), (5, 4096)] {
-            let s = Scratch::new(d, n);
-            let buffers = 4 * (s.packed.len() + s.ref_scale.len() + s.ref_sq.len() + s.group.len());
-            assert_eq!(scratch_bytes(0, (n, d), 1), buffers as u64);
-            assert_eq!(scratch_bytes(10, (n, d), 1), buffers as u64 + 10 * 16);
+            let s = Scratch::new(d, n, 10);
+            let buffers =
+                4 * (s.packed.len() + s.ref_scale.len() + s.ref_sq.len() + s.grouped.len());
+            // A row's best (8 bytes) and bound (4), and its answer (8).
+            assert_eq!(scratch_bytes(10, (n, d), 1), buffers as u64 + 10 * 20);
             let list = 8 * Candidates::capacity(7) + std::mem::size_of::<Candidates>();
             assert_eq!(
                 scratch_bytes(10, (n, d), 7),
