@@ -293,7 +293,11 @@ impl<const R: usize, const W: usize> Select<R, W> for Top1 {
     #[inline(always)]
     fn tile(&mut self, scores: &[[f32; W]; R], base: u32, valid: u32, skip: &[u32; R]) {
         let (g0, len) = (self.group.start, self.group.len());
-        let bounds: [f32; R] = std::array::from_fn(|r| self.bounds.get(g0 + r).map_or(0.0, |b| *b));
+        // Copied, with a plain loop: `array::from_fn` here stayed a call per tile (AVX-512).
+        let mut bounds = [0.0; R];
+        for (copy, &bound) in bounds.iter_mut().zip(&self.bounds[self.group.clone()]) {
+            *copy = bound;
+        }
         visit_admitted(
             scores,
             &bounds[..len],
@@ -413,8 +417,12 @@ impl<const R: usize, const W: usize> Select<R, W> for TopK {
     fn tile(&mut self, scores: &[[f32; W]; R], base: u32, valid: u32, skip: &[u32; R]) {
         let (k, g0) = (self.k, self.group.start);
         let lists = &self.lists[self.group.clone()];
-        // Rows past the group's (a last group of fewer) are not compared.
-        let bounds: [f32; R] = std::array::from_fn(|r| lists.get(r).map_or(0.0, |l| l.bound));
+        // Rows past the group's (a last group of fewer) are not compared. A plain loop:
+        // `array::from_fn` here stayed a call per tile (AVX-512).
+        let mut bounds = [0.0; R];
+        for (bound, list) in bounds.iter_mut().zip(lists) {
+            *bound = list.bound;
+        }
         let rows = lists.len();
         visit_admitted(
             scores,
@@ -607,7 +615,8 @@ fn pack<const W: usize>(
         // a vector division per `W` lanes (the same quotients as one at a time); padding
         // lanes divide zero by one.
         if let Some(div) = div.get(p * W..p * W + cols) {
-            let by: [f32; W] = std::array::from_fn(|j| div.get(j).copied().unwrap_or(1.0));
+            let mut by = [1.0; W];
+            by[..cols].copy_from_slice(div);
             for lanes in panel.iter_mut() {
                 for j in 0..W {
                     lanes[j] /= by[j];
