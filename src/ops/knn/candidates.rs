@@ -68,6 +68,12 @@ pub(super) fn admitted(scores: &[f32], bound: f32) -> u64 {
     if !scores.iter().fold(false, |any, &o| any | admits(o, bound)) {
         return 0;
     }
+    admitted_lanes(scores, bound)
+}
+
+/// [`admitted`] without its first test: the mask computed with no branch.
+#[inline(always)]
+pub(super) fn admitted_lanes(scores: &[f32], bound: f32) -> u64 {
     scores
         .iter()
         .enumerate()

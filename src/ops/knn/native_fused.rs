@@ -24,7 +24,7 @@ use std::ops::Range;
 
 use ndarray::ArrayView2;
 
-use super::candidates::{admits, shrink, Candidates};
+use super::candidates::{admits, admitted_lanes, shrink, Candidates};
 use crate::hooks::Reporter;
 use crate::kernels::knn_select::EMPTY_INDEX;
 use crate::metric::Distance;
@@ -368,8 +368,7 @@ fn admitted_rows<const R: usize, const W: usize>(
     let mut lanes = [0u64; R];
     let mut rows = 0u32;
     for (r, (scores, &bound)) in scores.iter().zip(bounds).enumerate() {
-        let each = |m: u64, (j, &o): (usize, &f32)| m | (u64::from(admits(o, bound)) << j);
-        lanes[r] = scores.iter().enumerate().fold(0, each);
+        lanes[r] = admitted_lanes(scores, bound);
         rows |= u32::from(lanes[r] != 0) << r;
     }
     (lanes, rows)
@@ -752,9 +751,14 @@ mod tests {
     #[test]
     fn scratch_bytes_are_the_allocations() {
         for (n, d) in [(10, 3), (1000, 128), (100_000, 128), (5, 4096)] {
-            let s = Scratch::new(d, n, 10);
-            let buffers =
-                4 * (s.packed.len() + s.ref_scale.len() + s.ref_sq.len() + s.grouped.len());
+            let bytes = |s: Scratch| {
+                4 * (s.packed.len() + s.ref_scale.len() + s.ref_sq.len() + s.grouped.len())
+            };
+            assert_eq!(
+                scratch_bytes(0, (n, d), 1),
+                bytes(Scratch::new(d, n, 0)) as u64
+            );
+            let buffers = bytes(Scratch::new(d, n, 10));
             // A row's best (8 bytes) and bound (4), and its answer (8).
             assert_eq!(scratch_bytes(10, (n, d), 1), buffers as u64 + 10 * 20);
             let list = 8 * Candidates::capacity(7) + std::mem::size_of::<Candidates>();
