@@ -99,8 +99,9 @@ pub(crate) fn par_rows<S>(
     });
 }
 
-/// `c = alpha · a b + beta · c`, its rows (or, where it is wider than tall, its columns)
-/// split over the cores.
+/// `c = alpha · a b + beta · c` ([`super::gemm::gemm`]), its rows (or, where it is wider
+/// than tall, its columns) split over the cores; each product's bits do not depend on the
+/// split.
 pub(crate) fn par_mul(
     alpha: f32,
     a: ndarray::ArrayView2<'_, f32>,
@@ -113,21 +114,22 @@ pub(crate) fn par_mul(
         .min((rows * cols * a.ncols()).div_ceil(1 << 20))
         .max(1);
     if workers == 1 {
-        ndarray::linalg::general_mat_mul(alpha, &a, &b, beta, &mut c);
+        super::gemm::gemm(alpha, a, b, beta, c);
         return;
     }
     std::thread::scope(|scope| {
         if rows >= cols {
-            let per = rows.div_ceil(workers);
-            for (t, mut c) in c.axis_chunks_iter_mut(ndarray::Axis(0), per).enumerate() {
+            // Whole tiles of every kernel per thread (12 rows, 32 columns).
+            let per = rows.div_ceil(workers).next_multiple_of(12);
+            for (t, c) in c.axis_chunks_iter_mut(ndarray::Axis(0), per).enumerate() {
                 let a = a.slice(ndarray::s![t * per..t * per + c.nrows(), ..]);
-                scope.spawn(move || ndarray::linalg::general_mat_mul(alpha, &a, &b, beta, &mut c));
+                scope.spawn(move || super::gemm::gemm(alpha, a, b, beta, c));
             }
         } else {
-            let per = cols.div_ceil(workers);
-            for (t, mut c) in c.axis_chunks_iter_mut(ndarray::Axis(1), per).enumerate() {
+            let per = cols.div_ceil(workers).next_multiple_of(32);
+            for (t, c) in c.axis_chunks_iter_mut(ndarray::Axis(1), per).enumerate() {
                 let b = b.slice(ndarray::s![.., t * per..t * per + c.ncols()]);
-                scope.spawn(move || ndarray::linalg::general_mat_mul(alpha, &a, &b, beta, &mut c));
+                scope.spawn(move || super::gemm::gemm(alpha, a, b, beta, c));
             }
         }
     });

@@ -7,8 +7,8 @@
 //! `WML_NATIVE_ISA` (`avx512`, `avx2` or `baseline`) caps the choice below what the CPU
 //! has, so that one machine can run and time the narrower copies (the kNN kernels' AVX2
 //! tiles on an AVX-512 server, or the baseline in a test). It is read once per process, and
-//! the native kNN's tuning cache keys on it. matrixmultiply, under the general paths' GEMMs,
-//! picks its own kernels and does not read it.
+//! the native kNN's tuning cache keys on it. The native GEMM (`gemm`) picks its tile by it
+//! too, and keeps fused multiply-adds under every cap where the CPU has FMA.
 
 use std::sync::OnceLock;
 
@@ -44,9 +44,8 @@ impl Isa {
 /// with FMA), `"avx2"` (AVX2 with FMA) or `"baseline"`, the widest this CPU has, capped by the
 /// environment variable `WML_NATIVE_ISA` (read once per process; an unknown value is named on
 /// stderr and ignored). Every choice gives the same bits: the cap exists to time or test the
-/// narrower loops on a wider CPU. matrixmultiply's GEMMs, under the general paths, choose
-/// their own kernels; so that the kNN kernel's sums stay theirs, its `baseline` copy keeps
-/// fused multiply-adds on a CPU that has them.
+/// narrower loops on a wider CPU. So that their sums stay the same, the native GEMM's and
+/// the kNN kernel's `baseline` copies keep fused multiply-adds on a CPU that has them.
 ///
 /// # Example
 /// ```

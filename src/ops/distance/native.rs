@@ -278,7 +278,7 @@ fn epilogue(
     if direct {
         return direct_into(queries, refs, distance, out);
     }
-    ndarray::linalg::general_mat_mul(1.0, &queries, &refs.t(), 0.0, &mut out);
+    crate::runtime::gemm::gemm(1.0, queries, refs.t(), 0.0, out.view_mut());
     for ((mut row, &iq), &q2) in out.rows_mut().into_iter().zip(q.0).zip(q.1) {
         match row.as_slice_mut() {
             Some(row) => finish_row(row, (iq, q2), r.0, r.1, distance),

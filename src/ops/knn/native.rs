@@ -24,6 +24,7 @@ use crate::metric::Distance;
 #[cfg(doc)]
 use crate::ops::distance::native::is_direct;
 use crate::ops::distance::native::{direct_into, finish, read_config, Norms};
+use crate::runtime::gemm::gemm;
 use crate::runtime::memory::HostReservation;
 use crate::runtime::pool::{par_items, threads};
 
@@ -132,9 +133,7 @@ fn search_block(
             // A call small enough for torch's direct distances: the block holds distances
             // (or dot products), each from its two rows.
             true => direct_into(q_block, refs_block, distance, dots.view_mut()),
-            false => {
-                ndarray::linalg::general_mat_mul(1.0, &q_block, &refs_block.t(), 0.0, &mut dots)
-            }
+            false => gemm(1.0, q_block, refs_block.t(), 0.0, dots.view_mut()),
         }
         let (r_scale, r_sq) = (&r_norms.scale[j0..j0 + cols], &r_norms.sq[j0..j0 + cols]);
         for (r, list) in lists.iter_mut().enumerate() {

@@ -14,11 +14,10 @@
 //! scalar code, which cost a fifth of the search on an AVX2 EPYC (BENCHMARKS.md, issue 40).
 //!
 //! The answer is the general path's, bit for bit: each dot product is summed as its GEMM
-//! (matrixmultiply) sums it, one chain of multiply-adds per 256 dimensions (fused where
-//! matrixmultiply fuses them) with the slices added in order, and then the same metric
-//! expression, the same keys (`key_of`: `-0` as `+0`, NaNs where their bits put them) and
-//! ties to the lower index. (A build where ndarray uses BLAS sums differently; only the last
-//! bits of the scores differ then.)
+//! (`runtime::gemm`) sums it, one chain of multiply-adds per 256 dimensions (fused where the
+//! CPU has FMA) with the slices added in order, and then the same metric expression, the
+//! same keys (`key_of`: `-0` as `+0`, NaNs where their bits put them) and ties to the lower
+//! index.
 
 use std::ops::Range;
 
@@ -29,6 +28,7 @@ use crate::hooks::Reporter;
 use crate::kernels::knn_select::EMPTY_INDEX;
 use crate::metric::Distance;
 use crate::ops::distance::native::{finish, Norms};
+use crate::runtime::gemm::dot_chain;
 
 /// The largest `k` the fused search takes: above it, each row's candidate list outgrows what
 /// a block of [`QUERY_BLOCK`] rows should hold, and the general path's 256-row blocks win.
@@ -175,15 +175,15 @@ fn dispatch(
     #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
     {
         use crate::runtime::simd::{detected, isa, Isa};
-        // As matrixmultiply picks its kernels (with FMA from AVX2 on), so that both paths
-        // fuse the same multiply-adds.
+        // As the general path's GEMM picks its kernels (with FMA from AVX2 on), so that both
+        // paths fuse the same multiply-adds.
         match isa() {
             // SAFETY: `isa` names AVX-512F + FMA only where the CPU (and the OS, which std's
             // detection checks) supports them.
             Isa::Avx512 => unsafe { block_avx512(block, scratch, k, oriented) },
             // SAFETY: as above, AVX2 + FMA.
             Isa::Avx2 => unsafe { block_avx2(block, scratch, k, oriented) },
-            // Capped below a CPU whose matrixmultiply fuses (`WML_NATIVE_ISA`): the baseline
+            // Capped below a CPU with FMA (`WML_NATIVE_ISA`): the baseline
             // tile with fused multiply-adds (in the vectors the `fma` feature brings) keeps
             // the general path's bits.
             // SAFETY: `detected` says the CPU has AVX2 and FMA.
@@ -533,10 +533,10 @@ fn run_block<const R: usize, const W: usize, const FMA: bool, S: Select<R, W>>(
     select.pairs()
 }
 
-/// The general path's GEMM (matrixmultiply) sums the dimension in slices of this many, each
-/// a chain of its own, then adds each slice's sums to the total: doing the same keeps the two
-/// paths' dot products, and so their answers, bit for bit equal.
-const GEMM_SLICE: usize = 256;
+/// The general path's GEMM sums the dimension in slices of this many, each a chain of its
+/// own, then adds each slice's sums to the total: doing the same keeps the two paths' dot
+/// products, and so their answers, bit for bit equal.
+const GEMM_SLICE: usize = crate::runtime::gemm::KC;
 
 /// The `R × W` dot products of a group's rows (`columns[t][r]`: component `t` of row `r`)
 /// and one packed panel (`panel[t·W + j]`: component `t` of reference `j`): per slice of
@@ -562,28 +562,6 @@ fn dot_tile<const R: usize, const W: usize, const FMA: bool>(
         }
     }
     total
-}
-
-/// One chain of multiply-adds per dot product over the given dimensions.
-#[inline(always)]
-fn dot_chain<const R: usize, const W: usize, const FMA: bool>(
-    panel: &[[f32; W]],
-    columns: &[[f32; R]],
-) -> [[f32; W]; R] {
-    let mut acc = [[0.0f32; W]; R];
-    for (b, a) in panel.iter().zip(columns) {
-        // Copies, so that the compiler keeps them (and `acc`) in vector registers.
-        let (a, b) = (*a, *b);
-        for r in 0..R {
-            for j in 0..W {
-                acc[r][j] = match FMA {
-                    true => a[r].mul_add(b[j], acc[r][j]),
-                    false => a[r] * b[j] + acc[r][j],
-                };
-            }
-        }
-    }
-    acc
 }
 
 /// Packs references `range` into panels of `W`: `out[(p·d + t)·W + j]` is component `t` of

@@ -9,10 +9,10 @@
 //! - squared Euclidean: the same with `U = 2W`;
 //! - dot product and cosine: `G_q̂ = W r̂`, `G_r̂ = Wᵀ q̂`.
 
-use ndarray::linalg::general_mat_mul;
 use ndarray::{s, Array2, ArrayView2, ArrayViewMut2, Axis};
 
 use crate::metric::Distance;
+use crate::runtime::gemm::gemm;
 use crate::runtime::pool::threads;
 
 /// Whether the distance is Euclidean in form (its gradient has the `rowsum`/`colsum` terms).
@@ -41,10 +41,10 @@ pub(super) fn query_side(
     mut g: ArrayViewMut2<'_, f32>,
 ) {
     if !euclidean(distance) {
-        general_mat_mul(1.0, &u, &r_hat, 0.0, &mut g);
+        gemm(1.0, u, r_hat, 0.0, g.view_mut());
         return;
     }
-    general_mat_mul(-1.0, &u, &r_hat, 0.0, &mut g);
+    gemm(-1.0, u, r_hat, 0.0, g.view_mut());
     for ((mut g, q), u) in g.rows_mut().into_iter().zip(q_hat.rows()).zip(u.rows()) {
         g.scaled_add(u.sum(), &q);
     }
@@ -83,7 +83,7 @@ pub(super) fn ref_side_into(
     mut g: ArrayViewMut2<'_, f32>,
 ) {
     let sign = if euclidean(distance) { -1.0 } else { 1.0 };
-    general_mat_mul(sign, &u.t(), &q_hat, 1.0, &mut g);
+    gemm(sign, u.t(), q_hat, 1.0, g.view_mut());
     if euclidean(distance) {
         for ((mut g, r), col) in g.rows_mut().into_iter().zip(r_hat.rows()).zip(u.columns()) {
             g.scaled_add(col.sum(), &r);

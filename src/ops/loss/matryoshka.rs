@@ -26,7 +26,6 @@
 //! they are given no weight rather than two cancelling terms. A zero prefix is clamped as
 //! torch clamps it (its gradient `g / 1e-12` is then rounding noise times 10¹², in torch too).
 
-use ndarray::linalg::general_mat_mul;
 use ndarray::{s, Array2, Array3, ArrayView2, ArrayViewMut2, ArrayViewMut3, Axis};
 
 use super::backward::add_ref_side;
@@ -38,6 +37,7 @@ use crate::data::inputs::{Embeddings, Rows};
 use crate::error::{Error, Result};
 use crate::hooks::Reporter;
 use crate::metric::Distance;
+use crate::runtime::gemm::{gemm, gemm_slices};
 use crate::runtime::memory::HostReservation;
 
 /// torch's `normalize` clamp.
@@ -366,16 +366,8 @@ fn rows_pass(
     scratch.alpha.resize(n * tn, 0.0);
     let q = sh.q.slice(s![a0..a0 + n, ..]);
     // Each slice's own product `Q_k R_kᵀ`; a row's running sum of them is its `P_t`.
-    for t in 0..tn {
-        let cols = sh.trunc.slice(t);
-        general_mat_mul(
-            1.0,
-            &q.slice(s![.., cols.clone()]),
-            &sh.r.slice(s![.., cols]).t(),
-            0.0,
-            &mut slab.slice_mut(s![t, .., ..]),
-        );
-    }
+    // Each operand packed once for every slice.
+    gemm_slices(q, sh.r.t(), &sh.trunc.ends, slab.view_mut());
     for i in 0..n {
         if report.cancelled() {
             return;
@@ -407,7 +399,7 @@ fn rows_pass(
         let cols = sh.trunc.slice(t);
         let mut g = g.slice_mut(s![.., cols.clone()]);
         let r = sh.r.slice(s![.., cols.clone()]);
-        general_mat_mul(1.0, &slab.slice(s![t, .., ..]), &r, 0.0, &mut g);
+        gemm(1.0, slab.slice(s![t, .., ..]), r, 0.0, g.view_mut());
         for (i, (mut g, x)) in g
             .rows_mut()
             .into_iter()
