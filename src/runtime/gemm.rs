@@ -8,16 +8,21 @@
 //! L2 while the strips stream through); then each strip (in L1) against every panel, an
 //! `R × W` tile of sums in registers ([`dot_chain`]): `12 × 32` with AVX-512's 32 vector
 //! registers, `6 × 16` with AVX2's 16, `6 × 8` on the baseline and `6 × 16` with NEON. This is
-//! the kNN kernel's tile (`ops::knn::native_fused`), which runs at 85–93 % of an AVX2 core's
-//! peak from L2; matrixmultiply's own kernels are narrower and repack on every call, and lost
-//! a third of the classifier losses' time to MKL on two hyperthreads (BENCHMARKS.md).
+//! the kNN kernel's tile (`ops::knn::native_fused`). Rows of an operand that are contiguous
+//! in memory are transposed 8 × 8 in AVX registers as they are packed. It runs at
+//! matrixmultiply's speed (BENCHMARKS.md, 2026-12-07); what it adds is a kernel the library
+//! controls: `WML_NATIVE_ISA` caps it, and [`gemm_slices`] packs each operand once for many
+//! slices of the inner dimension.
 //!
 //! **The bits.** Each product is one chain of multiply-adds per [`KC`] of the inner
 //! dimension, in order, and the chains are added to `c` in order: `alpha · acc + beta · c`
 //! for the first (`alpha · acc` where `beta` is zero, `c` unread), `alpha · acc + c` for the
-//! others, as matrixmultiply adds them. The multiply-adds are fused wherever the CPU has FMA,
-//! under every `WML_NATIVE_ISA` cap, so a product's bits depend neither on the instruction
-//! set, nor on the tile it falls in, nor on how a caller splits `c` over threads.
+//! others. The multiply-adds are fused where the CPU has AVX2 and FMA (and on AArch64),
+//! under every `WML_NATIVE_ISA` cap, and the last step never is, so a product's bits depend
+//! neither on the instruction set, nor on the tile it falls in, nor on how a caller splits
+//! `c` over threads. matrixmultiply sums the same chains but fuses that last step in its
+//! whole tiles (not its edge ones): the two give the same bits wherever `alpha · acc` is
+//! exact (`alpha` ±1: every product of the library but Angular's and VICReg's scaled ones).
 //!
 //! **Memory.** One call holds at most `4 · KC · (MC + NC)` bytes of packing (1.25 MiB) on
 //! its thread while it runs, as matrixmultiply held its own.
@@ -454,7 +459,7 @@ pub(crate) fn dot_chain<const R: usize, const W: usize, const FMA: bool>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ndarray::Array2;
+    use ndarray::{Array2, ArrayView2, ArrayViewMut2};
     use proptest::prelude::*;
 
     /// What [`gemm`] computes, element by element: each product's chains of [`KC`] in f32,
@@ -463,7 +468,7 @@ mod tests {
         (alpha, beta, fma): (f32, f32, bool),
         a: ArrayView2<'_, f32>,
         b: ArrayView2<'_, f32>,
-        c: &Array2<f32>,
+        c: ArrayView2<'_, f32>,
     ) -> Array2<f32> {
         let k = a.ncols();
         Array2::from_shape_fn(c.dim(), |(i, j)| {
@@ -486,87 +491,109 @@ mod tests {
         })
     }
 
-    /// Small integers and halves: products and sums of a few hundred are exact in f32 until
-    /// `alpha` scales them, so a wrong term or a lost chain shows, not rounding.
-    fn values(rows: usize, cols: usize, seed: usize) -> Array2<f32> {
+    /// Values with every bit of the mantissa in use, in `[-4, 4)`: a sum in another order, a
+    /// chain split elsewhere or a multiply-add fused where it should not be changes the bits.
+    fn values(rows: usize, cols: usize, seed: u64) -> Array2<f32> {
         Array2::from_shape_fn((rows, cols), |(i, j)| {
-            ((i * 7 + j * 13 + seed * 5 + i * j) % 9) as f32 * 0.5 - 2.0
+            let h = (i as u64)
+                .wrapping_mul(0x9E37_79B9)
+                .wrapping_add((j as u64).wrapping_mul(0x85EB_CA6B))
+                .wrapping_add(seed.wrapping_mul(0xC2B2_AE35))
+                .wrapping_mul(0x2545_F491_4F6C_DD1D);
+            (h >> 41) as f32 / (1u32 << 20) as f32 - 4.0
         })
+    }
+
+    /// An owned array laid out so that its view ([`view`]) of shape `(rows, cols)` is
+    /// row-major (0), transposed (1), every other row of a taller array (2) or with its rows
+    /// reversed (3).
+    fn laid_out(rows: usize, cols: usize, layout: u8, seed: u64) -> Array2<f32> {
+        match layout {
+            1 => values(cols, rows, seed),
+            2 => values(2 * rows, cols, seed),
+            _ => values(rows, cols, seed),
+        }
+    }
+
+    fn view(own: &Array2<f32>, layout: u8) -> ArrayView2<'_, f32> {
+        match layout {
+            1 => own.t(),
+            2 => own.slice(s![..;2, ..]),
+            3 => own.slice(s![..;-1, ..]),
+            _ => own.view(),
+        }
+    }
+
+    fn view_mut(own: &mut Array2<f32>, layout: u8) -> ArrayViewMut2<'_, f32> {
+        match layout {
+            1 => own.view_mut().reversed_axes(),
+            2 => own.slice_mut(s![..;2, ..]),
+            3 => own.slice_mut(s![..;-1, ..]),
+            _ => own.view_mut(),
+        }
     }
 
     fn check<const R: usize, const W: usize, const FMA: bool>(
         (m, k, n): (usize, usize, usize),
         (alpha, beta): (f32, f32),
-        transposed: (bool, bool),
+        layouts: (u8, u8, u8),
     ) {
-        // Each operand row-major or a transposed view of a row-major array, as the losses
-        // pass them.
-        let a_own = if transposed.0 {
-            values(k, m, 1)
-        } else {
-            values(m, k, 1)
-        };
-        let b_own = if transposed.1 {
-            values(n, k, 2)
-        } else {
-            values(k, n, 2)
-        };
-        let a = if transposed.0 {
-            a_own.t()
-        } else {
-            a_own.view()
-        };
-        let b = if transposed.1 {
-            b_own.t()
-        } else {
-            b_own.view()
-        };
-        // NaNs where `beta` is zero: they must not carry.
-        let c0 = match beta == 0.0 {
-            true => Array2::from_elem((m, n), f32::NAN),
-            false => values(m, n, 3),
-        };
-        let want = chained((alpha, beta, FMA), a, b, &c0);
-        let mut got = c0.clone();
-        gemm_with(blocked::<R, W, FMA>, alpha, (a, b), beta, got.view_mut());
+        let a_own = laid_out(m, k, layouts.0, 1);
+        let b_own = laid_out(k, n, layouts.1, 2);
+        let (a, b) = (view(&a_own, layouts.0), view(&b_own, layouts.1));
+        let mut c_own = laid_out(m, n, layouts.2, 3);
+        if beta == 0.0 {
+            // NaNs where `beta` is zero: they must not carry.
+            c_own.fill(f32::NAN);
+        }
+        let want = chained((alpha, beta, FMA), a, b, view(&c_own, layouts.2));
+        gemm_with(
+            blocked::<R, W, FMA>,
+            alpha,
+            (a, b),
+            beta,
+            view_mut(&mut c_own, layouts.2),
+        );
+        let got = view(&c_own, layouts.2);
         let same = got
             .iter()
             .zip(&want)
             .all(|(g, w)| g.to_bits() == w.to_bits());
         assert!(
             same,
-            "R {R} W {W} fma {FMA} {m}x{k}x{n} {transposed:?}: {got} vs {want}"
+            "R {R} W {W} fma {FMA} {m}x{k}x{n} {layouts:?}: {got} vs {want}"
         );
     }
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
         /// Every kernel shape, called directly whatever this CPU runs, on shapes off every
-        /// tile and block (the inner dimension across two slices, rows across two blocks
-        /// once), both operands row-major or transposed, `beta` zero, one or other, bit for
-        /// bit against the chains summed one element at a time.
+        /// tile and block (the inner dimension across two slices), each operand and the
+        /// output row-major, transposed, strided or reversed, `alpha` not a power of two and
+        /// `beta` zero, one or other, bit for bit against the chains summed one element at a
+        /// time.
         #[test]
         fn every_kernel_sums_as_the_chains(
             m in 0usize..40,
             k in prop_oneof![0usize..20, 250usize..520],
             n in 0usize..70,
-            alpha in prop_oneof![Just(1.0f32), Just(-0.5), Just(3.0)],
-            beta in prop_oneof![Just(0.0f32), Just(1.0), Just(-2.0)],
-            transposed in any::<(bool, bool)>(),
+            alpha in prop_oneof![Just(1.0f32), Just(-0.7), Just(3.3)],
+            beta in prop_oneof![Just(0.0f32), Just(1.0), Just(-1.9)],
+            layouts in (0u8..4, 0u8..4, 0u8..4),
         ) {
             let shape = (m, k, n);
-            check::<12, 32, true>(shape, (alpha, beta), transposed);
-            check::<6, 16, true>(shape, (alpha, beta), transposed);
-            check::<6, 8, true>(shape, (alpha, beta), transposed);
-            check::<6, 8, false>(shape, (alpha, beta), transposed);
+            check::<12, 32, true>(shape, (alpha, beta), layouts);
+            check::<6, 16, true>(shape, (alpha, beta), layouts);
+            check::<6, 8, true>(shape, (alpha, beta), layouts);
+            check::<6, 8, false>(shape, (alpha, beta), layouts);
         }
     }
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
-        /// Each slice's product, bit for bit as one [`gemm`] on the slice gives it: slices
-        /// of one column, of more than [`KC`], ending short of `k`, and an operand seen
-        /// transposed.
+        /// Each slice's product, bit for bit as one [`gemm`] on the slice gives it (its chains
+        /// split at [`KC`] from the slice's own start): slices of one column, of more than
+        /// [`KC`], ending short of `k`, and an operand seen transposed.
         #[test]
         fn slices_are_each_slices_gemm(
             m in 0usize..30,
@@ -578,32 +605,41 @@ mod tests {
             let ends: Vec<usize> = cuts.into_iter().collect();
             let k = ends.last().copied().unwrap_or(0) + short;
             let a = values(m, k, 6);
-            let b_own = if transposed { values(n, k, 7) } else { values(k, n, 7) };
-            let b = if transposed { b_own.t() } else { b_own.view() };
+            let b_own = laid_out(k, n, u8::from(transposed), 7);
+            let b = view(&b_own, u8::from(transposed));
             let mut got = ndarray::Array3::from_elem((ends.len(), m, n), f32::NAN);
             gemm_slices(a.view(), b, &ends, got.view_mut());
             let mut start = 0;
             for (t, &end) in ends.iter().enumerate() {
-                let mut want = Array2::zeros((m, n));
-                gemm(1.0, a.slice(s![.., start..end]), b.slice(s![start..end, ..]), 0.0, want.view_mut());
+                let (a, b) = (a.slice(s![.., start..end]), b.slice(s![start..end, ..]));
+                let want = chained((1.0, 0.0, fused()), a, b, Array2::zeros((m, n)).view());
                 prop_assert_eq!(got.index_axis(Axis(0), t), want.view(), "slice {}", t);
                 start = end;
             }
         }
     }
 
+    /// Whether the kernel this CPU dispatches to fuses (under every cap).
+    fn fused() -> bool {
+        cfg!(target_arch = "aarch64")
+            || crate::runtime::simd::detected() >= crate::runtime::simd::Isa::Avx2
+    }
+
     #[test]
-    fn rows_beyond_one_block_and_the_dispatched_kernel() {
-        // More rows than [`MC`] and columns than [`NC`]: the blocks' edges.
-        check::<12, 32, true>((MC + 5, 3, NC + 33), (1.0, 0.0), (false, false));
-        check::<6, 8, false>((MC + 5, 3, NC + 33), (2.0, 1.0), (true, true));
-        // The kernel this CPU dispatches to fuses wherever the CPU can (every cap).
-        let (a, b) = (values(30, 300, 4), values(300, 20, 5));
-        let mut got = Array2::zeros((30, 20));
-        gemm(1.0, a.view(), b.view(), 0.0, got.view_mut());
-        let fma = cfg!(target_arch = "aarch64")
-            || crate::runtime::simd::detected() >= crate::runtime::simd::Isa::Avx2;
-        let want = chained((1.0, 0.0, fma), a.view(), b.view(), &got);
-        assert_eq!(got, want);
+    fn blocks_edges_and_the_dispatched_kernel() {
+        // More rows than [`MC`] and columns than [`NC`], with inner dimensions that run the
+        // 8 × 8 transposes and their tails.
+        check::<12, 32, true>((MC + 5, 13, NC + 33), (1.0, 0.0), (0, 1, 0));
+        check::<6, 8, false>((MC + 5, 21, NC + 33), (2.5, 1.0), (1, 1, 2));
+        // The kernel this CPU dispatches to, through `gemm`.
+        for (alpha, beta) in [(1.0, 0.0), (-0.3, 1.7)] {
+            let (a, b, c) = (values(30, 300, 4), values(300, 20, 5), values(30, 20, 8));
+            let mut got = c.clone();
+            gemm(alpha, a.view(), b.view(), beta, got.view_mut());
+            assert_eq!(
+                got,
+                chained((alpha, beta, fused()), a.view(), b.view(), c.view())
+            );
+        }
     }
 }
