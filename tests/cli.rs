@@ -23,13 +23,13 @@ use wgpu_metric_learning::{
 };
 
 /// A fresh directory for one test's files.
-fn dir(test: &str) -> PathBuf {
+pub(crate) fn dir(test: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("wml-cli-{}-{test}", std::process::id()));
     std::fs::create_dir_all(&d).expect("temp dir");
     d
 }
 
-fn wml(args: &[&str]) -> Output {
+pub(crate) fn wml(args: &[&str]) -> Output {
     // Mesa's Vulkan loader warns on stderr when XDG_RUNTIME_DIR is unset (CI containers);
     // a desktop session sets it. Set here so stderr holds only what wml prints.
     Command::new(env!("CARGO_BIN_EXE_wml"))
@@ -39,12 +39,12 @@ fn wml(args: &[&str]) -> Output {
         .expect("run wml")
 }
 
-fn arg(p: &Path) -> &str {
+pub(crate) fn arg(p: &Path) -> &str {
     p.to_str().expect("utf-8 temp path")
 }
 
 /// The run succeeded; its stdout.
-fn ok(out: &Output) -> String {
+pub(crate) fn ok(out: &Output) -> String {
     assert!(
         out.status.success(),
         "wml failed: {}",
@@ -54,7 +54,7 @@ fn ok(out: &Output) -> String {
 }
 
 /// The run failed with status 1 and a one-line message containing every one of `needles`.
-fn fails_with(out: &Output, needles: &[&str]) {
+pub(crate) fn fails_with(out: &Output, needles: &[&str]) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "exit status for: {err}");
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
@@ -84,7 +84,7 @@ fn clustered() -> (Array2<f32>, Array1<i64>) {
     (x, y)
 }
 
-fn json_field(json: &str, key: &str) -> f64 {
+pub(crate) fn json_field(json: &str, key: &str) -> f64 {
     let at = json.find(&format!("\"{key}\": ")).expect(key) + key.len() + 4;
     let rest = &json[at..];
     let end = rest.find([',', '}']).expect("end of value");

@@ -13,6 +13,8 @@ mod bad_inputs;
 mod cancel;
 #[cfg(feature = "cli")]
 mod cli;
+#[cfg(feature = "cli")]
+mod cli_weights;
 mod concurrency;
 mod context;
 mod front_doors;

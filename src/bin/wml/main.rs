@@ -8,6 +8,7 @@ mod distributed;
 mod loss_args;
 mod losses;
 mod npy;
+mod weights;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,6 +19,7 @@ pub(crate) use self::TuneArgs as TuneOptions;
 use wgpu_metric_learning::{CancelToken, Hooks, Progress};
 
 use loss_args::LossCommand;
+use weights::WeightsCommand;
 
 /// The GPU core of metric learning on .npy files: triplet mining, PML's miners, kNN and
 /// retrieval accuracy, losses with their gradients, on any GPU through wgpu or on the native
@@ -69,6 +71,10 @@ enum Command {
     /// and prints the table: per shape, each variant's median milliseconds and TFLOP/s on its
     /// tile, the winner marked. --json prints one JSON object per shape instead.
     Tune(TuneArgs),
+    /// The class weights of `wml loss arcface|cosface|…` across runs: an optimizer step
+    /// (torch's SGD or AdamW) into a checkpoint, and a checkpoint's whole weights as one .npy.
+    #[command(subcommand)]
+    Weights(WeightsCommand),
 }
 
 #[derive(Args)]
@@ -159,6 +165,8 @@ impl Command {
                 | LossCommand::SoftTriple(a),
             ) => &a.common,
             Command::Tune(a) => &a.common,
+            Command::Weights(WeightsCommand::Step(a)) => &a.common,
+            Command::Weights(WeightsCommand::Export(a)) => &a.common,
         }
     }
 }
@@ -591,6 +599,8 @@ fn main() -> ExitCode {
         Command::Loss(LossCommand::ProxyAnchor(a)) => classifier::run("proxy-anchor", &a, &hooks),
         Command::Loss(LossCommand::SoftTriple(a)) => classifier::run("soft-triple", &a, &hooks),
         Command::Tune(a) => commands::tune(&a),
+        Command::Weights(WeightsCommand::Step(a)) => weights::step(&a),
+        Command::Weights(WeightsCommand::Export(a)) => weights::export(&a),
     };
     match done {
         Ok(()) => ExitCode::SUCCESS,
