@@ -108,7 +108,7 @@ type MarginOptions<'a> = (Option<f32>, Option<f32>, Option<&'a str>, Option<usiz
 type OtherOptions = [Option<f32>; 5];
 
 /// The loss `kind` with PML's defaults and the options given.
-fn kind_of(
+pub(crate) fn kind_of(
     kind: &str,
     (margin, scale, margin_grad, centres): MarginOptions<'_>,
     [temperature, softmax_scale, la, gamma, alpha]: OtherOptions,

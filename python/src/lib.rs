@@ -13,6 +13,7 @@
 
 mod bank;
 mod call;
+mod class_weights;
 mod classifier;
 mod context;
 mod eval;
@@ -54,6 +55,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(classifier::classifier_loss, m)?)?;
     m.add_function(wrap_pyfunction!(classifier::classifier_loss_sharded, m)?)?;
     m.add_function(wrap_pyfunction!(classifier::sampled_classes, m)?)?;
+    m.add_function(wrap_pyfunction!(class_weights::save_weights_shard, m)?)?;
+    m.add_function(wrap_pyfunction!(class_weights::save_weights_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(class_weights::load_weights, m)?)?;
     m.add_function(wrap_pyfunction!(mine_triplets, m)?)?;
     m.add_function(wrap_pyfunction!(count_triplets, m)?)?;
     m.add_function(wrap_pyfunction!(all_pairs, m)?)?;

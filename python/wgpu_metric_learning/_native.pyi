@@ -62,6 +62,9 @@ __all__ = [
     "classifier_loss",
     "classifier_loss_sharded",
     "sampled_classes",
+    "save_weights_shard",
+    "save_weights_manifest",
+    "load_weights",
     "snr_contrastive_loss",
     "dynamic_soft_margin_loss",
 ]
@@ -684,6 +687,29 @@ def classifier_loss_sharded(
     sample_rate: Optional[float] = None,
     seed: Optional[int] = None,
 ) -> Tuple[float, int, _F32, _F32, int]: ...
+def save_weights_shard(
+    ctx: Context,
+    directory: Union[str, PathLike[str]],
+    kind: str,
+    centres: Optional[int],
+    classes: int,
+    first_class: int,
+    weights: _F32,
+    optimizer: Tuple[str, Sequence[float]],
+    steps: int,
+    buffers: Sequence[_F32],
+) -> Tuple[str, int, int, int, int]: ...
+def save_weights_manifest(
+    directory: Union[str, PathLike[str]], classes: int, records: Sequence[Tuple[str, int, int, int, int]]
+) -> None: ...
+def load_weights(
+    ctx: Context,
+    directory: Union[str, PathLike[str]],
+    kind: str,
+    centres: Optional[int],
+    start: int,
+    end: int,
+) -> Tuple[_F32, int, Tuple[str, List[float]], int, List[_F32]]: ...
 def sampled_classes(
     classes: int, labels: _I64, rate: float, seed: int, first_class: int = 0
 ) -> npt.NDArray[np.int64]: ...

@@ -14,6 +14,7 @@ the single process's on the concatenated batch, on every rank.
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -134,3 +135,139 @@ def sharded_call(
         whole = whole.astype(np.float32)
         weight_grad = np.ascontiguousarray(whole if on_rows else whole.T)
     return out[0], out[1], grad, weight_grad
+
+
+def _held(loss: Any) -> Tuple[str, Optional[int], torch.Tensor, int, bool]:
+    """``loss``'s kind, centres option, weights, classes held and whether classes are rows."""
+    weights = getattr(loss, loss._weights)
+    centres = loss._options().get("centres")
+    per = int(centres or 1)
+    on_rows = loss._weights == "proxies"
+    count = int(weights.shape[0] if on_rows else weights.shape[1])
+    if weights.dim() != 2 or count % per:
+        raise ValueError(
+            f"{type(loss).__name__}.{loss._weights} of shape {tuple(weights.shape)} does not "
+            f"hold whole classes of {per} centres"
+        )
+    return loss._kind, centres, weights, count // per, on_rows
+
+
+def _placement(loss: Any, held: int, group: Optional[Any]) -> Tuple[int, int, bool]:
+    """This rank's first class, the classes over every rank, and whether this rank writes
+    (sharded: every rank its own classes, in rank order; otherwise rank 0 the whole)."""
+    if getattr(loss, "distributed", None) != "sharded":
+        writes = not dist.is_initialized() or dist.get_rank(group) == 0
+        return 0, held, writes
+    counts: List[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(counts, held, group=group)
+    rank = dist.get_rank(group)
+    return int(sum(counts[:rank])), int(sum(counts)), True
+
+
+def _settings(optimizer: Any, weights: torch.Tensor) -> Tuple[Tuple[str, List[float]], int, list]:
+    """``optimizer``'s settings for ``weights`` as the library stores them, its steps and its
+    buffers (float32, the weights' layout)."""
+    if optimizer is None:
+        # No optimizer: plain SGD settings, no state (a load then restores the weights only).
+        return ("sgd", [0.0, 0.0, 0.0, 0.0, 0.0]), 0, []
+    groups = [g for g in optimizer.param_groups if any(p is weights for p in g["params"])]
+    if not groups:
+        raise ValueError("the optimizer does not hold the loss's weights")
+    g, state = groups[0], optimizer.state.get(weights, {})
+    array = lambda t: t.detach().to("cpu", torch.float32).contiguous().numpy()
+    if g.get("maximize", False):
+        raise ValueError("an optimizer with maximize=True has no counterpart in the library")
+    if isinstance(optimizer, torch.optim.AdamW):
+        if g.get("amsgrad", False):
+            raise ValueError("AdamW(amsgrad=True) has no counterpart in the library")
+        b1, b2 = g["betas"]
+        settings = ("adamw", [float(g["lr"]), float(b1), float(b2), float(g["eps"]),
+                              float(g["weight_decay"])])
+        if "exp_avg" not in state:
+            return settings, 0, []
+        return settings, int(state["step"]), [array(state["exp_avg"]), array(state["exp_avg_sq"])]
+    if type(optimizer) is torch.optim.SGD:
+        settings = ("sgd", [float(g["lr"]), float(g["momentum"]), float(g["dampening"]),
+                            float(g["weight_decay"]), float(bool(g["nesterov"]))])
+        buffer = state.get("momentum_buffer")
+        return (settings, 0, []) if buffer is None else (settings, 1, [array(buffer)])
+    raise TypeError(
+        f"the optimizer must be torch.optim.SGD or torch.optim.AdamW, got {type(optimizer).__name__}"
+    )
+
+
+def save_class_weights(
+    loss: Any, directory: str, optimizer: Any = None, group: Optional[Any] = None
+) -> None:
+    """Saves a class-weight drop-in's weights (``W``, ``fc`` or ``proxies``), and ``optimizer``'s
+    state for them (``torch.optim.SGD`` or ``AdamW``), as a checkpoint of the library's format
+    in ``directory`` (made if missing): one shard per rank of a ``distributed="sharded"`` loss
+    (each rank its own classes, in rank order), rank 0's whole weights otherwise, then the
+    manifest, every file written atomically (until the manifest is, a load finds the checkpoint
+    before). Every rank of a distributed loss calls it at once. A checkpoint saved on N ranks
+    loads on any number (:func:`load_class_weights`), and ``wml weights export`` streams it into
+    one ``.npy`` for inference. Without ``optimizer`` no state is saved."""
+    from . import _native
+
+    kind, centres, weights, held, _ = _held(loss)
+    first, classes, writes = _placement(loss, held, group)
+    record = None
+    if writes and held > 0:
+        os.makedirs(directory, exist_ok=True)
+        settings, steps, buffers = _settings(optimizer, weights)
+        array = weights.detach().to("cpu", torch.float32).contiguous().numpy()
+        record = _native.save_weights_shard(
+            loss.context, directory, kind, centres, classes, first, array, settings, steps, buffers
+        )
+    spread = getattr(loss, "distributed", None) is not None and dist.is_initialized()
+    records = [record]
+    if spread:
+        records = [None] * dist.get_world_size(group)
+        dist.all_gather_object(records, record, group=group)
+    if writes and (not spread or dist.get_rank(group) == 0):
+        _native.save_weights_manifest(directory, classes, [r for r in records if r is not None])
+    if spread:
+        # No rank returns before the manifest names every shard.
+        dist.barrier(group=group)
+
+
+def load_class_weights(
+    loss: Any, directory: str, optimizer: Any = None, group: Optional[Any] = None
+) -> None:
+    """Loads this rank's classes of the checkpoint in ``directory`` into a class-weight
+    drop-in's weights, in place (a ``distributed="sharded"`` loss: the classes its weights hold,
+    after the earlier ranks'; otherwise every class), and with ``optimizer`` the state saved
+    with them into its state for the weights, cut the same way: a checkpoint saved on N ranks
+    loads on M. The optimizer's own settings (its learning rate) stay as they are; it must be
+    of the saved kind (SGD or AdamW). Raises ``ValueError`` when the checkpoint's classes are
+    not the losses', and the library's errors for a damaged or foreign checkpoint."""
+    from . import _native
+
+    kind, centres, weights, held, _ = _held(loss)
+    first, classes, _ = _placement(loss, held, group)
+    saved = _native.load_weights(loss.context, directory, kind, centres, 0, 0)[1]
+    if saved != classes:
+        raise ValueError(
+            f"the checkpoint in {directory!r} holds {saved} classes; the loss's weights hold "
+            f"{classes}"
+        )
+    w, _, (name, _), steps, buffers = _native.load_weights(
+        loss.context, directory, kind, centres, first, first + held
+    )
+    with torch.no_grad():
+        weights.copy_(torch.from_numpy(w).to(weights.device, weights.dtype))
+    if optimizer is None:
+        return
+    mine, _, _ = _settings(optimizer, weights)
+    if buffers and mine[0] != name:
+        raise ValueError(
+            f"the checkpoint holds {name}'s state; the optimizer is {type(optimizer).__name__}"
+        )
+    state = optimizer.state[weights]
+    state.clear()
+    like = lambda a: torch.from_numpy(a).to(weights.device, weights.dtype)
+    if name == "sgd" and buffers:
+        state["momentum_buffer"] = like(buffers[0])
+    elif name == "adamw" and buffers:
+        state["step"] = torch.tensor(float(steps))
+        state["exp_avg"], state["exp_avg_sq"] = like(buffers[0]), like(buffers[1])

@@ -6,7 +6,10 @@
 //! return each process's weight gradient; with these, a Rust program trains the weights it
 //! holds (`weights_step`), saves them (`save_weights_shard`, then `save_weights_manifest`
 //! once every shard is saved) and resumes on another world size (`load_weights` of the
-//! range each process now holds). Python users keep torch's optimizers and `state_dict`.
+//! range each process now holds). Python users keep torch's optimizers; their state and the
+//! weights go into the same checkpoints (`wgpu_metric_learning.distributed.save_class_weights`,
+//! on `OptimizerState::restored`), and `wml weights step|export` does it from the command
+//! line.
 
 mod checkpoint;
 mod checkpoint_read;

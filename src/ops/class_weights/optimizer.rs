@@ -229,8 +229,25 @@ impl OptimizerState {
         &self.buffers
     }
 
-    /// A state as loaded from a checkpoint: `steps` taken, `buffers` kept, counted in `ctx`.
-    pub(crate) fn restored(ctx: &Context, steps: u64, buffers: Vec<Array2<f32>>) -> Result<Self> {
+    /// A state of `steps` steps taken with `buffers` kept (in the order of
+    /// [`WeightOptimizer`]'s docs, each of the weights' shape), counted in `ctx`'s budget
+    /// while it lives: one loaded from a checkpoint, or another framework's (torch's
+    /// `momentum_buffer`, or `exp_avg` and `exp_avg_sq` with `step`) to save with
+    /// [`save_weights_shard`](crate::save_weights_shard). [`weights_step`] checks the
+    /// buffers against the optimizer and the weights.
+    ///
+    /// # Errors
+    /// [`Error::BudgetExceeded`] when the buffers do not fit what `ctx` has left.
+    ///
+    /// # Example
+    /// ```
+    /// use wgpu_metric_learning::{Context, OptimizerState};
+    /// let momentum = ndarray::Array2::<f32>::zeros((4, 10));
+    /// let state = OptimizerState::restored(&Context::native_cpu(None), 3, vec![momentum])?;
+    /// assert_eq!((state.steps(), state.buffers().len()), (3, 1));
+    /// # Ok::<(), wgpu_metric_learning::Error>(())
+    /// ```
+    pub fn restored(ctx: &Context, steps: u64, buffers: Vec<Array2<f32>>) -> Result<Self> {
         let bytes = buffers.iter().map(|b| 4 * b.len() as u64).sum();
         let held = HostReservation::new("optimizer state", bytes, ctx.tracker())?;
         Ok(Self {
