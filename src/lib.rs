@@ -38,8 +38,8 @@ pub use ops::accuracy::{
 pub use ops::bank::{BankConfig, BankSnapshot, CheckpointLabel, Enqueued, MemoryBank, Saved};
 pub use ops::class_weights::{
     export_weights_npy, load_weights, save_weights, save_weights_manifest, save_weights_shard,
-    weights_step, weights_step_plan, LoadedWeights, OptimizerState, ShardRecord, WeightOptimizer,
-    WeightsShard,
+    weights_checkpoint_classes, weights_step, weights_step_plan, LoadedWeights, OptimizerState,
+    ShardRecord, WeightOptimizer, WeightsShard,
 };
 pub use ops::distance::{
     pairwise_distances, pairwise_distances_plan, PairwiseConfig, PairwiseDistances,

@@ -163,6 +163,40 @@ fn steps_through_checkpoints_are_the_library_steps() {
 }
 
 #[test]
+fn a_checkpoint_of_weights_alone_takes_any_optimizer_with_a_rate() {
+    use wgpu_metric_learning::{save_weights, ClassifierKind, WeightsShard};
+    let d = dir("weights-alone");
+    let p = |n: &str| d.join(n);
+    let (w, g) = (values(4, 6, 1), values(4, 6, 2));
+    let (gf, ck) = (p("g.npy"), p("ckpt"));
+    write_npy(&gf, &g).expect("write");
+    std::fs::create_dir_all(&ck).expect("dir");
+    // What Python saves without an optimizer: SGD at rate 0, no state.
+    let (kind, none) = (ClassifierKind::arc_face(), WeightOptimizer::sgd(0.0, 0.0));
+    let state = OptimizerState::new();
+    let shard = WeightsShard {
+        kind: &kind,
+        classes: 6,
+        first_class: 0,
+        weights: w.view(),
+        optimizer: &none,
+        state: &state,
+    };
+    save_weights(&ck, &shard).expect("save");
+    let step = |extra: &[&str]| {
+        let mut args = vec!["weights", "step", "--loss", "arcface", "--grad", arg(&gf)];
+        args.extend(["--checkpoint", arg(&ck), "--out", arg(&ck)]);
+        args.extend_from_slice(extra);
+        wml(&args)
+    };
+    fails_with(&step(&[]), &["--lr"]);
+    fails_with(&step(&["--optimizer", "adamw"]), &["--lr"]);
+    ok(&step(&["--optimizer", "adamw", "--lr", "0.01"]));
+    let want = library(&w, &[(WeightOptimizer::adamw(0.01), &g)]);
+    assert_eq!(exported(&ck, &p("w.npy"), &["--loss", "arcface"]), want);
+}
+
+#[test]
 fn weights_refusals_are_one_line_and_write_nothing() {
     let d = dir("weights-refusals");
     let p = |n: &str| d.join(n);
@@ -276,6 +310,36 @@ fn weights_refusals_are_one_line_and_write_nothing() {
         ]),
         &["sgd"],
     );
+    // SGD's momentum cannot be turned off once it keeps a buffer; `--centers-per-class`
+    // is named as itself.
+    let off = [
+        "--checkpoint",
+        arg(&ck),
+        "--momentum",
+        "0",
+        "--out",
+        arg(&ck),
+    ];
+    fails_with(&step(&off), &["--momentum"]);
+    let stray = [
+        "--checkpoint",
+        arg(&ck),
+        "--centers-per-class",
+        "2",
+        "--out",
+        arg(&ck),
+    ];
+    fails_with(&step(&stray), &["--centers-per-class", "arcface"]);
+    // Stepped in place, the directory keeps one checkpoint: the previous shard is removed.
+    ok(&step(&["--checkpoint", arg(&ck), "--out", arg(&ck)]));
+    let shards = || {
+        std::fs::read_dir(&ck)
+            .expect("ckpt")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|f| f.extension().is_some_and(|x| x == "wmlc"))
+            .count()
+    };
+    assert_eq!(shards(), 1, "one shard after a step in place");
     let shard = std::fs::read_dir(&ck)
         .expect("ckpt")
         .filter_map(|e| e.ok().map(|e| e.path()))

@@ -138,9 +138,15 @@ pub(crate) fn save_weights_manifest(
     wml::save_weights_manifest(&directory, classes, &records).map_err(py_err)
 }
 
+/// The classes of the checkpoint in `directory`, from its manifest alone.
+#[pyfunction]
+pub(crate) fn checkpoint_classes(directory: PathBuf) -> PyResult<usize> {
+    wml::weights_checkpoint_classes(&directory).map_err(py_err)
+}
+
 /// Classes `start..end` of the checkpoint in `directory` (saved for the loss `kind`): `(weights,
 /// classes in the checkpoint, (optimizer name, settings), steps, buffers)`, from whichever
-/// shards hold them. `start == end == 0` reads the class count alone.
+/// shards hold them.
 #[pyfunction]
 #[pyo3(signature = (ctx, directory, kind, centres, start, end))]
 pub(crate) fn load_weights<'py>(

@@ -58,6 +58,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(class_weights::save_weights_shard, m)?)?;
     m.add_function(wrap_pyfunction!(class_weights::save_weights_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(class_weights::load_weights, m)?)?;
+    m.add_function(wrap_pyfunction!(class_weights::checkpoint_classes, m)?)?;
     m.add_function(wrap_pyfunction!(mine_triplets, m)?)?;
     m.add_function(wrap_pyfunction!(count_triplets, m)?)?;
     m.add_function(wrap_pyfunction!(all_pairs, m)?)?;

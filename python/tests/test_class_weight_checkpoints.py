@@ -125,3 +125,42 @@ def test_two_sharded_ranks_save_and_three_load():
     whole = lambda got, i: np.concatenate([g[i] for g in got], axis=1)
     assert np.array_equal(whole(loaded, 1), whole(saved, 1))
     assert np.array_equal(whole(loaded, 2), whole(saved, 2))
+
+
+def _replicated_worker(rank, size, init, directory, results):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=size)
+    try:
+        torch.manual_seed(0)
+        loss = pml.ArcFaceLoss(num_classes=CLASSES, embedding_size=D, backend="cpu",
+                               distributed="replicated")
+        # One rank's optimizer has no counterpart: every rank raises, none waits.
+        bad = torch.optim.Adagrad(loss.parameters()) if rank == 1 else None
+        try:
+            save_class_weights(loss, directory, bad)
+            failed = ""
+        except RuntimeError as e:
+            failed = str(e)
+        opt = torch.optim.SGD(loss.parameters(), lr=0.1, momentum=0.9)
+        x, y = _batch(rank)
+        opt.zero_grad()
+        loss(x, y).backward()
+        opt.step()
+        save_class_weights(loss, directory, opt)
+        restored = pml.ArcFaceLoss(num_classes=CLASSES, embedding_size=D, backend="cpu",
+                                   distributed="replicated")
+        restored_opt = torch.optim.SGD(restored.parameters(), lr=0.1, momentum=0.9)
+        load_class_weights(restored, directory, restored_opt)
+        same = torch.equal(restored.W, loss.W) and torch.equal(
+            restored_opt.state[restored.W]["momentum_buffer"], opt.state[loss.W]["momentum_buffer"]
+        )
+        results.put((rank, failed, same))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_replicated_ranks_save_once_and_fail_together():
+    with tempfile.TemporaryDirectory() as tmp:
+        got = _spawn(_replicated_worker, 2, os.path.join(tmp, "ckpt"))
+    for rank, failed, same in got:
+        assert "rank 1" in failed and "Adagrad" in failed, (rank, failed)
+        assert same, rank

@@ -65,6 +65,7 @@ __all__ = [
     "save_weights_shard",
     "save_weights_manifest",
     "load_weights",
+    "checkpoint_classes",
     "snr_contrastive_loss",
     "dynamic_soft_margin_loss",
 ]
@@ -710,6 +711,7 @@ def load_weights(
     start: int,
     end: int,
 ) -> Tuple[_F32, int, Tuple[str, List[float]], int, List[_F32]]: ...
+def checkpoint_classes(directory: Union[str, PathLike[str]]) -> int: ...
 def sampled_classes(
     classes: int, labels: _I64, rate: float, seed: int, first_class: int = 0
 ) -> npt.NDArray[np.int64]: ...

@@ -143,13 +143,17 @@ def _held(loss: Any) -> Tuple[str, Optional[int], torch.Tensor, int, bool]:
     centres = loss._options().get("centres")
     per = int(centres or 1)
     on_rows = loss._weights == "proxies"
-    count = int(weights.shape[0] if on_rows else weights.shape[1])
-    if weights.dim() != 2 or count % per:
+    if weights.dim() != 2 or int(weights.shape[0 if on_rows else 1]) % per:
         raise ValueError(
             f"{type(loss).__name__}.{loss._weights} of shape {tuple(weights.shape)} does not "
             f"hold whole classes of {per} centres"
         )
-    return loss._kind, centres, weights, count // per, on_rows
+    return loss._kind, centres, weights, int(weights.shape[0 if on_rows else 1]) // per, on_rows
+
+
+def _spread(loss: Any) -> bool:
+    """Whether every rank takes part (a distributed loss under an initialised group)."""
+    return getattr(loss, "distributed", None) is not None and dist.is_initialized()
 
 
 def _placement(loss: Any, held: int, group: Optional[Any]) -> Tuple[int, int, bool]:
@@ -164,12 +168,30 @@ def _placement(loss: Any, held: int, group: Optional[Any]) -> Tuple[int, int, bo
     return int(sum(counts[:rank])), int(sum(counts)), True
 
 
+def _agree(loss: Any, error: Optional[str], group: Optional[Any]) -> None:
+    """Raises on every rank of a distributed loss when any rank failed (named), so that no
+    rank waits for one that gave up; on one process, raises its own failure."""
+    errors = [error]
+    if _spread(loss):
+        errors = [None] * dist.get_world_size(group)
+        dist.all_gather_object(errors, error, group=group)
+    failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None]
+    if failed:
+        raise RuntimeError("saving the class weights failed on " + "; ".join(failed))
+
+
 def _settings(optimizer: Any, weights: torch.Tensor) -> Tuple[Tuple[str, List[float]], int, list]:
     """``optimizer``'s settings for ``weights`` as the library stores them, its steps and its
-    buffers (float32, the weights' layout)."""
+    buffers (float32, the weights' layout). torch's SGD counts no steps: one is stored once it
+    keeps a momentum buffer."""
     if optimizer is None:
-        # No optimizer: plain SGD settings, no state (a load then restores the weights only).
+        # No optimizer: plain SGD at rate 0, no state (a load then restores the weights only).
         return ("sgd", [0.0, 0.0, 0.0, 0.0, 0.0]), 0, []
+    if not isinstance(optimizer, (torch.optim.SGD, torch.optim.AdamW)):
+        raise TypeError(
+            "the optimizer must be torch.optim.SGD or torch.optim.AdamW, got "
+            f"{type(optimizer).__name__}"
+        )
     groups = [g for g in optimizer.param_groups if any(p is weights for p in g["params"])]
     if not groups:
         raise ValueError("the optimizer does not hold the loss's weights")
@@ -186,14 +208,10 @@ def _settings(optimizer: Any, weights: torch.Tensor) -> Tuple[Tuple[str, List[fl
         if "exp_avg" not in state:
             return settings, 0, []
         return settings, int(state["step"]), [array(state["exp_avg"]), array(state["exp_avg_sq"])]
-    if type(optimizer) is torch.optim.SGD:
-        settings = ("sgd", [float(g["lr"]), float(g["momentum"]), float(g["dampening"]),
-                            float(g["weight_decay"]), float(bool(g["nesterov"]))])
-        buffer = state.get("momentum_buffer")
-        return (settings, 0, []) if buffer is None else (settings, 1, [array(buffer)])
-    raise TypeError(
-        f"the optimizer must be torch.optim.SGD or torch.optim.AdamW, got {type(optimizer).__name__}"
-    )
+    settings = ("sgd", [float(g["lr"]), float(g["momentum"]), float(g["dampening"]),
+                        float(g["weight_decay"]), float(bool(g["nesterov"]))])
+    buffer = state.get("momentum_buffer")
+    return (settings, 0, []) if buffer is None else (settings, 1, [array(buffer)])
 
 
 def save_class_weights(
@@ -201,34 +219,49 @@ def save_class_weights(
 ) -> None:
     """Saves a class-weight drop-in's weights (``W``, ``fc`` or ``proxies``), and ``optimizer``'s
     state for them (``torch.optim.SGD`` or ``AdamW``), as a checkpoint of the library's format
-    in ``directory`` (made if missing): one shard per rank of a ``distributed="sharded"`` loss
-    (each rank its own classes, in rank order), rank 0's whole weights otherwise, then the
-    manifest, every file written atomically (until the manifest is, a load finds the checkpoint
-    before). Every rank of a distributed loss calls it at once. A checkpoint saved on N ranks
-    loads on any number (:func:`load_class_weights`), and ``wml weights export`` streams it into
-    one ``.npy`` for inference. Without ``optimizer`` no state is saved."""
+    in ``directory`` (made if missing; every rank's on a filesystem they share): one shard per
+    rank of a ``distributed="sharded"`` loss (each rank its own classes, in rank order), rank
+    0's whole weights otherwise, then the manifest, every file written atomically (until the
+    manifest is, a load finds the checkpoint before; then the previous checkpoint's shards are
+    removed). Every rank of a distributed loss calls it at once; a failure on any rank raises
+    ``RuntimeError`` on every rank. The weights and buffers are stored in float32 (float64
+    weights are rounded). A checkpoint saved on N ranks loads on any number
+    (:func:`load_class_weights`), and ``wml weights export`` streams it into one ``.npy`` for
+    inference. Without ``optimizer`` no state is saved."""
     from . import _native
 
     kind, centres, weights, held, _ = _held(loss)
     first, classes, writes = _placement(loss, held, group)
-    record = None
-    if writes and held > 0:
-        os.makedirs(directory, exist_ok=True)
+    record, error = None, None
+    try:
+        # Every rank checks the optimizer, so that all fail alike where one would.
         settings, steps, buffers = _settings(optimizer, weights)
-        array = weights.detach().to("cpu", torch.float32).contiguous().numpy()
-        record = _native.save_weights_shard(
-            loss.context, directory, kind, centres, classes, first, array, settings, steps, buffers
-        )
-    spread = getattr(loss, "distributed", None) is not None and dist.is_initialized()
+        if writes and held > 0:
+            os.makedirs(directory, exist_ok=True)
+            array = weights.detach().to("cpu", torch.float32).contiguous().numpy()
+            record = _native.save_weights_shard(
+                loss.context, directory, kind, centres, classes, first, array, settings, steps,
+                buffers,
+            )
+    except Exception as e:  # noqa: BLE001 - every rank must hear of it
+        if not _spread(loss):
+            raise
+        error = repr(e)
+    _agree(loss, error, group)
     records = [record]
-    if spread:
+    if _spread(loss):
         records = [None] * dist.get_world_size(group)
         dist.all_gather_object(records, record, group=group)
-    if writes and (not spread or dist.get_rank(group) == 0):
-        _native.save_weights_manifest(directory, classes, [r for r in records if r is not None])
-    if spread:
-        # No rank returns before the manifest names every shard.
-        dist.barrier(group=group)
+    error = None
+    if writes and (not _spread(loss) or dist.get_rank(group) == 0):
+        try:
+            _native.save_weights_manifest(directory, classes, [r for r in records if r is not None])
+        except Exception as e:  # noqa: BLE001
+            if not _spread(loss):
+                raise
+            error = repr(e)
+    # No rank returns before the manifest names every shard, or without its failure.
+    _agree(loss, error, group)
 
 
 def load_class_weights(
@@ -238,14 +271,16 @@ def load_class_weights(
     drop-in's weights, in place (a ``distributed="sharded"`` loss: the classes its weights hold,
     after the earlier ranks'; otherwise every class), and with ``optimizer`` the state saved
     with them into its state for the weights, cut the same way: a checkpoint saved on N ranks
-    loads on M. The optimizer's own settings (its learning rate) stay as they are; it must be
-    of the saved kind (SGD or AdamW). Raises ``ValueError`` when the checkpoint's classes are
-    not the losses', and the library's errors for a damaged or foreign checkpoint."""
+    loads on M, and with float32 weights the next step is the unbroken run's. The optimizer's
+    own settings (its learning rate) stay as they are; it must be of the saved kind (SGD or
+    AdamW) where a state was saved. Raises ``ValueError`` when the checkpoint's classes are
+    not the losses' or its state not the optimizer's (nothing is changed then), and the
+    library's errors for a damaged or foreign checkpoint."""
     from . import _native
 
     kind, centres, weights, held, _ = _held(loss)
     first, classes, _ = _placement(loss, held, group)
-    saved = _native.load_weights(loss.context, directory, kind, centres, 0, 0)[1]
+    saved = _native.checkpoint_classes(directory)
     if saved != classes:
         raise ValueError(
             f"the checkpoint in {directory!r} holds {saved} classes; the loss's weights hold "
@@ -254,20 +289,27 @@ def load_class_weights(
     w, _, (name, _), steps, buffers = _native.load_weights(
         loss.context, directory, kind, centres, first, first + held
     )
+    group_of = None
+    if optimizer is not None:
+        mine, _, _ = _settings(optimizer, weights)
+        if buffers and mine[0] != name:
+            raise ValueError(
+                f"the checkpoint holds {name}'s state; the optimizer is "
+                f"{type(optimizer).__name__}"
+            )
+        group_of = next(g for g in optimizer.param_groups if any(p is weights for p in g["params"]))
     with torch.no_grad():
         weights.copy_(torch.from_numpy(w).to(weights.device, weights.dtype))
     if optimizer is None:
         return
-    mine, _, _ = _settings(optimizer, weights)
-    if buffers and mine[0] != name:
-        raise ValueError(
-            f"the checkpoint holds {name}'s state; the optimizer is {type(optimizer).__name__}"
-        )
     state = optimizer.state[weights]
     state.clear()
     like = lambda a: torch.from_numpy(a).to(weights.device, weights.dtype)
     if name == "sgd" and buffers:
         state["momentum_buffer"] = like(buffers[0])
     elif name == "adamw" and buffers:
-        state["step"] = torch.tensor(float(steps))
+        # Where torch keeps it: on the weights' device for fused and capturable AdamW.
+        on_device = bool(group_of.get("fused")) or bool(group_of.get("capturable"))
+        device = weights.device if on_device else "cpu"
+        state["step"] = torch.tensor(float(steps), dtype=torch.float32, device=device)
         state["exp_avg"], state["exp_avg_sq"] = like(buffers[0]), like(buffers[1])

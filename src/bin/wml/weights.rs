@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand, ValueEnum};
 use wgpu_metric_learning::{
-    export_weights_npy, load_weights, save_weights, weights_step, ClassifierKind,
-    ClassifierOptions, OptimizerState, WeightOptimizer, WeightsShard,
+    export_weights_npy, load_weights, save_weights, weights_checkpoint_classes, weights_step,
+    ClassifierKind, ClassifierOptions, OptimizerState, WeightOptimizer, WeightsShard,
 };
 
 use crate::commands::{context, given, timed};
@@ -88,8 +88,8 @@ pub(crate) struct StepArgs {
     #[arg(long)]
     out: PathBuf,
     /// The optimizer. With --checkpoint, default the saved one, whose settings the options
-    /// below then change (a learning-rate schedule); naming the other one is refused there,
-    /// since its state does not fit.
+    /// below then change (a learning-rate schedule); naming the other one is refused where
+    /// the checkpoint holds a state, which would not fit it.
     #[arg(long, value_enum)]
     optimizer: Option<OptimizerArg>,
     /// Learning rate (≥ 0).
@@ -101,9 +101,9 @@ pub(crate) struct StepArgs {
     /// sgd: dampening of the momentum.
     #[arg(long)]
     dampening: Option<f32>,
-    /// sgd: Nesterov momentum (needs momentum > 0 and no dampening).
+    /// sgd: Nesterov momentum, true or false (needs momentum > 0 and no dampening).
     #[arg(long)]
-    nesterov: bool,
+    nesterov: Option<bool>,
     /// adamw: the moments' decays B1,B2, each in [0, 1).
     #[arg(long, value_parser = crate::parse_range)]
     betas: Option<(f32, f32)>,
@@ -145,7 +145,11 @@ fn kind(layout: &Layout) -> Result<ClassifierKind, String> {
     let stray = match layout.loss {
         LossName::SubCenterArcface => layout.centers_per_class.map(|_| "--centers-per-class"),
         LossName::SoftTriple => layout.sub_centers.map(|_| "--sub-centers"),
-        _ => (layout.sub_centers.or(layout.centers_per_class)).map(|_| "--sub-centers"),
+        _ => match (layout.sub_centers, layout.centers_per_class) {
+            (Some(_), _) => Some("--sub-centers"),
+            (None, Some(_)) => Some("--centers-per-class"),
+            (None, None) => None,
+        },
     };
     if let Some(flag) = stray {
         return Err(format!("{flag} does not apply to loss {name}"));
@@ -157,29 +161,40 @@ fn kind(layout: &Layout) -> Result<ClassifierKind, String> {
     ClassifierKind::from_options(&name, &options).map_err(|e| format!("--loss {name}: {e}"))
 }
 
-/// The optimizer: `base` (the checkpoint's, or torch's defaults for `--optimizer`) with the
-/// settings given; a setting the optimizer does not take is an error.
-fn optimizer(a: &StepArgs, saved: Option<WeightOptimizer>) -> Result<WeightOptimizer, String> {
+/// What a checkpoint's optimizer state holds: any state at all, and its buffers.
+#[derive(Debug, Clone, Copy, Default)]
+struct Kept {
+    any: bool,
+    buffers: usize,
+}
+
+/// The optimizer: the checkpoint's (`saved`, with whether it holds a state) or, named by
+/// `--optimizer`, torch's defaults, with the settings given; a setting the optimizer does not
+/// take, or a change its saved state would not fit, is an error.
+fn optimizer(
+    a: &StepArgs,
+    saved: Option<(WeightOptimizer, Kept)>,
+) -> Result<WeightOptimizer, String> {
     let named = a.optimizer.map(|o| match o {
         OptimizerArg::Sgd => WeightOptimizer::sgd(0.0, 0.0),
         OptimizerArg::Adamw => WeightOptimizer::adamw(0.0),
     });
+    let kept = saved.map_or(Kept::default(), |s| s.1);
     let base = match (named, saved) {
-        (Some(named), Some(saved))
-            if std::mem::discriminant(&named) != std::mem::discriminant(&saved) =>
+        (Some(named), Some((saved, kept)))
+            if kept.any && std::mem::discriminant(&named) != std::mem::discriminant(&saved) =>
         {
             return Err(format!(
-                "--optimizer: the checkpoint's optimizer is {}: its state does not fit another",
+                "--optimizer: the checkpoint holds {}'s state, which another does not fit",
                 name_of(&saved)
             ));
         }
-        (_, Some(saved)) => saved,
-        (Some(named), None) if a.lr.is_some() => named,
-        (Some(_), None) => return Err("--weights needs --lr".into()),
+        (Some(named), _) => named,
+        (None, Some((saved, _))) => saved,
         (None, None) => return Err("--weights needs --optimizer and --lr".into()),
     };
     let refuse = |flag: &str| Err(format!("{flag} does not apply to {}", name_of(&base)));
-    Ok(match base {
+    let opt = match base {
         WeightOptimizer::Sgd {
             lr,
             momentum,
@@ -198,7 +213,7 @@ fn optimizer(a: &StepArgs, saved: Option<WeightOptimizer>) -> Result<WeightOptim
                 momentum: a.momentum.unwrap_or(momentum),
                 dampening: a.dampening.unwrap_or(dampening),
                 weight_decay: a.weight_decay.unwrap_or(weight_decay),
-                nesterov: nesterov || a.nesterov,
+                nesterov: a.nesterov.unwrap_or(nesterov),
             }
         }
         WeightOptimizer::AdamW {
@@ -211,7 +226,7 @@ fn optimizer(a: &StepArgs, saved: Option<WeightOptimizer>) -> Result<WeightOptim
             for (flag, given) in [
                 ("--momentum", a.momentum.is_some()),
                 ("--dampening", a.dampening.is_some()),
-                ("--nesterov", a.nesterov),
+                ("--nesterov", a.nesterov.is_some()),
             ] {
                 if given {
                     return refuse(flag);
@@ -226,7 +241,22 @@ fn optimizer(a: &StepArgs, saved: Option<WeightOptimizer>) -> Result<WeightOptim
                 weight_decay: a.weight_decay.unwrap_or(weight_decay),
             }
         }
-    })
+    };
+    let lr = match opt {
+        WeightOptimizer::Sgd { lr, .. } | WeightOptimizer::AdamW { lr, .. } => lr,
+    };
+    if a.lr.is_none() && (lr == 0.0 || named.is_some()) {
+        // A fresh optimizer, or a checkpoint saved without one (Python's weights alone).
+        return Err("give --lr: the optimizer has no learning rate yet".into());
+    }
+    if kept.any && opt.buffers() != kept.buffers {
+        return Err(format!(
+            "--momentum: the checkpoint's state holds {} buffer(s), and SGD keeps one only with \
+             momentum > 0: it cannot be turned on or off once there is a state",
+            kept.buffers
+        ));
+    }
+    Ok(opt)
 }
 
 fn name_of(opt: &WeightOptimizer) -> &'static str {
@@ -249,10 +279,15 @@ pub(crate) fn step(a: &StepArgs) -> Result<(), Failure> {
         }
         (None, Some(dir)) => {
             let loaded = load_all(&ctx, &a.common, dir, &kind)?;
+            let buffers = loaded.state.buffers().len();
+            let kept = Kept {
+                any: buffers > 0 || loaded.state.steps() > 0,
+                buffers,
+            };
             let classes = loaded.classes;
             (
                 loaded.weights,
-                Some(loaded.optimizer),
+                Some((loaded.optimizer, kept)),
                 loaded.state,
                 classes,
             )
@@ -307,7 +342,7 @@ fn classes_of(kind: &ClassifierKind, dim: (usize, usize), path: &Path) -> Result
     Ok(columns / centres)
 }
 
-/// Every class of the checkpoint in `dir`: its class count read with an empty range first.
+/// Every class of the checkpoint in `dir`, its class count read from its manifest first.
 fn load_all(
     ctx: &wgpu_metric_learning::Context,
     common: &Common,
@@ -316,7 +351,7 @@ fn load_all(
 ) -> Result<wgpu_metric_learning::LoadedWeights, Failure> {
     let files = [("checkpoint", dir)];
     timed("weights load", ctx, common, &files, || {
-        let classes = load_weights(ctx, dir, kind, 0..0)?.classes;
+        let classes = weights_checkpoint_classes(dir)?;
         load_weights(ctx, dir, kind, 0..classes)
     })
 }

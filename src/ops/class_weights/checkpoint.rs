@@ -388,7 +388,10 @@ fn shard_header(op: &'static str, shard: &WeightsShard<'_>) -> Result<Header> {
 
 /// Writes the manifest of a checkpoint of `classes` classes into `dir`, atomically, naming
 /// the shards of `records` (any order; they must cover `0 .. classes` once each). Written
-/// last, after every shard: until it is, a load finds the previous checkpoint or none.
+/// last, after every shard: until it is, a load finds the previous checkpoint or none. Then
+/// the shard files the previous manifest named, and this one does not, are removed, so a
+/// directory saved into at every step holds one checkpoint (a load of the previous one still
+/// running may then fail).
 ///
 /// # Errors
 /// [`Error::InvalidParameter`] for records that leave a class out or hold one twice;
@@ -430,15 +433,27 @@ pub fn save_weights_manifest(dir: &Path, classes: usize, records: &[ShardRecord]
             rule: "must cover every class of the checkpoint",
         });
     }
+    // The shards of the checkpoint this one replaces (none, or a damaged manifest: nothing to
+    // remove), removed once the new manifest names its own.
+    let previous =
+        super::checkpoint_read::read_manifest(OP, dir).map_or_else(|_| Vec::new(), |m| m.1);
     let mut text = format!("{MANIFEST_TITLE}\nclasses {classes}\n");
-    for r in sorted {
+    for r in &sorted {
         let (first, n, file, bytes) = (r.first_class, r.classes, &r.file, r.bytes);
         text.push_str(&format!(
             "shard {first} {n} {file} {bytes} {:016x}\n",
             r.checksum
         ));
     }
-    write_atomic(OP, &dir.join(MANIFEST), |out| out.put(text.as_bytes()))
+    write_atomic(OP, &dir.join(MANIFEST), |out| out.put(text.as_bytes()))?;
+    for old in previous {
+        if !sorted.iter().any(|r| r.file == old.file) {
+            // Best effort: a file already gone, or one a reader still holds open on a
+            // platform that refuses, costs only disk.
+            let _ = std::fs::remove_file(dir.join(&old.file));
+        }
+    }
+    Ok(())
 }
 
 /// [`save_weights_shard`] and [`save_weights_manifest`] for one process holding every class.

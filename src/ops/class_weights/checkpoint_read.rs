@@ -98,12 +98,24 @@ pub(super) fn read_manifest(op: &'static str, dir: &Path) -> Result<(usize, Vec<
 }
 
 /// The classes of the checkpoint in `dir`, from its manifest.
-#[cfg(feature = "mpi")]
 ///
 /// # Errors
 /// As [`load_weights`] reading the manifest.
 pub(crate) fn checkpoint_classes(op: &'static str, dir: &Path) -> Result<usize> {
     read_manifest(op, dir).map(|(classes, _)| classes)
+}
+
+/// The number of classes of the class-weight checkpoint in `dir`, from its manifest alone
+/// (no shard is read): what a process needs to pick its range for [`load_weights`].
+///
+/// # Errors
+/// [`Error::Io`]; [`Error::Checkpoint`] for a damaged manifest.
+///
+/// # Example
+/// See [`save_weights_shard`](crate::save_weights_shard): there,
+/// `weights_checkpoint_classes(&dir)? == 3`.
+pub fn weights_checkpoint_classes(dir: &Path) -> Result<usize> {
+    checkpoint_classes("weights_checkpoint_classes", dir)
 }
 
 /// Loads classes `range` of the checkpoint in `dir` (saved for `kind`), with the optimizer

@@ -19,7 +19,9 @@ mod optimizer;
 pub use checkpoint::{
     save_weights, save_weights_manifest, save_weights_shard, ShardRecord, WeightsShard,
 };
-pub use checkpoint_read::{export_weights_npy, load_weights, LoadedWeights};
+pub use checkpoint_read::{
+    export_weights_npy, load_weights, weights_checkpoint_classes, LoadedWeights,
+};
 pub use optimizer::{weights_step, weights_step_plan, OptimizerState, WeightOptimizer};
 #[cfg(feature = "mpi")]
 pub(crate) use {
