@@ -74,6 +74,7 @@ const OPERATIONS: &[(&str, Option<&str>, Option<&str>)] = &[
     ("save_weights_manifest", None, None),
     ("load_weights", None, None),
     ("export_weights_npy", None, None),
+    ("weights_checkpoint_classes", None, None),
     // Label statistics of two clusterings, O(n) on the host.
     ("normalized_mutual_info", None, None),
     ("adjusted_mutual_info", None, None),

@@ -30,7 +30,7 @@ use std::path::Path;
 use ndarray::ArrayView2;
 
 use super::optimizer::{OptimizerState, WeightOptimizer};
-use crate::data::files::{write_atomic, Fnv, Sealed};
+use crate::data::files::{io, write_atomic, Fnv, Sealed};
 use crate::error::{Error, Result};
 use crate::ops::loss::ClassifierKind;
 
@@ -386,6 +386,72 @@ fn shard_header(op: &'static str, shard: &WeightsShard<'_>) -> Result<Header> {
     })
 }
 
+/// Reads the manifest of the checkpoint in `dir`: its classes and shards in class order.
+pub(super) fn read_manifest(op: &'static str, dir: &Path) -> Result<(usize, Vec<ShardRecord>)> {
+    let path = dir.join(MANIFEST);
+    let text = std::fs::read_to_string(&path).map_err(io(op, &path))?;
+    let broken = |line: &str| {
+        bad(
+            &path,
+            "manifest",
+            "the lines save_weights_manifest writes",
+            line.escape_debug(),
+        )
+    };
+    let mut lines = text.lines();
+    if lines.next() != Some(MANIFEST_TITLE) {
+        return Err(bad(
+            &path,
+            "title",
+            MANIFEST_TITLE,
+            text.lines().next().unwrap_or("").escape_debug(),
+        ));
+    }
+    let classes_line = lines.next().unwrap_or("");
+    let classes = classes_line
+        .strip_prefix("classes ")
+        .and_then(|c| c.parse::<usize>().ok())
+        .ok_or_else(|| broken(classes_line))?;
+    let mut shards = Vec::new();
+    let mut next = 0usize;
+    for line in lines {
+        let f: Vec<&str> = line.split(' ').collect();
+        let record = match f.as_slice() {
+            ["shard", first, n, file, bytes, sum] => (|| {
+                Some(ShardRecord {
+                    first_class: first.parse().ok()?,
+                    classes: n.parse().ok()?,
+                    file: (*file).to_string(),
+                    bytes: bytes.parse().ok()?,
+                    checksum: u64::from_str_radix(sum, 16).ok()?,
+                })
+            })(),
+            _ => None,
+        };
+        let record = record.ok_or_else(|| broken(line))?;
+        // Names only: a manifest cannot point outside its directory.
+        let plain = Path::new(&record.file)
+            .file_name()
+            .is_some_and(|f| *f == *record.file);
+        if record.first_class != next || record.classes == 0 || !plain {
+            return Err(broken(line));
+        }
+        next = next
+            .checked_add(record.classes)
+            .ok_or_else(|| broken(line))?;
+        shards.push(record);
+    }
+    if next != classes {
+        return Err(bad(
+            &path,
+            "shards",
+            format!("{classes} classes covered"),
+            format!("{next}"),
+        ));
+    }
+    Ok((classes, shards))
+}
+
 /// Writes the manifest of a checkpoint of `classes` classes into `dir`, atomically, naming
 /// the shards of `records` (any order; they must cover `0 .. classes` once each). Written
 /// last, after every shard: until it is, a load finds the previous checkpoint or none. Then
@@ -435,8 +501,7 @@ pub fn save_weights_manifest(dir: &Path, classes: usize, records: &[ShardRecord]
     }
     // The shards of the checkpoint this one replaces (none, or a damaged manifest: nothing to
     // remove), removed once the new manifest names its own.
-    let previous =
-        super::checkpoint_read::read_manifest(OP, dir).map_or_else(|_| Vec::new(), |m| m.1);
+    let previous = read_manifest(OP, dir).map_or_else(|_| Vec::new(), |m| m.1);
     let mut text = format!("{MANIFEST_TITLE}\nclasses {classes}\n");
     for r in &sorted {
         let (first, n, file, bytes) = (r.first_class, r.classes, &r.file, r.bytes);
