@@ -330,6 +330,18 @@ fn weights_refusals_are_one_line_and_write_nothing() {
         arg(&ck),
     ];
     fails_with(&step(&stray), &["--centers-per-class", "arcface"]);
+    // Naming the checkpoint's own optimizer keeps its settings (momentum 0.5, no refusal).
+    let same = [
+        "--checkpoint",
+        arg(&ck),
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.05",
+        "--out",
+        arg(&ck),
+    ];
+    ok(&step(&same));
     // Stepped in place, the directory keeps one checkpoint: the previous shard is removed.
     ok(&step(&["--checkpoint", arg(&ck), "--out", arg(&ck)]));
     let shards = || {

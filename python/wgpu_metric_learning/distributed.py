@@ -168,16 +168,28 @@ def _placement(loss: Any, held: int, group: Optional[Any]) -> Tuple[int, int, bo
     return int(sum(counts[:rank])), int(sum(counts)), True
 
 
-def _agree(loss: Any, error: Optional[str], group: Optional[Any]) -> None:
+def _agree(loss: Any, error: Optional[str], group: Optional[Any], what: str) -> None:
     """Raises on every rank of a distributed loss when any rank failed (named), so that no
-    rank waits for one that gave up; on one process, raises its own failure."""
+    rank waits for one that gave up, or goes on half done; on one process, nothing (its own
+    failure was raised where it happened)."""
     errors = [error]
     if _spread(loss):
         errors = [None] * dist.get_world_size(group)
         dist.all_gather_object(errors, error, group=group)
     failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None]
     if failed:
-        raise RuntimeError("saving the class weights failed on " + "; ".join(failed))
+        raise RuntimeError(f"{what} the class weights failed on " + "; ".join(failed))
+
+
+def _attempt(loss: Any, step: Any) -> Tuple[Any, Optional[str]]:
+    """``step()``, or on a distributed loss its failure as text for :func:`_agree` (on one
+    process the failure is raised as it is)."""
+    try:
+        return step(), None
+    except Exception as e:  # noqa: BLE001 - every rank must hear of it
+        if not _spread(loss):
+            raise
+        return None, repr(e)
 
 
 def _settings(optimizer: Any, weights: torch.Tensor) -> Tuple[Tuple[str, List[float]], int, list]:
@@ -230,38 +242,38 @@ def save_class_weights(
     inference. Without ``optimizer`` no state is saved."""
     from . import _native
 
-    kind, centres, weights, held, _ = _held(loss)
+    # Every rank checks its weights and optimizer before the first exchange, so that all fail
+    # alike where one would.
+    checked, error = _attempt(loss, lambda: (_held(loss), _settings(optimizer, _held(loss)[2])))
+    _agree(loss, error, group, "saving")
+    (kind, centres, weights, held, _), (settings, steps, buffers) = checked
     first, classes, writes = _placement(loss, held, group)
-    record, error = None, None
-    try:
-        # Every rank checks the optimizer, so that all fail alike where one would.
-        settings, steps, buffers = _settings(optimizer, weights)
-        if writes and held > 0:
-            os.makedirs(directory, exist_ok=True)
-            array = weights.detach().to("cpu", torch.float32).contiguous().numpy()
-            record = _native.save_weights_shard(
-                loss.context, directory, kind, centres, classes, first, array, settings, steps,
-                buffers,
-            )
-    except Exception as e:  # noqa: BLE001 - every rank must hear of it
-        if not _spread(loss):
-            raise
-        error = repr(e)
-    _agree(loss, error, group)
+
+    def write() -> Any:
+        if not (writes and held > 0):
+            return None
+        os.makedirs(directory, exist_ok=True)
+        array = weights.detach().to("cpu", torch.float32).contiguous().numpy()
+        return _native.save_weights_shard(
+            loss.context, directory, kind, centres, classes, first, array, settings, steps, buffers
+        )
+
+    record, error = _attempt(loss, write)
+    _agree(loss, error, group, "saving")
     records = [record]
     if _spread(loss):
         records = [None] * dist.get_world_size(group)
         dist.all_gather_object(records, record, group=group)
     error = None
     if writes and (not _spread(loss) or dist.get_rank(group) == 0):
-        try:
-            _native.save_weights_manifest(directory, classes, [r for r in records if r is not None])
-        except Exception as e:  # noqa: BLE001
-            if not _spread(loss):
-                raise
-            error = repr(e)
+        _, error = _attempt(
+            loss,
+            lambda: _native.save_weights_manifest(
+                directory, classes, [r for r in records if r is not None]
+            ),
+        )
     # No rank returns before the manifest names every shard, or without its failure.
-    _agree(loss, error, group)
+    _agree(loss, error, group, "saving")
 
 
 def load_class_weights(
@@ -274,30 +286,43 @@ def load_class_weights(
     loads on M, and with float32 weights the next step is the unbroken run's. The optimizer's
     own settings (its learning rate) stay as they are; it must be of the saved kind (SGD or
     AdamW) where a state was saved. Raises ``ValueError`` when the checkpoint's classes are
-    not the losses' or its state not the optimizer's (nothing is changed then), and the
-    library's errors for a damaged or foreign checkpoint."""
+    not the losses' or its state not the optimizer's, and the library's errors for a damaged
+    or foreign checkpoint, with nothing changed; on a distributed loss a failure on any rank
+    raises ``RuntimeError`` (naming it) on every rank, and no rank changes anything."""
     from . import _native
 
-    kind, centres, weights, held, _ = _held(loss)
+    checked, error = _attempt(loss, lambda: _held(loss))
+    _agree(loss, error, group, "loading")
+    kind, centres, weights, held, _ = checked
     first, classes, _ = _placement(loss, held, group)
-    saved = _native.checkpoint_classes(directory)
-    if saved != classes:
-        raise ValueError(
-            f"the checkpoint in {directory!r} holds {saved} classes; the loss's weights hold "
-            f"{classes}"
-        )
-    w, _, (name, _), steps, buffers = _native.load_weights(
-        loss.context, directory, kind, centres, first, first + held
-    )
-    group_of = None
-    if optimizer is not None:
-        mine, _, _ = _settings(optimizer, weights)
-        if buffers and mine[0] != name:
+
+    def read() -> Any:
+        saved = _native.checkpoint_classes(directory)
+        if saved != classes:
             raise ValueError(
-                f"the checkpoint holds {name}'s state; the optimizer is "
-                f"{type(optimizer).__name__}"
+                f"the checkpoint in {directory!r} holds {saved} classes; the loss's weights "
+                f"hold {classes}"
             )
-        group_of = next(g for g in optimizer.param_groups if any(p is weights for p in g["params"]))
+        w, _, (name, _), steps, buffers = _native.load_weights(
+            loss.context, directory, kind, centres, first, first + held
+        )
+        group_of = None
+        if optimizer is not None:
+            mine, _, _ = _settings(optimizer, weights)
+            if buffers and mine[0] != name:
+                raise ValueError(
+                    f"the checkpoint holds {name}'s state; the optimizer is "
+                    f"{type(optimizer).__name__}"
+                )
+            group_of = next(
+                g for g in optimizer.param_groups if any(p is weights for p in g["params"])
+            )
+        return w, name, steps, buffers, group_of
+
+    loaded, error = _attempt(loss, read)
+    # Every rank read its part, or none changes anything.
+    _agree(loss, error, group, "loading")
+    w, name, steps, buffers, group_of = loaded
     with torch.no_grad():
         weights.copy_(torch.from_numpy(w).to(weights.device, weights.dtype))
     if optimizer is None:

@@ -189,6 +189,12 @@ fn optimizer(
                 name_of(&saved)
             ));
         }
+        // Naming the checkpoint's own optimizer keeps its settings.
+        (Some(named), Some((saved, _)))
+            if std::mem::discriminant(&named) == std::mem::discriminant(&saved) =>
+        {
+            saved
+        }
         (Some(named), _) => named,
         (None, Some((saved, _))) => saved,
         (None, None) => return Err("--weights needs --optimizer and --lr".into()),
@@ -245,7 +251,10 @@ fn optimizer(
     let lr = match opt {
         WeightOptimizer::Sgd { lr, .. } | WeightOptimizer::AdamW { lr, .. } => lr,
     };
-    if a.lr.is_none() && (lr == 0.0 || named.is_some()) {
+    let fresh = named.is_some_and(|n| {
+        saved.is_none_or(|(s, _)| std::mem::discriminant(&n) != std::mem::discriminant(&s))
+    });
+    if a.lr.is_none() && (lr == 0.0 || fresh) {
         // A fresh optimizer, or a checkpoint saved without one (Python's weights alone).
         return Err("give --lr: the optimizer has no learning rate yet".into());
     }

@@ -22,8 +22,9 @@
 //! `classes C`, then one line per shard in class order, `shard first n file bytes checksum`
 //! (the checksum in hex). Shard files carry their steps and a save id of their own in their
 //! names, so saving again into the same directory (at the same step too) writes new files and
-//! the manifest moves to them at once; the files it no longer names are left for the caller to
-//! remove. Every shard holds at least one class.
+//! the manifest moves to them at once; then the shard files the previous manifest named, and
+//! the new one does not, are removed (files of a save that never got its manifest stay). Every
+//! shard holds at least one class.
 
 use std::path::Path;
 
@@ -303,6 +304,13 @@ pub(crate) fn shard_file(first: usize, n: usize, steps: u64, id: u64) -> String 
     format!("classes-{first}-{}-step-{steps}-{id:016x}.wmlc", first + n)
 }
 
+/// Whether `file` is a plain name (a manifest cannot point outside its directory) of a shard
+/// ([`shard_file`]'s form): what a manifest may name, and so all that a save ever removes.
+fn is_shard_name(file: &str) -> bool {
+    let plain = Path::new(file).file_name().is_some_and(|f| *f == *file);
+    plain && file.starts_with("classes-") && file.ends_with(".wmlc") && file != MANIFEST
+}
+
 /// A number of this save's own: the clock's nanoseconds, the process and a per-process count.
 pub(crate) fn save_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -430,10 +438,7 @@ pub(super) fn read_manifest(op: &'static str, dir: &Path) -> Result<(usize, Vec<
         };
         let record = record.ok_or_else(|| broken(line))?;
         // Names only: a manifest cannot point outside its directory.
-        let plain = Path::new(&record.file)
-            .file_name()
-            .is_some_and(|f| *f == *record.file);
-        if record.first_class != next || record.classes == 0 || !plain {
+        if record.first_class != next || record.classes == 0 || !is_shard_name(&record.file) {
             return Err(broken(line));
         }
         next = next
@@ -471,7 +476,11 @@ pub fn save_weights_manifest(dir: &Path, classes: usize, records: &[ShardRecord]
     sorted.sort_by_key(|r| r.first_class);
     let mut next = 0;
     for r in &sorted {
-        if r.first_class != next || r.classes == 0 || r.file.contains(char::is_whitespace) {
+        if r.first_class != next
+            || r.classes == 0
+            || r.file.contains(char::is_whitespace)
+            || !is_shard_name(&r.file)
+        {
             return Err(Error::InvalidParameter {
                 op: OP,
                 what: "records",
@@ -480,8 +489,8 @@ pub fn save_weights_manifest(dir: &Path, classes: usize, records: &[ShardRecord]
                     r.first_class,
                     r.first_class.saturating_add(r.classes)
                 ),
-                rule:
-                    "must cover every class once, at least one each, in files named without spaces",
+                rule: "must cover every class once, at least one each, in shard files named \
+                       without spaces or directories",
             });
         }
         next = next.checked_add(r.classes).ok_or(Error::InvalidParameter {
