@@ -24,57 +24,17 @@ fn layout(kind: &str, centres: Option<usize>) -> PyResult<ClassifierKind> {
 }
 
 /// `("sgd", [lr, momentum, dampening, weight_decay, nesterov])` or `("adamw", [lr, beta1,
-/// beta2, eps, weight_decay])`, torch's settings of each.
+/// beta2, eps, weight_decay])`, torch's settings of each (`WeightOptimizer::from_settings`).
 fn optimizer_of(name: &str, s: &[f32]) -> PyResult<WeightOptimizer> {
-    match (name, s) {
-        ("sgd", &[lr, momentum, dampening, weight_decay, nesterov]) => Ok(WeightOptimizer::Sgd {
-            lr,
-            momentum,
-            dampening,
-            weight_decay,
-            nesterov: nesterov != 0.0,
-        }),
-        ("adamw", &[lr, beta1, beta2, eps, weight_decay]) => Ok(WeightOptimizer::AdamW {
-            lr,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-        }),
-        _ => Err(PyValueError::new_err(format!(
-            "optimizer must be ('sgd' or 'adamw', five settings), got ({name:?}, {} settings)",
-            s.len()
-        ))),
-    }
-}
-
-/// The inverse of [`optimizer_of`].
-fn optimizer_to(opt: &WeightOptimizer) -> (&'static str, [f32; 5]) {
-    match *opt {
-        WeightOptimizer::Sgd {
-            lr,
-            momentum,
-            dampening,
-            weight_decay,
-            nesterov,
-        } => (
-            "sgd",
-            [
-                lr,
-                momentum,
-                dampening,
-                weight_decay,
-                f32::from(u8::from(nesterov)),
-            ],
-        ),
-        WeightOptimizer::AdamW {
-            lr,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-        } => ("adamw", [lr, beta1, beta2, eps, weight_decay]),
-    }
+    <[f32; 5]>::try_from(s)
+        .ok()
+        .and_then(|s| WeightOptimizer::from_settings(name, s))
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "optimizer must be ('sgd' or 'adamw', five settings), got ({name:?}, {} settings)",
+                s.len()
+            ))
+        })
 }
 
 /// Saves classes `first_class ..` (of `classes`) of the loss `kind`'s weights (PML's layout)
@@ -163,7 +123,7 @@ pub(crate) fn load_weights<'py>(
     let loaded = py
         .detach(|| wml::load_weights(inner, &directory, &kind, start..end))
         .map_err(py_err)?;
-    let (name, settings) = optimizer_to(&loaded.optimizer);
+    let (name, settings) = (loaded.optimizer.name(), loaded.optimizer.settings());
     let steps = loaded.state.steps();
     let buffers = PyList::empty(py);
     for b in loaded.state.buffers() {

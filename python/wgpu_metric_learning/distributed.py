@@ -244,7 +244,11 @@ def save_class_weights(
 
     # Every rank checks its weights and optimizer before the first exchange, so that all fail
     # alike where one would.
-    checked, error = _attempt(loss, lambda: (_held(loss), _settings(optimizer, _held(loss)[2])))
+    def check() -> Any:
+        held = _held(loss)
+        return held, _settings(optimizer, held[2])
+
+    checked, error = _attempt(loss, check)
     _agree(loss, error, group, "saving")
     (kind, centres, weights, held, _), (settings, steps, buffers) = checked
     first, classes, writes = _placement(loss, held, group)

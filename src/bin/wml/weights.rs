@@ -186,7 +186,7 @@ fn optimizer(
         {
             return Err(format!(
                 "--optimizer: the checkpoint holds {}'s state, which another does not fit",
-                name_of(&saved)
+                saved.name()
             ));
         }
         // Naming the checkpoint's own optimizer keeps its settings.
@@ -199,8 +199,10 @@ fn optimizer(
         (None, Some((saved, _))) => saved,
         (None, None) => return Err("--weights needs --optimizer and --lr".into()),
     };
-    let refuse = |flag: &str| Err(format!("{flag} does not apply to {}", name_of(&base)));
-    let opt = match base {
+    let refuse = |flag: &str| Err(format!("{flag} does not apply to {}", base.name()));
+    let mut opt = base;
+    let set = |field: &mut f32, given: Option<f32>| *field = given.unwrap_or(*field);
+    match &mut opt {
         WeightOptimizer::Sgd {
             lr,
             momentum,
@@ -214,13 +216,11 @@ fn optimizer(
             if a.eps.is_some() {
                 return refuse("--eps");
             }
-            WeightOptimizer::Sgd {
-                lr: a.lr.unwrap_or(lr),
-                momentum: a.momentum.unwrap_or(momentum),
-                dampening: a.dampening.unwrap_or(dampening),
-                weight_decay: a.weight_decay.unwrap_or(weight_decay),
-                nesterov: a.nesterov.unwrap_or(nesterov),
-            }
+            set(lr, a.lr);
+            set(momentum, a.momentum);
+            set(dampening, a.dampening);
+            set(weight_decay, a.weight_decay);
+            *nesterov = a.nesterov.unwrap_or(*nesterov);
         }
         WeightOptimizer::AdamW {
             lr,
@@ -238,19 +238,14 @@ fn optimizer(
                     return refuse(flag);
                 }
             }
-            let (beta1, beta2) = a.betas.unwrap_or((beta1, beta2));
-            WeightOptimizer::AdamW {
-                lr: a.lr.unwrap_or(lr),
-                beta1,
-                beta2,
-                eps: a.eps.unwrap_or(eps),
-                weight_decay: a.weight_decay.unwrap_or(weight_decay),
-            }
+            set(lr, a.lr);
+            set(beta1, a.betas.map(|b| b.0));
+            set(beta2, a.betas.map(|b| b.1));
+            set(eps, a.eps);
+            set(weight_decay, a.weight_decay);
         }
-    };
-    let lr = match opt {
-        WeightOptimizer::Sgd { lr, .. } | WeightOptimizer::AdamW { lr, .. } => lr,
-    };
+    }
+    let lr = opt.lr();
     let fresh = named.is_some_and(|n| {
         saved.is_none_or(|(s, _)| std::mem::discriminant(&n) != std::mem::discriminant(&s))
     });
@@ -266,13 +261,6 @@ fn optimizer(
         ));
     }
     Ok(opt)
-}
-
-fn name_of(opt: &WeightOptimizer) -> &'static str {
-    match opt {
-        WeightOptimizer::Sgd { .. } => "sgd",
-        WeightOptimizer::AdamW { .. } => "adamw",
-    }
 }
 
 /// `wml weights step`.
@@ -326,13 +314,11 @@ pub(crate) fn step(a: &StepArgs) -> Result<(), Failure> {
     timed("weights save", &ctx, &a.common, &out, || {
         save_weights(&a.out, &shard)
     })?;
-    let lr = match opt {
-        WeightOptimizer::Sgd { lr, .. } | WeightOptimizer::AdamW { lr, .. } => lr,
-    };
+    let lr = opt.lr();
     println!(
         "{{\"steps\": {}, \"classes\": {classes}, \"optimizer\": \"{}\", \"lr\": {}}}",
         state.steps(),
-        name_of(&opt),
+        opt.name(),
         crate::commands::json_number(f64::from(lr))
     );
     Ok(())

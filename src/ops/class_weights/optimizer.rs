@@ -98,6 +98,45 @@ impl WeightOptimizer {
         }
     }
 
+    /// Its name in torch and the front ends: `"sgd"` or `"adamw"`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Sgd { .. } => "sgd",
+            Self::AdamW { .. } => "adamw",
+        }
+    }
+
+    /// Its learning rate.
+    pub fn lr(&self) -> f32 {
+        match *self {
+            Self::Sgd { lr, .. } | Self::AdamW { lr, .. } => lr,
+        }
+    }
+
+    /// Its five settings, as checkpoints store them: SGD's lr, momentum, dampening, weight
+    /// decay and Nesterov (0 or 1); AdamW's lr, beta1, beta2, eps and weight decay.
+    pub fn settings(&self) -> [f32; 5] {
+        self.stored().1
+    }
+
+    /// The optimizer [`name`](Self::name)d `name` with [`settings`](Self::settings); `None`
+    /// for another name.
+    ///
+    /// # Example
+    /// ```
+    /// use wgpu_metric_learning::WeightOptimizer;
+    /// let sgd = WeightOptimizer::sgd(0.1, 0.9);
+    /// assert_eq!(WeightOptimizer::from_settings(sgd.name(), sgd.settings()), Some(sgd));
+    /// ```
+    pub fn from_settings(name: &str, settings: [f32; 5]) -> Option<Self> {
+        let code = match name {
+            "sgd" => 1,
+            "adamw" => 2,
+            _ => return None,
+        };
+        Self::from_stored(code, settings)
+    }
+
     /// The settings as stored: a code (1 SGD, 2 AdamW) and five f32 (SGD: lr, momentum,
     /// dampening, weight decay, Nesterov as 0 or 1; AdamW: lr, beta1, beta2, eps, weight
     /// decay). [`WeightOptimizer::from_stored`] reads them back.
