@@ -58,8 +58,23 @@ pub(crate) fn gemm(
 }
 
 /// The kernels' signature: `alpha` times `segments` of `a b` into `outs`.
-type Kernel =
-    fn(f32, (ArrayView2<'_, f32>, ArrayView2<'_, f32>), &[Segment], &mut [ArrayViewMut2<'_, f32>]);
+type Kernel = fn(f32, (ArrayView2<'_, f32>, Right<'_>), &[Segment], &mut [ArrayViewMut2<'_, f32>]);
+
+/// A product's right operand: as it lies (packed by the call), or [`PackedB`] already.
+#[derive(Clone, Copy)]
+enum Right<'a> {
+    View(ArrayView2<'a, f32>),
+    Packed(&'a PackedB),
+}
+
+impl Right<'_> {
+    fn ncols(&self) -> usize {
+        match self {
+            Right::View(b) => b.ncols(),
+            Right::Packed(b) => b.n,
+        }
+    }
+}
 
 /// [`gemm`] with the given kernel.
 fn gemm_with(
@@ -81,16 +96,35 @@ fn gemm_with(
         c.map_inplace(|x| *x = if beta == 0.0 { 0.0 } else { beta * *x });
         return;
     }
-    let segments: Vec<Segment> = (0..k)
-        .step_by(KC)
-        .map(|p0| Segment {
-            range: p0..(p0 + KC).min(k),
-            out: 0,
-            // The first slice scales `c` by `beta`, the others add to it.
-            beta: if p0 == 0 { beta } else { 1.0 },
-        })
-        .collect();
-    kernel(alpha, (a, b), &segments, &mut [c]);
+    kernel(alpha, (a, Right::View(b)), &whole(k, beta), &mut [c]);
+}
+
+/// The segments of one product over `k`: chains of [`KC`], the first scaling `c` by `beta`,
+/// the others adding to it.
+fn whole(k: usize, beta: f32) -> Vec<Segment> {
+    let mut segments = slices(&[k]);
+    if let Some(first) = segments.first_mut() {
+        first.beta = beta;
+    }
+    segments
+}
+
+/// The segments of [`gemm_slices`]: each slice between `ends` (from 0) in chains of [`KC`]
+/// from its own start, as one GEMM on it sums, into its own output.
+fn slices(ends: &[usize]) -> Vec<Segment> {
+    let mut segments = Vec::new();
+    let mut start = 0;
+    for (t, &end) in ends.iter().enumerate() {
+        for p0 in (start..end).step_by(KC) {
+            segments.push(Segment {
+                range: p0..(p0 + KC).min(end),
+                out: t,
+                beta: if p0 == start { 0.0 } else { 1.0 },
+            });
+        }
+        start = end;
+    }
+    segments
 }
 
 /// `c[t] = a[:, e_{t−1}..e_t] · b[e_{t−1}..e_t, :]` for the slices between `ends` (ascending,
@@ -104,7 +138,7 @@ pub(crate) fn gemm_slices(
     a: ArrayView2<'_, f32>,
     b: ArrayView2<'_, f32>,
     ends: &[usize],
-    mut c: ArrayViewMut3<'_, f32>,
+    c: ArrayViewMut3<'_, f32>,
 ) {
     let k = a.ncols();
     assert!(
@@ -117,24 +151,165 @@ pub(crate) fn gemm_slices(
         b.dim(),
         c.dim()
     );
-    let mut segments = Vec::new();
+    slices_into(a, Right::View(b), ends, c);
+}
+
+/// [`gemm_slices`] from `a` and a right operand of the slices' shape; the shapes checked.
+fn slices_into(
+    a: ArrayView2<'_, f32>,
+    b: Right<'_>,
+    ends: &[usize],
+    mut c: ArrayViewMut3<'_, f32>,
+) {
     let mut start = 0;
     for (t, &end) in ends.iter().enumerate() {
-        // Each slice in chains of [`KC`] from its own start, as one GEMM on it sums.
-        for p0 in (start..end).step_by(KC) {
-            segments.push(Segment {
-                range: p0..(p0 + KC).min(end),
-                out: t,
-                beta: if p0 == start { 0.0 } else { 1.0 },
-            });
-        }
         if start == end {
             c.index_axis_mut(Axis(0), t).fill(0.0);
         }
         start = end;
     }
     let mut outs: Vec<ArrayViewMut2<'_, f32>> = c.outer_iter_mut().collect();
-    dispatch(1.0, (a, b), &segments, &mut outs);
+    dispatch(1.0, (a, b), &slices(ends), &mut outs);
+}
+
+/// A right operand `b` `(k, n)` packed once into the panels of the kernel this CPU runs, for
+/// the products [`gemm_packed`] and [`gemm_slices_packed`] take with it over the slices
+/// between `ends` (`[k]`: one product): many calls (row blocks, threads) then share one
+/// packing instead of packing `b` again each. `4 · k · n` bytes, rounded up to whole
+/// panels ([`PackedB::bytes`]).
+pub(crate) struct PackedB {
+    /// The panel width it was packed for.
+    w: usize,
+    n: usize,
+    ends: Vec<usize>,
+    /// Per segment ([`slices`] of `ends`): its range and where its panels start in `data`.
+    segments: Vec<(Range<usize>, usize)>,
+    data: Vec<f32>,
+}
+
+impl PackedB {
+    /// Packs `b` `(k, n)` for the slices between `ends` (ascending, the last at most `k`).
+    ///
+    /// # Panics
+    /// On ends not ascending within `k`: a caller's bug.
+    pub(crate) fn new(b: ArrayView2<'_, f32>, ends: &[usize]) -> Self {
+        match panel_width() {
+            32 => Self::packed::<32>(b, ends),
+            16 => Self::packed::<16>(b, ends),
+            _ => Self::packed::<8>(b, ends),
+        }
+    }
+
+    /// The bytes a packing of `(k, n)` holds (an upper bound for every panel width).
+    pub(crate) fn bytes(k: usize, n: usize) -> u64 {
+        4 * k as u64 * n.next_multiple_of(32) as u64
+    }
+
+    /// [`PackedB::new`] for panels of `W` columns.
+    fn packed<const W: usize>(b: ArrayView2<'_, f32>, ends: &[usize]) -> Self {
+        let k = b.nrows();
+        assert!(
+            ends.windows(2).all(|e| e[0] < e[1]) && ends.last().is_none_or(|&e| e <= k),
+            "PackedB: ({:?}) at {ends:?}",
+            b.dim()
+        );
+        let n = b.ncols();
+        let width = n.next_multiple_of(W);
+        let segments: Vec<(Range<usize>, usize)> = slices(ends)
+            .into_iter()
+            .scan(0, |at, seg| {
+                let start = *at;
+                *at += width * seg.range.len();
+                Some((seg.range, start))
+            })
+            .collect();
+        let len = segments.last().map_or(0, |(r, at)| at + width * r.len());
+        let mut data = vec![0.0f32; len];
+        for (range, at) in &segments {
+            let panels = &mut data[*at..*at + width * range.len()];
+            pack::<W>(b.slice(s![range.clone(), ..]).t(), panels);
+        }
+        Self {
+            w: W,
+            n,
+            ends: ends.to_vec(),
+            segments,
+            data,
+        }
+    }
+
+    /// Segment `seg`'s panels for columns `j0 .. j0 + cols` (`j0` a multiple of the width).
+    fn panels(&self, seg: usize, j0: usize, cols: usize) -> &[f32] {
+        let (range, at) = &self.segments[seg];
+        let kc = range.len();
+        &self.data[at + j0 * kc..at + (j0 + cols).next_multiple_of(self.w) * kc]
+    }
+}
+
+/// [`gemm`] with a packed right operand of one product (`ends` `[k]`).
+///
+/// # Panics
+/// On shapes that do not chain or a packing of several slices: a caller's bug.
+pub(crate) fn gemm_packed(
+    alpha: f32,
+    a: ArrayView2<'_, f32>,
+    b: &PackedB,
+    beta: f32,
+    mut c: ArrayViewMut2<'_, f32>,
+) {
+    let k = a.ncols();
+    assert!(
+        b.ends == [k] && c.dim() == (a.nrows(), b.n),
+        "gemm_packed: ({:?}) · ({k} at {:?}, {}) into ({:?})",
+        a.dim(),
+        b.ends,
+        b.n,
+        c.dim()
+    );
+    if k == 0 {
+        // No chain: `c` is only scaled, as [`gemm`] scales it.
+        c.map_inplace(|x| *x = if beta == 0.0 { 0.0 } else { beta * *x });
+        return;
+    }
+    dispatch(alpha, (a, Right::Packed(b)), &whole(k, beta), &mut [c]);
+}
+
+/// [`gemm_slices`] with a packed right operand of the same slices.
+///
+/// # Panics
+/// On shapes that do not chain: a caller's bug.
+pub(crate) fn gemm_slices_packed(a: ArrayView2<'_, f32>, b: &PackedB, c: ArrayViewMut3<'_, f32>) {
+    let k = a.ncols();
+    assert!(
+        b.ends.last().is_none_or(|&e| e <= k) && c.dim() == (b.ends.len(), a.nrows(), b.n),
+        "gemm_slices_packed: ({:?}) · (at {:?}, {}) into ({:?})",
+        a.dim(),
+        b.ends,
+        b.n,
+        c.dim()
+    );
+    slices_into(a, Right::Packed(b), &b.ends.clone(), c);
+}
+
+/// The panel width of the kernel [`dispatch`] runs.
+fn panel_width() -> usize {
+    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+    {
+        use super::simd::{isa, Isa};
+        match isa() {
+            Isa::Avx512 => 32,
+            Isa::Avx2 => 16,
+            Isa::Baseline => 8,
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        16
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "x86", target_arch = "aarch64")))]
+    {
+        8
+    }
 }
 
 /// One chain of multiply-adds over the inner dimension's `range`, added into output `out` as
@@ -148,7 +323,7 @@ struct Segment {
 /// The widest kernel this CPU runs, on `segments` of `a b` into `outs`.
 fn dispatch(
     alpha: f32,
-    ab: (ArrayView2<'_, f32>, ArrayView2<'_, f32>),
+    ab: (ArrayView2<'_, f32>, Right<'_>),
     segments: &[Segment],
     outs: &mut [ArrayViewMut2<'_, f32>],
 ) {
@@ -183,7 +358,7 @@ macro_rules! kernel {
         #[target_feature(enable = $features)]
         fn $name(
             alpha: f32,
-            ab: (ArrayView2<'_, f32>, ArrayView2<'_, f32>),
+            ab: (ArrayView2<'_, f32>, Right<'_>),
             segments: &[Segment],
             outs: &mut [ArrayViewMut2<'_, f32>],
         ) {
@@ -200,18 +375,31 @@ kernel!(gemm_fma, "fma", 6, 8);
 #[inline(always)]
 fn blocked<const R: usize, const W: usize, const FMA: bool>(
     alpha: f32,
-    (a, b): (ArrayView2<'_, f32>, ArrayView2<'_, f32>),
+    (a, b): (ArrayView2<'_, f32>, Right<'_>),
     segments: &[Segment],
     outs: &mut [ArrayViewMut2<'_, f32>],
 ) {
     let (m, n) = (a.nrows(), b.ncols());
+    if let Right::Packed(packed) = b {
+        assert!(
+            packed.w == W && packed.segments.len() == segments.len(),
+            "gemm: packed for panels of {} in {} segments, run with {W} in {}",
+            packed.w,
+            packed.segments.len(),
+            segments.len()
+        );
+    }
     let longest = segments.iter().map(|s| s.range.len()).max().unwrap_or(0);
     if m == 0 || n == 0 || longest == 0 {
         return;
     }
     let mut a_pack = vec![0.0f32; m.next_multiple_of(R).min(MC) * longest];
-    let mut b_pack = vec![0.0f32; n.next_multiple_of(W).min(NC) * longest];
-    for seg in segments {
+    let b_len = match b {
+        Right::View(_) => n.next_multiple_of(W).min(NC) * longest,
+        Right::Packed(_) => 0,
+    };
+    let mut b_pack = vec![0.0f32; b_len];
+    for (si, seg) in segments.iter().enumerate() {
         let (p, kc) = (seg.range.clone(), seg.range.len());
         let Some(c) = outs.get_mut(seg.out) else {
             continue;
@@ -222,18 +410,24 @@ fn blocked<const R: usize, const W: usize, const FMA: bool>(
             pack::<R>(a.slice(s![i0..i0 + rows, p.clone()]), strips);
             for j0 in (0..n).step_by(NC) {
                 let cols = NC.min(n - j0);
-                let panels = &mut b_pack[..cols.div_ceil(W) * W * kc];
-                pack::<W>(b.slice(s![p.clone(), j0..j0 + cols]).t(), panels);
-                for (si, strip) in a_pack[..rows.div_ceil(R) * R * kc]
+                let panels: &[f32] = match b {
+                    Right::View(b) => {
+                        let panels = &mut b_pack[..cols.div_ceil(W) * W * kc];
+                        pack::<W>(b.slice(s![p.clone(), j0..j0 + cols]).t(), panels);
+                        panels
+                    }
+                    Right::Packed(packed) => {
+                        debug_assert_eq!(packed.segments[si].0, p);
+                        packed.panels(si, j0, cols)
+                    }
+                };
+                for (strip_i, strip) in a_pack[..rows.div_ceil(R) * R * kc]
                     .chunks_exact(R * kc)
                     .enumerate()
                 {
                     let (strip, _) = strip.as_chunks::<R>();
-                    let r0 = i0 + si * R;
-                    for (pi, panel) in b_pack[..cols.div_ceil(W) * W * kc]
-                        .chunks_exact(W * kc)
-                        .enumerate()
-                    {
+                    let r0 = i0 + strip_i * R;
+                    for (pi, panel) in panels.chunks_exact(W * kc).enumerate() {
                         let (panel, _) = panel.as_chunks::<W>();
                         let acc = dot_chain::<R, W, FMA>(panel, strip);
                         let q0 = j0 + pi * W;
@@ -299,9 +493,14 @@ fn pack<const L: usize>(v: ArrayView2<'_, f32>, out: &mut [f32]) {
             group.iter_mut().for_each(|t| t[count..].fill(0.0));
         }
         if part.strides()[0] == 1 && count > 1 {
-            // Lanes contiguous (a row-major `b`, seen transposed): a copy per `t`.
+            // Lanes contiguous (a row-major `b`, seen transposed): a copy per `t`, of a
+            // length known to the compiler where the group is whole (else it copies one
+            // float at a time).
             for (t, column) in group.iter_mut().zip(part.columns()) {
-                copy(t.iter_mut(), column);
+                match column.as_slice().map(<&[f32; L]>::try_from) {
+                    Some(Ok(whole)) => *t = *whole,
+                    _ => copy(t.iter_mut(), column),
+                }
             }
         } else if !transposed(part, group) {
             for (l, row) in part.rows().into_iter().enumerate() {
@@ -457,189 +656,4 @@ pub(crate) fn dot_chain<const R: usize, const W: usize, const FMA: bool>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use ndarray::{Array2, ArrayView2, ArrayViewMut2};
-    use proptest::prelude::*;
-
-    /// What [`gemm`] computes, element by element: each product's chains of [`KC`] in f32,
-    /// fused where `fma`, added to `c` in order.
-    fn chained(
-        (alpha, beta, fma): (f32, f32, bool),
-        a: ArrayView2<'_, f32>,
-        b: ArrayView2<'_, f32>,
-        c: ArrayView2<'_, f32>,
-    ) -> Array2<f32> {
-        let k = a.ncols();
-        Array2::from_shape_fn(c.dim(), |(i, j)| {
-            let mut out = if beta == 0.0 { 0.0 } else { beta * c[[i, j]] };
-            for p0 in (0..k).step_by(KC) {
-                let mut acc = 0.0f32;
-                for t in p0..(p0 + KC).min(k) {
-                    acc = match fma {
-                        true => a[[i, t]].mul_add(b[[t, j]], acc),
-                        false => a[[i, t]] * b[[t, j]] + acc,
-                    };
-                }
-                out = match (p0, beta == 0.0) {
-                    (0, true) => alpha * acc,
-                    (0, false) => alpha * acc + beta * c[[i, j]],
-                    _ => alpha * acc + out,
-                };
-            }
-            out
-        })
-    }
-
-    /// Values with every bit of the mantissa in use, in `[-4, 4)`: a sum in another order, a
-    /// chain split elsewhere or a multiply-add fused where it should not be changes the bits.
-    fn values(rows: usize, cols: usize, seed: u64) -> Array2<f32> {
-        Array2::from_shape_fn((rows, cols), |(i, j)| {
-            let h = (i as u64)
-                .wrapping_mul(0x9E37_79B9)
-                .wrapping_add((j as u64).wrapping_mul(0x85EB_CA6B))
-                .wrapping_add(seed.wrapping_mul(0xC2B2_AE35))
-                .wrapping_mul(0x2545_F491_4F6C_DD1D);
-            (h >> 41) as f32 / (1u32 << 20) as f32 - 4.0
-        })
-    }
-
-    /// An owned array laid out so that its view ([`view`]) of shape `(rows, cols)` is
-    /// row-major (0), transposed (1), every other row of a taller array (2) or with its rows
-    /// reversed (3).
-    fn laid_out(rows: usize, cols: usize, layout: u8, seed: u64) -> Array2<f32> {
-        match layout {
-            1 => values(cols, rows, seed),
-            2 => values(2 * rows, cols, seed),
-            _ => values(rows, cols, seed),
-        }
-    }
-
-    fn view(own: &Array2<f32>, layout: u8) -> ArrayView2<'_, f32> {
-        match layout {
-            1 => own.t(),
-            2 => own.slice(s![..;2, ..]),
-            3 => own.slice(s![..;-1, ..]),
-            _ => own.view(),
-        }
-    }
-
-    fn view_mut(own: &mut Array2<f32>, layout: u8) -> ArrayViewMut2<'_, f32> {
-        match layout {
-            1 => own.view_mut().reversed_axes(),
-            2 => own.slice_mut(s![..;2, ..]),
-            3 => own.slice_mut(s![..;-1, ..]),
-            _ => own.view_mut(),
-        }
-    }
-
-    fn check<const R: usize, const W: usize, const FMA: bool>(
-        (m, k, n): (usize, usize, usize),
-        (alpha, beta): (f32, f32),
-        layouts: (u8, u8, u8),
-    ) {
-        let a_own = laid_out(m, k, layouts.0, 1);
-        let b_own = laid_out(k, n, layouts.1, 2);
-        let (a, b) = (view(&a_own, layouts.0), view(&b_own, layouts.1));
-        let mut c_own = laid_out(m, n, layouts.2, 3);
-        if beta == 0.0 {
-            // NaNs where `beta` is zero: they must not carry.
-            c_own.fill(f32::NAN);
-        }
-        let want = chained((alpha, beta, FMA), a, b, view(&c_own, layouts.2));
-        gemm_with(
-            blocked::<R, W, FMA>,
-            alpha,
-            (a, b),
-            beta,
-            view_mut(&mut c_own, layouts.2),
-        );
-        let got = view(&c_own, layouts.2);
-        let same = got
-            .iter()
-            .zip(&want)
-            .all(|(g, w)| g.to_bits() == w.to_bits());
-        assert!(
-            same,
-            "R {R} W {W} fma {FMA} {m}x{k}x{n} {layouts:?}: {got} vs {want}"
-        );
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
-        /// Every kernel shape, called directly whatever this CPU runs, on shapes off every
-        /// tile and block (the inner dimension across two slices), each operand and the
-        /// output row-major, transposed, strided or reversed, `alpha` not a power of two and
-        /// `beta` zero, one or other, bit for bit against the chains summed one element at a
-        /// time.
-        #[test]
-        fn every_kernel_sums_as_the_chains(
-            m in 0usize..40,
-            k in prop_oneof![0usize..20, 250usize..520],
-            n in 0usize..70,
-            alpha in prop_oneof![Just(1.0f32), Just(-0.7), Just(3.3)],
-            beta in prop_oneof![Just(0.0f32), Just(1.0), Just(-1.9)],
-            layouts in (0u8..4, 0u8..4, 0u8..4),
-        ) {
-            let shape = (m, k, n);
-            check::<12, 32, true>(shape, (alpha, beta), layouts);
-            check::<6, 16, true>(shape, (alpha, beta), layouts);
-            check::<6, 8, true>(shape, (alpha, beta), layouts);
-            check::<6, 8, false>(shape, (alpha, beta), layouts);
-        }
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
-        /// Each slice's product, bit for bit as one [`gemm`] on the slice gives it (its chains
-        /// split at [`KC`] from the slice's own start): slices of one column, of more than
-        /// [`KC`], ending short of `k`, and an operand seen transposed.
-        #[test]
-        fn slices_are_each_slices_gemm(
-            m in 0usize..30,
-            n in 0usize..50,
-            cuts in proptest::collection::btree_set(1usize..700, 1..5),
-            short in 0usize..3,
-            transposed in any::<bool>(),
-        ) {
-            let ends: Vec<usize> = cuts.into_iter().collect();
-            let k = ends.last().copied().unwrap_or(0) + short;
-            let a = values(m, k, 6);
-            let b_own = laid_out(k, n, u8::from(transposed), 7);
-            let b = view(&b_own, u8::from(transposed));
-            let mut got = ndarray::Array3::from_elem((ends.len(), m, n), f32::NAN);
-            gemm_slices(a.view(), b, &ends, got.view_mut());
-            let mut start = 0;
-            for (t, &end) in ends.iter().enumerate() {
-                let (a, b) = (a.slice(s![.., start..end]), b.slice(s![start..end, ..]));
-                let want = chained((1.0, 0.0, fused()), a, b, Array2::zeros((m, n)).view());
-                prop_assert_eq!(got.index_axis(Axis(0), t), want.view(), "slice {}", t);
-                start = end;
-            }
-        }
-    }
-
-    /// Whether the kernel this CPU dispatches to fuses (under every cap).
-    fn fused() -> bool {
-        cfg!(target_arch = "aarch64")
-            || crate::runtime::simd::detected() >= crate::runtime::simd::Isa::Avx2
-    }
-
-    #[test]
-    fn blocks_edges_and_the_dispatched_kernel() {
-        // More rows than [`MC`] and columns than [`NC`], with inner dimensions that run the
-        // 8 × 8 transposes and their tails.
-        check::<12, 32, true>((MC + 5, 13, NC + 33), (1.0, 0.0), (0, 1, 0));
-        check::<6, 8, false>((MC + 5, 21, NC + 33), (2.5, 1.0), (1, 1, 2));
-        // The kernel this CPU dispatches to, through `gemm`.
-        for (alpha, beta) in [(1.0, 0.0), (-0.3, 1.7)] {
-            let (a, b, c) = (values(30, 300, 4), values(300, 20, 5), values(30, 20, 8));
-            let mut got = c.clone();
-            gemm(alpha, a.view(), b.view(), beta, got.view_mut());
-            assert_eq!(
-                got,
-                chained((alpha, beta, fused()), a.view(), b.view(), c.view())
-            );
-        }
-    }
-}
+mod tests;

@@ -56,13 +56,17 @@ fn main() {
         args.get(3).is_some_and(|v| v == "t"),
         args.get(4).is_some_and(|v| v == "t"),
     );
-    let (reps, workers) = (num(5, 5), num(6, 1));
+    let (reps, workers, pad) = (num(5, 5), num(6, 1), num(7, 0));
     let fill = |r: usize, c: usize, seed: usize| {
         Array2::from_shape_fn((r, c), |(i, j)| ((i * 7 + j * 3 + seed) % 11) as f32 * 0.1)
     };
-    let a_own = if ta { fill(k, m, 1) } else { fill(m, k, 1) };
+    // `pad` floats past each row of `a`'s array: a leading dimension off the powers of two.
+    let a_own = if ta { fill(k, m + pad, 1) } else { fill(m, k + pad, 1) };
     let b_own = if tb { fill(n, k, 2) } else { fill(k, n, 2) };
-    let a = if ta { a_own.t() } else { a_own.view() };
+    let a = match ta {
+        true => a_own.slice(s![.., ..m]).reversed_axes(),
+        false => a_own.slice(s![.., ..k]),
+    };
     let b = if tb { b_own.t() } else { b_own.view() };
     let (mut theirs, mut ours) = (Array2::<f32>::zeros((m, n)), Array2::<f32>::zeros((m, n)));
     let flops = 2.0 * (m * n * k) as f64;
