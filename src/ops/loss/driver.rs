@@ -190,6 +190,9 @@ impl Sizing {
         let rows = usize::try_from(room.checked_div(per_row).unwrap_or(u64::MAX))
             .unwrap_or(usize::MAX)
             .clamp(1, b.max(1));
+        // As many blocks, of even sizes: no short last block that repeats every per-block
+        // cost (the references' packing and their gradient's pass) for a few rows.
+        let rows = b.max(1).div_ceil(b.max(1).div_ceil(rows));
         Ok(Self {
             base,
             scratch,

@@ -11,8 +11,9 @@
 //! Each truncation's rule gives `W_t = ω_t ∂L_t/∂s_t` (the InfoNCE rule of the losses' `info_nce`,
 //! vectorised in f32 with its sums in f64: [`super::matryoshka_row`]). With `V_t = W_t / (|q|_t |r|_t)` and `α_t(i) = Σ_j W_t s_t / |q_i|_t²`, the
 //! gradient of the slice `k` of query `i` is `Σ_{t ≥ k} (V_t R_{:,k} − α_t(i) q_{i,k})`: the
-//! truncations that reach slice `k`. Summed from the widest down (`C_k = Σ_{t ≥ k} V_t`, in
-//! place), the backward is again one full-width product per side, and the columns past the
+//! truncations that reach slice `k`. Summed from the widest down (`C_k = Σ_{t ≥ k} V_t`,
+//! written over the row's `P_k` by the rule's second pass), the backward is again one
+//! full-width product per side, and the columns past the
 //! widest truncation get no gradient. The references' side is the same with `Cᵀ`, and
 //! `β_t(j) = Σ_i W_t s_t / |r_j|_t²` summed over every block.
 //!
@@ -37,7 +38,7 @@ use crate::data::inputs::{Embeddings, Rows};
 use crate::error::{Error, Result};
 use crate::hooks::Reporter;
 use crate::metric::Distance;
-use crate::runtime::gemm::{gemm, gemm_slices};
+use crate::runtime::gemm::{gemm, gemm_packed, gemm_slices, gemm_slices_packed, PackedB};
 use crate::runtime::memory::HostReservation;
 
 /// torch's `normalize` clamp.
@@ -151,11 +152,13 @@ pub(super) struct Pass {
     pub(super) ref_grad: Option<Array2<f32>>,
 }
 
-/// The sizes of a pass of `t` distinct widths under the budget.
+/// The sizes of a pass of `t` distinct widths under the budget, and the bytes of the
+/// references packed once for every block and thread ([`Packed`]; `None` where that does not
+/// fit, and each block's products pack them again).
 ///
 /// # Errors
 /// [`Error::OverBudget`] when one thread with a one-anchor block does not fit.
-fn sizing(ctx: &Context, job: &Job<'_>, t: usize) -> Result<Sizing> {
+fn sizing(ctx: &Context, job: &Job<'_>, t: usize) -> Result<(Sizing, Option<u64>)> {
     let (queries, refs) = job.sides()?;
     let ((b, d), m) = (queries.dim(), refs.dim().0);
     let (b64, m64, d64, t64) = (b as u64, m as u64, d as u64, t as u64);
@@ -166,12 +169,58 @@ fn sizing(ctx: &Context, job: &Job<'_>, t: usize) -> Result<Sizing> {
     let read_back = 4 * d64 * (u64::from(resident_q) * b64 + u64::from(resident_r) * m64);
     let ref_side = u64::from(ref_role(job)) * m64 * (4 * d64 + 8 * t64);
     let base = read_back + 4 * d64 * b64 + 8 * t64 * (b64 + 3 * m64) + ref_side;
-    // Per thread: the row's running product and exponentials, its positives and their
-    // weights, its `β`.
-    let scratch = m64 * (4 + 4 + 4 + 8 + 8 * t64) + 64;
+    // Per thread: the row's exponentials at every width, its positives, their weights and
+    // products at every width, its `β`.
+    let scratch = m64 * (4 * t64 + 4 + 12 * t64 + 8 * t64) + 64;
     // Per block row: `T` rows of similarities, its `α` and losses.
     let per_row = 4 * t64 * m64 + 16 * t64;
-    Sizing::within(ctx, job.op, (base, scratch, per_row), b, BLOCK_BYTES)
+    let packed = packed_bytes(d, m, t);
+    match Sizing::within(
+        ctx,
+        job.op,
+        (base + packed, scratch, per_row),
+        b,
+        BLOCK_BYTES,
+    ) {
+        Ok(sizing) => Ok((sizing, Some(packed))),
+        Err(_) => {
+            let sizing = Sizing::within(ctx, job.op, (base, scratch, per_row), b, BLOCK_BYTES)?;
+            Ok((sizing, None))
+        }
+    }
+}
+
+/// The bytes of [`Packed`] for `m` references of width `d` in `t` slices (an upper bound).
+fn packed_bytes(d: usize, m: usize, t: usize) -> u64 {
+    // For the forward products, and for each slice's backward one (each rounded to panels).
+    PackedB::bytes(d, m) + PackedB::bytes(m, d + 32 * t)
+}
+
+/// The references `r` `(m, d)` packed once per call: `Rᵀ` for the forward products of every
+/// slice, and each slice's `R_k` for its backward product.
+struct Packed {
+    forward: PackedB,
+    backward: Vec<PackedB>,
+}
+
+impl Packed {
+    fn new(r: ArrayView2<'_, f32>, trunc: &Truncations) -> Self {
+        let m = r.nrows();
+        // The two on two threads: together they are a pass over `r` each.
+        std::thread::scope(|scope| {
+            let backward = scope.spawn(|| {
+                (0..trunc.len())
+                    .map(|t| PackedB::new(r.slice(s![.., trunc.slice(t)]), &[m]))
+                    .collect()
+            });
+            let forward = PackedB::new(r.t(), &trunc.ends);
+            let backward = match backward.join() {
+                Ok(b) => b,
+                Err(panic) => std::panic::resume_unwind(panic),
+            };
+            Self { forward, backward }
+        })
+    }
 }
 
 /// Whether the references' side of the gradient is wanted: for the caller, or for the
@@ -186,7 +235,11 @@ fn ref_role(job: &Job<'_>) -> bool {
 /// [`Error::OverBudget`] when one anchor does not fit.
 pub(super) fn plan(ctx: &Context, job: &Job<'_>, trunc: &Truncations) -> Result<Plan> {
     let (b, m) = (job.set.labels.len(), job.set.ref_labels.len());
-    Ok(sizing(ctx, job, trunc.len())?.plan(b, m))
+    let (sizing, packed) = sizing(ctx, job, trunc.len())?;
+    let mut plan = sizing.plan(b, m);
+    // The least budget is the pass's without the packing, which it drops where short.
+    plan.min_bytes -= packed.unwrap_or(0);
+    Ok(plan)
 }
 
 /// Per truncation, the inverse clamped norms of the prefixes of `x`'s rows `(T, n)`, and
@@ -215,6 +268,7 @@ struct Shared<'a, 's> {
     trunc: &'a Truncations,
     q: ArrayView2<'a, f32>,
     r: ArrayView2<'a, f32>,
+    packed: Option<&'a Packed>,
 }
 
 /// Runs the InfoNCE rule with logit slope `dz` over every truncation of `job`'s cosine
@@ -235,7 +289,7 @@ pub(super) fn run(
     let report = Reporter::new(job.hooks, job.op, b as u64 * m as u64);
     report.check()?;
     let tn = trunc.len();
-    let sizing = sizing(ctx, job, tn)?;
+    let (sizing, pack_once) = sizing(ctx, job, tn)?;
     let _held = HostReservation::new(job.label, sizing.bytes(), ctx.tracker())?;
     let (q, r_own) = job.host_sides(ctx)?;
     let q = q.view();
@@ -246,6 +300,7 @@ pub(super) fn run(
     let ir_sq = inv_r.mapv(|v| if v > 0.0 { v * v } else { 0.0 });
     // Each truncation's weight with the mean's division.
     let scale: Vec<f64> = trunc.weights.iter().map(|w| w / count as f64).collect();
+    let packed = pack_once.is_some().then(|| Packed::new(r, trunc));
     let shared = Shared {
         rows: RowInputs {
             set: job.set,
@@ -259,6 +314,7 @@ pub(super) fn run(
         trunc,
         q,
         r,
+        packed: packed.as_ref(),
     };
     let mut g_q = Array2::<f32>::zeros((b, d));
     // The references' side only where a gradient goes to them (a memory bank's rows are
@@ -367,39 +423,41 @@ fn rows_pass(
     let q = sh.q.slice(s![a0..a0 + n, ..]);
     // Each slice's own product `Q_k R_kᵀ`; a row's running sum of them is its `P_t`.
     // Each operand packed once for every slice.
-    gemm_slices(q, sh.r.t(), &sh.trunc.ends, slab.view_mut());
-    for i in 0..n {
+    match sh.packed {
+        Some(packed) => gemm_slices_packed(q, &packed.forward, slab.view_mut()),
+        None => gemm_slices(q, sh.r.t(), &sh.trunc.ends, slab.view_mut()),
+    }
+    let mut alpha = std::mem::take(&mut scratch.alpha);
+    for (i, alpha) in alpha.chunks_exact_mut(tn).enumerate() {
         if report.cancelled() {
-            return;
+            break;
         }
         find_positives(&sh.rows, a0 + i, scratch);
-        for t in 0..tn {
-            let mut v = slab.slice_mut(s![t, i, ..]);
-            let own = v.as_slice().unwrap_or_default();
-            if t == 0 {
-                scratch.prefix.copy_from_slice(own);
-            } else {
-                scratch
-                    .prefix
-                    .iter_mut()
-                    .zip(own)
-                    .for_each(|(p, &x)| *p += x);
-            }
-            scratch.alpha[i * tn + t] = anchor_row(&sh.rows, a0 + i, t, v.view_mut(), scratch);
-        }
-        // `C_k = Σ_{t ≥ k} V_t` and `α`'s suffix sums.
+        // Row `t` leaves with `C_t = Σ_{t' ≥ t} V_{t'}`, and `α` is then summed the same way.
+        anchor_row(
+            &sh.rows,
+            a0 + i,
+            slab.slice_mut(s![.., i, ..]),
+            scratch,
+            alpha,
+        );
         for t in (0..tn.saturating_sub(1)).rev() {
-            let (mut low, high) = slab.multi_slice_mut((s![t, i, ..], s![t + 1, i, ..]));
-            low += &high;
-            scratch.alpha[i * tn + t] += scratch.alpha[i * tn + t + 1];
+            alpha[t] += alpha[t + 1];
         }
+    }
+    scratch.alpha = alpha;
+    if report.cancelled() {
+        return;
     }
     // Each slice's gradient: `C_k R_k − α q_k`.
     for t in 0..tn {
         let cols = sh.trunc.slice(t);
         let mut g = g.slice_mut(s![.., cols.clone()]);
-        let r = sh.r.slice(s![.., cols.clone()]);
-        gemm(1.0, slab.slice(s![t, .., ..]), r, 0.0, g.view_mut());
+        let c = slab.slice(s![t, .., ..]);
+        match sh.packed {
+            Some(packed) => gemm_packed(1.0, c, &packed.backward[t], 0.0, g.view_mut()),
+            None => gemm(1.0, c, sh.r.slice(s![.., cols.clone()]), 0.0, g.view_mut()),
+        }
         for (i, (mut g, x)) in g
             .rows_mut()
             .into_iter()
