@@ -655,7 +655,13 @@ fn sizing(ctx: &Context, call: &Call) -> Result<(Tiling, u64, u64)> {
     let fixed = b * d * 4 + b * row_state;
     let workers = threads() as u64;
     let tile = |cols: u64, keep: bool| {
-        let products = if keep { b * centres * 4 } else { b * cols * 4 };
+        // Kept products lie in the weights' gradient (pass 2 copies a tile's out at a time),
+        // unless the classes are on its rows.
+        let products = if keep && call.on_rows {
+            b * centres * 4
+        } else {
+            b * cols * 4
+        };
         let through = if call.rule.col_norm { b * cols * 4 } else { 0 };
         // The tile's norms and their inverses, each worker's row of logits and exponentials.
         extra + fixed + cols * 12 + products + through + workers * cols * 8

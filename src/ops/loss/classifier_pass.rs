@@ -41,6 +41,17 @@ pub(super) struct Tiling {
     pub(super) keep: bool,
 }
 
+/// Where pass 1's products wait for pass 2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// Nowhere: pass 2 computes them again.
+    Recompute,
+    /// In the centres' gradient's own columns (`(d, centres)`, `b ≤ d`).
+    InGradient,
+    /// In a matrix of their own.
+    Apart,
+}
+
 /// The loss, the rows kept in its mean, the rows' gradient `(b, d)` and the centres' gradient
 /// in the caller's layout.
 pub(super) struct Output {
@@ -82,11 +93,22 @@ pub(super) fn run(
     let per = inp.rule.centres.per_class();
     let (first, _) = shards.classes(centres / per);
     let (xhat, mut rows) = normalise_rows(inp);
+    let shape = if on_rows { (centres, d) } else { (d, centres) };
+    let mut weight_grad = zeros("classifier_loss::weight_grad (host)", shape)?;
+    // Kept products lie in the centres' gradient, `(d, centres)` with `b ≤ d`, until pass 2
+    // has read each tile's (its gradient then overwrites them): no second buffer of the
+    // weights' size to allocate and fault in. Centres on rows keep them apart.
+    let keep = match (tiling.keep, on_rows) {
+        (false, _) => Keep::Recompute,
+        (true, false) => Keep::InGradient,
+        (true, true) => Keep::Apart,
+    };
     let mut kept = zeros(
         "classifier_loss::products (host)",
-        (b, if tiling.keep { centres } else { 0 }),
+        (b, if keep == Keep::Apart { centres } else { 0 }),
     )?;
-    let mut tile = Array2::<f32>::zeros((b, if tiling.keep { 0 } else { tiling.cols }));
+    let tile_cols = if keep == Keep::Apart { 0 } else { tiling.cols };
+    let mut tile = Array2::<f32>::zeros((b, tile_cols));
     let tiles: Vec<(usize, usize)> = (0..centres)
         .step_by(tiling.cols.max(1))
         .map(|c0| (c0, (c0 + tiling.cols).min(centres)))
@@ -101,7 +123,11 @@ pub(super) fn run(
         let norms = norms_of(w);
         all_norms.extend_from_slice(&norms);
         let scale = inverse_norms(&norms);
-        let mut prod = products(&mut kept, &mut tile, tiling.keep, (c0, c1));
+        let mut prod = match keep {
+            Keep::InGradient => weight_grad.slice_mut(s![..b, c0..c1]),
+            Keep::Apart => kept.slice_mut(s![.., c0..c1]),
+            Keep::Recompute => tile.slice_mut(s![.., ..c1 - c0]),
+        };
         par_mul(1.0, xhat.view(), w, 0.0, prod.view_mut());
         by_rows(prod, none.view_mut(), &mut rows, |r0, prod, _, rows| {
             fold_rows(inp, (first + c0 / per, &norms, &scale), r0, prod, rows);
@@ -110,8 +136,6 @@ pub(super) fn run(
     combine_rows(shards, &mut rows)?;
     let (loss, count) = close_rows(inp, &mut rows);
     let mut gx = Array2::<f32>::zeros((b, d));
-    let shape = if on_rows { (centres, d) } else { (d, centres) };
-    let mut weight_grad = zeros("classifier_loss::weight_grad (host)", shape)?;
     let through_cols = if inp.rule.col_norm { tiling.cols } else { 0 };
     let mut through = Array2::<f32>::zeros((b, through_cols));
     for &(c0, c1) in &tiles {
@@ -120,19 +144,29 @@ pub(super) fn run(
         let w = inp.w.slice(s![.., c0..c1]);
         let norms = &all_norms[c0..c1];
         let scale = inverse_norms(norms);
-        let mut prod = products(&mut kept, &mut tile, tiling.keep, (c0, c1));
-        let rescale: &[f32] = if tiling.keep {
-            &[]
-        } else {
-            par_mul(1.0, xhat.view(), w, 0.0, prod.view_mut());
-            &scale
+        let mut prod = match keep {
+            Keep::Apart => kept.slice_mut(s![.., c0..c1]),
+            _ => tile.slice_mut(s![.., ..n]),
         };
+        let rescale: &[f32] = match keep {
+            Keep::Recompute => {
+                par_mul(1.0, xhat.view(), w, 0.0, prod.view_mut());
+                &scale
+            }
+            _ => &[],
+        };
+        // Kept in the gradient: each worker copies its rows out before they are overwritten.
+        let stored = (keep == Keep::InGradient).then(|| weight_grad.slice(s![..b, c0..c1]));
         let mut terms = through.slice_mut(s![.., ..through_cols.min(n)]);
         by_rows(
             prod.view_mut(),
             terms.view_mut(),
             &mut rows,
-            |r0, prod, terms, rows| {
+            |r0, mut prod, terms, rows| {
+                if let Some(stored) = &stored {
+                    let rows_here = r0..r0 + prod.nrows();
+                    prod.assign(&stored.slice(s![rows_here, ..]));
+                }
                 slope_rows(
                     inp,
                     (first + c0 / per, norms, rescale),
@@ -222,20 +256,6 @@ pub(super) fn zeros(label: &'static str, (rows, cols): (usize, usize)) -> Result
     };
     let v = len.and_then(zeroed_f32).ok_or_else(oom)?;
     Array2::from_shape_vec((rows, cols), v).map_err(|_| oom())
-}
-
-/// The tile's products: columns `c0..c1` of the kept matrix, or the tile buffer.
-fn products<'a>(
-    kept: &'a mut Array2<f32>,
-    tile: &'a mut Array2<f32>,
-    keep: bool,
-    (c0, c1): (usize, usize),
-) -> ArrayViewMut2<'a, f32> {
-    if keep {
-        kept.slice_mut(s![.., c0..c1])
-    } else {
-        tile.slice_mut(s![.., ..c1 - c0])
-    }
 }
 
 /// `x / max(‖x‖, ε)` per row, and the rows' starting states.
@@ -349,6 +369,13 @@ pub(super) fn inverse_norms(norms: &[f64]) -> Vec<f32> {
         .iter()
         .map(|&n| (1.0 / n.max(NORM_EPS)) as f32)
         .collect()
+}
+
+/// Values below f32's least normal in magnitude made zero (in a loop that vectorises).
+fn flush_subnormal(p: &mut [f32]) {
+    for v in p.iter_mut() {
+        *v = if v.abs() < f32::MIN_POSITIVE { 0.0 } else { *v };
+    }
 }
 
 /// `p *= scale` element-wise (`scale` empty: nothing to do).
@@ -543,6 +570,9 @@ fn slope_rows(
             );
             // ∂loss/∂(raw product) = ∂loss/∂c / ‖w‖: the GEMMs take the raw weights.
             rescale(p, scale);
+            // Subnormal weights flushed: the two GEMMs would take a microcode assist per
+            // multiply-add with one on Intel cores, and they move nothing.
+            flush_subnormal(p);
         });
     }
 }
