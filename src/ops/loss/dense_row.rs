@@ -48,8 +48,8 @@ fn row(d: &[f32], (scale, target): (f32, usize), weights: &mut [f64], e: &mut [f
 
 widest! {
     /// The softmax's numerators over the logits `z = dz · d` `(m,)` of every column but
-    /// `skip` (`usize::MAX`: none): `e_j = e^{z_j − top}` ([`exp_bounded`]: below `e^{−87}`
-    /// it gives `e^{−87}`), 0 at `skip`. Returns `top`, the largest logit of those columns
+    /// `skip` (`usize::MAX`: none): `e_j = e^{z_j − top}` ([`exp_bounded`]: 0 more than 87
+    /// below `top`), 0 at `skip`. Returns `top`, the largest logit of those columns
     /// (`−∞` without any), and `Σ e`.
     pub(super) fn softmax(d: &[f32], dz: f32, skip: usize, e: &mut [f32]) -> (f32, f64) {
         for (e, &v) in e.iter_mut().zip(d) {

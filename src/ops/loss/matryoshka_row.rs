@@ -126,8 +126,8 @@ widest! {
 }
 
 /// The InfoNCE rule (the module docs of the losses' `info_nce`) at every width of one row,
-/// in two passes over each width's row, in loops over eight lanes that the compiler
-/// vectorises (sums in f64):
+/// in two passes over each width's row ([`avx512`]'s or [`avx2`]'s vectors where the CPU
+/// has them, the scalar loops over eight lanes for the rest; sums in f64):
 /// - widths ascending: `P_t = P_{t−1} + own_t` in place, the negatives' exponentials and
 ///   their sum, then each positive's loss and weight;
 /// - widths descending: `V_t` (`ω W / (|q| |r|)`) plus `C_{t+1}` over `P_t`, with `β`'s terms

@@ -359,7 +359,7 @@ fn nca(c: Nca, row: &Row<'_>, s: &mut Scratch) -> Totals {
     let Some((lse, sum, z)) = dense_softmax(row, dz as f32, s) else {
         return nca_lists(c, row, s);
     };
-    // The positives' share of the softmax. The dense row's exponentials stop at `e^{−87}`:
+    // The positives' share of the softmax. The dense row's exponentials are 0 past `e^{−87}`:
     // where the positives are that far below the row's largest logit, their own exponentials
     // are taken exactly (in f64) instead, so that PML's f32 zero is decided on them.
     let top = lse - sum.ln();
