@@ -288,7 +288,7 @@ pub(crate) fn gemm_slices_packed(a: ArrayView2<'_, f32>, b: &PackedB, c: ArrayVi
         b.n,
         c.dim()
     );
-    slices_into(a, Right::Packed(b), &b.ends.clone(), c);
+    slices_into(a, Right::Packed(b), &b.ends, c);
 }
 
 /// The panel width of the kernel [`dispatch`] runs.
